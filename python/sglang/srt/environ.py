@@ -1,0 +1,197 @@
+"""Every environment knob the engine reads, declared once, typed and validated.
+
+Modules never read ``os.environ`` for a project knob; they ask ``envs.NAME.get()``. A bad value
+raises :class:`EnvValueError`, which names the variable, the value and what is accepted, so a
+typo in a launch script fails at the first read instead of silently using a default.
+
+Tests override a knob temporarily with ``with envs.NAME.override(value): ...``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+class EnvValueError(ValueError):
+    """An environment variable holds a value its knob does not accept."""
+
+    def __init__(self, name: str, raw: object, accepted: str) -> None:
+        super().__init__(f"{name}={raw!r} is invalid: expected {accepted}")
+        self.name = name
+        self.raw = raw
+        self.accepted = accepted
+
+
+class EnvField(Generic[T]):
+    """One knob: its variable name, default and parser. Reads the environment on every ``get``
+    so that a value set after import (by a launcher or a test) takes effect."""
+
+    accepted: str = "a value"
+
+    def __init__(self, default: T, doc: str = "") -> None:
+        self.default = default
+        self.doc = doc
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, owner: type | None = None) -> EnvField[T]:
+        return self
+
+    def parse(self, raw: str) -> T:
+        raise NotImplementedError
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default
+        return self.parse(raw)
+
+    def is_set(self) -> bool:
+        return self.name in os.environ
+
+    def set(self, value: T) -> None:
+        text = self.format(value)
+        self.parse(text)  # validate before writing, so a bad set leaves the old value in place
+        os.environ[self.name] = text
+
+    def clear(self) -> None:
+        os.environ.pop(self.name, None)
+
+    def format(self, value: T) -> str:
+        return str(value)
+
+    @contextmanager
+    def override(self, value: T | None) -> Iterator[None]:
+        """Set (or, with ``None``, unset) the variable for the body; restore it on exit."""
+        previous = os.environ.get(self.name)
+        try:
+            if value is None:
+                self.clear()
+            else:
+                self.set(value)
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(self.name, None)
+            else:
+                os.environ[self.name] = previous
+
+    def _fail(self, raw: str) -> EnvValueError:
+        return EnvValueError(self.name, raw, self.accepted)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name}, default={self.default!r})"
+
+
+class EnvInt(EnvField[int]):
+    def __init__(
+        self, default: int, doc: str = "", *, min_value: int | None = None, max_value: int | None = None
+    ) -> None:
+        super().__init__(default, doc)
+        self.min_value = min_value
+        self.max_value = max_value
+        if min_value is not None and max_value is not None:
+            self.accepted = f"an integer in [{min_value}, {max_value}]"
+        elif min_value is not None:
+            self.accepted = f"an integer >= {min_value}"
+        elif max_value is not None:
+            self.accepted = f"an integer <= {max_value}"
+        else:
+            self.accepted = "an integer"
+
+    def parse(self, raw: str) -> int:
+        try:
+            value = int(raw.strip(), 10)
+        except ValueError:
+            raise self._fail(raw) from None
+        if self.min_value is not None and value < self.min_value:
+            raise self._fail(raw)
+        if self.max_value is not None and value > self.max_value:
+            raise self._fail(raw)
+        return value
+
+
+class EnvFloat(EnvField[float]):
+    def __init__(self, default: float, doc: str = "", *, min_value: float | None = None) -> None:
+        super().__init__(default, doc)
+        self.min_value = min_value
+        self.accepted = "a number" if min_value is None else f"a number >= {min_value}"
+
+    def parse(self, raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise self._fail(raw) from None
+        if value != value or (self.min_value is not None and value < self.min_value):
+            raise self._fail(raw)
+        return value
+
+
+class EnvBool(EnvField[bool]):
+    accepted = "one of 1/0, true/false, yes/no, on/off"
+
+    def parse(self, raw: str) -> bool:
+        text = raw.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise self._fail(raw)
+
+    def format(self, value: bool) -> str:
+        if not isinstance(value, bool):
+            raise self._fail(str(value))
+        return "1" if value else "0"
+
+
+class EnvStr(EnvField[str]):
+    def __init__(self, default: str, doc: str = "", *, choices: tuple[str, ...] | None = None) -> None:
+        super().__init__(default, doc)
+        self.choices = choices
+        self.accepted = "a string" if choices is None else f"one of {', '.join(choices)}"
+
+    def parse(self, raw: str) -> str:
+        if self.choices is not None and raw not in self.choices:
+            raise self._fail(raw)
+        return raw
+
+
+class Envs:
+    """The registry. Attribute names are the variable names."""
+
+    # --- MegaMoE (DeepGEMM fused MoE) -------------------------------------------------------
+    SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS = EnvInt(
+        2,
+        "SMs left free while the whole-grid MegaMoE kernel runs, so a kernel on another stream "
+        "cannot stop the grid barrier from completing. 0 turns the reservation off.",
+        min_value=0,
+    )
+    SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK = EnvInt(
+        8192,
+        "Tokens per rank the MegaMoE symmetric buffer is sized for; larger batches take the "
+        "normal MoE path.",
+        min_value=1,
+    )
+
+    @classmethod
+    def fields(cls) -> dict[str, EnvField[Any]]:
+        return {k: v for k, v in vars(cls).items() if isinstance(v, EnvField)}
+
+    @classmethod
+    def validate_all(cls) -> None:
+        """Read every knob once; raises on the first bad value (used at server start)."""
+        for field in cls.fields().values():
+            field.get()
+
+
+envs = Envs()

@@ -1,0 +1,198 @@
+"""MegaMoE: the reserved-SM control and the symmetric-buffer cache.
+
+DeepGEMM's MegaMoE kernel (``fp8_fp4_mega_moe`` on Blackwell) launches one CTA per SM in clusters
+behind a whole-grid software barrier. If a kernel on another stream holds even one SM, some CTAs
+never become resident and the barrier times out ("grid sync timeout") or hangs. The fix is to
+launch that one kernel on fewer SMs than the GPU has, leaving a margin, and to leave every other
+DeepGEMM call (gate, top-k, buffer set-up, pre-dispatch, other layers) on the original count.
+
+The budget starts from the *physical* SM count (device properties), not from
+``deep_gemm.get_num_sms()``, because other features narrow DeepGEMM's process-wide value.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sglang.srt.environ import envs
+from sglang.srt.layers.deep_gemm_adapter import (
+    DEEP_GEMM_SM_LOCK,
+    mega_moe_buffer_depends_on_num_sms,
+)
+from sglang.srt.utils.device import device_sm_info
+from sglang.srt.utils.log import get_logger, log_once
+
+logger = get_logger(__name__)
+
+# DeepGEMM's SM90 MegaMoE does not use the clustered whole-grid launch, so no reservation applies.
+_FIRST_WHOLE_GRID_ARCH = 100
+_MIN_SMS = 2
+
+
+def mega_moe_sm_budget(device: int | torch.device | None = None) -> int | None:
+    """SMs a whole-grid MoE kernel may use on ``device``: physical SMs minus
+    ``SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS``, at least 2, rounded down to even (clustered
+    launches take SMs in pairs). ``None`` when the reserve is 0 (reservation off).
+
+    Independent of architecture, so a whole-grid kernel of our own can be sized by it too."""
+    reserved = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.get()
+    if reserved == 0:
+        return None
+    physical = device_sm_info(device).num_sms
+    budget = max(_MIN_SMS, physical - reserved)
+    return max(_MIN_SMS, budget - budget % 2)
+
+
+def _mega_moe_max_num_sms(device: int | torch.device | None = None) -> int | None:
+    """The SM budget for DeepGEMM's MegaMoE kernel on ``device``, or ``None`` where no
+    reservation applies (reserve 0, or an architecture whose MegaMoE is not a whole-grid launch).
+
+    The physical SM count is cached per device index, so a process that sees GPUs with different
+    SM counts gets the right value for each."""
+    if device_sm_info(device).arch < _FIRST_WHOLE_GRID_ARCH:
+        return None
+    return mega_moe_sm_budget(device)
+
+
+def _narrowed_num_sms(budget: int, current: int) -> int:
+    """``min(budget, current)`` rounded down to even; never above ``current`` (an outer caller
+    may already have narrowed it) and never below 2 (then ``current`` is kept)."""
+    target = min(budget, current)
+    target -= target % 2
+    return target if target >= _MIN_SMS else current
+
+
+@contextmanager
+def _configure_mega_moe_deep_gemm_num_sms(
+    deep_gemm: Any, device: int | torch.device | None = None
+) -> Iterator[int | None]:
+    """Narrow DeepGEMM's SM count for the body only; yields the count in effect.
+
+    Wrap exactly the MegaMoE kernel call. The previous value is restored on every exit, errors
+    included. The body runs under :data:`DEEP_GEMM_SM_LOCK`, so another thread's DeepGEMM call
+    (made through ``deep_gemm_call_guard``) never sees the narrowed value."""
+    budget = _mega_moe_max_num_sms(device)
+    with DEEP_GEMM_SM_LOCK:
+        if budget is None:
+            yield None
+            return
+        previous = int(deep_gemm.get_num_sms())
+        target = _narrowed_num_sms(budget, previous)
+        if target == previous:
+            yield previous
+            return
+        log_once(
+            logger,
+            logging.INFO,
+            f"MegaMoE SM budget: {target} SMs for the kernel (physical "
+            f"{device_sm_info(device).num_sms}, SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS="
+            f"{envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.get()}, DeepGEMM had {previous})",
+        )
+        deep_gemm.set_num_sms(target)
+        try:
+            yield target
+        finally:
+            deep_gemm.set_num_sms(previous)
+
+
+# --- symmetric-buffer cache -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MegaMoEBufferKey:
+    """Exactly what decides a MegaMoE symmetric buffer's size and layout.
+
+    ``num_sms`` is set only when the installed DeepGEMM sizes the buffer from its SM count;
+    otherwise changing the reserve must not reallocate (the buffer is a collective allocation
+    over the whole EP group)."""
+
+    group_id: int
+    num_max_tokens_per_rank: int
+    num_experts: int
+    num_topk: int
+    hidden: int
+    intermediate_hidden: int
+    activation: str
+    mma_type: str
+    num_shared_experts: int = 0
+    num_sms: int | None = None
+
+
+_symm_buffers: dict[MegaMoEBufferKey, tuple[Any, Any]] = {}
+_symm_buffers_lock = threading.RLock()  # held across creation: it is a collective
+
+
+def _get_mega_moe_symm_buffer(
+    deep_gemm: Any,
+    group: Any,
+    *,
+    num_experts: int,
+    num_max_tokens_per_rank: int,
+    num_topk: int,
+    hidden: int,
+    intermediate_hidden: int,
+    activation: str = "swiglu",
+    mma_type: str = "fp8xfp4",
+    num_shared_experts: int = 0,
+    device: int | torch.device | None = None,
+) -> Any:
+    """The cached ``deep_gemm.get_symm_buffer_for_mega_moe`` buffer for these parameters.
+
+    When the installed DeepGEMM sizes the buffer from its SM count, the buffer is created inside
+    the reserved-SM context and keyed on the effective count, so a buffer is never used with a
+    count it was not sized for. Otherwise it is created on the original count and shared across
+    reserve settings."""
+
+    def make_key(num_sms: int | None) -> MegaMoEBufferKey:
+        return MegaMoEBufferKey(
+            group_id=id(group),
+            num_max_tokens_per_rank=num_max_tokens_per_rank,
+            num_experts=num_experts,
+            num_topk=num_topk,
+            hidden=hidden,
+            intermediate_hidden=intermediate_hidden,
+            activation=activation,
+            mma_type=mma_type,
+            num_shared_experts=num_shared_experts,
+            num_sms=num_sms,
+        )
+
+    def create() -> Any:
+        return deep_gemm.get_symm_buffer_for_mega_moe(
+            group,
+            num_experts,
+            num_max_tokens_per_rank,
+            num_topk,
+            hidden,
+            intermediate_hidden,
+            num_shared_experts=num_shared_experts,
+            mma_type=mma_type,
+            activation=activation,
+        )
+
+    def lookup(key: MegaMoEBufferKey, factory: Callable[[], Any]) -> Any:
+        with _symm_buffers_lock:
+            hit = _symm_buffers.get(key)
+            if hit is None:
+                # The group is kept alive beside the buffer, so its id() cannot be reused.
+                hit = _symm_buffers[key] = (group, factory())
+            return hit[1]
+
+    if not mega_moe_buffer_depends_on_num_sms(deep_gemm):
+        return lookup(make_key(None), create)
+    with _configure_mega_moe_deep_gemm_num_sms(deep_gemm, device):
+        effective = int(deep_gemm.get_num_sms())
+        return lookup(make_key(effective), create)
+
+
+def clear_mega_moe_symm_buffers() -> None:
+    """Drop cached buffers (tests, and model teardown)."""
+    with _symm_buffers_lock:
+        _symm_buffers.clear()

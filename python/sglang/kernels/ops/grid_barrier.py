@@ -33,7 +33,7 @@ def _globaltimer_ns():
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["timeout_ns"])
 def _grid_barrier_kernel(ids_ptr, out_ptr, counter_ptr, status_ptr, timeout_ns):
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -53,7 +53,7 @@ def _grid_barrier_kernel(ids_ptr, out_ptr, counter_ptr, status_ptr, timeout_ns):
         tl.store(out_ptr + pid, tl.load(ids_ptr + neighbour, volatile=True))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["hold_ns"])
 def _hold_slot_kernel(started_ptr, hold_ns):
     """Each CTA occupies one slot for ``hold_ns`` nanoseconds; counts itself when resident."""
     tl.atomic_add(started_ptr, 1, sem="release", scope="gpu")
@@ -63,7 +63,7 @@ def _hold_slot_kernel(started_ptr, hold_ns):
         elapsed = _globaltimer_ns() - start
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["want", "timeout_ns"])
 def _wait_count_kernel(count_ptr, want, timeout_ns):
     """Stream-order the next launch after ``count >= want`` (bounded, never hangs)."""
     start = _globaltimer_ns()
@@ -72,6 +72,15 @@ def _wait_count_kernel(count_ptr, want, timeout_ns):
     while (seen < want) & (elapsed < timeout_ns):
         seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
         elapsed = _globaltimer_ns() - start
+
+
+def _compile_helpers(device: torch.device) -> None:
+    """Compile the slot holder and the waiter now: compiling them inside a trial would let the
+    held slot expire before the barrier launches."""
+    counter = torch.ones(1, dtype=torch.int32, device=device)
+    _hold_slot_kernel[(1,)](counter, 0, num_warps=NUM_WARPS)
+    _wait_count_kernel[(1,)](counter, 0, 0, num_warps=1)
+    torch.cuda.synchronize(device)
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,7 @@ def barrier_occupancy(device: torch.device | None = None) -> Occupancy:
         scratch, scratch, scratch, scratch, 1, grid=(1,), num_warps=NUM_WARPS
     )
     compiled._init_handles()
+    _compile_helpers(device)
     regs, shared = int(compiled.n_regs), int(compiled.metadata.shared)
     threads = 32 * NUM_WARPS
     by_threads = props.max_threads_per_multi_processor // threads

@@ -1,0 +1,65 @@
+"""``python -m sglang.check_env``: what this machine offers the engine, and what it would choose.
+
+Prints versions, the GPUs, whether DeepGEMM is usable (and why not), the MegaMoE SM budget per
+GPU, and every environment knob with its value. Exits non-zero when a knob holds a bad value.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+import torch
+
+from sglang import __version__
+from sglang.srt.environ import EnvValueError, Envs
+from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
+from sglang.srt.layers.moe.mega_moe import _mega_moe_max_num_sms, mega_moe_sm_budget
+from sglang.srt.utils.device import device_sm_info
+
+
+def _optional_version(name: str) -> str:
+    try:
+        module = __import__(name)
+    except Exception as exc:  # optional packages may be missing or broken
+        return f"unavailable ({type(exc).__name__})"
+    return str(getattr(module, "__version__", "unknown"))
+
+
+def main() -> int:
+    print(f"sglang {__version__}, Python {platform.python_version()}, torch {torch.__version__}")
+    for name in ("triton", "transformers", "tilelang"):
+        print(f"  {name}: {_optional_version(name)}")
+    status = deep_gemm_status()
+    print(f"  DeepGEMM: {'usable' if status.usable else 'unusable'} ({status.reason})")
+
+    ok = True
+    print("\nEnvironment knobs:")
+    for name, field in Envs.fields().items():
+        try:
+            value = field.get()
+            shown = f"{value!r}" + ("" if field.is_set() else " (default)")
+        except EnvValueError as exc:
+            shown, ok = f"ERROR: {exc}", False
+        print(f"  {name} = {shown}")
+
+    if not torch.cuda.is_available():
+        print("\nNo CUDA device: the engine runs its CPU paths (torch MoE runner, gloo).")
+        return 0 if ok else 1
+    print("\nGPUs:")
+    for index in range(torch.cuda.device_count()):
+        info = device_sm_info(index)
+        try:
+            budget, dg_budget = mega_moe_sm_budget(index), _mega_moe_max_num_sms(index)
+        except EnvValueError:
+            budget = dg_budget = None
+        print(
+            f"  cuda:{index} {torch.cuda.get_device_name(index)} sm_{info.arch}, {info.num_sms} SMs; "
+            f"whole-grid MoE budget {budget}; DeepGEMM MegaMoE narrowed to "
+            f"{dg_budget if dg_budget is not None else 'no change (not a whole-grid launch here)'}"
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

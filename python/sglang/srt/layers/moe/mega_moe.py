@@ -196,3 +196,153 @@ def clear_mega_moe_symm_buffers() -> None:
     """Drop cached buffers (tests, and model teardown)."""
     with _symm_buffers_lock:
         _symm_buffers.clear()
+
+
+# --- the MegaMoE forward ------------------------------------------------------------------------
+
+_UE8M0_BIAS = 127
+_FP8_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class MegaMoEParams:
+    """What one MegaMoE layer passes to the kernel (the same for every layer of a model)."""
+
+    num_experts: int
+    num_topk: int
+    hidden: int
+    intermediate_hidden: int
+    activation: str = "swiglu"
+    activation_clamp: float | None = None
+    mma_type: str = "fp8xfp4"
+    routed_scaling_factor: float = 1.0
+
+
+def mega_moe_pre_dispatch(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    buf: Any,
+    *,
+    group_size: int = 32,
+) -> None:
+    """Stage this rank's tokens into the symmetric buffer, outside the reserved-SM context.
+
+    Per token and per ``group_size`` values: scale = 2^ceil(log2(amax / 448)) (a UE8M0 byte),
+    ``buf.x = e4m3(x / scale)``; the scale bytes are packed four to an int32 in ``buf.x_sf``.
+    Top-k ids (int64) and weights (fp32) are copied; rows ``[T, capacity)`` get id -1, weight 0,
+    so the kernel skips them."""
+    t, hidden = x.shape
+    capacity = buf.topk_idx.shape[0]
+    if t > capacity:
+        raise ValueError(f"{t} tokens exceed the MegaMoE buffer's {capacity} tokens per rank")
+    if hidden % (group_size * 4):
+        raise ValueError(f"hidden {hidden} must be a multiple of {group_size * 4} for packed UE8M0 scales")
+    groups = x[:t].float().view(t, hidden // group_size, group_size)
+    amax = groups.abs().amax(-1).clamp_min(1e-10)
+    exponent = torch.ceil(torch.log2(amax / _FP8_MAX))
+    scaled = groups / torch.exp2(exponent).unsqueeze(-1)
+    buf.x[:t].copy_(scaled.view(t, hidden).to(torch.float8_e4m3fn))
+    sf_bytes = (exponent + _UE8M0_BIAS).clamp(0, 255).to(torch.uint8)
+    buf.x_sf[:t].copy_(sf_bytes.view(torch.int32))
+    buf.topk_idx[:t].copy_(topk_ids.to(torch.int64))
+    buf.topk_weights[:t].copy_(topk_weights.to(torch.float32))
+    buf.topk_idx[t:].fill_(-1)
+    buf.topk_weights[t:].fill_(0)
+
+
+def mega_moe_unusable_reason(deep_gemm: Any, num_tokens: int, arch: int) -> str | None:
+    """Why the MegaMoE path cannot take this batch (``None`` when it can)."""
+    if deep_gemm is None:
+        return "DeepGEMM is unusable"
+    kernel = "fp8_fp4_mega_moe" if arch >= _FIRST_WHOLE_GRID_ARCH else "fp8_mega_moe"
+    for name in (kernel, "get_symm_buffer_for_mega_moe"):
+        if not callable(getattr(deep_gemm, name, None)):
+            return f"the installed DeepGEMM has no {name}()"
+    cap = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()
+    if num_tokens > cap:
+        return (
+            f"batch of {num_tokens} tokens exceeds SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK={cap}"
+        )
+    return None
+
+
+def run_mega_routed_experts(
+    deep_gemm: Any,
+    group: Any,
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    l1_weights: tuple[torch.Tensor, torch.Tensor],
+    l2_weights: tuple[torch.Tensor, torch.Tensor],
+    params: MegaMoEParams,
+    *,
+    device: int | torch.device | None = None,
+) -> torch.Tensor:
+    """Routed experts through DeepGEMM's MegaMoE: returns this rank's rows fully combined
+    across the expert-parallel group, so no all-reduce follows.
+
+    Order matters: buffer set-up and pre-dispatch run on DeepGEMM's original SM count; only the
+    kernel call runs inside the reserved-SM context."""
+    num_tokens = x.shape[0]
+    cap = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()
+    buf = _get_mega_moe_symm_buffer(
+        deep_gemm,
+        group,
+        num_experts=params.num_experts,
+        num_max_tokens_per_rank=cap,
+        num_topk=params.num_topk,
+        hidden=params.hidden,
+        intermediate_hidden=params.intermediate_hidden,
+        activation=params.activation,
+        mma_type=params.mma_type,
+        device=device,
+    )
+    weights = topk_weights.float()
+    if params.routed_scaling_factor != 1.0:
+        weights = weights * params.routed_scaling_factor
+    arch = device_sm_info(device).arch
+    # At least one row, so the kernel gets a valid pointer on a rank with no tokens.
+    y = torch.empty(max(num_tokens, 1), params.hidden, dtype=torch.bfloat16, device=x.device)
+    kwargs: dict[str, Any] = {"activation": params.activation, "fast_math": True}
+    if params.activation_clamp is not None:
+        kwargs["activation_clamp"] = params.activation_clamp
+    if arch >= _FIRST_WHOLE_GRID_ARCH:
+        mega_moe_pre_dispatch(x, topk_ids, weights, buf, group_size=32)
+        with _configure_mega_moe_deep_gemm_num_sms(deep_gemm, device):
+            deep_gemm.fp8_fp4_mega_moe(y, l1_weights, l2_weights, buf, recipe=(1, 1, 32), **kwargs)
+    else:
+        # Hopper: DeepGEMM's own pre-dispatch (128-value groups) and no reservation.
+        deep_gemm.mega_moe_pre_dispatch_sm90(
+            x, topk_ids.int(), weights, buf.x, buf.x_sf, buf.topk_idx, buf.topk_weights,
+            num_tokens=num_tokens, group_size=128,
+        )
+        with _configure_mega_moe_deep_gemm_num_sms(deep_gemm, device):
+            deep_gemm.fp8_mega_moe(y, l1_weights, l2_weights, buf, recipe=(128, 128, 128), **kwargs)
+    return y[:num_tokens]
+
+
+def try_run_mega_routed(
+    deep_gemm: Any,
+    group: Any,
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    mega_weights: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None,
+    params: MegaMoEParams,
+    *,
+    device: int | torch.device | None = None,
+) -> torch.Tensor | None:
+    """The MegaMoE path when it can take this batch, else ``None`` (the caller runs the normal
+    path) after one log line saying why."""
+    reason = "MegaMoE weights were not built" if mega_weights is None else None
+    if reason is None:
+        arch = device_sm_info(device).arch if deep_gemm is not None else 0
+        reason = mega_moe_unusable_reason(deep_gemm, x.shape[0], arch)
+    if reason is not None:
+        log_once(logger, logging.WARNING, f"MegaMoE falls back to the normal MoE path: {reason}")
+        return None
+    assert mega_weights is not None
+    return run_mega_routed_experts(
+        deep_gemm, group, x, topk_ids, topk_weights, mega_weights[0], mega_weights[1], params, device=device
+    )

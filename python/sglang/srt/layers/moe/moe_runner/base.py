@@ -1,0 +1,76 @@
+"""What every MoE runner is: routed experts on (hidden, top-k) -> combined output [T, H].
+
+Output allocation rule (NCCL symmetric memory): a runner's *final* output — the tensor that
+reaches the tensor-parallel all-reduce — is allocated inside :func:`moe_output_scope`, so with
+``--enable-symm-mem`` it lives in the registered pool and NCCL takes its symmetric path with no
+copy. Intermediates are allocated outside it: the pool never shrinks. A runner that works in place
+writes into its input, which the model allocated in the pool (the mHC pre-norm output).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from sglang.srt.distributed.device_communicators.pynccl_allocator import use_symmetric_memory
+from sglang.srt.distributed.parallel_state import get_tp_group_or_none
+from sglang.srt.layers.activation import ACTIVATIONS
+from sglang.srt.layers.dp_attention import is_allocation_symmetric
+from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.layers.moe.topk import TopKOutput
+
+
+@dataclass(frozen=True)
+class MoERunConfig:
+    activation: str = "swiglu"
+    swiglu_limit: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"unknown MoE activation {self.activation!r}; expected one of {ACTIVATIONS}")
+        if self.swiglu_limit is not None and self.activation != "swiglu":
+            raise ValueError(f"swiglu_limit applies to 'swiglu' only, not {self.activation!r}")
+
+
+def moe_output_scope() -> AbstractContextManager[object]:
+    """Allocate the MoE's final output here: the symmetric pool when it is on and every rank
+    allocates the same shapes, the default allocator otherwise."""
+    return use_symmetric_memory(get_tp_group_or_none(), disabled=not is_allocation_symmetric())
+
+
+def allocate_moe_output(hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The final output buffer, shaped like ``hidden``: ``out`` when the caller gives one."""
+    if out is not None:
+        if out.shape != hidden.shape or out.dtype != hidden.dtype:
+            raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match hidden {tuple(hidden.shape)} {hidden.dtype}")
+        return out
+    with moe_output_scope():
+        return torch.empty_like(hidden)
+
+
+class MoERunner(ABC):
+    name: ClassVar[str]
+    supports_inplace: ClassVar[bool] = True
+
+    def __init__(self, config: MoERunConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def run(
+        self,
+        hidden: torch.Tensor,
+        topk: TopKOutput,
+        weights: ExpertWeights,
+        *,
+        inplace: bool = False,
+    ) -> torch.Tensor:
+        """Combined routed-expert output ``[T, H]`` (top-k weights applied, summed over k).
+        With ``inplace`` the result is written into ``hidden`` and ``hidden`` is returned."""
+
+    def is_available(self, device: torch.device) -> tuple[bool, str]:
+        """Whether this runner can run on ``device``, and why not."""
+        return True, ""

@@ -5,7 +5,8 @@
 
 * ``swiglu``: DeepSeek V4's SwiGLU with an optional clamp ``swiglu_limit`` L:
   ``silu(min(gate, L)) * clamp(up, -L, L)``.
-* ``situ``: Kimi K3's SiTU: ``beta*tanh(gate/beta)*sigmoid(gate) * linear_beta*tanh(up/linear_beta)``,
+* ``situ``: Kimi K3's SiTU:
+  ``beta*tanh(gate/beta)*sigmoid(gate) * linear_beta*tanh(up/linear_beta)``,
   bounded by about ``beta * linear_beta`` so an FP8 intermediate needs no clamp.
 
 Maths is fp32 and the result is cast back to the input dtype. CUDA tensors go to the Triton
@@ -48,7 +49,7 @@ def swiglu_torch(gate_up: Tensor, limit: float | None = None) -> Tensor:
     if limit is not None:
         gate = gate.clamp(max=limit)
         up = up.clamp(min=-limit, max=limit)
-    return F.silu(gate) * up
+    return (F.silu(gate) * up).to(gate_up.dtype)
 
 
 def situ_torch(

@@ -88,7 +88,13 @@ def test_swiglu_clamp_at_large_magnitudes() -> None:
     gate = torch.tensor([50.0, -50.0, 3.0, 1000.0, -3.0])
     up = torch.tensor([2.0, 2.0, -100.0, 100.0, 9.5])
     out = swiglu_torch(torch.cat([gate, up]).unsqueeze(0), limit)[0].double()
-    want = [_silu(7.0) * 2.0, _silu(-50.0) * 2.0, _silu(3.0) * -7.0, _silu(7.0) * 7.0, _silu(-3.0) * 7.0]
+    want = [
+        _silu(7.0) * 2.0,
+        _silu(-50.0) * 2.0,
+        _silu(3.0) * -7.0,
+        _silu(7.0) * 7.0,
+        _silu(-3.0) * 7.0,
+    ]
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-12)
     # Without the limit the same inputs pass through unclamped.
     free = swiglu_torch(torch.cat([gate, up]).unsqueeze(0))[0].double()

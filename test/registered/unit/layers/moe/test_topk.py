@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import FrozenInstanceError
 
@@ -147,7 +148,9 @@ def test_group_limited_matches_reference_and_changes_selection(
 
 def test_group_score_is_sum_of_top_two_not_max() -> None:
     # Group 0 holds the single best expert; group 1's top two sum higher. One kept group.
-    cfg = TopKConfig(top_k=1, scoring_func="sigmoid", renormalize=False, num_expert_group=2, topk_group=1)
+    cfg = TopKConfig(
+        top_k=1, scoring_func="sigmoid", renormalize=False, num_expert_group=2, topk_group=1
+    )
     logits = torch.tensor([[3.0, -4.0, -3.5, 2.0, 1.9, -5.0]])
     out = select_experts(logits, cfg)
     assert out.topk_ids.tolist() == [[3]]
@@ -199,11 +202,9 @@ def test_softmax_without_renorm_keeps_probabilities_over_all_experts() -> None:
 
 def test_routed_scaling_only_when_applied() -> None:
     logits = _logits(12, 16, seed=9)
-    kept = select_experts(logits, TopKConfig(top_k=4, scoring_func="sigmoid", routed_scaling_factor=1.5))
-    applied = select_experts(
-        logits,
-        TopKConfig(top_k=4, scoring_func="sigmoid", routed_scaling_factor=1.5, apply_routed_scaling=True),
-    )
+    base = TopKConfig(top_k=4, scoring_func="sigmoid", routed_scaling_factor=1.5)
+    kept = select_experts(logits, base)
+    applied = select_experts(logits, dataclasses.replace(base, apply_routed_scaling=True))
     torch.testing.assert_close(kept.topk_weights.sum(-1), torch.ones(12))
     torch.testing.assert_close(applied.topk_weights, kept.topk_weights * 1.5)
 
@@ -243,7 +244,10 @@ def test_ties_are_deterministic_and_distinct() -> None:
         ({"routed_scaling_factor": float("nan")}, "routed_scaling_factor"),
         ({"num_expert_group": 4}, "must be set together"),
         ({"topk_group": 2}, "must be set together"),
-        ({"num_expert_group": 4, "topk_group": 5}, r"topk_group must be in \[1, num_expert_group=4\]"),
+        (
+            {"num_expert_group": 4, "topk_group": 5},
+            r"topk_group must be in \[1, num_expert_group=4\]",
+        ),
         ({"num_expert_group": 4, "topk_group": 0}, "topk_group must be in"),
         ({"num_expert_group": 0, "topk_group": 0}, "num_expert_group must be >= 1"),
     ],

@@ -1,0 +1,161 @@
+"""Group routed (token, slot) pairs by expert, each expert's run padded to a tile of rows.
+
+The grouped GEMMs of the fused MoE take rows ``block_m`` at a time, all of one expert. Given
+``topk_ids`` [T, k], the flattened index ``t*k + s`` of every routed pair is placed in its
+expert's segment of ``sorted_token_ids``; each segment is padded up to a multiple of ``block_m``
+with the sentinel ``T*k`` (the GEMMs mask those rows). ``expert_ids[b]`` names the expert of
+block ``b`` (-1 past the used part), and ``num_tokens_post_padded`` is the used length.
+
+Ids outside ``[0, num_experts)`` (-1 marks a slot masked out, e.g. an expert on another EP rank)
+are skipped. The output size is fixed by the shapes alone (no host sync, CUDA-graph safe): at
+most ``min(E, T*k)`` experts are non-empty, so ``P = T*k + min(E, T*k)*(block_m - 1)`` rounded
+up to ``block_m`` always suffices, and stays small at decode.
+
+On CUDA two Triton launches do the work (count + scan in one program, then a parallel scatter
+with atomics, so the order inside a segment is not fixed); elsewhere a torch version with a
+stable order. Either order gives the same GEMM rows.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def padded_size(num_slots: int, block_m: int, num_experts: int) -> int:
+    """The fixed length P of ``sorted_token_ids`` for ``num_slots`` = T*k routed pairs."""
+    worst = num_slots + min(num_experts, num_slots) * (block_m - 1)
+    return triton.cdiv(worst, block_m) * block_m
+
+
+@triton.jit
+def _align_scan_kernel(
+    ids_ptr,
+    sorted_ptr,
+    expert_ids_ptr,
+    ntpp_ptr,
+    cursor_ptr,
+    num_slots,
+    num_experts,
+    padded_len,
+    BLOCK_M: tl.constexpr,
+    NUM_BINS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    # One program: count per expert, pad, scan, then describe every block and fill sentinels.
+    counts = tl.zeros((NUM_BINS,), dtype=tl.int32)
+    for start in range(0, num_slots, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        e = tl.load(ids_ptr + offs, mask=offs < num_slots, other=-1)
+        e = tl.where((e >= 0) & (e < num_experts), e, num_experts)  # bin E collects the skipped
+        counts += tl.histogram(e, NUM_BINS)
+    bins = tl.arange(0, NUM_BINS)
+    is_expert = bins < num_experts
+    padded = tl.where(is_expert, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(cursor_ptr + bins, ends - padded, mask=is_expert)
+    total = tl.sum(padded, axis=0)
+    tl.store(ntpp_ptr, total)
+    ends = tl.where(is_expert, ends, 2147483647)  # non-expert bins never count as "ended"
+    num_blocks = padded_len // BLOCK_M
+    for b0 in range(0, num_blocks, BLOCK_B):
+        blk = b0 + tl.arange(0, BLOCK_B)
+        row = blk * BLOCK_M
+        # The block's expert is the number of segments that end at or before its first row.
+        eid = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
+        eid = tl.where(row < total, eid, -1)
+        tl.store(expert_ids_ptr + blk, eid, mask=blk < num_blocks)
+    for p0 in range(0, padded_len, BLOCK):
+        offs = p0 + tl.arange(0, BLOCK)
+        tl.store(sorted_ptr + offs, num_slots + tl.zeros((BLOCK,), dtype=tl.int32), mask=offs < padded_len)
+
+
+@triton.jit
+def _align_scatter_kernel(ids_ptr, sorted_ptr, cursor_ptr, num_slots, num_experts, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    e = tl.load(ids_ptr + offs, mask=offs < num_slots, other=-1)
+    valid = (offs < num_slots) & (e >= 0) & (e < num_experts)
+    e = tl.where(valid, e, 0)
+    pos = tl.atomic_add(cursor_ptr + e, 1, mask=valid, sem="relaxed")
+    tl.store(sorted_ptr + pos, offs, mask=valid)
+
+
+def _align_triton(
+    ids: torch.Tensor, block_m: int, num_experts: int, length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    num_slots = ids.numel()
+    dev = ids.device
+    sorted_ids = torch.empty(length, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(length // block_m, dtype=torch.int32, device=dev)
+    ntpp = torch.empty(1, dtype=torch.int32, device=dev)
+    cursor = torch.empty(num_experts, dtype=torch.int32, device=dev)
+    num_bins = triton.next_power_of_2(num_experts + 1)
+    _align_scan_kernel[(1,)](
+        ids,
+        sorted_ids,
+        expert_ids,
+        ntpp,
+        cursor,
+        num_slots,
+        num_experts,
+        length,
+        BLOCK_M=block_m,
+        NUM_BINS=num_bins,
+        BLOCK=1024,
+        BLOCK_B=max(1, 8192 // num_bins),
+        num_warps=8,
+    )
+    if num_slots:
+        block = 256
+        _align_scatter_kernel[(triton.cdiv(num_slots, block),)](
+            ids, sorted_ids, cursor, num_slots, num_experts, BLOCK=block, num_warps=4
+        )
+    return sorted_ids, expert_ids, ntpp
+
+
+def moe_align_block_size_torch(
+    topk_ids: torch.Tensor, block_m: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Torch version (any device, stable order inside a segment); same outputs."""
+    num_slots = topk_ids.numel()
+    length = padded_size(num_slots, block_m, num_experts)
+    dev = topk_ids.device
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    seg_start = torch.cat([ends - padded, ends.new_full((1,), length)])  # skipped -> slot P
+    raw_start = torch.cumsum(counts, 0) - counts
+    sorted_key, order = torch.sort(key, stable=True)
+    rank = torch.arange(num_slots, device=dev) - raw_start[sorted_key]
+    dest = torch.where(sorted_key < num_experts, seg_start[sorted_key] + rank, length)
+    buf = torch.full((length + 1,), num_slots, dtype=torch.int32, device=dev)
+    buf.scatter_(0, dest, order.to(torch.int32))
+    total = padded.sum()
+    rows = torch.arange(0, length, block_m, device=dev)
+    eid = torch.searchsorted(ends, rows, right=True)
+    expert_ids = torch.where(rows < total, eid, -1).to(torch.int32)
+    return buf[:length], expert_ids, total.to(torch.int32).reshape(1)
+
+
+def moe_align_block_size(
+    topk_ids: torch.Tensor, block_m: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``topk_ids`` [T, k] -> ``(sorted_token_ids int32 [P], expert_ids int32 [P/block_m],
+    num_tokens_post_padded int32 [1])``; see the module docstring. Triton on CUDA (and under
+    ``TRITON_INTERPRET=1``), torch elsewhere."""
+    if block_m <= 0 or num_experts <= 0:
+        raise ValueError(f"block_m and num_experts must be positive, got {block_m}, {num_experts}")
+    use_triton = topk_ids.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    if not use_triton:
+        return moe_align_block_size_torch(topk_ids, block_m, num_experts)
+    ids = topk_ids.reshape(-1)
+    if ids.dtype != torch.int32 or not ids.is_contiguous():
+        ids = ids.to(torch.int32).contiguous()
+    return _align_triton(ids, block_m, num_experts, padded_size(ids.numel(), block_m, num_experts))

@@ -5,7 +5,8 @@ Maths is fp32; the result is cast to the input dtype.
 
 * swiglu (DeepSeek V4): with a limit L, ``g = min(gate, L)`` and ``u = clamp(up, -L, L)``;
   ``out = silu(g) * u``.
-* situ (Kimi K3, beta 4 and linear beta 25): ``out = 4*tanh(gate/4)*sigmoid(gate) * 25*tanh(up/25)``.
+* situ (Kimi K3, beta 4 and linear beta 25):
+  ``out = 4*tanh(gate/4)*sigmoid(gate) * 25*tanh(up/25)``.
 
 The fused-MoE kernel calls :func:`gated_act` on its gate and up accumulators, so the activation
 code exists once for both the elementwise and the fused path.

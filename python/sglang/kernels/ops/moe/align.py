@@ -71,11 +71,17 @@ def _align_scan_kernel(
         tl.store(expert_ids_ptr + blk, eid, mask=blk < num_blocks)
     for p0 in range(0, padded_len, BLOCK):
         offs = p0 + tl.arange(0, BLOCK)
-        tl.store(sorted_ptr + offs, num_slots + tl.zeros((BLOCK,), dtype=tl.int32), mask=offs < padded_len)
+        tl.store(
+            sorted_ptr + offs,
+            num_slots + tl.zeros((BLOCK,), dtype=tl.int32),
+            mask=offs < padded_len,
+        )
 
 
 @triton.jit
-def _align_scatter_kernel(ids_ptr, sorted_ptr, cursor_ptr, num_slots, num_experts, BLOCK: tl.constexpr):
+def _align_scatter_kernel(
+    ids_ptr, sorted_ptr, cursor_ptr, num_slots, num_experts, BLOCK: tl.constexpr
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     e = tl.load(ids_ptr + offs, mask=offs < num_slots, other=-1)
     valid = (offs < num_slots) & (e >= 0) & (e < num_experts)

@@ -1,0 +1,1 @@
+"""Normalisation kernels (mHC hyper-connections for DeepSeek V4)."""

@@ -1,0 +1,205 @@
+"""mHC Triton kernels on a GPU against the torch reference (bf16 residual, DeepSeek V4 sizes).
+
+Tolerances: post/comb are fp32 in both paths; the mixes differ only in summation order over
+K = 4H <= 28672 terms (the kernel's tf32x3 dot is ~fp32 exact per product), so they agree to ~1e-6;
+20 Sinkhorn steps keep that small -> atol 1e-4. The layer input and the new residual are fp32
+sums rounded once to bf16: values this close can straddle a rounding boundary, so an element may
+be 1 bf16 ulp off (rtol 2^-7); with the fused RMSNorm a 1-ulp input difference plus the output
+rounding allows 2 ulps (2^-6). A systematic error (wrong rounding mode, a missed term) would move
+most elements, so we also require that at most 2% of elements differ at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from sglang.kernels.ops.layernorm import mhc
+from sglang.test.alloc_recorder import SymmetricScopeRecorder
+from sglang.test.ci_register import register_cuda_ci
+from sglang.test.run import run_this_file
+
+register_cuda_ci(est_time=90)
+
+HC = 4
+E: dict[str, Any] = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
+NORM_EPS = 1e-6
+BF16_ULP = 2.0**-7
+
+
+@pytest.fixture(autouse=True)
+def _single_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(
+        mhc, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
+    )
+    monkeypatch.setattr(mhc, "is_allocation_symmetric", lambda: False)
+    monkeypatch.setattr(mhc, "get_tp_group_or_none", lambda: None)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # the torch reference must be true fp32
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _poison_allocator() -> None:
+    """Fill the caching allocator's free blocks with NaN, so an output element (or workspace entry)
+    the kernels never write shows up as NaN."""
+    big = torch.full((256 << 20,), float("nan"), dtype=torch.float32, device="cuda")
+    # Allocations under 1 MiB come from the allocator's small-block pool: poison that too.
+    small = [torch.full((64 << 10,), float("nan"), device="cuda") for _ in range(128)]
+    del big, small
+
+
+def _inputs(
+    t: int, h: int, seed: int
+) -> tuple[
+    torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    r = (torch.randn(t, HC, h, generator=gen, device="cuda") * 2).bfloat16()
+    x = torch.randn(t, h, generator=gen, device="cuda").bfloat16()
+    fn = torch.randn(24, HC * h, generator=gen, device="cuda") * 0.01  # mixes of order 1
+    scale = torch.rand(3, generator=gen, device="cuda") * 1.5 + 0.25
+    base = torch.randn(24, generator=gen, device="cuda") * 0.5
+    norm_w = torch.rand(h, generator=gen, device="cuda") + 0.5
+    return r, x, (fn, scale, base), norm_w
+
+
+def _assert_bf16_close(got: torch.Tensor, ref: torch.Tensor, ulps: int) -> None:
+    assert got.dtype == ref.dtype == torch.bfloat16 and got.shape == ref.shape
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got.float(), ref.float(), atol=1e-6, rtol=ulps * BF16_ULP)
+    if got.numel():
+        assert float((got != ref).float().mean()) <= 0.02
+
+
+def _assert_mix_close(
+    post: torch.Tensor, comb: torch.Tensor, rpost: torch.Tensor, rcomb: torch.Tensor
+) -> None:
+    assert post.dtype == comb.dtype == torch.float32
+    torch.testing.assert_close(post, rpost, atol=1e-4, rtol=0)
+    torch.testing.assert_close(comb, rcomb, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("h", [4096, 7168])
+@pytest.mark.parametrize("t", [1, 7, 128, 1000])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_pre_matches_torch(t: int, h: int, with_norm: bool) -> None:
+    r, _, p, w = _inputs(t, h, seed=t * 31 + h + with_norm)
+    nkw: dict[str, Any] = dict(norm_weight=w if with_norm else None, norm_eps=NORM_EPS)
+    _poison_allocator()
+    y, post, comb = mhc.mhc_pre(r, *p, **E, **nkw)
+    ry, rpost, rcomb = mhc._pre_torch(
+        r, *p, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], nkw["norm_weight"], NORM_EPS
+    )
+    _assert_mix_close(post, comb, rpost, rcomb)
+    _assert_bf16_close(y, ry, ulps=2 if with_norm else 1)
+
+    # Writes exactly its T rows: a NaN guard row after them stays NaN.
+    buf = torch.full((t + 1, h), float("nan"), dtype=torch.bfloat16, device="cuda")
+    mhc._mhc_pre_triton(r, *p, buf[:t], **E, **nkw)
+    assert torch.equal(buf[:t], y) and bool(torch.isnan(buf[t]).all())
+
+
+@pytest.mark.parametrize("h", [4096, 7168])
+@pytest.mark.parametrize("t", [1, 7, 128, 1000])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_fused_post_pre_matches_torch(t: int, h: int, with_norm: bool) -> None:
+    r, x, p, w = _inputs(t, h, seed=t * 17 + h + with_norm)
+    _, post, comb = mhc._pre_torch(
+        r, *p, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], None, None
+    )
+    nxt = (p[0].flip(0).contiguous(), p[1].flip(0).contiguous(), p[2].flip(0).contiguous())
+    nkw: dict[str, Any] = dict(norm_weight=w if with_norm else None, norm_eps=NORM_EPS)
+    _poison_allocator()
+    nr, y, post2, comb2 = mhc.mhc_fused_post_pre(x, r, post, comb, *nxt, **E, **nkw)
+    _assert_bf16_close(nr, mhc.hc_post_torch_impl(x, r, post, comb), ulps=1)
+    # The next pre reads the stored new residual: compare with torch on that same residual.
+    ry, rpost, rcomb = mhc._pre_torch(
+        nr, *nxt, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], nkw["norm_weight"], NORM_EPS
+    )
+    _assert_mix_close(post2, comb2, rpost, rcomb)
+    _assert_bf16_close(y, ry, ulps=2 if with_norm else 1)
+
+    # Fused == unfused Triton (post kernel, then pre kernel).
+    _poison_allocator()
+    nr_u = mhc.mhc_post(x, r, post, comb)
+    assert not torch.isnan(nr_u).any()
+    torch.testing.assert_close(nr_u.float(), nr.float(), atol=0, rtol=BF16_ULP)
+    y_u, post_u, comb_u = mhc.mhc_pre(nr, *nxt, **E, **nkw)
+    torch.testing.assert_close(post_u, post2, atol=1e-5, rtol=0)
+    torch.testing.assert_close(comb_u, comb2, atol=1e-5, rtol=0)
+    _assert_bf16_close(y_u, y, ulps=1)
+
+
+def test_empty_batch_and_head() -> None:
+    r, x, p, w = _inputs(0, 4096, seed=1)
+    y, post, comb = mhc.mhc_pre(r, *p, **E, norm_weight=w, norm_eps=NORM_EPS)
+    assert y.shape == (0, 4096) and post.shape == (0, HC) and comb.shape == (0, HC, HC)
+    outs = mhc.mhc_fused_post_pre(x, r, post, comb, *p, **E)
+    assert [tuple(o.shape) for o in outs] == [(0, HC, 4096), (0, 4096), (0, HC), (0, HC, HC)]
+    assert mhc.mhc_post(x, r, post, comb).shape == (0, HC, 4096)
+    r, _, _, _ = _inputs(5, 4096, seed=2)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    hp = (
+        torch.randn(HC, HC * 4096, generator=gen, device="cuda") * 0.01,
+        torch.rand(1, device="cuda"),
+        torch.randn(HC, device="cuda"),
+    )
+    head = mhc.mhc_head(r, *hp, rms_eps=1e-6, hc_eps=1e-6)
+    assert head.shape == (5, 4096) and head.dtype == torch.bfloat16 and not torch.isnan(head).any()
+
+
+def test_triton_path_puts_only_layer_input_in_symmetric_scope(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    r, x, p, w = _inputs(7, 4096, seed=4)
+    group = object()
+    monkeypatch.setattr(mhc, "is_allocation_symmetric", lambda: True)
+    monkeypatch.setattr(mhc, "get_tp_group_or_none", lambda: group)
+    for fused in (False, True):
+        rec = SymmetricScopeRecorder()
+        monkeypatch.setattr(mhc, "use_symmetric_memory", rec)
+        if fused:
+            _, post, comb = mhc._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)
+            nr, y, post2, comb2 = mhc.mhc_fused_post_pre(
+                x, r, post, comb, *p, **E, norm_weight=w, norm_eps=NORM_EPS
+            )
+            others = [nr, post2, comb2]
+        else:
+            y, post2, comb2 = mhc.mhc_pre(r, *p, **E, norm_weight=w, norm_eps=NORM_EPS)
+            others = [post2, comb2]
+        assert rec.entered == [(group, False)]
+        assert rec.allocated == [y.untyped_storage().data_ptr()]
+        assert not {o.untyped_storage().data_ptr() for o in others} & set(rec.allocated)
+
+
+def test_fused_post_pre_replays_in_cuda_graph() -> None:
+    t, h = 7, 7168
+    r, x, p, w = _inputs(t, h, seed=5)
+    _, post, comb = mhc._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)
+    kw: dict[str, Any] = dict(**E, norm_weight=w, norm_eps=NORM_EPS)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # compile and warm up on the capture stream
+            mhc.mhc_fused_post_pre(x, r, post, comb, *p, **kw)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        outs = mhc.mhc_fused_post_pre(x, r, post, comb, *p, **kw)
+    r2, x2, _, _ = _inputs(t, h, seed=6)
+    r.copy_(r2)
+    x.copy_(x2)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = mhc.mhc_fused_post_pre(x, r, post, comb, *p, **kw)
+    for a, b in zip(outs, expected):
+        assert torch.equal(a, b)
+
+
+if __name__ == "__main__":
+    run_this_file(__file__)

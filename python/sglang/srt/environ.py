@@ -183,6 +183,30 @@ class Envs:
         min_value=1,
     )
 
+    # --- NCCL and symmetric memory (--enable-symm-mem) ---------------------------------------
+    SGLANG_NCCL_SO_PATH = EnvStr(
+        "",
+        "Path of libnccl.so.2 for the ctypes NCCL binding. Empty: the library this process already "
+        "loaded, else the nvidia-nccl wheel's copy, else the system loader.",
+    )
+    SGLANG_SYMM_MEM_PREALLOC_GB_SIZE = EnvFloat(
+        4.0,
+        "GiB allocated once (and released back into the pool) in the NCCL symmetric pool after "
+        "warm-up, so later eager allocations reuse one registered segment. 0 turns it off.",
+        min_value=0.0,
+    )
+    SGLANG_DEBUG_SYMM_MEM = EnvBool(
+        False,
+        "Log (once per call site) any all-reduce that would take the symmetric path but whose "
+        "input is not in the symmetric pool, and check that pool segments match across ranks.",
+    )
+    SGLANG_SYMM_MEM_ALL_REDUCE_POLICY = EnvStr(
+        "table",
+        "Which pool-resident all-reduces take NCCL's symmetric kernels: 'table' (only the sizes "
+        "measured to win for the world size), 'always' or 'never' (for measurements).",
+        choices=("table", "always", "never"),
+    )
+
     @classmethod
     def fields(cls) -> dict[str, EnvField[Any]]:
         return {k: v for k, v in vars(cls).items() if isinstance(v, EnvField)}

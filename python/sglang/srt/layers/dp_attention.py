@@ -1,0 +1,218 @@
+"""DP-attention state the rest of the engine reads: is it on, how this batch is padded, and
+whether allocations are the same on every rank (the precondition of the symmetric pool).
+
+With DP attention each rank attends over its own requests and the MLP/MoE runs on tokens
+gathered from all ranks. Per batch, the gather uses one of two paddings (same choice on all
+ranks, computed from the all-gathered token counts):
+
+* ``MAX_LEN``: every rank pads to the largest count, so every rank allocates the same shapes;
+* ``SUM_LEN``: each rank keeps its own count, so local shapes differ across ranks.
+
+Only under ``MAX_LEN`` (or with DP attention off) may an allocation go to the NCCL symmetric
+pool, whose registration is collective and needs identical allocations on all ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from sglang.srt.distributed.device_communicators.pynccl_allocator import use_symmetric_memory
+from sglang.srt.distributed.parallel_state import get_tp_group_or_none
+
+
+class DpPaddingMode(Enum):
+    MAX_LEN = "max_len"
+    SUM_LEN = "sum_len"
+
+    def is_max_len(self) -> bool:
+        return self is DpPaddingMode.MAX_LEN
+
+    def is_sum_len(self) -> bool:
+        return self is DpPaddingMode.SUM_LEN
+
+
+@dataclass(frozen=True)
+class DpAttentionConfig:
+    enabled: bool = False
+    dp_size: int = 1
+    attn_tp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.dp_size < 1 or self.attn_tp_size < 1:
+            raise ValueError(f"dp_size and attn_tp_size must be >= 1, got {self}")
+
+
+_config = DpAttentionConfig()
+
+
+def set_dp_attention_config(enabled: bool, dp_size: int = 1, attn_tp_size: int = 1) -> None:
+    """Record the server's DP-attention setting (once, at start-up)."""
+    global _config
+    _config = DpAttentionConfig(enabled=enabled, dp_size=dp_size, attn_tp_size=attn_tp_size)
+
+
+def get_dp_attention_config() -> DpAttentionConfig:
+    return _config
+
+
+def is_dp_attention_enabled() -> bool:
+    return _config.enabled
+
+
+class DpGatheredBufferWrapper:
+    """Per-forward sizes of the DP gathered buffers, as class-level state.
+
+    Every attribute has a real default, so code that runs before the first forward (load-time
+    prewarm, kernel JIT) can read it. The default padding mode is ``SUM_LEN`` on purpose: with
+    DP attention on it makes :func:`is_allocation_symmetric` answer False until a forward says
+    otherwise, and a wrong False only sends allocations to the default allocator (correct,
+    slower), whereas a wrong True could start a one-sided collective registration (a hang)."""
+
+    _hidden_size: int | None = None
+    _dtype: torch.dtype | None = None
+    _device: torch.device | None = None
+    _global_dp_buffer_len: int = 0
+    _local_dp_buffer_len: int = 0
+    _padding_mode: DpPaddingMode = DpPaddingMode.SUM_LEN
+    _global_num_tokens: tuple[int, ...] | None = None
+
+    @classmethod
+    def set_metadata(cls, hidden_size: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        """Shape facts fixed at model init."""
+        if hidden_size <= 0:
+            raise ValueError(f"hidden_size must be positive, got {hidden_size}")
+        cls._hidden_size = hidden_size
+        cls._dtype = dtype
+        cls._device = torch.device(device)
+
+    @classmethod
+    def set_dp_buffer_len(
+        cls,
+        global_len: int,
+        local_len: int,
+        padding_mode: DpPaddingMode,
+        global_num_tokens: list[int] | tuple[int, ...] | None = None,
+    ) -> None:
+        """Called once per forward, before the model runs, with the same ``padding_mode`` on
+        every rank."""
+        if global_len < 0 or local_len < 0:
+            raise ValueError(f"buffer lengths must be >= 0, got {global_len}, {local_len}")
+        if local_len > global_len:
+            raise ValueError(f"local length {local_len} exceeds global length {global_len}")
+        if not isinstance(padding_mode, DpPaddingMode):
+            raise TypeError(f"padding_mode must be a DpPaddingMode, got {padding_mode!r}")
+        cls._global_dp_buffer_len = global_len
+        cls._local_dp_buffer_len = local_len
+        cls._padding_mode = padding_mode
+        cls._global_num_tokens = tuple(global_num_tokens) if global_num_tokens is not None else None
+
+    @classmethod
+    def reset(cls) -> None:
+        """Back to the pre-forward defaults (tests, model teardown)."""
+        cls._hidden_size = None
+        cls._dtype = None
+        cls._device = None
+        cls._global_dp_buffer_len = 0
+        cls._local_dp_buffer_len = 0
+        cls._padding_mode = DpPaddingMode.SUM_LEN
+        cls._global_num_tokens = None
+
+    @classmethod
+    def get_padding_mode(cls) -> DpPaddingMode:
+        return cls._padding_mode
+
+    @classmethod
+    def get_global_dp_buffer_len(cls) -> int:
+        return cls._global_dp_buffer_len
+
+    @classmethod
+    def get_local_dp_buffer_len(cls) -> int:
+        return cls._local_dp_buffer_len
+
+    @classmethod
+    def get_global_num_tokens(cls) -> tuple[int, ...] | None:
+        return cls._global_num_tokens
+
+    @classmethod
+    def _allocate(
+        cls,
+        length: int,
+        hidden_size: int | None,
+        dtype: torch.dtype | None,
+        device: torch.device | str | None,
+    ) -> torch.Tensor:
+        hidden_size = hidden_size if hidden_size is not None else cls._hidden_size
+        dtype = dtype if dtype is not None else cls._dtype
+        device = device if device is not None else cls._device
+        if hidden_size is None or dtype is None or device is None:
+            raise RuntimeError(
+                "DP gathered buffer metadata is not set: call "
+                "DpGatheredBufferWrapper.set_metadata(hidden_size, dtype, device) at model init"
+            )
+        with use_symmetric_memory(get_tp_group_or_none(), disabled=not is_allocation_symmetric()):
+            return torch.empty((length, hidden_size), dtype=dtype, device=device)
+
+    @classmethod
+    def get_global_dp_buffer(
+        cls,
+        hidden_size: int | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        """A fresh ``(global_len, hidden)`` buffer for the gathered tokens (symmetric pool when
+        allocation is symmetric)."""
+        return cls._allocate(cls._global_dp_buffer_len, hidden_size, dtype, device)
+
+    @classmethod
+    def get_local_dp_buffer(
+        cls,
+        hidden_size: int | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        return cls._allocate(cls._local_dp_buffer_len, hidden_size, dtype, device)
+
+
+def get_dp_padding_mode() -> DpPaddingMode:
+    return DpGatheredBufferWrapper.get_padding_mode()
+
+
+def is_dp_max_padding() -> bool:
+    return DpGatheredBufferWrapper.get_padding_mode().is_max_len()
+
+
+def is_allocation_symmetric() -> bool:
+    """Whether every rank makes the same allocations now: DP attention off, or this batch is
+    padded to ``MAX_LEN``. Pass ``disabled=not is_allocation_symmetric()`` to
+    ``use_symmetric_memory``."""
+    return not is_dp_attention_enabled() or is_dp_max_padding()
+
+
+def set_dp_buffer_len(
+    global_len: int,
+    local_len: int,
+    padding_mode: DpPaddingMode,
+    global_num_tokens: list[int] | tuple[int, ...] | None = None,
+) -> None:
+    DpGatheredBufferWrapper.set_dp_buffer_len(
+        global_len, local_len, padding_mode, global_num_tokens
+    )
+
+
+def get_dp_global_buffer(
+    hidden_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    return DpGatheredBufferWrapper.get_global_dp_buffer(hidden_size, dtype, device)
+
+
+def get_dp_local_buffer(
+    hidden_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    return DpGatheredBufferWrapper.get_local_dp_buffer(hidden_size, dtype, device)

@@ -5,7 +5,8 @@ K = 4H <= 28672 terms (the kernel's tf32x3 dot is ~fp32 exact per product), so t
 20 Sinkhorn steps keep that small -> atol 1e-4. The layer input and the new residual are fp32
 sums rounded once to bf16: values this close can straddle a rounding boundary, so an element may
 be 1 bf16 ulp off (rtol 2^-7); with the fused RMSNorm a 1-ulp input difference plus the output
-rounding allows 2 ulps (2^-6). A systematic error (wrong rounding mode, a missed term) would move
+rounding allows 2 ulps (2^-6). Near zero a relative bound is meaningless (the fp32 sums' order
+differs by ~1e-6 absolute), so an absolute floor of 1e-5 applies there. A systematic error (wrong rounding mode, a missed term) would move
 most elements, so we also require that at most 2% of elements differ at all.
 """
 
@@ -71,7 +72,7 @@ def _inputs(
 def _assert_bf16_close(got: torch.Tensor, ref: torch.Tensor, ulps: int) -> None:
     assert got.dtype == ref.dtype == torch.bfloat16 and got.shape == ref.shape
     assert not torch.isnan(got).any()
-    torch.testing.assert_close(got.float(), ref.float(), atol=1e-6, rtol=ulps * BF16_ULP)
+    torch.testing.assert_close(got.float(), ref.float(), atol=1e-5, rtol=ulps * BF16_ULP)
     if got.numel():
         assert float((got != ref).float().mean()) <= 0.02
 
@@ -160,11 +161,11 @@ def test_triton_path_puts_only_layer_input_in_symmetric_scope(
     group = object()
     monkeypatch.setattr(mhc, "is_allocation_symmetric", lambda: True)
     monkeypatch.setattr(mhc, "get_tp_group_or_none", lambda: group)
+    _, post, comb = mhc._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)  # before recording
     for fused in (False, True):
         rec = SymmetricScopeRecorder()
         monkeypatch.setattr(mhc, "use_symmetric_memory", rec)
         if fused:
-            _, post, comb = mhc._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)
             nr, y, post2, comb2 = mhc.mhc_fused_post_pre(
                 x, r, post, comb, *p, **E, norm_weight=w, norm_eps=NORM_EPS
             )

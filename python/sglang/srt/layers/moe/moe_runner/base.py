@@ -10,6 +10,7 @@ writes into its input, which the model allocated in the pool (the mHC pre-norm o
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import ClassVar
@@ -74,3 +75,28 @@ class MoERunner(ABC):
     def is_available(self, device: torch.device) -> tuple[bool, str]:
         """Whether this runner can run on ``device``, and why not."""
         return True, ""
+
+    def _run_fused(
+        self,
+        fused_experts: Callable[..., torch.Tensor],
+        hidden: torch.Tensor,
+        topk: TopKOutput,
+        weights: ExpertWeights,
+        inplace: bool,
+    ) -> torch.Tensor:
+        """Call a ``fused_experts``-shaped function (kernels/ops/moe/fused_moe.py): non-in-place,
+        the output comes from the pool scope and the function allocates only intermediates."""
+        return fused_experts(
+            hidden,
+            weights.w13,
+            weights.w2,
+            topk.topk_weights,
+            topk.topk_ids,
+            activation=self.config.activation,
+            swiglu_limit=self.config.swiglu_limit,
+            w13_scale=weights.w13_scale,
+            w2_scale=weights.w2_scale,
+            block_shape=weights.block_shape,
+            inplace=inplace,
+            out=None if inplace else allocate_moe_output(hidden),
+        )

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.layers.moe.moe_runner.base import MoERunner, allocate_moe_output
+from sglang.srt.layers.moe.moe_runner.base import MoERunner
 from sglang.srt.layers.moe.topk import TopKOutput
 
 
-def _fused_experts():  # imported lazily: triton is not needed on CPU
+def _fused_experts() -> Callable[..., torch.Tensor]:  # lazily: triton is not needed on CPU
     from sglang.kernels.ops.moe.fused_moe import fused_experts
 
     return fused_experts
@@ -26,20 +28,4 @@ class TritonMoERunner(MoERunner):
     def run(
         self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, *, inplace: bool = False
     ) -> torch.Tensor:
-        # Non-in-place: the output comes from the pool scope; the kernel allocates only its
-        # intermediate caches, on the default allocator.
-        out = None if inplace else allocate_moe_output(hidden)
-        return _fused_experts()(
-            hidden,
-            weights.w13,
-            weights.w2,
-            topk.topk_weights,
-            topk.topk_ids,
-            activation=self.config.activation,
-            swiglu_limit=self.config.swiglu_limit,
-            w13_scale=weights.w13_scale,
-            w2_scale=weights.w2_scale,
-            block_shape=weights.block_shape,
-            inplace=inplace,
-            out=out,
-        )
+        return self._run_fused(_fused_experts(), hidden, topk, weights, inplace)

@@ -1,0 +1,43 @@
+"""RMSNorm, with and without a learned weight.
+
+DeepSeek V4 keeps every norm weight in fp32 (the checkpoint stores them so), so the product is
+taken in fp32 and cast to the activation dtype once at the end; the statistics are always fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim, fp32 maths, result in x's dtype."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype)
+
+
+def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Weightless RMSNorm as V4 applies it per query head: the fp32 factor is cast to x's dtype
+    *before* the multiply, so a bf16 input is scaled in bf16 (that is the reference rounding)."""
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim with an fp32 weight (loaded from the checkpoint)."""
+
+    def __init__(self, size: int, eps: float, *, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.size = size
+        self.eps = eps
+        self.weight = nn.Parameter(
+            torch.ones(size, dtype=torch.float32, device=device), requires_grad=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, eps={self.eps}"

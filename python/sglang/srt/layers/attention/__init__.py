@@ -1,0 +1,1 @@
+"""Attention layers and their torch reference maths."""

@@ -1,0 +1,213 @@
+"""DeepSeek V4 attention layer: low-rank q, one shared 512-wide KV head (K = V), sliding window,
+attention sinks, per-layer KV compression (ratio 0 / 4 / 128) with the ratio-4 indexer, inverse
+RoPE on the output and the grouped low-rank output projection.
+
+Flow for tokens ``x [T, H]`` (already mHC-collapsed and RMS-normed):
+  q_lora = q_norm(wq_a(x));  q = wq_b(q_lora) -> [T, heads, D];  q = rms(q) per head (no weight);
+  kv = kv_norm(wkv(x)) -> [T, D];  RoPE (interleaved, last rope dims) on q and kv at each position;
+  per request: window KV + compressed entries (+ indexer top-k) -> attention with sinks;
+  o: inverse RoPE at the query position (V = K carries the rotation), grouped wo_a, then wo_b.
+Sliding-only layers use the plain RoPE; compressed layers the compressed (YaRN) RoPE for q, the
+window K, their compressed entries and the indexer alike.
+
+Tensor parallel: heads, output groups and sinks are split by rank (``wq_b`` and ``wo_a``
+column-parallel, ``wo_b`` row-parallel); the KV head, compressor and indexer are replicated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
+from sglang.srt.layers.attention.dsv4_core import dsv4_attention
+from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
+from sglang.srt.layers.layernorm import RMSNorm, unweighted_rms_norm
+from sglang.srt.layers.linear import (
+    ColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+    WeightShapeError,
+    attach_loader,
+)
+from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
+from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4LayerCache
+from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+
+
+@dataclass(frozen=True)
+class _IndexerInputs:
+    """The indexer's per-token projections for the whole batch."""
+
+    kv: torch.Tensor
+    score: torch.Tensor
+    q: torch.Tensor
+    w: torch.Tensor
+
+
+@dataclass(frozen=True)
+class AttnSegment:
+    """One request's rows ``[start, start + length)`` of the batch and its cache for this layer."""
+
+    start: int
+    length: int
+    cache: DeepseekV4LayerCache
+
+
+class DeepseekV4Attention(nn.Module):
+    def __init__(
+        self,
+        config: DeepseekV4ModelConfig,
+        layer_id: int,
+        *,
+        params_dtype: torch.dtype,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        c = config
+        if c.num_attention_heads % tp_size or c.o_groups % tp_size:
+            raise ValueError(
+                f"{c.num_attention_heads} heads / {c.o_groups} output groups over {tp_size} ranks"
+            )
+        self.layer_id = layer_id
+        self.kind = c.attn_types[layer_id]
+        self.ratio = c.compress_ratios[layer_id]
+        self.head_dim = c.head_dim
+        self.n_local_heads = c.num_attention_heads // tp_size
+        self.n_local_groups = c.o_groups // tp_size
+        self.o_lora_rank = c.o_lora_rank
+        self.window = c.sliding_window
+        self.q_head_norm = c.q_head_norm
+        self.eps = c.rms_norm_eps
+        self.scale = c.head_dim**-0.5
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        dt: dict[str, Any] = {"params_dtype": params_dtype, "device": device}
+        h = c.hidden_size
+
+        self.wq_a = ReplicatedLinear(h, c.q_lora_rank, **dt)
+        self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, device=device)
+        self.wq_b = ColumnParallelLinear(
+            c.q_lora_rank,
+            c.num_attention_heads * c.head_dim,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            **dt,
+        )
+        self.wkv = ReplicatedLinear(h, c.head_dim, **dt)
+        self.kv_norm = RMSNorm(c.head_dim, c.rms_norm_eps, device=device)
+        group_in = c.num_attention_heads * c.head_dim // c.o_groups
+        # wo_a is block-diagonal: group g maps its heads' outputs [group_in] to o_lora_rank rows
+        # g*R .. g*R+R-1; splitting its rows by rank hands each rank its own groups.
+        self.wo_a = ColumnParallelLinear(
+            group_in, c.o_groups * c.o_lora_rank, tp_rank=tp_rank, tp_size=tp_size, **dt
+        )
+        self.wo_b = RowParallelLinear(
+            c.o_groups * c.o_lora_rank, h, tp_rank=tp_rank, tp_size=tp_size, **dt
+        )
+        sink = nn.Parameter(
+            torch.zeros(self.n_local_heads, dtype=torch.float32, device=device), requires_grad=False
+        )
+        self.attn_sink = attach_loader(sink, self._load_sink)
+        self.rotary = InterleavedRotaryEmbedding(c.rope_for_layer(layer_id), device=device)
+
+        self.compressor: KVCompressor | None = None
+        self.indexer: LightningIndexer | None = None
+        if self.kind != "sliding":
+            self.compressor = KVCompressor(
+                h, c.head_dim, self.ratio, overlap=self.kind == "csa", rms_eps=c.rms_norm_eps, **dt
+            )
+        if self.kind == "csa":
+            self.indexer = LightningIndexer(
+                hidden_size=h, q_lora_rank=c.q_lora_rank, n_heads=c.index_n_heads, head_dim=c.index_head_dim,
+                ratio=self.ratio, topk=c.index_topk, rms_eps=c.rms_norm_eps, **dt,
+            )  # fmt: skip
+
+    def _load_sink(self, param: nn.Parameter, full: torch.Tensor) -> None:
+        want = (self.n_local_heads * self.tp_size,)
+        if tuple(full.shape) != want:
+            raise WeightShapeError(f"expected shape {want}, got {tuple(full.shape)}")
+        lo = self.tp_rank * self.n_local_heads
+        with torch.no_grad():
+            param.copy_(full[lo : lo + self.n_local_heads].float())
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, segments: list[AttnSegment]
+    ) -> torch.Tensor:
+        """``x [T, H]`` of a batch of requests (``segments`` cover ``0..T`` in order) -> ``[T, H]``
+        (summed over the TP group). Appends the new tokens to each request's cache."""
+        cos, sin = self.rotary.cos_sin(positions)
+        q_lora = self.q_norm(self.wq_a(x))
+        q = self.wq_b(q_lora).unflatten(-1, (self.n_local_heads, self.head_dim))
+        if self.q_head_norm:
+            q = unweighted_rms_norm(q, self.eps)
+        q = apply_interleaved_rope(q, cos, sin)
+        kv = apply_interleaved_rope(self.kv_norm(self.wkv(x)), cos, sin)
+
+        # Everything that is per token runs on the whole batch; only the cache walk is per request.
+        comp = self.compressor.project(x) if self.compressor is not None else None
+        idx: _IndexerInputs | None = None
+        if self.indexer is not None:
+            idx = _IndexerInputs(
+                *self.indexer.compressor.project(x), *self.indexer.queries(q_lora, x, cos, sin)
+            )
+
+        o = torch.empty(
+            x.shape[0], self.n_local_heads, self.head_dim, dtype=torch.float32, device=x.device
+        )
+        for seg in segments:
+            rows = slice(seg.start, seg.start + seg.length)
+            pos = positions[rows]
+            window = seg.cache.window
+            win_first = window.first_position
+            win_kv = torch.cat([window.rows(), kv[rows].to(window.buf.dtype)])
+            window.append(kv[rows])
+            entries, visible = self._compressed_entries(seg.cache, rows, pos, comp, idx)
+            o[rows] = dsv4_attention(
+                q[rows], pos, win_kv, win_first, entries, visible, self.attn_sink,
+                scale=self.scale, window=self.window,
+            )  # fmt: skip
+
+        o = apply_interleaved_rope(o, cos, sin, inverse=True).to(x.dtype)
+        return self.wo_b(self._grouped_wo_a(o))
+
+    def _compressed_entries(
+        self,
+        cache: DeepseekV4LayerCache,
+        rows: slice,
+        pos: torch.Tensor,
+        comp: tuple[torch.Tensor, torch.Tensor] | None,
+        idx: _IndexerInputs | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Feed one request's new tokens to its compressor(s); return all its compressed entries
+        ``[N, D]`` and which of them each new query attends ``[n, N]`` (``None`` when the layer
+        does not compress)."""
+        if self.compressor is None or comp is None:
+            return None, None
+        if cache.compressor is None:
+            raise RuntimeError(f"layer {self.layer_id}: the request cache has no compressor state")
+        self.compressor.append(cache.compressor, comp[0][rows], comp[1][rows], self.rotary)
+        entries = cache.compressor.entries.rows()
+        if self.indexer is None or idx is None:
+            # ratio 128: every complete block is visible, (p + 1) // ratio of them
+            count = (pos + 1) // self.ratio
+            return entries, torch.arange(entries.shape[0], device=pos.device)[None, :] < count[
+                :, None
+            ]
+        if cache.indexer is None:
+            raise RuntimeError(f"layer {self.layer_id}: the request cache has no indexer state")
+        self.indexer.compressor.append(cache.indexer, idx.kv[rows], idx.score[rows], self.rotary)
+        keys = cache.indexer.entries.rows()
+        return entries, self.indexer.select(idx.q[rows], idx.w[rows], keys, pos)
+
+    def _grouped_wo_a(self, o: torch.Tensor) -> torch.Tensor:
+        """``o [T, local_heads, D]`` -> ``[T, local_groups * o_lora_rank]``: group g's slice of the
+        flattened heads times its own ``[o_lora_rank, group_in]`` block of wo_a."""
+        t = o.shape[0]
+        grouped = o.reshape(t, self.n_local_groups, -1)
+        w = self.wo_a.weight.view(self.n_local_groups, self.o_lora_rank, -1)
+        return torch.einsum("tgd,grd->tgr", grouped, w).reshape(t, -1)

@@ -1,0 +1,101 @@
+"""DeepSeek V4 KV compressor: pools every block of ``ratio`` tokens into one compressed entry.
+
+Per token, ``kv = x @ wkv^T`` and ``score = x @ wgate^T`` (fp32), each ``coff * D`` wide
+(``coff = 2`` with overlapping windows, ratio 4; else 1). Entry ``n`` pools block ``n`` (tokens
+``n*ratio .. n*ratio+ratio-1``) with a per-channel softmax over its candidates of
+``score + ape[slot]``, weighting ``kv``:
+- no overlap: the ``ratio`` tokens of the block;
+- overlap: the previous block's tokens through their *first* D channels (``ape[:, :D]``) and the
+  block's own tokens through their *second* D channels (``ape[:, D:]``) -- ``2 * ratio``
+  candidates; block 0 has no previous block (those candidates get weight 0).
+Then RMSNorm (fp32 weight) and RoPE on the last rope dims at position ``n * ratio`` (the block's
+first token). An entry exists once its block is complete.
+
+The same module serves the attention (D = head_dim) and the ratio-4 indexer (D = index_head_dim).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import ReplicatedLinear, attach_loader, default_weight_loader
+from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
+from sglang.srt.mem_cache.compressor_state import CompressorState
+
+
+class KVCompressor(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        dim: int,
+        ratio: int,
+        *,
+        overlap: bool,
+        rms_eps: float,
+        params_dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim, self.ratio, self.overlap = dim, ratio, overlap
+        width = (2 if overlap else 1) * dim
+        self.wkv = ReplicatedLinear(hidden_size, width, params_dtype=params_dtype, device=device)
+        self.wgate = ReplicatedLinear(hidden_size, width, params_dtype=params_dtype, device=device)
+        ape = nn.Parameter(
+            torch.zeros(ratio, width, dtype=torch.float32, device=device), requires_grad=False
+        )
+        self.ape = attach_loader(ape, default_weight_loader)
+        self.norm = RMSNorm(dim, rms_eps, device=device)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [T, H]`` -> fp32 ``(kv, score)``, each ``[T, coff*D]`` (fp32 accumulation and output:
+        the pooling softmax is sensitive to rounded scores)."""
+        xf = x.float()
+        return xf @ self.wkv.weight.float().t(), xf @ self.wgate.weight.float().t()
+
+    def append(
+        self,
+        state: CompressorState,
+        kv: torch.Tensor,
+        score: torch.Tensor,
+        rotary: InterleavedRotaryEmbedding,
+    ) -> torch.Tensor:
+        """Feed one request's next tokens' projections; emit (into ``state.entries``) and return the
+        entries of every block they complete, ``[nb, D]`` in the state's entry dtype."""
+        blocks_kv, blocks_score, first = state.take_complete_blocks(kv, score)
+        nb = blocks_kv.shape[0]
+        if nb == 0:
+            return state.entries.rows()[:0]
+        blocks_score = blocks_score + self.ape.float()
+        if self.overlap:
+            d = self.dim
+            head_kv, head_score = self._previous_block(state, nb, blocks_kv.device)
+            prev_kv = torch.cat([head_kv, blocks_kv[:-1, :, :d]])
+            prev_score = torch.cat([head_score, blocks_score[:-1, :, :d]])
+            state.prev_kv = blocks_kv[-1, :, :d].clone()
+            state.prev_score = blocks_score[-1, :, :d].clone()
+            cand_kv = torch.cat([prev_kv, blocks_kv[:, :, d:]], dim=1)
+            cand_score = torch.cat([prev_score, blocks_score[:, :, d:]], dim=1)
+        else:
+            cand_kv, cand_score = blocks_kv, blocks_score
+        pooled = (torch.softmax(cand_score, dim=1) * cand_kv).sum(dim=1)
+        normed = self.norm(pooled)
+        positions = (first + torch.arange(nb, device=normed.device)) * self.ratio
+        cos, sin = rotary.cos_sin(positions)
+        entries = apply_interleaved_rope(normed, cos, sin).to(state.entries.buf.dtype)
+        state.entries.append(entries)
+        return entries
+
+    def _previous_block(
+        self, state: CompressorState, nb: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first-half candidates for the first new block: the cached previous block, or
+        (block 0) zero rows with -inf scores, which the softmax gives weight 0."""
+        if state.prev_kv is not None and state.prev_score is not None:
+            return state.prev_kv[None], state.prev_score[None]
+        shape = (1, self.ratio, self.dim)
+        return (
+            torch.zeros(shape, dtype=torch.float32, device=device),
+            torch.full(shape, float("-inf"), dtype=torch.float32, device=device),
+        )

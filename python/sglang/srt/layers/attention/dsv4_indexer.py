@@ -1,0 +1,96 @@
+"""DeepSeek V4's lightning indexer (ratio-4 layers): picks which compressed entries a query attends.
+
+Query side: ``q = wq_b(q_lora)`` viewed ``[T, index_n_heads, index_head_dim]`` with RoPE on the
+last rope dims (the layer's compressed-rope), and per-head weights
+``w = weights_proj(x) * index_n_heads^-0.5``. Key side: a ratio-4 overlapping compressor of width
+``index_head_dim`` (its own entries, aligned with the attention compressor's).
+Score of entry ``s`` for a query: ``sum_h w_h * relu(q_h . k_s) * index_head_dim^-0.5``; the query
+keeps the ``index_topk`` best of its *visible* entries (``s < (p+1) // ratio``), all of them when
+fewer are visible; ties go to the earlier entry. Exact for any context length: no cap, scores are computed in query chunks.
+
+(SGLang additionally applies a Hadamard rotation to q and k before an FP8 cast; the rotation is
+orthogonal, so without the FP8 cast it leaves every score unchanged and is omitted here.)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
+from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.layers.rotary_embedding import apply_interleaved_rope
+
+# Queries scored at once; bounds the [chunk, heads, entries] temporary.
+_QUERY_CHUNK = 256
+
+
+class LightningIndexer(nn.Module):
+    def __init__(
+        self,
+        *,
+        hidden_size: int,
+        q_lora_rank: int,
+        n_heads: int,
+        head_dim: int,
+        ratio: int,
+        topk: int,
+        rms_eps: float,
+        params_dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim, self.ratio, self.topk = n_heads, head_dim, ratio, topk
+        self.wq_b = ReplicatedLinear(
+            q_lora_rank, n_heads * head_dim, params_dtype=params_dtype, device=device
+        )
+        self.weights_proj = ReplicatedLinear(
+            hidden_size, n_heads, params_dtype=params_dtype, device=device
+        )
+        self.compressor = KVCompressor(
+            hidden_size,
+            head_dim,
+            ratio,
+            overlap=True,
+            rms_eps=rms_eps,
+            params_dtype=params_dtype,
+            device=device,
+        )
+
+    def queries(
+        self, q_lora: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (q ``[T, heads, head_dim]`` rope'd, fp32 head weights ``[T, heads]``)."""
+        q = self.wq_b(q_lora).unflatten(-1, (self.n_heads, self.head_dim))
+        q = apply_interleaved_rope(q, cos, sin)
+        w = self.weights_proj(x).float() * self.n_heads**-0.5
+        return q, w
+
+    def select(
+        self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Boolean ``[n, N]``: which of the ``N`` entries ``keys [N, head_dim]`` each query at
+        ``positions [n]`` attends."""
+        n, num = q.shape[0], keys.shape[0]
+        chosen = torch.zeros(n, num, dtype=torch.bool, device=q.device)
+        if num == 0 or n == 0:
+            return chosen
+        visible = (positions + 1) // self.ratio  # entries 0 .. visible-1
+        entry = torch.arange(num, device=q.device)
+        kf = keys.float()
+        k = min(self.topk, num)
+        for a in range(0, n, _QUERY_CHUNK):
+            b = min(a + _QUERY_CHUNK, n)
+            dots = torch.einsum("qhd,nd->qhn", q[a:b].float(), kf).relu() * self.head_dim**-0.5
+            scores = (dots * w[a:b].unsqueeze(-1)).sum(dim=1)
+            ok = entry[None, :] < visible[a:b, None]
+            scores = scores.masked_fill(~ok, float("-inf"))
+            # Stable sort: equal scores (common: an entry whose every head is ReLU'd to 0 scores
+            # exactly 0) go to the earlier entry, whatever the number of entries or queries in
+            # the call, so chunked prefill and decode pick what a full forward picks.
+            top = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+            picked = torch.zeros(b - a, num, dtype=torch.bool, device=q.device)
+            picked.scatter_(1, top, True)
+            # A query with fewer than k visible entries also "picked" invisible ones; drop them.
+            chosen[a:b] = picked & ok
+        return chosen

@@ -1,0 +1,1 @@
+"""Per-request model state (KV windows, compressed entries, compressor state)."""

@@ -1,0 +1,77 @@
+"""Per-request caches of Kimi K3 for incremental decoding.
+
+Per layer, one of:
+- KDA (linear attention): a fixed-size state, independent of the sequence length: the conv state
+  (the last ``W - 1`` pre-conv q/k/v rows, ``[W - 1, 3 * H_local * D]``, model dtype) and the
+  recurrent state (``[H_local, V, K]``, V-major, fp32 by default);
+- MLA: the latent KV rows, ``[n, kv_lora_rank + qk_rope_head_dim]`` (the normed ``c_kv`` then the
+  shared, unrotated ``k_pe``), growing by one row a token.
+The request also counts its tokens, so a forward can check that positions continue the cache.
+
+A plain per-request store that the reference layers read directly; a paged pool shared by many
+requests is the scheduler's concern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from sglang.srt.mem_cache.growable_rows import GrowableRows
+
+LayerKind = Literal["kda", "mla"]
+
+
+@dataclass
+class KDAState:
+    conv: torch.Tensor  # [W - 1, 3 * H_local * D]
+    recurrent: torch.Tensor  # [H_local, V, K]
+
+
+@dataclass
+class MLALatentCache:
+    rows: GrowableRows  # [n, kv_lora_rank + qk_rope_head_dim]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+LayerCache = KDAState | MLALatentCache
+
+
+class KimiK3RequestCache:
+    def __init__(self, layers: list[LayerCache]) -> None:
+        self.layers = layers
+        self.num_tokens = 0
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+
+def new_request_cache(
+    *,
+    layer_kinds: Sequence[LayerKind],
+    kda_heads: int,
+    kda_head_dim: int,
+    conv_size: int,
+    mla_latent_dim: int,
+    dtype: torch.dtype,
+    state_dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> KimiK3RequestCache:
+    """An empty cache; ``kda_heads`` is this rank's head count. Zero states are the correct start
+    of a sequence (no prefix)."""
+    layers: list[LayerCache] = []
+    for kind in layer_kinds:
+        if kind == "kda":
+            conv = torch.zeros(conv_size - 1, 3 * kda_heads * kda_head_dim, dtype=dtype, device=device)
+            rec = torch.zeros(kda_heads, kda_head_dim, kda_head_dim, dtype=state_dtype, device=device)
+            layers.append(KDAState(conv, rec))
+        elif kind == "mla":
+            layers.append(MLALatentCache(GrowableRows(mla_latent_dim, dtype=dtype, device=device)))
+        else:
+            raise ValueError(f"unknown layer kind {kind!r}; expected 'kda' or 'mla'")
+    return KimiK3RequestCache(layers)

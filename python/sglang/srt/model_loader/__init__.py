@@ -1,0 +1,1 @@
+"""Checkpoint loading: config.json, safetensors, name maps, quantised formats, TP shards."""

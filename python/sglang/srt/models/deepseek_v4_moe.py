@@ -1,0 +1,202 @@
+"""DeepSeek V4 MoE block: router (sqrtsoftplus + bias top-k, or hash routing by token id), routed
+experts through :class:`FusedMoE`, one shared expert, ``routed_scaling_factor``.
+
+``out = routed_scaling_factor * sum_k w_k E_k(x) + shared(x)``; the scaling is folded into the
+top-k weights, so every expert backend (and the MegaMoE kernel) sees final weights.
+
+Reductions (all before the caller's mHC post):
+- ``a2a_backend="none"``: experts and shared expert are tensor-parallel over the intermediate dim;
+  routed and shared partial sums are added and all-reduced once.
+- ``a2a_backend="megamoe"``: experts are expert-parallel and FusedMoE returns this rank's rows fully
+  combined (the MegaMoE kernel combines over the group; its fallback all-reduces itself), so the
+  shared expert is replicated (full weights, local rows) and no all-reduce follows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
+from sglang.srt.layers.activation import act_and_mul
+from sglang.srt.layers.linear import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    WeightShapeError,
+    attach_loader,
+    default_weight_loader,
+)
+from sglang.srt.layers.moe.layer import A2ABackend, FusedMoE, FusedMoEConfig
+from sglang.srt.layers.moe.topk import TopKConfig, TopKOutput, hash_select_experts, select_experts
+from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+
+
+class SharedExpertMLP(nn.Module):
+    """Clamped SwiGLU MLP: ``w2(silu(min(w1 x, L)) * clamp(w3 x, -L, L))``; w1/w3 column-parallel,
+    w2 row-parallel *without* its own all-reduce (the MoE block reduces once)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        swiglu_limit: float | None,
+        params_dtype: torch.dtype,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        col: dict[str, Any] = {
+            "params_dtype": params_dtype,
+            "tp_rank": tp_rank,
+            "tp_size": tp_size,
+            "device": device,
+        }
+        self.w1 = ColumnParallelLinear(hidden_size, intermediate_size, **col)
+        self.w3 = ColumnParallelLinear(hidden_size, intermediate_size, **col)
+        self.w2 = RowParallelLinear(intermediate_size, hidden_size, reduce_results=False, **col)
+        self.swiglu_limit = swiglu_limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = torch.cat([self.w1(x), self.w3(x)], dim=-1)
+        return self.w2(act_and_mul(gate_up, "swiglu", swiglu_limit=self.swiglu_limit))
+
+
+class MoEGate(nn.Module):
+    """Router weight ``[E, H]``; ``bias [E]`` (fp32, selection only) on normal layers or the
+    ``tid2eid [vocab, top_k]`` table on hash layers."""
+
+    tid2eid: torch.Tensor
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        *,
+        hash_vocab: int | None,
+        top_k: int,
+        params_dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        w = nn.Parameter(
+            torch.empty(num_experts, hidden_size, dtype=params_dtype, device=device),
+            requires_grad=False,
+        )
+        self.weight = attach_loader(w, default_weight_loader)
+        self.is_hash = hash_vocab is not None
+        self.bias: nn.Parameter | None = None
+        if hash_vocab is None:
+            b = nn.Parameter(
+                torch.zeros(num_experts, dtype=torch.float32, device=device), requires_grad=False
+            )
+            self.bias = attach_loader(b, default_weight_loader)
+        else:
+            table = torch.zeros(hash_vocab, top_k, dtype=torch.int32, device=device)
+            self.register_buffer("tid2eid", table)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """fp32 router logits ``[T, E]`` (fp32 accumulation of the model-dtype operands)."""
+        return F.linear(x.float(), self.weight.float())
+
+    def load_tid2eid(self, full: torch.Tensor) -> None:
+        if tuple(full.shape) != tuple(self.tid2eid.shape):
+            raise WeightShapeError(
+                f"expected shape {tuple(self.tid2eid.shape)}, got {tuple(full.shape)}"
+            )
+        if full.dtype.is_floating_point:
+            raise WeightShapeError(f"tid2eid must be an integer tensor, got {full.dtype}")
+        self.tid2eid.copy_(full.to(torch.int32))
+
+
+class DeepseekV4MoE(nn.Module):
+    def __init__(
+        self,
+        config: DeepseekV4ModelConfig,
+        layer_id: int,
+        *,
+        params_dtype: torch.dtype,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        moe_runner: str = "auto",
+        a2a_backend: A2ABackend = "none",
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        c = config
+        self.layer_id = layer_id
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.is_hash = c.hash_layers[layer_id]
+        self.expert_parallel = a2a_backend == "megamoe"
+        self.gate = MoEGate(
+            c.hidden_size, c.n_routed_experts, hash_vocab=c.vocab_size if self.is_hash else None,
+            top_k=c.num_experts_per_tok, params_dtype=params_dtype, device=device,
+        )  # fmt: skip
+        self.topk_config = TopKConfig(
+            top_k=c.num_experts_per_tok,
+            scoring_func=c.scoring_func,  # type: ignore[arg-type]
+            renormalize=c.norm_topk_prob,
+            routed_scaling_factor=c.routed_scaling_factor,
+            apply_routed_scaling=True,
+        )
+        self.experts = FusedMoE(
+            FusedMoEConfig(
+                num_experts=c.n_routed_experts,
+                hidden_size=c.hidden_size,
+                intermediate_size=c.moe_intermediate_size,
+                top_k=c.num_experts_per_tok,
+                activation="swiglu",
+                swiglu_limit=c.swiglu_limit,
+                runner=moe_runner,
+                a2a_backend=a2a_backend,
+                # Expert-parallel output is complete (or reduced by FusedMoE's fallback); the
+                # tensor-parallel partial sum is reduced here together with the shared expert.
+                reduce_results=self.expert_parallel,
+            ),
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            device=device,
+        )
+        self.shared_experts: SharedExpertMLP | None = None
+        if c.n_shared_experts:
+            shared_tp = (0, 1) if self.expert_parallel else (tp_rank, tp_size)
+            self.shared_experts = SharedExpertMLP(
+                c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, swiglu_limit=c.swiglu_limit,
+                params_dtype=params_dtype, tp_rank=shared_tp[0], tp_size=shared_tp[1], device=device,
+            )  # fmt: skip
+
+    def route(self, x: torch.Tensor, input_ids: torch.Tensor) -> TopKOutput:
+        logits = self.gate.logits(x)
+        if self.is_hash:
+            return hash_select_experts(input_ids, self.gate.tid2eid, logits, self.topk_config)
+        return select_experts(logits, self.topk_config, self.gate.bias)
+
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """``x [T, H]``, ``input_ids [T]`` (the token id of every row: hash layers route by it)
+        -> ``[T, H]``, complete (reduced over the TP group)."""
+        # Shared expert first: an in-place expert runner may overwrite x.
+        shared = self.shared_experts(x) if self.shared_experts is not None else None
+        if self.expert_parallel:
+            return self._run_mega_routed(x, input_ids, shared)
+        out = self.experts(x, self.route(x, input_ids))
+        if shared is not None:
+            # In place: ``out`` is the runner's final output, allocated in the symmetric pool
+            # when --enable-symm-mem is on; ``out + shared`` would hand NCCL a non-pool tensor.
+            out += shared
+        if self.tp_size > 1:
+            out = tensor_model_parallel_all_reduce(out)
+        return out
+
+    def _run_mega_routed(
+        self, x: torch.Tensor, input_ids: torch.Tensor, shared: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Expert-parallel path: FusedMoE runs the MegaMoE kernel (pre-dispatch into DeepGEMM's
+        symmetric buffer, kernel on the reserved-SM budget) and returns combined rows, or falls
+        back to its own runner plus all-reduce. The replicated shared expert is added on top; no
+        further reduction."""
+        out = self.experts(x, self.route(x, input_ids))
+        return out if shared is None else out + shared

@@ -1,0 +1,156 @@
+"""Shared pieces of the DeepSeek V4 model tests: tiny configs, a fully randomised transformers
+reference, and our model loaded from it. Not a test file (no ``test_`` prefix)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.model_loader.deepseek_v4_loader import load_weights
+from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
+from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from transformers import DeepseekV4Config
+from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
+
+# transformers warns that the tiny YaRN factor disagrees with max_position_embeddings; irrelevant.
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+_BASE: dict[str, Any] = {
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "head_dim": 32,
+    "qk_rope_head_dim": 8,
+    "q_lora_rank": 16,
+    "o_groups": 2,
+    "o_lora_rank": 8,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    # 16 indexer heads: an entry scores exactly 0 (a tie) only if all 16 ReLUs clip, so
+    # transformers' topk and our stable sort (ties -> earlier entry) pick the same entries.
+    "index_n_heads": 16,
+    "index_head_dim": 16,
+    "index_topk": 4,
+    "sliding_window": 8,
+    "max_position_embeddings": 4096,
+}
+
+# A: ratios 0/4/128, one hash layer, YaRN on the compressed layers, window 8, top-4 of the indexer.
+CONFIG_A: dict[str, Any] = dict(
+    _BASE,
+    num_hidden_layers=3,
+    compress_ratios=[0, 4, 128],
+    num_hash_layers=1,
+    rope_scaling={
+        "type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+)
+# B: 4 layers (4, 128, 0, 4), two hash layers, plain RoPE everywhere, a clamp that bites, fewer
+# Sinkhorn iterations, more heads and groups, wider window and indexer top-k.
+CONFIG_B: dict[str, Any] = dict(
+    _BASE,
+    hidden_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    head_dim=48,
+    qk_rope_head_dim=16,
+    o_groups=4,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    index_topk=12,
+    index_head_dim=32,
+    sliding_window=16,
+    compress_ratios=[4, 128, 0, 4],
+    num_hash_layers=2,
+    swiglu_limit=1.0,
+    hc_sinkhorn_iters=5,
+    rope_theta=5000.0,
+    compress_rope_theta=40000.0,
+    routed_scaling_factor=2.0,
+)
+
+# C: 2 layers (128, 4), no hash layer, two residual streams, hidden 128, window 32.
+CONFIG_C: dict[str, Any] = dict(
+    _BASE,
+    hidden_size=128,
+    num_hidden_layers=2,
+    compress_ratios=[128, 4],
+    num_hash_layers=0,
+    hc_mult=2,
+    sliding_window=32,
+    n_routed_experts=6,
+    num_experts_per_tok=2,
+    index_topk=20,
+    rope_scaling={
+        "type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": 32,
+        "beta_fast": 16,
+        "beta_slow": 2,
+    },
+)
+
+
+def hf_config(overrides: dict[str, Any]) -> DeepseekV4Config:
+    return DeepseekV4Config(**overrides)
+
+
+@torch.no_grad()
+def randomize_(model: HFDeepseekV4, seed: int) -> HFDeepseekV4:
+    """Fill *every* state-dict entry, including those transformers initialises to 0 or 1 (sinks,
+    mHC base/scale, ape, router bias, norms), with random values of a sensible scale: weights
+    ~ N(0, 1/fan_in), norm weights U(0.5, 1.5), mHC scales around 1, other vectors N(0, 0.5²);
+    ``tid2eid`` gets distinct random experts per token."""
+    g = torch.Generator().manual_seed(seed)
+    num_experts = model.config.n_routed_experts
+    for name, t in model.state_dict().items():
+        if name.endswith("tid2eid"):
+            rows = [
+                torch.randperm(num_experts, generator=g)[: t.shape[1]] for _ in range(t.shape[0])
+            ]
+            t.copy_(torch.stack(rows))
+        elif not t.dtype.is_floating_point:
+            continue
+        elif name.endswith("norm.weight") or "layernorm" in name:
+            t.copy_(torch.rand(t.shape, generator=g) + 0.5)
+        elif t.dim() >= 2:
+            t.copy_(torch.randn(t.shape, generator=g) * t.shape[-1] ** -0.5)
+        else:
+            offset = 1.0 if name.endswith("scale") else 0.0
+            t.copy_(torch.randn(t.shape, generator=g) * 0.5 + offset)
+    return model
+
+
+def reference_model(overrides: dict[str, Any], seed: int = 0) -> HFDeepseekV4:
+    torch.manual_seed(seed)
+    return randomize_(HFDeepseekV4(hf_config(overrides)).eval(), seed)
+
+
+def our_model(
+    hf: HFDeepseekV4, dtype: torch.dtype = torch.float32, **kwargs: Any
+) -> DeepseekV4ForCausalLM:
+    model = DeepseekV4ForCausalLM(
+        DeepseekV4ModelConfig.from_hf_config(hf.config), dtype=dtype, moe_runner="torch", **kwargs
+    )
+    load_weights(model, hf.state_dict(), progress=False)
+    return model.eval()
+
+
+@torch.no_grad()
+def reference_logits(hf: HFDeepseekV4, ids: torch.Tensor) -> torch.Tensor:
+    return hf(ids.unsqueeze(0)).logits[0].float()
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / max |ref|."""
+    return float((out.float() - ref).abs().max() / ref.abs().max())
+
+
+def token_ids(n: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))

@@ -67,8 +67,12 @@ def new_request_cache(
     layers: list[LayerCache] = []
     for kind in layer_kinds:
         if kind == "kda":
-            conv = torch.zeros(conv_size - 1, 3 * kda_heads * kda_head_dim, dtype=dtype, device=device)
-            rec = torch.zeros(kda_heads, kda_head_dim, kda_head_dim, dtype=state_dtype, device=device)
+            conv = torch.zeros(
+                conv_size - 1, 3 * kda_heads * kda_head_dim, dtype=dtype, device=device
+            )
+            rec = torch.zeros(
+                kda_heads, kda_head_dim, kda_head_dim, dtype=state_dtype, device=device
+            )
             layers.append(KDAState(conv, rec))
         elif kind == "mla":
             layers.append(MLALatentCache(GrowableRows(mla_latent_dim, dtype=dtype, device=device)))

@@ -1,0 +1,100 @@
+"""KDA's non-linear parameters and how a rank loads its slice of them.
+
+All are fp32 in the checkpoint and stay fp32: the conv weights, ``dt_bias`` and ``A_log`` feed
+the decay, whose errors compound over the sequence. Each is split by head along dim 0, like the
+column-parallel q/k/v projections they follow.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from sglang.srt.layers.linear import WeightShapeError, attach_loader
+from sglang.srt.utils.log import get_logger, log_once
+
+logger = get_logger(__name__)
+
+
+def _slice_dim0(full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+    part = full.shape[0] // tp_size
+    return full[tp_rank * part : (tp_rank + 1) * part]
+
+
+def dim0_sharded_param(
+    full_shape: tuple[int, ...], *, tp_rank: int, tp_size: int, device: torch.device | str | None
+) -> nn.Parameter:
+    """An fp32 parameter holding this rank's ``1/tp`` of dim 0; the loader takes the full tensor."""
+    if full_shape[0] % tp_size:
+        raise ValueError(
+            f"dim 0 of {full_shape} is not divisible by the tensor-parallel size {tp_size}"
+        )
+    local = (full_shape[0] // tp_size, *full_shape[1:])
+    p = nn.Parameter(torch.zeros(local, dtype=torch.float32, device=device), requires_grad=False)
+
+    def load(param: nn.Parameter, full: torch.Tensor) -> None:
+        if tuple(full.shape) != full_shape:
+            raise WeightShapeError(f"expected shape {full_shape}, got {tuple(full.shape)}")
+        with torch.no_grad():
+            param.copy_(_slice_dim0(full, tp_rank, tp_size).to(param.dtype))
+
+    return attach_loader(p, load)
+
+
+class ShortConvWeight(nn.Module):
+    """One depthwise conv's weight, ``[C, 1, W]`` in the checkpoint (``q_conv1d.weight`` ...),
+    kept as this rank's ``[C_local, 1, W]``."""
+
+    def __init__(
+        self,
+        channels: int,
+        width: int,
+        *,
+        tp_rank: int,
+        tp_size: int,
+        device: torch.device | str | None,
+    ) -> None:
+        super().__init__()
+        self.weight = dim0_sharded_param(
+            (channels, 1, width), tp_rank=tp_rank, tp_size=tp_size, device=device
+        )
+
+
+def a_log_param(
+    num_heads: int, *, tp_rank: int, tp_size: int, device: torch.device | str | None
+) -> nn.Parameter:
+    """Per-head ``A_log`` (this rank's heads). Accepted checkpoint shapes: ``[H]``,
+    ``[1, 1, H, 1]`` (Kimi Linear / fla), and a longer vector ``[N > H]``: the released K3
+    checkpoint stores ``[head_dim]`` for 96 heads and SGLang uses its first ``H`` entries per head
+    (open question 1 of the design notes); we do the same and say so once."""
+    if num_heads % tp_size:
+        raise ValueError(
+            f"{num_heads} KDA heads are not divisible by the tensor-parallel size {tp_size}"
+        )
+    p = nn.Parameter(
+        torch.zeros(num_heads // tp_size, dtype=torch.float32, device=device), requires_grad=False
+    )
+
+    def load(param: nn.Parameter, full: torch.Tensor) -> None:
+        flat = (
+            full.reshape(-1)
+            if full.dim() == 4 and full.shape[:2] == (1, 1) and full.shape[3] == 1
+            else full
+        )
+        if flat.dim() != 1 or flat.shape[0] < num_heads:
+            raise WeightShapeError(
+                f"expected shape ({num_heads},), (1, 1, {num_heads}, 1) or a longer vector, got {tuple(full.shape)}"
+            )
+        if flat.shape[0] > num_heads:
+            log_once(
+                logger,
+                logging.INFO,
+                f"A_log has {flat.shape[0]} entries for {num_heads} KDA heads: using the first {num_heads}, per head",
+            )
+            flat = flat[:num_heads]
+        with torch.no_grad():
+            param.copy_(_slice_dim0(flat, tp_rank, tp_size).to(param.dtype))
+
+    return attach_loader(p, load)

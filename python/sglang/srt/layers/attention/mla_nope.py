@@ -1,0 +1,197 @@
+"""Multi-head latent attention without RoPE (Kimi Linear / K3's full-attention layers), with K3's
+sigmoid output gate, over a per-request latent KV cache.
+
+For normed input ``x [T, hidden]``:
+  q = q_b(q_a_layernorm(q_a(x)))  (or q_proj(x))               [T, h, nope + rope]
+  c_kv | k_pe = kv_a_proj_with_mqa(x);  c_kv = kv_a_layernorm(c_kv)
+  cache <- [c_kv | k_pe]                                       one row a token, shared by all heads
+  k_nope | v = kv_b(c_kv) per head;  k = [k_nope | k_pe]       (k_pe unrotated: NoPE)
+  o = causal softmax(q k^T * (nope + rope)^-1/2) v            [T, h * v_dim]
+  o = o * sigmoid(g_proj(x))  (the sigmoid rounded to the activation dtype, as K3's kernel does)
+  out = o_proj(o)
+Only KDA layers carry position information; these layers see positions only through causality.
+
+Two equal forms: a multi-token segment expands the cached latents to per-head K/V (cheap when
+many queries share them); a single-token segment (decode) absorbs ``kv_b`` into the query and the
+output (``w_kc``/``w_vc``) and attends in the 512-wide latent space directly.
+
+Tensor parallel: heads split by rank (``q_b``/``q_proj``, ``kv_b``, ``g_proj`` column-parallel;
+``o_proj`` row-parallel and reducing); ``q_a``, ``kv_a`` and their norms are replicated, so every
+rank caches the same latent rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
+
+
+@dataclass(frozen=True)
+class MLANoPEConfig:
+    hidden_size: int
+    num_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rms_norm_eps: float
+    output_gate: bool = True
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class MLASegment:
+    """Rows ``[start, start + length)`` are the request's next tokens; ``cache`` holds its
+    earlier latent rows (and gets these appended)."""
+
+    start: int
+    length: int
+    cache: MLALatentCache
+
+
+class MLANoPEAttention(nn.Module):
+    def __init__(
+        self,
+        config: MLANoPEConfig,
+        *,
+        params_dtype: torch.dtype,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        c = config
+        if c.num_heads % tp_size:
+            raise ValueError(
+                f"{c.num_heads} MLA heads are not divisible by the tensor-parallel size {tp_size}"
+            )
+        self.config = c
+        self.local_heads = c.num_heads // tp_size
+        self.scale = c.qk_head_dim**-0.5
+        col: dict[str, Any] = {
+            "params_dtype": params_dtype,
+            "tp_rank": tp_rank,
+            "tp_size": tp_size,
+            "device": device,
+        }
+        rep: dict[str, Any] = {"params_dtype": params_dtype, "device": device}
+        self.q_proj: ColumnParallelLinear | None = None
+        self.q_a_proj: ReplicatedLinear | None = None
+        self.q_a_layernorm: RMSNorm | None = None
+        self.q_b_proj: ColumnParallelLinear | None = None
+        if c.q_lora_rank is None:
+            self.q_proj = ColumnParallelLinear(c.hidden_size, c.num_heads * c.qk_head_dim, **col)
+        else:
+            self.q_a_proj = ReplicatedLinear(c.hidden_size, c.q_lora_rank, **rep)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, device=device)
+            self.q_b_proj = ColumnParallelLinear(c.q_lora_rank, c.num_heads * c.qk_head_dim, **col)
+        self.kv_a_proj_with_mqa = ReplicatedLinear(
+            c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim, **rep
+        )
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps, device=device)
+        self.kv_b_proj = ColumnParallelLinear(
+            c.kv_lora_rank, c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), **col
+        )
+        self.g_proj = (
+            ColumnParallelLinear(c.hidden_size, c.num_heads * c.v_head_dim, **col)
+            if c.output_gate
+            else None
+        )
+        self.o_proj = RowParallelLinear(c.num_heads * c.v_head_dim, c.hidden_size, **col)
+
+    def _queries(self, x: Tensor) -> Tensor:
+        if self.q_proj is not None:
+            q = self.q_proj(x)
+        else:
+            assert (
+                self.q_a_proj is not None
+                and self.q_a_layernorm is not None
+                and self.q_b_proj is not None
+            )
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        return q.view(x.shape[0], self.local_heads, self.config.qk_head_dim)
+
+    def latents(self, x: Tensor) -> Tensor:
+        """The cache rows of ``x``: ``[T, kv_lora_rank + rope]`` = normed ``c_kv`` | raw ``k_pe``."""
+        c = self.config
+        ckv, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        return torch.cat([self.kv_a_layernorm(ckv), k_pe], dim=-1)
+
+    def _kv_b_per_head(self) -> tuple[Tensor, Tensor]:
+        """``w_kc [h, nope, L]`` and ``w_vc [h, v, L]``: this rank's ``kv_b`` split per head."""
+        c = self.config
+        w = self.kv_b_proj.weight.view(
+            self.local_heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank
+        )
+        return w[:, : c.qk_nope_head_dim], w[:, c.qk_nope_head_dim :]
+
+    def forward(self, x: Tensor, segments: Sequence[MLASegment]) -> Tensor:
+        """``x [T, hidden]`` -> ``[T, hidden]`` (reduced over the TP group); appends each
+        segment's latent rows to its cache."""
+        t = x.shape[0]
+        if sum(s.length for s in segments) != t:
+            raise ValueError(f"MLA segments cover {sum(s.length for s in segments)} rows of {t}")
+        c = self.config
+        q = self._queries(x)
+        latent = self.latents(x)
+        out = torch.zeros(t, self.local_heads, c.v_head_dim, dtype=x.dtype, device=x.device)
+        for seg in segments:
+            if seg.length == 0:
+                continue
+            rows = slice(seg.start, seg.start + seg.length)
+            prefix = len(seg.cache)
+            seg.cache.rows.append(latent[rows])
+            kv = seg.cache.rows.rows()
+            attend = self._attend_absorbed if seg.length == 1 else self._attend_expanded
+            out[rows] = attend(q[rows], kv, prefix)
+        o = out.reshape(t, self.local_heads * c.v_head_dim)
+        if self.g_proj is not None:
+            o = o * torch.sigmoid(self.g_proj(x).float()).to(o.dtype)
+        return self.o_proj(o)
+
+    def _attend_expanded(self, q: Tensor, kv: Tensor, prefix: int) -> Tensor:
+        """``q [n, h, qk]`` for positions ``prefix ..``, over ``kv [S, L + rope]`` -> ``[n, h, v]``."""
+        c = self.config
+        n, s = q.shape[0], kv.shape[0]
+        ckv, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        kvb = self.kv_b_proj(ckv).view(s, self.local_heads, c.qk_nope_head_dim + c.v_head_dim)
+        k_nope, v = kvb.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
+        k = torch.cat(
+            [k_nope, k_pe.unsqueeze(1).expand(s, self.local_heads, c.qk_rope_head_dim)], dim=-1
+        )
+        # query i (absolute position prefix + i) sees keys 0 .. prefix + i
+        allowed = torch.arange(s, device=q.device).unsqueeze(0) <= (
+            prefix + torch.arange(n, device=q.device)
+        ).unsqueeze(1)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            attn_mask=allowed,
+            scale=self.scale,
+        )
+        return o.transpose(0, 1)
+
+    def _attend_absorbed(self, q: Tensor, kv: Tensor, prefix: int) -> Tensor:
+        """One query ``q [1, h, qk]`` over all of ``kv`` in the latent space (fp32 maths)."""
+        c = self.config
+        w_kc, w_vc = self._kv_b_per_head()
+        q_nope, q_pe = q[0].float().split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        ckv, k_pe = kv.float().split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        q_lat = torch.einsum("hn,hnl->hl", q_nope, w_kc.float())
+        scores = (q_lat @ ckv.t() + q_pe @ k_pe.t()) * self.scale  # [h, S]
+        o_lat = torch.softmax(scores, dim=-1) @ ckv  # [h, L]
+        return torch.einsum("hl,hvl->hv", o_lat, w_vc.float()).unsqueeze(0).to(q.dtype)

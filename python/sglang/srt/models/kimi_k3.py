@@ -1,0 +1,303 @@
+"""Kimi K3 (text): ``KimiK3ForCausalLM``.
+
+  P = embed(ids)                                            the AttnRes partial sum   [T, H]
+  per layer i:
+    x = input_layernorm(AttnRes read over [bank, P]);  if i % B == 0: bank += [P]; P = 0
+    P += attn(x)            KDA (linear attention, per-request state) or NoPE MLA (latent cache)
+    x = post_attention_layernorm(AttnRes read over [bank, P])
+    P += ffn(x)             dense SiTU MLP (i < first_k_dense_replace) or the latent MoE
+  logits = lm_head(norm(AttnRes read over [bank, P])) * logit_scale      (fp32)
+With ``attn_res_block_size`` null the reads become plain pre-norm residuals (h += f(norm(h))).
+Layer kinds come from the config's 1-based ``kda_layers`` / ``full_attn_layers``.
+
+Parameter names follow the checkpoint after the wrapper prefix is stripped
+(``model.layers.N.self_attn.q_proj.weight``, ``model.layers.N.mlp.gate.weight`` for the
+checkpoint's ``block_sparse_moe``, ``lm_head.weight``), so the loader maps names straight onto
+``named_parameters()``; routed experts live in each MoE layer's ``FusedMoE``.
+
+A batch is a list of requests, each with its own :class:`KimiK3RequestCache`; prefill chunks and
+decode rows mix freely: projections, norms and MoE run over all rows at once, attention walks the
+requests (KDA stacks the decode rows into one recurrent step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sglang.srt.layers.attention.kda import KDAConfig, KDASegment, KimiDeltaAttention
+from sglang.srt.layers.attention.mla_nope import MLANoPEAttention, MLANoPEConfig, MLASegment
+from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import ReplicatedLinear, attach_loader, default_weight_loader
+from sglang.srt.layers.moe.layer import A2ABackend
+from sglang.srt.mem_cache.kimi_k3_cache import (
+    KDAState,
+    KimiK3RequestCache,
+    MLALatentCache,
+    new_request_cache,
+)
+from sglang.srt.models.kimi_k3_config import KimiK3Config
+from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
+from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+
+_STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class KimiK3Batch:
+    """The requests of one forward, in row order: ``seq_lens[i]`` new tokens for ``caches[i]``."""
+
+    seq_lens: Sequence[int]
+    caches: Sequence[KimiK3RequestCache]
+
+    def __post_init__(self) -> None:
+        if len(self.seq_lens) != len(self.caches):
+            raise ValueError(f"{len(self.seq_lens)} sequence lengths for {len(self.caches)} caches")
+
+
+class KimiK3Embedding(nn.Module):
+    """Token embedding table ``[vocab, H]`` (replicated on every rank)."""
+
+    def __init__(
+        self, vocab: int, hidden: int, *, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        w = nn.Parameter(
+            torch.empty(vocab, hidden, dtype=dtype, device=device), requires_grad=False
+        )
+        self.weight = attach_loader(w, default_weight_loader)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return F.embedding(input_ids, self.weight)
+
+
+class KimiK3DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: KimiK3Config,
+        layer_id: int,
+        *,
+        params_dtype: torch.dtype,
+        tp_rank: int,
+        tp_size: int,
+        moe_runner: str,
+        a2a_backend: A2ABackend,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        c = config
+        h = c.hidden_size
+        self.layer_id = layer_id
+        self.is_kda = c.is_kda(layer_id)
+        tp: dict[str, Any] = {
+            "params_dtype": params_dtype,
+            "tp_rank": tp_rank,
+            "tp_size": tp_size,
+            "device": device,
+        }
+        self.self_attn: KimiDeltaAttention | MLANoPEAttention
+        if self.is_kda:
+            kda = KDAConfig(
+                hidden_size=h, num_heads=c.kda_num_heads, head_dim=c.kda_head_dim, conv_size=c.kda_conv_size,
+                gate_lower_bound=c.kda_gate_lower_bound, full_rank_gate=c.kda_full_rank_gate,
+            )  # fmt: skip
+            self.self_attn = KimiDeltaAttention(kda, **tp)
+        else:
+            mla = MLANoPEConfig(
+                hidden_size=h, num_heads=c.num_attention_heads, q_lora_rank=c.q_lora_rank,
+                kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim,
+                qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim, rms_norm_eps=c.rms_norm_eps,
+                output_gate=c.mla_use_output_gate,
+            )  # fmt: skip
+            self.self_attn = MLANoPEAttention(mla, **tp)
+        self.mlp: KimiK3MoE | KimiK3MLP
+        if c.is_moe(layer_id):
+            self.mlp = KimiK3MoE(c, moe_runner=moe_runner, a2a_backend=a2a_backend, **tp)
+        else:
+            self.mlp = KimiK3MLP(h, c.intermediate_size, activation=c.moe_activation, **tp)
+        self.input_layernorm = RMSNorm(h, c.rms_norm_eps, device=device)
+        self.post_attention_layernorm = RMSNorm(h, c.rms_norm_eps, device=device)
+        self.has_attn_res = c.attn_res_block_size is not None
+        if self.has_attn_res:
+            rep: dict[str, Any] = {"params_dtype": params_dtype, "device": device}
+            self.self_attention_res_norm = RMSNorm(h, c.rms_norm_eps, device=device)
+            self.self_attention_res_proj = ReplicatedLinear(h, 1, **rep)
+            self.mlp_res_norm = RMSNorm(h, c.rms_norm_eps, device=device)
+            self.mlp_res_proj = ReplicatedLinear(h, 1, **rep)
+
+    def attention(self, x: Tensor, starts: Sequence[int], batch: KimiK3Batch) -> Tensor:
+        i = self.layer_id
+        if isinstance(self.self_attn, KimiDeltaAttention):
+            kda_segs = [
+                KDASegment(s, n, cast(KDAState, cache.layers[i]))
+                for s, n, cache in zip(starts, batch.seq_lens, batch.caches)
+            ]
+            return self.self_attn(x, kda_segs)
+        mla_segs = [
+            MLASegment(s, n, cast(MLALatentCache, cache.layers[i]))
+            for s, n, cache in zip(starts, batch.seq_lens, batch.caches)
+        ]
+        return self.self_attn(x, mla_segs)
+
+
+class KimiK3Model(nn.Module):
+    """Embedding, decoder layers and the final norm (plus the final AttnRes read site)."""
+
+    def __init__(
+        self,
+        config: KimiK3Config,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        **layer_kw: Any,
+    ) -> None:
+        super().__init__()
+        c = config
+        self.embed_tokens = KimiK3Embedding(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(
+            KimiK3DecoderLayer(c, i, params_dtype=dtype, device=device, **layer_kw)
+            for i in range(c.num_hidden_layers)
+        )
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device=device)
+        if c.attn_res_block_size is not None:
+            self.output_attn_res_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device=device)
+            self.output_attn_res_proj = ReplicatedLinear(
+                c.hidden_size, 1, params_dtype=dtype, device=device
+            )
+
+
+class KimiK3ForCausalLM(nn.Module):
+    def __init__(
+        self,
+        config: KimiK3Config,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        moe_runner: str = "auto",
+        a2a_backend: A2ABackend = "none",
+    ) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.model = KimiK3Model(
+            c, dtype=dtype, device=device, tp_rank=tp_rank, tp_size=tp_size, moe_runner=moe_runner,
+            a2a_backend=a2a_backend,
+        )  # fmt: skip
+        # Replicated (the vocab-parallel split is a memory optimisation).
+        self.lm_head = ReplicatedLinear(
+            c.hidden_size, c.vocab_size, params_dtype=dtype, device=device
+        )
+
+    @property
+    def decoder_layers(self) -> list[KimiK3DecoderLayer]:
+        """``self.model.layers`` with its element type (ModuleList indexing is untyped)."""
+        return cast(list[KimiK3DecoderLayer], list(self.model.layers))
+
+    # --- caches --------------------------------------------------------------------------------
+
+    def new_request_cache(self) -> KimiK3RequestCache:
+        c = self.config
+        return new_request_cache(
+            layer_kinds=c.layer_kinds, kda_heads=c.kda_num_heads // self.tp_size, kda_head_dim=c.kda_head_dim,
+            conv_size=c.kda_conv_size, mla_latent_dim=c.mla_latent_dim, dtype=self.dtype,
+            state_dtype=_STATE_DTYPES[c.kda_state_dtype], device=self.device,
+        )  # fmt: skip
+
+    # --- forward -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def forward(
+        self, input_ids: Tensor, positions: Tensor, batch: KimiK3Batch | None = None
+    ) -> Tensor:
+        """Logits ``[T, V]`` (fp32) for ``input_ids [T]`` at ``positions [T]``.
+
+        Without ``batch`` the rows are one whole request from position 0 (a throw-away cache).
+        With ``batch`` each request's rows must continue its cache (positions ``len(cache) ..``);
+        the caches are extended in place."""
+        if batch is None:
+            batch = KimiK3Batch([input_ids.shape[0]], [self.new_request_cache()])
+        self._check_batch(input_ids, positions, batch)
+        c = self.config
+        eps = c.rms_norm_eps
+        starts = [0]
+        for n in batch.seq_lens[:-1]:
+            starts.append(starts[-1] + n)
+        h = self.model.embed_tokens(input_ids)
+        block = c.attn_res_block_size
+        if block is None:
+            y = self._plain_residual_layers(h, starts, batch)
+        else:
+            state = AttnResState(h)
+            for layer in self.decoder_layers:
+                attn_score = attn_res_score_vector(
+                    layer.self_attention_res_norm, layer.self_attention_res_proj
+                )
+                x = state.read(attn_score, eps, layer.input_layernorm)
+                if layer.layer_id % block == 0:
+                    state.write_bank()
+                state.add(layer.attention(x, starts, batch))
+                mlp_score = attn_res_score_vector(layer.mlp_res_norm, layer.mlp_res_proj)
+                state.add(layer.mlp(state.read(mlp_score, eps, layer.post_attention_layernorm)))
+            out_score = attn_res_score_vector(
+                self.model.output_attn_res_norm, self.model.output_attn_res_proj
+            )
+            y = state.read(out_score, eps, self.model.norm)
+        for cache, n in zip(batch.caches, batch.seq_lens):
+            cache.num_tokens += n
+        logits = self.lm_head(y).float()
+        return logits if c.logit_scale == 1.0 else logits * c.logit_scale
+
+    def _plain_residual_layers(
+        self, h: Tensor, starts: Sequence[int], batch: KimiK3Batch
+    ) -> Tensor:
+        for layer in self.decoder_layers:
+            h = h + layer.attention(layer.input_layernorm(h), starts, batch)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.model.norm(h)
+
+    def prefill(self, input_ids: Tensor, cache: KimiK3RequestCache) -> Tensor:
+        """Append ``input_ids [n]`` to one request; logits of those tokens ``[n, V]``."""
+        start = len(cache)
+        positions = torch.arange(start, start + input_ids.shape[0], device=input_ids.device)
+        return self.forward(input_ids, positions, KimiK3Batch([input_ids.shape[0]], [cache]))
+
+    def decode(self, input_ids: Tensor, caches: Sequence[KimiK3RequestCache]) -> Tensor:
+        """One new token per request: ``input_ids [B]`` -> logits ``[B, V]``."""
+        positions = torch.tensor(
+            [len(cc) for cc in caches], dtype=torch.long, device=input_ids.device
+        )
+        return self.forward(input_ids, positions, KimiK3Batch([1] * len(caches), list(caches)))
+
+    def _check_batch(self, input_ids: Tensor, positions: Tensor, batch: KimiK3Batch) -> None:
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(
+                f"input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} must be [T]"
+            )
+        if any(n < 0 for n in batch.seq_lens):
+            raise ValueError(f"negative sequence length in {list(batch.seq_lens)}")
+        if sum(batch.seq_lens) != input_ids.shape[0]:
+            raise ValueError(
+                f"sequence lengths {list(batch.seq_lens)} do not sum to {input_ids.shape[0]} rows"
+            )
+        if positions.is_cuda:
+            return  # the check below reads positions back to the host
+        start = 0
+        for n, cache in zip(batch.seq_lens, batch.caches):
+            want = torch.arange(len(cache), len(cache) + n, dtype=positions.dtype)
+            if not torch.equal(positions[start : start + n].cpu(), want):
+                raise ValueError(
+                    f"positions of a request must continue its cache ({len(cache)} tokens cached): "
+                    f"got {positions[start : start + n].tolist()[:8]}..."
+                )
+            start += n

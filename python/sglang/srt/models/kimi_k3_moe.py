@@ -1,0 +1,188 @@
+"""Kimi K3's latent MoE block.
+
+For the normed FFN input ``x [T, H]``:
+  s = sigmoid(x W_gate^T) (fp32, on the **full** hidden);  ids = top-k of s + bias;
+  w = s[ids] / (sum + 1e-20) * routed_scaling_factor
+  z = routed_expert_down_proj(x)                              [T, L]   (not normalised)
+  y = sum_k w_k E_k(z),  E(z) = W2 SiTU(W1 z, W3 z)          [T, L]   (FusedMoE)
+  out = routed_expert_up_proj(routed_expert_norm(y)) + shared_experts(x)
+Without ``routed_expert_hidden_size`` the experts run on ``x`` and their sum is the routed output.
+
+Reductions:
+- normal path (``a2a_backend="none"``): experts are tensor-parallel over their intermediate dim,
+  so each rank holds a *partial* latent sum; FusedMoE all-reduces it **before** the RMSNorm
+  (norm(sum) != sum of norms). The up projection is replicated. Shared experts are
+  tensor-parallel and reduce on their own.
+- MegaMoE (``a2a_backend="megamoe"``, :meth:`KimiK3MoE._forward_mega_experts`): experts are
+  expert-parallel and the kernel returns combined latent rows, so no all-reduce precedes the norm;
+  shared experts are replicated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sglang.srt.layers.activation import SITU_BETA, SITU_LINEAR_BETA
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import ReplicatedLinear, attach_loader, default_weight_loader
+from sglang.srt.layers.moe.layer import A2ABackend, FusedMoE, FusedMoEConfig
+from sglang.srt.layers.moe.topk import TopKConfig, TopKOutput, select_experts
+from sglang.srt.models.kimi_k3_config import ConfigError, KimiK3Config
+from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
+
+# DeepGEMM's MegaMoE kernel stages the latent in 32-value FP8 groups with 16-byte scale rows and
+# tiles the expert width by 128.
+_MEGA_LATENT_MULTIPLE = 512
+_MEGA_INTERMEDIATE_MULTIPLE = 128
+
+
+class KimiK3Router(nn.Module):
+    """``weight [E, H]`` (model dtype) and, for ``noaux_tc``, ``e_score_correction_bias [E]``
+    (fp32, steers selection only)."""
+
+    def __init__(
+        self, hidden_size: int, num_experts: int, *, with_bias: bool, params_dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        w = nn.Parameter(
+            torch.empty(num_experts, hidden_size, dtype=params_dtype, device=device),
+            requires_grad=False,
+        )
+        self.weight = attach_loader(w, default_weight_loader)
+        self.e_score_correction_bias: nn.Parameter | None = None
+        if with_bias:
+            b = nn.Parameter(
+                torch.zeros(num_experts, dtype=torch.float32, device=device), requires_grad=False
+            )
+            self.e_score_correction_bias = attach_loader(b, default_weight_loader)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """fp32 router logits ``[T, E]``: near-tied experts are decided in fp32."""
+        return F.linear(x.float(), self.weight.float())
+
+
+class KimiK3MoE(nn.Module):
+    def __init__(
+        self,
+        config: KimiK3Config,
+        *,
+        params_dtype: torch.dtype,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        moe_runner: str = "auto",
+        a2a_backend: A2ABackend = "none",
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        c = config
+        self.expert_parallel = a2a_backend == "megamoe"
+        self.latent = c.routed_expert_hidden_size
+        activation = c.moe_activation
+        if self.expert_parallel:
+            _check_mega_shapes(c)
+        rep: dict[str, Any] = {"params_dtype": params_dtype, "device": device}
+        self.gate = KimiK3Router(
+            c.hidden_size, c.num_experts, with_bias=c.use_correction_bias, **rep
+        )
+        self.topk_config = TopKConfig(
+            top_k=c.num_experts_per_token,
+            scoring_func=c.router_scoring,  # type: ignore[arg-type]
+            renormalize=c.moe_renormalize,
+            routed_scaling_factor=c.routed_scaling_factor,
+            # folded into the weights, so every expert backend (MegaMoE included) sees final ones
+            apply_routed_scaling=True,
+            num_expert_group=c.num_expert_group,
+            topk_group=c.topk_group,
+        )
+        expert_hidden = c.hidden_size if self.latent is None else self.latent
+        self.routed_expert_down_proj: ReplicatedLinear | None = None
+        self.routed_expert_up_proj: ReplicatedLinear | None = None
+        self.routed_expert_norm: RMSNorm | None = None
+        if self.latent is not None:
+            self.routed_expert_down_proj = ReplicatedLinear(c.hidden_size, self.latent, **rep)
+            self.routed_expert_up_proj = ReplicatedLinear(self.latent, c.hidden_size, **rep)
+            if c.latent_moe_use_norm:
+                self.routed_expert_norm = RMSNorm(self.latent, c.rms_norm_eps, device=device)
+        self.experts = FusedMoE(
+            FusedMoEConfig(
+                num_experts=c.num_experts,
+                hidden_size=expert_hidden,
+                intermediate_size=c.moe_intermediate_size,
+                top_k=c.num_experts_per_token,
+                activation=activation,
+                runner=moe_runner,
+                a2a_backend=a2a_backend,
+                # Normal path: the partial latent sum is reduced inside, before our norm. MegaMoE:
+                # the kernel output is combined; its runner fallback reduces inside too.
+                reduce_results=True,
+            ),
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            device=device,
+        )
+        self.shared_experts: KimiK3MLP | None = None
+        if c.num_shared_experts:
+            shared_tp = (0, 1) if self.expert_parallel else (tp_rank, tp_size)
+            self.shared_experts = KimiK3MLP(
+                c.hidden_size, c.moe_intermediate_size * c.num_shared_experts, activation=activation,
+                params_dtype=params_dtype, tp_rank=shared_tp[0], tp_size=shared_tp[1], device=device,
+            )  # fmt: skip
+
+    def route(self, x: Tensor) -> TopKOutput:
+        return select_experts(
+            self.gate.logits(x), self.topk_config, self.gate.e_score_correction_bias
+        )
+
+    def _down(self, x: Tensor) -> Tensor:
+        return x if self.routed_expert_down_proj is None else self.routed_expert_down_proj(x)
+
+    def _up(self, y: Tensor) -> Tensor:
+        """The routed latent sum (already complete over ranks) -> hidden."""
+        if self.routed_expert_norm is not None:
+            y = self.routed_expert_norm(y)
+        return y if self.routed_expert_up_proj is None else self.routed_expert_up_proj(y)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x [T, H]`` -> ``[T, H]``, complete (reduced over the TP group)."""
+        if self.expert_parallel:
+            return self._forward_mega_experts(x)
+        topk = self.route(x)
+        shared = self.shared_experts(x) if self.shared_experts is not None else None
+        y = self.experts(self._down(x), topk)  # all-reduced inside when tp > 1
+        out = self._up(y)
+        return out if shared is None else out + shared
+
+    def _forward_mega_experts(self, x: Tensor) -> Tensor:
+        """MegaMoE path. Order: routing (fp32 logits, sigmoid + bias top-k) and the latent down
+        projection; the replicated shared experts; then FusedMoE takes the symmetric buffer and
+        runs the FP8 pre-dispatch outside the reserved-SM context and only
+        ``deep_gemm.fp8_fp4_mega_moe(..., activation="situ")`` inside it. The returned latent
+        rows are already combined over the expert-parallel group, so the norm follows with no
+        all-reduce."""
+        topk = self.route(x)
+        z = self._down(x)
+        shared = self.shared_experts(x) if self.shared_experts is not None else None
+        # The kernel writes bf16 rows; a no-op for a bf16 model, and keeps an fp32 one consistent.
+        y = self.experts(z, topk).to(z.dtype)
+        out = self._up(y)
+        return out if shared is None else out + shared
+
+
+def _check_mega_shapes(c: KimiK3Config) -> None:
+    if c.hidden_act != "situ":
+        # the kernel bakes in SiTU with beta=4, linear_beta=25 (the config parser accepts only those)
+        raise ConfigError(
+            f"the Kimi K3 MegaMoE path needs hidden_act 'situ' (beta={SITU_BETA}, "
+            f"linear_beta={SITU_LINEAR_BETA}), got {c.hidden_act!r}"
+        )
+    width = c.hidden_size if c.routed_expert_hidden_size is None else c.routed_expert_hidden_size
+    if width % _MEGA_LATENT_MULTIPLE or c.moe_intermediate_size % _MEGA_INTERMEDIATE_MULTIPLE:
+        raise ConfigError(
+            f"MegaMoE needs the expert input width ({width}) divisible by {_MEGA_LATENT_MULTIPLE} and "
+            f"moe_intermediate_size ({c.moe_intermediate_size}) by {_MEGA_INTERMEDIATE_MULTIPLE}"
+        )

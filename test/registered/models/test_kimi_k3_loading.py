@@ -1,0 +1,331 @@
+"""Loading Kimi K3 checkpoints: the released naming (``language_model.model.layers.N``,
+``block_sparse_moe``), 1-based layer lists, MXFP4 routed experts (``weight_packed`` +
+``weight_scale``), fp32 KDA tensors (``A_log`` as the release's ``[head_dim]`` vector), vision
+tensors skipped, clear errors naming missing / mis-shaped / mistyped / unexpected tensors, a
+round trip through safetensors on disk, and tensor parallelism: TP=2 over gloo equals TP=1 (normal
+path and the MegaMoE layout's fallback), prefill + decode included."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.layers.quantization.mxfp4 import dequant_mxfp4, quant_mxfp4
+from sglang.srt.model_loader.kimi_k3_loader import WeightLoadError, load_kimi_k3, load_weights
+from sglang.srt.model_loader.kimi_k3_names import canonical_name
+from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+from sglang.srt.models.kimi_k3_config import ConfigError, KimiK3Config
+from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+from sglang.test.ci_register import register_cpu_ci
+from sglang.test.multiprocess import run_distributed
+from sglang.test.run import run_this_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, config, make_model, tokens
+
+register_cpu_ci(est_time=10)
+
+
+def export_checkpoint(model: KimiK3ForCausalLM, *, mxfp4: bool = True) -> dict[str, torch.Tensor]:
+    """The model in the released wrapper's naming. Dense tensors keep their dtype (fp32 here, so a
+    reload is exact); routed experts become MXFP4; ``A_log`` is padded to ``[head_dim]`` as released."""
+    out: dict[str, torch.Tensor] = {}
+    c = model.config
+    for name, p in model.named_parameters():
+        layer = name.split(".")[2] if name.startswith("model.layers.") else None
+        ckpt = "language_model." + name
+        if layer is not None and c.is_moe(int(layer)):
+            ckpt = ckpt.replace(".mlp.", ".block_sparse_moe.")
+        t = p.detach().clone()
+        if name.endswith("A_log"):
+            t = torch.cat([t, torch.full((c.kda_head_dim - t.shape[0],), 7.0)])
+        out[ckpt] = t
+    for i, layer in enumerate(model.decoder_layers):
+        if not isinstance(layer.mlp, KimiK3MoE):
+            continue
+        w = layer.mlp.experts.weights
+        assert w is not None
+        inter = w.intermediate_size
+        stacked = {"w1": w.w13[:, :inter], "w3": w.w13[:, inter:], "w2": w.w2}
+        # one quantisation call a stacked tensor (per-expert calls dominate the test's run time)
+        packed = {k: quant_mxfp4(t) if mxfp4 else (t, None) for k, t in stacked.items()}
+        for e in range(w.num_experts):
+            pre = f"language_model.model.layers.{i}.block_sparse_moe.experts.{e}"
+            for name, (q, scale) in packed.items():
+                if scale is None:
+                    out[f"{pre}.{name}.weight"] = q[e].clone()
+                else:
+                    out[f"{pre}.{name}.weight_packed"] = q[e].clone()
+                    out[f"{pre}.{name}.weight_scale"] = scale[e].clone()
+    return out
+
+
+def _mxfp4_rounded(model: KimiK3ForCausalLM) -> None:
+    """Replace the model's experts by what an MXFP4 checkpoint of them holds."""
+    for layer in model.decoder_layers:
+        if isinstance(layer.mlp, KimiK3MoE):
+            w = layer.mlp.experts.weights
+            assert w is not None
+            layer.mlp.experts.load_weights(
+                ExpertWeights(
+                    dequant_mxfp4(*quant_mxfp4(w.w13), torch.float32),
+                    dequant_mxfp4(*quant_mxfp4(w.w2), torch.float32),
+                )
+            )
+
+
+def _fresh(raw: dict[str, Any], **kw: Any) -> KimiK3ForCausalLM:
+    return KimiK3ForCausalLM(config(raw), dtype=torch.float32, moe_runner="torch", **kw)
+
+
+# --- names and config ---------------------------------------------------------------------------
+
+
+def test_checkpoint_names_map_to_model_names() -> None:
+    assert canonical_name(
+        "language_model.model.layers.3.block_sparse_moe.experts.7.w1.weight_packed"
+    ) == ("model.layers.3.mlp.experts.7.w1.weight")
+    assert canonical_name(
+        "language_model.model.layers.3.block_sparse_moe.experts.7.w1.weight_scale"
+    ) == ("model.layers.3.mlp.experts.7.w1.weight_scale")
+    assert (
+        canonical_name("language_model.layers.2.self_attn.q_conv1d.weight")
+        == "model.layers.2.self_attn.q_conv1d.weight"
+    )
+    assert canonical_name("language_model.lm_head.weight") == "lm_head.weight"
+    assert (
+        canonical_name("model.layers.0.self_attn.forget_gate.A_log")
+        == "model.layers.0.self_attn.A_log"
+    )
+    assert canonical_name("embed_tokens.weight") == "model.embed_tokens.weight"
+    assert canonical_name("vision_tower.encoder.blocks.0.wqkv.weight") is None
+    assert canonical_name("mm_projector.proj.0.weight") is None
+
+
+def test_release_schedule_is_one_based() -> None:
+    mla = [*range(4, 93, 4), 93]
+    raw = {**CONFIG_A, "num_hidden_layers": 93, "linear_attn_config": {
+        **CONFIG_A["linear_attn_config"], "full_attn_layers": mla,
+        "kda_layers": [i for i in range(1, 94) if i not in mla]}}  # fmt: skip
+    c = KimiK3Config.from_dict({"model_type": "kimi_k3", "text_config": raw,
+                                "quantization_config": {"format": "mxfp4-pack-quantized"}})  # fmt: skip
+    assert [i for i in range(93) if not c.is_kda(i)] == [*range(3, 92, 4), 92] and len(mla) == 24
+    assert c.layer_kinds[91:] == ("mla", "mla") and c.expert_quant_format == "mxfp4"
+
+
+@pytest.mark.parametrize(
+    "lin,match",
+    [
+        (
+            {"kda_layers": [1, 2, 3, 5, 6, 7], "full_attn_layers": [4]},
+            r"\[8\] \(1-based\) are in neither",
+        ),
+        ({"kda_layers": [0, 1, 2, 3, 5, 6, 7], "full_attn_layers": [4, 8]}, "outside 1..8"),
+        ({"kda_layers": [1, 2, 3, 4, 5, 6, 7], "full_attn_layers": [4, 8]}, "appears twice"),
+        ({"kda_layers": [1, 2, 3], "full_attn_layers": None}, "needs both"),
+    ],
+)
+def test_bad_layer_lists_are_rejected(lin: dict[str, Any], match: str) -> None:
+    merged = {k: v for k, v in {**CONFIG_A["linear_attn_config"], **lin}.items() if v is not None}
+    with pytest.raises(ConfigError, match=match):
+        config({**CONFIG_A, "linear_attn_config": merged})
+
+
+def test_other_situ_constants_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="linear_beta"):
+        config({**CONFIG_A, "activation_situ_linear_beta": 10.0})
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def source_model() -> KimiK3ForCausalLM:
+    model = make_model(CONFIG_A, seed=3)
+    _mxfp4_rounded(model)  # so a reload from the MXFP4 checkpoint is exact
+    return model
+
+
+def test_released_naming_with_mxfp4_experts_loads_exactly(source_model: KimiK3ForCausalLM,
+                                                          caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    ckpt = export_checkpoint(source_model)
+    ckpt["vision_tower.patch_embed.proj.weight"] = torch.zeros(4, 4)
+    ckpt["mm_projector.linear_1.weight"] = torch.zeros(4, 4)
+    model = _fresh(CONFIG_A)
+    logging.getLogger("sglang").propagate = True
+    with caplog.at_level(logging.INFO, logger="sglang"):
+        load_weights(model, ckpt, progress=False)
+    assert any("skipping 2 vision" in r.getMessage() for r in caplog.records)
+    attn = model.decoder_layers[0].self_attn
+    for p in (attn.A_log, attn.dt_bias, attn.q_conv1d.weight, attn.o_norm.weight):  # type: ignore[union-attr]
+        assert p.dtype == torch.float32
+    torch.testing.assert_close(attn.A_log, source_model.decoder_layers[0].self_attn.A_log)  # type: ignore[union-attr]
+    ids = tokens(15, seed=4)
+    torch.testing.assert_close(
+        model(ids, torch.arange(15)), source_model(ids, torch.arange(15)), rtol=0, atol=0
+    )
+
+
+def test_errors_name_the_tensor(source_model: KimiK3ForCausalLM) -> None:
+    ckpt = export_checkpoint(source_model)
+
+    def load(edit: dict[str, torch.Tensor | None], **kw: Any) -> None:
+        bad = dict(ckpt)
+        for k, v in edit.items():
+            if v is None:
+                del bad[k]
+            else:
+                bad[k] = v
+        load_weights(_fresh(CONFIG_A), bad, progress=False, **kw)
+
+    q = "language_model.model.layers.1.self_attn.q_proj.weight"
+    with pytest.raises(
+        WeightLoadError, match=r"missing 1 tensor.*model\.layers\.1\.self_attn\.q_proj\.weight"
+    ):
+        load({q: None})
+    with pytest.raises(WeightLoadError, match=rf"{q}.*expected shape \(32, 64\), got \(32, 63\)"):
+        load({q: torch.zeros(32, 63)})
+    with pytest.raises(WeightLoadError, match=rf"{q}.*only the routed experts may be quantised"):
+        load({q: torch.zeros(32, 64, dtype=torch.uint8)})
+    conv = "language_model.model.layers.0.self_attn.k_conv1d.weight"
+    with pytest.raises(WeightLoadError, match=rf"{conv}.*expected shape \(32, 1, 4\)"):
+        load({conv: torch.zeros(32, 4)})
+    e = "language_model.model.layers.2.block_sparse_moe.experts.5.w2"
+    with pytest.raises(
+        WeightLoadError, match=rf"{e}.weight_packed.*expected shape \(32, 16\), got \(32, 15\)"
+    ):
+        load({f"{e}.weight_packed": torch.zeros(32, 15, dtype=torch.uint8)})
+    with pytest.raises(WeightLoadError, match=rf"{e}.weight_packed.*no scale"):
+        load({f"{e}.weight_scale": None})
+    with pytest.raises(
+        WeightLoadError,
+        match=rf"scale of '{e}.weight_packed'.*expected shape \(32, 1\), got \(32, 3\)",
+    ):
+        load({f"{e}.weight_scale": torch.zeros(32, 3, dtype=torch.uint8)})
+    with pytest.raises(
+        WeightLoadError, match=r"missing tensor 'model\.layers\.2\.mlp\.experts\.5\.w2\.weight'"
+    ):
+        load({f"{e}.weight_packed": None, f"{e}.weight_scale": None})
+    with pytest.raises(
+        WeightLoadError, match=r"does not use, e\.g\. \['language_model\.model\.extra\.weight'\]"
+    ):
+        load({"language_model.model.extra.weight": torch.zeros(2)})
+    load({"language_model.model.extra.weight": torch.zeros(2)}, strict=False)
+
+
+def test_directory_round_trip_with_bf16_experts(tmp_path: Path) -> None:
+    src = make_model(CONFIG_B, seed=5)
+    save_file(
+        {k: v.contiguous() for k, v in export_checkpoint(src, mxfp4=False).items()},
+        str(tmp_path / "model.safetensors"),
+    )
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "kimi_k3", "text_config": CONFIG_B})
+    )
+    model = load_kimi_k3(tmp_path, dtype=torch.float32, moe_runner="torch", progress=False)
+    ids = tokens(9, seed=6)
+    torch.testing.assert_close(
+        model(ids, torch.arange(9)), src(ids, torch.arange(9)), rtol=0, atol=0
+    )
+
+
+def test_mega_weight_builder_gets_this_ranks_raw_experts(source_model: KimiK3ForCausalLM) -> None:
+    mega = {**CONFIG_A, "routed_expert_hidden_size": 512, "moe_intermediate_size": 128}
+    src = make_model(mega, seed=9)
+    ckpt = export_checkpoint(src)
+    got: dict[int, dict[str, Any]] = {}
+
+    def builder(layer_id: int, raw: dict[str, torch.Tensor | None]) -> Any:
+        got[layer_id] = raw
+        return ("mega", layer_id)
+
+    model = _fresh(mega, tp_rank=1, tp_size=2, a2a_backend="megamoe")
+    load_weights(model, ckpt, progress=False, mega_weight_builder=builder)
+    assert sorted(got) == list(range(1, 8))
+    raw = got[2]
+    pre = "language_model.model.layers.2.block_sparse_moe.experts"
+    assert (
+        raw["w13"] is not None
+        and raw["w13"].shape == (4, 256, 256)
+        and raw["w13"].dtype == torch.uint8
+    )
+    assert torch.equal(
+        raw["w13"][0, :128], ckpt[f"{pre}.4.w1.weight_packed"]
+    )  # rank 1 holds experts 4..7
+    assert torch.equal(raw["w2_scale"][3], ckpt[f"{pre}.7.w2.weight_scale"])  # type: ignore[index]
+    moe = model.decoder_layers[2].mlp
+    assert isinstance(moe, KimiK3MoE) and moe.experts.mega_weights == ("mega", 2)
+
+
+# --- tensor parallel ------------------------------------------------------------------------------
+
+
+def _rank_logits(
+    rank: int, world: int, model_dir: str, ids: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    from sglang.srt.distributed import parallel_state as ps
+
+    logging.getLogger("sglang").setLevel(logging.ERROR)  # the expected MegaMoE fallback warning
+    ps.initialize_model_parallel(world)
+    out: dict[str, torch.Tensor] = {}
+    for a2a in ("none", "megamoe"):
+        model = load_kimi_k3(model_dir, dtype=torch.float32, tp_rank=rank, tp_size=world, moe_runner="torch",
+                             a2a_backend=a2a, progress=False)  # type: ignore[arg-type]  # fmt: skip
+        out[a2a] = model(ids, torch.arange(ids.shape[0]))
+    cache = model.new_request_cache()
+    steps = [model.prefill(ids[:9], cache)] + [
+        model.decode(ids[i : i + 1], [cache]) for i in range(9, 12)
+    ]
+    out["steps"] = torch.cat(steps)
+    ps.destroy_model_parallel()
+    return out
+
+
+def test_tp2_equals_tp1(tmp_path: Path) -> None:
+    # 4 layers (MLA at 1-based 2 and 4, two bank writes), 4 heads of each kind split over 2
+    # ranks, MegaMoE-shaped experts (latent 512, width 128) so both a2a layouts can be built.
+    mega = {
+        **CONFIG_A,
+        "num_hidden_layers": 4,
+        "attn_res_block_size": 2,
+        "num_experts": 4,
+        "num_experts_per_token": 2,
+        "routed_expert_hidden_size": 512,
+        "moe_intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "linear_attn_config": {
+            **CONFIG_A["linear_attn_config"],
+            "num_heads": 4,
+            "kda_layers": [1, 3],
+            "full_attn_layers": [2, 4],
+        },
+    }
+    src = make_model(mega, seed=11)
+    _mxfp4_rounded(src)
+    save_file(
+        {k: v.contiguous() for k, v in export_checkpoint(src).items()},
+        str(tmp_path / "model.safetensors"),
+    )
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "kimi_k3", "text_config": mega})
+    )
+    ids = tokens(12, seed=12)
+    want = src(ids, torch.arange(12))
+    for rank, out in enumerate(run_distributed(_rank_logits, 2, str(tmp_path), ids)):
+        for key in ("none", "megamoe", "steps"):
+            torch.testing.assert_close(
+                out[key], want, rtol=1e-4, atol=1e-4, msg=f"rank {rank} {key}"
+            )
+
+
+if __name__ == "__main__":
+    run_this_file(__file__)

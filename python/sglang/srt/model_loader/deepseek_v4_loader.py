@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -32,6 +31,8 @@ from sglang.srt.layers.moe.expert_weights import (
 )
 from sglang.srt.layers.moe.layer import A2ABackend
 from sglang.srt.model_loader.deepseek_v4_names import canonical_name
+from sglang.srt.model_loader.checkpoint_index import CheckpointIndex as _Index
+from sglang.srt.model_loader.checkpoint_index import WeightLoadError
 from sglang.srt.model_loader.weight_source import (
     DictWeightSource,
     SafetensorsWeightSource,
@@ -46,31 +47,6 @@ logger = get_logger(__name__)
 FP8_BLOCK = (128, 128)
 _FP8_DTYPES = (torch.float8_e4m3fn,)
 _FP4_DTYPES = (torch.uint8, torch.int8)
-
-
-class WeightLoadError(ValueError):
-    """A checkpoint tensor is missing, has the wrong shape, or is not expected."""
-
-
-@dataclass
-class _Index:
-    """Canonical name -> checkpoint name, built once per load."""
-
-    source: WeightSource
-    by_canon: dict[str, str]
-    used: set[str]
-
-    def has(self, canon: str) -> bool:
-        return canon in self.by_canon
-
-    def get(self, canon: str) -> torch.Tensor:
-        if canon not in self.by_canon:
-            raise WeightLoadError(f"checkpoint is missing tensor {canon!r}")
-        self.used.add(canon)
-        return self.source.get(self.by_canon[canon])
-
-    def ckpt_name(self, canon: str) -> str:
-        return self.by_canon.get(canon, canon)
 
 
 def _build_index(source: WeightSource) -> _Index:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +34,8 @@ from sglang.srt.layers.moe.expert_weights import (
 from sglang.srt.layers.moe.layer import A2ABackend
 from sglang.srt.layers.quantization.mxfp4 import MXFP4_GROUP
 from sglang.srt.model_loader.kimi_k3_names import canonical_name, layer_of
+from sglang.srt.model_loader.checkpoint_index import CheckpointIndex as _Index
+from sglang.srt.model_loader.checkpoint_index import WeightLoadError
 from sglang.srt.model_loader.weight_source import (
     DictWeightSource,
     SafetensorsWeightSource,
@@ -53,31 +54,6 @@ _FP8_SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
 
 # (layer id, this rank's raw stacked experts: w13, w2 and their scales or None) -> MegaMoE weights
 MegaWeightBuilder = Callable[[int, dict[str, torch.Tensor | None]], Any]
-
-
-class WeightLoadError(ValueError):
-    """A checkpoint tensor is missing, has the wrong shape or type, or is not expected."""
-
-
-@dataclass
-class _Index:
-    """Model name -> checkpoint name, built once per load."""
-
-    source: WeightSource
-    by_canon: dict[str, str]
-    used: set[str]
-
-    def has(self, canon: str) -> bool:
-        return canon in self.by_canon
-
-    def get(self, canon: str) -> torch.Tensor:
-        if canon not in self.by_canon:
-            raise WeightLoadError(f"checkpoint is missing tensor {canon!r}")
-        self.used.add(canon)
-        return self.source.get(self.by_canon[canon])
-
-    def ckpt_name(self, canon: str) -> str:
-        return self.by_canon.get(canon, canon)
 
 
 def _build_index(source: WeightSource, num_layers: int) -> _Index:

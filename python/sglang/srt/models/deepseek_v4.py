@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sglang.kernels.ops.layernorm.mhc import mhc_fused_post_pre, mhc_head, mhc_post, mhc_pre
 from sglang.srt.layers.attention.dsv4_attention import AttnSegment, DeepseekV4Attention
+from sglang.srt.layers.embedding import ReplicatedEmbedding
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear, attach_loader, default_weight_loader
 from sglang.srt.layers.moe.layer import A2ABackend
@@ -53,22 +53,6 @@ class DeepseekV4Batch:
 def _fp32_param(*shape: int, device: torch.device | str) -> nn.Parameter:
     p = nn.Parameter(torch.zeros(*shape, dtype=torch.float32, device=device), requires_grad=False)
     return attach_loader(p, default_weight_loader)
-
-
-class Embedding(nn.Module):
-    """Token embedding table ``[vocab, H]`` (replicated on every rank)."""
-
-    def __init__(
-        self, vocab: int, hidden: int, *, dtype: torch.dtype, device: torch.device | str
-    ) -> None:
-        super().__init__()
-        w = nn.Parameter(
-            torch.empty(vocab, hidden, dtype=dtype, device=device), requires_grad=False
-        )
-        self.weight = attach_loader(w, default_weight_loader)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)
 
 
 class DeepseekV4DecoderLayer(nn.Module):
@@ -131,7 +115,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         self.device = torch.device(device)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         # Embedding and LM head are replicated (the vocab-parallel split is a memory optimisation).
-        self.embed = Embedding(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+        self.embed = ReplicatedEmbedding(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
         self.layers: nn.ModuleList = nn.ModuleList(
             DeepseekV4DecoderLayer(
                 c,

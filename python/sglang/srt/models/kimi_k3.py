@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sglang.srt.layers.attention.kda import KDAConfig, KDASegment, KimiDeltaAttention
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention, MLANoPEConfig, MLASegment
 from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
+from sglang.srt.layers.embedding import ReplicatedEmbedding
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ReplicatedLinear, attach_loader, default_weight_loader
+from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.moe.layer import A2ABackend
 from sglang.srt.mem_cache.kimi_k3_cache import (
     KDAState,
@@ -59,22 +59,6 @@ class KimiK3Batch:
     def __post_init__(self) -> None:
         if len(self.seq_lens) != len(self.caches):
             raise ValueError(f"{len(self.seq_lens)} sequence lengths for {len(self.caches)} caches")
-
-
-class KimiK3Embedding(nn.Module):
-    """Token embedding table ``[vocab, H]`` (replicated on every rank)."""
-
-    def __init__(
-        self, vocab: int, hidden: int, *, dtype: torch.dtype, device: torch.device | str
-    ) -> None:
-        super().__init__()
-        w = nn.Parameter(
-            torch.empty(vocab, hidden, dtype=dtype, device=device), requires_grad=False
-        )
-        self.weight = attach_loader(w, default_weight_loader)
-
-    def forward(self, input_ids: Tensor) -> Tensor:
-        return F.embedding(input_ids, self.weight)
 
 
 class KimiK3DecoderLayer(nn.Module):
@@ -159,7 +143,7 @@ class KimiK3Model(nn.Module):
     ) -> None:
         super().__init__()
         c = config
-        self.embed_tokens = KimiK3Embedding(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens = ReplicatedEmbedding(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(
             KimiK3DecoderLayer(c, i, params_dtype=dtype, device=device, **layer_kw)
             for i in range(c.num_hidden_layers)

@@ -207,6 +207,31 @@ class Envs:
         choices=("table", "always", "never"),
     )
 
+    # --- serving --------------------------------------------------------------------------------
+    SGLANG_CACHE_DIR = EnvStr(
+        "",
+        "Where generated files (the built-in default model) are cached. Empty: "
+        "$XDG_CACHE_HOME/sglang, else ~/.cache/sglang.",
+    )
+    SGLANG_STARTUP_TIMEOUT_S = EnvFloat(
+        600.0,
+        "Seconds the launcher waits for every scheduler rank to load its model and report ready "
+        "before it gives up and stops them.",
+        min_value=1.0,
+    )
+    SGLANG_CPU_THREADS = EnvInt(
+        0,
+        "Torch threads of each scheduler process when serving on CPU. 0: automatic, one core left "
+        "for the HTTP process and the rest split over the TP ranks (at most 16 each).",
+        min_value=0,
+    )
+    SGLANG_SCHEDULER_IDLE_POLL_S = EnvFloat(
+        0.5,
+        "Seconds an idle scheduler (rank 0) waits for a new request before it checks that its "
+        "parent process is still alive.",
+        min_value=0.001,
+    )
+
     @classmethod
     def fields(cls) -> dict[str, EnvField[Any]]:
         return {k: v for k, v in vars(cls).items() if isinstance(v, EnvField)}

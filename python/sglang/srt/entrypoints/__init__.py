@@ -1,0 +1,1 @@
+"""Entry points: the HTTP server (FastAPI) and the offline :class:`Engine`."""

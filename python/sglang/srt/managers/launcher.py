@@ -1,0 +1,166 @@
+"""Start the scheduler processes (one per TP rank) and wait until every rank is ready.
+
+Layout (as in the reference engines): this process keeps the HTTP server and the tokenizer
+manager; each TP rank is a spawned process; rank 0 talks to this process over two one-way pipes
+(requests down, outputs up) and broadcasts batch plans to the other ranks over gloo.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from sglang.srt.environ import envs
+from sglang.srt.managers.io_struct import ModelInfo, ShutdownReq
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.log import get_logger
+
+logger = get_logger(__name__)
+
+
+class EngineStartupError(RuntimeError):
+    """A scheduler rank failed to start; the message carries its error."""
+
+
+@dataclass
+class SchedulerHandle:
+    procs: list[Any]
+    to_scheduler: Connection
+    from_scheduler: Connection
+    model_info: ModelInfo
+    status: Any = None  # the startup status queue, closed with the handle
+    rendezvous_dir: str | None = None  # torch.distributed's file store, removed with the handle
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Ask rank 0 to stop (it tells the others), then make sure every process is gone."""
+        try:
+            self.to_scheduler.send(ShutdownReq())
+        except (OSError, ValueError):
+            pass
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5.0)
+        for conn in (self.to_scheduler, self.from_scheduler):
+            try:
+                conn.close()
+            except OSError:
+                pass
+        if self.status is not None:
+            self.status.close()
+            self.status.join_thread()
+            self.status = None
+        if self.rendezvous_dir is not None:
+            shutil.rmtree(self.rendezvous_dir, ignore_errors=True)
+            self.rendezvous_dir = None
+
+
+def resolve_model_path(args: ServerArgs) -> ServerArgs:
+    """Without --model-path: generate (or reuse) the built-in default model and point at it."""
+    if args.model_path is not None:
+        return args
+    from sglang.srt.default_model.generate import DEFAULT_MODEL_NAME, ensure_default_model
+
+    path = ensure_default_model()
+    logger.info(
+        f"no --model-path: serving the built-in default model ({DEFAULT_MODEL_NAME}, random "
+        f"weights, gibberish output) from {path}"
+    )
+    return args.replace(
+        model_path=path, served_model_name=args.served_model_name or DEFAULT_MODEL_NAME
+    )
+
+
+def launch_schedulers(args: ServerArgs) -> SchedulerHandle:
+    """``args`` must be resolved, validated and have a model path."""
+    from sglang.srt.managers.scheduler_process import run_scheduler_process
+
+    ctx = mp.get_context("spawn")
+    down_recv, down_send = ctx.Pipe(duplex=False)
+    up_recv, up_send = ctx.Pipe(duplex=False)
+    status: Any = ctx.Queue()
+    # Rendezvous through a file, not a TCP port: a port picked here could be taken by another
+    # process before rank 0 binds it (seconds later, after the spawn).
+    rendezvous_dir = tempfile.mkdtemp(prefix="sglang-dist-")
+    init_method = f"file://{os.path.join(rendezvous_dir, 'store')}"
+    procs = []
+    for rank in range(args.tp_size):
+        p = ctx.Process(
+            target=run_scheduler_process,
+            args=(
+                args,
+                rank,
+                init_method,
+                down_recv if rank == 0 else None,
+                up_send if rank == 0 else None,
+                status,
+            ),
+            name=f"sglang-scheduler-tp{rank}",
+            daemon=True,
+        )
+        p.start()
+        procs.append(p)
+    # Our copies of the child's ends: closing them lets EOF reach whoever is left.
+    down_recv.close()
+    up_send.close()
+    handle = SchedulerHandle(
+        procs,
+        down_send,
+        up_recv,
+        model_info=None,
+        status=status,
+        rendezvous_dir=rendezvous_dir,  # type: ignore[arg-type]
+    )
+    try:
+        handle.model_info = _wait_ready(procs, status, envs.SGLANG_STARTUP_TIMEOUT_S.get())
+    except BaseException:
+        handle.shutdown(timeout_s=1.0)
+        raise
+    return handle
+
+
+def _wait_ready(procs: list[Any], status: Any, timeout_s: float) -> ModelInfo:
+    ready: dict[int, ModelInfo | None] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(ready) < len(procs):
+        if time.monotonic() > deadline:
+            raise EngineStartupError(
+                f"scheduler ranks {sorted(set(range(len(procs))) - set(ready))} were not ready "
+                f"after {timeout_s:.0f}s (SGLANG_STARTUP_TIMEOUT_S)"
+            )
+        try:
+            kind, rank, payload = status.get(timeout=0.2)
+        except queue.Empty:
+            dead = [i for i, p in enumerate(procs) if not p.is_alive() and i not in ready]
+            if dead:
+                try:  # its report may still be in flight
+                    kind, rank, payload = status.get(timeout=2.0)
+                except queue.Empty:
+                    codes = {i: procs[i].exitcode for i in dead}
+                    raise EngineStartupError(
+                        f"scheduler ranks died during startup (exit codes {codes})"
+                    ) from None
+            else:
+                continue
+        if kind == "error":
+            raise EngineStartupError(f"scheduler rank {rank} failed to start:\n{payload}")
+        ready[rank] = payload
+    info = ready[0]
+    assert info is not None
+    return info

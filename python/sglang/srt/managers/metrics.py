@@ -1,0 +1,81 @@
+"""Prometheus metrics of the server (``--enable-metrics``), named like SGLang's (``sglang:``).
+
+Counters and histograms are updated by the tokenizer manager as requests progress; the queue
+gauges are refreshed from the scheduler's stats when /metrics is scraped. Each server owns its own
+registry, so several engines in one process (tests) never collide.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from sglang.srt.managers.io_struct import SchedulerStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.0)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+        self.requests = Counter(
+            "sglang:num_requests", "Requests finished, by how they ended.",
+            [*labels, "finish"], registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "sglang:prompt_tokens", "Prompt tokens of finished requests.", labels, registry=r
+        )
+        self.generation_tokens = Counter(
+            "sglang:generation_tokens", "Generated tokens.", labels, registry=r
+        )
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds", "Time to first token.", labels,
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds", "End-to-end request latency.", labels,
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "sglang:inter_token_latency_seconds", "Time between consecutive outputs of a request.",
+            labels, buckets=_ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.running = Gauge(
+            "sglang:num_running_reqs", "Requests admitted and running.", labels, registry=r
+        )
+        self.queued = Gauge(
+            "sglang:num_queue_reqs", "Requests waiting for admission.", labels, registry=r
+        )
+        self.token_usage = Gauge(
+            "sglang:token_usage", "Reserved share of --max-total-tokens (0..1).", labels, registry=r
+        )
+        self.active_caches = Gauge(
+            "sglang:num_active_request_caches", "Per-request model caches held.", labels, registry=r
+        )
+        self.labels = {"model_name": model_name}
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.labels(**self.labels).observe(seconds)
+
+    def tokens(self, n: int, gap_s: float | None) -> None:
+        self.generation_tokens.labels(**self.labels).inc(n)
+        if gap_s is not None:
+            self.itl.labels(**self.labels).observe(gap_s)
+
+    def finished(self, finish: str, e2e_s: float, prompt_tokens: int) -> None:
+        self.requests.labels(**self.labels, finish=finish).inc()
+        self.prompt_tokens.labels(**self.labels).inc(prompt_tokens)
+        self.e2e.labels(**self.labels).observe(e2e_s)
+
+    def scheduler(self, stats: SchedulerStats) -> None:
+        self.running.labels(**self.labels).set(stats.num_running_reqs)
+        self.queued.labels(**self.labels).set(stats.num_waiting_reqs)
+        self.token_usage.labels(**self.labels).set(
+            stats.reserved_tokens / max(1, stats.max_total_tokens)
+        )
+        self.active_caches.labels(**self.labels).set(stats.num_active_caches)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

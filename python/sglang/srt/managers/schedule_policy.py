@@ -1,0 +1,137 @@
+"""What runs next: continuous batching with chunked prefill under a token budget.
+
+Each step takes, in order:
+1. every running request whose prompt is in the cache: one decode token each;
+2. running requests still prefilling: their next chunk, while the step's prefill budget
+   (``--chunked-prefill-size`` tokens) lasts;
+3. waiting requests, first come first served, while the running count stays under
+   ``--max-running-requests``, their reservation (prompt + max new tokens) fits in what is left of
+   ``--max-total-tokens``, and the prefill budget lasts. The head of the queue that does not fit
+   blocks the rest (no starvation of long requests by short ones).
+
+Finished and aborted requests return their reservation at once; their caches are dropped on every
+rank with the next plan.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.model_executor.forward_plan import ForwardPlan
+
+
+@dataclass
+class StepRow:
+    """One request's rows in the plan: ``start`` in the batch, ``length`` tokens, and whether
+    its last row is sampled (prompt completed or decode)."""
+
+    req: Req
+    start: int
+    length: int
+    prompt_pos: int  # first position of these rows
+    sample: bool
+
+
+@dataclass
+class Step:
+    plan: ForwardPlan
+    rows: list[StepRow] = field(default_factory=list)
+
+
+class SchedulePolicy:
+    def __init__(
+        self, *, max_running_requests: int, max_total_tokens: int, chunked_prefill_size: int
+    ) -> None:
+        self.max_running = max_running_requests
+        self.max_total_tokens = max_total_tokens
+        # <= 0: no chunking (whole prompts, however long).
+        self.chunk = chunked_prefill_size if chunked_prefill_size > 0 else None
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.reserved = 0
+        self.pending_free: list[str] = []
+        self.num_cached = 0  # caches that exist on the ranks (created and not yet freed)
+
+    # --- queue changes -------------------------------------------------------------------------
+
+    def can_ever_fit(self, req: Req) -> bool:
+        return req.reserved_tokens <= self.max_total_tokens
+
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def remove(self, rid: str) -> Req | None:
+        """Take a request out (abort); returns it, or ``None`` if unknown or already done."""
+        for i, req in enumerate(self.waiting):
+            if req.rid == rid:
+                del self.waiting[i]
+                return req
+        for req in self.running:
+            if req.rid == rid:
+                self.release(req)
+                return req
+        return None
+
+    def release(self, req: Req) -> None:
+        """A running request is finished: return its reservation, drop its cache next step."""
+        self.running.remove(req)
+        self.reserved -= req.reserved_tokens
+        self.pending_free.append(req.rid)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.pending_free)
+
+    # --- the next step -------------------------------------------------------------------------
+
+    def next_step(self) -> Step:
+        ids: list[int] = []
+        rids: list[str] = []
+        lens: list[int] = []
+        rows: list[StepRow] = []
+
+        def take(req: Req, tokens: list[int], pos: int, sample: bool) -> None:
+            rows.append(StepRow(req, len(ids), len(tokens), pos, sample))
+            rids.append(req.rid)
+            lens.append(len(tokens))
+            ids.extend(tokens)
+
+        for req in self.running:
+            if req.prompt_done:
+                take(req, [req.output_ids[-1]], req.prompt_len + len(req.output_ids) - 1, True)
+        budget = self.chunk if self.chunk is not None else float("inf")
+        for req in self.running:
+            if not req.prompt_done and budget > 0:
+                budget -= self._take_chunk(req, budget, take)
+        new_rids: list[str] = []
+        while self.waiting and len(self.running) < self.max_running and budget > 0:
+            req = self.waiting[0]
+            if self.reserved + req.reserved_tokens > self.max_total_tokens:
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            self.reserved += req.reserved_tokens
+            new_rids.append(req.rid)
+            budget -= self._take_chunk(req, budget, take)
+        free, self.pending_free = self.pending_free, []
+        self.num_cached += len(new_rids) - len(free)
+        plan = ForwardPlan(
+            rids=tuple(rids),
+            seq_lens=tuple(lens),
+            input_ids=tuple(ids),
+            new_rids=tuple(new_rids),
+            free_rids=tuple(free),
+            sample_rows=tuple(r.start + r.length - 1 for r in rows if r.sample),
+        )
+        return Step(plan, rows)
+
+    @staticmethod
+    def _take_chunk(req: Req, budget: float, take: object) -> int:
+        n = int(min(req.prompt_len - req.prefilled, budget))
+        start = req.prefilled
+        completes = start + n == req.prompt_len
+        # A request with max_new_tokens == 0 completes its prompt without sampling.
+        take(req, req.input_ids[start : start + n], start, completes and req.max_new_tokens > 0)  # type: ignore[operator]
+        req.prefilled += n
+        return n

@@ -1,0 +1,311 @@
+"""The scheduler loop of rank 0 and the follower loop of the other TP ranks.
+
+Rank 0 receives requests from the tokenizer manager, picks each step's work
+(:class:`SchedulePolicy`), broadcasts the :class:`ForwardPlan` over the gloo CPU group, runs its
+share of the forward like every rank, samples the next tokens (its logits are complete: the LM head
+is replicated), and sends the new tokens up. Followers only receive plans and run forwards.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from sglang.srt.environ import envs
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchOutput,
+    FinishReason,
+    ReqError,
+    ReqOutput,
+    SchedulerStats,
+    ShutdownReq,
+    StatsReq,
+    TokenizedGenerateReq,
+)
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.schedule_policy import SchedulePolicy, Step, StepRow
+from sglang.srt.model_executor.forward_plan import ForwardPlan
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.sampling.sampler import SamplingRow, make_generator, sample
+from sglang.srt.utils.log import get_logger
+
+logger = get_logger(__name__)
+
+# An idle leader broadcasts an empty plan this often, so followers blocked in the broadcast never
+# reach the process group's timeout however long the server sits idle.
+_HEARTBEAT_S = 30.0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tp_group: Any,
+        *,
+        context_length: int,
+        eos_token_ids: list[int],
+        max_total_tokens: int,
+        max_running_requests: int,
+        chunked_prefill_size: int,
+        random_seed: int,
+        recv: Connection,
+        send: Connection,
+    ) -> None:
+        self.runner = runner
+        self.tp_group = tp_group
+        self.context_length = context_length
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.policy = SchedulePolicy(
+            max_running_requests=max_running_requests,
+            max_total_tokens=max_total_tokens,
+            chunked_prefill_size=chunked_prefill_size,
+        )
+        self.recv_conn, self.send_conn = recv, send
+        self.default_generator = make_generator(random_seed, runner.device)
+        self.parent_pid = os.getppid()
+        self.num_steps = 0
+        self.num_generated = 0
+        self.last_step_time = 0.0
+        self.stopping = False
+        self.pending_stats: list[int] = []
+        self.outputs: list[ReqOutput] = []
+
+    # --- receiving -----------------------------------------------------------------------------
+
+    def _recv_all(self, block: bool) -> list[Any]:
+        msgs: list[Any] = []
+        timeout = envs.SGLANG_SCHEDULER_IDLE_POLL_S.get() if block else 0.0
+        try:
+            if self.recv_conn.poll(timeout):
+                msgs.append(self.recv_conn.recv())
+                while self.recv_conn.poll(0):
+                    msgs.append(self.recv_conn.recv())
+        except (EOFError, OSError):
+            logger.info("the tokenizer manager went away; shutting down")
+            self.stopping = True
+        if block and not msgs and os.getppid() != self.parent_pid:
+            logger.info("the launching process exited; shutting down")
+            self.stopping = True
+        return msgs
+
+    def _handle(self, msg: Any) -> None:
+        if isinstance(msg, TokenizedGenerateReq):
+            self._add_request(msg)
+        elif isinstance(msg, AbortReq):
+            req = self.policy.remove(msg.rid)
+            if req is not None:
+                req.finish = FinishReason("abort", message="aborted")
+                self.outputs.append(self._output(req, [], [], []))
+        elif isinstance(msg, StatsReq):
+            self.pending_stats.append(msg.req_id)
+        elif isinstance(msg, ShutdownReq):
+            self.stopping = True
+        else:
+            logger.warning(f"scheduler ignores an unknown message {type(msg).__name__}")
+
+    def _add_request(self, msg: TokenizedGenerateReq) -> None:
+        n = len(msg.input_ids)
+        if n == 0 or n >= self.context_length:
+            self._reject(msg.rid, f"prompt of {n} tokens does not fit the context length "
+                         f"{self.context_length}")  # fmt: skip
+            return
+        if any(t < 0 or t >= self.runner.vocab_size for t in msg.input_ids):
+            self._reject(msg.rid, f"input_ids must be in [0, {self.runner.vocab_size})")
+            return
+        room = self.context_length - n
+        wanted = msg.sampling_params.max_new_tokens
+        req = Req.from_message(msg, room if wanted is None else min(wanted, room))
+        if not self.policy.can_ever_fit(req):
+            self._reject(
+                msg.rid,
+                f"request needs {req.reserved_tokens} tokens (prompt {n} + max_new_tokens "
+                f"{req.max_new_tokens}) but --max-total-tokens is {self.policy.max_total_tokens}",
+            )
+            return
+        if msg.sampling_params.seed is not None:
+            req.generator = make_generator(msg.sampling_params.seed, self.runner.device)
+        if req.wants_input_logprobs:
+            req.input_logprobs = [None] * n
+        self.policy.add(req)
+
+    def _reject(self, rid: str, message: str) -> None:
+        self.send_conn.send(ReqError(rid, message, 400))
+
+    # --- one step ------------------------------------------------------------------------------
+
+    def _broadcast(self, plan: ForwardPlan) -> None:
+        if self.tp_group.world_size > 1:
+            self.tp_group.broadcast_object(plan, src=0)
+
+    def _run_step(self, step: Step) -> None:
+        self._broadcast(step.plan)
+        started = time.perf_counter()
+        try:
+            logits = self.runner.execute(step.plan)
+        except Exception as exc:  # a failed forward must not take the server down
+            logger.exception("forward failed; aborting the requests of this batch")
+            for row in step.rows:
+                if row.req.finish is None:
+                    row.req.finish = FinishReason("abort", message=f"internal error: {exc}")
+                    self.policy.release(row.req)
+                    self.outputs.append(self._output(row.req, [], [], []))
+            return
+        self.num_steps += 1
+        if logits is not None:
+            self._process_logits(step, logits)
+        self.last_step_time = time.perf_counter() - started
+
+    def _process_logits(self, step: Step, logits: torch.Tensor) -> None:
+        for row in step.rows:
+            if row.req.input_logprobs is not None:
+                self._record_input_logprobs(row, logits)
+        sampled = [row for row in step.rows if row.sample]
+        done_without_sampling = [
+            row.req for row in step.rows if not row.sample and row.req.prompt_done
+        ]
+        for req in done_without_sampling:  # max_new_tokens == 0
+            req.finish = FinishReason("length", message=None)
+            self.policy.release(req)
+            self.outputs.append(self._output(req, [], [], []))
+        if not sampled:
+            return
+        index = torch.tensor([r.start + r.length - 1 for r in sampled], device=logits.device)
+        out = sample(
+            logits.index_select(0, index),
+            [
+                SamplingRow(
+                    params=r.req.params,
+                    prompt_ids=r.req.input_ids,
+                    output_ids=r.req.output_ids,
+                    generator=r.req.generator,
+                    return_logprob=r.req.return_logprob,
+                    top_logprobs_num=r.req.top_logprobs_num,
+                )
+                for r in sampled
+            ],
+            self.default_generator,
+        )
+        for i, row in enumerate(sampled):
+            req, token = row.req, out.token_ids[i]
+            req.output_ids.append(token)
+            self.num_generated += 1
+            req.finish = self._check_finish(req, token)
+            if req.finish is not None:
+                self.policy.release(req)
+            self.outputs.append(
+                self._output(req, [token], [out.logprobs[i]], [out.top_logprobs[i]])
+            )
+
+    def _record_input_logprobs(self, row: StepRow, logits: torch.Tensor) -> None:
+        """Row j of a prefill chunk predicts prompt token ``pos + j + 1``."""
+        req = row.req
+        assert req.input_logprobs is not None
+        if row.prompt_pos >= req.prompt_len:
+            return  # a decode row
+        n_pred = min(row.length, req.prompt_len - 1 - row.prompt_pos)
+        if n_pred <= 0:
+            return
+        targets = torch.tensor(
+            req.input_ids[row.prompt_pos + 1 : row.prompt_pos + 1 + n_pred], device=logits.device
+        )
+        rows = logits[row.start : row.start + n_pred].float()
+        lp = torch.log_softmax(rows, dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        for j, value in enumerate(lp):
+            req.input_logprobs[row.prompt_pos + 1 + j] = float(value)
+
+    def _check_finish(self, req: Req, token: int) -> FinishReason | None:
+        p = req.params
+        if token in p.stop_token_ids:
+            return FinishReason("stop", matched=token)
+        if not p.ignore_eos and token in self.eos_token_ids:
+            return FinishReason("stop", matched=token)
+        if len(req.output_ids) >= req.max_new_tokens:
+            return FinishReason("length")
+        if req.prompt_len + len(req.output_ids) >= self.context_length:
+            return FinishReason("length")
+        return None
+
+    def _output(
+        self,
+        req: Req,
+        tokens: list[int],
+        logprobs: list[float | None],
+        tops: list[list[tuple[int, float]] | None],
+    ) -> ReqOutput:
+        out = ReqOutput(
+            rid=req.rid,
+            new_token_ids=tokens,
+            new_logprobs=logprobs if req.return_logprob else [],
+            new_top_logprobs=tops if req.return_logprob and req.top_logprobs_num else [],
+            finish=req.finish,
+            prompt_tokens=req.prompt_len,
+            completion_tokens=len(req.output_ids),
+        )
+        if req.input_logprobs is not None and not req.input_logprobs_sent and req.prompt_done:
+            out.input_logprobs = req.input_logprobs[req.logprob_start_len :]
+            req.input_logprobs_sent = True
+        return out
+
+    # --- loop ----------------------------------------------------------------------------------
+
+    def _stats(self, req_id: int) -> SchedulerStats:
+        return SchedulerStats(
+            req_id=req_id,
+            num_running_reqs=len(self.policy.running),
+            num_waiting_reqs=len(self.policy.waiting),
+            num_active_caches=len(self.runner.caches),
+            reserved_tokens=self.policy.reserved,
+            max_total_tokens=self.policy.max_total_tokens,
+            num_steps=self.num_steps,
+            num_generated_tokens=self.num_generated,
+            last_step_time_s=self.last_step_time,
+        )
+
+    def _flush(self) -> None:
+        if self.outputs:
+            self.send_conn.send(BatchOutput(self.outputs))
+            self.outputs = []
+        for req_id in self.pending_stats:
+            self.send_conn.send(self._stats(req_id))
+        self.pending_stats = []
+
+    def run(self) -> None:
+        last_broadcast = time.monotonic()
+        try:
+            while not self.stopping:
+                for msg in self._recv_all(block=not self.policy.has_work()):
+                    self._handle(msg)
+                if self.stopping:
+                    break
+                step = self.policy.next_step()
+                if not step.plan.is_noop:
+                    self._run_step(step)
+                    last_broadcast = time.monotonic()
+                elif (
+                    self.tp_group.world_size > 1
+                    and time.monotonic() - last_broadcast > _HEARTBEAT_S
+                ):
+                    self._broadcast(ForwardPlan())
+                    last_broadcast = time.monotonic()
+                self._flush()
+        except (BrokenPipeError, EOFError):
+            logger.info("the tokenizer manager went away; shutting down")
+        finally:
+            self._broadcast(ForwardPlan(shutdown=True))
+
+
+def run_follower(runner: ModelRunner, tp_group: Any) -> None:
+    """Ranks > 0: apply every plan rank 0 broadcasts until it says shut down."""
+    while True:
+        plan: ForwardPlan = tp_group.broadcast_object(None, src=0)
+        if plan.shutdown:
+            return
+        try:
+            runner.execute(plan)
+        except Exception:  # rank 0 sees the same failure and aborts the batch's requests
+            logger.exception("forward failed on a follower rank")

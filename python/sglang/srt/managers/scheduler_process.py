@@ -1,0 +1,207 @@
+"""Entry point of one scheduler / model-worker process (one per TP rank).
+
+Order matters: symmetric memory is enabled before NCCL starts (it sets NCCL_CUMEM_ENABLE), the
+model is warmed up on every rank before the symmetric pool is preallocated (no registration while
+serving), and budgets are agreed across ranks before rank 0 reports ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from sglang.srt.environ import envs
+from sglang.srt.managers.io_struct import ModelInfo
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.log import get_logger
+
+logger = get_logger(__name__)
+
+# Long enough for first-use kernel compilation on one rank while the others wait in a collective.
+_PROCESS_GROUP_TIMEOUT = timedelta(hours=2)
+
+
+def _eos_token_ids(model_path: str, hf_config: dict[str, Any]) -> list[int]:
+    """EOS ids from config.json and generation_config.json (int or list in either)."""
+    import json
+    import os
+
+    found: list[int] = []
+    sources = [hf_config]
+    gen = os.path.join(model_path, "generation_config.json")
+    if os.path.isfile(gen):
+        with open(gen, encoding="utf-8") as f:
+            sources.append(json.load(f))
+    for src in sources:
+        value = src.get("eos_token_id")
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and v not in found:
+                found.append(v)
+    return found
+
+
+def _cpu_threads(tp_size: int) -> int:
+    """Oversubscribed OpenMP pools spin against each other (and against the HTTP process, and
+    inside every gloo all-reduce), which makes CPU serving many times slower; so leave a core free
+    and split the rest over the ranks."""
+    configured = envs.SGLANG_CPU_THREADS.get()
+    if configured:
+        return configured
+    return max(1, min(16, ((os.cpu_count() or 1) - 1) // tp_size))
+
+
+def _default_max_total_tokens(args: ServerArgs, runner: Any, context_length: int) -> int:
+    from sglang.srt.model_executor.memory_budget import CacheShape, max_total_tokens_for_memory
+
+    assert args.max_running_requests is not None and args.chunked_prefill_size is not None
+    if runner.device.type != "cuda":
+        return context_length * args.max_running_requests
+    free, total = torch.cuda.mem_get_info(runner.device)
+    room = int(total * args.mem_fraction_static) - (total - free)
+    chunk = args.chunked_prefill_size if args.chunked_prefill_size > 0 else context_length
+    try:
+        shape = CacheShape.from_model_config(runner.model.config, runner.model.dtype.itemsize)
+    except AttributeError as exc:  # a model whose cache is not DeepSeek V4's window + entries
+        logger.warning(
+            f"no memory model for {runner.entry.architecture} ({exc}); --max-total-tokens "
+            "defaults to context length x max running requests: set it to bound memory"
+        )
+        return context_length * args.max_running_requests
+    return max_total_tokens_for_memory(
+        shape,
+        room_bytes=room,
+        max_running_requests=args.max_running_requests,
+        chunked_prefill_size=chunk,
+        context_length=context_length,
+    )
+
+
+def _symm_mem_state(args: ServerArgs, tp_size: int) -> str:
+    if not args.enable_symm_mem:
+        return "off"
+    return "on" if tp_size > 1 else "on (no effect with one rank)"
+
+
+def _sm_budget(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    from sglang.srt.layers.moe.mega_moe import mega_moe_sm_budget
+
+    return mega_moe_sm_budget(device)
+
+
+def run_scheduler_process(
+    args: ServerArgs,
+    tp_rank: int,
+    init_method: str,
+    recv: Connection | None,
+    send: Connection | None,
+    status: Any,
+) -> None:
+    # Ctrl-C reaches the whole process group; the launching process owns the orderly shutdown
+    # (it asks rank 0, which tells the other ranks), so the workers ignore it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.getLogger("sglang").setLevel(args.log_level.upper())
+    tp_size = args.tp_size
+    try:
+        from sglang.srt.distributed import parallel_state as ps
+        from sglang.srt.distributed.device_communicators.pynccl_allocator import (
+            prealloc_symmetric_memory_pool,
+            set_symmetric_memory_enabled,
+        )
+        from sglang.srt.managers.scheduler import Scheduler, run_follower
+        from sglang.srt.model_executor.model_runner import ModelRunner
+
+        assert args.random_seed is not None
+        torch.manual_seed(args.random_seed)
+        on_gpu = args.device == "cuda"
+        if not on_gpu:
+            torch.set_num_threads(_cpu_threads(tp_size))
+        if args.enable_symm_mem:
+            set_symmetric_memory_enabled(True)  # before NCCL's first init
+        ps.init_distributed_environment(
+            tp_size,
+            tp_rank,
+            backend="nccl" if on_gpu else "gloo",
+            init_method=init_method,
+            local_rank=tp_rank,
+            timeout=_PROCESS_GROUP_TIMEOUT,
+        )
+        tp_group = ps.initialize_model_parallel(tp_size)
+        runner = ModelRunner(args, tp_rank, tp_size)
+        runner.warmup()
+        if args.enable_symm_mem and on_gpu and tp_size > 1:
+            prealloc_symmetric_memory_pool(tp_group)
+        context_length = min(
+            args.context_length or runner.max_position_embeddings, runner.max_position_embeddings
+        )
+        if args.context_length is not None and args.context_length > runner.max_position_embeddings:
+            logger.warning(
+                f"--context-length {args.context_length} exceeds the model's "
+                f"max_position_embeddings {runner.max_position_embeddings}; using the latter"
+            )
+        budget = args.max_total_tokens or _default_max_total_tokens(args, runner, context_length)
+        # Every rank holds the same caches, so the smallest rank's budget is everyone's.
+        budget = min(tp_group.all_gather_object(budget))
+        moe_runner = runner.moe_runner_name()
+        sm_budget = _sm_budget(runner.device)
+        symm = _symm_mem_state(args, tp_size)
+        cuda_graph = "off (eager decode: per-request caches are not graph-capturable yet)"
+        if tp_rank == 0:
+            logger.info(
+                f"ready: {runner.entry.architecture} from {args.model_path} on {args.device} "
+                f"(TP={tp_size}, {args.dtype}, loaded in {runner.load_time_s:.1f}s); "
+                f"MoE runner: {moe_runner} (requested {args.moe_runner_backend}), "
+                f"a2a: {args.moe_a2a_backend}; MegaMoE SM budget: "
+                f"{sm_budget if sm_budget is not None else 'n/a (no CUDA device)'}; "
+                f"symmetric memory: {symm}; CUDA graphs: {cuda_graph}; "
+                f"context {context_length}, max total tokens {budget}, "
+                f"max running requests {args.max_running_requests}, "
+                f"chunked prefill {args.chunked_prefill_size}"
+            )
+        assert args.max_running_requests is not None and args.chunked_prefill_size is not None
+        info = ModelInfo(
+            model_path=args.model_path or "",
+            architecture=runner.entry.architecture,
+            vocab_size=runner.vocab_size,
+            context_length=context_length,
+            eos_token_ids=_eos_token_ids(args.model_path or "", runner.hf_config),
+            max_total_tokens=budget,
+            max_running_requests=args.max_running_requests,
+            chunked_prefill_size=args.chunked_prefill_size,
+            dtype=args.dtype,
+            device=args.device or "cpu",
+            moe_runner=moe_runner,
+            moe_a2a_backend=args.moe_a2a_backend,
+            symm_mem=symm,
+            mega_moe_sm_budget=sm_budget,
+            cuda_graph=cuda_graph,
+        )
+        status.put(("ready", tp_rank, info if tp_rank == 0 else None))
+        if tp_rank == 0:
+            assert recv is not None and send is not None
+            Scheduler(
+                runner,
+                tp_group,
+                context_length=context_length,
+                eos_token_ids=info.eos_token_ids,
+                max_total_tokens=budget,
+                max_running_requests=args.max_running_requests,
+                chunked_prefill_size=args.chunked_prefill_size,
+                random_seed=args.random_seed,
+                recv=recv,
+                send=send,
+            ).run()
+        else:
+            run_follower(runner, tp_group)
+        ps.destroy_distributed_environment()
+    except BaseException as exc:  # report everything, KeyboardInterrupt included
+        status.put(("error", tp_rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        raise

@@ -1,0 +1,119 @@
+"""Text <-> token ids for the serving layer, and chat templates.
+
+Loads ``tokenizer.json`` with the ``tokenizers`` library (no transformers needed) plus
+``tokenizer_config.json`` for the BOS/EOS tokens, whether to prepend BOS, and the chat template.
+Chat templates are Jinja, rendered in a sandbox as Hugging Face tokenizers do. A tokenizer without
+one gets :data:`FALLBACK_CHAT_TEMPLATE`, a plain documented format::
+
+    <bos>system: ...\\n\\nuser: ...\\n\\nassistant: ...<eos>\\n\\nassistant:
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tokenizers import Tokenizer
+
+FALLBACK_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ message['role'] + ': ' + message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{{ '\n\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+)
+
+
+class TokenizerLoadError(RuntimeError):
+    pass
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json writes special tokens as a string or as {"content": ...}."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+class TextTokenizer:
+    def __init__(self, tokenizer: Tokenizer, config: Mapping[str, Any]) -> None:
+        self._tok = tokenizer
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        self.bos_token_id = self._id(self.bos_token)
+        self.eos_token_id = self._id(self.eos_token)
+        self.add_bos_token = bool(config.get("add_bos_token", False))
+        template = config.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+            template = named.get("default") or next(iter(named.values()), None)
+        self.has_own_chat_template = isinstance(template, str) and bool(template)
+        self.chat_template: str = template if self.has_own_chat_template else FALLBACK_CHAT_TEMPLATE  # type: ignore[assignment]
+        self._compiled: Any = None
+
+    def _id(self, token: str | None) -> int | None:
+        return None if token is None else self._tok.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if (
+            add_special_tokens
+            and self.add_bos_token
+            and self.bos_token_id is not None
+            and (not ids or ids[0] != self.bos_token_id)
+        ):
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token_text(self, token_id: int) -> str:
+        """What one token reads as on its own (for log-prob listings)."""
+        return self._tok.decode([token_id], skip_special_tokens=False)
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str:
+        if self._compiled is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message: str) -> None:
+                raise ValueError(message)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            self._compiled = env.from_string(self.chat_template)
+        return str(
+            self._compiled.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        )
+
+
+def load_tokenizer(path: str) -> TextTokenizer:
+    file = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(file):
+        raise TokenizerLoadError(
+            f"no tokenizer.json in {path!r}; give --tokenizer-path a directory that has one, or "
+            "start with --skip-tokenizer-init and send token ids"
+        )
+    config: dict[str, Any] = {}
+    config_file = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(config_file):
+        with open(config_file, encoding="utf-8") as f:
+            config = json.load(f)
+    return TextTokenizer(Tokenizer.from_file(file), config)

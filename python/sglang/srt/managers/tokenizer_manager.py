@@ -1,0 +1,408 @@
+"""The tokenizer manager (main process): validates and tokenizes requests, sends them to
+scheduler rank 0, and turns its token outputs back into text results, streamed or whole.
+
+Threads: a sender thread writes to the scheduler pipe (a large prompt never blocks the event
+loop); a receiver thread reads outputs and hands them to the event loop, where all request state
+lives. A request whose consumer goes away before it finishes (client disconnect, cancelled task)
+is aborted, which frees its cache on every rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sglang.srt.managers.detokenizer import IncrementalDetokenizer
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchOutput,
+    FinishReason,
+    ReqError,
+    ReqOutput,
+    SchedulerStats,
+    StatsReq,
+    TokenizedGenerateReq,
+)
+from sglang.srt.managers.launcher import SchedulerHandle
+from sglang.srt.managers.metrics import ServerMetrics
+from sglang.srt.managers.tokenizer import TextTokenizer, load_tokenizer
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.log import get_logger
+
+logger = get_logger(__name__)
+
+MAX_TOP_LOGPROBS = 20
+
+
+class RequestError(Exception):
+    """A request the server will not run (``status_code`` 4xx), or could not (5xx)."""
+
+    def __init__(self, message: str, status_code: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+
+
+@dataclass
+class GenerateRequest:
+    """One prompt, as every endpoint hands it to :meth:`TokenizerManager.generate`."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    stream: bool = False
+    rid: str | None = None
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated, tokenized request (see :meth:`TokenizerManager.prepare`)."""
+
+    request: GenerateRequest
+    input_ids: list[int]
+
+
+@dataclass
+class _ReqState:
+    rid: str
+    prompt_ids: list[int]
+    request: GenerateRequest
+    detok: IncrementalDetokenizer | None
+    created: float
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
+    input_logprobs: list[float | None] | None = None
+    finish: FinishReason | None = None
+    error: RequestError | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+
+def load_server_tokenizer(args: ServerArgs) -> TextTokenizer | None:
+    """The tokenizer the options ask for (``None`` with --skip-tokenizer-init). Load it before
+    starting the schedulers: a missing tokenizer should fail in milliseconds, not after the
+    model loads. Raises :class:`TokenizerLoadError`."""
+    if args.skip_tokenizer_init:
+        return None
+    assert args.model_path is not None
+    return load_tokenizer(args.tokenizer_path or args.model_path)
+
+
+class TokenizerManager:
+    def __init__(
+        self,
+        args: ServerArgs,
+        handle: SchedulerHandle,
+        tokenizer: TextTokenizer | None | Literal["load"] = "load",
+    ) -> None:
+        self.args = args
+        self.handle = handle
+        self.info = handle.model_info
+        self.served_model_name = args.served_model_name or args.model_path or "default"
+        self.tokenizer = load_server_tokenizer(args) if tokenizer == "load" else tokenizer
+        self.metrics = ServerMetrics(self.served_model_name) if args.enable_metrics else None
+        self.states: dict[str, _ReqState] = {}
+        self._stats_waiters: dict[int, asyncio.Future[SchedulerStats]] = {}
+        self._stats_ids = itertools.count()
+        self._outbox: queue.Queue[Any] = queue.Queue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.scheduler_alive = True
+        self._closing = False
+        self._threads: list[threading.Thread] = []
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind to the event loop that will run requests; start the pipe threads."""
+        if self._loop is not None:
+            return
+        self._loop = loop
+        for target, name in ((self._send_loop, "sender"), (self._recv_loop, "receiver")):
+            t = threading.Thread(target=target, name=f"sglang-tokenizer-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def close(self) -> None:
+        """Stop sending (the owner shuts the schedulers down next)."""
+        self._closing = True
+        self._outbox.put(None)
+
+    def _send(self, msg: Any) -> None:
+        self._outbox.put(msg)
+
+    def _send_loop(self) -> None:
+        while True:
+            msg = self._outbox.get()
+            if msg is None:
+                return
+            try:
+                self.handle.to_scheduler.send(msg)
+            except (OSError, ValueError):
+                return
+
+    def _recv_loop(self) -> None:
+        assert self._loop is not None
+        while True:
+            try:
+                msg = self.handle.from_scheduler.recv()
+            except (EOFError, OSError):
+                break
+            try:
+                self._loop.call_soon_threadsafe(self._dispatch, msg)
+            except RuntimeError:  # loop closed
+                return
+        try:
+            self._loop.call_soon_threadsafe(self._scheduler_gone)
+        except RuntimeError:
+            pass
+
+    # --- outputs (event-loop thread) -----------------------------------------------------------
+
+    def _scheduler_gone(self) -> None:
+        self.scheduler_alive = False
+        if not self._closing:
+            logger.error("the scheduler process exited; failing all pending requests")
+        for state in self.states.values():
+            if state.finish is None and state.error is None:
+                state.error = RequestError("the scheduler process exited", 500)
+                state.event.set()
+        for fut in self._stats_waiters.values():
+            if not fut.done():
+                fut.set_exception(RequestError("the scheduler process exited", 500))
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, BatchOutput):
+            for out in msg.outputs:
+                self._on_output(out)
+        elif isinstance(msg, ReqError):
+            state = self.states.get(msg.rid)
+            if state is not None and state.finish is None:
+                state.error = RequestError(msg.message, msg.status_code)
+                state.event.set()
+        elif isinstance(msg, SchedulerStats):
+            fut = self._stats_waiters.pop(msg.req_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    def _on_output(self, out: ReqOutput) -> None:
+        state = self.states.get(out.rid)
+        if state is None or state.finish is not None:
+            return  # finished already (stop string) or abandoned
+        now = time.perf_counter()
+        if out.new_token_ids:
+            if self.metrics is not None:
+                gap = None if state.last_token_at is None else now - state.last_token_at
+                self.metrics.tokens(len(out.new_token_ids), gap)
+                if state.first_token_at is None:
+                    self.metrics.first_token(now - state.created)
+            if state.first_token_at is None:
+                state.first_token_at = now
+            state.last_token_at = now
+            state.output_ids.extend(out.new_token_ids)
+            state.logprobs.extend(out.new_logprobs)
+            state.top_logprobs.extend(out.new_top_logprobs)
+        if out.input_logprobs is not None:
+            state.input_logprobs = out.input_logprobs
+        finish = out.finish
+        if state.detok is not None:
+            state.detok.add(out.new_token_ids, final=finish is not None)
+            if state.detok.matched_stop is not None:
+                finish = FinishReason("stop", matched=state.detok.matched_stop)
+                if out.finish is None:
+                    self._send(AbortReq(out.rid))  # free it now; later tokens are ignored
+        if finish is not None:
+            state.finish = finish
+            if self.metrics is not None:
+                self.metrics.finished(finish.kind, now - state.created, len(state.prompt_ids))
+        state.event.set()
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def _prompt_ids(self, req: GenerateRequest) -> list[int]:
+        if req.text is not None and req.input_ids is not None:
+            raise RequestError("give either text or input_ids, not both")
+        if req.input_ids is not None:
+            ids = req.input_ids
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                raise RequestError("input_ids must be a list of integers")
+            vocab = self.info.vocab_size
+            bad = [t for t in ids if t < 0 or t >= vocab]
+            if bad:
+                raise RequestError(f"input_ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        elif req.text is not None:
+            if not isinstance(req.text, str):
+                raise RequestError("text must be a string")
+            if self.tokenizer is None:
+                raise RequestError(
+                    "this server runs with --skip-tokenizer-init: send input_ids, not text"
+                )
+            ids = self.tokenizer.encode(req.text) if req.text else []
+        else:
+            raise RequestError("the request has no prompt: give text or input_ids")
+        if not ids:
+            raise RequestError("the prompt is empty")
+        return list(ids)
+
+    def _check_budget(self, req: GenerateRequest, n: int) -> None:
+        ctx = self.info.context_length
+        if n >= ctx:
+            raise RequestError(
+                f"the prompt is {n} tokens long but the context length is {ctx} tokens "
+                f"(room is needed for at least one new token); shorten the prompt"
+            )
+        wanted = req.sampling_params.max_new_tokens
+        max_new = ctx - n if wanted is None else min(wanted, ctx - n)
+        total = self.info.max_total_tokens
+        if n + max_new > total:
+            raise RequestError(
+                f"the request needs {n + max_new} tokens (prompt {n} + max_new_tokens {max_new}) "
+                f"but the server's token budget (--max-total-tokens) is {total}; lower "
+                "max_new_tokens or shorten the prompt"
+            )
+        if not 0 <= req.top_logprobs_num <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
+        if req.logprob_start_len != -1 and not 0 <= req.logprob_start_len < n:
+            raise RequestError(
+                f"logprob_start_len must be -1 or in [0, {n}) for a {n}-token prompt"
+            )
+
+    def prepare(self, req: GenerateRequest) -> PreparedRequest:
+        """Validate and tokenize now, so a streaming endpoint can answer 4xx before it starts
+        its response. Raises :class:`RequestError`."""
+        if not self.scheduler_alive:
+            raise RequestError("the scheduler process exited", 503)
+        ids = self._prompt_ids(req)
+        self._check_budget(req, len(ids))
+        if req.rid is not None and req.rid in self.states:
+            raise RequestError(f"a request with rid {req.rid!r} is already running")
+        return PreparedRequest(req, ids)
+
+    async def generate(
+        self, request: GenerateRequest | PreparedRequest
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Run one prompt. Yields results (see :meth:`_result`): every update when
+        ``stream``, else only the final one. Raises :class:`RequestError`."""
+        prepared = request if isinstance(request, PreparedRequest) else self.prepare(request)
+        req, ids = prepared.request, prepared.input_ids
+        if not self.scheduler_alive:
+            raise RequestError("the scheduler process exited", 503)
+        rid = req.rid or uuid.uuid4().hex
+        if rid in self.states:
+            raise RequestError(f"a request with rid {rid!r} is already running")
+        params = req.sampling_params
+        detok = None
+        if self.tokenizer is not None:
+            detok = IncrementalDetokenizer(
+                self.tokenizer, skip_special_tokens=params.skip_special_tokens, stop=params.stop
+            )
+        state = _ReqState(rid, ids, req, detok, created=time.perf_counter())
+        self.states[rid] = state
+        self._send(
+            TokenizedGenerateReq(
+                rid=rid,
+                input_ids=ids,
+                sampling_params=params,
+                return_logprob=req.return_logprob,
+                top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
+                logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
+            )
+        )
+        try:
+            while True:
+                await state.event.wait()
+                state.event.clear()
+                if state.error is not None:
+                    raise state.error
+                done = state.finish is not None
+                if req.stream or done:
+                    yield self._result(state)
+                if done:
+                    return
+        finally:
+            if state.finish is None and state.error is None:
+                # The consumer left early (client disconnect or cancellation): free the request.
+                state.finish = FinishReason("abort", message="client disconnected")
+                self._send(AbortReq(rid))
+                if self.metrics is not None:
+                    self.metrics.finished("abort", time.perf_counter() - state.created, len(ids))
+            self.states.pop(rid, None)
+
+    async def generate_one(self, req: GenerateRequest | PreparedRequest) -> dict[str, Any]:
+        """The final result of a non-streaming request."""
+        result: dict[str, Any] | None = None
+        async for result in self.generate(req):
+            pass
+        assert result is not None
+        return result
+
+    def abort(self, rid: str) -> bool:
+        state = self.states.get(rid)
+        if state is None or state.finish is not None:
+            return False
+        state.finish = FinishReason("abort", message="aborted by request")
+        self._send(AbortReq(rid))
+        state.event.set()
+        return True
+
+    async def get_stats(self, timeout_s: float = 10.0) -> SchedulerStats:
+        if not self.scheduler_alive:
+            raise RequestError("the scheduler process exited", 503)
+        req_id = next(self._stats_ids)
+        fut: asyncio.Future[SchedulerStats] = asyncio.get_running_loop().create_future()
+        self._stats_waiters[req_id] = fut
+        self._send(StatsReq(req_id))
+        try:
+            stats = await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._stats_waiters.pop(req_id, None)
+        if self.metrics is not None:
+            self.metrics.scheduler(stats)
+        return stats
+
+    # --- results -------------------------------------------------------------------------------
+
+    def _token_text(self, token_id: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.id_to_token_text(token_id)
+
+    def _result(self, state: _ReqState) -> dict[str, Any]:
+        finished = state.finish is not None
+        text = "" if state.detok is None else state.detok.visible_text(finished)
+        meta: dict[str, Any] = {
+            "id": state.rid,
+            "prompt_tokens": len(state.prompt_ids),
+            "completion_tokens": len(state.output_ids),
+            "finish_reason": None if state.finish is None else state.finish.to_json(),
+            "e2e_latency": time.perf_counter() - state.created,
+        }
+        if state.request.return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, tid, self._token_text(tid)]
+                for lp, tid in zip(state.logprobs, state.output_ids)
+            ]
+            if state.request.top_logprobs_num:
+                meta["output_top_logprobs"] = [
+                    None if top is None else [[lp, tid, self._token_text(tid)] for tid, lp in top]
+                    for top in state.top_logprobs
+                ]
+            if state.input_logprobs is not None:
+                start = state.request.logprob_start_len
+                meta["input_token_logprobs"] = [
+                    [lp, tid, self._token_text(tid)]
+                    for lp, tid in zip(state.input_logprobs, state.prompt_ids[start:])
+                ]
+        return {"text": text, "output_ids": list(state.output_ids), "meta_info": meta}

@@ -1,0 +1,1 @@
+"""Model execution on one TP rank: loading, per-request caches, the forward of a batch plan."""

@@ -1,0 +1,96 @@
+"""The default ``--max-total-tokens``: how many cached tokens fit in GPU memory.
+
+A DeepSeek V4 request holds a fixed sliding-window ring per layer plus compressed entries that
+grow by ``head_dim / ratio`` per token (and the indexer's keys on ratio-4 layers). A step also
+needs a workspace that scales with the tokens in flight: the fp32 logits ``[T, vocab]`` and the
+mHC residual streams. So, with ``room`` = the ``--mem-fraction-static`` share of the GPU that the
+weights left free::
+
+    tokens = (room - workspace(chunk) - max_running * window_bytes) / bytes_per_cached_token
+
+capped at ``context_length * max_running`` (more can never be used).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Temporaries of one layer's forward, in multiples of a [T, hidden * hc_mult] fp32 tensor.
+_ACTIVATION_COPIES = 32
+
+
+class MemoryBudgetError(RuntimeError):
+    """The configuration cannot run in the memory there is; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    num_layers: int
+    hidden_size: int
+    hc_mult: int
+    vocab_size: int
+    head_dim: int
+    index_head_dim: int
+    sliding_window: int
+    compress_ratios: tuple[int, ...]
+    attn_types: tuple[str, ...]
+    dtype_bytes: int
+
+    @classmethod
+    def from_model_config(cls, cfg: Any, dtype_bytes: int) -> CacheShape:
+        return cls(
+            num_layers=cfg.num_hidden_layers,
+            hidden_size=cfg.hidden_size,
+            hc_mult=getattr(cfg, "hc_mult", 1),
+            vocab_size=cfg.vocab_size,
+            head_dim=cfg.head_dim,
+            index_head_dim=getattr(cfg, "index_head_dim", 0),
+            sliding_window=getattr(cfg, "sliding_window", 0),
+            compress_ratios=tuple(getattr(cfg, "compress_ratios", ())),
+            attn_types=tuple(getattr(cfg, "attn_types", ())),
+            dtype_bytes=dtype_bytes,
+        )
+
+    def bytes_per_cached_token(self) -> float:
+        total = 0.0
+        for ratio, kind in zip(self.compress_ratios, self.attn_types):
+            if ratio > 0:
+                total += self.head_dim * self.dtype_bytes / ratio
+                if kind == "csa":
+                    total += self.index_head_dim * self.dtype_bytes / ratio
+        return max(total, 1.0)
+
+    def window_bytes_per_request(self) -> int:
+        return self.num_layers * self.sliding_window * self.head_dim * self.dtype_bytes
+
+    def workspace_bytes(self, tokens_in_flight: int) -> int:
+        per_token = (
+            self.vocab_size * 4 * 2 + self.hidden_size * self.hc_mult * 4 * _ACTIVATION_COPIES
+        )
+        return tokens_in_flight * per_token
+
+
+def max_total_tokens_for_memory(
+    shape: CacheShape,
+    *,
+    room_bytes: int,
+    max_running_requests: int,
+    chunked_prefill_size: int,
+    context_length: int,
+) -> int:
+    in_flight = max(chunked_prefill_size, 1) + max_running_requests
+    fixed = (
+        shape.workspace_bytes(in_flight) + max_running_requests * shape.window_bytes_per_request()
+    )
+    left = room_bytes - fixed
+    if left <= 0:
+        gib = 1 << 30
+        raise MemoryBudgetError(
+            f"the weights leave {room_bytes / gib:.2f} GiB of the --mem-fraction-static share, but "
+            f"{max_running_requests} running requests and a {chunked_prefill_size}-token prefill "
+            f"chunk need {fixed / gib:.2f} GiB before any cached token; lower "
+            "--max-running-requests or --chunked-prefill-size, or raise --mem-fraction-static"
+        )
+    tokens = int(left // shape.bytes_per_cached_token())
+    return max(1, min(tokens, context_length * max_running_requests))

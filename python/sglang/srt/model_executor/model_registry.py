@@ -1,0 +1,106 @@
+"""Architectures this engine serves: config.json ``architectures`` / ``model_type`` -> loader.
+
+A loader builds this rank's shard of the model from a checkpoint directory. Every model served
+here exposes the same batch API: ``new_request_cache()`` and
+``forward(input_ids [T], positions [T], batch)`` -> fp32 logits ``[T, V]``, with ``batch`` made by
+``make_batch(seq_lens, caches)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    dtype: torch.dtype
+    device: torch.device
+    tp_rank: int
+    tp_size: int
+    moe_runner: str
+    a2a_backend: str
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    architecture: str
+    model_types: tuple[str, ...]
+    load: Callable[[str, LoadOptions], Any]
+    make_batch: Callable[[Sequence[int], Sequence[Any]], Any]
+
+
+def _load_deepseek_v4(path: str, opts: LoadOptions) -> Any:
+    from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
+
+    return load_deepseek_v4(
+        path,
+        dtype=opts.dtype,
+        device=opts.device,
+        tp_rank=opts.tp_rank,
+        tp_size=opts.tp_size,
+        moe_runner=opts.moe_runner,
+        a2a_backend=opts.a2a_backend,  # type: ignore[arg-type]
+        progress=opts.tp_rank == 0,
+    )
+
+
+def _deepseek_v4_batch(seq_lens: Sequence[int], caches: Sequence[Any]) -> Any:
+    from sglang.srt.models.deepseek_v4 import DeepseekV4Batch
+
+    return DeepseekV4Batch(list(seq_lens), list(caches))
+
+
+def _load_kimi_k3(path: str, opts: LoadOptions) -> Any:
+    from sglang.srt.model_loader.kimi_k3_loader import load_kimi_k3
+
+    return load_kimi_k3(
+        path,
+        dtype=opts.dtype,
+        device=opts.device,
+        tp_rank=opts.tp_rank,
+        tp_size=opts.tp_size,
+        moe_runner=opts.moe_runner,
+        a2a_backend=opts.a2a_backend,  # type: ignore[arg-type]
+        progress=opts.tp_rank == 0,
+    )
+
+
+def _kimi_k3_batch(seq_lens: Sequence[int], caches: Sequence[Any]) -> Any:
+    from sglang.srt.models.kimi_k3 import KimiK3Batch
+
+    return KimiK3Batch(list(seq_lens), list(caches))
+
+
+MODELS: tuple[ModelEntry, ...] = (
+    ModelEntry("DeepseekV4ForCausalLM", ("deepseek_v4",), _load_deepseek_v4, _deepseek_v4_batch),
+    ModelEntry("KimiK3ForCausalLM", ("kimi_k3", "kimi_linear"), _load_kimi_k3, _kimi_k3_batch),
+)
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+def read_model_config(path: str) -> dict[str, Any]:
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        config: dict[str, Any] = json.load(f)
+    return config
+
+
+def find_model(config: dict[str, Any]) -> ModelEntry:
+    archs = config.get("architectures") or []
+    model_type = config.get("model_type")
+    for entry in MODELS:
+        if entry.architecture in archs or model_type in entry.model_types:
+            return entry
+    supported = ", ".join(f"{e.architecture} ({'/'.join(e.model_types)})" for e in MODELS)
+    raise UnsupportedModelError(
+        f"unsupported model: architectures={archs}, model_type={model_type!r}; this engine "
+        f"serves {supported}"
+    )

@@ -1,0 +1,1 @@
+"""Sampling: request parameters (validated), logit processing and token selection."""

@@ -1,0 +1,132 @@
+"""Per-request sampling parameters, parsed and validated from a JSON-like dict.
+
+Names and defaults follow SGLang's ``sampling_params`` of ``/generate``. Parsing is strict: an
+unknown key or a value of the wrong type or range raises :class:`SamplingParamsError` naming the
+parameter, which the HTTP layer turns into a 400 response.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# top_k at or below 0 means "no top-k"; stored as -1.
+TOP_K_ALL = -1
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is unknown, of the wrong type, or out of range."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int | None = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = TOP_K_ALL
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    seed: int | None = None
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        _check_int("max_new_tokens", self.max_new_tokens, low=0, optional=True)
+        _check_float("temperature", self.temperature, low=0.0)
+        _check_float("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        _check_int("top_k", self.top_k)
+        if self.top_k <= 0:
+            object.__setattr__(self, "top_k", TOP_K_ALL)
+        _check_float("min_p", self.min_p, low=0.0, high=1.0)
+        _check_float("repetition_penalty", self.repetition_penalty, low=0.0, low_open=True)
+        _check_float("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
+        _check_float("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise SamplingParamsError("stop must be a string or a list of strings")
+        if any(s == "" for s in stop):
+            raise SamplingParamsError("stop strings must not be empty")
+        object.__setattr__(self, "stop", tuple(stop))
+        ids = self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in ids):
+            raise SamplingParamsError("stop_token_ids must be a list of non-negative integers")
+        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in ids))
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise SamplingParamsError(f"{name} must be a boolean")
+        _check_int("seed", self.seed, optional=True)
+        _check_int("n", self.n, low=1)
+        if self.n != 1:
+            raise SamplingParamsError("n > 1 is not supported; send n separate requests")
+
+    # --- derived -------------------------------------------------------------------------------
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> SamplingParams:
+        if raw is None:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise SamplingParamsError("sampling_params must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise SamplingParamsError(
+                f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}"
+            )
+        # JSON null means "the default" for every parameter but max_new_tokens (null: no limit).
+        values = {k: v for k, v in raw.items() if v is not None or k == "max_new_tokens"}
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_int(name: str, v: object, *, low: int | None = None, optional: bool = False) -> None:
+    if v is None and optional:
+        return
+    if not _is_int(v):
+        raise SamplingParamsError(f"{name} must be an integer, got {v!r}")
+    if low is not None and v < low:  # type: ignore[operator]
+        raise SamplingParamsError(f"{name} must be >= {low}, got {v}")
+
+
+def _check_float(
+    name: str,
+    v: object,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise SamplingParamsError(f"{name} must be a finite number, got {v!r}")
+    if low is not None and (v < low or (low_open and v == low)):
+        bound = f"> {low}" if low_open else f">= {low}"
+        raise SamplingParamsError(f"{name} must be {bound}, got {v}")
+    if high is not None and v > high:
+        raise SamplingParamsError(f"{name} must be <= {high}, got {v}")

@@ -1,0 +1,387 @@
+"""Launch options: one frozen :class:`ServerArgs`, its command line, and its validation.
+
+The flags keep SGLang's names (``--model-path``, ``--tp-size`` ...), so launch commands written for
+SGLang work here for the options this engine has. ``ServerArgs(**kwargs)`` takes the same names
+(underscored) for the offline :class:`sglang.Engine`.
+
+Two steps turn user input into the options the engine runs with:
+- :meth:`ServerArgs.resolved` fills every "auto" value (device, dtype, seed, budgets) from the
+  machine, so the rest of the engine never sees ``None`` for them;
+- :meth:`ServerArgs.validate` rejects impossible combinations with a message that says what to
+  change (raised as :class:`ServerArgsError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
+DEVICE_CHOICES = ("cuda", "cpu")
+A2A_CHOICES = ("none", "megamoe")
+LOG_LEVEL_CHOICES = ("debug", "info", "warning", "error", "critical")
+
+
+class ServerArgsError(ValueError):
+    """The options cannot work together (or on this machine); the message says what to change."""
+
+
+def moe_runner_choices() -> tuple[str, ...]:
+    from sglang.srt.layers.moe.moe_runner import MOE_RUNNERS
+
+    return ("auto", *MOE_RUNNERS.names())
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    # --- model and tokenizer
+    model_path: str | None = None
+    tokenizer_path: str | None = None
+    served_model_name: str | None = None
+    skip_tokenizer_init: bool = False
+    context_length: int | None = None
+    # --- runtime
+    dtype: str = "auto"
+    device: str | None = None
+    tp_size: int = 1
+    random_seed: int | None = None
+    # --- MoE and communication
+    moe_runner_backend: str = "auto"
+    moe_a2a_backend: str = "none"
+    enable_symm_mem: bool = False
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
+    # --- scheduling and memory
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    mem_fraction_static: float = 0.85
+    # --- HTTP server
+    host: str = "127.0.0.1"
+    port: int = 30000
+    enable_metrics: bool = False
+    log_level: str = "info"
+
+    # --- derived ------------------------------------------------------------------------------
+
+    @property
+    def uses_default_model(self) -> bool:
+        return self.model_path is None
+
+    @property
+    def chunked_prefill_enabled(self) -> bool:
+        return self.chunked_prefill_size is not None and self.chunked_prefill_size > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> ServerArgs:
+        return dataclasses.replace(self, **changes)
+
+    # --- resolution ---------------------------------------------------------------------------
+
+    def resolved(self) -> ServerArgs:
+        """Every "auto" filled in from this machine. Idempotent. Budgets that depend on the model
+        (``max_total_tokens`` on a GPU, ``context_length``) stay ``None`` here and are settled by
+        the scheduler once the model is loaded."""
+        import torch
+
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        on_gpu = device == "cuda"
+        dtype = self.dtype
+        if dtype == "auto":
+            # bf16 is what the checkpoints ship; CPU matmuls are faster and exact enough in fp32.
+            dtype = "bfloat16" if on_gpu else "float32"
+        seed = self.random_seed if self.random_seed is not None else random.randint(0, 2**31 - 1)
+        chunk = self.chunked_prefill_size
+        if chunk is None:
+            chunk = 8192 if on_gpu else 512
+        max_running = self.max_running_requests
+        if max_running is None:
+            max_running = 256 if on_gpu else 32
+        cuda_graph_max_bs = self.cuda_graph_max_bs
+        if cuda_graph_max_bs is None:
+            cuda_graph_max_bs = min(max_running, 160)
+        return dataclasses.replace(
+            self,
+            device=device,
+            dtype=dtype,
+            random_seed=seed,
+            chunked_prefill_size=chunk,
+            max_running_requests=max_running,
+            cuda_graph_max_bs=cuda_graph_max_bs,
+        )
+
+    # --- validation ---------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise :class:`ServerArgsError` for options that cannot work. Call on a resolved copy."""
+        import torch
+
+        _check(self.tp_size >= 1, f"--tp-size must be >= 1, got {self.tp_size}")
+        _check(1 <= self.port <= 65535, f"--port must be in 1..65535, got {self.port}")
+        _check(self.dtype in DTYPE_CHOICES, f"--dtype must be one of {DTYPE_CHOICES}")
+        _check(self.device in DEVICE_CHOICES, f"--device must be one of {DEVICE_CHOICES}")
+        _check(
+            self.log_level in LOG_LEVEL_CHOICES, f"--log-level must be one of {LOG_LEVEL_CHOICES}"
+        )
+        _check(
+            self.moe_a2a_backend in A2A_CHOICES,
+            f"--moe-a2a-backend must be one of {A2A_CHOICES}, got {self.moe_a2a_backend!r}",
+        )
+        runners = moe_runner_choices()
+        _check(
+            self.moe_runner_backend in runners,
+            f"--moe-runner-backend must be one of {runners}, got {self.moe_runner_backend!r}",
+        )
+        for flag, value in (
+            ("--max-running-requests", self.max_running_requests),
+            ("--max-total-tokens", self.max_total_tokens),
+            ("--cuda-graph-max-bs", self.cuda_graph_max_bs),
+            ("--context-length", self.context_length),
+        ):
+            _check(value is None or value >= 1, f"{flag} must be >= 1, got {value}")
+        _check(
+            self.chunked_prefill_size is None
+            or self.chunked_prefill_size == -1
+            or self.chunked_prefill_size >= 1,
+            f"--chunked-prefill-size must be >= 1, or -1 to turn chunking off; "
+            f"got {self.chunked_prefill_size}",
+        )
+        _check(
+            0.0 < self.mem_fraction_static <= 1.0,
+            f"--mem-fraction-static must be in (0, 1], got {self.mem_fraction_static}",
+        )
+        if self.model_path is not None:
+            _check(
+                os.path.isfile(os.path.join(self.model_path, "config.json")),
+                f"--model-path {self.model_path!r} is not a directory with a config.json "
+                "(this engine loads local checkpoints only; download the model first, or omit "
+                "--model-path to serve the built-in default model)",
+            )
+        if self.tokenizer_path is not None:
+            _check(
+                os.path.isdir(self.tokenizer_path),
+                f"--tokenizer-path {self.tokenizer_path!r} is not a directory",
+            )
+        self._validate_device(torch)
+        self._validate_moe()
+
+    def _validate_device(self, torch: Any) -> None:
+        if self.device == "cpu":
+            _check(
+                not self.enable_symm_mem,
+                "--enable-symm-mem needs CUDA GPUs (NCCL symmetric memory); drop the flag to run "
+                "on CPU, or run with --device cuda on a GPU machine",
+            )
+            return
+        _check(
+            torch.cuda.is_available(),
+            "--device cuda but no CUDA device is visible; use --device cpu (or leave --device "
+            "out to pick the CPU automatically)",
+        )
+        gpus = torch.cuda.device_count()
+        _check(
+            self.tp_size <= gpus,
+            f"--tp-size {self.tp_size} needs {self.tp_size} GPUs but {gpus} are visible; lower "
+            "--tp-size or make more GPUs visible (CUDA_VISIBLE_DEVICES)",
+        )
+        if self.dtype == "float32" and self.moe_runner_backend == "deep_gemm":
+            raise ServerArgsError(
+                "--moe-runner-backend deep_gemm runs bf16/FP8 experts; use --dtype bfloat16"
+            )
+
+    def _validate_moe(self) -> None:
+        if self.moe_runner_backend == "auto":
+            return
+        import torch
+
+        from sglang.srt.layers.moe.moe_runner import MOE_RUNNERS, MoERunConfig
+
+        runner = MOE_RUNNERS.create(self.moe_runner_backend, MoERunConfig())
+        ok, why = runner.is_available(torch.device(self.device or "cpu"))
+        _check(
+            ok,
+            f"--moe-runner-backend {self.moe_runner_backend} cannot run on {self.device}: {why}. "
+            "Use --moe-runner-backend auto (torch on CPU, triton on CUDA)",
+        )
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ServerArgsError(message)
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def _add_bool(parser: argparse.ArgumentParser, flag: str, help_text: str) -> None:
+    parser.add_argument(flag, action="store_true", help=help_text)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    d = ServerArgs()
+    g = parser.add_argument_group("model")
+    g.add_argument(
+        "--model-path",
+        type=str,
+        default=d.model_path,
+        help="Local directory with config.json and *.safetensors (a DeepSeek V4 checkpoint). "
+        "Omitted: the built-in default model, a tiny random-weight DeepSeek V4 that produces "
+        "gibberish and exists to exercise the engine (generated in seconds, no download).",
+    )
+    g.add_argument(
+        "--tokenizer-path",
+        type=str,
+        default=d.tokenizer_path,
+        help="Directory with tokenizer.json (and tokenizer_config.json). Default: --model-path.",
+    )
+    g.add_argument(
+        "--served-model-name",
+        type=str,
+        default=d.served_model_name,
+        help="Model name reported by /v1/models and in responses. Default: the model path.",
+    )
+    _add_bool(
+        g,
+        "--skip-tokenizer-init",
+        "Load no tokenizer: requests must send token ids (input_ids) and responses carry ids only.",
+    )
+    g.add_argument(
+        "--context-length",
+        type=int,
+        default=d.context_length,
+        help="Longest prompt plus output in tokens. Default: the model's max_position_embeddings.",
+    )
+    g = parser.add_argument_group("runtime")
+    g.add_argument(
+        "--dtype",
+        type=str,
+        default=d.dtype,
+        choices=DTYPE_CHOICES,
+        help="Weight and activation dtype. auto: bfloat16 on CUDA, float32 on CPU.",
+    )
+    g.add_argument(
+        "--device",
+        type=str,
+        default=d.device,
+        choices=DEVICE_CHOICES,
+        help="Where the model runs. Default: cuda when a GPU is visible, else cpu.",
+    )
+    g.add_argument(
+        "--tp-size",
+        "--tp",
+        dest="tp_size",
+        type=int,
+        default=d.tp_size,
+        help="Tensor-parallel ranks: one scheduler/model worker process each (NCCL on GPU, gloo "
+        "on CPU); rank 0 schedules and broadcasts every batch.",
+    )
+    g.add_argument(
+        "--random-seed",
+        type=int,
+        default=d.random_seed,
+        help="Seed of the sampler for requests that give no seed. Default: random.",
+    )
+    g = parser.add_argument_group("MoE and communication")
+    g.add_argument(
+        "--moe-runner-backend",
+        type=str,
+        default=d.moe_runner_backend,
+        choices=moe_runner_choices(),
+        help="Routed-expert kernels. auto: triton on CUDA, torch on CPU.",
+    )
+    g.add_argument(
+        "--moe-a2a-backend",
+        type=str,
+        default=d.moe_a2a_backend,
+        choices=A2A_CHOICES,
+        help="none: experts tensor-parallel with one all-reduce. megamoe: experts "
+        "expert-parallel through DeepGEMM's fused MegaMoE kernel on a reserved-SM budget (falls "
+        "back to the runner plus all-reduce where the kernel cannot run).",
+    )
+    _add_bool(
+        g,
+        "--enable-symm-mem",
+        "Allocate MoE outputs in NCCL symmetric memory so the TP all-reduce takes NCCL's "
+        "symmetric kernels (CUDA and NCCL >= 2.27.3 only).",
+    )
+    _add_bool(
+        g,
+        "--disable-cuda-graph",
+        "Run decode eagerly. (This engine's DeepSeek V4 path runs eagerly in any case today: its "
+        "per-request caches are not graph-capturable; the flag is accepted for compatibility.)",
+    )
+    g.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=d.cuda_graph_max_bs,
+        help="Largest decode batch size to capture in CUDA graphs (when graphs are available).",
+    )
+    g = parser.add_argument_group("scheduling and memory")
+    g.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=d.max_running_requests,
+        help="Requests decoded together at most; more wait in the queue. Default: 256 on CUDA, "
+        "32 on CPU.",
+    )
+    g.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=d.max_total_tokens,
+        help="Token budget of all running requests together (prompt + max new tokens each, "
+        "reserved on admission). A request that would exceed it waits; one that can never fit "
+        "is rejected. Default: from free GPU memory on CUDA, context length x "
+        "max running requests on CPU.",
+    )
+    g.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=d.chunked_prefill_size,
+        help="Prompt tokens prefilled per step at most; longer prompts are split across steps, "
+        "mixed with running decodes. -1 turns chunking off. Default: 8192 on CUDA, 512 on CPU.",
+    )
+    g.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=d.mem_fraction_static,
+        help="Fraction of GPU memory the weights and request caches may use together (sizes the "
+        "default --max-total-tokens on CUDA).",
+    )
+    g = parser.add_argument_group("HTTP server")
+    g.add_argument("--host", type=str, default=d.host, help="Address to listen on.")
+    g.add_argument("--port", type=int, default=d.port, help="Port to listen on.")
+    _add_bool(
+        g,
+        "--enable-metrics",
+        "Serve Prometheus metrics at /metrics (requests, tokens, queue, latencies).",
+    )
+    g.add_argument(
+        "--log-level",
+        type=str,
+        default=d.log_level,
+        choices=LOG_LEVEL_CHOICES,
+        help="Logging level of the server and the scheduler processes.",
+    )
+
+
+def build_parser(prog: str = "python -m sglang.launch_server") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve a DeepSeek V4 model over an OpenAI-compatible and SGLang-native HTTP "
+        "API. Without --model-path it serves the built-in tiny random-weight model.",
+    )
+    add_cli_args(parser)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> ServerArgs:
+    ns = build_parser().parse_args(argv)
+    fields = {f.name for f in dataclasses.fields(ServerArgs)}
+    return ServerArgs(**{k: v for k, v in vars(ns).items() if k in fields})

@@ -1,0 +1,88 @@
+"""The scheduling policy without a model: decode rows first, chunked prefill within the step
+budget, admission under --max-running-requests and --max-total-tokens (queue, not crash), and
+reservations returned on finish or abort with the caches freed in the next plan."""
+
+from __future__ import annotations
+
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.schedule_policy import SchedulePolicy
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.test.ci_register import register_cpu_ci
+from sglang.test.run import run_this_file
+
+register_cpu_ci(est_time=2)
+
+
+def _req(rid: str, prompt: int, max_new: int = 4) -> Req:
+    return Req(rid, list(range(prompt)), SamplingParams(max_new_tokens=max_new), max_new)
+
+
+def test_chunked_prefill_then_decode() -> None:
+    p = SchedulePolicy(max_running_requests=8, max_total_tokens=1000, chunked_prefill_size=10)
+    a = _req("a", 25)
+    p.add(a)
+    s1 = p.next_step()
+    assert s1.plan.new_rids == ("a",) and s1.plan.seq_lens == (10,) and not s1.rows[0].sample
+    s2 = p.next_step()
+    assert s2.plan.new_rids == () and s2.plan.seq_lens == (10,) and s2.rows[0].prompt_pos == 10
+    s3 = p.next_step()
+    assert s3.plan.seq_lens == (5,) and s3.rows[0].sample and a.prompt_done
+    assert s3.plan.sample_rows == (4,)
+    a.output_ids.append(7)
+    b = _req("b", 3)
+    p.add(b)
+    s4 = p.next_step()
+    # a decodes (first), b is admitted and prefilled whole in the same step
+    assert s4.plan.rids == ("a", "b") and s4.plan.seq_lens == (1, 3)
+    assert s4.plan.input_ids[0] == 7 and s4.rows[0].prompt_pos == 25
+
+
+def test_chunking_off_takes_whole_prompts() -> None:
+    p = SchedulePolicy(max_running_requests=8, max_total_tokens=10_000, chunked_prefill_size=-1)
+    p.add(_req("a", 3000))
+    assert p.next_step().plan.seq_lens == (3000,)
+
+
+def test_token_budget_queues_then_admits() -> None:
+    p = SchedulePolicy(max_running_requests=8, max_total_tokens=100, chunked_prefill_size=1000)
+    a, b = _req("a", 50, 10), _req("b", 50, 10)  # 60 tokens each: only one fits
+    assert p.can_ever_fit(a) and not p.can_ever_fit(_req("huge", 95, 10))
+    p.add(a)
+    p.add(b)
+    s = p.next_step()
+    assert s.plan.new_rids == ("a",) and list(p.waiting) == [b] and p.reserved == 60
+    p.release(a)
+    assert p.reserved == 0
+    s = p.next_step()
+    assert s.plan.free_rids == ("a",) and s.plan.new_rids == ("b",)
+
+
+def test_max_running_requests() -> None:
+    p = SchedulePolicy(max_running_requests=2, max_total_tokens=10_000, chunked_prefill_size=1000)
+    for i in range(3):
+        p.add(_req(f"r{i}", 5))
+    assert p.next_step().plan.new_rids == ("r0", "r1") and len(p.waiting) == 1
+
+
+def test_abort_waiting_and_running() -> None:
+    p = SchedulePolicy(max_running_requests=1, max_total_tokens=10_000, chunked_prefill_size=1000)
+    p.add(_req("run", 5))
+    p.add(_req("wait", 5))
+    p.next_step()
+    assert p.remove("wait") is not None and not p.waiting
+    assert p.remove("run") is not None and not p.running and p.reserved == 0
+    assert p.remove("gone") is None
+    s = p.next_step()
+    assert s.plan.free_rids == ("run",) and not s.plan.has_forward
+    assert not p.has_work()
+
+
+def test_max_new_tokens_zero_is_not_sampled() -> None:
+    p = SchedulePolicy(max_running_requests=4, max_total_tokens=100, chunked_prefill_size=100)
+    p.add(_req("z", 5, max_new=0))
+    s = p.next_step()
+    assert not s.rows[0].sample and s.plan.sample_rows == ()
+
+
+if __name__ == "__main__":
+    run_this_file(__file__)

@@ -1,0 +1,108 @@
+"""ServerArgs: SGLang-compatible flags, defaults resolved from the machine, and invalid
+combinations rejected with a message that says what to change."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from sglang.srt.server_args import ServerArgs, ServerArgsError, build_parser, parse_args
+from sglang.test.ci_register import register_cpu_ci
+from sglang.test.run import run_this_file
+
+register_cpu_ci(est_time=8)
+
+FLAGS = (
+    "--model-path", "--tokenizer-path", "--tp-size", "--tp", "--host", "--port", "--dtype",
+    "--device", "--enable-symm-mem", "--moe-runner-backend", "--moe-a2a-backend",
+    "--max-running-requests", "--max-total-tokens", "--chunked-prefill-size",
+    "--disable-cuda-graph", "--cuda-graph-max-bs", "--enable-metrics", "--skip-tokenizer-init",
+    "--log-level", "--random-seed",
+)  # fmt: skip
+
+
+def test_help_documents_every_flag() -> None:
+    text = build_parser().format_help()
+    for flag in FLAGS:
+        assert flag in text, flag
+
+
+def test_cli_help_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--help"],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())  # argparse wraps lines
+    assert "--enable-symm-mem" in text and "built-in default model" in text
+
+
+def test_parse_and_defaults() -> None:
+    args = parse_args(["--tp", "2", "--port", "1234", "--enable-metrics"])
+    assert (args.tp_size, args.port, args.enable_metrics) == (2, 1234, True)
+    assert args.model_path is None and args.host == "127.0.0.1"
+    assert ServerArgs().port == 30000
+    r = ServerArgs(random_seed=None).resolved()
+    assert r.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert r.random_seed is not None and r.chunked_prefill_size is not None
+    assert r.resolved() == r  # idempotent
+    if r.device == "cpu":
+        assert r.dtype == "float32" and r.max_running_requests == 32
+    r.validate()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"device": "cpu", "enable_symm_mem": True}, "--enable-symm-mem needs CUDA"),
+        ({"device": "cpu", "moe_runner_backend": "triton"}, "--moe-runner-backend auto"),
+        ({"tp_size": 0}, "--tp-size must be >= 1"),
+        ({"port": 70000}, "--port"),
+        ({"chunked_prefill_size": 0}, "-1 to turn chunking off"),
+        ({"max_total_tokens": 0}, "--max-total-tokens must be >= 1"),
+        ({"model_path": "/nonexistent/model"}, "omit --model-path"),
+        ({"moe_a2a_backend": "deepep"}, "--moe-a2a-backend"),
+    ],
+)
+def test_invalid_combinations(kwargs: dict[str, object], needle: str) -> None:
+    with pytest.raises(ServerArgsError) as info:
+        ServerArgs(**kwargs).resolved().validate()  # type: ignore[arg-type]
+    assert needle in str(info.value), str(info.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_requested_without_gpu() -> None:
+    with pytest.raises(ServerArgsError, match="--device cpu"):
+        ServerArgs(device="cuda").resolved().validate()
+
+
+def test_launch_fails_fast_on_bad_combination() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--device", "cpu", "--enable-symm-mem"],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "--enable-symm-mem needs CUDA" in out.stderr
+
+
+def test_launch_fails_fast_without_tokenizer(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "deepseek_v4"}')
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--device", "cpu", "--model-path",
+         str(tmp_path)],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "no tokenizer.json" in out.stderr and "--skip-tokenizer-init" in out.stderr
+
+
+def test_chunking_off_accepted() -> None:
+    ServerArgs(chunked_prefill_size=-1).resolved().validate()
+    assert not ServerArgs(chunked_prefill_size=-1).chunked_prefill_enabled
+
+
+if __name__ == "__main__":
+    run_this_file(__file__)

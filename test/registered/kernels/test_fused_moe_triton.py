@@ -389,16 +389,21 @@ def test_interp_activation_kernel(activation: str, limit: float | None) -> None:
 def test_interp_group_quant_kernel() -> None:
     from sglang.kernels.ops.quant.fp8 import per_token_group_quant_fp8
 
-    x = torch.randn(7, 640) * torch.logspace(-3, 2, 7).unsqueeze(-1)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(7, 640, generator=gen) * torch.logspace(-3, 2, 7).unsqueeze(-1)
     x[3, 128:256] = 0.0
     q_t, s_t = per_token_group_quant_fp8(x, 128, use_triton=True)
     q_r, s_r = per_token_group_quant_fp8(x, 128, use_triton=False)
     torch.testing.assert_close(s_t, s_r, rtol=1e-6, atol=0)
     a, b = q_t.float(), q_r.float()
     slip = a != b
-    # Interpreter-only rounding slip: a round-up into the next binade lands on half of it.
+    # Interpreter-only fp8 cast flaws (the GPU test compares the compiled kernel exactly):
+    # a round-up into the next binade lands on half of it, and e4m3 subnormals (|v| < 2^-6) may
+    # be off by one subnormal step (2^-9).
     assert slip.float().mean() < 0.1
-    assert torch.equal(a[slip] * 2, b[slip]), "mismatches other than the interpreter's slip"
+    normal = b.abs() >= 2.0**-6
+    assert torch.equal(a[slip & normal] * 2, b[slip & normal]), "mismatches other than the slip"
+    assert ((a - b)[slip & ~normal].abs() <= 2.0**-9).all(), "subnormal mismatch beyond one step"
 
 
 @interp_only

@@ -6,27 +6,25 @@ batch, the layer's local experts run through the runner and exactly one all-redu
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
-from sglang.srt.environ import envs
-from sglang.srt.layers.moe import layer as moe_layer_mod
-from sglang.srt.layers.moe import mega_moe
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.models import deepseek_v4_moe as dsv4_moe_mod
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
-from sglang.srt.utils.device import DeviceSMInfo
 from sglang.test.ci_register import register_cpu_ci
-from sglang.test.fake_deep_gemm import FakeDeepGemmGemms
+from sglang.test.fake_mega_moe import (
+    DUMMY_MEGA_WEIGHTS,
+    MEGA_CALL_ORDER,
+    MegaMoERecorder,
+    install_fake_mega_moe,
+)
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=5)
 
 H, I, E, K, V, CAP = 128, 64, 4, 2, 50, 16
-DUMMY_MEGA_WEIGHTS = ((torch.empty(0), torch.empty(0)), (torch.empty(0), torch.empty(0)))
 
 
 def _config(layers: int = 2) -> DeepseekV4ModelConfig:
@@ -86,45 +84,9 @@ def _moe(layer_id: int, a2a: str, tp_rank: int = 0, tp_size: int = 1) -> Deepsee
     return moe
 
 
-class _Recorder:
-    def __init__(self, dg: FakeDeepGemmGemms) -> None:
-        self.dg = dg
-        self.all_reduces: list[torch.Tensor] = []
-        self.buffers: list[Any] = []
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        self.all_reduces.append(x.clone())
-        return x  # the other rank's partial sum is added by the test itself
-
-    def pre_dispatch(self, original: Any) -> Any:
-        def spy(
-            x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, buf: Any, **kw: Any
-        ) -> None:
-            self.dg._record("pre_dispatch", self.dg.get_num_sms())
-            self.buffers.append(buf)
-            original(x, ids, weights, buf, **kw)
-
-        return spy
-
-
 @pytest.fixture
-def rec(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
-    monkeypatch.setenv(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.name, str(CAP))
-    monkeypatch.delenv(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.name, raising=False)
-    mega_moe.clear_mega_moe_symm_buffers()
-    dg = FakeDeepGemmGemms(num_sms=132)
-    r = _Recorder(dg)
-    monkeypatch.setattr(moe_layer_mod, "get_deep_gemm", lambda: dg)
-    monkeypatch.setattr(moe_layer_mod, "get_tp_group_or_none", lambda: "ep-group")
-    monkeypatch.setattr(
-        mega_moe, "device_sm_info", lambda device=None: DeviceSMInfo(0, 132, (10, 0))
-    )
-    monkeypatch.setattr(
-        mega_moe, "mega_moe_pre_dispatch", r.pre_dispatch(mega_moe.mega_moe_pre_dispatch)
-    )
-    for mod in (moe_layer_mod, dsv4_moe_mod):
-        monkeypatch.setattr(mod, "tensor_model_parallel_all_reduce", r.all_reduce)
-    return r
+def rec(monkeypatch: pytest.MonkeyPatch) -> MegaMoERecorder:
+    return install_fake_mega_moe(monkeypatch, cap=CAP, all_reduce_modules=[dsv4_moe_mod])
 
 
 def _inputs(t: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,28 +95,19 @@ def _inputs(t: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("layer_id", [0, 1], ids=["hash-layer", "topk-layer"])
-def test_mega_path_order_routing_and_no_all_reduce(rec: _Recorder, layer_id: int) -> None:
+def test_mega_path_order_routing_and_no_all_reduce(rec: MegaMoERecorder, layer_id: int) -> None:
     moe = _moe(layer_id, "megamoe", tp_rank=1, tp_size=2)
     x, ids = _inputs(5)
     y = moe(x, ids)
 
-    names = [(n, v[0] if n == "fp8_fp4_mega_moe" else v) for n, v in rec.dg.calls]
-    assert names == [
-        ("set_num_sms", 130),  # buffer created inside the reserved-SM context
-        ("get_symm_buffer_for_mega_moe", 130),
-        ("set_num_sms", 132),
-        ("pre_dispatch", 132),  # staged on the full SM count, outside the context
-        ("set_num_sms", 130),
-        ("fp8_fp4_mega_moe", 130),  # only the kernel runs narrowed
-        ("set_num_sms", 132),
-    ]
+    assert rec.call_order() == MEGA_CALL_ORDER
     kernel_kwargs = rec.dg.calls[5][1][1]
     assert kernel_kwargs["activation"] == "swiglu" and kernel_kwargs["activation_clamp"] == 7.0
     assert rec.all_reduces == [], "the MegaMoE output is already combined: no all-reduce"
 
     # The staged top-k is the layer's routing, with routed_scaling_factor folded into the weights.
     routing = moe.route(x, ids)
-    buf = rec.buffers[0]
+    buf = rec.staged[0][1]
     assert torch.equal(buf.topk_idx[:5], routing.topk_ids.long())
     assert torch.allclose(buf.topk_weights[:5], routing.topk_weights)
     assert torch.allclose(routing.topk_weights.sum(-1), torch.full((5,), 1.5))
@@ -166,7 +119,7 @@ def test_mega_path_order_routing_and_no_all_reduce(rec: _Recorder, layer_id: int
     assert torch.allclose(y, 1.0 + moe.shared_experts(x))
 
 
-def test_fallback_runs_local_experts_and_reduces_once(rec: _Recorder) -> None:
+def test_fallback_runs_local_experts_and_reduces_once(rec: MegaMoERecorder) -> None:
     x, ids = _inputs(CAP + 3, seed=1)  # more rows than the MegaMoE buffer holds
     outs = [_moe(1, "megamoe", tp_rank=r, tp_size=2)(x, ids) for r in range(2)]
     assert not any(n == "fp8_fp4_mega_moe" for n, _ in rec.dg.calls)
@@ -177,7 +130,7 @@ def test_fallback_runs_local_experts_and_reduces_once(rec: _Recorder) -> None:
     torch.testing.assert_close(outs[0] + outs[1] - shared, reference(x, ids), rtol=1e-5, atol=1e-5)
 
 
-def test_model_forward_takes_the_mega_path_in_every_layer(rec: _Recorder) -> None:
+def test_model_forward_takes_the_mega_path_in_every_layer(rec: MegaMoERecorder) -> None:
     model = DeepseekV4ForCausalLM(
         _config(layers=2), dtype=torch.float32, moe_runner="torch", a2a_backend="megamoe"
     )

@@ -13,14 +13,16 @@ from typing import Any
 
 import pytest
 import torch
-from sglang.srt.environ import envs
 from sglang.srt.layers.moe import layer as moe_layer_mod
-from sglang.srt.layers.moe import mega_moe
 from sglang.srt.models.kimi_k3_config import ConfigError
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
-from sglang.srt.utils.device import DeviceSMInfo
 from sglang.test.ci_register import register_cpu_ci
-from sglang.test.fake_deep_gemm import FakeDeepGemmGemms
+from sglang.test.fake_mega_moe import (
+    DUMMY_MEGA_WEIGHTS,
+    MEGA_CALL_ORDER,
+    MegaMoERecorder,
+    install_fake_mega_moe,
+)
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -184,47 +186,11 @@ def test_tp_normal_path_reduces_the_latent_sum_before_its_norm(
 MEGA = {**CONFIG_A, "routed_expert_hidden_size": 512, "moe_intermediate_size": 128, "num_experts": 4,
         "num_experts_per_token": 2}  # fmt: skip
 CAP = 16
-DUMMY_MEGA_WEIGHTS = ((torch.empty(0), torch.empty(0)), (torch.empty(0), torch.empty(0)))
-
-
-class _Recorder:
-    def __init__(self, dg: FakeDeepGemmGemms) -> None:
-        self.dg = dg
-        self.all_reduces: list[torch.Tensor] = []
-        self.staged: list[tuple[torch.Tensor, Any]] = []
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        self.all_reduces.append(x.clone())
-        return x
-
-    def pre_dispatch(self, original: Any) -> Any:
-        def spy(
-            x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, buf: Any, **kw: Any
-        ) -> None:
-            self.dg._record("pre_dispatch", self.dg.get_num_sms())
-            self.staged.append((x.clone(), buf))
-            original(x, ids, weights, buf, **kw)
-
-        return spy
 
 
 @pytest.fixture
-def rec(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
-    monkeypatch.setenv(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.name, str(CAP))
-    monkeypatch.delenv(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.name, raising=False)
-    mega_moe.clear_mega_moe_symm_buffers()
-    dg = FakeDeepGemmGemms(num_sms=132)
-    r = _Recorder(dg)
-    monkeypatch.setattr(moe_layer_mod, "get_deep_gemm", lambda: dg)
-    monkeypatch.setattr(moe_layer_mod, "get_tp_group_or_none", lambda: "ep-group")
-    monkeypatch.setattr(
-        mega_moe, "device_sm_info", lambda device=None: DeviceSMInfo(0, 132, (10, 0))
-    )
-    monkeypatch.setattr(
-        mega_moe, "mega_moe_pre_dispatch", r.pre_dispatch(mega_moe.mega_moe_pre_dispatch)
-    )
-    monkeypatch.setattr(moe_layer_mod, "tensor_model_parallel_all_reduce", r.all_reduce)
-    return r
+def rec(monkeypatch: pytest.MonkeyPatch) -> MegaMoERecorder:
+    return install_fake_mega_moe(monkeypatch, cap=CAP)
 
 
 def _mega_moe(tp_rank: int = 1, tp_size: int = 2) -> KimiK3MoE:
@@ -233,21 +199,12 @@ def _mega_moe(tp_rank: int = 1, tp_size: int = 2) -> KimiK3MoE:
     return moe
 
 
-def test_mega_path_call_order_situ_and_no_all_reduce(rec: _Recorder) -> None:
+def test_mega_path_call_order_situ_and_no_all_reduce(rec: MegaMoERecorder) -> None:
     moe = _mega_moe()
     x = _x(5, 64, seed=6)
     with torch.no_grad():
         y = moe(x)
-    names = [(n, v[0] if n == "fp8_fp4_mega_moe" else v) for n, v in rec.dg.calls]
-    assert names == [
-        ("set_num_sms", 130),  # the buffer is made inside the reserved-SM context
-        ("get_symm_buffer_for_mega_moe", 130),
-        ("set_num_sms", 132),
-        ("pre_dispatch", 132),  # staged on the full SM count, outside the context
-        ("set_num_sms", 130),
-        ("fp8_fp4_mega_moe", 130),  # the kernel alone runs narrowed
-        ("set_num_sms", 132),
-    ]
+    assert rec.call_order() == MEGA_CALL_ORDER
     kwargs = rec.dg.calls[5][1][1]
     assert kwargs == {
         "activation": "situ",
@@ -273,7 +230,7 @@ def test_mega_path_call_order_situ_and_no_all_reduce(rec: _Recorder) -> None:
     torch.testing.assert_close(y, want)
 
 
-def test_mega_fallback_reduces_the_latent_before_the_norm(rec: _Recorder) -> None:
+def test_mega_fallback_reduces_the_latent_before_the_norm(rec: MegaMoERecorder) -> None:
     """Beyond the buffer's capacity FusedMoE runs this rank's experts itself: the partial latent
     sums are all-reduced (here: summed by hand over the two ranks) before the norm."""
     x = _x(CAP + 2, 64, seed=7)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.layers.linear import attach_loader, default_weight_loader
+from sglang.srt.layers.linear import frozen_param
 
 
 class ReplicatedEmbedding(nn.Module):
@@ -16,8 +16,7 @@ class ReplicatedEmbedding(nn.Module):
         self, vocab: int, hidden: int, *, dtype: torch.dtype, device: torch.device | str
     ) -> None:
         super().__init__()
-        w = nn.Parameter(torch.empty(vocab, hidden, dtype=dtype, device=device), requires_grad=False)
-        self.weight = attach_loader(w, default_weight_loader)
+        self.weight = frozen_param(torch.empty(vocab, hidden, dtype=dtype, device=device))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weight)

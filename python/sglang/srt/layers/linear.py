@@ -28,6 +28,22 @@ def _divide(n: int, parts: int, what: str) -> int:
     return n // parts
 
 
+def heads_per_rank(num_heads: int, tp_size: int, kind: str) -> int:
+    """This rank's share of ``num_heads`` attention heads of one ``kind`` (heads never straddle
+    ranks, so an uneven split is a configuration error)."""
+    if num_heads % tp_size:
+        raise ValueError(
+            f"{num_heads} {kind} heads are not divisible by the tensor-parallel size {tp_size}"
+        )
+    return num_heads // tp_size
+
+
+def tp_slice(full: torch.Tensor, dim: int, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """Rank ``tp_rank``'s contiguous ``1/tp_size`` of ``full`` along ``dim`` (a view)."""
+    part = full.shape[dim] // tp_size
+    return full.narrow(dim, tp_rank * part, part)
+
+
 def attach_loader(
     param: nn.Parameter, loader: Callable[[nn.Parameter, torch.Tensor], None]
 ) -> nn.Parameter:
@@ -47,6 +63,41 @@ def default_weight_loader(param: nn.Parameter, full: torch.Tensor) -> None:
     copy_checked(param, full)
 
 
+def frozen_param(
+    data: torch.Tensor,
+    loader: Callable[[nn.Parameter, torch.Tensor], None] = default_weight_loader,
+) -> nn.Parameter:
+    """``data`` as an inference-only parameter that the model loader fills through ``loader``
+    (by default: the full tensor, shape-checked)."""
+    return attach_loader(nn.Parameter(data, requires_grad=False), loader)
+
+
+def fp32_param(*shape: int, device: torch.device | str | None) -> nn.Parameter:
+    """A replicated fp32 parameter (zeros until loaded): the checkpoint ships these tensors in
+    fp32 (router biases, mHC mixers, position biases) and they stay so."""
+    return frozen_param(torch.zeros(*shape, dtype=torch.float32, device=device))
+
+
+def dim0_sharded_param(
+    full_shape: tuple[int, ...], *, tp_rank: int, tp_size: int, device: torch.device | str | None
+) -> nn.Parameter:
+    """An fp32 parameter holding this rank's ``1/tp`` of dim 0 (per-head vectors such as
+    attention sinks, conv weights, ``dt_bias``); the loader takes the full tensor."""
+    if full_shape[0] % tp_size:
+        raise ValueError(
+            f"dim 0 of {full_shape} is not divisible by the tensor-parallel size {tp_size}"
+        )
+    local = (full_shape[0] // tp_size, *full_shape[1:])
+
+    def load(param: nn.Parameter, full: torch.Tensor) -> None:
+        if tuple(full.shape) != full_shape:
+            raise WeightShapeError(f"expected shape {full_shape}, got {tuple(full.shape)}")
+        with torch.no_grad():
+            param.copy_(tp_slice(full, 0, tp_rank, tp_size).to(param.dtype))
+
+    return frozen_param(torch.zeros(local, dtype=torch.float32, device=device), load)
+
+
 class LinearBase(nn.Module):
     """``y = x @ W^T`` with ``W`` of shape ``[out_local, in_local]`` in ``params_dtype``."""
 
@@ -63,10 +114,8 @@ class LinearBase(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.in_local, self.out_local = in_local, out_local
-        weight = nn.Parameter(
-            torch.empty(out_local, in_local, dtype=params_dtype, device=device), requires_grad=False
-        )
-        self.weight = attach_loader(weight, self._load)
+        weight = torch.empty(out_local, in_local, dtype=params_dtype, device=device)
+        self.weight = frozen_param(weight, self._load)
 
     @property
     def full_shape(self) -> tuple[int, int]:
@@ -108,8 +157,11 @@ class ReplicatedLinear(LinearBase):
         )  # fmt: skip
 
 
-class ColumnParallelLinear(LinearBase):
-    """Output features split across ranks; the output stays split (no communication)."""
+class _TensorParallelLinear(LinearBase):
+    """A linear layer whose weight is split across ranks along ``split_dim`` of ``[out, in]``:
+    0 splits the output features, 1 the input features."""
+
+    split_dim: int
 
     def __init__(
         self,
@@ -121,21 +173,32 @@ class ColumnParallelLinear(LinearBase):
         tp_size: int = 1,
         device: torch.device | str | None = None,
     ) -> None:
-        out_local = _divide(out_features, tp_size, "output features")
+        in_local, out_local = in_features, out_features
+        if self.split_dim == 0:
+            out_local = _divide(out_features, tp_size, "output features")
+        else:
+            in_local = _divide(in_features, tp_size, "input features")
         super().__init__(
-            in_features, out_features, in_local=in_features, out_local=out_local,
+            in_features, out_features, in_local=in_local, out_local=out_local,
             params_dtype=params_dtype, device=device,
         )  # fmt: skip
         self.tp_rank, self.tp_size = tp_rank, tp_size
 
     def _shard(self, full: torch.Tensor) -> torch.Tensor:
-        lo = self.tp_rank * self.out_local
-        return full[lo : lo + self.out_local]
+        return tp_slice(full, self.split_dim, self.tp_rank, self.tp_size)
 
 
-class RowParallelLinear(LinearBase):
+class ColumnParallelLinear(_TensorParallelLinear):
+    """Output features split across ranks; the output stays split (no communication)."""
+
+    split_dim = 0
+
+
+class RowParallelLinear(_TensorParallelLinear):
     """Input features split across ranks; the partial products are summed over the TP group
     unless ``reduce_results`` is False (the caller then owes the all-reduce)."""
+
+    split_dim = 1
 
     def __init__(
         self,
@@ -148,17 +211,11 @@ class RowParallelLinear(LinearBase):
         reduce_results: bool = True,
         device: torch.device | str | None = None,
     ) -> None:
-        in_local = _divide(in_features, tp_size, "input features")
         super().__init__(
-            in_features, out_features, in_local=in_local, out_local=out_features,
-            params_dtype=params_dtype, device=device,
+            in_features, out_features, params_dtype=params_dtype, tp_rank=tp_rank,
+            tp_size=tp_size, device=device,
         )  # fmt: skip
-        self.tp_rank, self.tp_size = tp_rank, tp_size
         self.reduce_results = reduce_results
-
-    def _shard(self, full: torch.Tensor) -> torch.Tensor:
-        lo = self.tp_rank * self.in_local
-        return full[:, lo : lo + self.in_local]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)

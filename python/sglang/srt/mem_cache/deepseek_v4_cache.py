@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang.srt.mem_cache.compressor_state import CompressorState
+from sglang.srt.mem_cache.request_cache import RequestCache
 from sglang.srt.mem_cache.window_ring import WindowRing
 
 
@@ -26,13 +27,8 @@ class DeepseekV4LayerCache:
     indexer: CompressorState | None = None
 
 
-class DeepseekV4RequestCache:
-    def __init__(self, layers: list[DeepseekV4LayerCache]) -> None:
-        self.layers = layers
-        self.num_tokens = 0
-
-    def __len__(self) -> int:
-        return self.num_tokens
+class DeepseekV4RequestCache(RequestCache[DeepseekV4LayerCache]):
+    """One request's layer caches and token count."""
 
 
 def new_request_cache(

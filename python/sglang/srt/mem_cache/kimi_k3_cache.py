@@ -21,6 +21,7 @@ from typing import Literal
 import torch
 
 from sglang.srt.mem_cache.growable_rows import GrowableRows
+from sglang.srt.mem_cache.request_cache import RequestCache
 
 LayerKind = Literal["kda", "mla"]
 
@@ -42,13 +43,8 @@ class MLALatentCache:
 LayerCache = KDAState | MLALatentCache
 
 
-class KimiK3RequestCache:
-    def __init__(self, layers: list[LayerCache]) -> None:
-        self.layers = layers
-        self.num_tokens = 0
-
-    def __len__(self) -> int:
-        return self.num_tokens
+class KimiK3RequestCache(RequestCache[LayerCache]):
+    """One request's layer states and token count."""
 
 
 def new_request_cache(

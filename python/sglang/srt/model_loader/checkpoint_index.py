@@ -1,11 +1,21 @@
-"""A checkpoint's tensors by the model's canonical names, and the error every loader raises."""
+"""A checkpoint's tensors by the model's canonical names, and the error every loader raises.
+
+Each model's loader maps checkpoint names onto its parameter names with its own
+``canonical_name``; what follows from there (indexing, copying a parameter, tied embeddings,
+reporting missing and unused tensors) is the same for every model and lives here.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
+from sglang.srt.layers.linear import WeightShapeError, copy_checked
 from sglang.srt.model_loader.weight_source import WeightSource
 
 
@@ -22,6 +32,26 @@ class CheckpointIndex:
     by_canon: dict[str, str]
     used: set[str]
 
+    @classmethod
+    def build(
+        cls, source: WeightSource, canonical: Callable[[str], str | None]
+    ) -> tuple[CheckpointIndex, list[str]]:
+        """The index of ``source``, and the checkpoint names ``canonical`` maps to ``None``
+        (skipped; the caller says why). Two names for one parameter are an error."""
+        by_canon: dict[str, str] = {}
+        skipped: list[str] = []
+        for name in source.names():
+            canon = canonical(name)
+            if canon is None:
+                skipped.append(name)
+                continue
+            if canon in by_canon:
+                raise WeightLoadError(
+                    f"checkpoint tensors {by_canon[canon]!r} and {name!r} both map to {canon!r}"
+                )
+            by_canon[canon] = name
+        return cls(source, by_canon, set()), skipped
+
     def has(self, canon: str) -> bool:
         return canon in self.by_canon
 
@@ -33,3 +63,43 @@ class CheckpointIndex:
 
     def ckpt_name(self, canon: str) -> str:
         return self.by_canon.get(canon, canon)
+
+    def tie(self, head: str, embed: str) -> None:
+        """A tied checkpoint stores the table once; the LM head reads the same tensor."""
+        if not self.has(head) and self.has(embed):
+            self.by_canon[head] = self.by_canon[embed]
+
+    @contextmanager
+    def naming(self, canon: str) -> Iterator[None]:
+        """A layer's shape complaint about ``canon`` becomes a load error naming both spellings."""
+        try:
+            yield
+        except WeightShapeError as exc:
+            raise WeightLoadError(
+                f"tensor {self.ckpt_name(canon)!r} (model {canon!r}): {exc}"
+            ) from None
+
+    def load_param(self, canon: str, param: nn.Parameter, tensor: torch.Tensor) -> None:
+        """``tensor`` (full, unsharded) into ``param`` through its ``weight_loader`` (this rank's
+        shard), or a shape-checked copy for parameters without one (replicated norms)."""
+        loader = getattr(param, "weight_loader", copy_checked)
+        with self.naming(canon):
+            loader(param, tensor)
+
+    def require(self, names: Iterable[str], hint: str) -> None:
+        """Fail naming the first few of ``names`` the checkpoint lacks; ``hint`` says how the
+        names are spelled."""
+        missing = [n for n in names if not self.has(n)]
+        if missing:
+            raise WeightLoadError(
+                f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:5]} ({hint})"
+            )
+
+    def check_all_used(self, *, strict: bool, logger: logging.Logger) -> None:
+        """Tensors nothing asked for: an error when ``strict``, else a warning."""
+        left = sorted(set(self.by_canon) - self.used)
+        if left:
+            msg = f"checkpoint has {len(left)} tensor(s) the model does not use, e.g. {[self.ckpt_name(n) for n in left[:5]]}"
+            if strict:
+                raise WeightLoadError(msg)
+            logger.warning(msg)

@@ -10,10 +10,13 @@ import glob
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from safetensors import safe_open
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs Python 3.11
 
 
 class WeightSource(Protocol):
@@ -72,3 +75,14 @@ class SafetensorsWeightSource:
 
     def close(self) -> None:
         self._handles.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def as_weight_source(source: WeightSource | Mapping[str, torch.Tensor]) -> WeightSource:
+    """A name -> tensor mapping (e.g. a ``state_dict()``) becomes a :class:`DictWeightSource`."""
+    return DictWeightSource(source) if isinstance(source, Mapping) else source

@@ -12,13 +12,12 @@ Two spellings exist for the same facts:
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sglang.srt.layers.rotary_embedding import RopeSpec, YarnScaling
+from sglang.srt.models.config_common import ConfigError, JsonModelConfig, required
 
 AttnType = Literal["sliding", "csa", "hca"]
 
@@ -32,12 +31,8 @@ _DEFAULT_COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed
 _RATIO_KIND: dict[int, AttnType] = {0: "sliding", 4: "csa", 128: "hca"}
 
 
-class ConfigError(ValueError):
-    """config.json describes something this implementation does not support, or is inconsistent."""
-
-
 @dataclass(frozen=True)
-class DeepseekV4ModelConfig:
+class DeepseekV4ModelConfig(JsonModelConfig):
     vocab_size: int
     hidden_size: int
     num_hidden_layers: int
@@ -129,13 +124,6 @@ class DeepseekV4ModelConfig:
     # --- parsing -------------------------------------------------------------------------------
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike[str]) -> DeepseekV4ModelConfig:
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
-
-    @classmethod
     def from_hf_config(cls, hf_config: Any) -> DeepseekV4ModelConfig:
         """From a transformers ``DeepseekV4Config`` (or anything with ``to_dict``)."""
         return cls.from_dict(hf_config.to_dict())
@@ -146,14 +134,14 @@ class DeepseekV4ModelConfig:
         model_type = d.get("model_type", "deepseek_v4")
         if model_type != "deepseek_v4":
             raise ConfigError(f"model_type {model_type!r} is not deepseek_v4")
-        n = _req(d, "num_hidden_layers")
-        heads = _req(d, "num_attention_heads")
+        n = required(d, "num_hidden_layers")
+        heads = required(d, "num_attention_heads")
         kv_heads = d.get("num_key_value_heads", 1)
         if kv_heads != 1:
             raise ConfigError(
                 f"DeepSeek V4 attention has one shared KV head; num_key_value_heads={kv_heads}"
             )
-        head_dim = _req(d, "head_dim")
+        head_dim = required(d, "head_dim")
         attn_types, ratios = _parse_attention_layers(d, n)
         rope_dim = _parse_rope_dim(d, head_dim)
         rope_theta, compress_theta, yarn = _parse_rope(d)
@@ -167,15 +155,15 @@ class DeepseekV4ModelConfig:
                 raise ConfigError(f"FP8 weight_block_size {block} is not supported (only 128x128)")
         swiglu_limit = d.get("swiglu_limit", 10.0)
         return cls(
-            vocab_size=_req(d, "vocab_size"),
-            hidden_size=_req(d, "hidden_size"),
+            vocab_size=required(d, "vocab_size"),
+            hidden_size=required(d, "hidden_size"),
             num_hidden_layers=n,
             num_attention_heads=heads,
             head_dim=head_dim,
             rope_head_dim=rope_dim,
-            q_lora_rank=_req(d, "q_lora_rank"),
-            o_lora_rank=_req(d, "o_lora_rank"),
-            o_groups=_req(d, "o_groups"),
+            q_lora_rank=required(d, "q_lora_rank"),
+            o_lora_rank=required(d, "o_lora_rank"),
+            o_groups=required(d, "o_groups"),
             sliding_window=d.get("sliding_window", 128),
             attn_types=attn_types,
             compress_ratios=ratios,
@@ -186,10 +174,10 @@ class DeepseekV4ModelConfig:
             index_n_heads=d.get("index_n_heads", 64),
             index_head_dim=d.get("index_head_dim", 128),
             index_topk=d.get("index_topk", 512),
-            n_routed_experts=_req(d, "n_routed_experts"),
-            num_experts_per_tok=_req(d, "num_experts_per_tok"),
+            n_routed_experts=required(d, "n_routed_experts"),
+            num_experts_per_tok=required(d, "num_experts_per_tok"),
             n_shared_experts=d.get("n_shared_experts", 1),
-            moe_intermediate_size=_req(d, "moe_intermediate_size"),
+            moe_intermediate_size=required(d, "moe_intermediate_size"),
             routed_scaling_factor=float(d.get("routed_scaling_factor", 1.5)),
             swiglu_limit=None if swiglu_limit is None else float(swiglu_limit),
             scoring_func=d.get("scoring_func", "sqrtsoftplus"),
@@ -205,12 +193,6 @@ class DeepseekV4ModelConfig:
             quant_method=quant_method,
             extra=d,
         )
-
-
-def _req(d: Mapping[str, Any], key: str) -> Any:
-    if key not in d or d[key] is None:
-        raise ConfigError(f"config.json lacks the required key {key!r}")
-    return d[key]
 
 
 def _parse_attention_layers(

@@ -14,22 +14,14 @@ Reductions (all before the caller's mHC post):
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
-from sglang.srt.layers.activation import act_and_mul
-from sglang.srt.layers.linear import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    WeightShapeError,
-    attach_loader,
-    default_weight_loader,
-)
+from sglang.srt.layers.linear import WeightShapeError, fp32_param
+from sglang.srt.layers.mlp import gated_mlp_forward, gated_mlp_projections
 from sglang.srt.layers.moe.layer import A2ABackend, FusedMoE, FusedMoEConfig
+from sglang.srt.layers.moe.router import LinearRouter
 from sglang.srt.layers.moe.topk import TopKConfig, TopKOutput, hash_select_experts, select_experts
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 
@@ -50,23 +42,19 @@ class SharedExpertMLP(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        col: dict[str, Any] = {
-            "params_dtype": params_dtype,
-            "tp_rank": tp_rank,
-            "tp_size": tp_size,
-            "device": device,
-        }
-        self.w1 = ColumnParallelLinear(hidden_size, intermediate_size, **col)
-        self.w3 = ColumnParallelLinear(hidden_size, intermediate_size, **col)
-        self.w2 = RowParallelLinear(intermediate_size, hidden_size, reduce_results=False, **col)
+        self.w1, self.w3, self.w2 = gated_mlp_projections(
+            hidden_size, intermediate_size, reduce_results=False, params_dtype=params_dtype,
+            tp_rank=tp_rank, tp_size=tp_size, device=device,
+        )  # fmt: skip
         self.swiglu_limit = swiglu_limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = torch.cat([self.w1(x), self.w3(x)], dim=-1)
-        return self.w2(act_and_mul(gate_up, "swiglu", swiglu_limit=self.swiglu_limit))
+        return gated_mlp_forward(
+            x, self.w1, self.w3, self.w2, "swiglu", swiglu_limit=self.swiglu_limit
+        )
 
 
-class MoEGate(nn.Module):
+class MoEGate(LinearRouter):
     """Router weight ``[E, H]``; ``bias [E]`` (fp32, selection only) on normal layers or the
     ``tid2eid [vocab, top_k]`` table on hash layers."""
 
@@ -82,26 +70,14 @@ class MoEGate(nn.Module):
         params_dtype: torch.dtype,
         device: torch.device | str | None = None,
     ) -> None:
-        super().__init__()
-        w = nn.Parameter(
-            torch.empty(num_experts, hidden_size, dtype=params_dtype, device=device),
-            requires_grad=False,
-        )
-        self.weight = attach_loader(w, default_weight_loader)
+        super().__init__(hidden_size, num_experts, params_dtype=params_dtype, device=device)
         self.is_hash = hash_vocab is not None
         self.bias: nn.Parameter | None = None
         if hash_vocab is None:
-            b = nn.Parameter(
-                torch.zeros(num_experts, dtype=torch.float32, device=device), requires_grad=False
-            )
-            self.bias = attach_loader(b, default_weight_loader)
+            self.bias = fp32_param(num_experts, device=device)
         else:
             table = torch.zeros(hash_vocab, top_k, dtype=torch.int32, device=device)
             self.register_buffer("tid2eid", table)
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """fp32 router logits ``[T, E]`` (fp32 accumulation of the model-dtype operands)."""
-        return F.linear(x.float(), self.weight.float())
 
     def load_tid2eid(self, full: torch.Tensor) -> None:
         if tuple(full.shape) != tuple(self.tid2eid.shape):

@@ -23,7 +23,6 @@ requests (KDA stacks the decode rows into one recurrent step).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -42,6 +41,7 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
     MLALatentCache,
     new_request_cache,
 )
+from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
@@ -49,16 +49,8 @@ from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 _STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-@dataclass(frozen=True)
-class KimiK3Batch:
+class KimiK3Batch(RequestBatch[KimiK3RequestCache]):
     """The requests of one forward, in row order: ``seq_lens[i]`` new tokens for ``caches[i]``."""
-
-    seq_lens: Sequence[int]
-    caches: Sequence[KimiK3RequestCache]
-
-    def __post_init__(self) -> None:
-        if len(self.seq_lens) != len(self.caches):
-            raise ValueError(f"{len(self.seq_lens)} sequence lengths for {len(self.caches)} caches")
 
 
 class KimiK3DecoderLayer(nn.Module):
@@ -156,7 +148,9 @@ class KimiK3Model(nn.Module):
             )
 
 
-class KimiK3ForCausalLM(nn.Module):
+class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
+    batch_type = KimiK3Batch
+
     def __init__(
         self,
         config: KimiK3Config,
@@ -168,12 +162,9 @@ class KimiK3ForCausalLM(nn.Module):
         moe_runner: str = "auto",
         a2a_backend: A2ABackend = "none",
     ) -> None:
-        super().__init__()
+        super().__init__(dtype=dtype, device=device, tp_rank=tp_rank, tp_size=tp_size)
         c = config
         self.config = c
-        self.dtype = dtype
-        self.device = torch.device(device)
-        self.tp_rank, self.tp_size = tp_rank, tp_size
         self.model = KimiK3Model(
             c, dtype=dtype, device=device, tp_rank=tp_rank, tp_size=tp_size, moe_runner=moe_runner,
             a2a_backend=a2a_backend,
@@ -209,14 +200,10 @@ class KimiK3ForCausalLM(nn.Module):
         Without ``batch`` the rows are one whole request from position 0 (a throw-away cache).
         With ``batch`` each request's rows must continue its cache (positions ``len(cache) ..``);
         the caches are extended in place."""
-        if batch is None:
-            batch = KimiK3Batch([input_ids.shape[0]], [self.new_request_cache()])
-        self._check_batch(input_ids, positions, batch)
+        batch = self._checked_batch(input_ids, positions, batch)
         c = self.config
         eps = c.rms_norm_eps
-        starts = [0]
-        for n in batch.seq_lens[:-1]:
-            starts.append(starts[-1] + n)
+        starts = batch.starts()
         h = self.model.embed_tokens(input_ids)
         block = c.attn_res_block_size
         if block is None:
@@ -237,8 +224,7 @@ class KimiK3ForCausalLM(nn.Module):
                 self.model.output_attn_res_norm, self.model.output_attn_res_proj
             )
             y = state.read(out_score, eps, self.model.norm)
-        for cache, n in zip(batch.caches, batch.seq_lens):
-            cache.num_tokens += n
+        batch.advance()
         logits = self.lm_head(y).float()
         return logits if c.logit_scale == 1.0 else logits * c.logit_scale
 
@@ -249,39 +235,3 @@ class KimiK3ForCausalLM(nn.Module):
             h = h + layer.attention(layer.input_layernorm(h), starts, batch)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.model.norm(h)
-
-    def prefill(self, input_ids: Tensor, cache: KimiK3RequestCache) -> Tensor:
-        """Append ``input_ids [n]`` to one request; logits of those tokens ``[n, V]``."""
-        start = len(cache)
-        positions = torch.arange(start, start + input_ids.shape[0], device=input_ids.device)
-        return self.forward(input_ids, positions, KimiK3Batch([input_ids.shape[0]], [cache]))
-
-    def decode(self, input_ids: Tensor, caches: Sequence[KimiK3RequestCache]) -> Tensor:
-        """One new token per request: ``input_ids [B]`` -> logits ``[B, V]``."""
-        positions = torch.tensor(
-            [len(cc) for cc in caches], dtype=torch.long, device=input_ids.device
-        )
-        return self.forward(input_ids, positions, KimiK3Batch([1] * len(caches), list(caches)))
-
-    def _check_batch(self, input_ids: Tensor, positions: Tensor, batch: KimiK3Batch) -> None:
-        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
-            raise ValueError(
-                f"input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} must be [T]"
-            )
-        if any(n < 0 for n in batch.seq_lens):
-            raise ValueError(f"negative sequence length in {list(batch.seq_lens)}")
-        if sum(batch.seq_lens) != input_ids.shape[0]:
-            raise ValueError(
-                f"sequence lengths {list(batch.seq_lens)} do not sum to {input_ids.shape[0]} rows"
-            )
-        if positions.is_cuda:
-            return  # the check below reads positions back to the host
-        start = 0
-        for n, cache in zip(batch.seq_lens, batch.caches):
-            want = torch.arange(len(cache), len(cache) + n, dtype=positions.dtype)
-            if not torch.equal(positions[start : start + n].cpu(), want):
-                raise ValueError(
-                    f"positions of a request must continue its cache ({len(cache)} tokens cached): "
-                    f"got {positions[start : start + n].tolist()[:8]}..."
-                )
-            start += n

@@ -10,24 +10,19 @@ is MLA.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sglang.srt.layers.activation import SITU_BETA, SITU_LINEAR_BETA, Activation
 from sglang.srt.mem_cache.kimi_k3_cache import LayerKind
+from sglang.srt.models.config_common import ConfigError, JsonModelConfig, required
 
 _TEXT_MODEL_TYPES = ("kimi_linear", "kimi_k3")
 
 
-class ConfigError(ValueError):
-    """config.json describes something this implementation does not support, or is inconsistent."""
-
-
 @dataclass(frozen=True)
-class KimiK3Config:
+class KimiK3Config(JsonModelConfig):
     vocab_size: int
     hidden_size: int
     num_hidden_layers: int
@@ -133,13 +128,6 @@ class KimiK3Config:
     # --- parsing -------------------------------------------------------------------------------
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike[str]) -> KimiK3Config:
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
-
-    @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> KimiK3Config:
         d = dict(raw)
         quant = d.get("quantization_config")
@@ -151,9 +139,9 @@ class KimiK3Config:
             raise ConfigError(
                 f"model_type {model_type!r} is not a Kimi K3 text config ({_TEXT_MODEL_TYPES})"
             )
-        n = int(_req(d, "num_hidden_layers"))
+        n = int(required(d, "num_hidden_layers"))
         lin = d.get("linear_attn_config") or {}
-        heads = int(_req(d, "num_attention_heads"))
+        heads = int(required(d, "num_attention_heads"))
         kv_heads = d.get("num_key_value_heads") or heads
         if kv_heads != heads:
             raise ConfigError(
@@ -167,11 +155,11 @@ class KimiK3Config:
         if not d.get("use_grouped_topk", True) or groups in (None, 1):
             groups = kept = None  # one group is a no-op
         return cls(
-            vocab_size=int(_req(d, "vocab_size")),
-            hidden_size=int(_req(d, "hidden_size")),
+            vocab_size=int(required(d, "vocab_size")),
+            hidden_size=int(required(d, "hidden_size")),
             num_hidden_layers=n,
             layer_kinds=_parse_layer_kinds(lin, n),
-            intermediate_size=int(_req(d, "intermediate_size")),
+            intermediate_size=int(required(d, "intermediate_size")),
             hidden_act=act,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
             num_attention_heads=heads,
@@ -210,12 +198,6 @@ class KimiK3Config:
             expert_quant_format=_parse_quant(quant),
             extra=d,
         )
-
-
-def _req(d: Mapping[str, Any], key: str) -> Any:
-    if key not in d or d[key] is None:
-        raise ConfigError(f"config.json lacks the required key {key!r}")
-    return d[key]
 
 
 def _opt_float(v: Any) -> float | None:

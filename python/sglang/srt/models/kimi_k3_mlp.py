@@ -7,13 +7,11 @@ the caller (a replicated MLP under expert parallelism needs none either way).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
-from sglang.srt.layers.activation import Activation, act_and_mul
-from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
+from sglang.srt.layers.activation import Activation
+from sglang.srt.layers.mlp import gated_mlp_forward, gated_mlp_projections
 
 
 class KimiK3MLP(nn.Module):
@@ -30,19 +28,11 @@ class KimiK3MLP(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        col: dict[str, Any] = {
-            "params_dtype": params_dtype,
-            "tp_rank": tp_rank,
-            "tp_size": tp_size,
-            "device": device,
-        }
-        self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, **col)
-        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, **col)
-        self.down_proj = RowParallelLinear(
-            intermediate_size, hidden_size, reduce_results=reduce_results, **col
-        )
+        self.gate_proj, self.up_proj, self.down_proj = gated_mlp_projections(
+            hidden_size, intermediate_size, reduce_results=reduce_results, params_dtype=params_dtype,
+            tp_rank=tp_rank, tp_size=tp_size, device=device,
+        )  # fmt: skip
         self.activation: Activation = activation
 
     def forward(self, x: Tensor) -> Tensor:
-        gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
-        return self.down_proj(act_and_mul(gate_up, self.activation))
+        return gated_mlp_forward(x, self.gate_proj, self.up_proj, self.down_proj, self.activation)

@@ -23,13 +23,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sglang.srt.layers.activation import SITU_BETA, SITU_LINEAR_BETA
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ReplicatedLinear, attach_loader, default_weight_loader
+from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.moe.layer import A2ABackend, FusedMoE, FusedMoEConfig
+from sglang.srt.layers.moe.router import LinearRouter
 from sglang.srt.layers.moe.topk import TopKConfig, TopKOutput, select_experts
 from sglang.srt.models.kimi_k3_config import ConfigError, KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
@@ -40,7 +40,7 @@ _MEGA_LATENT_MULTIPLE = 512
 _MEGA_INTERMEDIATE_MULTIPLE = 128
 
 
-class KimiK3Router(nn.Module):
+class KimiK3Router(LinearRouter):
     """``weight [E, H]`` (model dtype) and, for ``noaux_tc``, ``e_score_correction_bias [E]``
     (fp32, steers selection only)."""
 
@@ -48,22 +48,10 @@ class KimiK3Router(nn.Module):
         self, hidden_size: int, num_experts: int, *, with_bias: bool, params_dtype: torch.dtype,
         device: torch.device | str | None = None,
     ) -> None:  # fmt: skip
-        super().__init__()
-        w = nn.Parameter(
-            torch.empty(num_experts, hidden_size, dtype=params_dtype, device=device),
-            requires_grad=False,
-        )
-        self.weight = attach_loader(w, default_weight_loader)
+        super().__init__(hidden_size, num_experts, params_dtype=params_dtype, device=device)
         self.e_score_correction_bias: nn.Parameter | None = None
         if with_bias:
-            b = nn.Parameter(
-                torch.zeros(num_experts, dtype=torch.float32, device=device), requires_grad=False
-            )
-            self.e_score_correction_bias = attach_loader(b, default_weight_loader)
-
-    def logits(self, x: Tensor) -> Tensor:
-        """fp32 router logits ``[T, E]``: near-tied experts are decided in fp32."""
-        return F.linear(x.float(), self.weight.float())
+            self.e_score_correction_bias = fp32_param(num_experts, device=device)
 
 
 class KimiK3MoE(nn.Module):

@@ -30,8 +30,7 @@ from sglang.srt.layers.linear import (
     ColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
-    WeightShapeError,
-    attach_loader,
+    dim0_sharded_param,
 )
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
 from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4LayerCache
@@ -109,10 +108,9 @@ class DeepseekV4Attention(nn.Module):
         self.wo_b = RowParallelLinear(
             c.o_groups * c.o_lora_rank, h, tp_rank=tp_rank, tp_size=tp_size, **dt
         )
-        sink = nn.Parameter(
-            torch.zeros(self.n_local_heads, dtype=torch.float32, device=device), requires_grad=False
+        self.attn_sink = dim0_sharded_param(
+            (c.num_attention_heads,), tp_rank=tp_rank, tp_size=tp_size, device=device
         )
-        self.attn_sink = attach_loader(sink, self._load_sink)
         self.rotary = InterleavedRotaryEmbedding(c.rope_for_layer(layer_id), device=device)
 
         self.compressor: KVCompressor | None = None
@@ -126,14 +124,6 @@ class DeepseekV4Attention(nn.Module):
                 hidden_size=h, q_lora_rank=c.q_lora_rank, n_heads=c.index_n_heads, head_dim=c.index_head_dim,
                 ratio=self.ratio, topk=c.index_topk, rms_eps=c.rms_norm_eps, **dt,
             )  # fmt: skip
-
-    def _load_sink(self, param: nn.Parameter, full: torch.Tensor) -> None:
-        want = (self.n_local_heads * self.tp_size,)
-        if tuple(full.shape) != want:
-            raise WeightShapeError(f"expected shape {want}, got {tuple(full.shape)}")
-        lo = self.tp_rank * self.n_local_heads
-        with torch.no_grad():
-            param.copy_(full[lo : lo + self.n_local_heads].float())
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, segments: list[AttnSegment]

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ReplicatedLinear, attach_loader, default_weight_loader
+from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
 from sglang.srt.mem_cache.compressor_state import CompressorState
 
@@ -42,10 +42,7 @@ class KVCompressor(nn.Module):
         width = (2 if overlap else 1) * dim
         self.wkv = ReplicatedLinear(hidden_size, width, params_dtype=params_dtype, device=device)
         self.wgate = ReplicatedLinear(hidden_size, width, params_dtype=params_dtype, device=device)
-        ape = nn.Parameter(
-            torch.zeros(ratio, width, dtype=torch.float32, device=device), requires_grad=False
-        )
-        self.ape = attach_loader(ape, default_weight_loader)
+        self.ape = fp32_param(ratio, width, device=device)
         self.norm = RMSNorm(dim, rms_eps, device=device)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

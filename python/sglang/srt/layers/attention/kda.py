@@ -30,10 +30,16 @@ from torch import Tensor, nn
 from sglang.srt.layers.attention.kda_chunk import DEFAULT_CHUNK_SIZE, kda_chunked
 from sglang.srt.layers.attention.kda_conv import causal_conv_decode, causal_conv_prefill
 from sglang.srt.layers.attention.kda_gate import kda_beta, kda_forget_gate, l2norm
-from sglang.srt.layers.attention.kda_params import ShortConvWeight, a_log_param, dim0_sharded_param
+from sglang.srt.layers.attention.kda_params import ShortConvWeight, a_log_param
 from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.linear import (
+    ColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+    dim0_sharded_param,
+    heads_per_rank,
+)
 from sglang.srt.mem_cache.kimi_k3_cache import KDAState
 
 # K3 builds o_norm without an eps argument, so it keeps this value whatever rms_norm_eps is.
@@ -86,12 +92,8 @@ class KimiDeltaAttention(nn.Module):
     ) -> None:
         super().__init__()
         c = config
-        if c.num_heads % tp_size:
-            raise ValueError(
-                f"{c.num_heads} KDA heads are not divisible by the tensor-parallel size {tp_size}"
-            )
         self.config = c
-        self.local_heads = c.num_heads // tp_size
+        self.local_heads = heads_per_rank(c.num_heads, tp_size, "KDA")
         width = c.num_heads * c.head_dim
         col: dict[str, Any] = {
             "params_dtype": params_dtype,

@@ -12,35 +12,16 @@ import logging
 import torch
 from torch import nn
 
-from sglang.srt.layers.linear import WeightShapeError, attach_loader
+from sglang.srt.layers.linear import (
+    WeightShapeError,
+    dim0_sharded_param,
+    frozen_param,
+    heads_per_rank,
+    tp_slice,
+)
 from sglang.srt.utils.log import get_logger, log_once
 
 logger = get_logger(__name__)
-
-
-def _slice_dim0(full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
-    part = full.shape[0] // tp_size
-    return full[tp_rank * part : (tp_rank + 1) * part]
-
-
-def dim0_sharded_param(
-    full_shape: tuple[int, ...], *, tp_rank: int, tp_size: int, device: torch.device | str | None
-) -> nn.Parameter:
-    """An fp32 parameter holding this rank's ``1/tp`` of dim 0; the loader takes the full tensor."""
-    if full_shape[0] % tp_size:
-        raise ValueError(
-            f"dim 0 of {full_shape} is not divisible by the tensor-parallel size {tp_size}"
-        )
-    local = (full_shape[0] // tp_size, *full_shape[1:])
-    p = nn.Parameter(torch.zeros(local, dtype=torch.float32, device=device), requires_grad=False)
-
-    def load(param: nn.Parameter, full: torch.Tensor) -> None:
-        if tuple(full.shape) != full_shape:
-            raise WeightShapeError(f"expected shape {full_shape}, got {tuple(full.shape)}")
-        with torch.no_grad():
-            param.copy_(_slice_dim0(full, tp_rank, tp_size).to(param.dtype))
-
-    return attach_loader(p, load)
 
 
 class ShortConvWeight(nn.Module):
@@ -69,13 +50,7 @@ def a_log_param(
     ``[1, 1, H, 1]`` (Kimi Linear / fla), and a longer vector ``[N > H]``: the released K3
     checkpoint stores ``[head_dim]`` for 96 heads and SGLang uses its first ``H`` entries per head
     (open question 1 of the design notes); we do the same and say so once."""
-    if num_heads % tp_size:
-        raise ValueError(
-            f"{num_heads} KDA heads are not divisible by the tensor-parallel size {tp_size}"
-        )
-    p = nn.Parameter(
-        torch.zeros(num_heads // tp_size, dtype=torch.float32, device=device), requires_grad=False
-    )
+    local_heads = heads_per_rank(num_heads, tp_size, "KDA")
 
     def load(param: nn.Parameter, full: torch.Tensor) -> None:
         flat = (
@@ -95,6 +70,6 @@ def a_log_param(
             )
             flat = flat[:num_heads]
         with torch.no_grad():
-            param.copy_(_slice_dim0(flat, tp_rank, tp_size).to(param.dtype))
+            param.copy_(tp_slice(flat, 0, tp_rank, tp_size).to(param.dtype))
 
-    return attach_loader(p, load)
+    return frozen_param(torch.zeros(local_heads, dtype=torch.float32, device=device), load)

@@ -31,7 +31,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.linear import (
+    ColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+    heads_per_rank,
+)
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 
 
@@ -74,12 +79,8 @@ class MLANoPEAttention(nn.Module):
     ) -> None:
         super().__init__()
         c = config
-        if c.num_heads % tp_size:
-            raise ValueError(
-                f"{c.num_heads} MLA heads are not divisible by the tensor-parallel size {tp_size}"
-            )
         self.config = c
-        self.local_heads = c.num_heads // tp_size
+        self.local_heads = heads_per_rank(c.num_heads, tp_size, "MLA")
         self.scale = c.qk_head_dim**-0.5
         col: dict[str, Any] = {
             "params_dtype": params_dtype,

@@ -1,0 +1,108 @@
+"""The request batching that DeepSeek V4 and Kimi K3 share as causal LMs over per-request caches.
+
+A forward runs a batch of requests, each with its own cache, rows in request order; it extends
+every cache in place, so a request's positions must continue its cache. ``prefill`` (one request,
+any number of tokens) and ``decode`` (one token for each of many requests) are such batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar, cast
+
+import torch
+from torch import Tensor, nn
+
+from sglang.srt.mem_cache.request_cache import RequestCache
+
+CacheT = TypeVar("CacheT", bound=RequestCache[Any])
+BatchT = TypeVar("BatchT", bound="RequestBatch[Any]")
+
+
+@dataclass(frozen=True)
+class RequestBatch(Generic[CacheT]):
+    """The requests of one forward, in row order: ``seq_lens[i]`` new tokens for ``caches[i]``."""
+
+    seq_lens: Sequence[int]
+    caches: Sequence[CacheT]
+
+    def __post_init__(self) -> None:
+        if len(self.seq_lens) != len(self.caches):
+            raise ValueError(f"{len(self.seq_lens)} sequence lengths for {len(self.caches)} caches")
+
+    def starts(self) -> list[int]:
+        """The first row of each request."""
+        starts = [0]
+        for n in self.seq_lens[:-1]:
+            starts.append(starts[-1] + n)
+        return starts[: len(self.seq_lens)]
+
+    def advance(self) -> None:
+        """Count the forward's new tokens into each request's cache (after every layer ran)."""
+        for cache, n in zip(self.caches, self.seq_lens):
+            cache.num_tokens += n
+
+
+def check_batch(input_ids: Tensor, positions: Tensor, batch: RequestBatch[Any]) -> None:
+    if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} must be [T]"
+        )
+    if any(n < 0 for n in batch.seq_lens):
+        raise ValueError(f"negative sequence length in {list(batch.seq_lens)}")
+    if sum(batch.seq_lens) != input_ids.shape[0]:
+        raise ValueError(
+            f"sequence lengths {list(batch.seq_lens)} do not sum to {input_ids.shape[0]} rows"
+        )
+    if positions.is_cuda:
+        return  # the check below reads positions back to the host
+    start = 0
+    for n, cache in zip(batch.seq_lens, batch.caches):
+        want = torch.arange(len(cache), len(cache) + n, dtype=positions.dtype)
+        if not torch.equal(positions[start : start + n].cpu(), want):
+            raise ValueError(
+                f"positions of a request must continue its cache ({len(cache)} tokens cached): "
+                f"got {positions[start : start + n].tolist()[:8]}..."
+            )
+        start += n
+
+
+class CachedCausalLM(nn.Module, Generic[CacheT]):
+    """Base of a model whose ``forward(input_ids, positions, batch=None)`` returns logits
+    ``[T, V]`` for a :class:`RequestBatch`; subclasses set ``batch_type`` and implement
+    ``new_request_cache``."""
+
+    batch_type: ClassVar[type[RequestBatch[Any]]]
+
+    def __init__(
+        self, *, dtype: torch.dtype, device: torch.device | str, tp_rank: int, tp_size: int
+    ) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+
+    def new_request_cache(self) -> CacheT:
+        raise NotImplementedError
+
+    def _checked_batch(self, input_ids: Tensor, positions: Tensor, batch: BatchT | None) -> BatchT:
+        """``batch`` once checked against the rows; without one, the rows are one whole request
+        from position 0 (a throw-away cache)."""
+        if batch is None:
+            batch = cast(BatchT, self.batch_type([input_ids.shape[0]], [self.new_request_cache()]))
+        check_batch(input_ids, positions, batch)
+        return batch
+
+    def prefill(self, input_ids: Tensor, cache: CacheT) -> Tensor:
+        """Append ``input_ids [n]`` to one request; logits of those tokens ``[n, V]``."""
+        start = len(cache)
+        positions = torch.arange(start, start + input_ids.shape[0], device=input_ids.device)
+        return self.forward(input_ids, positions, self.batch_type([input_ids.shape[0]], [cache]))
+
+    def decode(self, input_ids: Tensor, caches: Sequence[CacheT]) -> Tensor:
+        """One new token per request: ``input_ids [B]`` -> logits ``[B, V]``."""
+        positions = torch.tensor(
+            [len(cc) for cc in caches], dtype=torch.long, device=input_ids.device
+        )
+        return self.forward(input_ids, positions, self.batch_type([1] * len(caches), list(caches)))

@@ -1,0 +1,89 @@
+"""An MoE layer's MegaMoE path driven against the fake DeepGEMM, with its traffic recorded.
+
+The model tests (DeepSeek V4's and Kimi K3's MoE blocks) check the same things about this path:
+the order of DeepGEMM calls around the reserved-SM context, what the pre-dispatch staged, and
+which all-reduces ran. :func:`install_fake_mega_moe` patches the engine onto a fake DeepGEMM and
+an in-process "expert-parallel group" and returns the recorder those checks read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sglang.srt.environ import envs
+from sglang.srt.layers.moe import layer as moe_layer_mod
+from sglang.srt.layers.moe import mega_moe
+from sglang.srt.utils.device import DeviceSMInfo
+from sglang.test.fake_deep_gemm import FakeDeepGemmGemms
+
+if TYPE_CHECKING:
+    import pytest
+
+# What ``set_mega_weights`` needs to mark a layer ready; the fake kernel never reads it.
+DUMMY_MEGA_WEIGHTS = ((torch.empty(0), torch.empty(0)), (torch.empty(0), torch.empty(0)))
+
+_NUM_SMS = 132
+
+# One MegaMoE forward on that device, as :meth:`MegaMoERecorder.call_order` lists it.
+MEGA_CALL_ORDER: list[tuple[str, int]] = [
+    ("set_num_sms", 130),  # the buffer is made inside the reserved-SM context
+    ("get_symm_buffer_for_mega_moe", 130),
+    ("set_num_sms", 132),
+    ("pre_dispatch", 132),  # staged on the full SM count, outside the context
+    ("set_num_sms", 130),
+    ("fp8_fp4_mega_moe", 130),  # only the kernel runs narrowed
+    ("set_num_sms", 132),
+]
+
+
+class MegaMoERecorder:
+    def __init__(self, dg: FakeDeepGemmGemms) -> None:
+        self.dg = dg
+        self.all_reduces: list[torch.Tensor] = []
+        self.staged: list[tuple[torch.Tensor, Any]] = []  # (rows handed over, symmetric buffer)
+
+    def call_order(self) -> list[tuple[str, Any]]:
+        """DeepGEMM's calls as ``(name, SM count at the call)``."""
+        return [(n, v[0] if n == "fp8_fp4_mega_moe" else v) for n, v in self.dg.calls]
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        self.all_reduces.append(x.clone())
+        return x  # other ranks' partial sums are added by the test itself
+
+    def pre_dispatch(self, original: Callable[..., None]) -> Callable[..., None]:
+        def spy(
+            x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, buf: Any, **kw: Any
+        ) -> None:
+            self.dg._record("pre_dispatch", self.dg.get_num_sms())
+            self.staged.append((x.clone(), buf))
+            original(x, ids, weights, buf, **kw)
+
+        return spy
+
+
+def install_fake_mega_moe(
+    monkeypatch: pytest.MonkeyPatch, *, cap: int, all_reduce_modules: Sequence[ModuleType] = ()
+) -> MegaMoERecorder:
+    """A fake DeepGEMM on a 132-SM sm_100 device, MegaMoE buffers of ``cap`` rows a rank, the
+    pre-dispatch spied on, and ``tensor_model_parallel_all_reduce`` recorded in FusedMoE and in
+    ``all_reduce_modules``."""
+    monkeypatch.setenv(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.name, str(cap))
+    monkeypatch.delenv(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.name, raising=False)
+    mega_moe.clear_mega_moe_symm_buffers()
+    dg = FakeDeepGemmGemms(num_sms=_NUM_SMS)
+    rec = MegaMoERecorder(dg)
+    monkeypatch.setattr(moe_layer_mod, "get_deep_gemm", lambda: dg)
+    monkeypatch.setattr(moe_layer_mod, "get_tp_group_or_none", lambda: "ep-group")
+    monkeypatch.setattr(
+        mega_moe, "device_sm_info", lambda device=None: DeviceSMInfo(0, _NUM_SMS, (10, 0))
+    )
+    monkeypatch.setattr(
+        mega_moe, "mega_moe_pre_dispatch", rec.pre_dispatch(mega_moe.mega_moe_pre_dispatch)
+    )
+    for mod in (moe_layer_mod, *all_reduce_modules):
+        monkeypatch.setattr(mod, "tensor_model_parallel_all_reduce", rec.all_reduce)
+    return rec

@@ -125,20 +125,14 @@ class ServerArgs:
 
         _check(self.tp_size >= 1, f"--tp-size must be >= 1, got {self.tp_size}")
         _check(1 <= self.port <= 65535, f"--port must be in 1..65535, got {self.port}")
-        _check(self.dtype in DTYPE_CHOICES, f"--dtype must be one of {DTYPE_CHOICES}")
-        _check(self.device in DEVICE_CHOICES, f"--device must be one of {DEVICE_CHOICES}")
-        _check(
-            self.log_level in LOG_LEVEL_CHOICES, f"--log-level must be one of {LOG_LEVEL_CHOICES}"
-        )
-        _check(
-            self.moe_a2a_backend in A2A_CHOICES,
-            f"--moe-a2a-backend must be one of {A2A_CHOICES}, got {self.moe_a2a_backend!r}",
-        )
-        runners = moe_runner_choices()
-        _check(
-            self.moe_runner_backend in runners,
-            f"--moe-runner-backend must be one of {runners}, got {self.moe_runner_backend!r}",
-        )
+        for choice_flag, choice, choices in (
+            ("--dtype", self.dtype, DTYPE_CHOICES),
+            ("--device", self.device, DEVICE_CHOICES),
+            ("--log-level", self.log_level, LOG_LEVEL_CHOICES),
+            ("--moe-a2a-backend", self.moe_a2a_backend, A2A_CHOICES),
+            ("--moe-runner-backend", self.moe_runner_backend, moe_runner_choices()),
+        ):
+            _check(choice in choices, f"{choice_flag} must be one of {choices}, got {choice!r}")
         for flag, value in (
             ("--max-running-requests", self.max_running_requests),
             ("--max-total-tokens", self.max_total_tokens),
@@ -220,90 +214,104 @@ def _check(ok: bool, message: str) -> None:
 # --- command line ----------------------------------------------------------------------------
 
 
-def _add_bool(parser: argparse.ArgumentParser, flag: str, help_text: str) -> None:
+_ArgGroup = argparse._ActionsContainer  # a parser or one of its argument groups
+
+
+def _add_bool(parser: _ArgGroup, flag: str, help_text: str) -> None:
     parser.add_argument(flag, action="store_true", help=help_text)
 
 
+def _add_option(
+    parser: _ArgGroup,
+    flag: str,
+    value_type: type,
+    help_text: str,
+    choices: Sequence[str] | None = None,
+) -> None:
+    """``--some-flag`` with the type given, defaulting to ServerArgs' ``some_flag`` field."""
+    default = getattr(ServerArgs(), flag.removeprefix("--").replace("-", "_"))
+    parser.add_argument(flag, type=value_type, default=default, choices=choices, help=help_text)
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    d = ServerArgs()
     g = parser.add_argument_group("model")
-    g.add_argument(
+    _add_option(
+        g,
         "--model-path",
-        type=str,
-        default=d.model_path,
-        help="Local directory with config.json and *.safetensors (a DeepSeek V4 checkpoint). "
+        str,
+        "Local directory with config.json and *.safetensors (a DeepSeek V4 checkpoint). "
         "Omitted: the built-in default model, a tiny random-weight DeepSeek V4 that produces "
         "gibberish and exists to exercise the engine (generated in seconds, no download).",
     )
-    g.add_argument(
+    _add_option(
+        g,
         "--tokenizer-path",
-        type=str,
-        default=d.tokenizer_path,
-        help="Directory with tokenizer.json (and tokenizer_config.json). Default: --model-path.",
+        str,
+        "Directory with tokenizer.json (and tokenizer_config.json). Default: --model-path.",
     )
-    g.add_argument(
+    _add_option(
+        g,
         "--served-model-name",
-        type=str,
-        default=d.served_model_name,
-        help="Model name reported by /v1/models and in responses. Default: the model path.",
+        str,
+        "Model name reported by /v1/models and in responses. Default: the model path.",
     )
     _add_bool(
         g,
         "--skip-tokenizer-init",
         "Load no tokenizer: requests must send token ids (input_ids) and responses carry ids only.",
     )
-    g.add_argument(
+    _add_option(
+        g,
         "--context-length",
-        type=int,
-        default=d.context_length,
-        help="Longest prompt plus output in tokens. Default: the model's max_position_embeddings.",
+        int,
+        "Longest prompt plus output in tokens. Default: the model's max_position_embeddings.",
     )
     g = parser.add_argument_group("runtime")
-    g.add_argument(
+    _add_option(
+        g,
         "--dtype",
-        type=str,
-        default=d.dtype,
-        choices=DTYPE_CHOICES,
-        help="Weight and activation dtype. auto: bfloat16 on CUDA, float32 on CPU.",
+        str,
+        "Weight and activation dtype. auto: bfloat16 on CUDA, float32 on CPU.",
+        DTYPE_CHOICES,
     )
-    g.add_argument(
+    _add_option(
+        g,
         "--device",
-        type=str,
-        default=d.device,
-        choices=DEVICE_CHOICES,
-        help="Where the model runs. Default: cuda when a GPU is visible, else cpu.",
+        str,
+        "Where the model runs. Default: cuda when a GPU is visible, else cpu.",
+        DEVICE_CHOICES,
     )
     g.add_argument(
         "--tp-size",
         "--tp",
         dest="tp_size",
         type=int,
-        default=d.tp_size,
+        default=ServerArgs().tp_size,
         help="Tensor-parallel ranks: one scheduler/model worker process each (NCCL on GPU, gloo "
         "on CPU); rank 0 schedules and broadcasts every batch.",
     )
-    g.add_argument(
+    _add_option(
+        g,
         "--random-seed",
-        type=int,
-        default=d.random_seed,
-        help="Seed of the sampler for requests that give no seed. Default: random.",
+        int,
+        "Seed of the sampler for requests that give no seed. Default: random.",
     )
     g = parser.add_argument_group("MoE and communication")
-    g.add_argument(
+    _add_option(
+        g,
         "--moe-runner-backend",
-        type=str,
-        default=d.moe_runner_backend,
-        choices=moe_runner_choices(),
-        help="Routed-expert kernels. auto: triton on CUDA, torch on CPU.",
+        str,
+        "Routed-expert kernels. auto: triton on CUDA, torch on CPU.",
+        moe_runner_choices(),
     )
-    g.add_argument(
+    _add_option(
+        g,
         "--moe-a2a-backend",
-        type=str,
-        default=d.moe_a2a_backend,
-        choices=A2A_CHOICES,
-        help="none: experts tensor-parallel with one all-reduce. megamoe: experts "
+        str,
+        "none: experts tensor-parallel with one all-reduce. megamoe: experts "
         "expert-parallel through DeepGEMM's fused MegaMoE kernel on a reserved-SM budget (falls "
         "back to the runner plus all-reduce where the kernel cannot run).",
+        A2A_CHOICES,
     )
     _add_bool(
         g,
@@ -317,57 +325,57 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "Run decode eagerly. (This engine's DeepSeek V4 path runs eagerly in any case today: its "
         "per-request caches are not graph-capturable; the flag is accepted for compatibility.)",
     )
-    g.add_argument(
+    _add_option(
+        g,
         "--cuda-graph-max-bs",
-        type=int,
-        default=d.cuda_graph_max_bs,
-        help="Largest decode batch size to capture in CUDA graphs (when graphs are available).",
+        int,
+        "Largest decode batch size to capture in CUDA graphs (when graphs are available).",
     )
     g = parser.add_argument_group("scheduling and memory")
-    g.add_argument(
+    _add_option(
+        g,
         "--max-running-requests",
-        type=int,
-        default=d.max_running_requests,
-        help="Requests decoded together at most; more wait in the queue. Default: 256 on CUDA, "
+        int,
+        "Requests decoded together at most; more wait in the queue. Default: 256 on CUDA, "
         "32 on CPU.",
     )
-    g.add_argument(
+    _add_option(
+        g,
         "--max-total-tokens",
-        type=int,
-        default=d.max_total_tokens,
-        help="Token budget of all running requests together (prompt + max new tokens each, "
+        int,
+        "Token budget of all running requests together (prompt + max new tokens each, "
         "reserved on admission). A request that would exceed it waits; one that can never fit "
         "is rejected. Default: from free GPU memory on CUDA, context length x "
         "max running requests on CPU.",
     )
-    g.add_argument(
+    _add_option(
+        g,
         "--chunked-prefill-size",
-        type=int,
-        default=d.chunked_prefill_size,
-        help="Prompt tokens prefilled per step at most; longer prompts are split across steps, "
+        int,
+        "Prompt tokens prefilled per step at most; longer prompts are split across steps, "
         "mixed with running decodes. -1 turns chunking off. Default: 8192 on CUDA, 512 on CPU.",
     )
-    g.add_argument(
+    _add_option(
+        g,
         "--mem-fraction-static",
-        type=float,
-        default=d.mem_fraction_static,
-        help="Fraction of GPU memory the weights and request caches may use together (sizes the "
+        float,
+        "Fraction of GPU memory the weights and request caches may use together (sizes the "
         "default --max-total-tokens on CUDA).",
     )
     g = parser.add_argument_group("HTTP server")
-    g.add_argument("--host", type=str, default=d.host, help="Address to listen on.")
-    g.add_argument("--port", type=int, default=d.port, help="Port to listen on.")
+    _add_option(g, "--host", str, "Address to listen on.")
+    _add_option(g, "--port", int, "Port to listen on.")
     _add_bool(
         g,
         "--enable-metrics",
         "Serve Prometheus metrics at /metrics (requests, tokens, queue, latencies).",
     )
-    g.add_argument(
+    _add_option(
+        g,
         "--log-level",
-        type=str,
-        default=d.log_level,
-        choices=LOG_LEVEL_CHOICES,
-        help="Logging level of the server and the scheduler processes.",
+        str,
+        "Logging level of the server and the scheduler processes.",
+        LOG_LEVEL_CHOICES,
     )
 
 

@@ -33,18 +33,26 @@ def _globaltimer_ns():
     )
 
 
+@triton.jit
+def _poll_count(count_ptr, want, timeout_ns):
+    # Acquire-read the counter until it reaches ``want`` or ``timeout_ns`` has passed; returns the
+    # last value read (below ``want`` means the wait gave up).
+    start = _globaltimer_ns()
+    seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+    elapsed = _globaltimer_ns() - start
+    while (seen < want) & (elapsed < timeout_ns):
+        seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+        elapsed = _globaltimer_ns() - start
+    return seen
+
+
 @triton.jit(do_not_specialize=["timeout_ns"])
 def _grid_barrier_kernel(ids_ptr, out_ptr, counter_ptr, status_ptr, timeout_ns):
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     tl.store(ids_ptr + pid, pid)
     tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-    start = _globaltimer_ns()
-    arrived = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    elapsed = _globaltimer_ns() - start
-    while (arrived < grid) & (elapsed < timeout_ns):
-        arrived = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        elapsed = _globaltimer_ns() - start
+    arrived = _poll_count(counter_ptr, grid, timeout_ns)
     if arrived < grid:
         tl.atomic_max(status_ptr, 1)  # report, then leave: the launch must end
         tl.store(out_ptr + pid, -1)
@@ -66,12 +74,7 @@ def _hold_slot_kernel(started_ptr, hold_ns):
 @triton.jit(do_not_specialize=["want", "timeout_ns"])
 def _wait_count_kernel(count_ptr, want, timeout_ns):
     """Stream-order the next launch after ``count >= want`` (bounded, never hangs)."""
-    start = _globaltimer_ns()
-    seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
-    elapsed = _globaltimer_ns() - start
-    while (seen < want) & (elapsed < timeout_ns):
-        seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
-        elapsed = _globaltimer_ns() - start
+    _poll_count(count_ptr, want, timeout_ns)
 
 
 def _compile_helpers(device: torch.device) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -42,6 +42,7 @@ logger = get_logger(__name__)
 
 T = TypeVar("T")
 B = TypeVar("B", bound=BaseModel)
+OpenAIBody = TypeVar("OpenAIBody", CompletionRequest, ChatCompletionRequest)
 _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
                 503: "ServiceUnavailableError"}  # fmt: skip
 
@@ -110,6 +111,20 @@ def _sse_response(events: AsyncIterator[str]) -> StreamingResponse:
     )
 
 
+async def _openai_response(
+    request: Request,
+    model: type[OpenAIBody],
+    stream: Callable[[OpenAIBody], Awaitable[AsyncIterator[str]]],
+    unary: Callable[[OpenAIBody], Awaitable[dict[str, Any]]],
+) -> Response:
+    """An OpenAI endpoint: server-sent events when the body asks to stream, else one JSON answer
+    whose generation is aborted if the client goes away first."""
+    body = await parse_body(request, model)
+    if body.stream:
+        return _sse_response(await stream(body))
+    return JSONResponse(await _until_done_or_disconnect(request, unary(body)))
+
+
 def _generate_requests(body: GenerateReqInput) -> list[GenerateRequest]:
     """Split a (possibly batched) /generate body into one request per prompt."""
     if body.text is not None and body.input_ids is not None:
@@ -168,12 +183,12 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     # --- errors ------------------------------------------------------------------------------
 
+    # FastAPI's request-model errors and pydantic's own (parse_body validates by hand) read alike.
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_response(list(exc.errors()))
-
     @app.exception_handler(ValidationError)
-    async def _pydantic_error(_: Request, exc: ValidationError) -> JSONResponse:
+    async def _validation_error(
+        _: Request, exc: RequestValidationError | ValidationError
+    ) -> JSONResponse:
         return _validation_response(list(exc.errors()))
 
     @app.exception_handler(RequestError)
@@ -299,17 +314,15 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await parse_body(request, CompletionRequest)
-        if body.stream:
-            return _sse_response(await openai.completions_stream(body))
-        return JSONResponse(await _until_done_or_disconnect(request, openai.completions(body)))
+        return await _openai_response(
+            request, CompletionRequest, openai.completions_stream, openai.completions
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await parse_body(request, ChatCompletionRequest)
-        if body.stream:
-            return _sse_response(await openai.chat_stream(body))
-        return JSONResponse(await _until_done_or_disconnect(request, openai.chat(body)))
+        return await _openai_response(
+            request, ChatCompletionRequest, openai.chat_stream, openai.chat
+        )
 
     return app
 

@@ -20,39 +20,41 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
+
+        # Every metric carries the model_name label and lives in this server's registry.
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
         self.requests = Counter(
             "sglang:num_requests", "Requests finished, by how they ended.",
             [*labels, "finish"], registry=r,
         )  # fmt: skip
-        self.prompt_tokens = Counter(
-            "sglang:prompt_tokens", "Prompt tokens of finished requests.", labels, registry=r
+        self.prompt_tokens = counter("sglang:prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter("sglang:generation_tokens", "Generated tokens.")
+        self.ttft = histogram(
+            "sglang:time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS
         )
-        self.generation_tokens = Counter(
-            "sglang:generation_tokens", "Generated tokens.", labels, registry=r
+        self.e2e = histogram(
+            "sglang:e2e_request_latency_seconds", "End-to-end request latency.", _LATENCY_BUCKETS
         )
-        self.ttft = Histogram(
-            "sglang:time_to_first_token_seconds", "Time to first token.", labels,
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.e2e = Histogram(
-            "sglang:e2e_request_latency_seconds", "End-to-end request latency.", labels,
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.itl = Histogram(
-            "sglang:inter_token_latency_seconds", "Time between consecutive outputs of a request.",
-            labels, buckets=_ITL_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.running = Gauge(
-            "sglang:num_running_reqs", "Requests admitted and running.", labels, registry=r
+        self.itl = histogram(
+            "sglang:inter_token_latency_seconds",
+            "Time between consecutive outputs of a request.",
+            _ITL_BUCKETS,
         )
-        self.queued = Gauge(
-            "sglang:num_queue_reqs", "Requests waiting for admission.", labels, registry=r
+        self.running = gauge("sglang:num_running_reqs", "Requests admitted and running.")
+        self.queued = gauge("sglang:num_queue_reqs", "Requests waiting for admission.")
+        self.token_usage = gauge(
+            "sglang:token_usage", "Reserved share of --max-total-tokens (0..1)."
         )
-        self.token_usage = Gauge(
-            "sglang:token_usage", "Reserved share of --max-total-tokens (0..1).", labels, registry=r
-        )
-        self.active_caches = Gauge(
-            "sglang:num_active_request_caches", "Per-request model caches held.", labels, registry=r
+        self.active_caches = gauge(
+            "sglang:num_active_request_caches", "Per-request model caches held."
         )
         self.labels = {"model_name": model_name}
 

@@ -35,19 +35,26 @@ class ModelEntry:
     make_batch: Callable[[Sequence[int], Sequence[Any]], Any]
 
 
+def _loader_kwargs(opts: LoadOptions) -> dict[str, Any]:
+    """The keyword arguments every ``load_<model>(path, ...)`` function takes from the options."""
+    return {
+        "dtype": opts.dtype,
+        "device": opts.device,
+        "tp_rank": opts.tp_rank,
+        "tp_size": opts.tp_size,
+        "moe_runner": opts.moe_runner,
+        "a2a_backend": opts.a2a_backend,
+        "progress": opts.tp_rank == 0,
+    }
+
+
+# Loaders and batch classes are imported on first use: importing this registry stays cheap.
+
+
 def _load_deepseek_v4(path: str, opts: LoadOptions) -> Any:
     from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
 
-    return load_deepseek_v4(
-        path,
-        dtype=opts.dtype,
-        device=opts.device,
-        tp_rank=opts.tp_rank,
-        tp_size=opts.tp_size,
-        moe_runner=opts.moe_runner,
-        a2a_backend=opts.a2a_backend,  # type: ignore[arg-type]
-        progress=opts.tp_rank == 0,
-    )
+    return load_deepseek_v4(path, **_loader_kwargs(opts))
 
 
 def _deepseek_v4_batch(seq_lens: Sequence[int], caches: Sequence[Any]) -> Any:
@@ -59,16 +66,7 @@ def _deepseek_v4_batch(seq_lens: Sequence[int], caches: Sequence[Any]) -> Any:
 def _load_kimi_k3(path: str, opts: LoadOptions) -> Any:
     from sglang.srt.model_loader.kimi_k3_loader import load_kimi_k3
 
-    return load_kimi_k3(
-        path,
-        dtype=opts.dtype,
-        device=opts.device,
-        tp_rank=opts.tp_rank,
-        tp_size=opts.tp_size,
-        moe_runner=opts.moe_runner,
-        a2a_backend=opts.a2a_backend,  # type: ignore[arg-type]
-        progress=opts.tp_rank == 0,
-    )
+    return load_kimi_k3(path, **_loader_kwargs(opts))
 
 
 def _kimi_k3_batch(seq_lens: Sequence[int], caches: Sequence[Any]) -> Any:

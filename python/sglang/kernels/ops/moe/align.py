@@ -18,11 +18,11 @@ stable order. Either order gives the same GEMM rows.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from sglang.kernels.ops.triton_dispatch import triton_can_run
 
 
 def padded_size(num_slots: int, block_m: int, num_experts: int) -> int:
@@ -158,8 +158,7 @@ def moe_align_block_size(
     ``TRITON_INTERPRET=1``), torch elsewhere."""
     if block_m <= 0 or num_experts <= 0:
         raise ValueError(f"block_m and num_experts must be positive, got {block_m}, {num_experts}")
-    use_triton = topk_ids.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-    if not use_triton:
+    if not triton_can_run(topk_ids):
         return moe_align_block_size_torch(topk_ids, block_m, num_experts)
     ids = topk_ids.reshape(-1)
     if ids.dtype != torch.int32 or not ids.is_contiguous():

@@ -17,8 +17,8 @@ the activations entering each GEMM are quantised per token per group of ``block_
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
@@ -27,6 +27,10 @@ import triton.language as tl
 from sglang.kernels.ops.activation import act_and_mul_reference, activation_code, gated_act
 from sglang.kernels.ops.moe.align import moe_align_block_size
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE, block_dequant_fp8, per_token_group_quant_fp8
+from sglang.kernels.ops.triton_dispatch import triton_can_run
+
+if TYPE_CHECKING:
+    from triton.runtime.jit import JITFunction
 
 # Bounds the intermediate caches ([chunk*k, I] and [chunk*k, H]) for very long prefills.
 CHUNK_TOKENS = 16 * 1024
@@ -109,6 +113,62 @@ def _tile_coords(num_m_blocks, n_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.conste
     return pid_m, pid_n
 
 
+# What both GEMMs do alike. @triton.jit helpers are inlined, so the kernels do exactly the work
+# they did when these lines were written out in each.
+
+
+@triton.jit
+def _tile_rows(pid_m, sorted_ids_ptr, num_slots, BLOCK_M: tl.constexpr):
+    # The tile's routed-row slots and which of them are real (padding slots are >= num_slots).
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slot = tl.load(sorted_ids_ptr + offs_m)
+    return slot, slot < num_slots
+
+
+@triton.jit
+def _w_scale_ptrs(w_scale_ptr, expert, rows, stride_wse, stride_wsn, SCALE_BLOCK_N: tl.constexpr):
+    # Block-scale row of each weight row (one fp32 scale per SCALE_BLOCK_N x SCALE_BLOCK_K tile).
+    return w_scale_ptr + expert * stride_wse + (rows // SCALE_BLOCK_N) * stride_wsn
+
+
+@triton.jit
+def _load_a(a_ptrs, row_ok, offs_k, k_left, EVEN_K: tl.constexpr):
+    # Activation tile [BLOCK_M, BLOCK_K]; with a ragged K the columns past k_left read 0.
+    if EVEN_K:
+        a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & (offs_k < k_left)[None, :], other=0.0)
+    return a
+
+
+@triton.jit
+def _load_w(w_ptrs, offs_k, k_left, EVEN_K: tl.constexpr):
+    # Weight tile [BLOCK_K, BLOCK_N] (rows wrapped in N, so only K needs a mask).
+    if EVEN_K:
+        w = tl.load(w_ptrs)
+    else:
+        w = tl.load(w_ptrs, mask=(offs_k < k_left)[:, None], other=0.0)
+    return w
+
+
+@triton.jit
+def _scaled_dot(acc, a, w, a_s, w_s):
+    # FP8: each K block's product is scaled by its activation-group and weight-block scales
+    # before it is added (the scales change from one K block to the next).
+    return acc + tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+
+
+@triton.jit
+def _store_tile(out_ptr, rows, offs_n, n_cols, row_ok, stride_om, stride_on, val):
+    # The tile in out's dtype; padding rows and the wrapped columns past n_cols are not written.
+    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(
+        out_ptrs,
+        val.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & (offs_n[None, :] < n_cols),
+    )
+
+
 @triton.jit
 def _moe_gemm1_kernel(
     a_ptr,
@@ -121,8 +181,8 @@ def _moe_gemm1_kernel(
     ntpp_ptr,
     num_slots,
     num_m_blocks,
-    inter,
-    hidden,
+    n_cols,  # I: gate columns; the up rows start I rows after the gate rows
+    k_dim,  # H
     top_k,
     stride_am,
     stride_ak,
@@ -148,48 +208,42 @@ def _moe_gemm1_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_coords(num_m_blocks, inter, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_coords(num_m_blocks, n_cols, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
         return
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     if expert < 0:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slot = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = slot < num_slots
+    slot, row_ok = _tile_rows(pid_m, sorted_ids_ptr, num_slots, BLOCK_M)
     a_row = (slot // top_k).to(tl.int64)  # every slot of a token reads the token's row
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ld = offs_n % inter  # wrap instead of masking the weight loads; the store masks
+    n_ld = offs_n % n_cols  # wrap instead of masking the weight loads; the store masks
     offs_k = tl.arange(0, BLOCK_K)
 
     a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :] * stride_ak
     g_ptrs = w_ptr + expert * stride_we + n_ld[None, :] * stride_wn + offs_k[:, None] * stride_wk
-    u_ptrs = g_ptrs + inter * stride_wn
+    u_ptrs = g_ptrs + n_cols * stride_wn
     if FP8:
         as_ptrs = a_scale_ptr + a_row * stride_asm
-        ws_base = w_scale_ptr + expert * stride_wse
-        gs_ptrs = ws_base + (n_ld // SCALE_BLOCK_N) * stride_wsn
-        us_ptrs = ws_base + ((n_ld + inter) // SCALE_BLOCK_N) * stride_wsn
+        gs_ptrs = _w_scale_ptrs(w_scale_ptr, expert, n_ld, stride_wse, stride_wsn, SCALE_BLOCK_N)
+        us_ptrs = _w_scale_ptrs(
+            w_scale_ptr, expert, n_ld + n_cols, stride_wse, stride_wsn, SCALE_BLOCK_N
+        )
 
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(tl.cdiv(hidden, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-            bg = tl.load(g_ptrs)
-            bu = tl.load(u_ptrs)
-        else:
-            k_ok = offs_k < hidden - kb * BLOCK_K
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            bg = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
-            bu = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
+    for kb in range(tl.cdiv(k_dim, BLOCK_K)):
+        k_left = k_dim - kb * BLOCK_K
+        a = _load_a(a_ptrs, row_ok, offs_k, k_left, EVEN_K)
+        bg = _load_w(g_ptrs, offs_k, k_left, EVEN_K)
+        bu = _load_w(u_ptrs, offs_k, k_left, EVEN_K)
         if FP8:
             ks = (kb * BLOCK_K) // SCALE_BLOCK_K
             a_s = tl.load(as_ptrs + ks * stride_ask, mask=row_ok, other=0.0)
             g_s = tl.load(gs_ptrs + ks * stride_wsk)
             u_s = tl.load(us_ptrs + ks * stride_wsk)
-            acc_g += tl.dot(a, bg) * (a_s[:, None] * g_s[None, :])
-            acc_u += tl.dot(a, bu) * (a_s[:, None] * u_s[None, :])
+            acc_g = _scaled_dot(acc_g, a, bg, a_s, g_s)
+            acc_u = _scaled_dot(acc_u, a, bu, a_s, u_s)
         else:
             acc_g = tl.dot(a, bg, acc_g)
             acc_u = tl.dot(a, bu, acc_u)
@@ -198,10 +252,7 @@ def _moe_gemm1_kernel(
         u_ptrs += BLOCK_K * stride_wk
 
     act = gated_act(acc_g, acc_u, limit, ACTIVATION, HAS_LIMIT)
-    out_ptrs = out_ptr + slot.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(
-        out_ptrs, act.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < inter)
-    )
+    _store_tile(out_ptr, slot.to(tl.int64), offs_n, n_cols, row_ok, stride_om, stride_on, act)
 
 
 @triton.jit
@@ -246,9 +297,7 @@ def _moe_gemm2_kernel(
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     if expert < 0:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slot = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = slot < num_slots
+    slot, row_ok = _tile_rows(pid_m, sorted_ids_ptr, num_slots, BLOCK_M)
     a_row = slot.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ld = offs_n % n_cols
@@ -258,22 +307,18 @@ def _moe_gemm2_kernel(
     w_ptrs = w_ptr + expert * stride_we + n_ld[None, :] * stride_wn + offs_k[:, None] * stride_wk
     if FP8:
         as_ptrs = a_scale_ptr + a_row * stride_asm
-        ws_ptrs = w_scale_ptr + expert * stride_wse + (n_ld // SCALE_BLOCK_N) * stride_wsn
+        ws_ptrs = _w_scale_ptrs(w_scale_ptr, expert, n_ld, stride_wse, stride_wsn, SCALE_BLOCK_N)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(tl.cdiv(k_dim, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-            b = tl.load(w_ptrs)
-        else:
-            k_ok = offs_k < k_dim - kb * BLOCK_K
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        k_left = k_dim - kb * BLOCK_K
+        a = _load_a(a_ptrs, row_ok, offs_k, k_left, EVEN_K)
+        b = _load_w(w_ptrs, offs_k, k_left, EVEN_K)
         if FP8:
             ks = (kb * BLOCK_K) // SCALE_BLOCK_K
             a_s = tl.load(as_ptrs + ks * stride_ask, mask=row_ok, other=0.0)
             w_s = tl.load(ws_ptrs + ks * stride_wsk)
-            acc += tl.dot(a, b) * (a_s[:, None] * w_s[None, :])
+            acc = _scaled_dot(acc, a, b, a_s, w_s)
         else:
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
@@ -281,12 +326,7 @@ def _moe_gemm2_kernel(
 
     weight = tl.load(topk_weights_ptr + a_row, mask=row_ok, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]
-    out_ptrs = out_ptr + a_row[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(
-        out_ptrs,
-        acc.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & (offs_n[None, :] < n_cols),
-    )
+    _store_tile(out_ptr, a_row, offs_n, n_cols, row_ok, stride_om, stride_on, acc)
 
 
 @triton.jit
@@ -398,8 +438,68 @@ def _resolve_output(hidden: torch.Tensor, inplace: bool, out: torch.Tensor | Non
     return out if out is not None else torch.empty_like(hidden)
 
 
-def _triton_can_run(t: torch.Tensor) -> bool:
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+def _launch_expert_gemm(
+    kernel: JITFunction[Any],
+    a: torch.Tensor,
+    a_scale: torch.Tensor | None,
+    w: torch.Tensor,
+    w_scale: torch.Tensor | None,
+    out: torch.Tensor,
+    align: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    p: _Problem,
+    num_slots: int,
+    cfg: FusedMoeConfig,
+    tile: GemmTile,
+    n_cols: int,
+    k_dim: int,
+    **extra: Any,
+) -> None:
+    """Launch one of the two GEMM kernels (same argument names) with what both share; ``extra``
+    holds the kernel's own arguments."""
+    sorted_ids, expert_ids, ntpp = align
+    block_k = min(tile.block_k, p.block[1]) if p.fp8 else tile.block_k
+    num_m_blocks = expert_ids.shape[0]
+    grid = (num_m_blocks * triton.cdiv(n_cols, tile.block_n),)
+    # Without FP8 the scale pointers are never read: the operands stand in for them.
+    scale_a = a_scale if a_scale is not None else a
+    scale_w = w_scale if w_scale is not None else w
+    kernel[grid](
+        a_ptr=a,
+        a_scale_ptr=scale_a,
+        w_ptr=w,
+        w_scale_ptr=scale_w,
+        out_ptr=out,
+        sorted_ids_ptr=sorted_ids,
+        expert_ids_ptr=expert_ids,
+        ntpp_ptr=ntpp,
+        num_slots=num_slots,
+        num_m_blocks=num_m_blocks,
+        n_cols=n_cols,
+        k_dim=k_dim,
+        stride_am=a.stride(0),
+        stride_ak=a.stride(1),
+        stride_asm=scale_a.stride(0) if p.fp8 else 0,
+        stride_ask=scale_a.stride(1) if p.fp8 else 0,
+        stride_we=w.stride(0),
+        stride_wn=w.stride(1),
+        stride_wk=w.stride(2),
+        stride_wse=scale_w.stride(0) if p.fp8 else 0,
+        stride_wsn=scale_w.stride(1) if p.fp8 else 0,
+        stride_wsk=scale_w.stride(2) if p.fp8 else 0,
+        stride_om=out.stride(0),
+        stride_on=out.stride(1),
+        SCALE_BLOCK_N=p.block[0],
+        SCALE_BLOCK_K=p.block[1],
+        FP8=p.fp8,
+        EVEN_K=k_dim % block_k == 0,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=tile.block_n,
+        BLOCK_K=block_k,
+        GROUP_M=tile.group_m,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+        **extra,
+    )
 
 
 def _launch_gemm1(
@@ -415,53 +515,11 @@ def _launch_gemm1(
     act: int,
     limit: float | None,
 ) -> None:
-    sorted_ids, expert_ids, ntpp = align
-    t = cfg.gemm1
-    block_k = min(t.block_k, p.block[1]) if p.fp8 else t.block_k
-    num_m_blocks = expert_ids.shape[0]
-    grid = (num_m_blocks * triton.cdiv(p.inter, t.block_n),)
-    scale_a = a_scale if a_scale is not None else a
-    scale_w = w13_scale if w13_scale is not None else w13
-    _moe_gemm1_kernel[grid](
-        a,
-        scale_a,
-        w13,
-        scale_w,
-        inter_out,
-        sorted_ids,
-        expert_ids,
-        ntpp,
-        num_slots,
-        num_m_blocks,
-        p.inter,
-        p.hidden,
-        p.top_k,
-        a.stride(0),
-        a.stride(1),
-        scale_a.stride(0) if p.fp8 else 0,
-        scale_a.stride(1) if p.fp8 else 0,
-        w13.stride(0),
-        w13.stride(1),
-        w13.stride(2),
-        scale_w.stride(0) if p.fp8 else 0,
-        scale_w.stride(1) if p.fp8 else 0,
-        scale_w.stride(2) if p.fp8 else 0,
-        inter_out.stride(0),
-        inter_out.stride(1),
-        float(limit or 0.0),
-        SCALE_BLOCK_N=p.block[0],
-        SCALE_BLOCK_K=p.block[1],
-        FP8=p.fp8,
-        ACTIVATION=act,
-        HAS_LIMIT=limit is not None,
-        EVEN_K=p.hidden % block_k == 0,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=t.block_n,
-        BLOCK_K=block_k,
-        GROUP_M=t.group_m,
-        num_warps=t.num_warps,
-        num_stages=t.num_stages,
-    )
+    _launch_expert_gemm(
+        _moe_gemm1_kernel, a, a_scale, w13, w13_scale, inter_out, align, p, num_slots, cfg,
+        cfg.gemm1, n_cols=p.inter, k_dim=p.hidden, top_k=p.top_k, limit=float(limit or 0.0),
+        ACTIVATION=act, HAS_LIMIT=limit is not None,
+    )  # fmt: skip
 
 
 def _launch_gemm2(
@@ -476,50 +534,10 @@ def _launch_gemm2(
     num_slots: int,
     cfg: FusedMoeConfig,
 ) -> None:
-    sorted_ids, expert_ids, ntpp = align
-    t = cfg.gemm2
-    block_k = min(t.block_k, p.block[1]) if p.fp8 else t.block_k
-    num_m_blocks = expert_ids.shape[0]
-    grid = (num_m_blocks * triton.cdiv(p.hidden, t.block_n),)
-    scale_a = a_scale if a_scale is not None else a
-    scale_w = w2_scale if w2_scale is not None else w2
-    _moe_gemm2_kernel[grid](
-        a,
-        scale_a,
-        w2,
-        scale_w,
-        down_out,
-        topk_weights,
-        sorted_ids,
-        expert_ids,
-        ntpp,
-        num_slots,
-        num_m_blocks,
-        p.hidden,
-        p.inter,
-        a.stride(0),
-        a.stride(1),
-        scale_a.stride(0) if p.fp8 else 0,
-        scale_a.stride(1) if p.fp8 else 0,
-        w2.stride(0),
-        w2.stride(1),
-        w2.stride(2),
-        scale_w.stride(0) if p.fp8 else 0,
-        scale_w.stride(1) if p.fp8 else 0,
-        scale_w.stride(2) if p.fp8 else 0,
-        down_out.stride(0),
-        down_out.stride(1),
-        SCALE_BLOCK_N=p.block[0],
-        SCALE_BLOCK_K=p.block[1],
-        FP8=p.fp8,
-        EVEN_K=p.inter % block_k == 0,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=t.block_n,
-        BLOCK_K=block_k,
-        GROUP_M=t.group_m,
-        num_warps=t.num_warps,
-        num_stages=t.num_stages,
-    )
+    _launch_expert_gemm(
+        _moe_gemm2_kernel, a, a_scale, w2, w2_scale, down_out, align, p, num_slots, cfg,
+        cfg.gemm2, n_cols=p.hidden, k_dim=p.inter, topk_weights_ptr=topk_weights,
+    )  # fmt: skip
 
 
 def _launch_sum(down: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, p: _Problem) -> None:
@@ -573,7 +591,7 @@ def fused_experts(
     Only the intermediate caches are allocated here, with ``torch.empty`` on the default
     allocator. Off CUDA (and without ``TRITON_INTERPRET=1``) this runs :func:`fused_experts_torch`.
     ``config`` overrides :func:`get_config` (tuning, tests)."""
-    if not _triton_can_run(hidden):
+    if not triton_can_run(hidden):
         return fused_experts_torch(
             hidden,
             w13,

@@ -9,19 +9,15 @@ values are ``q * scale``. The activation quantiser runs as a Triton kernel on CU
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.ops.triton_dispatch import triton_can_run
+
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 DEFAULT_EPS = 1e-10  # keeps all-zero groups from dividing by zero (they quantise to 0)
-
-
-def _triton_can_run(t: torch.Tensor) -> bool:
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -76,7 +72,7 @@ def per_token_group_quant_fp8(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     if use_triton is None:
-        use_triton = _triton_can_run(x)
+        use_triton = triton_can_run(x)
     if not use_triton:
         q, scale = _quant_groups_torch(x2, group_size, eps)
         return q.view(*lead, k), scale.view(*lead, k // group_size)

@@ -1,0 +1,13 @@
+"""Where the Triton kernels of this package may run (shared by the ops that fall back to torch)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def triton_can_run(t: torch.Tensor) -> bool:
+    """CUDA tensors, or any tensor under the Triton interpreter (``TRITON_INTERPRET=1``, read on
+    every call so a test process can turn it on); elsewhere the callers take their torch path."""
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"

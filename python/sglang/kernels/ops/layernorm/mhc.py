@@ -175,44 +175,6 @@ def _use_triton(residual: torch.Tensor) -> bool:
     return _HAS_TRITON and residual.is_cuda and _triton_supports(residual)
 
 
-_PostInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (x, post, comb) of a post
-
-
-def _pre_maybe_fused(
-    prev: _PostInputs | None,
-    residual: torch.Tensor,
-    fn: torch.Tensor,
-    scale: torch.Tensor,
-    base: torch.Tensor,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None,
-    norm_eps: float | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """mHC pre (+ norm), with the previous sublayer's post fused in front when ``prev`` is given
-    -> (new_residual, layer_input, post, comb); without ``prev`` new_residual is ``residual``."""
-    if norm_weight is not None:
-        _norm_eps(norm_eps)
-    if _use_triton(residual):
-        t, _, h = _check_shapes(residual, fn, _n_mix(residual))
-        out = _alloc_layer_input(t, h, residual.dtype, residual.device)
-        new_residual, post, comb = _launch_pre(
-            residual, prev, fn, scale, base, out, rms_eps, hc_eps, sinkhorn_iters, norm_weight,
-            norm_eps,
-        )  # fmt: skip
-        return new_residual, out, post, comb
-    if prev is None:
-        new_residual = residual
-    else:
-        x, post_prev, comb_prev = prev
-        new_residual = hc_post_torch_impl(x, residual, post_prev, comb_prev)
-    y, post, comb = _pre_torch(
-        new_residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps
-    )
-    return new_residual, y, post, comb
-
-
 def mhc_pre(
     residual: torch.Tensor,
     fn: torch.Tensor,
@@ -227,10 +189,27 @@ def mhc_pre(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """mHC pre (+ the sublayer's RMSNorm when ``norm_weight`` is given)
     -> (layer_input [T,H] residual dtype, post [T,hc] fp32, comb [T,hc,hc] fp32)."""
-    _, y, post, comb = _pre_maybe_fused(
-        None, residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps
+    if norm_weight is not None:
+        _norm_eps(norm_eps)
+    if _use_triton(residual):
+        t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
+        out = _alloc_layer_input(t, h, residual.dtype, residual.device)
+        post, comb = _mhc_pre_triton(
+            residual,
+            fn,
+            scale,
+            base,
+            out,
+            rms_eps=rms_eps,
+            hc_eps=hc_eps,
+            sinkhorn_iters=sinkhorn_iters,
+            norm_weight=norm_weight,
+            norm_eps=norm_eps,
+        )
+        return out, post, comb
+    return _pre_torch(
+        residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps
     )
-    return y, post, comb
 
 
 def mhc_post(
@@ -259,10 +238,32 @@ def mhc_fused_post_pre(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sublayer's post fused with the next one's pre (+ norm):
     -> (new_residual, layer_input, post_next, comb_next); equal to mhc_post then mhc_pre."""
-    return _pre_maybe_fused(
-        (x, post, comb), residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight,
-        norm_eps,
-    )  # fmt: skip
+    if norm_weight is not None:
+        _norm_eps(norm_eps)
+    if _use_triton(residual):
+        t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
+        out = _alloc_layer_input(t, h, residual.dtype, residual.device)
+        new_residual, post_next, comb_next = _mhc_fused_post_pre_triton(
+            x,
+            residual,
+            post,
+            comb,
+            fn,
+            scale,
+            base,
+            out,
+            rms_eps=rms_eps,
+            hc_eps=hc_eps,
+            sinkhorn_iters=sinkhorn_iters,
+            norm_weight=norm_weight,
+            norm_eps=norm_eps,
+        )
+        return new_residual, out, post_next, comb_next
+    new_residual = hc_post_torch_impl(x, residual, post, comb)
+    y, post_next, comb_next = _pre_torch(
+        new_residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps
+    )
+    return new_residual, y, post_next, comb_next
 
 
 def mhc_head(
@@ -318,34 +319,6 @@ if _HAS_TRITON:
             + c2[:, None] * r2
             + c3[:, None] * r3
         )
-
-    @triton.jit
-    def _load_streams(res_ptr, ptrs, H, m2):
-        # The 4 streams of a [tokens, H chunk] tile in fp32 (stream k lies k*H after stream 0).
-        r0 = tl.load(res_ptr + ptrs, mask=m2, other=0.0).to(tl.float32)
-        r1 = tl.load(res_ptr + ptrs + H, mask=m2, other=0.0).to(tl.float32)
-        r2 = tl.load(res_ptr + ptrs + 2 * H, mask=m2, other=0.0).to(tl.float32)
-        r3 = tl.load(res_ptr + ptrs + 3 * H, mask=m2, other=0.0).to(tl.float32)
-        return r0, r1, r2, r3
-
-    @triton.jit
-    def _post_tile(
-        r0, r1, r2, r3, x_ptr, post_ptr, comb_ptr, new_res_ptr, ptrs, offs_t, mask_t, offs_d, m2, H
-    ):
-        # The post on one tile: stores the 4 new streams in new_res's dtype and returns them as
-        # stored (rounded). One body for the post kernel and the fused post+pre, so both agree.
-        out_ty = new_res_ptr.dtype.element_ty
-        xv = tl.load(x_ptr + offs_t.to(tl.int64)[:, None] * H + offs_d[None, :], mask=m2, other=0.0)
-        xv = xv.to(tl.float32)
-        n0 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 0).to(out_ty)
-        n1 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 1).to(out_ty)
-        n2 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 2).to(out_ty)
-        n3 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 3).to(out_ty)
-        tl.store(new_res_ptr + ptrs, n0, mask=m2)
-        tl.store(new_res_ptr + ptrs + H, n1, mask=m2)
-        tl.store(new_res_ptr + ptrs + 2 * H, n2, mask=m2)
-        tl.store(new_res_ptr + ptrs + 3 * H, n3, mask=m2)
-        return n0, n1, n2, n3
 
     @triton.jit
     def _mix_dot(
@@ -405,12 +378,32 @@ if _HAS_TRITON:
             mask_d = offs_d < H
             m2 = mask_t[:, None] & mask_d[None, :]
             ptrs = row + offs_d[None, :]
-            r0, r1, r2, r3 = _load_streams(res_ptr, ptrs, H, m2)
+            r0 = tl.load(res_ptr + ptrs, mask=m2, other=0.0).to(tl.float32)
+            r1 = tl.load(res_ptr + ptrs + H, mask=m2, other=0.0).to(tl.float32)
+            r2 = tl.load(res_ptr + ptrs + 2 * H, mask=m2, other=0.0).to(tl.float32)
+            r3 = tl.load(res_ptr + ptrs + 3 * H, mask=m2, other=0.0).to(tl.float32)
             if FUSE_POST:
-                n0, n1, n2, n3 = _post_tile(
-                    r0, r1, r2, r3, x_ptr, post_ptr, comb_ptr, new_res_ptr, ptrs, offs_t, mask_t,
-                    offs_d, m2, H,
-                )  # fmt: skip
+                out_ty = new_res_ptr.dtype.element_ty
+                xv = tl.load(
+                    x_ptr + offs_t.to(tl.int64)[:, None] * H + offs_d[None, :], mask=m2, other=0.0
+                )
+                xv = xv.to(tl.float32)
+                n0 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 0).to(
+                    out_ty
+                )
+                n1 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 1).to(
+                    out_ty
+                )
+                n2 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 2).to(
+                    out_ty
+                )
+                n3 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 3).to(
+                    out_ty
+                )
+                tl.store(new_res_ptr + ptrs, n0, mask=m2)
+                tl.store(new_res_ptr + ptrs + H, n1, mask=m2)
+                tl.store(new_res_ptr + ptrs + 2 * H, n2, mask=m2)
+                tl.store(new_res_ptr + ptrs + 3 * H, n3, mask=m2)
                 # Mix the stored (rounded) values, as the unfused pre would read them back.
                 r0 = n0.to(tl.float32)
                 r1 = n1.to(tl.float32)
@@ -538,11 +531,33 @@ if _HAS_TRITON:
         mask_t = offs_t < T
         m2 = mask_t[:, None] & (offs_d < H)[None, :]
         ptrs = offs_t.to(tl.int64)[:, None] * (4 * H) + offs_d[None, :]
-        r0, r1, r2, r3 = _load_streams(res_ptr, ptrs, H, m2)
-        _post_tile(
-            r0, r1, r2, r3, x_ptr, post_ptr, comb_ptr, new_res_ptr, ptrs, offs_t, mask_t, offs_d,
-            m2, H,
-        )  # fmt: skip
+        r0 = tl.load(res_ptr + ptrs, mask=m2, other=0.0).to(tl.float32)
+        r1 = tl.load(res_ptr + ptrs + H, mask=m2, other=0.0).to(tl.float32)
+        r2 = tl.load(res_ptr + ptrs + 2 * H, mask=m2, other=0.0).to(tl.float32)
+        r3 = tl.load(res_ptr + ptrs + 3 * H, mask=m2, other=0.0).to(tl.float32)
+        xv = tl.load(x_ptr + offs_t.to(tl.int64)[:, None] * H + offs_d[None, :], mask=m2, other=0.0)
+        xv = xv.to(tl.float32)
+        out_ty = new_res_ptr.dtype.element_ty
+        tl.store(
+            new_res_ptr + ptrs,
+            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 0).to(out_ty),
+            mask=m2,
+        )
+        tl.store(
+            new_res_ptr + ptrs + H,
+            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 1).to(out_ty),
+            mask=m2,
+        )
+        tl.store(
+            new_res_ptr + ptrs + 2 * H,
+            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 2).to(out_ty),
+            mask=m2,
+        )
+        tl.store(
+            new_res_ptr + ptrs + 3 * H,
+            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 3).to(out_ty),
+            mask=m2,
+        )
 
 
 _TARGET_PROGRAMS = 256  # ~2 per SM on an H200: enough splits that small T still fills the GPU
@@ -569,59 +584,47 @@ def _dot_precision(device: torch.device) -> str:
     return "tf32x3" if device.type == "cuda" else "ieee"
 
 
-def _post_operands(
-    x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, t: int, hc: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A post's x, post and comb as the kernels read them: contiguous, post/comb in fp32."""
-    return (
-        x.contiguous(),
-        post.reshape(t, hc).float().contiguous(),
-        comb.reshape(t, hc, hc).float().contiguous(),
-    )
-
-
 def _launch_pre(
     residual: torch.Tensor,
-    prev: _PostInputs | None,
+    x: torch.Tensor | None,
+    post_prev: torch.Tensor | None,
+    comb_prev: torch.Tensor | None,
+    new_residual: torch.Tensor | None,
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
     out: torch.Tensor,
+    *,
     rms_eps: float,
     hc_eps: float,
     sinkhorn_iters: int,
     norm_weight: torch.Tensor | None,
     norm_eps: float | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton pre into ``out`` [T, H], the post of ``prev`` fused in front when given
-    -> (new_residual, post, comb); without ``prev`` new_residual is the (contiguous) residual."""
-    residual = residual.contiguous()
+) -> tuple[torch.Tensor, torch.Tensor]:
     t, hc, h = residual.shape
     dev = residual.device
-    if prev is None:
-        new_residual, post_in = residual, None
-    else:
-        new_residual, post_in = torch.empty_like(residual), _post_operands(*prev, t, hc)
     post = torch.empty(t, hc, dtype=torch.float32, device=dev)
     comb = torch.empty(t, hc, hc, dtype=torch.float32, device=dev)
     if t == 0:
-        return new_residual, post, comb
+        return post, comb
+    fuse = x is not None
     block_t, block_d, warps, chunk, n_splits = _partial_config(t, h)
     part = torch.empty(n_splits, t, _NMIX_PAD, dtype=torch.float32, device=dev)
     sq = torch.empty(n_splits, t, dtype=torch.float32, device=dev)
     fn = fn.float().contiguous()
-    # Without a post to fuse the kernel never reads x/post/comb: stand-in pointers fill the slots.
     _mix_partial_kernel[(triton.cdiv(t, block_t), n_splits)](
         residual,
-        *(post_in if post_in is not None else (residual, fn, fn)),
-        new_residual,
+        x if fuse else residual,
+        post_prev if fuse else fn,
+        comb_prev if fuse else fn,
+        new_residual if fuse else residual,
         fn,
         part,
         sq,
         t,
         h,
         chunk,
-        FUSE_POST=post_in is not None,
+        FUSE_POST=fuse,
         NMIX=(2 + hc) * hc,
         NMIX_PAD=_NMIX_PAD,
         BLOCK_T=block_t,
@@ -630,11 +633,12 @@ def _launch_pre(
         num_warps=warps,
         num_stages=2,  # the H loop is short at decode sizes; 3 stages would double shared memory
     )
+    src = new_residual if fuse else residual
     has_norm = norm_weight is not None
     _pre_finalize_kernel[(t,)](
         part,
         sq,
-        new_residual,
+        src,
         scale.float().contiguous(),
         base.float().contiguous(),
         norm_weight.contiguous() if has_norm else fn,
@@ -654,7 +658,7 @@ def _launch_pre(
         BLOCK_H=min(1024, triton.next_power_of_2(h)),
         num_warps=4,
     )
-    return new_residual, post, comb
+    return post, comb
 
 
 def _mhc_pre_triton(
@@ -670,12 +674,63 @@ def _mhc_pre_triton(
     norm_weight: torch.Tensor | None = None,
     norm_eps: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton pre into a caller-given ``out`` [T, H] (the GPU tests' entry); returns (post, comb)."""
-    _, post, comb = _launch_pre(
-        residual, None, fn, scale, base, out, rms_eps, hc_eps, sinkhorn_iters, norm_weight,
-        norm_eps,
-    )  # fmt: skip
-    return post, comb
+    """Triton pre into ``out`` [T, H]; returns (post, comb)."""
+    return _launch_pre(
+        residual.contiguous(),
+        None,
+        None,
+        None,
+        None,
+        fn,
+        scale,
+        base,
+        out,
+        rms_eps=rms_eps,
+        hc_eps=hc_eps,
+        sinkhorn_iters=sinkhorn_iters,
+        norm_weight=norm_weight,
+        norm_eps=norm_eps,
+    )
+
+
+def _mhc_fused_post_pre_triton(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    rms_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton post + next pre, layer input into ``out``
+    -> (new_residual, post_next, comb_next)."""
+    residual = residual.contiguous()
+    t, hc, h = residual.shape
+    new_residual = torch.empty_like(residual)
+    post_next, comb_next = _launch_pre(
+        residual,
+        x.contiguous(),
+        post.reshape(t, hc).float().contiguous(),
+        comb.reshape(t, hc, hc).float().contiguous(),
+        new_residual,
+        fn,
+        scale,
+        base,
+        out,
+        rms_eps=rms_eps,
+        hc_eps=hc_eps,
+        sinkhorn_iters=sinkhorn_iters,
+        norm_weight=norm_weight,
+        norm_eps=norm_eps,
+    )
+    return new_residual, post_next, comb_next
 
 
 def _mhc_post_triton(
@@ -690,7 +745,9 @@ def _mhc_post_triton(
     block_t, block_d = 4, 512
     _post_kernel[(triton.cdiv(t, block_t), triton.cdiv(h, block_d))](
         residual,
-        *_post_operands(x, post, comb, t, hc),
+        x.contiguous(),
+        post.reshape(t, hc).float().contiguous(),
+        comb.reshape(t, hc, hc).float().contiguous(),
         new_residual,
         t,
         h,

@@ -9,15 +9,14 @@ Usage: python scripts/bench_dsv4_layer.py [--runners torch,triton] [--prefill 10
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
-from tqdm import tqdm
-
 from sglang.srt.default_model.generate import random_weights
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.utils.cuda_timing import median_cuda_ms
+from tqdm import tqdm
 
 LAYER = {
     "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "vocab_size": 4096,
@@ -30,20 +29,6 @@ LAYER = {
     "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
     "max_position_embeddings": 65536, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
 }  # fmt: skip
-
-
-def _time(fn, repeats: int = 5) -> float:  # type: ignore[no-untyped-def]
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(begin.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -62,14 +47,14 @@ def main() -> None:
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, LAYER["vocab_size"], (args.prefill,), generator=gen).cuda()
         pos = torch.arange(args.prefill, device="cuda")
-        rows.append((runner, f"prefill {args.prefill}", _time(lambda: model(ids, pos))))
+        rows.append((runner, f"prefill {args.prefill}", median_cuda_ms(lambda: model(ids, pos))))
         for b in (int(x) for x in args.batch.split(",")):
             caches = [model.new_request_cache() for _ in range(b)]
             for c in caches:
                 model.prefill(ids[:256], c)
             tok = ids[:b]
             # consecutive real decode steps (each extends every cache by one token)
-            rows.append((runner, f"decode bs={b}", _time(lambda: model.decode(tok, caches), repeats=9)))
+            rows.append((runner, f"decode bs={b}", median_cuda_ms(lambda: model.decode(tok, caches), repeats=9)))
         del model
         torch.cuda.empty_cache()
     print(f"\n{'runner':<8} {'case':<24} {'ms':>9}")

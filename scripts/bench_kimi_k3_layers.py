@@ -11,18 +11,16 @@ timings. Usage: python scripts/bench_kimi_k3_layers.py [--experts 128] [--runner
 from __future__ import annotations
 
 import argparse
-import statistics
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from tqdm import tqdm
-
 from sglang.srt.layers.attention.kda import KDASegment
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+from sglang.srt.utils.cuda_timing import median_cuda_ms
+from tqdm import tqdm
 
 
 def k3_config(experts: int) -> dict[str, Any]:
@@ -55,20 +53,6 @@ def randomize_(model: torch.nn.Module, gen: torch.Generator) -> None:
             p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32) * 0.5)
 
 
-def time_ms(fn: Callable[[], object], repeats: int = 7) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(begin.elapsed_time(end))
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--experts", type=int, default=128)
@@ -99,14 +83,14 @@ def main() -> None:
                 state = model.new_request_cache().layers[1]
                 kda(x, [KDASegment(0, args.prefill, state)])
 
-            rows.append(("KDA", "-", f"prefill {args.prefill}", time_ms(kda_prefill)))
+            rows.append(("KDA", "-", f"prefill {args.prefill}", median_cuda_ms(kda_prefill)))
             for b in batches:
                 states = [model.new_request_cache().layers[1] for _ in range(b)]
                 xb = x[:b]
-                rows.append(("KDA", "-", f"decode bs={b}", time_ms(lambda xb=xb, states=states: kda(xb, [KDASegment(i, 1, s) for i, s in enumerate(states)]))))
+                rows.append(("KDA", "-", f"decode bs={b}", median_cuda_ms(lambda xb=xb, states=states: kda(xb, [KDASegment(i, 1, s) for i, s in enumerate(states)]))))
         for m in [args.prefill, *batches]:
             xm = x[:m]
-            rows.append(("latent MoE", runner, f"M={m}", time_ms(lambda xm=xm: moe(xm))))
+            rows.append(("latent MoE", runner, f"M={m}", median_cuda_ms(lambda xm=xm: moe(xm))))
         del model, moe, layer
         torch.cuda.empty_cache()
     print(f"\nKimi K3 layers, hidden 7168, bf16, {args.experts} experts top-16 (latent 3584, inter 3072)")

@@ -47,7 +47,7 @@ def main() -> None:
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, LAYER["vocab_size"], (args.prefill,), generator=gen).cuda()
         pos = torch.arange(args.prefill, device="cuda")
-        rows.append((runner, f"prefill {args.prefill}", median_cuda_ms(lambda: model(ids, pos))))
+        rows.append((runner, f"prefill {args.prefill}", median_cuda_ms(lambda: model(ids, pos), repeats=5)))
         for b in (int(x) for x in args.batch.split(",")):
             caches = [model.new_request_cache() for _ in range(b)]
             for c in caches:

@@ -2,8 +2,8 @@
 
 For each case: median time under CUDA-graph replay, achieved bandwidth (bytes of the expert
 weights actually touched plus activations in/out, each once) and TFLOP/s, and the fraction of the
-roofline floor max(bytes / BW, flops / peak) the run reaches. Ceilings are the measured ones
-(docs/performance.md): 4.3 TB/s copy, 790 TFLOP/s bf16 matmul; FP8 peak taken as 2x bf16.
+roofline floor max(bytes / BW, flops / peak) the run reaches. Ceilings are those the device notes
+measured on these H200s: 4.3 TB/s copy, 790 TFLOP/s bf16 matmul; FP8 peak taken as 2x bf16.
 
 Usage: python scripts/bench_moe.py [--shapes dsv4,k3] [--batches 1,8,32,128,512] [--runners triton]
 """

@@ -176,6 +176,19 @@ class Envs:
         "cannot stop the grid barrier from completing. 0 turns the reservation off.",
         min_value=0,
     )
+    SGLANG_MEGA_MOE_WAIT_TIMEOUT_MS = EnvFloat(
+        1000.0,
+        "Milliseconds a wait inside our Triton MegaMoE kernel may last before it gives up and "
+        "reports (instead of hanging the GPU). Its tile queue never waits on a CTA that is not "
+        "running, so only a badly stalled GPU reaches this.",
+        min_value=0.001,
+    )
+    SGLANG_MEGA_MOE_STATUS_CHECK_INTERVAL = EnvInt(
+        64,
+        "Read the Triton MegaMoE kernel's status word (a host sync) every N launches outside "
+        "CUDA-graph capture, raising if a wait gave up. 1: every launch; 0: never.",
+        min_value=0,
+    )
     SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK = EnvInt(
         8192,
         "Tokens per rank the MegaMoE symmetric buffer is sized for; larger batches take the "

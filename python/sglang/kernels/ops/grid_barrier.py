@@ -12,11 +12,13 @@ makes ``out[pid] == (pid + 1) % grid``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.ops.gpu_clock import globaltimer_ns
 from sglang.srt.utils.device import device_sm_info
 
 NUM_WARPS = 32  # 1024 threads a CTA: at most two CTAs per Hopper SM, so one held slot matters
@@ -27,22 +29,15 @@ class GridSyncTimeout(RuntimeError):
 
 
 @triton.jit
-def _globaltimer_ns():
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
-    )
-
-
-@triton.jit
 def _poll_count(count_ptr, want, timeout_ns):
     # Acquire-read the counter until it reaches ``want`` or ``timeout_ns`` has passed; returns the
     # last value read (below ``want`` means the wait gave up).
-    start = _globaltimer_ns()
+    start = globaltimer_ns()
     seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
-    elapsed = _globaltimer_ns() - start
+    elapsed = globaltimer_ns() - start
     while (seen < want) & (elapsed < timeout_ns):
         seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
-        elapsed = _globaltimer_ns() - start
+        elapsed = globaltimer_ns() - start
     return seen
 
 
@@ -65,10 +60,10 @@ def _grid_barrier_kernel(ids_ptr, out_ptr, counter_ptr, status_ptr, timeout_ns):
 def _hold_slot_kernel(started_ptr, hold_ns):
     """Each CTA occupies one slot for ``hold_ns`` nanoseconds; counts itself when resident."""
     tl.atomic_add(started_ptr, 1, sem="release", scope="gpu")
-    start = _globaltimer_ns()
-    elapsed = _globaltimer_ns() - start
+    start = globaltimer_ns()
+    elapsed = globaltimer_ns() - start
     while elapsed < hold_ns:
-        elapsed = _globaltimer_ns() - start
+        elapsed = globaltimer_ns() - start
 
 
 @triton.jit(do_not_specialize=["want", "timeout_ns"])
@@ -109,13 +104,19 @@ def barrier_occupancy(device: torch.device | None = None) -> Occupancy:
     compiled._init_handles()
     _compile_helpers(device)
     regs, shared = int(compiled.n_regs), int(compiled.metadata.shared)
-    threads = 32 * NUM_WARPS
+    per_sm = resident_ctas_per_sm(regs, shared, NUM_WARPS, props)
+    return Occupancy(per_sm, device_sm_info(device).num_sms, regs, shared)
+
+
+def resident_ctas_per_sm(regs: int, shared: int, num_warps: int, props: Any) -> int:
+    """How many CTAs of a compiled kernel (registers a thread, shared bytes a CTA) fit on one SM
+    at once: the least of the thread, register and shared-memory limits."""
+    threads = 32 * num_warps
     by_threads = props.max_threads_per_multi_processor // threads
     regs_per_warp = -(-max(regs, 1) * 32 // 256) * 256  # allocated in units of 256 a warp
-    by_regs = (props.regs_per_multiprocessor // regs_per_warp) // NUM_WARPS
+    by_regs = (props.regs_per_multiprocessor // regs_per_warp) // num_warps
     by_smem = props.shared_memory_per_multiprocessor // (shared + 1024) if shared else 32
-    per_sm = max(1, min(by_threads, by_regs, by_smem, 32))
-    return Occupancy(per_sm, device_sm_info(device).num_sms, regs, shared)
+    return max(1, min(by_threads, by_regs, by_smem, 32))
 
 
 @dataclass
@@ -159,8 +160,13 @@ def hold_slots(
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         _hold_slot_kernel[(num_slots,)](started, int(hold_ms * 1e6), num_warps=NUM_WARPS)
-    _wait_count_kernel[(1,)](started, num_slots, int(hold_ms * 1e6), num_warps=1)
+    wait_for_count(started, num_slots, hold_ms)
     return started
+
+
+def wait_for_count(counter: torch.Tensor, want: int, timeout_ms: float) -> None:
+    """Make the current stream wait until ``counter >= want`` (bounded by ``timeout_ms``)."""
+    _wait_count_kernel[(1,)](counter, want, int(timeout_ms * 1e6), num_warps=1)
 
 
 @dataclass(frozen=True)

@@ -363,7 +363,7 @@ def _moe_sum_kernel(
 
 
 @dataclass(frozen=True)
-class _Problem:
+class MoEProblem:
     tokens: int
     hidden: int
     inter: int
@@ -373,7 +373,7 @@ class _Problem:
     block: tuple[int, int]
 
 
-def _check_inputs(
+def check_moe_inputs(
     hidden: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
@@ -383,7 +383,7 @@ def _check_inputs(
     w2_scale: torch.Tensor | None,
     block_shape: tuple[int, int] | list[int] | None,
     out: torch.Tensor | None,
-) -> _Problem:
+) -> MoEProblem:
     if hidden.dim() != 2:
         raise ValueError(f"hidden must be [T, H], got {tuple(hidden.shape)}")
     tokens, h = hidden.shape
@@ -427,10 +427,10 @@ def _check_inputs(
             raise ValueError(f"FP8 activations are quantised in groups of {bk}: H={h}, I={i}")
     elif w13.dtype != hidden.dtype or w2.dtype != hidden.dtype:
         raise ValueError(f"unquantised weights must match hidden's dtype {hidden.dtype}")
-    return _Problem(tokens, h, i, e, topk_ids.shape[1], fp8, (int(block[0]), int(block[1])))
+    return MoEProblem(tokens, h, i, e, topk_ids.shape[1], fp8, (int(block[0]), int(block[1])))
 
 
-def _resolve_output(hidden: torch.Tensor, inplace: bool, out: torch.Tensor | None) -> torch.Tensor:
+def resolve_moe_output(hidden: torch.Tensor, inplace: bool, out: torch.Tensor | None) -> torch.Tensor:
     if inplace:
         if out is not None and out.data_ptr() != hidden.data_ptr():
             raise ValueError("inplace=True writes into hidden; do not also pass a different out")
@@ -446,7 +446,7 @@ def _launch_expert_gemm(
     w_scale: torch.Tensor | None,
     out: torch.Tensor,
     align: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    p: _Problem,
+    p: MoEProblem,
     num_slots: int,
     cfg: FusedMoeConfig,
     tile: GemmTile,
@@ -509,7 +509,7 @@ def _launch_gemm1(
     w13_scale: torch.Tensor | None,
     inter_out: torch.Tensor,
     align: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    p: _Problem,
+    p: MoEProblem,
     num_slots: int,
     cfg: FusedMoeConfig,
     act: int,
@@ -530,7 +530,7 @@ def _launch_gemm2(
     down_out: torch.Tensor,
     topk_weights: torch.Tensor,
     align: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    p: _Problem,
+    p: MoEProblem,
     num_slots: int,
     cfg: FusedMoeConfig,
 ) -> None:
@@ -540,7 +540,7 @@ def _launch_gemm2(
     )  # fmt: skip
 
 
-def _launch_sum(down: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, p: _Problem) -> None:
+def _launch_sum(down: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, p: MoEProblem) -> None:
     tokens = out.shape[0]
     block = min(1024, triton.next_power_of_2(p.hidden))
     grid = (tokens, triton.cdiv(p.hidden, block))
@@ -607,12 +607,12 @@ def fused_experts(
             out=out,
         )
     act = activation_code(activation, swiglu_limit)
-    p = _check_inputs(
+    p = check_moe_inputs(
         hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_shape, out
     )
     if p.fp8 and (p.block[1] < 16 or p.block[1] & (p.block[1] - 1)):
         raise ValueError(f"the Triton path needs a power-of-two K block >= 16, got {p.block}")
-    result = _resolve_output(hidden, inplace, out)
+    result = resolve_moe_output(hidden, inplace, out)
     if p.tokens == 0:
         return result
     ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
@@ -685,10 +685,10 @@ def fused_experts_torch(
     ``hidden.dtype``, and with FP8 weights the block-dequantised weights and per-token-group
     quantise-dequantised activations."""
     activation_code(activation, swiglu_limit)
-    p = _check_inputs(
+    p = check_moe_inputs(
         hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_shape, out
     )
-    result = _resolve_output(hidden, inplace, out)
+    result = resolve_moe_output(hidden, inplace, out)
     if p.tokens == 0:
         return result
     dt = hidden.dtype

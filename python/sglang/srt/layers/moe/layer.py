@@ -134,6 +134,7 @@ class FusedMoE(nn.Module):
                     c.num_experts, c.top_k, c.hidden_size, c.intermediate_size, c.activation, c.swiglu_limit
                 ),
                 device=self.device if self.device.type == "cuda" else None,
+                local_weights=self.weights,
             )
             if y is not None:
                 return y

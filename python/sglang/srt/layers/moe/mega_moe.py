@@ -26,6 +26,7 @@ from sglang.srt.layers.deep_gemm_adapter import (
     DEEP_GEMM_SM_LOCK,
     mega_moe_buffer_depends_on_num_sms,
 )
+from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.utils.device import device_sm_info
 from sglang.srt.utils.log import get_logger, log_once
 
@@ -332,17 +333,39 @@ def try_run_mega_routed(
     params: MegaMoEParams,
     *,
     device: int | torch.device | None = None,
+    local_weights: ExpertWeights | None = None,
 ) -> torch.Tensor | None:
     """The MegaMoE path when it can take this batch, else ``None`` (the caller runs the normal
-    path) after one log line saying why."""
+    path) after one log line saying why.
+
+    DeepGEMM's kernel first; where it is unusable (no DeepGEMM, no built weights, e.g. on our
+    Hopper machines) our Triton persistent kernel takes single-GPU calls from ``local_weights``."""
     reason = "MegaMoE weights were not built" if mega_weights is None else None
     if reason is None:
         arch = device_sm_info(device).arch if deep_gemm is not None else 0
         reason = mega_moe_unusable_reason(deep_gemm, x.shape[0], arch)
-    if reason is not None:
-        log_once(logger, logging.WARNING, f"MegaMoE falls back to the normal MoE path: {reason}")
-        return None
-    assert mega_weights is not None
-    return run_mega_routed_experts(
-        deep_gemm, group, x, topk_ids, topk_weights, mega_weights[0], mega_weights[1], params, device=device
+    if reason is None:
+        assert mega_weights is not None
+        return run_mega_routed_experts(
+            deep_gemm, group, x, topk_ids, topk_weights, mega_weights[0], mega_weights[1], params, device=device
+        )
+    from sglang.srt.layers.moe.mega_moe_triton_backend import (
+        run_triton_mega_routed,
+        triton_mega_unusable_reason,
     )
+
+    group_size = int(getattr(group, "world_size", 1)) if group is not None else 1
+    triton_reason = triton_mega_unusable_reason(x, local_weights, group_size, params.num_topk)
+    if triton_reason is None:
+        assert local_weights is not None
+        return run_triton_mega_routed(
+            x, topk_ids, topk_weights, local_weights, activation=params.activation,
+            swiglu_limit=params.activation_clamp, routed_scaling_factor=params.routed_scaling_factor,
+        )  # fmt: skip
+    log_once(
+        logger,
+        logging.WARNING,
+        f"MegaMoE falls back to the normal MoE path: DeepGEMM's kernel: {reason}; our Triton "
+        f"kernel: {triton_reason}",
+    )
+    return None

@@ -1,0 +1,96 @@
+"""The MegaMoE backend where DeepGEMM's cannot run: our Triton persistent kernel
+(``kernels/ops/moe/mega_moe_triton.py``), one launch for the routed experts on the MegaMoE SM
+budget, on a single GPU.
+
+Across ranks the kernel does no dispatch or combine, so with more than one rank the layer falls
+back to its normal path (runner + all-reduce) with a log line, as it does for DeepGEMM's
+unusable cases. The output is allocated like every runner's final output (the symmetric pool
+when ``--enable-symm-mem`` is on and allocation is symmetric).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+import torch
+
+from sglang.srt.environ import envs
+from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.layers.moe.moe_runner.base import allocate_moe_output
+from sglang.srt.utils.device import device_sm_info
+from sglang.srt.utils.log import get_logger, log_once
+
+logger = get_logger(__name__)
+
+_launches = itertools.count(1)
+
+
+def triton_mega_unusable_reason(
+    x: torch.Tensor, weights: ExpertWeights | None, group_size: int, top_k: int
+) -> str | None:
+    """Why our Triton MegaMoE cannot take this call (``None`` when it can)."""
+    if weights is None:
+        return "the layer has no expert weights"
+    if not x.is_cuda:
+        return "the Triton MegaMoE kernel needs a CUDA device"
+    if group_size > 1:
+        return f"the Triton MegaMoE kernel runs on one GPU and this expert-parallel group has {group_size} ranks"
+    if weights.w13.dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
+        return f"expert weights of dtype {weights.w13.dtype} (bf16, fp16 or FP8 128x128 blocks supported)"
+    from sglang.kernels.ops.moe.mega_moe_triton import get_mega_config, unsupported_reason
+
+    fp8 = weights.w13.dtype == torch.float8_e4m3fn
+    e, two_i, h = weights.w13.shape
+    cfg = get_mega_config(x.shape[0], e, top_k, fp8)
+    block = tuple(weights.block_shape or (128, 128))
+    return unsupported_reason(h, two_i // 2, fp8, (int(block[0]), int(block[1])), cfg)
+
+
+def run_triton_mega_routed(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    weights: ExpertWeights,
+    *,
+    activation: str,
+    swiglu_limit: float | None,
+    routed_scaling_factor: float = 1.0,
+) -> torch.Tensor:
+    """Routed experts through one Triton MegaMoE launch on the SM budget; combined rows."""
+    from sglang.kernels.ops.moe.mega_moe_triton import MegaMoELaunch, mega_fused_experts
+    from sglang.srt.layers.moe.mega_moe import mega_moe_sm_budget
+
+    info = device_sm_info(x.device)
+    budget = mega_moe_sm_budget(x.device) or info.num_sms
+    log_once(
+        logger,
+        logging.INFO,
+        f"MegaMoE backend: Triton persistent kernel (DeepGEMM unusable) on a {budget}-SM budget "
+        f"(physical {info.num_sms}, SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS="
+        f"{envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.get()})",
+    )
+    w = topk_weights.float()
+    if routed_scaling_factor != 1.0:
+        w = w * routed_scaling_factor
+    launch: list[MegaMoELaunch] = []
+    out = mega_fused_experts(
+        x, weights.w13, weights.w2, w, topk_ids,
+        num_sms=budget, activation=activation, swiglu_limit=swiglu_limit,
+        w13_scale=weights.w13_scale, w2_scale=weights.w2_scale, block_shape=weights.block_shape,
+        out=allocate_moe_output(x), timeout_ms=envs.SGLANG_MEGA_MOE_WAIT_TIMEOUT_MS.get(),
+        launch_info=launch,
+    )  # fmt: skip
+    _maybe_check(launch)
+    return out
+
+
+def _maybe_check(launch: list[Any]) -> None:
+    """Read the kernel's status every N launches (a host sync), never during graph capture."""
+    every = envs.SGLANG_MEGA_MOE_STATUS_CHECK_INTERVAL.get()
+    n = next(_launches)
+    due = n == 1 or (every > 0 and n % every == 0)  # the first launch, then every N-th
+    if not launch or every == 0 or not due or torch.cuda.is_current_stream_capturing():
+        return
+    launch[-1].check()

@@ -1,0 +1,196 @@
+"""Our Triton MegaMoE kernel on a GPU: correctness at the real model shapes, any grid size,
+CUDA-graph replay, and the reserved-SM robustness cases.
+
+Shapes, inputs and tolerances are those of the two-launch kernel's GPU test
+(test_fused_moe_triton_gpu.py): DeepSeek V4 (E=256, top-6, H=4096, I=2048) and Kimi K3 latent
+(E=384, top-16, H=3584, I=3072), bf16 and FP8 128x128 blocks, both activations, fresh random
+inputs with masked slots and one fully masked token, outputs and allocator poisoned with NaN.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_fused_moe_triton_gpu import (
+    ACTIVATIONS,
+    BF16_TOL,
+    FP8_TOL,
+    M_VALUES,
+    SHAPES,
+    expert_weights,
+    poison_allocator,
+    rel_err,
+    routing,
+)
+
+from sglang.test.ci_register import register_cuda_ci
+from sglang.test.run import run_this_file
+from sglang.test.sm_holder import cupy_available, hold_sms
+
+register_cuda_ci(est_time=300)
+
+
+def budget() -> int:
+    from sglang.srt.layers.moe.mega_moe import mega_moe_sm_budget
+
+    return mega_moe_sm_budget() or torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def run_mega(hidden, topk_w, topk_ids, kw, *, num_sms=None, out=None, **extra):  # noqa: ANN001, ANN003
+    from sglang.kernels.ops.moe.mega_moe_triton import MegaMoELaunch, mega_fused_experts
+
+    info: list[MegaMoELaunch] = []
+    got = mega_fused_experts(
+        hidden, topk_weights=topk_w, topk_ids=topk_ids, num_sms=num_sms or budget(), out=out,
+        launch_info=info, **kw, **extra,
+    )  # fmt: skip
+    info[-1].check()
+    return got, info[-1]
+
+
+@pytest.mark.parametrize("m", M_VALUES)
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("shape_name", list(SHAPES))
+def test_mega_matches_reference(shape_name: str, fp8: bool, m: int) -> None:
+    from sglang.kernels.ops.moe.fused_moe import fused_experts, fused_experts_torch
+
+    shape = SHAPES[shape_name]
+    weights = expert_weights(shape, fp8)
+    tol = FP8_TOL if fp8 else BF16_TOL
+    for n, (activation, clamp) in enumerate(ACTIVATIONS[shape_name]):
+        limit = shape.swiglu_limit if clamp else None
+        hidden, topk_w, topk_ids = routing(m, shape, seed=m * 10 + n + (100 if fp8 else 0))
+        kw = dict(weights, activation=activation, swiglu_limit=limit)
+        want = fused_experts_torch(hidden, topk_weights=topk_w, topk_ids=topk_ids, **kw)
+        two = fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, **kw)
+        poison_allocator(m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20), hidden.device)
+        out = torch.full_like(hidden, float("nan"))
+        got, launch = run_mega(hidden, topk_w, topk_ids, kw, out=out)
+        assert got.data_ptr() == out.data_ptr(), "out= must receive the result"
+        assert torch.isfinite(out).all(), f"{activation}: unwritten or NaN rows"
+        err = rel_err(out, want)
+        assert err < tol, f"{shape_name} {'fp8' if fp8 else 'bf16'} M={m} {activation}: rel err {err:.3g}"
+        # Same roundings as the two-launch kernel, so the two agree far better than either
+        # agrees with the reference.
+        assert rel_err(out, two) < tol / 4
+        if m > 2:
+            assert (out[m // 2] == 0).all(), "a fully masked token must be zero"
+        assert int(launch.workspace.counters.abs().sum()) == 0, "counters must be re-armed"
+
+
+@pytest.mark.parametrize("grid", [1, 2, 7, 64, 130, 264])
+def test_any_grid_gives_the_same_bits(grid: int) -> None:
+    shape = SHAPES["dsv4"]
+    kw = dict(expert_weights(shape, False), activation="swiglu", swiglu_limit=shape.swiglu_limit)
+    hidden, topk_w, topk_ids = routing(33, shape, seed=5)
+    want, _ = run_mega(hidden, topk_w, topk_ids, kw)
+    got, _ = run_mega(hidden, topk_w, topk_ids, kw, grid=grid)
+    assert torch.equal(got, want), f"grid {grid} changed the result"
+
+
+def test_cuda_graph_replay() -> None:
+    shape = SHAPES["dsv4"]
+    kw = dict(expert_weights(shape, True), activation="swiglu", swiglu_limit=shape.swiglu_limit)
+    hidden, topk_w, topk_ids = routing(16, shape, seed=7)
+    out = torch.empty_like(hidden)
+    run_mega(hidden, topk_w, topk_ids, kw, out=out)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run_mega(hidden, topk_w, topk_ids, kw, out=out)  # warm up on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        from sglang.kernels.ops.moe.mega_moe_triton import mega_fused_experts
+
+        mega_fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, num_sms=budget(), out=out, **kw)
+    for seed in (8, 9, 10):
+        h2, w2, i2 = routing(16, shape, seed=seed)
+        hidden.copy_(h2)
+        topk_w.copy_(w2)
+        topk_ids.copy_(i2)
+        out.fill_(float("nan"))
+        graph.replay()
+        eager, _ = run_mega(h2, w2, i2, kw)
+        assert torch.equal(out, eager), "replay must equal an eager run on the same inputs"
+
+
+@pytest.mark.skipif(not cupy_available(), reason="the SM holder needs CuPy")
+def test_side_stream_holding_sms_never_hangs_or_corrupts() -> None:
+    device = torch.device("cuda", 0)
+    shape = SHAPES["dsv4"]
+    kw = dict(expert_weights(shape, False), activation="swiglu", swiglu_limit=shape.swiglu_limit)
+    hidden, topk_w, topk_ids = routing(8, shape, seed=11)
+    want, _ = run_mega(hidden, topk_w, topk_ids, kw)
+    side = torch.cuda.Stream(device)
+    for held in (1, 2, 8):
+        for _ in range(30):
+            hold_sms(held, 3.0, side, device)
+            got, _ = run_mega(hidden, topk_w, topk_ids, kw)
+            assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not cupy_available(), reason="the SM holder needs CuPy")
+def test_forced_whole_grid_wait_reports_instead_of_hanging() -> None:
+    from sglang.kernels.ops.grid_barrier import resident_ctas_per_sm
+    from sglang.kernels.ops.moe.mega_moe_triton import MegaMoEWaitTimeout
+
+    device = torch.device("cuda", 0)
+    props = torch.cuda.get_device_properties(device)
+    shape = SHAPES["dsv4"]
+    kw = dict(expert_weights(shape, False), activation="swiglu", swiglu_limit=shape.swiglu_limit)
+    hidden, topk_w, topk_ids = routing(8, shape, seed=12)
+    want, launch = run_mega(hidden, topk_w, topk_ids, kw)
+    c = launch.compiled
+    per_sm = resident_ctas_per_sm(int(c.n_regs), int(c.metadata.shared), c.metadata.num_warps, props)
+    side = torch.cuda.Stream(device)
+    full = props.multi_processor_count * per_sm
+    # Compile the barrier variant first: compiling after the hold starts would outlast it.
+    got, _ = run_mega(hidden, topk_w, topk_ids, kw, grid=full, whole_grid_sync=True, timeout_ms=1000.0)
+    assert torch.equal(got, want)
+    hold_sms(1, 300.0, side, device)
+    with pytest.raises(MegaMoEWaitTimeout, match="SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS"):
+        run_mega(hidden, topk_w, topk_ids, kw, grid=full, whole_grid_sync=True, timeout_ms=50.0)
+    torch.cuda.synchronize()
+    # The budget leaves room for what is held: the same barrier completes, and the workspace
+    # was cleaned after the error, so results are right again.
+    hold_sms(2, 300.0, side, device)
+    got, _ = run_mega(hidden, topk_w, topk_ids, kw, grid=budget() * per_sm, whole_grid_sync=True, timeout_ms=1000.0)
+    assert torch.equal(got, want)
+    got, _ = run_mega(hidden, topk_w, topk_ids, kw)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_moe_layer_megamoe_backend_runs_the_triton_kernel(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--moe-a2a-backend megamoe`` on one Hopper GPU without DeepGEMM: the layer takes our
+    kernel (not the fallback) and gives the normal path's result."""
+    import sglang.srt.layers.moe.mega_moe_triton_backend as backend
+    from sglang.srt.layers.moe.expert_weights import ExpertWeights
+    from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
+    from sglang.srt.layers.moe.topk import TopKOutput
+
+    shape = SHAPES["dsv4"]
+    w = expert_weights(shape, fp8)
+    full = ExpertWeights(w["w13"], w["w2"], w.get("w13_scale"), w.get("w2_scale"))
+    calls = []
+    real = backend.run_triton_mega_routed
+    monkeypatch.setattr(backend, "run_triton_mega_routed", lambda *a, **k: calls.append(1) or real(*a, **k))
+    outs = {}
+    for a2a in ("none", "megamoe"):
+        cfg = FusedMoEConfig(shape.experts, shape.hidden, shape.inter, shape.top_k, "swiglu", shape.swiglu_limit, "triton", a2a)
+        layer = FusedMoE(cfg, device="cuda")
+        layer.load_weights(full)
+        hidden, topk_w, topk_ids = routing(24, shape, seed=21)
+        outs[a2a] = layer(hidden, TopKOutput(topk_w, topk_ids))
+    assert calls == [1], "the megamoe backend must run our Triton kernel"
+    assert rel_err(outs["megamoe"], outs["none"]) < (FP8_TOL if fp8 else BF16_TOL) / 4
+
+
+if __name__ == "__main__":
+    run_this_file(__file__)

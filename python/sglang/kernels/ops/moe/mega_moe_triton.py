@@ -200,7 +200,6 @@ def _phase1_tile(
             q, scale = _quant_rows_fp8(staged.to(tl.float32), eps)
             tl.store(inter_ptr + row[:, None] * stride_im + cols[None, :], q, mask=row_ok[:, None])
             tl.store(inters_ptr + row * stride_ism + group, scale, mask=row_ok)
-            tl.atomic_xchg(group_ptr, 0, sem="relaxed", scope="gpu")
             tl.debug_barrier()
             tl.atomic_add(work_ptr + done1_off + mb, 1, sem="release", scope="gpu")
     else:
@@ -215,8 +214,7 @@ def _phase2_tile(
     mb, n2, inter_ptr, inters_ptr, w2_ptr, w2s_ptr, down_ptr, out_ptr, topk_w_ptr, topk_ids_ptr,
     sorted_ptr, expert_ids_ptr, num_slots, num_experts, done1_target, n2_tiles, k_dim, stride_im,
     stride_ism, stride_we,
-    stride_wn, stride_wse, stride_wsn, stride_dm, stride_om, eps, work_ptr, done1_off, done2_off,
-    combined_off, status_ptr, timeout_ns,
+    stride_wn, stride_wse, stride_wsn, stride_dm, stride_om, eps, work_ptr, done1_off, combined_off, status_ptr, timeout_ns,
     TOP_K: tl.constexpr, TOP_K_PAD: tl.constexpr, FP8: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr, USE_TIMER: tl.constexpr,
 ):  # fmt: skip
@@ -250,12 +248,6 @@ def _phase2_tile(
         val = (acc * weight[:, None]).to(down_ptr.dtype.element_ty)
         tl.store(down_ptr + row[:, None] * stride_dm + offs_n[None, :], val, mask=row_ok[:, None])
         tl.debug_barrier()
-        # This tile no longer needs the block's intermediate; the last such tile re-arms the
-        # block's counters for the next launch.
-        used = tl.atomic_add(work_ptr + done2_off + mb, 1, sem="acq_rel", scope="gpu")
-        if used == n2_tiles - 1:
-            tl.atomic_xchg(work_ptr + done1_off + mb, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(work_ptr + done2_off + mb, 0, sem="relaxed", scope="gpu")
 
         # Combine: the row that completes its token's count for these columns sums the token.
         tok = (slot // TOP_K).to(tl.int64)
@@ -314,7 +306,7 @@ def _mega_moe_kernel(
     num_tokens, num_experts, hidden, inter_dim,
     stride_xm, stride_xsm, stride_w13e, stride_w13n, stride_w13se, stride_w13sn,
     stride_w2e, stride_w2n, stride_w2se, stride_w2sn, stride_om, stride_im, stride_ism, stride_sm,
-    stride_dm, done1_off, done2_off, groups_off, combined_off, limit, eps, timeout_ns,
+    stride_dm, done1_off, groups_off, combined_off, limit, eps, timeout_ns,
     TOP_K: tl.constexpr, TOP_K_PAD: tl.constexpr, FP8: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -354,14 +346,20 @@ def _mega_moe_kernel(
                     t2 // n2_tiles, t2 % n2_tiles, inter_ptr, inters_ptr, w2_ptr, w2s_ptr, down_ptr,
                     out_ptr, topk_w_ptr, topk_ids_ptr, sorted_ptr, expert_ids_ptr, num_slots,
                     num_experts, done1_target, n2_tiles, inter_dim, stride_im, stride_ism, stride_w2e, stride_w2n, stride_w2se,
-                    stride_w2sn, stride_dm, stride_om, eps, work_ptr, done1_off, done2_off,
+                    stride_w2sn, stride_dm, stride_om, eps, work_ptr, done1_off,
                     combined_off, status_ptr, timeout_ns, TOP_K, TOP_K_PAD, FP8, SCALE_BLOCK,
                     BLOCK_M, BLOCK_N2, BLOCK_K, USE_TIMER,
                 )  # fmt: skip
             tile = tl.atomic_add(work_ptr + _QUEUE, 1, sem="relaxed", scope="gpu")
-    # The last CTA out re-arms the queue (every other CTA has made its final claim by now).
+    # The last CTA out re-arms the queue and the block counters: every other CTA has made its
+    # final claim and finished its tiles by now. (Clearing them here, not per block, keeps
+    # atomics off the tiles' critical path.)
     exits = tl.atomic_add(work_ptr + _EXITS, 1, sem="acq_rel", scope="gpu")
     if exits == grid - 1:
+        zeros = tl.zeros((1024,), dtype=tl.int32)
+        for start in range(done1_off, combined_off, 1024):
+            offs = start + tl.arange(0, 1024)
+            tl.store(work_ptr + offs, zeros, mask=offs < combined_off)
         tl.atomic_xchg(work_ptr + _QUEUE, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(work_ptr + _BARRIER, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(work_ptr + _EXITS, 0, sem="relaxed", scope="gpu")
@@ -484,7 +482,7 @@ def mega_fused_experts(
         s13.stride(0) if p.fp8 else 0, s13.stride(1) if p.fp8 else 0,
         w2.stride(0), w2.stride(1), s2.stride(0) if p.fp8 else 0, s2.stride(1) if p.fp8 else 0,
         result.stride(0), inter.stride(0), inter_scale.stride(0), stage.stride(0), down.stride(0),
-        layout.done1, layout.done2, layout.groups, layout.combined, float(swiglu_limit or 0.0), DEFAULT_EPS,
+        layout.done1, layout.groups, layout.combined, float(swiglu_limit or 0.0), DEFAULT_EPS,
         int(timeout_ms * 1e6),
         TOP_K=p.top_k, TOP_K_PAD=triton.next_power_of_2(p.top_k), FP8=p.fp8, ACTIVATION=code,
         HAS_LIMIT=swiglu_limit is not None, SCALE_BLOCK=p.block[0], BLOCK_M=cfg.block_m,

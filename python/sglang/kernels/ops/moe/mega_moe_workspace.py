@@ -2,13 +2,13 @@
 kernel leaves at zero when it ends, plus a sticky status word it sets when a wait gives up.
 
 Layout (int32 words): ``[queue, exits, barrier, pad]`` then ``done1[num_m_blocks]`` (phase-1
-tiles finished per row block), ``done2[num_m_blocks]`` (phase-2 tiles that have read a row
-block's intermediate; the last one clears both), with FP8 ``groups[num_m_blocks * I/128]``
-(phase-1 tiles finished per 128-wide activation group; the last one quantises the group and
-clears it), then ``combined[tokens * n2_tiles]`` (expert
-rows written per token and output column tile; the last writer combines and clears it).
+tiles, or with FP8 quantised groups, finished per row block), with FP8
+``groups[num_m_blocks * I/128]`` (phase-1 tiles finished per 128-wide activation group; the last
+one quantises the group), then ``combined[tokens * n2_tiles]`` (expert rows written per token
+and output column tile; the last writer combines and clears it). The last CTA to leave clears
+the header and the ``done1``/``groups`` words.
 
-Because every counter is cleared by its last user, one zeroing at allocation serves every
+Because every counter is cleared before the launch ends, one zeroing at allocation serves every
 later launch (no memset per call, CUDA-graph friendly). A launch that timed out may leave
 counters set, so the host clears the workspace when it reports the error.
 """
@@ -38,15 +38,11 @@ class WorkspaceLayout:
 
     @property
     def groups(self) -> int:
-        return HEADER_WORDS + 2 * self.num_m_blocks
+        return HEADER_WORDS + self.num_m_blocks
 
     @property
     def done1(self) -> int:
         return HEADER_WORDS
-
-    @property
-    def done2(self) -> int:
-        return HEADER_WORDS + self.num_m_blocks
 
     @property
     def combined(self) -> int:

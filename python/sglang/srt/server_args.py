@@ -322,14 +322,17 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     _add_bool(
         g,
         "--disable-cuda-graph",
-        "Run decode eagerly. (This engine's DeepSeek V4 path runs eagerly in any case today: its "
-        "per-request caches are not graph-capturable; the flag is accepted for compatibility.)",
+        "Run decode eagerly. Otherwise, on CUDA, DeepSeek V4 decode steps replay CUDA graphs "
+        "over a preallocated cache slot pool (needs a capture-safe MoE runner: triton; models "
+        "without a static decode, e.g. Kimi K3, decode eagerly). The startup log says which.",
     )
     _add_option(
         g,
         "--cuda-graph-max-bs",
         int,
-        "Largest decode batch size to capture in CUDA graphs (when graphs are available).",
+        "Largest decode batch size to capture in CUDA graphs (sizes 1, 2, 4, 8, then every 8); "
+        "larger decode batches run the same static decode eagerly. Default: "
+        "min(--max-running-requests, 160).",
     )
     g = parser.add_argument_group("scheduling and memory")
     _add_option(

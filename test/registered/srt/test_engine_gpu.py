@@ -1,7 +1,10 @@
 """The serving path on CUDA (run on the H200; skipped elsewhere): the built-in model in bf16 with
-the triton MoE runner, greedy deterministic; the startup facts (MoE runner, SM budget); and, with
-two GPUs, TP=2 over NCCL with symmetric memory giving TP=1's greedy tokens (fp32, torch runner,
-so rounding cannot flip a token)."""
+the triton MoE runner, greedy deterministic; the startup facts (MoE runner, SM budget, CUDA
+graphs); decode CUDA graphs giving the eager decode's greedy tokens (fp32 with the triton runner,
+so bf16 rounding of a different summation order cannot flip a token; 16-token prefill chunks keep
+the fp32 MoE kernel in its smallest tiles, which fit shared memory); and, with two GPUs, TP=2
+over NCCL with symmetric memory giving TP=1's greedy tokens (fp32, torch runner, so rounding
+cannot flip a token), and the same with CUDA graphs (triton runner)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,32 @@ def test_cuda_default_model() -> None:
     assert model["moe_runner"] == "triton"
     assert model["mega_moe_sm_budget"] is None or model["mega_moe_sm_budget"] >= 2
     assert info["scheduler"]["num_active_caches"] == 0
+    assert model["cuda_graph"].startswith("on (decode batch sizes 1, 2, 4, 8"), model["cuda_graph"]
+
+
+def test_cuda_graph_greedy_equals_eager() -> None:
+    common = {"device": "cuda", "dtype": "float32", "moe_runner_backend": "triton",
+              "random_seed": 0, "log_level": "warning", "cuda_graph_max_bs": 8,
+              "chunked_prefill_size": 16}  # fmt: skip
+    prompts = PROMPTS + ["x" * 40, "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18"]
+    params = {**GREEDY, "max_new_tokens": 48}  # crosses the 32-token window
+    with Engine(**common, disable_cuda_graph=True) as eager:
+        want = [r["output_ids"] for r in eager.generate(prompts, params)]
+        off = eager.get_server_info()["model_info"]["cuda_graph"]
+    with Engine(**common) as graphs:
+        got = [r["output_ids"] for r in graphs.generate(prompts, params)]
+        alone = [graphs.generate(p, params)["output_ids"] for p in prompts[:2]]
+        on = graphs.get_server_info()["model_info"]["cuda_graph"]
+    assert off == "off (disabled by --disable-cuda-graph)"
+    assert on.startswith("on (decode batch sizes 1, 2, 4, 8;"), on
+    assert got == want
+    assert alone == want[:2]
+
+
+def test_torch_runner_says_why_graphs_are_off() -> None:
+    with Engine(device="cuda", moe_runner_backend="torch", log_level="warning") as e:
+        cuda_graph = e.get_server_info()["model_info"]["cuda_graph"]
+    assert cuda_graph.startswith("off (the torch MoE runner syncs"), cuda_graph
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -41,6 +70,20 @@ def test_cuda_tp2_symm_mem_matches_tp1() -> None:
         info = two.get_server_info()
     assert got == want
     assert info["model_info"]["symm_mem"] == "on"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_cuda_tp2_symm_mem_cuda_graphs_match_tp1() -> None:
+    common = {"device": "cuda", "dtype": "float32", "moe_runner_backend": "triton",
+              "random_seed": 0, "log_level": "warning", "cuda_graph_max_bs": 8,
+              "chunked_prefill_size": 16}  # fmt: skip
+    with Engine(**common, disable_cuda_graph=True) as one:
+        want = [r["output_ids"] for r in one.generate(PROMPTS, GREEDY)]
+    with Engine(**common, tp_size=2, enable_symm_mem=True) as two:
+        got = [r["output_ids"] for r in two.generate(PROMPTS, GREEDY)]
+        info = two.get_server_info()["model_info"]
+    assert info["cuda_graph"].startswith("on") and info["symm_mem"] == "on"
+    assert got == want
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Entry point of one scheduler / model-worker process (one per TP rank).
 
 Order matters: symmetric memory is enabled before NCCL starts (it sets NCCL_CUMEM_ENABLE), the
-model is warmed up on every rank before the symmetric pool is preallocated (no registration while
-serving), and budgets are agreed across ranks before rank 0 reports ready.
+model is warmed up on every rank, budgets are agreed across ranks, then the decode slot pool is
+preallocated and the decode CUDA graphs captured, and only then is the symmetric pool preallocated
+(no registration during capture or while serving) and rank 0 reports ready.
 """
 
 from __future__ import annotations
@@ -137,8 +138,6 @@ def run_scheduler_process(
         tp_group = ps.initialize_model_parallel(tp_size)
         runner = ModelRunner(args, tp_rank, tp_size)
         runner.warmup()
-        if args.enable_symm_mem and on_gpu and tp_size > 1:
-            prealloc_symmetric_memory_pool(tp_group)
         context_length = min(
             args.context_length or runner.max_position_embeddings, runner.max_position_embeddings
         )
@@ -150,10 +149,25 @@ def run_scheduler_process(
         budget = args.max_total_tokens or _default_max_total_tokens(args, runner, context_length)
         # Every rank holds the same caches, so the smallest rank's budget is everyone's.
         budget = min(tp_group.all_gather_object(budget))
+        assert args.max_running_requests is not None and args.chunked_prefill_size is not None
+        # Slot pool and decode graphs, then the symmetric pool's preallocation (after capture).
+        decode = runner.init_decode(
+            context_length=context_length, max_total_tokens=budget,
+            max_running_requests=args.max_running_requests,
+        )  # fmt: skip
+        if args.enable_symm_mem and on_gpu and tp_size > 1:
+            prealloc_symmetric_memory_pool(tp_group)
+        max_running = decode.max_running_requests
+        if max_running < args.max_running_requests and tp_rank == 0:
+            logger.warning(
+                f"--max-running-requests {args.max_running_requests} lowered to {max_running}: "
+                f"the cache slots of {context_length}-token requests that fit --max-total-tokens "
+                f"{budget}"
+            )
         moe_runner = runner.moe_runner_name()
         sm_budget = _sm_budget(runner.device)
         symm = _symm_mem_state(args, tp_size)
-        cuda_graph = "off (eager decode: per-request caches are not graph-capturable yet)"
+        cuda_graph = decode.cuda_graph
         if tp_rank == 0:
             logger.info(
                 f"ready: {runner.entry.architecture} from {args.model_path} on {args.device} "
@@ -163,10 +177,9 @@ def run_scheduler_process(
                 f"{sm_budget if sm_budget is not None else 'n/a (no CUDA device)'}; "
                 f"symmetric memory: {symm}; CUDA graphs: {cuda_graph}; "
                 f"context {context_length}, max total tokens {budget}, "
-                f"max running requests {args.max_running_requests}, "
+                f"max running requests {max_running}, "
                 f"chunked prefill {args.chunked_prefill_size}"
             )
-        assert args.max_running_requests is not None and args.chunked_prefill_size is not None
         info = ModelInfo(
             model_path=args.model_path or "",
             architecture=runner.entry.architecture,
@@ -174,7 +187,7 @@ def run_scheduler_process(
             context_length=context_length,
             eos_token_ids=_eos_token_ids(args.model_path or "", runner.hf_config),
             max_total_tokens=budget,
-            max_running_requests=args.max_running_requests,
+            max_running_requests=max_running,
             chunked_prefill_size=args.chunked_prefill_size,
             dtype=args.dtype,
             device=args.device or "cpu",
@@ -193,7 +206,7 @@ def run_scheduler_process(
                 context_length=context_length,
                 eos_token_ids=info.eos_token_ids,
                 max_total_tokens=budget,
-                max_running_requests=args.max_running_requests,
+                max_running_requests=max_running,
                 chunked_prefill_size=args.chunked_prefill_size,
                 random_seed=args.random_seed,
                 recv=recv,

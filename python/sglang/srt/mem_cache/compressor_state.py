@@ -2,16 +2,45 @@
 indexer): the emitted compressed entries and what the next entry still needs.
 
 An entry pools one block of ``ratio`` consecutive tokens, so tokens of a block that is not complete
-yet wait in ``pending_*`` (their projected ``kv`` / ``score`` rows, fp32). With overlapping windows
-(ratio 4) an entry also pools the *previous* block's tokens through their first channel half, so
-the last complete block's first halves are kept in ``prev_*``.
+yet wait in ``pending_*`` (their projected ``kv`` / ``score`` rows, fp32; row ``p % ratio`` holds
+position ``p``). With overlapping windows (ratio 4) an entry also pools the *previous* block's
+tokens through their first channel half, so the last complete block's first halves (scores with
+``ape`` added) are kept in ``prev_*``; before block 0 completes they are zero rows with ``-inf``
+scores, which the pooling softmax weighs 0 -- exactly "no previous block".
+
+Every buffer has a fixed shape, so the state can live in a slot of the static pool
+(:class:`CompressorStorage` views; the static decode updates them in place with masks) or in its
+own tensors (a plain per-request cache). Host counters (pending rows, entries) are the eager
+path's; the static decode keeps them right through :meth:`sync_to`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from sglang.srt.mem_cache.fixed_rows import FixedRows
 from sglang.srt.mem_cache.growable_rows import GrowableRows
+
+
+@dataclass(frozen=True)
+class CompressorStorage:
+    """One request's compressor buffers: ``entries [C, D]`` (entry dtype), ``pending_kv`` /
+    ``pending_score [ratio, coff*D]`` fp32, ``prev_kv`` / ``prev_score [ratio, D]`` fp32 (overlap
+    only, else ``None``)."""
+
+    entries: torch.Tensor
+    pending_kv: torch.Tensor
+    pending_score: torch.Tensor
+    prev_kv: torch.Tensor | None
+    prev_score: torch.Tensor | None
+
+
+def reset_previous(prev_kv: torch.Tensor, prev_score: torch.Tensor) -> None:
+    """The "no previous block" rows: kv 0, score -inf (softmax weight 0)."""
+    prev_kv.zero_()
+    prev_score.fill_(float("-inf"))
 
 
 class CompressorState:
@@ -23,16 +52,29 @@ class CompressorState:
         overlap: bool,
         entry_dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        storage: CompressorStorage | None = None,
     ) -> None:
         if ratio < 1:
             raise ValueError(f"compress ratio must be >= 1, got {ratio}")
         self.ratio, self.dim, self.overlap = ratio, dim, overlap
         width = (2 if overlap else 1) * dim
-        self.pending_kv = torch.zeros(0, width, dtype=torch.float32, device=device)
-        self.pending_score = torch.zeros(0, width, dtype=torch.float32, device=device)
-        self.prev_kv: torch.Tensor | None = None  # [ratio, dim] fp32, overlap only
-        self.prev_score: torch.Tensor | None = None
-        self.entries = GrowableRows(dim, dtype=entry_dtype, device=device)
+        self.entries: GrowableRows | FixedRows
+        if storage is None:
+            f32 = torch.float32
+            self._pending_kv = torch.zeros(ratio, width, dtype=f32, device=device)
+            self._pending_score = torch.zeros(ratio, width, dtype=f32, device=device)
+            self.prev_kv: torch.Tensor | None = None
+            self.prev_score: torch.Tensor | None = None
+            if overlap:
+                self.prev_kv = torch.empty(ratio, dim, dtype=f32, device=device)
+                self.prev_score = torch.empty(ratio, dim, dtype=f32, device=device)
+                reset_previous(self.prev_kv, self.prev_score)
+            self.entries = GrowableRows(dim, dtype=entry_dtype, device=device)
+        else:
+            self._pending_kv, self._pending_score = storage.pending_kv, storage.pending_score
+            self.prev_kv, self.prev_score = storage.prev_kv, storage.prev_score
+            self.entries = FixedRows(storage.entries)
+        self.num_pending = 0
 
     @property
     def num_entries(self) -> int:
@@ -41,19 +83,42 @@ class CompressorState:
     @property
     def num_tokens(self) -> int:
         """Tokens consumed so far (complete blocks plus pending rows)."""
-        return self.num_entries * self.ratio + self.pending_kv.shape[0]
+        return self.num_entries * self.ratio + self.num_pending
+
+    @property
+    def pending_kv(self) -> torch.Tensor:
+        return self._pending_kv[: self.num_pending]
+
+    @property
+    def pending_score(self) -> torch.Tensor:
+        return self._pending_score[: self.num_pending]
+
+    def sync_to(self, num_tokens: int) -> None:
+        """Set the host counters for ``num_tokens`` consumed tokens (after a static decode wrote
+        the buffers itself)."""
+        self.entries.n = num_tokens // self.ratio
+        self.num_pending = num_tokens % self.ratio
+
+    def set_previous(self, kv: torch.Tensor, score: torch.Tensor) -> None:
+        """Keep the last complete block's first halves ``[ratio, D]`` (in place)."""
+        assert self.prev_kv is not None and self.prev_score is not None
+        self.prev_kv.copy_(kv)
+        self.prev_score.copy_(score)
 
     def take_complete_blocks(
         self, kv: torch.Tensor, score: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Add new rows; return the rows of every block completed now as
         ``(kv [nb, ratio, width], score [nb, ratio, width], first_block_index)``, keeping the
-        remainder pending."""
+        remainder pending (rows ``0 ..`` of the pending buffers: blocks align to positions)."""
         rows_kv = torch.cat([self.pending_kv, kv.float()])
         rows_score = torch.cat([self.pending_score, score.float()])
         nb = rows_kv.shape[0] // self.ratio
         used = nb * self.ratio
-        self.pending_kv, self.pending_score = rows_kv[used:].clone(), rows_score[used:].clone()
+        rest = rows_kv.shape[0] - used
+        self._pending_kv[:rest] = rows_kv[used:]
+        self._pending_score[:rest] = rows_score[used:]
+        self.num_pending = rest
         width = rows_kv.shape[1]
         first = self.num_entries
         return (

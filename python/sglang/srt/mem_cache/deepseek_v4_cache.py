@@ -5,8 +5,9 @@ compressor's state and entries; for ratio-4 layers also the indexer compressor's
 A request's cache also counts its tokens, so a forward can check that the positions it is given
 continue the cache (the compressors' blocks are aligned to absolute positions).
 
-This is a plain per-request store (one tensor set per request) that the reference attention reads
-directly; a paged pool shared by many requests is a separate concern of the scheduler.
+A cache either owns its tensors (:func:`new_request_cache`, the eager reference) or views one slot
+of a :class:`DeepseekV4SlotPool` (:func:`slot_request_cache`), which the static (CUDA-graph)
+decode also reads and writes; the eager attention treats both alike.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang.srt.mem_cache.compressor_state import CompressorState
+from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.mem_cache.request_cache import RequestCache
 from sglang.srt.mem_cache.window_ring import WindowRing
 
@@ -28,7 +30,19 @@ class DeepseekV4LayerCache:
 
 
 class DeepseekV4RequestCache(RequestCache[DeepseekV4LayerCache]):
-    """One request's layer caches and token count."""
+    """One request's layer caches and token count; ``slot`` is its pool slot (``None`` when the
+    cache owns its tensors)."""
+
+    slot: int | None = None
+
+    def sync_layers(self) -> None:
+        """Set every layer's host counters from ``num_tokens`` (after a static decode step, which
+        wrote the slot's buffers on the device and counted nothing on the host)."""
+        for layer in self.layers:
+            layer.window.total = self.num_tokens
+            for comp in (layer.compressor, layer.indexer):
+                if comp is not None:
+                    comp.sync_to(self.num_tokens)
 
 
 def new_request_cache(
@@ -57,3 +71,24 @@ def new_request_cache(
                 )
         layers.append(DeepseekV4LayerCache(ring, comp, idx))
     return DeepseekV4RequestCache(layers)
+
+
+def slot_request_cache(pool: DeepseekV4SlotPool, slot: int) -> DeepseekV4RequestCache:
+    """An empty cache over ``slot`` of ``pool`` (the caller allocated the slot)."""
+    layers = []
+    for store in pool.layers:
+        ring = WindowRing(pool.window, store.window.shape[-1], dtype=store.window.dtype,
+                          buf=store.window[slot])  # fmt: skip
+        comp = idx = None
+        if store.compressor is not None:
+            c = store.compressor
+            comp = CompressorState(ratio=c.ratio, dim=c.entries.shape[-1], overlap=c.overlap,
+                                   entry_dtype=c.entries.dtype, storage=c.storage(slot))  # fmt: skip
+        if store.indexer is not None:
+            c = store.indexer
+            idx = CompressorState(ratio=c.ratio, dim=c.entries.shape[-1], overlap=True,
+                                  entry_dtype=c.entries.dtype, storage=c.storage(slot))  # fmt: skip
+        layers.append(DeepseekV4LayerCache(ring, comp, idx))
+    cache = DeepseekV4RequestCache(layers)
+    cache.slot = slot
+    return cache

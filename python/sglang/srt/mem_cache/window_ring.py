@@ -2,6 +2,9 @@
 
 DeepSeek V4 attends to the raw KV of the last ``window`` positions (the query's own included), so a
 request keeps the previous ``window - 1`` rows; older rows can never be read again.
+
+Row ``p % capacity`` holds position ``p``. A ring may live in a slot of the static pool (``buf``
+given, capacity ``window``): the static decode then reads and writes the same rows by position.
 """
 
 from __future__ import annotations
@@ -11,12 +14,22 @@ import torch
 
 class WindowRing:
     def __init__(
-        self, capacity: int, dim: int, *, dtype: torch.dtype, device: torch.device | str = "cpu"
+        self,
+        capacity: int,
+        dim: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        buf: torch.Tensor | None = None,
     ) -> None:
         if capacity < 0:
             raise ValueError(f"window ring capacity must be >= 0, got {capacity}")
+        if buf is not None and tuple(buf.shape) != (capacity, dim):
+            raise ValueError(f"ring buffer {tuple(buf.shape)} is not [{capacity}, {dim}]")
         self.capacity = capacity
-        self.buf = torch.zeros(capacity, dim, dtype=dtype, device=device)
+        if buf is None:
+            buf = torch.zeros(capacity, dim, dtype=dtype, device=device)
+        self.buf = buf
         self.total = 0  # rows ever appended (= the absolute position after the last row)
 
     def __len__(self) -> int:

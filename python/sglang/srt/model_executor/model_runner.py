@@ -1,19 +1,29 @@
 """One TP rank's model: loaded shard, per-request caches, and the forward of a :class:`ForwardPlan`.
 
-Caches are plain per-request objects held in a dict keyed by request id; dropping the entry frees
-the request's memory (KV window ring, compressed entries, indexer keys). All ranks apply the same
-plan, so their dicts hold the same keys and their caches the same lengths.
+Caches are per-request objects held in a dict keyed by request id. By default each owns its
+tensors and dropping the entry frees them. After :meth:`ModelRunner.init_decode` chose the static
+decode (CUDA graphs), caches live in slots of the model's preallocated pool instead: freeing a
+request returns its slot, prefill chunks run eagerly into the slot, and decode-only steps replay
+a captured graph (padded to the next captured size). All ranks apply the same plan, so their
+dicts hold the same keys, slots and lengths.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from sglang.srt.model_executor.cuda_graph_runner import (
+    CudaGraphRunner,
+    capture_batch_sizes,
+    graph_unavailable_reason,
+)
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_registry import LoadOptions, find_model, read_model_config
+from sglang.srt.model_executor.slot_plan import plan_slot_pool
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
@@ -24,6 +34,14 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
+
+
+@dataclass(frozen=True)
+class DecodeSetup:
+    """What :meth:`ModelRunner.init_decode` chose, for the startup log and the scheduler."""
+
+    cuda_graph: str  # "on (...)" or "off (why)"
+    max_running_requests: int  # the pool's slot count caps it when the static decode is on
 
 
 class ModelRunner:
@@ -51,6 +69,8 @@ class ModelRunner:
         )
         self.load_time_s = time.perf_counter() - started
         self.caches: dict[str, Any] = {}
+        self.pooled = False  # caches in the model's slot pool, decode through static_decode
+        self.graph_runner: CudaGraphRunner | None = None
 
     # --- facts ---------------------------------------------------------------------------------
 
@@ -75,17 +95,56 @@ class ModelRunner:
     def cache_len(self, rid: str) -> int:
         return len(self.caches[rid])
 
+    def init_decode(
+        self,
+        *,
+        context_length: int,
+        max_total_tokens: int,
+        max_running_requests: int,
+        static_without_graphs: bool = False,
+    ) -> DecodeSetup:
+        """Before serving (after warm-up, before the symmetric pool's preallocation): when decode
+        can run in CUDA graphs, preallocate the slot pool and capture. ``static_without_graphs``
+        runs the static decode eagerly where graphs are unavailable (tests on CPU)."""
+        reason = graph_unavailable_reason(
+            self.model, self.device, disabled=self.args.disable_cuda_graph,
+            a2a_backend=self.args.moe_a2a_backend,
+        )  # fmt: skip
+        has_static = callable(getattr(self.model, "static_decode", None))
+        if reason is not None and not (static_without_graphs and has_static):
+            return DecodeSetup(f"off ({reason})", max_running_requests)
+        plan = plan_slot_pool(
+            context_length=context_length, max_total_tokens=max_total_tokens,
+            max_running_requests=max_running_requests,
+        )  # fmt: skip
+        pool = self.model.enable_slot_pool(plan.slots, plan.capacity)
+        self.pooled = True
+        gib = pool.nbytes() / (1 << 30)
+        slots = f"slot pool {plan.slots} x {plan.capacity} tokens, {gib:.2f} GiB"
+        if reason is not None:
+            return DecodeSetup(f"off ({reason}); static decode eager, {slots}", plan.slots)
+        assert self.args.cuda_graph_max_bs is not None
+        sizes = capture_batch_sizes(min(self.args.cuda_graph_max_bs, plan.slots))
+        self.graph_runner = CudaGraphRunner(self.model, sizes, self.device)
+        self.graph_runner.capture()
+        return DecodeSetup(f"{self.graph_runner.describe()}; {slots}", plan.slots)
+
     # --- forward -------------------------------------------------------------------------------
 
     def execute(self, plan: ForwardPlan) -> torch.Tensor | None:
         """Apply the plan's frees and new caches, run its rows; logits ``[T, V]`` or ``None``."""
         for rid in plan.free_rids:
-            self.caches.pop(rid, None)
+            cache = self.caches.pop(rid, None)
+            if cache is not None and self.pooled:
+                self.model.free_pooled_cache(cache)
         for rid in plan.new_rids:
-            self.caches[rid] = self.model.new_request_cache()
+            new = self.model.new_pooled_cache if self.pooled else self.model.new_request_cache
+            self.caches[rid] = new()
         if not plan.has_forward:
             return None
         caches = [self.caches[rid] for rid in plan.rids]
+        if self.pooled and all(n == 1 for n in plan.seq_lens):
+            return self._decode_static(plan, caches)
         positions = torch.cat(
             [
                 torch.arange(len(c), len(c) + n, dtype=torch.long)
@@ -98,6 +157,16 @@ class ModelRunner:
             positions = positions.to(self.device, non_blocking=True)
         batch = self.entry.make_batch(plan.seq_lens, caches)
         return self.model.forward(ids, positions, batch)
+
+    def _decode_static(self, plan: ForwardPlan, caches: list[Any]) -> torch.Tensor:
+        """One token per request through the slot pool: a graph replay when one is captured
+        for the batch size, else the static decode run eagerly."""
+        ids = torch.tensor(plan.input_ids, dtype=torch.long)
+        if self.device.type != "cpu":
+            ids = ids.to(self.device, non_blocking=True)
+        graphs = self.graph_runner
+        step = graphs.replay if graphs is not None and graphs.can_run(len(caches)) else None
+        return self.model.decode_pooled(ids, caches, step=step)
 
     def warmup(self, num_tokens: int = 16) -> None:
         """One prefill and one decode on a throw-away cache, identical on every rank: compiles

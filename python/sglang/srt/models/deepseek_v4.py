@@ -15,11 +15,15 @@ Parameter names follow the official checkpoint (``embed.weight``, ``layers.L.att
 straight onto ``named_parameters()``. Routed experts live in each layer's ``FusedMoE``.
 
 A batch is a list of requests, each with its own :class:`DeepseekV4RequestCache`: projections, mHC
-and MoE run over all rows at once; attention and the compressors walk the requests.
+and MoE run over all rows at once; attention and the compressors walk the requests. With a slot
+pool (:meth:`DeepseekV4ForCausalLM.enable_slot_pool`) request caches can live in preallocated
+slots, and :meth:`~DeepseekV4ForCausalLM.static_decode` runs a decode step over them with fixed
+shapes (the body of the decode CUDA graphs); the eager forward stays the reference.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -27,19 +31,33 @@ from torch import nn
 
 from sglang.kernels.ops.layernorm.mhc import mhc_fused_post_pre, mhc_head, mhc_post, mhc_pre
 from sglang.srt.layers.attention.dsv4_attention import AttnSegment, DeepseekV4Attention
+from sglang.srt.layers.attention.dsv4_static_decode import static_decode_attention
 from sglang.srt.layers.embedding import ReplicatedEmbedding
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.moe.layer import A2ABackend
-from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4RequestCache, new_request_cache
+from sglang.srt.mem_cache.deepseek_v4_cache import (
+    DeepseekV4RequestCache,
+    new_request_cache,
+    slot_request_cache,
+)
+from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
+from sglang.srt.models.deepseek_v4_static_inputs import (
+    StaticStep,
+    pad_rows,
+    static_decode_inputs,
+)
 
 
 class DeepseekV4Batch(RequestBatch[DeepseekV4RequestCache]):
     """The requests of one forward, in row order: ``seq_lens[i]`` new tokens for ``caches[i]``."""
 
+
+# The attention of layer i on its normed input: eager (per-request caches) or static (slot pool).
+AttendFn = Callable[[int, "DeepseekV4DecoderLayer", torch.Tensor], torch.Tensor]
 
 # (fn, scale, base, norm weight) of the mHC entering one sublayer
 HCParams = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -137,6 +155,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         self.hc_head_base = fp32_param(c.hc_mult, device=device)
         self.hc_head_scale = fp32_param(1, device=device)
         self.head = ReplicatedLinear(c.hidden_size, c.vocab_size, params_dtype=dtype, device=device)
+        self.slot_pool: DeepseekV4SlotPool | None = None  # see enable_slot_pool
 
     @property
     def decoder_layers(self) -> list[DeepseekV4DecoderLayer]:
@@ -154,6 +173,35 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
 
     # --- forward -------------------------------------------------------------------------------
 
+    def enable_slot_pool(self, max_slots: int, capacity: int) -> DeepseekV4SlotPool:
+        """Preallocate the static cache: ``max_slots`` requests of up to ``capacity`` tokens each
+        (what the static decode and CUDA graphs need). Replaces any earlier pool."""
+        c = self.config
+        self.slot_pool = DeepseekV4SlotPool(
+            attn_types=c.attn_types, compress_ratios=c.compress_ratios, sliding_window=c.sliding_window,
+            head_dim=c.head_dim, index_head_dim=c.index_head_dim, max_slots=max_slots,
+            capacity=capacity, dtype=self.dtype, device=self.device,
+        )  # fmt: skip
+        return self.slot_pool
+
+    def new_pooled_cache(self) -> DeepseekV4RequestCache:
+        """A request cache in a free slot of the pool (eager forwards and the static decode both
+        use it); give it back with :meth:`free_pooled_cache`."""
+        pool = self._pool()
+        return slot_request_cache(pool, pool.alloc())
+
+    def free_pooled_cache(self, cache: DeepseekV4RequestCache) -> None:
+        if cache.slot is not None:
+            self._pool().free(cache.slot)
+            cache.slot = None
+
+    def _pool(self) -> DeepseekV4SlotPool:
+        if self.slot_pool is None:
+            raise RuntimeError("no slot pool: call enable_slot_pool() first")
+        return self.slot_pool
+
+    # --- forward -------------------------------------------------------------------------------
+
     @torch.no_grad()
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: DeepseekV4Batch | None = None
@@ -164,6 +212,60 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         With ``batch`` each request's rows must continue its cache (positions ``len(cache) ..``);
         the caches are extended in place."""
         batch = self._checked_batch(input_ids, positions, batch)
+        starts = batch.starts()
+
+        def attend(i: int, layer: DeepseekV4DecoderLayer, x: torch.Tensor) -> torch.Tensor:
+            segments = [
+                AttnSegment(starts[r], batch.seq_lens[r], batch.caches[r].layers[i])
+                for r in range(len(batch.caches))
+            ]
+            return layer.attn(x, positions, segments)
+
+        logits = self._run_layers(input_ids, attend)
+        batch.advance()
+        return logits
+
+    @torch.no_grad()
+    def static_decode(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """One token for each of ``bs`` requests with fixed shapes and no host sync (the body of
+        a decode CUDA graph): ``input_ids``, ``positions``, ``slots`` ``[bs]`` (int64; padding rows
+        use ``slot_pool.scratch_slot``) -> logits ``[bs, V]``. Writes the slots' caches; host
+        counts are the caller's (:meth:`decode_pooled` keeps them)."""
+        pool = self._pool()
+
+        def attend(i: int, layer: DeepseekV4DecoderLayer, x: torch.Tensor) -> torch.Tensor:
+            return static_decode_attention(layer.attn, x, positions, slots, pool.layers[i])
+
+        return self._run_layers(input_ids, attend)
+
+    def decode_pooled(
+        self,
+        input_ids: torch.Tensor,
+        caches: Sequence[DeepseekV4RequestCache],
+        *,
+        pad_to: int | None = None,
+        step: StaticStep | None = None,
+    ) -> torch.Tensor:
+        """:meth:`decode` through the static path for pooled caches: pads to ``pad_to`` rows with
+        the scratch slot, runs ``step`` (default :meth:`static_decode`; a CUDA-graph replay has
+        the same signature), counts the token into every cache; logits ``[B, V]``."""
+        pool = self._pool()
+        positions, slots = static_decode_inputs(pool, caches, input_ids.device)
+        if step is None:
+            size = pad_to or len(caches)
+            padded = pad_rows(input_ids, positions, slots, size, pool.scratch_slot)
+            logits = self.static_decode(*padded)[: len(caches)]
+        else:
+            logits = step(input_ids, positions, slots)
+        for cache in caches:
+            cache.num_tokens += 1
+            cache.sync_layers()
+        return logits
+
+    def _run_layers(self, input_ids: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        """Embedding, every layer (``attend(i, layer, x)`` is the attention), mHC head, logits."""
         c = self.config
         # mHC mixing constants, plus the eps of the RMSNorm fused into every hc_pre
         mix: dict[str, Any] = {
@@ -179,13 +281,8 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         layers = self.decoder_layers
         fn, scale, base, norm_w = layers[0].hc_attn()
         x, post, comb = mhc_pre(residual, fn, scale, base, norm_weight=norm_w, **mix)
-        starts = batch.starts()
         for i, layer in enumerate(layers):
-            segments = [
-                AttnSegment(starts[r], batch.seq_lens[r], batch.caches[r].layers[i])
-                for r in range(len(batch.caches))
-            ]
-            a = layer.attn(x, positions, segments)
+            a = attend(i, layer, x)
             residual, x, post, comb = _post_then_pre(a, residual, post, comb, layer.hc_ffn(), mix)
             m = layer.ffn(x, input_ids)
             if i + 1 < len(layers):
@@ -194,7 +291,6 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
                 )
             else:
                 residual = mhc_post(m, residual, post, comb)
-        batch.advance()
         y = mhc_head(
             residual,
             self.hc_head_fn,

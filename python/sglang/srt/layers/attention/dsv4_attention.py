@@ -48,6 +48,17 @@ class _IndexerInputs:
 
 
 @dataclass(frozen=True)
+class Projected:
+    """The per-token projections of a forward (shared by the eager and the static decode)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    q_lora: torch.Tensor
+    q: torch.Tensor
+    kv: torch.Tensor
+
+
+@dataclass(frozen=True)
 class AttnSegment:
     """One request's rows ``[start, start + length)`` of the batch and its cache for this layer."""
 
@@ -130,20 +141,16 @@ class DeepseekV4Attention(nn.Module):
     ) -> torch.Tensor:
         """``x [T, H]`` of a batch of requests (``segments`` cover ``0..T`` in order) -> ``[T, H]``
         (summed over the TP group). Appends the new tokens to each request's cache."""
-        cos, sin = self.rotary.cos_sin(positions)
-        q_lora = self.q_norm(self.wq_a(x))
-        q = self.wq_b(q_lora).unflatten(-1, (self.n_local_heads, self.head_dim))
-        if self.q_head_norm:
-            q = unweighted_rms_norm(q, self.eps)
-        q = apply_interleaved_rope(q, cos, sin)
-        kv = apply_interleaved_rope(self.kv_norm(self.wkv(x)), cos, sin)
+        p = self.project(x, positions)
+        q, kv = p.q, p.kv
 
         # Everything that is per token runs on the whole batch; only the cache walk is per request.
         comp = self.compressor.project(x) if self.compressor is not None else None
         idx: _IndexerInputs | None = None
         if self.indexer is not None:
             idx = _IndexerInputs(
-                *self.indexer.compressor.project(x), *self.indexer.queries(q_lora, x, cos, sin)
+                *self.indexer.compressor.project(x),
+                *self.indexer.queries(p.q_lora, x, p.cos, p.sin),
             )
 
         o = torch.empty(
@@ -161,8 +168,23 @@ class DeepseekV4Attention(nn.Module):
                 q[rows], pos, win_kv, win_first, entries, visible, self.attn_sink,
                 scale=self.scale, window=self.window,
             )  # fmt: skip
+        return self.output(o, p, x.dtype)
 
-        o = apply_interleaved_rope(o, cos, sin, inverse=True).to(x.dtype)
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> Projected:
+        """The per-token projections: rope'd queries ``[T, local_heads, D]`` and KV ``[T, D]``."""
+        cos, sin = self.rotary.cos_sin(positions)
+        q_lora = self.q_norm(self.wq_a(x))
+        q = self.wq_b(q_lora).unflatten(-1, (self.n_local_heads, self.head_dim))
+        if self.q_head_norm:
+            q = unweighted_rms_norm(q, self.eps)
+        q = apply_interleaved_rope(q, cos, sin)
+        kv = apply_interleaved_rope(self.kv_norm(self.wkv(x)), cos, sin)
+        return Projected(cos, sin, q_lora, q, kv)
+
+    def output(self, o: torch.Tensor, p: Projected, dtype: torch.dtype) -> torch.Tensor:
+        """fp32 attention output ``[T, local_heads, D]`` -> ``[T, H]``: inverse RoPE, grouped wo_a,
+        wo_b (reduced over the TP group)."""
+        o = apply_interleaved_rope(o, p.cos, p.sin, inverse=True).to(dtype)
         return self.wo_b(self._grouped_wo_a(o))
 
     def _compressed_entries(

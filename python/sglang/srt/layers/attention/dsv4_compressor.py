@@ -67,11 +67,11 @@ class KVCompressor(nn.Module):
         blocks_score = blocks_score + self.ape.float()
         if self.overlap:
             d = self.dim
-            head_kv, head_score = self._previous_block(state, nb, blocks_kv.device)
-            prev_kv = torch.cat([head_kv, blocks_kv[:-1, :, :d]])
-            prev_score = torch.cat([head_score, blocks_score[:-1, :, :d]])
-            state.prev_kv = blocks_kv[-1, :, :d].clone()
-            state.prev_score = blocks_score[-1, :, :d].clone()
+            assert state.prev_kv is not None and state.prev_score is not None
+            # The first block's previous block is the kept one (or the "none" rows: 0, -inf).
+            prev_kv = torch.cat([state.prev_kv[None], blocks_kv[:-1, :, :d]])
+            prev_score = torch.cat([state.prev_score[None], blocks_score[:-1, :, :d]])
+            state.set_previous(blocks_kv[-1, :, :d], blocks_score[-1, :, :d])
             cand_kv = torch.cat([prev_kv, blocks_kv[:, :, d:]], dim=1)
             cand_score = torch.cat([prev_score, blocks_score[:, :, d:]], dim=1)
         else:
@@ -83,16 +83,3 @@ class KVCompressor(nn.Module):
         entries = apply_interleaved_rope(normed, cos, sin).to(state.entries.buf.dtype)
         state.entries.append(entries)
         return entries
-
-    def _previous_block(
-        self, state: CompressorState, nb: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first-half candidates for the first new block: the cached previous block, or
-        (block 0) zero rows with -inf scores, which the softmax gives weight 0."""
-        if state.prev_kv is not None and state.prev_score is not None:
-            return state.prev_kv[None], state.prev_score[None]
-        shape = (1, self.ratio, self.dim)
-        return (
-            torch.zeros(shape, dtype=torch.float32, device=device),
-            torch.full(shape, float("-inf"), dtype=torch.float32, device=device),
-        )

@@ -27,6 +27,10 @@ MASKED_MAX_TOKENS = 64
 
 class DeepGemmMoERunner(MoERunner):
     name = "deep_gemm"
+    capture_unsafe_reason = (
+        "the deep_gemm MoE runner sizes its grouped-GEMM layout from routed counts read back to "
+        "the host"
+    )
 
     def __init__(self, config, deep_gemm: ModuleType | None = None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config)

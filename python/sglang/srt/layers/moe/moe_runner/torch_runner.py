@@ -12,6 +12,9 @@ from sglang.srt.layers.moe.topk import TopKOutput
 
 class TorchMoERunner(MoERunner):
     name = "torch"
+    capture_unsafe_reason = (
+        "the torch MoE runner syncs with the host (it loops over the routed experts it reads back)"
+    )
 
     def run(
         self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, *, inplace: bool = False

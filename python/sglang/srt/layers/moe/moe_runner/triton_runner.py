@@ -19,6 +19,8 @@ def _fused_experts() -> Callable[..., torch.Tensor]:  # lazily: triton is not ne
 
 class TritonMoERunner(MoERunner):
     name = "triton"
+    # Fixed-size alignment (no host read of the routing), shape-only tile choice.
+    capture_safe = True
 
     def is_available(self, device: torch.device) -> tuple[bool, str]:
         if device.type != "cuda":

@@ -1,0 +1,105 @@
+"""DeepSeek V4 attention for one decode token per request, reading and writing the slot pool with
+fixed shapes: no host sync, no data-dependent size (CUDA-graph capturable).
+
+Per row (request ``slots[i]`` at ``positions[i]``; padding rows use the pool's scratch slot):
+- the new KV goes to ring row ``p % W``; the query then sees all ``W`` ring rows, row ``r``
+  holding position ``p - ((p - r) mod W)``, valid when that is ``>= 0``;
+- compressed layers first feed their compressor(s) (:func:`compress_decode_step`);
+  ratio 128 sees every entry ``< (p + 1) // 128``; ratio 4 the indexer's top-k of its visible
+  entries, chosen exactly as the eager indexer does (invalid entries at ``-inf``, a stable sort,
+  a fixed ``k``, picks past the visible count masked out);
+- one softmax over [window rows | chosen entries | sink], as :func:`dsv4_attention`.
+The eager path is the reference; only summation order differs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
+from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
+from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention
+
+
+def indexer_topk(
+    indexer: LightningIndexer,
+    q: torch.Tensor,
+    w: torch.Tensor,
+    keys: torch.Tensor,
+    visible: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [bs, heads, d]``, ``w [bs, heads]``, ``keys [bs, C, d]``, ``visible [bs]`` (entries
+    ``0 .. visible-1`` exist) -> (entry indices ``[bs, k]``, which of them are real ``[bs, k]``),
+    ``k = min(index_topk, C)``."""
+    dots = torch.einsum("bhd,bnd->bhn", q.float(), keys.float()).relu() * indexer.head_dim**-0.5
+    scores = (dots * w.unsqueeze(-1)).sum(dim=1)
+    entry = torch.arange(keys.shape[1], device=keys.device)
+    ok = entry[None, :] < visible[:, None]
+    scores = scores.masked_fill(~ok, float("-inf"))
+    k = min(indexer.topk, keys.shape[1])
+    # Stable: ties go to the earlier entry, as in LightningIndexer.select.
+    top = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+    return top, ok.gather(1, top)
+
+
+def sink_attention(
+    q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``q [bs, heads, D]`` over ``keys [bs, M, D]`` (K = V) where ``valid [bs, M]``, plus a
+    per-head sink logit -> fp32 ``[bs, heads, D]``."""
+    bs, heads, _ = q.shape
+    kf = keys.float()
+    logits = torch.einsum("bhd,bmd->bhm", q.float(), kf) * scale
+    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+    sink_logit = sink.float().view(1, heads, 1).expand(bs, heads, 1)
+    probs = torch.softmax(torch.cat([logits, sink_logit], dim=-1), dim=-1)
+    return torch.einsum("bhm,bmd->bhd", probs[..., : keys.shape[1]], kf)
+
+
+def static_decode_attention(
+    attn: DeepseekV4Attention,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    store: LayerSlots,
+) -> torch.Tensor:
+    """``x [bs, H]`` -> ``[bs, H]`` (TP-reduced), updating the slots' caches in place."""
+    p = attn.project(x, positions)
+    ring = store.window
+    width = ring.shape[1]
+    ring[slots, positions % width] = p.kv.to(ring.dtype)
+    rows = torch.arange(width, device=x.device)
+    win_pos = positions[:, None] - (positions[:, None] - rows[None, :]) % width
+    keys, valid = [ring[slots]], [win_pos >= 0]
+
+    if attn.compressor is not None:
+        comp = store.compressor
+        assert comp is not None
+        compress_decode_step(
+            attn.compressor, comp, *attn.compressor.project(x), positions, slots, attn.rotary
+        )
+        visible = torch.div(positions + 1, attn.ratio, rounding_mode="floor")
+        if attn.indexer is None:
+            entries = comp.entries[slots]  # ratio 128: few entries, all candidates
+            ids = torch.arange(entries.shape[1], device=x.device)
+            keys.append(entries)
+            valid.append(ids[None, :] < visible[:, None])
+        else:
+            idx_store = store.indexer
+            assert idx_store is not None
+            ic = attn.indexer.compressor
+            compress_decode_step(ic, idx_store, *ic.project(x), positions, slots, attn.rotary)
+            iq, iw = attn.indexer.queries(p.q_lora, x, p.cos, p.sin)
+            top, ok = indexer_topk(attn.indexer, iq, iw, idx_store.entries[slots], visible)
+            keys.append(comp.entries[slots[:, None], top])
+            valid.append(ok)
+
+    o = sink_attention(
+        p.q, torch.cat(keys, dim=1), torch.cat(valid, dim=1), attn.attn_sink, attn.scale
+    )
+    return attn.output(o, p, x.dtype)

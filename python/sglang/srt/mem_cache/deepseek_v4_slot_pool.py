@@ -1,0 +1,155 @@
+"""The static-capacity cache of DeepSeek V4: every running request owns one *slot* of
+preallocated per-layer tensors, so a decode step has fixed shapes and a CUDA graph can capture it.
+
+Per layer (``S = max_slots + 1`` rows; the last slot is scratch, where a padded batch's padding
+rows write, so they never touch a real request):
+- ``window [S, W, D]``: the sliding-window ring, row ``p % W`` holds position ``p``;
+- per compressor (ratio 4 / 128; plus the ratio-4 indexer's own): ``entries [S, C, D]`` with
+  ``C = capacity // ratio + 1``, ``pending_kv`` / ``pending_score [S, ratio, coff*D]`` fp32 and,
+  with overlapping windows, ``prev_kv`` / ``prev_score [S, ratio, D]`` fp32.
+
+The eager path reaches a slot through views (:func:`slot_request_cache`), the static decode
+through the whole tensors indexed by a device tensor of slots: both write the same storage, so a
+request prefilled eagerly decodes in a graph with no copy. Lengths are the callers' (host counts
+for the eager path, device positions for the static decode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang.srt.mem_cache.compressor_state import CompressorStorage, reset_previous
+
+
+@dataclass(frozen=True)
+class CompressorSlots:
+    ratio: int
+    overlap: bool
+    entries: torch.Tensor
+    pending_kv: torch.Tensor
+    pending_score: torch.Tensor
+    prev_kv: torch.Tensor | None
+    prev_score: torch.Tensor | None
+
+    @classmethod
+    def allocate(
+        cls, slots: int, capacity: int, ratio: int, dim: int, *, overlap: bool,
+        dtype: torch.dtype, device: torch.device,
+    ) -> CompressorSlots:  # fmt: skip
+        width = (2 if overlap else 1) * dim
+
+        def f32(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=torch.float32, device=device)
+
+        prev = (f32(slots, ratio, dim), f32(slots, ratio, dim))
+        return cls(
+            ratio=ratio,
+            overlap=overlap,
+            entries=torch.zeros(slots, capacity // ratio + 1, dim, dtype=dtype, device=device),
+            pending_kv=f32(slots, ratio, width),
+            pending_score=f32(slots, ratio, width),
+            prev_kv=prev[0] if overlap else None,
+            prev_score=prev[1] if overlap else None,
+        )
+
+    def storage(self, slot: int) -> CompressorStorage:
+        return CompressorStorage(
+            self.entries[slot],
+            self.pending_kv[slot],
+            self.pending_score[slot],
+            None if self.prev_kv is None else self.prev_kv[slot],
+            None if self.prev_score is None else self.prev_score[slot],
+        )
+
+    def reset(self, slot: int) -> None:
+        # Only the "previous block" rows carry meaning before the first write; the rest is
+        # read under masks (pending rows, entries) and may hold a former owner's values.
+        if self.prev_kv is not None and self.prev_score is not None:
+            reset_previous(self.prev_kv[slot], self.prev_score[slot])
+
+    def nbytes(self) -> int:
+        parts = (self.entries, self.pending_kv, self.pending_score, self.prev_kv, self.prev_score)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+
+@dataclass(frozen=True)
+class LayerSlots:
+    window: torch.Tensor
+    compressor: CompressorSlots | None
+    indexer: CompressorSlots | None
+
+
+class SlotPoolFullError(RuntimeError):
+    """Every slot is taken; the scheduler admits at most ``max_slots`` running requests."""
+
+
+class DeepseekV4SlotPool:
+    def __init__(
+        self,
+        *,
+        attn_types: tuple[str, ...],
+        compress_ratios: tuple[int, ...],
+        sliding_window: int,
+        head_dim: int,
+        index_head_dim: int,
+        max_slots: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if max_slots < 1 or capacity < 1:
+            raise ValueError(f"slot pool needs >= 1 slot and token, got {max_slots}, {capacity}")
+        dev = torch.device(device)
+        self.max_slots, self.capacity = max_slots, capacity
+        self.window = sliding_window
+        self.scratch_slot = max_slots
+        rows = max_slots + 1
+        self.layers: list[LayerSlots] = []
+        for kind, ratio in zip(attn_types, compress_ratios):
+            window = torch.zeros(rows, sliding_window, head_dim, dtype=dtype, device=dev)
+            comp = idx = None
+            if kind != "sliding":
+                comp = CompressorSlots.allocate(
+                    rows, capacity, ratio, head_dim, overlap=kind == "csa", dtype=dtype, device=dev
+                )
+                if kind == "csa":
+                    idx = CompressorSlots.allocate(
+                        rows, capacity, ratio, index_head_dim, overlap=True, dtype=dtype, device=dev
+                    )
+            self.layers.append(LayerSlots(window, comp, idx))
+        # Lowest slot first: reuse keeps the touched memory small and the tests predictable.
+        self._free = list(range(max_slots - 1, -1, -1))
+        for slot in range(rows):
+            self._reset(slot)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def nbytes(self) -> int:
+        total = 0
+        for layer in self.layers:
+            total += layer.window.numel() * layer.window.element_size()
+            for comp in (layer.compressor, layer.indexer):
+                total += comp.nbytes() if comp is not None else 0
+        return total
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise SlotPoolFullError(f"all {self.max_slots} cache slots are in use")
+        slot = self._free.pop()
+        self._reset(slot)
+        return slot
+
+    def free(self, slot: int) -> None:
+        if not 0 <= slot < self.max_slots or slot in self._free:
+            raise ValueError(f"slot {slot} is not an allocated slot of this pool")
+        self._free.append(slot)
+
+    def _reset(self, slot: int) -> None:
+        for layer in self.layers:
+            for comp in (layer.compressor, layer.indexer):
+                if comp is not None:
+                    comp.reset(slot)

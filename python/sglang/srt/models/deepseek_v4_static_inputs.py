@@ -1,0 +1,60 @@
+"""Host side of a static decode step: the device tensors a step over pooled request caches takes,
+and the padding of a batch to a captured size.
+
+Positions come from the host counts (no device read): each cache's ``num_tokens`` is the position
+of its next token. Padding rows decode token 0 at position 0 in the pool's scratch slot, so they
+never write a real request's cache and cannot produce NaN in the real rows (rows are independent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4RequestCache
+from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
+
+# (input_ids, positions, slots) of B real rows -> logits [B, V]: the static decode padded to some
+# size, or a CUDA-graph replay.
+StaticStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def static_decode_inputs(
+    pool: DeepseekV4SlotPool, caches: Sequence[DeepseekV4RequestCache], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(positions, slots)`` int64 ``[B]`` on ``device`` for one new token of each cache."""
+    positions, slots = [], []
+    for cache in caches:
+        if cache.slot is None:
+            raise ValueError("the static decode needs pooled caches (model.new_pooled_cache())")
+        if cache.num_tokens >= pool.capacity:
+            raise RuntimeError(
+                f"a request at {cache.num_tokens} tokens exceeds the slot capacity {pool.capacity}"
+            )
+        positions.append(cache.num_tokens)
+        slots.append(cache.slot)
+    both = torch.tensor([positions, slots], dtype=torch.long)
+    both = both.to(device, non_blocking=True) if device.type != "cpu" else both
+    return both[0], both[1]
+
+
+def pad_rows(
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    size: int,
+    scratch_slot: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The three ``[B]`` tensors padded to ``[size]`` (token 0, position 0, scratch slot)."""
+    extra = size - input_ids.shape[0]
+    if extra < 0:
+        raise ValueError(f"cannot pad {input_ids.shape[0]} rows down to {size}")
+    if extra == 0:
+        return input_ids, positions, slots
+    zeros = input_ids.new_zeros(extra)
+    return (
+        torch.cat([input_ids, zeros]),
+        torch.cat([positions, positions.new_zeros(extra)]),
+        torch.cat([slots, slots.new_full((extra,), scratch_slot)]),
+    )

@@ -1,0 +1,194 @@
+"""Serving benchmark on one H200: a DeepSeek V4-architecture model wide enough to matter, served
+with and without decode CUDA graphs, loaded by our ``bench_serving`` at concurrency 1, 8 and 32.
+
+Model (random weights, bf16, generated on the GPU into ``--model-dir`` on first use, ~13 GB a
+layer): hidden 4096, 256 routed experts top-6 (intermediate 2048) + one shared expert, 64 heads of
+512 (q rank 1024, 8 output groups of rank 1024), window 128, layers of compress ratios 4 / 128 / 4
+(indexer 64 heads of 128, top-512), the first layer hash-routed, vocab 4096 (no tokenizer: the
+benchmark sends token ids). Workload: fixed 256 input and 128 output tokens, greedy, all requests
+at once under the concurrency cap (4 / 16 / 64 prompts).
+
+Prints one table: TTFT and TPOT (median ms), output and total throughput (tok/s), for graphs on
+and off, then graph/no-graph ratios (TPOT < 1 and throughput > 1 mean graphs help).
+Usage: python scripts/bench_serving_h200.py [--layers 3] [--model-dir DIR] [--keep-model]
+Takes about 5-7 minutes on one H200 (generation ~1 min, two server starts, six runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from sglang.bench_serving import build_parser, run_benchmark
+from sglang.srt.default_model.generate import _parameter_shapes
+
+CONCURRENCY = (1, 8, 32)
+PROMPTS = {1: 4, 8: 16, 32: 64}
+INPUT_LEN, OUTPUT_LEN = 256, 128
+STARTUP_TIMEOUT_S = 300
+
+
+def model_config(layers: int) -> dict[str, Any]:
+    ratios = [(4, 128)[i % 2] for i in range(layers)]
+    return {
+        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "torch_dtype": "bfloat16",
+        "vocab_size": 4096, "hidden_size": 4096, "num_hidden_layers": layers, "num_attention_heads": 64,
+        "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024,
+        "o_groups": 8, "o_lora_rank": 1024, "n_routed_experts": 256, "num_experts_per_tok": 6,
+        "n_shared_experts": 1, "moe_intermediate_size": 2048, "routed_scaling_factor": 1.5,
+        "scoring_func": "sqrtsoftplus", "norm_topk_prob": True, "swiglu_limit": 10.0,
+        "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "sliding_window": 128,
+        "compress_ratios": ratios, "num_hash_layers": 1, "hc_mult": 4, "hc_sinkhorn_iters": 20,
+        "hc_eps": 1e-6, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False, "bos_token_id": 0,
+        "eos_token_id": 1,
+    }  # fmt: skip
+
+
+def _random(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    # Same scales as the built-in model's random_weights, drawn on the GPU (CPU draws of ~40 GB
+    # would take most of the time budget).
+    t = torch.randn(shape, generator=g, device="cuda")
+    if len(shape) >= 2:
+        t *= shape[-1] ** -0.5
+    elif name.endswith(("norm.weight", "_scale")):
+        t = 1.0 + 0.1 * t
+    else:
+        t *= 0.5
+    return t.to(torch.bfloat16).cpu()
+
+
+def build_model(directory: Path, layers: int) -> None:
+    config = model_config(layers)
+    if (directory / "READY").exists():
+        if json.loads((directory / "config.json").read_text()) == config:
+            print(f"model: reusing {directory}")
+            return
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shards: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+    for name, shape in sorted(_parameter_shapes(config).items()):
+        key = name.split(".")[1] if name.startswith("layers.") else "rest"
+        shards.setdefault(key, []).append((name, shape))
+    for key, items in shards.items():
+        tensors = {name: _random(name, shape, g) for name, shape in items}
+        if key == "0":  # the hash layer's token -> experts table: distinct experts per token
+            cfg_e, cfg_k = config["n_routed_experts"], config["num_experts_per_tok"]
+            scores = torch.rand(config["vocab_size"], cfg_e, generator=g, device="cuda")
+            tensors["layers.0.ffn.gate.tid2eid"] = scores.argsort(-1)[:, :cfg_k].int().cpu()
+        save_file(tensors, str(directory / f"model-{key}.safetensors"), metadata={"format": "pt"})
+        del tensors
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    (directory / "READY").write_text("ok\n")
+    print(f"model: generated {layers} layers in {directory} ({time.perf_counter() - started:.0f}s)")
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def serve_and_bench(model_dir: Path, port: int, graphs: bool, log: Path) -> dict[int, Any]:
+    cmd = [
+        sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
+        "--skip-tokenizer-init", "--port", str(port), "--context-length", "1024",
+        "--max-running-requests", "32", "--cuda-graph-max-bs", "32", "--log-level", "info",
+    ] + ([] if graphs else ["--disable-cuda-graph"])  # fmt: skip
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while not _healthy(port):
+            if proc.poll() is not None or time.perf_counter() - started > STARTUP_TIMEOUT_S:
+                raise RuntimeError(f"server did not start; see {log}:\n{log.read_text()[-3000:]}")
+            time.sleep(2)
+        ready = [line for line in log.read_text().splitlines() if "CUDA graphs:" in line]
+        fact = ready[-1].split("CUDA graphs:")[1].split("; context")[0] if ready else "?"
+        print(f"server ({'graphs' if graphs else 'eager'}) up in "
+              f"{time.perf_counter() - started:.0f}s; CUDA graphs:{fact}")  # fmt: skip
+        results = {}
+        for conc in CONCURRENCY:
+            args = build_parser().parse_args([
+                "--port", str(port), "--dataset-name", "fixed", "--num-prompts", str(PROMPTS[conc]),
+                "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+                "--max-concurrency", str(conc), "--warmup-requests", "2",
+            ])  # fmt: skip
+            results[conc] = run_benchmark(args)
+            m = results[conc]
+            print(f"  concurrency {conc}: {m['completed']} ok, {m['failed']} failed, "
+                  f"{m['duration_s']:.1f}s")  # fmt: skip
+        return results
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def print_table(on: dict[int, Any], off: dict[int, Any]) -> None:
+    def row(label: str, m: dict[str, Any]) -> str:
+        return (f"| {label:<14} | {m['ttft_ms']['median']:>9.1f} | {m['tpot_ms']['median']:>9.2f} "
+                f"| {m['output_throughput']:>10.1f} | {m['total_throughput']:>10.1f} |")  # fmt: skip
+
+    print(
+        f"\nDeepSeek V4-architecture model, {INPUT_LEN} in / {OUTPUT_LEN} out, bf16, triton MoE, 1 GPU"
+    )
+    print("| mode, conc.    | TTFT ms   | TPOT ms   | out tok/s  | total tok/s |")
+    print("|----------------|----------:|----------:|-----------:|------------:|")
+    for conc in CONCURRENCY:
+        print(row(f"graphs, {conc}", on[conc]))
+        print(row(f"eager, {conc}", off[conc]))
+    print("\n| conc. | TTFT graph/eager | TPOT graph/eager | throughput graph/eager |")
+    print("|------:|-----------------:|-----------------:|-----------------------:|")
+    for conc in CONCURRENCY:
+        a, b = on[conc], off[conc]
+        ratio = [a["ttft_ms"]["median"] / max(b["ttft_ms"]["median"], 1e-9),
+                 a["tpot_ms"]["median"] / max(b["tpot_ms"]["median"], 1e-9),
+                 a["output_throughput"] / max(b["output_throughput"], 1e-9)]  # fmt: skip
+        print(f"| {conc:>5} | {ratio[0]:>16.3f} | {ratio[1]:>16.3f} | {ratio[2]:>22.3f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--model-dir", default="/tmp/sglang-bench-dsv4-h200")
+    parser.add_argument("--keep-model", action="store_true", help="Keep the generated weights.")
+    parser.add_argument("--port", type=int, default=30111)
+    parser.add_argument("--log-dir", default=os.environ.get("OUT", "/tmp"))
+    args = parser.parse_args()
+    model_dir = Path(args.model_dir)
+    started = time.perf_counter()
+    build_model(model_dir, args.layers)
+    torch.cuda.empty_cache()  # the servers need the GPU
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        on = serve_and_bench(model_dir, args.port, True, log_dir / "bench_server_graphs.log")
+        off = serve_and_bench(model_dir, args.port, False, log_dir / "bench_server_eager.log")
+    finally:
+        if not args.keep_model:
+            shutil.rmtree(model_dir, ignore_errors=True)
+    print_table(on, off)
+    print(f"\ntotal {time.perf_counter() - started:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The model runner with the static decode (slot pool), run eagerly on CPU, against the default
+per-request path: the same plans (chunked prefill, mixed prefill + decode steps, decode-only
+steps, frees and new requests reusing freed slots) give the same logits in fp32 (tolerance 1e-4
+of the largest |logit|; only summation order differs). Also: the startup decision's wording, the
+slot plan, and the captured batch sizes. The graph replay itself is tested on the GPU
+(test/registered/models/test_deepseek_v4_cuda_graph_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sglang.srt.default_model.generate import ensure_default_model
+from sglang.srt.model_executor.cuda_graph_runner import capture_batch_sizes
+from sglang.srt.model_executor.forward_plan import ForwardPlan
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.model_executor.slot_plan import plan_slot_pool
+from sglang.srt.server_args import ServerArgs
+from sglang.test.ci_register import register_cpu_ci
+from sglang.test.run import run_this_file
+
+register_cpu_ci(est_time=30)
+
+TOL = 1e-4
+
+
+def _runner(static: bool) -> ModelRunner:
+    args = ServerArgs(model_path=ensure_default_model(), device="cpu", random_seed=0).resolved()
+    runner = ModelRunner(args, 0, 1)
+    setup = runner.init_decode(
+        context_length=400, max_total_tokens=1200, max_running_requests=4,
+        static_without_graphs=static,
+    )  # fmt: skip
+    if static:
+        assert runner.pooled and setup.max_running_requests == 3  # 1200 // 400 slots
+        assert setup.cuda_graph.startswith("off (runs on cpu, not CUDA); static decode eager")
+    else:
+        assert not runner.pooled and setup.cuda_graph == "off (runs on cpu, not CUDA)"
+    return runner
+
+
+def _plans(vocab: int) -> list[ForwardPlan]:
+    g = torch.Generator().manual_seed(0)
+
+    def ids(n: int) -> tuple[int, ...]:
+        return tuple(torch.randint(0, vocab, (n,), generator=g).tolist())
+
+    plans = [
+        ForwardPlan(("a", "b"), (40, 7), ids(47), new_rids=("a", "b")),
+        ForwardPlan(("a", "b"), (1, 1), ids(2)),
+        ForwardPlan(("a", "b", "c"), (1, 1, 130), ids(132), new_rids=("c",)),  # mixed: eager
+    ]
+    plans += [ForwardPlan(("a", "b", "c"), (1, 1, 1), ids(3)) for _ in range(36)]
+    # "a" ends; "d" takes its slot (the former owner's rows must stay invisible).
+    plans.append(ForwardPlan(("d",), (3,), ids(3), new_rids=("d",), free_rids=("a",)))
+    plans += [ForwardPlan(("b", "c", "d"), (1, 1, 1), ids(3)) for _ in range(6)]
+    plans.append(ForwardPlan(free_rids=("b", "c", "d")))
+    return plans
+
+
+def test_static_runner_matches_eager_runner() -> None:
+    eager, static = _runner(False), _runner(True)
+    pool = static.model.slot_pool
+    worst = 0.0
+    for plan in _plans(eager.vocab_size):
+        want, got = eager.execute(plan), static.execute(plan)
+        assert (want is None) == (got is None)
+        if want is not None and got is not None:
+            worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+    print(f"static vs eager runner: rel max err {worst:.2e}")
+    assert worst < TOL
+    assert pool is not None and pool.num_free == pool.max_slots and not static.caches
+
+
+def test_slot_plan_and_batch_sizes() -> None:
+    assert plan_slot_pool(context_length=4096, max_total_tokens=10**6, max_running_requests=32) \
+        .slots == 32  # fmt: skip
+    small = plan_slot_pool(context_length=4096, max_total_tokens=9000, max_running_requests=32)
+    assert (small.slots, small.capacity) == (2, 4096)
+    tiny = plan_slot_pool(context_length=4096, max_total_tokens=300, max_running_requests=8)
+    assert (tiny.slots, tiny.capacity) == (1, 300)
+    assert capture_batch_sizes(1) == [1]
+    assert capture_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_batch_sizes(48) == [1, 2, 4, 8, 16, 24, 32, 40, 48]
+    with pytest.raises(ValueError):
+        capture_batch_sizes(0)
+
+
+if __name__ == "__main__":
+    run_this_file(__file__)

@@ -112,6 +112,20 @@ def test_interp_whole_grid_barrier_reports() -> None:
     assert rel_err(got, fused_experts_torch(**moe)) < 1e-5
 
 
+@interp_only
+def test_interp_default_tiles_fit_small_widths() -> None:
+    # The built-in model's widths (hidden 128, intermediate 64) with get_mega_config's tiles:
+    # fit_config shrinks them instead of refusing.
+    from sglang.kernels.ops.moe.fused_moe import fused_experts_torch
+    from sglang.kernels.ops.moe.mega_moe_triton import fit_config, get_mega_config, mega_fused_experts
+
+    cfg = fit_config(get_mega_config(5, 8, 2, False), 128, 64, False)
+    assert (cfg.block_k, cfg.block_n1, cfg.block_n2) == (64, 64, 128)
+    moe = make_moe(5, 8, 2, 128, 64, torch.float32, fp8=False, seed=4)
+    got = mega_fused_experts(**moe, activation="swiglu", swiglu_limit=7.0, num_sms=2)
+    assert rel_err(got, fused_experts_torch(**moe, activation="swiglu", swiglu_limit=7.0)) < 1e-5
+
+
 def test_unsupported_shapes_are_named() -> None:
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoEConfig, unsupported_reason
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from sglang.srt.default_model.config import default_model_config
 from sglang.srt.default_model.generate import random_weights
@@ -32,11 +33,11 @@ LENGTHS = (5, 100, 230, 20, 61, 7)
 STEPS = 40
 
 
-def _model() -> DeepseekV4ForCausalLM:
+def _model(a2a_backend: str = "none") -> DeepseekV4ForCausalLM:
     raw = default_model_config(VOCAB, 0, 1)
     model = DeepseekV4ForCausalLM(
         DeepseekV4ModelConfig.from_dict(raw), dtype=torch.bfloat16, device="cuda",
-        moe_runner="triton",
+        moe_runner="triton", a2a_backend=a2a_backend,
     )  # fmt: skip
     load_weights(model, random_weights(raw, seed=7), progress=False)
     model.eval()
@@ -53,8 +54,16 @@ def _mean_rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).abs().mean() / ref.float().abs().mean())
 
 
-def test_graph_replay_equals_eager_static_and_reference() -> None:
-    model = _model()
+@pytest.mark.parametrize("a2a_backend", ["none", "megamoe"])
+def test_graph_replay_equals_eager_static_and_reference(a2a_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # megamoe on one GPU without DeepGEMM: every MoE layer runs our Triton MegaMoE kernel,
+    # captured in the graph like the two-launch runner.
+    import sglang.srt.layers.moe.mega_moe_triton_backend as backend
+
+    mega_calls: list[int] = []
+    real = backend.run_triton_mega_routed
+    monkeypatch.setattr(backend, "run_triton_mega_routed", lambda *a, **k: mega_calls.append(1) or real(*a, **k))
+    model = _model(a2a_backend)
     graphs = CudaGraphRunner(model, SIZES, torch.device("cuda"))
     graphs.capture()
     assert sorted(graphs.graphs) == SIZES
@@ -82,6 +91,7 @@ def test_graph_replay_equals_eager_static_and_reference() -> None:
         assert worst < 0.05 and agree >= 0.95 * total
         for cache in replayed + static:
             model.free_pooled_cache(cache)
+    assert bool(mega_calls) == (a2a_backend == "megamoe"), "megamoe must take the Triton MegaMoE kernel"
 
 
 def test_replay_after_slot_reuse_and_padding_rows() -> None:

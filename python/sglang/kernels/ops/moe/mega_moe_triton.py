@@ -28,7 +28,7 @@ FP8 (128x128 block weights) quantises activations per token per 128 values insid
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -100,6 +100,25 @@ def get_mega_config(num_tokens: int, num_experts: int, top_k: int, fp8: bool) ->
     if rows <= 48:
         return MegaMoEConfig(32, 64, 128, 128, 4, 3, 2)
     return MegaMoEConfig(64, 64, 128, 128, 8, 3, 1)
+
+
+def fit_config(cfg: MegaMoEConfig, hidden: int, inter: int, fp8: bool) -> MegaMoEConfig:
+    """Shrink bf16 tiles (powers of two, down to 16) until they divide small widths, e.g. the
+    built-in model's hidden 128 and intermediate 64; FP8 tiles are fixed by its 128x128 blocks."""
+    if fp8:
+        return cfg
+
+    def fit(block: int, *dims: int) -> int:
+        while block > 16 and any(d % block for d in dims):
+            block //= 2
+        return block
+
+    return replace(
+        cfg,
+        block_k=fit(cfg.block_k, hidden, inter),
+        block_n1=fit(cfg.block_n1, inter),
+        block_n2=fit(cfg.block_n2, hidden),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -442,7 +461,7 @@ def mega_fused_experts(
     code = activation_code(activation, swiglu_limit)
     p = check_moe_inputs(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_shape, out)
     result = resolve_moe_output(hidden, False, out)
-    cfg = config or get_mega_config(p.tokens, p.num_experts, p.top_k, p.fp8)
+    cfg = config or fit_config(get_mega_config(p.tokens, p.num_experts, p.top_k, p.fp8), p.hidden, p.inter, p.fp8)
     problem = unsupported_reason(p.hidden, p.inter, p.fp8, p.block, cfg)
     if problem is not None:
         raise ValueError(f"Triton MegaMoE cannot take this shape: {problem}")

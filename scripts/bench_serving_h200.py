@@ -127,7 +127,9 @@ def serve_and_bench(model_dir: Path, port: int, graphs: bool, log: Path) -> dict
             args = build_parser().parse_args([
                 "--port", str(port), "--dataset-name", "fixed", "--num-prompts", str(PROMPTS[conc]),
                 "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-                "--max-concurrency", str(conc), "--warmup-requests", "2",
+                # Warm-up as wide as the run: the first batch of this size compiles its Triton
+                # kernels (prefill shapes differ per concurrency), which must not be timed.
+                "--max-concurrency", str(conc), "--warmup-requests", str(conc),
             ])  # fmt: skip
             results[conc] = run_benchmark(args)
             m = results[conc]
@@ -135,7 +137,8 @@ def serve_and_bench(model_dir: Path, port: int, graphs: bool, log: Path) -> dict
                   f"{m['duration_s']:.1f}s")  # fmt: skip
         return results
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:

@@ -255,10 +255,12 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     info = _get_json(base + "/get_model_info")
     model = args.model or info.get("served_model_name") or "default"
     reqs = make_requests(args, int(info.get("vocab_size") or 32000))
-    for req in reqs[: args.warmup_requests]:
-        run_one(
-            base, args.backend, BenchRequest(req.input_ids[:16], req.text, 4), model, args.timeout
-        )
+    # Warm-up: full-length prompts, a few output tokens, sent as concurrently as the run will be,
+    # so the prefill shapes the run hits are compiled before anything is timed.
+    warm = [BenchRequest(r.input_ids, r.text, 4) for r in reqs[: args.warmup_requests]]
+    if warm:
+        with ThreadPoolExecutor(max_workers=min(len(warm), args.max_concurrency or len(warm))) as pool:
+            list(pool.map(lambda r: run_one(base, args.backend, r, model, args.timeout), warm))
     rng = random.Random(args.seed + 1)
     workers = args.max_concurrency or len(reqs) or 1
     results: list[RequestResult] = [RequestResult() for _ in reqs]
@@ -303,7 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="Poisson arrival rate in requests/s; inf sends all at once.")  # fmt: skip
     p.add_argument("--max-concurrency", type=int, default=None, help="Requests in flight at most.")
-    p.add_argument("--warmup-requests", type=int, default=1)
+    p.add_argument("--warmup-requests", type=int, default=1,
+                   help="Untimed full-length requests (4 output tokens) sent first, as concurrently "
+                   "as --max-concurrency allows.")  # fmt: skip
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600.0, help="Seconds per request.")
     p.add_argument("--output-file", type=str, default=None, help="Append results as JSONL.")

@@ -220,6 +220,15 @@ class Envs:
         choices=("table", "always", "never"),
     )
 
+    # --- kernels --------------------------------------------------------------------------------
+    SGLANG_MHC_BACKEND = EnvStr(
+        "auto",
+        "Backend of the mHC pre and fused post+pre kernels (DeepSeek V4) for CUDA tensors: 'auto' "
+        "(TileLang when it imports, else Triton, else torch), 'tilelang', 'triton' or 'torch'. "
+        "CPU tensors always take torch.",
+        choices=("auto", "tilelang", "triton", "torch"),
+    )
+
     # --- serving --------------------------------------------------------------------------------
     SGLANG_CACHE_DIR = EnvStr(
         "",

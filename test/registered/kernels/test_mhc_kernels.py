@@ -379,7 +379,7 @@ _INTERP_SCRIPT = textwrap.dedent("""
 
     mhc.is_allocation_symmetric = lambda: True
     mhc.get_tp_group_or_none = lambda: None
-    mhc._use_triton = lambda residual: True  # CPU tensors through the Triton path
+    mhc._backend = lambda residual: "triton"  # CPU tensors through the Triton path
     E = dict(rms_eps=1e-5, hc_eps=1e-4, sinkhorn_iters=20)
 
     def close(a, b, atol, rtol=0.0):

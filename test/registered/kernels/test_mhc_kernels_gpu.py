@@ -1,25 +1,30 @@
-"""mHC Triton kernels on a GPU against the torch reference (bf16 residual, DeepSeek V4 sizes).
+"""mHC kernels (Triton, and TileLang when it imports) on a GPU against the torch reference (bf16
+residual, DeepSeek V4 sizes). Every kernel test runs once per backend, chosen through
+SGLANG_MHC_BACKEND, and asserts that backend really ran; the TileLang ones skip with the import
+error when tilelang is missing. Both backends are held to the same tolerances.
 
-Tolerances: post/comb are fp32 in both paths; the mixes differ only in summation order over
-K = 4H <= 28672 terms (the kernel's tf32x3 dot is ~fp32 exact per product), so they agree to ~1e-6;
-20 Sinkhorn steps keep that small -> atol 1e-4. The layer input and the new residual are fp32
-sums rounded once to bf16: values this close can straddle a rounding boundary, so an element may
-be 1 bf16 ulp off (rtol 2^-7); with the fused RMSNorm a 1-ulp input difference plus the output
-rounding allows 2 ulps (2^-6). Near zero a relative bound is meaningless (the fp32 sums' order
-differs by ~1e-6 absolute), so an absolute floor of 1e-5 applies there. A systematic error (wrong rounding mode, a missed term) would move
-most elements, so we also require that at most 2% of elements differ at all.
+Tolerances: post/comb are fp32 in both paths; the mixes differ only in summation order over K = 4H
+<= 28672 terms (Triton's tf32x3 dot and TileLang's fp32 FMAs are ~fp32 exact per product), so they
+agree to ~1e-6; 20 Sinkhorn steps keep that small -> atol 1e-4. The layer input and the new residual
+are fp32 sums rounded once to bf16: values this close can straddle a rounding boundary, so an
+element may be 1 bf16 ulp off (rtol 2^-7); with the fused RMSNorm a 1-ulp input difference plus the
+output rounding allows 2 ulps (2^-6). Near zero a relative bound is meaningless (the fp32 sums'
+order differs by ~1e-6 absolute), so an absolute floor of 1e-5 applies there. A systematic error
+(wrong rounding mode, a missed term) would move most elements, so we also require that at most 2% of
+elements differ at all.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 
-from sglang.kernels.ops.layernorm import mhc
+from sglang.kernels.ops.layernorm import mhc, mhc_tilelang
+from sglang.srt.environ import envs
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
@@ -30,6 +35,41 @@ HC = 4
 E: dict[str, Any] = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
 NORM_EPS = 1e-6
 BF16_ULP = 2.0**-7
+
+
+def _tilelang_missing() -> str | None:
+    try:
+        import tilelang  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a broken install raises more than ImportError
+        return f"tilelang does not import ({type(exc).__name__}: {exc})"
+    return None
+
+
+# Imported only with a GPU: the import takes seconds, and without a GPU every test skips anyway.
+_TL_MISSING = _tilelang_missing() if torch.cuda.is_available() else "needs a CUDA GPU"
+BACKENDS = [
+    pytest.param("triton", id="triton"),
+    pytest.param(
+        "tilelang",
+        id="tilelang",
+        marks=pytest.mark.skipif(_TL_MISSING is not None, reason=_TL_MISSING or ""),
+    ),
+]
+# The kernel entry points that write into a caller's ``out`` (for the guard-row check).
+_PRE_INTO: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "triton": mhc._mhc_pre_triton,
+    "tilelang": mhc_tilelang.mhc_pre_tilelang,
+}
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    with envs.SGLANG_MHC_BACKEND.override(request.param):
+        yield request.param
+
+
+def _assert_backend(residual: torch.Tensor, backend: str) -> None:
+    assert mhc.select_backend(residual)[0] == backend
 
 
 @pytest.fixture(autouse=True)
@@ -88,8 +128,9 @@ def _assert_mix_close(
 @pytest.mark.parametrize("h", [4096, 7168])
 @pytest.mark.parametrize("t", [1, 7, 128, 1000])
 @pytest.mark.parametrize("with_norm", [False, True])
-def test_pre_matches_torch(t: int, h: int, with_norm: bool) -> None:
+def test_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> None:
     r, _, p, w = _inputs(t, h, seed=t * 31 + h + with_norm)
+    _assert_backend(r, backend)
     nkw: dict[str, Any] = dict(norm_weight=w if with_norm else None, norm_eps=NORM_EPS)
     _poison_allocator()
     y, post, comb = mhc.mhc_pre(r, *p, **E, **nkw)
@@ -101,15 +142,16 @@ def test_pre_matches_torch(t: int, h: int, with_norm: bool) -> None:
 
     # Writes exactly its T rows: a NaN guard row after them stays NaN.
     buf = torch.full((t + 1, h), float("nan"), dtype=torch.bfloat16, device="cuda")
-    mhc._mhc_pre_triton(r, *p, buf[:t], **E, **nkw)
+    _PRE_INTO[backend](r, *p, buf[:t], **E, **nkw)
     assert torch.equal(buf[:t], y) and bool(torch.isnan(buf[t]).all())
 
 
 @pytest.mark.parametrize("h", [4096, 7168])
 @pytest.mark.parametrize("t", [1, 7, 128, 1000])
 @pytest.mark.parametrize("with_norm", [False, True])
-def test_fused_post_pre_matches_torch(t: int, h: int, with_norm: bool) -> None:
+def test_fused_post_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> None:
     r, x, p, w = _inputs(t, h, seed=t * 17 + h + with_norm)
+    _assert_backend(r, backend)
     _, post, comb = mhc._pre_torch(
         r, *p, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], None, None
     )
@@ -125,7 +167,7 @@ def test_fused_post_pre_matches_torch(t: int, h: int, with_norm: bool) -> None:
     _assert_mix_close(post2, comb2, rpost, rcomb)
     _assert_bf16_close(y, ry, ulps=2 if with_norm else 1)
 
-    # Fused == unfused Triton (post kernel, then pre kernel).
+    # Fused == unfused (the Triton post kernel, then this backend's pre kernel).
     _poison_allocator()
     nr_u = mhc.mhc_post(x, r, post, comb)
     assert not torch.isnan(nr_u).any()
@@ -136,8 +178,9 @@ def test_fused_post_pre_matches_torch(t: int, h: int, with_norm: bool) -> None:
     _assert_bf16_close(y_u, y, ulps=1)
 
 
-def test_empty_batch_and_head() -> None:
+def test_empty_batch_and_head(backend: str) -> None:
     r, x, p, w = _inputs(0, 4096, seed=1)
+    _assert_backend(r, backend)
     y, post, comb = mhc.mhc_pre(r, *p, **E, norm_weight=w, norm_eps=NORM_EPS)
     assert y.shape == (0, 4096) and post.shape == (0, HC) and comb.shape == (0, HC, HC)
     outs = mhc.mhc_fused_post_pre(x, r, post, comb, *p, **E)
@@ -154,10 +197,11 @@ def test_empty_batch_and_head() -> None:
     assert head.shape == (5, 4096) and head.dtype == torch.bfloat16 and not torch.isnan(head).any()
 
 
-def test_triton_path_puts_only_layer_input_in_symmetric_scope(
-    monkeypatch: pytest.MonkeyPatch,
+def test_kernel_path_puts_only_layer_input_in_symmetric_scope(
+    monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
     r, x, p, w = _inputs(7, 4096, seed=4)
+    _assert_backend(r, backend)
     group = object()
     monkeypatch.setattr(mhc, "is_allocation_symmetric", lambda: True)
     monkeypatch.setattr(mhc, "get_tp_group_or_none", lambda: group)
@@ -178,9 +222,10 @@ def test_triton_path_puts_only_layer_input_in_symmetric_scope(
         assert not {o.untyped_storage().data_ptr() for o in others} & set(rec.allocated)
 
 
-def test_fused_post_pre_replays_in_cuda_graph() -> None:
+def test_fused_post_pre_replays_in_cuda_graph(backend: str) -> None:
     t, h = 7, 7168
     r, x, p, w = _inputs(t, h, seed=5)
+    _assert_backend(r, backend)
     _, post, comb = mhc._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)
     kw: dict[str, Any] = dict(**E, norm_weight=w, norm_eps=NORM_EPS)
     stream = torch.cuda.Stream()

@@ -12,7 +12,11 @@ Shapes: the residual is ``[T, hc, H]`` (hc = hc_mult streams), a sublayer works 
   the *old* stream k), fp32 maths, one cast to the residual dtype.
 * head: like pre with only the sigmoid weights (no post/comb, no Sinkhorn).
 
-Backends: torch (CPU, or no Triton) and Triton (CUDA). There is no TileLang variant.
+Backends (``_backend``): CPU tensors take torch. CUDA tensors take, by ``SGLANG_MHC_BACKEND``
+(default ``auto``), TileLang (``mhc_tilelang.py``) when ``tilelang`` imports, else Triton, else
+torch; an explicit ``tilelang`` / ``triton`` that cannot be honoured raises instead of silently
+running something else. The choice and its reason are logged once. TileLang covers pre and fused
+post+pre (the per-sublayer kernels); a lone post (once per forward) runs on Triton.
 
 Symmetric memory: ``layer_input`` feeds the MoE, whose in-place runner then hands the same storage
 to the TP all-reduce, so it (and only it: not post, comb or the residual) is allocated inside
@@ -21,14 +25,20 @@ to the TP all-reduce, so it (and only it: not post, comb or the residual) is all
 
 from __future__ import annotations
 
+import functools
+import logging
 from contextlib import AbstractContextManager
+from typing import Literal
 
 import torch
 
+from sglang.kernels.ops.layernorm import mhc_tilelang
 from sglang.srt.distributed.device_communicators.pynccl_allocator import use_symmetric_memory
 from sglang.srt.distributed.parallel_state import get_tp_group_or_none
+from sglang.srt.environ import envs
 from sglang.srt.layers.dp_attention import is_allocation_symmetric
 from sglang.srt.layers.layernorm import rms_norm
+from sglang.srt.utils.log import get_logger, log_once
 
 try:  # Triton is optional here: without it every call takes the torch path
     import triton
@@ -39,6 +49,11 @@ except ImportError:  # pragma: no cover - Triton missing
     _HAS_TRITON = False
 
 POST_MULT = 2.0  # post = POST_MULT * sigmoid(...)
+
+Backend = Literal["tilelang", "triton", "torch"]
+_ENV = "SGLANG_MHC_BACKEND"
+
+logger = get_logger(__name__)
 
 
 def _layer_input_scope() -> AbstractContextManager[object]:
@@ -171,8 +186,53 @@ def hc_head_torch_impl(
 # ----------------------------------------------------------------------------- dispatch
 
 
-def _use_triton(residual: torch.Tensor) -> bool:
-    return _HAS_TRITON and residual.is_cuda and _triton_supports(residual)
+@functools.lru_cache(maxsize=1)
+def _tilelang_import_error() -> str | None:
+    """None when ``tilelang`` imports, else why not. Tried once, on the first CUDA call: the import
+    takes seconds and CPU-only processes never need it."""
+    try:
+        import tilelang  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a broken install raises more than ImportError
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _tilelang_version() -> str:
+    import tilelang
+
+    return str(getattr(tilelang, "__version__", "unknown"))
+
+
+def select_backend(residual: torch.Tensor) -> tuple[Backend, str]:
+    """(backend, why) for a call on ``residual``. Reads ``SGLANG_MHC_BACKEND`` on every call, so a
+    test or launcher can change it; raises when an explicit kernel backend cannot be used on CUDA."""
+    requested = envs.SGLANG_MHC_BACKEND.get()
+    if not residual.is_cuda:
+        return "torch", f"tensors on {residual.device.type}: the kernels are CUDA-only"
+    if not mhc_tilelang.tilelang_supports(residual) or not _triton_supports(residual):
+        return "torch", (
+            f"residual {tuple(residual.shape)} {residual.dtype}: the kernels are written for hc=4"
+        )
+    if requested == "torch":
+        return "torch", f"{_ENV}=torch"
+    if requested in ("auto", "tilelang"):
+        error = _tilelang_import_error()
+        if error is None:
+            return "tilelang", f"{_ENV}={requested}, tilelang {_tilelang_version()} imports"
+        if requested == "tilelang":
+            raise RuntimeError(f"{_ENV}=tilelang but tilelang does not import ({error})")
+        if _HAS_TRITON:
+            return "triton", f"{_ENV}=auto, tilelang does not import ({error})"
+        return "torch", f"{_ENV}=auto, neither tilelang ({error}) nor triton imports"
+    if not _HAS_TRITON:
+        raise RuntimeError(f"{_ENV}=triton but triton does not import")
+    return "triton", f"{_ENV}=triton"
+
+
+def _backend(residual: torch.Tensor) -> Backend:
+    backend, why = select_backend(residual)
+    log_once(logger, logging.INFO, f"mHC kernels: {backend} ({why})")
+    return backend
 
 
 def mhc_pre(
@@ -191,10 +251,12 @@ def mhc_pre(
     -> (layer_input [T,H] residual dtype, post [T,hc] fp32, comb [T,hc,hc] fp32)."""
     if norm_weight is not None:
         _norm_eps(norm_eps)
-    if _use_triton(residual):
+    backend = _backend(residual)
+    if backend != "torch":
         t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
         out = _alloc_layer_input(t, h, residual.dtype, residual.device)
-        post, comb = _mhc_pre_triton(
+        kernel = mhc_tilelang.mhc_pre_tilelang if backend == "tilelang" else _mhc_pre_triton
+        post, comb = kernel(
             residual,
             fn,
             scale,
@@ -215,8 +277,9 @@ def mhc_pre(
 def mhc_post(
     x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
 ) -> torch.Tensor:
-    """mHC post -> the new residual [T, hc, H] (ordinary allocation)."""
-    if _use_triton(residual):
+    """mHC post -> the new residual [T, hc, H] (ordinary allocation). No TileLang variant: it runs
+    once per forward (the other posts are fused into the next pre), so TileLang falls to Triton."""
+    if _backend(residual) != "torch" and _HAS_TRITON:
         return _mhc_post_triton(x, residual, post, comb)
     return hc_post_torch_impl(x, residual, post, comb)
 
@@ -240,10 +303,16 @@ def mhc_fused_post_pre(
     -> (new_residual, layer_input, post_next, comb_next); equal to mhc_post then mhc_pre."""
     if norm_weight is not None:
         _norm_eps(norm_eps)
-    if _use_triton(residual):
+    backend = _backend(residual)
+    if backend != "torch":
         t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
         out = _alloc_layer_input(t, h, residual.dtype, residual.device)
-        new_residual, post_next, comb_next = _mhc_fused_post_pre_triton(
+        kernel = (
+            mhc_tilelang.mhc_fused_post_pre_tilelang
+            if backend == "tilelang"
+            else _mhc_fused_post_pre_triton
+        )
+        new_residual, post_next, comb_next = kernel(
             x,
             residual,
             post,

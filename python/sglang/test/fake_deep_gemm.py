@@ -102,10 +102,26 @@ class FakeDeepGemmGemms(FakeDeepGemm):
         self._record("m_grouped_fp8_gemm_nt_masked", self.num_sms)
         self._masked(a, w, out, masked_m, expected_m)
 
-    # MegaMoE: the fake kernel records the SM count it ran with and fills the output with it.
+    # MegaMoE: the fake kernel records the SM count it ran with. Given built weights it computes
+    # the routed experts from the transformed layout; given placeholder (empty) weights it only
+    # fills the output with 1.0, for the tests that check the call order alone.
     def fp8_fp4_mega_moe(self, y: Any, l1: Any, l2: Any, buf: Any, **kwargs: Any) -> None:
         self._record("fp8_fp4_mega_moe", (self.num_sms, kwargs))
-        y.fill_(1.0)
+        if l1[0].numel() == 0:
+            y.fill_(1.0)
+            return
+        from sglang.test.fake_mega_moe_kernel import reference_mega_moe
+
+        reference_mega_moe(
+            y, l1, l2, buf, activation=kwargs.get("activation", "swiglu"),
+            activation_clamp=kwargs.get("activation_clamp"),
+        )  # fmt: skip
+
+    def transform_sf_into_required_layout(self, sf: Any, mn: int, k: int, **kwargs: Any) -> Any:
+        from sglang.test.fake_mega_moe_kernel import fake_transform_sf_into_required_layout
+
+        self._record("transform_sf_into_required_layout", (tuple(sf.shape), mn, k))
+        return fake_transform_sf_into_required_layout(sf, mn, k, **kwargs)
 
     def fp8_mega_moe(self, y: Any, l1: Any, l2: Any, buf: Any, **kwargs: Any) -> None:
         self._record("fp8_mega_moe", (self.num_sms, kwargs))
@@ -124,6 +140,7 @@ class FakeDeepGemmGemms(FakeDeepGemm):
             x_sf=torch.full((cap, hidden // 128), -7, dtype=torch.int32),
             topk_idx=torch.full((cap, topk), 99, dtype=torch.int64),
             topk_weights=torch.full((cap, topk), 5.0),
+            num_experts=num_experts,
         )
 
 
@@ -133,3 +150,4 @@ class FakeMegaBuffer:
     x_sf: Any
     topk_idx: Any
     topk_weights: Any
+    num_experts: int | None = None  # over the whole group, as DeepGEMM's buffer records it

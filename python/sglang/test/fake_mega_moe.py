@@ -17,16 +17,27 @@ import torch
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe import layer as moe_layer_mod
 from sglang.srt.layers.moe import mega_moe
+from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.layers.moe.mega_moe_weights import (
+    MegaWeights,
+    build_mega_moe_experts_weights,
+    ue8m0_to_float,
+    unpack_ue8m0_words,
+)
+from sglang.srt.layers.quantization.mxfp4 import dequant_mxfp4, quant_mxfp4
+from sglang.srt.model_loader import mega_moe_prep
 from sglang.srt.utils.device import DeviceSMInfo
-from sglang.test.fake_deep_gemm import FakeDeepGemmGemms
+from sglang.test.fake_deep_gemm import FakeDeepGemmGemms, FakeMegaBuffer
 
 if TYPE_CHECKING:
     import pytest
 
-# What ``set_mega_weights`` needs to mark a layer ready; the fake kernel never reads it.
+# What ``set_mega_weights`` needs to mark a layer ready; with these empty tensors the fake kernel
+# only fills its output with 1.0 (tests of the call order). Real layouts: ``mxfp4_mega_experts``.
 DUMMY_MEGA_WEIGHTS = ((torch.empty(0), torch.empty(0)), (torch.empty(0), torch.empty(0)))
 
 _NUM_SMS = 132
+_PRE_DISPATCH = mega_moe.mega_moe_pre_dispatch
 
 # One MegaMoE forward on that device, as :meth:`MegaMoERecorder.call_order` lists it.
 MEGA_CALL_ORDER: list[tuple[str, int]] = [
@@ -77,6 +88,8 @@ def install_fake_mega_moe(
     dg = FakeDeepGemmGemms(num_sms=_NUM_SMS)
     rec = MegaMoERecorder(dg)
     monkeypatch.setattr(moe_layer_mod, "get_deep_gemm", lambda: dg)
+    # the loaders' post-load MegaMoE weight build sees the same fake
+    monkeypatch.setattr(mega_moe_prep, "get_deep_gemm", lambda: dg)
     monkeypatch.setattr(moe_layer_mod, "get_tp_group_or_none", lambda: "ep-group")
     monkeypatch.setattr(
         mega_moe, "device_sm_info", lambda device=None: DeviceSMInfo(0, _NUM_SMS, (10, 0))
@@ -87,3 +100,31 @@ def install_fake_mega_moe(
     for mod in (moe_layer_mod, *all_reduce_modules):
         monkeypatch.setattr(mod, "tensor_model_parallel_all_reduce", rec.all_reduce)
     return rec
+
+
+def mxfp4_mega_experts(
+    dg: FakeDeepGemmGemms, weights: ExpertWeights
+) -> tuple[ExpertWeights, MegaWeights]:
+    """``weights`` rounded to MXFP4: (the dequantised values, for the normal path; the same
+    experts laid out for the MegaMoE kernel by ``build_mega_moe_experts_weights``)."""
+    p13, s13 = quant_mxfp4(weights.w13)
+    p2, s2 = quant_mxfp4(weights.w2)
+    dtype = weights.w13.dtype
+    rounded = ExpertWeights(dequant_mxfp4(p13, s13, dtype), dequant_mxfp4(p2, s2, dtype))
+    return rounded, build_mega_moe_experts_weights(dg, p13, p2, s13, s2)
+
+
+def fp8_staged(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the MegaMoE kernel sees it: through the engine's pre-dispatch (FP8 e4m3 with a
+    UE8M0 scale per 32 values) and back to fp32."""
+    t, hidden = x.shape
+    buf = FakeMegaBuffer(
+        x=torch.empty(t, hidden, dtype=torch.float8_e4m3fn),
+        x_sf=torch.empty(t, hidden // 128, dtype=torch.int32),
+        topk_idx=torch.empty(t, 1, dtype=torch.int64),
+        topk_weights=torch.empty(t, 1),
+    )
+    # the unpatched function: a recorder's spy would log this as the layer's pre-dispatch
+    _PRE_DISPATCH(x, torch.zeros(t, 1), torch.zeros(t, 1), buf, group_size=32)
+    scales = ue8m0_to_float(unpack_ue8m0_words(buf.x_sf)).repeat_interleave(32, dim=-1)
+    return buf.x.float() * scales

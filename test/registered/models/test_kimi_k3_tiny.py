@@ -173,6 +173,11 @@ def test_configs_parse_as_intended() -> None:
 
 def test_randomisation_touches_every_parameter() -> None:
     fresh = KimiK3ForCausalLM(config(CONFIG_A), dtype=torch.float32, moe_runner="torch")
+    # A sentinel first: uninitialised parameters may reuse freed memory that an earlier test's
+    # identical randomisation filled, and would then compare equal after randomize_.
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.fill_(12345.0)
     before = {n: p.detach().clone() for n, p in fresh.named_parameters()}
     randomize_(fresh, seed=1)
     same = [n for n, p in fresh.named_parameters() if torch.equal(p, before[n])]

@@ -61,6 +61,11 @@ class CheckpointIndex:
         self.used.add(canon)
         return self.source.get(self.by_canon[canon])
 
+    def mark_used(self, *canons: str) -> None:
+        """Count those of ``canons`` the checkpoint has as used without reading them (another
+        rank's experts)."""
+        self.used.update(c for c in canons if c in self.by_canon)
+
     def ckpt_name(self, canon: str) -> str:
         return self.by_canon.get(canon, canon)
 

@@ -8,7 +8,10 @@ keeps this rank's shard. Formats:
   maths then equals the dequantised checkpoint's);
 - routed experts: per-expert ``w1``/``w2``/``w3`` (or transformers' stacked ``gate_up_proj`` /
   ``down_proj``) in bf16, FP8 128x128 (kept FP8 for the expert runners) or MXFP4 (packed bytes +
-  UE8M0 scales per 32, dequantised), through ``expert_weights_from_checkpoint``.
+  UE8M0 scales per 32, dequantised), through ``expert_weights_from_checkpoint``; only this rank's
+  part is read and cut as stored, so MXFP4 is dequantised for that part alone;
+- MegaMoE (``a2a_backend="megamoe"``): after each layer's experts load, this rank's checkpoint
+  experts are re-laid out for DeepGEMM (``mega_moe_prep``) and set as the layer's MegaMoE weights.
 A missing, mis-shaped or (with ``strict``) unexpected tensor raises :class:`WeightLoadError` naming
 it. ``mtp.*`` tensors are skipped with one log line.
 """
@@ -27,7 +30,18 @@ from sglang.srt.layers.moe.layer import A2ABackend
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex as _Index
 from sglang.srt.model_loader.checkpoint_index import WeightLoadError
 from sglang.srt.model_loader.deepseek_v4_names import canonical_name
-from sglang.srt.model_loader.expert_loading import FP8_DTYPES, load_experts, read_experts
+from sglang.srt.model_loader.expert_loading import (
+    FP8_DTYPES,
+    ExpertShard,
+    load_experts,
+    read_experts,
+)
+from sglang.srt.model_loader.mega_moe_prep import (
+    MegaWeightBuilder,
+    attach_mega_weights,
+    default_mega_weight_builder,
+    log_mega_weights_built,
+)
 from sglang.srt.model_loader.weight_source import (
     SafetensorsWeightSource,
     WeightSource,
@@ -75,13 +89,19 @@ def _scale_suffixes(fmt: WeightFormat) -> tuple[str, ...]:
     return (".scale",)
 
 
-def _load_experts(index: _Index, model: DeepseekV4ForCausalLM, layer_id: int) -> None:
+def _load_experts(
+    index: _Index, model: DeepseekV4ForCausalLM, layer_id: int, mega_weight_builder: MegaWeightBuilder | None
+) -> bool:
+    """Load one layer's experts (this rank's part); True when MegaMoE weights were set."""
     c = model.config
+    experts = model.decoder_layers[layer_id].ffn.experts
     ckpt = read_experts(
         index, f"layers.{layer_id}.ffn.experts", layer_id=layer_id, num_experts=c.n_routed_experts,
         hidden=c.hidden_size, inter=c.moe_intermediate_size, scale_suffixes=_scale_suffixes,
+        shard=ExpertShard.of(experts),
     )  # fmt: skip
-    load_experts(model.decoder_layers[layer_id].ffn.experts, layer_id, ckpt, model.dtype)
+    load_experts(experts, layer_id, ckpt, model.dtype)
+    return attach_mega_weights(experts, layer_id, ckpt, mega_weight_builder)
 
 
 def load_weights(
@@ -90,8 +110,12 @@ def load_weights(
     *,
     strict: bool = True,
     progress: bool = True,
+    mega_weight_builder: MegaWeightBuilder | None = None,
 ) -> None:
-    """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping)."""
+    """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping).
+
+    Expert-parallel (MegaMoE) layers also get their MegaMoE weights from ``mega_weight_builder``
+    (default: DeepGEMM's layout when DeepGEMM is usable)."""
     index = _build_index(as_weight_source(source))
     if model.config.tie_word_embeddings:
         index.tie("head.weight", "embed.weight")
@@ -103,6 +127,9 @@ def load_weights(
     }
     index.require(list(params) + list(hash_tables), "names after mapping to the release naming")
     steps = len(params) + len(hash_tables) + len(model.layers)
+    if mega_weight_builder is None and any(layer.ffn.expert_parallel for layer in model.decoder_layers):
+        mega_weight_builder = default_mega_weight_builder(model.device)
+    built = 0
     with tqdm(
         total=steps, desc="Loading DeepSeek V4 weights", disable=not progress, unit="tensor"
     ) as bar:
@@ -114,9 +141,10 @@ def load_weights(
                 gate.load_tid2eid(index.get(name))
             bar.update()
         for i in range(len(model.layers)):
-            _load_experts(index, model, i)
+            built += _load_experts(index, model, i, mega_weight_builder)
             bar.update()
     index.check_all_used(strict=strict, logger=logger)
+    log_mega_weights_built("DeepSeek V4", built, len(model.layers))
 
 
 def load_deepseek_v4(
@@ -130,6 +158,7 @@ def load_deepseek_v4(
     a2a_backend: A2ABackend = "none",
     strict: bool = True,
     progress: bool = True,
+    mega_weight_builder: MegaWeightBuilder | None = None,
 ) -> DeepseekV4ForCausalLM:
     """config.json + safetensors in ``model_dir`` -> a ready model (this rank's shard)."""
     config = DeepseekV4ModelConfig.from_json_file(model_dir)
@@ -138,5 +167,7 @@ def load_deepseek_v4(
         moe_runner=moe_runner, a2a_backend=a2a_backend,
     )  # fmt: skip
     with SafetensorsWeightSource(model_dir) as source:
-        load_weights(model, source, strict=strict, progress=progress)
+        load_weights(
+            model, source, strict=strict, progress=progress, mega_weight_builder=mega_weight_builder
+        )
     return model.eval()

@@ -42,6 +42,61 @@ class CheckpointExperts:
     w2_scale: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class ExpertShard:
+    """What one rank keeps of a layer's experts: which experts, and which intermediate rows of
+    each (all of them under expert parallelism, a tensor-parallel slice otherwise)."""
+
+    experts: range
+    inter: range
+    inter_size: int
+
+    @classmethod
+    def of(cls, layer: FusedMoE) -> ExpertShard:
+        return cls(layer.local_experts, layer.local_intermediate, layer.config.intermediate_size)
+
+    @property
+    def whole_inter(self) -> bool:
+        return len(self.inter) == self.inter_size
+
+
+# Values a stored row holds per column (packed FP4: two a byte) and per scale column; the TP cut
+# of ``w2``'s columns must fall on whole scale groups.
+_COLS_PER_ELEMENT = {WeightFormat.BF16: 1, WeightFormat.FP8: 1, WeightFormat.MXFP4: 2}
+_SCALE_GROUP = {WeightFormat.BF16: 1, WeightFormat.FP8: FP8_BLOCK[1], WeightFormat.MXFP4: MXFP4_GROUP}
+# Rows a scale row covers (FP8: 128-row blocks; MXFP4: one scale row a weight row).
+_SCALE_ROWS = {WeightFormat.BF16: 1, WeightFormat.FP8: FP8_BLOCK[0], WeightFormat.MXFP4: 1}
+
+
+def _cut(t: torch.Tensor, dim: int, lo: int, hi: int, step: int) -> torch.Tensor:
+    # A copy, so the full per-expert tensor is freed once this rank's slice is taken.
+    return t.narrow(dim, lo // step, (hi - lo) // step).clone()
+
+
+def _shard_expert_tensor(
+    t: torch.Tensor, w: str, fmt: WeightFormat, shard: ExpertShard, *, is_scale: bool
+) -> torch.Tensor:
+    """This rank's slice of one expert's ``w1``/``w3`` (rows) or ``w2`` (columns), weight or
+    scale, before any dequantisation."""
+    if shard.whole_inter:
+        return t
+    lo, hi = shard.inter.start, shard.inter.stop
+    if w == "w2":
+        step = _SCALE_GROUP[fmt] if is_scale else _COLS_PER_ELEMENT[fmt]
+        return _cut(t, -1, lo, hi, step)
+    return _cut(t, 0, lo, hi, _SCALE_ROWS[fmt] if is_scale else 1)
+
+
+def _check_shardable(fmt: WeightFormat, shard: ExpertShard, layer_id: int) -> None:
+    granule = max(_SCALE_GROUP[fmt], _SCALE_ROWS[fmt], _COLS_PER_ELEMENT[fmt])
+    if shard.whole_inter or len(shard.inter) % granule == 0:
+        return
+    raise WeightLoadError(
+        f"layer {layer_id}: {fmt.value} experts need this rank's intermediate slice "
+        f"({len(shard.inter)} of {shard.inter_size}) divisible by {granule}"
+    )
+
+
 def expert_format(w: torch.Tensor) -> WeightFormat:
     if w.dtype in _FP4_DTYPES:
         return WeightFormat.MXFP4
@@ -64,6 +119,22 @@ def _expert_scale(
     )
 
 
+def _stacked_part(index: CheckpointIndex, prefix: str, shard: ExpertShard) -> CheckpointExperts:
+    """transformers' unquantised ``gate_up_proj [E, 2I, H]`` / ``down_proj [E, H, I]``, cut."""
+    w13, w2 = index.get(f"{prefix}.gate_up_proj"), index.get(f"{prefix}.down_proj")
+    if expert_format(w13) is not WeightFormat.BF16:
+        raise WeightLoadError(
+            f"stacked expert tensors {index.ckpt_name(prefix + '.gate_up_proj')!r} are only supported unquantised"
+        )
+    e = slice(shard.experts.start, shard.experts.stop)
+    w13, w2 = w13[e], w2[e]
+    if not shard.whole_inter:
+        lo, hi, inter = shard.inter.start, shard.inter.stop, w13.shape[1] // 2
+        w13 = torch.cat([w13[:, lo:hi], w13[:, inter + lo : inter + hi]], dim=1)
+        w2 = w2[:, :, lo:hi]
+    return CheckpointExperts(WeightFormat.BF16, w13.contiguous(), w2.contiguous())
+
+
 def read_experts(
     index: CheckpointIndex,
     prefix: str,
@@ -73,20 +144,27 @@ def read_experts(
     hidden: int,
     inter: int,
     scale_suffixes: ScaleSuffixes,
+    shard: ExpertShard | None = None,
 ) -> CheckpointExperts:
-    """The experts under ``prefix``, each tensor shape-checked by name."""
-    fused = f"{prefix}.gate_up_proj"
-    if index.has(fused):
-        w13, w2 = index.get(fused), index.get(f"{prefix}.down_proj")
-        if expert_format(w13) is not WeightFormat.BF16:
-            raise WeightLoadError(
-                f"stacked expert tensors {index.ckpt_name(fused)!r} are only supported unquantised"
-            )
-        return CheckpointExperts(WeightFormat.BF16, w13, w2)
+    """This rank's part (``shard``; default everything) of the experts under ``prefix``, each
+    tensor shape-checked by name and cut *as stored*: packed MXFP4 bytes and their scales are
+    sliced before anything is dequantised, and only one expert's full tensors are held at a time.
+
+    Experts outside ``shard.experts`` are not read (their rank reads them); they count as used."""
+    if shard is None:
+        shard = ExpertShard(range(num_experts), range(inter), inter)
+    if index.has(f"{prefix}.gate_up_proj"):
+        return _stacked_part(index, prefix, shard)
     per: dict[str, list[torch.Tensor]] = {"w1": [], "w3": [], "w2": []}
     scales: dict[str, list[torch.Tensor]] = {"w1": [], "w3": [], "w2": []}
     fmt: WeightFormat | None = None
     for e in range(num_experts):
+        if e not in shard.experts:
+            for w in ("w1", "w3", "w2"):
+                base = f"{prefix}.{e}.{w}"
+                suffixes = {x for f in WeightFormat for x in scale_suffixes(f)}
+                index.mark_used(base + ".weight", *(base + x for x in suffixes))
+            continue
         for w in ("w1", "w3", "w2"):
             name = f"{prefix}.{e}.{w}.weight"
             t = index.get(name)
@@ -99,18 +177,19 @@ def read_experts(
                         f"layer {layer_id}: FP8 experts need moe_intermediate_size "
                         f"({inter}) divisible by {FP8_BLOCK[0]}"
                     )
+                _check_shardable(fmt, shard, layer_id)
             if this is not fmt:
                 raise WeightLoadError(
                     f"tensor {index.ckpt_name(name)!r} is {t.dtype}; the layer's experts are {fmt.value}"
                 )
             # Two FP4 values a byte: the packed K dim is halved.
-            pack = 2 if fmt is WeightFormat.MXFP4 else 1
+            pack = _COLS_PER_ELEMENT[fmt]
             rows, cols = (hidden, inter) if w == "w2" else (inter, hidden)
             if tuple(t.shape) != (rows, cols // pack):
                 raise WeightLoadError(
                     f"tensor {index.ckpt_name(name)!r}: expected shape {(rows, cols // pack)}, got {tuple(t.shape)}"
                 )
-            per[w].append(t)
+            per[w].append(_shard_expert_tensor(t, w, fmt, shard, is_scale=False))
             if fmt is not WeightFormat.BF16:
                 s = _expert_scale(index, name, fmt, scale_suffixes(fmt))
                 if fmt is WeightFormat.MXFP4 and tuple(s.shape) != (rows, cols // MXFP4_GROUP):
@@ -118,7 +197,7 @@ def read_experts(
                         f"scale of {index.ckpt_name(name)!r}: expected shape {(rows, cols // MXFP4_GROUP)}, "
                         f"got {tuple(s.shape)}"
                     )
-                scales[w].append(s)
+                scales[w].append(_shard_expert_tensor(s, w, fmt, shard, is_scale=True))
     assert fmt is not None
     try:
         w13, w2 = stack_expert_tensors(per["w1"], per["w3"], per["w2"])
@@ -133,9 +212,10 @@ def read_experts(
 def load_experts(
     experts: FusedMoE, layer_id: int, ckpt: CheckpointExperts, dtype: torch.dtype
 ) -> None:
-    """Hand ``ckpt`` to the layer's ``FusedMoE``, which keeps this rank's part."""
+    """Hand ``ckpt`` (this rank's part, from :func:`read_experts` with ``ExpertShard.of(experts)``)
+    to the layer's ``FusedMoE``; MXFP4 is dequantised here, for this part only."""
     try:
-        experts.load_weights(
+        experts.load_local_weights(
             expert_weights_from_checkpoint(
                 ckpt.fmt, ckpt.w13, ckpt.w2, ckpt.w13_scale, ckpt.w2_scale, dtype=dtype
             )

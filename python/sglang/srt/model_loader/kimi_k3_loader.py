@@ -6,10 +6,12 @@ shard (TP: heads / intermediate rows; fp32 KDA tensors stay fp32). Routed expert
 - per-expert ``experts.E.w1|w2|w3`` in bf16, MXFP4 (``weight_packed`` two E2M1 values a byte +
   ``weight_scale`` one UE8M0 byte per 32, dequantised to the model dtype), or FP8 with 128x128
   block scales (``weight_scale_inv``), or transformers' stacked ``gate_up_proj`` / ``down_proj``;
-- stacked as ``w13 = [w1; w3]`` and handed to ``FusedMoE.load_weights``, which keeps this rank's
-  part (TP: a slice of the intermediate dim; MegaMoE: whole experts);
-- with ``mega_weight_builder`` (MegaMoE), this rank's raw stacked expert tensors are also handed to
-  the builder (e.g. DeepGEMM's weight transform) and the result set as the layer's MegaMoE weights.
+- only this rank's part is read and cut *as stored* (TP: a slice of the intermediate dim; MegaMoE:
+  whole experts), so MXFP4 is dequantised for that part alone, then stacked as ``w13 = [w1; w3]``
+  and handed to ``FusedMoE.load_local_weights``;
+- MegaMoE (expert-parallel layers): this rank's stacked checkpoint experts also go to
+  ``mega_weight_builder`` (default: DeepGEMM's layout, when DeepGEMM is usable; see
+  ``mega_moe_prep``) and the result is set as the layer's MegaMoE weights.
 A missing, mis-shaped, wrongly typed or (with ``strict``) unexpected tensor raises
 :class:`WeightLoadError` naming it. Vision tensors, and layers past ``num_hidden_layers`` (MTP),
 are skipped with one log line.
@@ -18,8 +20,7 @@ are skipped with one log line.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 from tqdm.auto import tqdm
@@ -28,8 +29,19 @@ from sglang.srt.layers.moe.expert_weights import WeightFormat
 from sglang.srt.layers.moe.layer import A2ABackend
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex as _Index
 from sglang.srt.model_loader.checkpoint_index import WeightLoadError
-from sglang.srt.model_loader.expert_loading import FP8_DTYPES, load_experts, read_experts
+from sglang.srt.model_loader.expert_loading import (
+    FP8_DTYPES,
+    ExpertShard,
+    load_experts,
+    read_experts,
+)
 from sglang.srt.model_loader.kimi_k3_names import canonical_name, layer_of
+from sglang.srt.model_loader.mega_moe_prep import (
+    MegaWeightBuilder,
+    attach_mega_weights,
+    default_mega_weight_builder,
+    log_mega_weights_built,
+)
 from sglang.srt.model_loader.weight_source import (
     SafetensorsWeightSource,
     WeightSource,
@@ -41,10 +53,6 @@ from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
-
-# (layer id, this rank's raw stacked experts: w13, w2 and their scales or None) -> MegaMoE weights
-MegaWeightBuilder = Callable[[int, dict[str, torch.Tensor | None]], Any]
-
 
 def _build_index(source: WeightSource, num_layers: int) -> _Index:
     def in_model(name: str) -> str | None:
@@ -86,25 +94,18 @@ def _load_experts(
     model: KimiK3ForCausalLM,
     layer_id: int,
     mega_weight_builder: MegaWeightBuilder | None,
-) -> None:
+) -> bool:
+    """Load one MoE layer's experts (this rank's part); True when MegaMoE weights were set."""
     moe = model.decoder_layers[layer_id].mlp
     assert isinstance(moe, KimiK3MoE)
     cfg = moe.experts.config
     ckpt = read_experts(
         index, f"model.layers.{layer_id}.mlp.experts", layer_id=layer_id, num_experts=cfg.num_experts,
         hidden=cfg.hidden_size, inter=cfg.intermediate_size, scale_suffixes=_scale_suffixes,
+        shard=ExpertShard.of(moe.experts),
     )  # fmt: skip
     load_experts(moe.experts, layer_id, ckpt, model.dtype)
-    if mega_weight_builder is not None and moe.expert_parallel:
-        local = moe.experts.local_experts
-        mine = slice(local.start, local.stop)
-        raw = {
-            "w13": ckpt.w13[mine],
-            "w2": ckpt.w2[mine],
-            "w13_scale": None if ckpt.w13_scale is None else ckpt.w13_scale[mine],
-            "w2_scale": None if ckpt.w2_scale is None else ckpt.w2_scale[mine],
-        }
-        moe.experts.set_mega_weights(mega_weight_builder(layer_id, raw))
+    return attach_mega_weights(moe.experts, layer_id, ckpt, mega_weight_builder)
 
 
 def load_weights(
@@ -129,15 +130,21 @@ def load_weights(
     moe_layers = [
         i for i, layer in enumerate(model.decoder_layers) if isinstance(layer.mlp, KimiK3MoE)
     ]
+    if mega_weight_builder is None and any(
+        model.decoder_layers[i].mlp.expert_parallel for i in moe_layers
+    ):
+        mega_weight_builder = default_mega_weight_builder(model.device)
+    built = 0
     with tqdm(total=len(params) + len(moe_layers), desc="Loading Kimi K3 weights", disable=not progress,
               unit="tensor") as bar:  # fmt: skip
         for name, param in params.items():
             index.load_param(name, param, _dense(index, name))
             bar.update()
         for i in moe_layers:
-            _load_experts(index, model, i, mega_weight_builder)
+            built += _load_experts(index, model, i, mega_weight_builder)
             bar.update()
     index.check_all_used(strict=strict, logger=logger)
+    log_mega_weights_built("Kimi K3", built, len(moe_layers))
 
 
 def load_kimi_k3(

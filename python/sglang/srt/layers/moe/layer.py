@@ -86,6 +86,18 @@ class FusedMoE(nn.Module):
         per_rank = self.config.num_experts // self.tp_size
         return range(self.tp_rank * per_rank, (self.tp_rank + 1) * per_rank)
 
+    @property
+    def local_intermediate(self) -> range:
+        """The intermediate rows (of gate, and of up) this rank keeps: all of them when expert
+        parallel, else its tensor-parallel slice."""
+        inter = self.config.intermediate_size
+        if self.expert_parallel or self.tp_size == 1:
+            return range(inter)
+        if inter % self.tp_size:
+            raise ValueError(f"intermediate size {inter} is not divisible by tp size {self.tp_size}")
+        part = inter // self.tp_size
+        return range(self.tp_rank * part, (self.tp_rank + 1) * part)
+
     def load_weights(self, full: ExpertWeights) -> None:
         """Take the full (all experts, unsharded) weights and keep this rank's part."""
         c = self.config
@@ -102,6 +114,14 @@ class FusedMoE(nn.Module):
             )
         else:
             part = full.shard(self.tp_rank, self.tp_size)
+        self.load_local_weights(part)
+
+    def load_local_weights(self, part: ExpertWeights) -> None:
+        """Take weights already cut to this rank's part (``local_experts`` x
+        ``local_intermediate``): loaders slice quantised checkpoints before dequantising."""
+        want = (len(self.local_experts), 2 * len(self.local_intermediate), self.config.hidden_size)
+        if tuple(part.w13.shape) != want:
+            raise ValueError(f"this rank's MoE w13 has shape {tuple(part.w13.shape)}, expected {want}")
         self.weights = ExpertWeights(
             *(None if t is None else t.to(self.device) for t in (part.w13, part.w2, part.w13_scale, part.w2_scale))
         )

@@ -1,0 +1,96 @@
+"""The post-load step that gives each expert-parallel ``FusedMoE`` its MegaMoE weights.
+
+With ``--moe-a2a-backend megamoe`` and DeepGEMM usable, every MoE layer's experts, as this rank
+read them from the checkpoint (MXFP4 or FP8, before dequantisation), are re-laid out once by
+:func:`build_mega_moe_experts_weights` and set with ``FusedMoE.set_mega_weights``. The kernel the
+runtime picks depends on the GPU, so the format is checked against it here: Blackwell
+(``fp8_fp4_mega_moe``) needs MXFP4 experts, Hopper (``fp8_mega_moe``) FP8 ones.
+
+A format with no MegaMoE layout (bf16 experts, or one the GPU's kernel does not take) leaves the
+layers on the normal path with one warning, as when DeepGEMM is missing; a malformed tensor is a
+load error naming the layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sglang.srt.layers.deep_gemm_adapter import get_deep_gemm
+from sglang.srt.layers.moe import mega_moe as _mega_moe
+from sglang.srt.layers.moe.layer import FusedMoE
+from sglang.srt.layers.moe.mega_moe_weights import (
+    MegaMoEFormatError,
+    MegaMoEWeightError,
+    build_mega_moe_experts_weights,
+)
+from sglang.srt.model_loader.checkpoint_index import WeightLoadError
+from sglang.srt.model_loader.expert_loading import CheckpointExperts
+from sglang.srt.utils.log import get_logger, log_once
+
+logger = get_logger(__name__)
+
+# (layer id, this rank's stacked checkpoint experts: w13, w2 and their scales or None) -> weights
+MegaWeightBuilder = Callable[[int, dict[str, torch.Tensor | None]], Any]
+
+_FIRST_FP4_ARCH = 100  # Blackwell runs fp8_fp4_mega_moe; Hopper runs fp8_mega_moe
+
+
+def deep_gemm_mega_weight_builder(deep_gemm: Any, arch: int) -> MegaWeightBuilder:
+    """The builder for a GPU of compute capability ``arch`` (e.g. 100, 90)."""
+
+    def build(layer_id: int, raw: dict[str, torch.Tensor | None]) -> Any:
+        w13 = raw["w13"]
+        assert w13 is not None
+        blackwell = arch >= _FIRST_FP4_ARCH
+        fp4, fp8 = w13.dtype in (torch.uint8, torch.int8), w13.dtype == torch.float8_e4m3fn
+        if (fp4 and not blackwell) or (fp8 and blackwell):
+            kernel, needs = ("fp8_fp4_mega_moe", "MXFP4") if blackwell else ("fp8_mega_moe", "FP8")
+            raise MegaMoEFormatError(
+                f"DeepGEMM's {kernel} on sm_{arch} takes {needs} experts; these are {w13.dtype}"
+            )
+        return build_mega_moe_experts_weights(deep_gemm, w13, raw["w2"], raw["w13_scale"], raw["w2_scale"])  # type: ignore[arg-type]
+
+    return build
+
+
+def default_mega_weight_builder(device: torch.device) -> MegaWeightBuilder | None:
+    """DeepGEMM's layout for this GPU, or ``None`` (one log line) when DeepGEMM is unusable."""
+    deep_gemm = get_deep_gemm()
+    if deep_gemm is None:
+        log_once(logger, logging.WARNING, "MegaMoE weights are not built: DeepGEMM is unusable")
+        return None
+    # The same arch lookup the runtime uses to pick the kernel.
+    arch = _mega_moe.device_sm_info(device if device.type == "cuda" else None).arch
+    return deep_gemm_mega_weight_builder(deep_gemm, arch)
+
+
+def attach_mega_weights(
+    experts: FusedMoE, layer_id: int, ckpt: CheckpointExperts, builder: MegaWeightBuilder | None
+) -> bool:
+    """Build and set one layer's MegaMoE weights from this rank's checkpoint experts. True when
+    set; False (the layer keeps the normal path) when not expert parallel, no builder, or a
+    format with no MegaMoE layout (logged once)."""
+    if builder is None or not experts.expert_parallel:
+        return False
+    raw = {"w13": ckpt.w13, "w2": ckpt.w2, "w13_scale": ckpt.w13_scale, "w2_scale": ckpt.w2_scale}
+    try:
+        experts.set_mega_weights(builder(layer_id, raw))
+    except MegaMoEFormatError as exc:
+        log_once(
+            logger,
+            logging.WARNING,
+            f"MegaMoE weights are not built ({ckpt.fmt.value} experts): {exc}; the MoE layers use the normal path",
+        )
+        return False
+    except MegaMoEWeightError as exc:
+        raise WeightLoadError(f"layer {layer_id} MegaMoE weights: {exc}") from None
+    return True
+
+
+def log_mega_weights_built(model_name: str, built: int, total: int) -> None:
+    if built:
+        logger.info(f"{model_name}: built DeepGEMM MegaMoE expert weights for {built} of {total} MoE layers")

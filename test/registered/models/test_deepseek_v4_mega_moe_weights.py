@@ -1,0 +1,149 @@
+"""DeepSeek V4 with MXFP4 experts end to end on the MegaMoE path, on CPU: the loader's post-load
+step lays every layer's experts out for DeepGEMM (``build_mega_moe_experts_weights`` through the
+fake ``transform_sf_into_required_layout``), the fake ``fp8_fp4_mega_moe`` reads that layout back,
+and the model gives the normal path's results.
+
+What "the same" means: the MegaMoE path stages each MoE input as FP8 e4m3 with a power-of-two
+scale per 32 values and returns bf16 rows. So the reference is the normal path run with that same
+numerics (its input staged the same way, its output rounded to bf16):
+- every layer's MegaMoE output equals the normal layer's on the same staged input to bf16
+  rounding (rtol 1e-2);
+- the logits agree to 5% of their range: the remaining difference is fp32 summation order
+  flipping a few bf16 roundings, which a tiny random model's discrete choices (indexer and router
+  top-k) amplify. Without emulating the staging, those choices amplify FP8's ~2% input error to
+  logit differences of order 1 on the hash/YaRN config, so that comparison cannot be tight.
+A wrong layout (rows not interleaved, scales not transposed) gives errors of order 1 in every
+layer (the unit tests check that)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from typing import Any
+
+import pytest
+import torch
+from sglang.srt.layers.quantization.mxfp4 import quant_mxfp4
+from sglang.srt.model_loader.deepseek_v4_loader import load_weights
+from sglang.srt.models import deepseek_v4_moe as dsv4_moe_mod
+from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
+from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.test.ci_register import register_cpu_ci
+from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe
+from sglang.test.run import run_this_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _dsv4_testing import CONFIG_A, CONFIG_C, reference_model, rel_err, token_ids
+
+register_cpu_ci(est_time=10)
+
+# MegaMoE tiles hidden and the expert width by 128.
+MEGA_SHAPES = {"hidden_size": 128, "moe_intermediate_size": 128}
+_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
+
+
+def mxfp4_release_checkpoint(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' state dict with its stacked experts rewritten the way the release stores
+    them: per expert ``w1``/``w3``/``w2`` packed MXFP4 plus a float8_e8m0fnu ``.scale``."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        m = _EXPERTS.match(name)
+        if m is None:
+            out[name] = t
+            continue
+        inter = t.shape[1] // 2
+        parts = {"w1": t[:, :inter], "w3": t[:, inter:]} if m.group(2) == "gate_up_proj" else {"w2": t}
+        for w, stacked in parts.items():
+            packed, scale = quant_mxfp4(stacked)
+            for e in range(t.shape[0]):
+                pre = f"layers.{m.group(1)}.ffn.experts.{e}.{w}"
+                out[f"{pre}.weight"] = packed[e].clone()
+                out[f"{pre}.scale"] = scale[e].clone().view(torch.float8_e8m0fnu)
+    return out
+
+
+def _model(overrides: dict[str, Any], ckpt: dict[str, torch.Tensor], a2a: str) -> DeepseekV4ForCausalLM:
+    model = DeepseekV4ForCausalLM(
+        DeepseekV4ModelConfig.from_dict({**overrides, "model_type": "deepseek_v4"}), dtype=torch.float32,
+        moe_runner="torch", a2a_backend=a2a,  # type: ignore[arg-type]
+    )  # fmt: skip
+    load_weights(model, ckpt, progress=False)
+    return model.eval()
+
+
+def _kernel_numerics(model: DeepseekV4ForCausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``model``'s (normal-path) experts with the MegaMoE kernel's input staging and bf16
+    output."""
+    for layer in model.decoder_layers:
+        experts = layer.ffn.experts
+        run = experts.forward
+        monkeypatch.setattr(experts, "forward", lambda x, topk, run=run, **kw: run(fp8_staged(x), topk, **kw).bfloat16().to(x.dtype))
+
+
+@pytest.mark.parametrize("base", [CONFIG_A, CONFIG_C], ids=["hash+yarn", "two-streams"])
+def test_mega_path_with_built_weights_matches_normal_path(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, base: dict[str, Any]
+) -> None:
+    overrides = {**base, **MEGA_SHAPES}
+    ckpt = mxfp4_release_checkpoint(reference_model(overrides, seed=7).state_dict())
+    ids = token_ids(12, overrides["vocab_size"], seed=8)
+    normal = _model(overrides, ckpt, "none")
+
+    rec = install_fake_mega_moe(monkeypatch, cap=32, all_reduce_modules=[dsv4_moe_mod])
+    monkeypatch.setattr(logging.getLogger("sglang"), "propagate", True)  # caplog hooks the root
+    with caplog.at_level(logging.INFO, logger="sglang"):
+        mega = _model(overrides, ckpt, "megamoe")
+    layers = overrides["num_hidden_layers"]
+    assert any(
+        f"built DeepGEMM MegaMoE expert weights for {layers} of {layers}" in r.getMessage()
+        for r in caplog.records
+    )
+    seen: list[tuple[torch.Tensor, Any, torch.Tensor]] = []
+    for layer in mega.decoder_layers:
+        (l1, l1_sf), _ = layer.ffn.experts.mega_weights
+        assert l1.dtype == torch.int8 and l1_sf.dtype == torch.int32 and l1_sf.stride(1) == 1
+        run = layer.ffn.experts.forward
+
+        def record(x: torch.Tensor, topk: Any, run: Any = run, **kw: Any) -> torch.Tensor:
+            y = run(x, topk, **kw)
+            seen.append((x.clone(), topk, y))
+            return y
+
+        monkeypatch.setattr(layer.ffn.experts, "forward", record)
+    with torch.no_grad():
+        got = mega(ids, torch.arange(12))
+    names = [n for n, _ in rec.dg.calls]
+    assert names.count("fp8_fp4_mega_moe") == layers and names.count("transform_sf_into_required_layout") == 2 * layers
+    assert rec.all_reduces == []
+
+    # each layer: the kernel's rows == the normal layer's on the same staged input
+    assert len(seen) == layers
+    for i, (x, topk, y) in enumerate(seen):
+        with torch.no_grad():
+            want = normal.decoder_layers[i].ffn.experts(fp8_staged(x), topk)
+        torch.testing.assert_close(y.float(), want, rtol=1e-2, atol=1e-3, msg=lambda m, i=i: f"layer {i}: {m}")
+    # the whole model: against the normal path with the kernel's numerics
+    _kernel_numerics(normal, monkeypatch)
+    with torch.no_grad():
+        want = normal(ids, torch.arange(12))
+    err = rel_err(got, want)
+    assert err < 5e-2, err
+
+
+def test_bf16_experts_keep_the_normal_path_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    overrides = {**CONFIG_C, **MEGA_SHAPES}
+    state = reference_model(overrides, seed=3).state_dict()  # stacked fp32 experts: no mega layout
+    install_fake_mega_moe(monkeypatch, cap=32, all_reduce_modules=[dsv4_moe_mod])
+    monkeypatch.setattr(logging.getLogger("sglang"), "propagate", True)
+    with caplog.at_level(logging.WARNING, logger="sglang"):
+        model = _model(overrides, state, "megamoe")
+    assert all(layer.ffn.experts.mega_weights is None for layer in model.decoder_layers)
+    assert any("MegaMoE weights are not built (bf16 experts)" in r.getMessage() for r in caplog.records)
+
+
+if __name__ == "__main__":
+    run_this_file(__file__)

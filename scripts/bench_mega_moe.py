@@ -228,10 +228,11 @@ def main() -> None:
     for s, d, m, cov, e2, em, t2, tm, ratio, frac in rows:
         print(f"{s:<5} {d:<5} {m:>4} {str(cov):>7} {e2:>12.2e} {em:>9.2e} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x {frac:>8.0%}")
 
-    brows = budget_rows([int(b) for b in args.budget_batches.split(",")], device, physical, budget)
-    print(f"\n{'dtype':<5} {'M':>4} {f'{physical} SMs us':>11} {f'{budget} SMs us':>11} {'cost':>7}")
-    for d, m, tf, tb, cost in brows:
-        print(f"{d:<5} {m:>4} {tf:>11.1f} {tb:>11.1f} {cost:>+7.1%}")
+    if args.budget_batches:
+        brows = budget_rows([int(b) for b in args.budget_batches.split(",")], device, physical, budget)
+        print(f"\n{'dtype':<5} {'M':>4} {f'{physical} SMs us':>11} {f'{budget} SMs us':>11} {'cost':>7}")
+        for d, m, tf, tb, cost in brows:
+            print(f"{d:<5} {m:>4} {tf:>11.1f} {tb:>11.1f} {cost:>+7.1%}")
 
     if args.skip_robustness or not cupy_available():
         print("\nrobustness: skipped" + ("" if args.skip_robustness else " (CuPy missing: no SM holder)"))

@@ -166,7 +166,7 @@ def robustness_rows(launches: int, device: torch.device, physical: int, budget: 
                 continue
             mismatches += int(not torch.equal(got, want))
         torch.cuda.synchronize(device)
-        rows.append((f"tile queue, budget {budget}", budget, held, launches, timeouts, mismatches))
+        rows.append((f"tile queue, budget {budget}", info[-1].grid, held, launches, timeouts, mismatches))
 
     # Forced whole-grid barrier: a grid of every CTA slot cannot be resident beside a held SM.
     compiled = info[-1].compiled

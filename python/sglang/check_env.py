@@ -32,6 +32,12 @@ def main() -> int:
         print(f"  {name}: {_optional_version(name)}")
     status = deep_gemm_status()
     print(f"  DeepGEMM: {'usable' if status.usable else 'unusable'} ({status.reason})")
+    mega = (
+        "DeepGEMM's kernel where its weights are built, else our Triton persistent kernel"
+        if status.usable
+        else "our Triton persistent kernel (one GPU; across ranks the normal MoE path)"
+    )
+    print(f"  --moe-a2a-backend megamoe runs: {mega}")
 
     ok = True
     print("\nEnvironment knobs:")

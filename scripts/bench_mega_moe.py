@@ -22,8 +22,6 @@ import argparse
 import torch
 import triton
 from bench_moe import SHAPES, Shape, floor_terms, make_batch, make_weights
-from tqdm import tqdm
-
 from sglang.kernels.ops.grid_barrier import resident_ctas_per_sm
 from sglang.kernels.ops.moe.fused_moe import fused_experts, fused_experts_torch
 from sglang.kernels.ops.moe.mega_moe_triton import (
@@ -37,6 +35,7 @@ from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.mega_moe import mega_moe_sm_budget
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.test.sm_holder import cupy_available, hold_sms
+from tqdm import tqdm
 
 READ_BW = 4.19e12  # pure-read streaming rate measured on these H200s (performance_targets.md)
 SWIGLU_LIMIT = 10.0
@@ -226,7 +225,7 @@ def main() -> None:
     print(f"\n{'shape':<5} {'dtype':<5} {'M':>4} {'covered':>7} {'err 2-launch':>12} {'err mega':>9} "
           f"{'2-launch us':>11} {'mega us':>8} {'speedup':>7} {'mega/roof':>9}")  # fmt: skip
     for s, d, m, cov, e2, em, t2, tm, ratio, frac in rows:
-        print(f"{s:<5} {d:<5} {m:>4} {str(cov):>7} {e2:>12.2e} {em:>9.2e} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x {frac:>8.0%}")
+        print(f"{s:<5} {d:<5} {m:>4} {cov!s:>7} {e2:>12.2e} {em:>9.2e} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x {frac:>8.0%}")
 
     if args.budget_batches:
         brows = budget_rows([int(b) for b in args.budget_batches.split(",")], device, physical, budget)

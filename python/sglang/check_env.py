@@ -12,7 +12,7 @@ import sys
 import torch
 
 from sglang import __version__
-from sglang.srt.environ import EnvValueError, Envs
+from sglang.srt.environ import Envs, EnvValueError
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
 from sglang.srt.layers.moe.mega_moe import _mega_moe_max_num_sms, mega_moe_sm_budget
 from sglang.srt.utils.device import device_sm_info

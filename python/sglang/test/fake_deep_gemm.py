@@ -27,7 +27,7 @@ class FakeDeepGemm:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
-    def MEGA_MOE_BUFFER_USES_NUM_SMS(self) -> bool:  # noqa: N802 - mirrors a module constant
+    def MEGA_MOE_BUFFER_USES_NUM_SMS(self) -> bool:
         return self.buffer_uses_num_sms
 
     def _record(self, name: str, value: Any = None) -> None:

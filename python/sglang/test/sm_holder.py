@@ -40,7 +40,7 @@ def cupy_available() -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel() -> Any:
     import cupy
 

@@ -15,15 +15,18 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_fused_moe_triton import ACTS, make_moe, rel_err
-
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
+from test_fused_moe_triton import ACTS, make_moe, rel_err
+
+if TYPE_CHECKING:
+    from sglang.kernels.ops.moe.mega_moe_triton import MegaMoEConfig
 
 register_cpu_ci(est_time=90)
 
@@ -43,7 +46,7 @@ def test_mega_kernel_under_interpreter() -> None:
     assert "skipped" not in proc.stdout.splitlines()[-1], tail
 
 
-def _tiny_config():  # noqa: ANN202
+def _tiny_config() -> MegaMoEConfig:
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoEConfig
 
     return MegaMoEConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, num_warps=4, num_stages=2)
@@ -117,7 +120,11 @@ def test_interp_default_tiles_fit_small_widths() -> None:
     # The built-in model's widths (hidden 128, intermediate 64) with get_mega_config's tiles:
     # fit_config shrinks them instead of refusing.
     from sglang.kernels.ops.moe.fused_moe import fused_experts_torch
-    from sglang.kernels.ops.moe.mega_moe_triton import fit_config, get_mega_config, mega_fused_experts
+    from sglang.kernels.ops.moe.mega_moe_triton import (
+        fit_config,
+        get_mega_config,
+        mega_fused_experts,
+    )
 
     cfg = fit_config(get_mega_config(5, 8, 2, False), 128, 64, False)
     assert (cfg.block_k, cfg.block_n1, cfg.block_n2) == (64, 64, 128)

@@ -16,6 +16,9 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sglang.test.ci_register import register_cuda_ci
+from sglang.test.run import run_this_file
+from sglang.test.sm_holder import cupy_available, hold_sms
 from test_fused_moe_triton_gpu import (
     ACTIVATIONS,
     BF16_TOL,
@@ -28,10 +31,6 @@ from test_fused_moe_triton_gpu import (
     routing,
 )
 
-from sglang.test.ci_register import register_cuda_ci
-from sglang.test.run import run_this_file
-from sglang.test.sm_holder import cupy_available, hold_sms
-
 register_cuda_ci(est_time=300)
 
 
@@ -41,7 +40,7 @@ def budget() -> int:
     return mega_moe_sm_budget() or torch.cuda.get_device_properties(0).multi_processor_count
 
 
-def run_mega(hidden, topk_w, topk_ids, kw, *, num_sms=None, out=None, **extra):  # noqa: ANN001, ANN003
+def run_mega(hidden, topk_w, topk_ids, kw, *, num_sms=None, out=None, **extra):
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoELaunch, mega_fused_experts
 
     info: list[MegaMoELaunch] = []

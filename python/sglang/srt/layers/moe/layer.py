@@ -19,7 +19,10 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from sglang.srt.distributed.parallel_state import get_tp_group_or_none, tensor_model_parallel_all_reduce
+from sglang.srt.distributed.parallel_state import (
+    get_tp_group_or_none,
+    tensor_model_parallel_all_reduce,
+)
 from sglang.srt.layers.deep_gemm_adapter import get_deep_gemm
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.mega_moe import MegaMoEParams, try_run_mega_routed

@@ -39,7 +39,11 @@ def triton_mega_unusable_reason(
         return f"the Triton MegaMoE kernel runs on one GPU and this expert-parallel group has {group_size} ranks"
     if weights.w13.dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
         return f"expert weights of dtype {weights.w13.dtype} (bf16, fp16 or FP8 128x128 blocks supported)"
-    from sglang.kernels.ops.moe.mega_moe_triton import fit_config, get_mega_config, unsupported_reason
+    from sglang.kernels.ops.moe.mega_moe_triton import (
+        fit_config,
+        get_mega_config,
+        unsupported_reason,
+    )
 
     fp8 = weights.w13.dtype == torch.float8_e4m3fn
     e, two_i, h = weights.w13.shape

@@ -16,7 +16,11 @@ import torch
 
 from sglang.kernels.ops.quant.fp8 import per_token_group_quant_fp8
 from sglang.srt.layers.activation import act_and_mul
-from sglang.srt.layers.deep_gemm_adapter import deep_gemm_call_guard, deep_gemm_status, get_deep_gemm
+from sglang.srt.layers.deep_gemm_adapter import (
+    deep_gemm_call_guard,
+    deep_gemm_status,
+    get_deep_gemm,
+)
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner.base import MoERunner, allocate_moe_output
 from sglang.srt.layers.moe.topk import TopKOutput

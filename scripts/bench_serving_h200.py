@@ -1,17 +1,22 @@
-"""Serving benchmark on one H200: a DeepSeek V4-architecture model wide enough to matter, served
-with and without decode CUDA graphs, loaded by our ``bench_serving`` at concurrency 1, 8 and 32.
+"""Serving benchmark on H200s: a DeepSeek V4-architecture model wide enough to matter, served twice
+by ``launch_server`` with one feature on and off, loaded by our ``bench_serving``.
+
+``--compare graphs`` (default): with and without decode CUDA graphs. ``--compare symm-mem
+--tp-size N``: with and without ``--enable-symm-mem`` at TP=N (both with graphs), e.g. issue 7's
+``--compare symm-mem --tp-size 8 --concurrency 1,8,64``.
 
 Model (random weights, bf16, generated on the GPU into ``--model-dir`` on first use, ~13 GB a
 layer): hidden 4096, 256 routed experts top-6 (intermediate 2048) + one shared expert, 64 heads of
 512 (q rank 1024, 8 output groups of rank 1024), window 128, layers of compress ratios 4 / 128 / 4
 (indexer 64 heads of 128, top-512), the first layer hash-routed, vocab 4096 (no tokenizer: the
-benchmark sends token ids). Workload: fixed 256 input and 128 output tokens, greedy, all requests
-at once under the concurrency cap (4 / 16 / 64 prompts).
+benchmark sends token ids). Workload: fixed 256 input and 128 output tokens, greedy, 2x the
+concurrency in prompts (at least 4), after an untimed warm-up as wide as the run.
 
-Prints one table: TTFT and TPOT (median ms), output and total throughput (tok/s), for graphs on
-and off, then graph/no-graph ratios (TPOT < 1 and throughput > 1 mean graphs help).
-Usage: python scripts/bench_serving_h200.py [--layers 3] [--model-dir DIR] [--keep-model]
-Takes about 5-7 minutes on one H200 (generation ~1 min, two server starts, six runs).
+Prints one table: TTFT and TPOT (median ms), output and total throughput (tok/s) for both servers,
+then on/off ratios (TPOT < 1 and throughput > 1 mean the feature helps).
+Usage: python scripts/bench_serving_h200.py [--compare graphs|symm-mem] [--tp-size N]
+       [--concurrency 1,8,32] [--layers 3] [--model-dir DIR] [--keep-model]
+About 2.5 minutes on one H200 with --layers 2 (generation 30 s, two server starts, six runs).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +40,6 @@ from sglang.bench_serving import build_parser, run_benchmark
 from sglang.srt.default_model.generate import _parameter_shapes
 
 CONCURRENCY = (1, 8, 32)
-PROMPTS = {1: 4, 8: 16, 32: 64}
 INPUT_LEN, OUTPUT_LEN = 256, 128
 STARTUP_TIMEOUT_S = 300
 
@@ -104,12 +109,33 @@ def _healthy(port: int) -> bool:
         return False
 
 
-def serve_and_bench(model_dir: Path, port: int, graphs: bool, log: Path) -> dict[int, Any]:
+@dataclass(frozen=True)
+class Comparison:
+    """Two servers that differ in one feature: its flag on (``on_args``) or off."""
+
+    fact: str  # the startup line's key for the feature
+    on_label: str
+    off_label: str
+    on_args: tuple[str, ...]
+    off_args: tuple[str, ...]
+
+
+COMPARISONS = {
+    "graphs": Comparison("CUDA graphs:", "graphs", "eager", (), ("--disable-cuda-graph",)),
+    "symm-mem": Comparison("symmetric memory:", "symm-mem", "regular", ("--enable-symm-mem",), ()),
+}
+
+
+def serve_and_bench(
+    model_dir: Path, port: int, extra: list[str], fact: str, label: str, concurrency: list[int], log: Path
+) -> dict[int, Any]:
+    top = max(concurrency)
     cmd = [
         sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
         "--skip-tokenizer-init", "--port", str(port), "--context-length", "1024",
-        "--max-running-requests", "32", "--cuda-graph-max-bs", "32", "--log-level", "info",
-    ] + ([] if graphs else ["--disable-cuda-graph"])  # fmt: skip
+        "--max-running-requests", str(top), "--cuda-graph-max-bs", str(top), "--log-level", "info",
+        *extra,
+    ]  # fmt: skip
     started = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -118,14 +144,13 @@ def serve_and_bench(model_dir: Path, port: int, graphs: bool, log: Path) -> dict
             if proc.poll() is not None or time.perf_counter() - started > STARTUP_TIMEOUT_S:
                 raise RuntimeError(f"server did not start; see {log}:\n{log.read_text()[-3000:]}")
             time.sleep(2)
-        ready = [line for line in log.read_text().splitlines() if "CUDA graphs:" in line]
-        fact = ready[-1].split("CUDA graphs:")[1].split("; context")[0] if ready else "?"
-        print(f"server ({'graphs' if graphs else 'eager'}) up in "
-              f"{time.perf_counter() - started:.0f}s; CUDA graphs:{fact}")  # fmt: skip
+        ready = [line for line in log.read_text().splitlines() if fact in line]
+        said = ready[-1].split(fact)[1].split(";")[0] if ready else " ?"
+        print(f"server ({label}) up in {time.perf_counter() - started:.0f}s; {fact}{said}")
         results = {}
-        for conc in CONCURRENCY:
+        for conc in concurrency:
             args = build_parser().parse_args([
-                "--port", str(port), "--dataset-name", "fixed", "--num-prompts", str(PROMPTS[conc]),
+                "--port", str(port), "--dataset-name", "fixed", "--num-prompts", str(max(4, 2 * conc)),
                 "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
                 # Warm-up as wide as the run: the first batch of this size compiles its Triton
                 # kernels (prefill shapes differ per concurrency), which must not be timed.
@@ -146,37 +171,48 @@ def serve_and_bench(model_dir: Path, port: int, graphs: bool, log: Path) -> dict
             proc.wait()
 
 
-def print_table(on: dict[int, Any], off: dict[int, Any]) -> None:
+def print_table(
+    cmp: Comparison, on: dict[int, Any], off: dict[int, Any], concurrency: list[int], tp_size: int
+) -> None:
     def row(label: str, m: dict[str, Any]) -> str:
-        return (f"| {label:<14} | {m['ttft_ms']['median']:>9.1f} | {m['tpot_ms']['median']:>9.2f} "
+        return (f"| {label:<16} | {m['ttft_ms']['median']:>9.1f} | {m['tpot_ms']['median']:>9.2f} "
                 f"| {m['output_throughput']:>10.1f} | {m['total_throughput']:>10.1f} |")  # fmt: skip
 
-    print(
-        f"\nDeepSeek V4-architecture model, {INPUT_LEN} in / {OUTPUT_LEN} out, bf16, triton MoE, 1 GPU"
-    )
-    print("| mode, conc.    | TTFT ms   | TPOT ms   | out tok/s  | total tok/s |")
-    print("|----------------|----------:|----------:|-----------:|------------:|")
-    for conc in CONCURRENCY:
-        print(row(f"graphs, {conc}", on[conc]))
-        print(row(f"eager, {conc}", off[conc]))
-    print("\n| conc. | TTFT graph/eager | TPOT graph/eager | throughput graph/eager |")
-    print("|------:|-----------------:|-----------------:|-----------------------:|")
-    for conc in CONCURRENCY:
+    print(f"\nDeepSeek V4-architecture model, {INPUT_LEN} in / {OUTPUT_LEN} out, bf16, triton MoE, TP={tp_size}")
+    print("| mode, conc.      | TTFT ms   | TPOT ms   | out tok/s  | total tok/s |")
+    print("|------------------|----------:|----------:|-----------:|------------:|")
+    for conc in concurrency:
+        print(row(f"{cmp.on_label}, {conc}", on[conc]))
+        print(row(f"{cmp.off_label}, {conc}", off[conc]))
+    pair = f"{cmp.on_label}/{cmp.off_label}"
+    print(f"\n| conc. | TTFT {pair} | TPOT {pair} | throughput {pair} |")
+    print("|------:|------:|------:|------:|")
+    for conc in concurrency:
         a, b = on[conc], off[conc]
         ratio = [a["ttft_ms"]["median"] / max(b["ttft_ms"]["median"], 1e-9),
                  a["tpot_ms"]["median"] / max(b["tpot_ms"]["median"], 1e-9),
                  a["output_throughput"] / max(b["output_throughput"], 1e-9)]  # fmt: skip
-        print(f"| {conc:>5} | {ratio[0]:>16.3f} | {ratio[1]:>16.3f} | {ratio[2]:>22.3f} |")
+        print(f"| {conc:>5} | {ratio[0]:.3f} | {ratio[1]:.3f} | {ratio[2]:.3f} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--compare", choices=tuple(COMPARISONS), default="graphs",
+                        help="graphs: with vs without decode CUDA graphs; symm-mem: with vs without "
+                        "--enable-symm-mem (needs --tp-size > 1).")  # fmt: skip
+    parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     parser.add_argument("--model-dir", default="/tmp/sglang-bench-dsv4-h200")
     parser.add_argument("--keep-model", action="store_true", help="Keep the generated weights.")
     parser.add_argument("--port", type=int, default=30111)
     parser.add_argument("--log-dir", default=os.environ.get("OUT", "/tmp"))
     args = parser.parse_args()
+    if args.compare == "symm-mem" and args.tp_size < 2:
+        parser.error("--compare symm-mem needs --tp-size 2 or more (TP=1 has no all-reduce)")
+    cmp = COMPARISONS[args.compare]
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    tp = ["--tp-size", str(args.tp_size)]
     model_dir = Path(args.model_dir)
     started = time.perf_counter()
     build_model(model_dir, args.layers)
@@ -184,12 +220,17 @@ def main() -> None:
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
-        on = serve_and_bench(model_dir, args.port, True, log_dir / "bench_server_graphs.log")
-        off = serve_and_bench(model_dir, args.port, False, log_dir / "bench_server_eager.log")
+        runs = []
+        for label, extra in ((cmp.on_label, cmp.on_args), (cmp.off_label, cmp.off_args)):
+            log = log_dir / f"bench_server_{label}.log"
+            runs.append(
+                serve_and_bench(model_dir, args.port, [*tp, *extra], cmp.fact, label, concurrency, log)
+            )
+        on, off = runs
     finally:
         if not args.keep_model:
             shutil.rmtree(model_dir, ignore_errors=True)
-    print_table(on, off)
+    print_table(cmp, on, off, concurrency, args.tp_size)
     print(f"\ntotal {time.perf_counter() - started:.0f}s")
 
 

@@ -21,13 +21,14 @@ a deadline and sets a status word the host turns into :class:`MegaMoEWaitTimeout
 ``whole_grid_sync=True`` adds the design this one avoids, a barrier that waits for every CTA of
 the grid before any work, so tests can show the bounded-wait error instead of a hang.
 
-FP8 (128x128 block weights) quantises activations per token per 128 values inside the tiles
-(the same formula as ``per_token_group_quant_fp8``), so no extra launch is needed for them.
+FP8 (128x128 block weights): the tokens are quantised per token per 128 values once before the
+launch (``per_token_group_quant_fp8``, the pre-dispatch), and the intermediate once per 128-wide
+group inside the launch, by the phase-1 tile that completes the group (same formula), so both
+GEMMs take e4m3 operands with the same roundings as the two-launch path.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -50,8 +51,9 @@ from sglang.kernels.ops.moe.mega_moe_workspace import (
     WorkspaceLayout,
     get_workspace,
 )
-from sglang.kernels.ops.quant.fp8 import DEFAULT_EPS, FP8_DTYPE, FP8_MAX, per_token_group_quant_fp8
-from sglang.srt.utils.log import get_logger, log_once
+from sglang.kernels.ops.quant.fp8 import DEFAULT_EPS, FP8_DTYPE, per_token_group_quant_fp8
+from sglang.kernels.ops.triton_dispatch import interpreter_enabled
+from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
 
@@ -61,6 +63,9 @@ _EXITS = tl.constexpr(EXITS)
 _BARRIER = tl.constexpr(BARRIER)
 _TILE_TIMEOUT = tl.constexpr(STATUS_TILE_WAIT_TIMEOUT)
 _GRID_TIMEOUT = tl.constexpr(STATUS_GRID_BARRIER_TIMEOUT)
+
+_logged_launches: set[tuple[int, MegaMoEConfig]] = set()
+
 
 class MegaMoEWaitTimeout(RuntimeError):
     """A wait inside the Triton MegaMoE kernel gave up; the launch's output is not valid."""
@@ -389,12 +394,6 @@ def _mega_moe_kernel(
 # --------------------------------------------------------------------------------------------
 
 
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 @dataclass
 class MegaMoELaunch:
     """What one launch used, for the status check (and tests)."""
@@ -506,16 +505,14 @@ def mega_fused_experts(
         TOP_K=p.top_k, TOP_K_PAD=triton.next_power_of_2(p.top_k), FP8=p.fp8, ACTIVATION=code,
         HAS_LIMIT=swiglu_limit is not None, SCALE_BLOCK=p.block[0], BLOCK_M=cfg.block_m,
         BLOCK_N1=cfg.block_n1, BLOCK_N2=cfg.block_n2, BLOCK_K=cfg.block_k,
-        USE_TIMER=not _interpreting(), WHOLE_GRID_SYNC=whole_grid_sync,
+        USE_TIMER=not interpreter_enabled(), WHOLE_GRID_SYNC=whole_grid_sync,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if launch_info is not None:
         launch_info.append(MegaMoELaunch(launch_grid, ws, timeout_ms, compiled))
-    log_once(
-        logger,
-        logging.INFO,
-        f"Triton MegaMoE: one persistent launch of {launch_grid} CTAs on a {num_sms}-SM budget (tiles {cfg})",
-    )
+    if (launch_grid, cfg) not in _logged_launches:  # once per shape, off the per-call path
+        _logged_launches.add((launch_grid, cfg))
+        logger.info(f"Triton MegaMoE: one persistent launch of {launch_grid} CTAs on a {num_sms}-SM budget (tiles {cfg})")
     return result
 
 
@@ -536,7 +533,6 @@ def unsupported_reason(
 
 
 __all__ = [
-    "FP8_MAX",
     "MegaMoEConfig",
     "MegaMoELaunch",
     "MegaMoEWaitTimeout",

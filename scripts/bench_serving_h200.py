@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from sglang.bench_serving import build_parser, run_benchmark
-from sglang.srt.default_model.generate import _parameter_shapes
+from sglang.srt.default_model.generate import parameter_shapes
 
 CONCURRENCY = (1, 8, 32)
 INPUT_LEN, OUTPUT_LEN = 256, 128
@@ -85,7 +85,7 @@ def build_model(directory: Path, layers: int) -> None:
     started = time.perf_counter()
     g = torch.Generator(device="cuda").manual_seed(0)
     shards: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
-    for name, shape in sorted(_parameter_shapes(config).items()):
+    for name, shape in sorted(parameter_shapes(config).items()):
         key = name.split(".")[1] if name.startswith("layers.") else "rest"
         shards.setdefault(key, []).append((name, shape))
     for key, items in shards.items():

@@ -70,10 +70,6 @@ class ServerArgs:
     # --- derived ------------------------------------------------------------------------------
 
     @property
-    def uses_default_model(self) -> bool:
-        return self.model_path is None
-
-    @property
     def chunked_prefill_enabled(self) -> bool:
         return self.chunked_prefill_size is not None and self.chunked_prefill_size > 0
 

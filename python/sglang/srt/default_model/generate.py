@@ -58,7 +58,7 @@ def _expert_shapes(config: dict[str, object]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _parameter_shapes(config: dict[str, object]) -> dict[str, tuple[int, ...]]:
+def parameter_shapes(config: dict[str, object]) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor the model expects, with its shape (dense params from a meta-device
     instance, so the names always track the model code)."""
     from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
@@ -76,7 +76,7 @@ def random_weights(config: dict[str, object], seed: int = _SEED) -> dict[str, to
     near 1, other vectors small; hash-routing tables pick distinct experts per token."""
     g = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
-    for name, shape in sorted(_parameter_shapes(config).items()):
+    for name, shape in sorted(parameter_shapes(config).items()):
         if len(shape) >= 2:
             t = torch.randn(shape, generator=g) * shape[-1] ** -0.5
         elif name.endswith(("norm.weight", "_scale")):

@@ -114,9 +114,6 @@ class OpenAIServing:
     def model_name(self) -> str:
         return self.tm.served_model_name
 
-    def _token_text(self, token_id: int) -> str:
-        return self.tm._token_text(token_id) or ""
-
     # --- completions ---------------------------------------------------------------------------
 
     def _completion_prompts(self, req: CompletionRequest) -> list[PreparedRequest]:
@@ -155,7 +152,7 @@ class OpenAIServing:
         meta = result["meta_info"]
         entries = meta.get("output_token_logprobs", [])[start:]
         tops = meta.get("output_top_logprobs", [None] * (start + len(entries)))[start:]
-        tokens = [self._token_text(tid) for _, tid, _ in entries]
+        tokens = [text or "" for _, _, text in entries]  # each entry carries its token's text
         offsets, pos = [], offset0
         for t in tokens:
             offsets.append(pos)
@@ -164,7 +161,7 @@ class OpenAIServing:
             "tokens": tokens,
             "token_logprobs": [lp for lp, _, _ in entries],
             "top_logprobs": [
-                None if top is None else {self._token_text(tid): lp for lp, tid, _ in top}
+                None if top is None else {(text or ""): lp for lp, _, text in top}
                 for top in tops
             ],
             "text_offset": offsets,
@@ -293,14 +290,14 @@ class OpenAIServing:
         entries = meta.get("output_token_logprobs", [])[start:]
         tops = meta.get("output_top_logprobs", [None] * (start + len(entries)))[start:]
 
-        def item(lp: float, tid: int) -> dict[str, Any]:
-            t = self._token_text(tid)
+        def item(lp: float, text: str | None) -> dict[str, Any]:
+            t = text or ""
             return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
 
         return {
             "content": [
-                {**item(lp, tid), "top_logprobs": [item(l2, t2) for l2, t2, _ in (top or [])]}
-                for (lp, tid, _), top in zip(entries, tops)
+                {**item(lp, text), "top_logprobs": [item(l2, t2) for l2, _, t2 in (top or [])]}
+                for (lp, _, text), top in zip(entries, tops)
             ]
         }
 

@@ -174,7 +174,7 @@ class Scheduler:
             self.outputs.append(self._output(req, [], [], []))
         if not sampled:
             return
-        index = torch.tensor([r.start + r.length - 1 for r in sampled], device=logits.device)
+        index = torch.tensor(step.plan.sample_rows, device=logits.device)  # the policy's rows
         out = sample(
             logits.index_select(0, index),
             [

@@ -19,7 +19,7 @@ class ForwardPlan:
     new_rids: tuple[str, ...] = ()
     free_rids: tuple[str, ...] = ()
     shutdown: bool = False
-    # Rows whose logits rank 0 reads (the others' are not needed); informational for followers.
+    # Rows whose logits rank 0 samples from (the last row of each request that samples this step).
     sample_rows: tuple[int, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:

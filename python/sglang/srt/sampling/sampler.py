@@ -53,9 +53,10 @@ def _filter_sorted_(
     sorted_probs.masked_fill_(drop, 0.0)
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    q = torch.empty_like(probs).exponential_(generator=generator)
-    return int(torch.argmax(probs / q))
+def _exponential_noise(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One row of Exp(1) noise per row of ``probs``, each drawn from that row's generator (so a
+    seeded request samples the same tokens whatever it is batched with)."""
+    return torch.stack([torch.empty_like(row).exponential_(generator=g) for row, g in zip(probs, generators)])
 
 
 def sample(
@@ -92,18 +93,21 @@ def sample(
         top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev)
         min_p = torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev)
         _filter_sorted_(sorted_probs, top_k, top_p, min_p)
-        for j, i in enumerate(random_rows):
-            gen = rows[i].generator or default_generator
-            choice = _draw(sorted_probs[j], gen)
-            tokens[i] = int(sorted_idx[j, choice])
+        # argmax(p / q) with q ~ Exp(1) draws from p; one host read for all rows.
+        noise = _exponential_noise(sorted_probs, [rows[i].generator or default_generator for i in random_rows])
+        choice = torch.argmax(sorted_probs / noise, dim=-1, keepdim=True)
+        for i, t in zip(random_rows, sorted_idx.gather(1, choice).squeeze(1).tolist()):
+            tokens[i] = int(t)
 
     logprobs: list[float | None] = [None] * len(rows)
     tops: list[list[tuple[int, float]] | None] = [None] * len(rows)
     if raw_lp is not None:
-        for i, r in enumerate(rows):
-            if not r.return_logprob:
-                continue
-            logprobs[i] = float(raw_lp[i, tokens[i]])
+        want = [i for i, r in enumerate(rows) if r.return_logprob]
+        chosen = raw_lp[want, [tokens[i] for i in want]].tolist()  # one host read
+        for i, lp in zip(want, chosen):
+            logprobs[i] = float(lp)
+        for i in want:
+            r = rows[i]
             if r.top_logprobs_num > 0:
                 vals, idx = raw_lp[i].topk(min(r.top_logprobs_num, raw_lp.shape[-1]))
                 tops[i] = list(zip(idx.tolist(), vals.tolist()))

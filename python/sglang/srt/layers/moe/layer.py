@@ -76,6 +76,11 @@ class FusedMoE(nn.Module):
             raise ValueError(f"--moe-runner-backend {name} cannot run here: {why}")
         self.weights: ExpertWeights | None = None
         self.mega_weights: Any = None
+        c = config
+        # What the MegaMoE kernels are told about this layer (fixed by the config).
+        self.mega_params = MegaMoEParams(
+            c.num_experts, c.top_k, c.hidden_size, c.intermediate_size, c.activation, c.swiglu_limit
+        )
         log_once(logger, logging.INFO, f"MoE runner: {name} (requested {config.runner}), a2a: {config.a2a_backend}")
 
     @property
@@ -145,7 +150,6 @@ class FusedMoE(nn.Module):
         if self.weights is None:
             raise RuntimeError("FusedMoE.forward before load_weights")
         if self.expert_parallel:
-            c = self.config
             y = try_run_mega_routed(
                 get_deep_gemm(),
                 get_tp_group_or_none(),
@@ -153,9 +157,7 @@ class FusedMoE(nn.Module):
                 topk.topk_ids,
                 topk.topk_weights,
                 self.mega_weights,
-                MegaMoEParams(
-                    c.num_experts, c.top_k, c.hidden_size, c.intermediate_size, c.activation, c.swiglu_limit
-                ),
+                self.mega_params,
                 device=self.device if self.device.type == "cuda" else None,
                 local_weights=self.weights,
             )

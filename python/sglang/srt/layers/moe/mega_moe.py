@@ -216,7 +216,6 @@ class MegaMoEParams:
     activation: str = "swiglu"
     activation_clamp: float | None = None
     mma_type: str = "fp8xfp4"
-    routed_scaling_factor: float = 1.0
 
 
 def mega_moe_pre_dispatch(
@@ -299,9 +298,7 @@ def run_mega_routed_experts(
         mma_type=params.mma_type,
         device=device,
     )
-    weights = topk_weights.float()
-    if params.routed_scaling_factor != 1.0:
-        weights = weights * params.routed_scaling_factor
+    weights = topk_weights.float()  # routed scaling is already in them (select_experts)
     arch = device_sm_info(device).arch
     # At least one row, so the kernel gets a valid pointer on a rank with no tokens.
     y = torch.empty(max(num_tokens, 1), params.hidden, dtype=torch.bfloat16, device=x.device)
@@ -351,16 +348,16 @@ def try_run_mega_routed(
         )
     from sglang.srt.layers.moe.mega_moe_triton_backend import (
         run_triton_mega_routed,
-        triton_mega_unusable_reason,
+        triton_mega_config,
     )
 
     group_size = int(getattr(group, "world_size", 1)) if group is not None else 1
-    triton_reason = triton_mega_unusable_reason(x, local_weights, group_size, params.num_topk)
-    if triton_reason is None:
+    config, triton_reason = triton_mega_config(x, local_weights, group_size, params.num_topk)
+    if config is not None:
         assert local_weights is not None
         return run_triton_mega_routed(
             x, topk_ids, topk_weights, local_weights, activation=params.activation,
-            swiglu_limit=params.activation_clamp, routed_scaling_factor=params.routed_scaling_factor,
+            swiglu_limit=params.activation_clamp, config=config,
         )  # fmt: skip
     log_once(
         logger,

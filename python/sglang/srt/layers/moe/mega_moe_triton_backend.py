@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,23 +22,27 @@ from sglang.srt.layers.moe.moe_runner.base import allocate_moe_output
 from sglang.srt.utils.device import device_sm_info
 from sglang.srt.utils.log import get_logger, log_once
 
+if TYPE_CHECKING:
+    from sglang.kernels.ops.moe.mega_moe_triton import MegaMoEConfig
+
 logger = get_logger(__name__)
 
 _launches = itertools.count(1)
 
 
-def triton_mega_unusable_reason(
+def triton_mega_config(
     x: torch.Tensor, weights: ExpertWeights | None, group_size: int, top_k: int
-) -> str | None:
-    """Why our Triton MegaMoE cannot take this call (``None`` when it can)."""
+) -> tuple[MegaMoEConfig | None, str | None]:
+    """The kernel's tiles for this call, or why our Triton MegaMoE cannot take it:
+    ``(config, None)`` or ``(None, reason)``."""
     if weights is None:
-        return "the layer has no expert weights"
+        return None, "the layer has no expert weights"
     if not x.is_cuda:
-        return "the Triton MegaMoE kernel needs a CUDA device"
+        return None, "the Triton MegaMoE kernel needs a CUDA device"
     if group_size > 1:
-        return f"the Triton MegaMoE kernel runs on one GPU and this expert-parallel group has {group_size} ranks"
+        return None, f"the Triton MegaMoE kernel runs on one GPU and this expert-parallel group has {group_size} ranks"
     if weights.w13.dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
-        return f"expert weights of dtype {weights.w13.dtype} (bf16, fp16 or FP8 128x128 blocks supported)"
+        return None, f"expert weights of dtype {weights.w13.dtype} (bf16, fp16 or FP8 128x128 blocks supported)"
     from sglang.kernels.ops.moe.mega_moe_triton import (
         fit_config,
         get_mega_config,
@@ -49,7 +53,8 @@ def triton_mega_unusable_reason(
     e, two_i, h = weights.w13.shape
     cfg = fit_config(get_mega_config(x.shape[0], e, top_k, fp8), h, two_i // 2, fp8)
     block = tuple(weights.block_shape or (128, 128))
-    return unsupported_reason(h, two_i // 2, fp8, (int(block[0]), int(block[1])), cfg)
+    reason = unsupported_reason(h, two_i // 2, fp8, (int(block[0]), int(block[1])), cfg)
+    return (None, reason) if reason is not None else (cfg, None)
 
 
 def run_triton_mega_routed(
@@ -60,9 +65,11 @@ def run_triton_mega_routed(
     *,
     activation: str,
     swiglu_limit: float | None,
-    routed_scaling_factor: float = 1.0,
+    config: MegaMoEConfig,
 ) -> torch.Tensor:
-    """Routed experts through one Triton MegaMoE launch on the SM budget; combined rows."""
+    """Routed experts through one Triton MegaMoE launch on the SM budget with ``config``
+    (:func:`triton_mega_config`); combined rows. The top-k weights already hold the routed
+    scaling."""
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoELaunch, mega_fused_experts
     from sglang.srt.layers.moe.mega_moe import mega_moe_sm_budget
 
@@ -75,12 +82,9 @@ def run_triton_mega_routed(
         f"(physical {info.num_sms}, SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS="
         f"{envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.get()})",
     )
-    w = topk_weights.float()
-    if routed_scaling_factor != 1.0:
-        w = w * routed_scaling_factor
     launch: list[MegaMoELaunch] = []
     out = mega_fused_experts(
-        x, weights.w13, weights.w2, w, topk_ids,
+        x, weights.w13, weights.w2, topk_weights, topk_ids, config=config,
         num_sms=budget, activation=activation, swiglu_limit=swiglu_limit,
         w13_scale=weights.w13_scale, w2_scale=weights.w2_scale, block_shape=weights.block_shape,
         out=allocate_moe_output(x), timeout_ms=envs.SGLANG_MEGA_MOE_WAIT_TIMEOUT_MS.get(),

@@ -16,6 +16,7 @@ rank with the next plan.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sglang.srt.managers.schedule_batch import Req
@@ -127,11 +128,11 @@ class SchedulePolicy:
         return Step(plan, rows)
 
     @staticmethod
-    def _take_chunk(req: Req, budget: float, take: object) -> int:
+    def _take_chunk(req: Req, budget: float, take: Callable[[Req, list[int], int, bool], None]) -> int:
         n = int(min(req.prompt_len - req.prefilled, budget))
         start = req.prefilled
         completes = start + n == req.prompt_len
         # A request with max_new_tokens == 0 completes its prompt without sampling.
-        take(req, req.input_ids[start : start + n], start, completes and req.max_new_tokens > 0)  # type: ignore[operator]
+        take(req, req.input_ids[start : start + n], start, completes and req.max_new_tokens > 0)
         req.prefilled += n
         return n

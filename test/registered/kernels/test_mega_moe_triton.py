@@ -64,7 +64,11 @@ def test_interp_mega_fp32(activation: str, limit: float | None, shape: tuple[int
 
     tokens, experts, k, hidden, inter = shape
     moe = make_moe(tokens, experts, k, hidden, inter, torch.float32, fp8=False, seed=tokens)
-    moe["topk_ids"][tokens // 2] = -1  # a token with no expert must come out as zeros
+    # A token with no expert must come out as zeros. Only with more than two tokens: masking the
+    # only token of a tiny case would leave nothing for the rel_err check below to compare.
+    masked = tokens > 2
+    if masked:
+        moe["topk_ids"][tokens // 2] = -1
     want = fused_experts_torch(**moe, activation=activation, swiglu_limit=limit)
     for _ in range(2):  # the second launch reuses the workspace the first one re-armed
         out = torch.full_like(want, float("nan"))
@@ -75,9 +79,9 @@ def test_interp_mega_fp32(activation: str, limit: float | None, shape: tuple[int
         )  # fmt: skip
         info[-1].check()
         assert got.data_ptr() == out.data_ptr() and torch.isfinite(out).all()
-        assert (out[tokens // 2] == 0).all()
-        if want.abs().sum() > 0:
-            assert rel_err(out, want) < 1e-5
+        if masked:
+            assert (out[tokens // 2] == 0).all()
+        assert rel_err(out, want) < 1e-5
         assert int(info[-1].workspace.counters.abs().sum()) == 0, "every counter must be re-armed"
 
 

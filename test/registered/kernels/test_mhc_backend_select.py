@@ -24,7 +24,7 @@ from sglang.test.run import run_this_file
 register_cpu_ci(est_time=30)
 
 ENV = "SGLANG_MHC_BACKEND"
-E: dict[str, Any] = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
+E: dict[str, Any] = {"rms_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
 
 
 class _CudaLike:
@@ -48,9 +48,10 @@ def _cuda_residual(shape: tuple[int, ...] = (3, 4, 64), **kw: Any) -> torch.Tens
 def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(mhc, "_HAS_TRITON", True)
-    mhc._tilelang_import_error.cache_clear()  # each test decides whether tilelang imports
+    # Each test decides whether tilelang imports; the per-key decisions built on that go too.
+    mhc.reset_backend_selection()
     yield
-    mhc._tilelang_import_error.cache_clear()
+    mhc.reset_backend_selection()
 
 
 def _fake_tilelang(monkeypatch: pytest.MonkeyPatch, version: str = "9.9.9-fake") -> None:
@@ -132,6 +133,28 @@ def test_choice_is_logged_once(
             assert mhc._backend(_cuda_residual()) == "tilelang"
     lines = [r.getMessage() for r in caplog.records if "mHC kernels" in r.getMessage()]
     assert lines == [f"mHC kernels: tilelang ({ENV}=auto, tilelang {version} imports)"]
+
+
+def test_decision_is_cached_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_backend decides once per (env value, device, supported, triton) key; a new key decides again,
+    and reset_backend_selection forgets every decision."""
+    _no_tilelang(monkeypatch)
+    assert mhc._backend(_cuda_residual()) == "triton"
+    calls: list[str] = []
+    select = mhc.select_backend
+
+    def counting(residual: torch.Tensor) -> tuple[str, str]:
+        calls.append("select")
+        return select(residual)
+
+    monkeypatch.setattr(mhc, "select_backend", counting)
+    assert mhc._backend(_cuda_residual((7, 4, 128))) == "triton" and calls == []
+    monkeypatch.setattr(mhc, "_HAS_TRITON", False)
+    assert mhc._backend(_cuda_residual()) == "torch" and calls == ["select"]
+    monkeypatch.setenv(ENV, "torch")
+    assert mhc._backend(_cuda_residual()) == "torch" and calls == ["select"] * 2
+    mhc.reset_backend_selection()
+    assert mhc._backend(_cuda_residual()) == "torch" and calls == ["select"] * 3
 
 
 def test_tilelang_is_imported_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,6 +22,8 @@ import triton.language as tl
 ACT_SWIGLU = 0
 ACT_SITU = 1
 _ACT_CODES: dict[str, int] = {"swiglu": ACT_SWIGLU, "situ": ACT_SITU}
+# A jitted function may read only constexpr globals, so the code it compares against is wrapped.
+_ACT_SITU = tl.constexpr(ACT_SITU)
 
 
 def activation_code(activation: str, swiglu_limit: float | None) -> int:
@@ -69,7 +71,7 @@ def situ_fn(gate, up):
 @triton.jit
 def gated_act(gate, up, limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr):
     """Dispatch on the constexpr activation code; ``gate``/``up`` are fp32."""
-    if ACTIVATION == 1:
+    if ACTIVATION == _ACT_SITU:
         out = situ_fn(gate, up)
     else:
         out = swiglu_fn(gate, up, limit, HAS_LIMIT)

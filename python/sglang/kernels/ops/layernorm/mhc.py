@@ -27,12 +27,17 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from contextlib import AbstractContextManager
 from typing import Literal
 
 import torch
 
 from sglang.kernels.ops.layernorm import mhc_tilelang
+
+# The shared constants live in mhc_tilelang, which never imports this module (this one imports it).
+# NMIX_PAD (24 mixes padded to 32) is also the Triton kernels' mix width: a power of two.
+from sglang.kernels.ops.layernorm.mhc_tilelang import NMIX_PAD, POST_MULT
 from sglang.srt.distributed.device_communicators.pynccl_allocator import use_symmetric_memory
 from sglang.srt.distributed.parallel_state import get_tp_group_or_none
 from sglang.srt.environ import envs
@@ -47,8 +52,6 @@ try:  # Triton is optional here: without it every call takes the torch path
     _HAS_TRITON = True
 except ImportError:  # pragma: no cover - Triton missing
     _HAS_TRITON = False
-
-POST_MULT = 2.0  # post = POST_MULT * sigmoid(...)
 
 Backend = Literal["tilelang", "triton", "torch"]
 _ENV = "SGLANG_MHC_BACKEND"
@@ -159,7 +162,7 @@ def hc_post_torch_impl(
     x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
 ) -> torch.Tensor:
     """Torch mHC post: ``R'[:, j] = post_j * x + sum_k comb[k, j] * R[:, k]`` -> [T, hc, H]."""
-    t, hc, h = residual.shape
+    t, hc, _h = residual.shape
     post = post.reshape(t, hc).float()
     comb = comb.reshape(t, hc, hc).float()
     mixed = torch.bmm(comb.transpose(1, 2), residual.float())
@@ -205,11 +208,13 @@ def _tilelang_version() -> str:
 
 def select_backend(residual: torch.Tensor) -> tuple[Backend, str]:
     """(backend, why) for a call on ``residual``. Reads ``SGLANG_MHC_BACKEND`` on every call, so a
-    test or launcher can change it; raises when an explicit kernel backend cannot be used on CUDA."""
+    test or launcher can change it; raises when an explicit kernel backend cannot be used on CUDA.
+    Uncached (the exact reason for this residual); the per-call path goes through ``_backend``."""
     requested = envs.SGLANG_MHC_BACKEND.get()
     if not residual.is_cuda:
         return "torch", f"tensors on {residual.device.type}: the kernels are CUDA-only"
-    if not mhc_tilelang.tilelang_supports(residual) or not _triton_supports(residual):
+    # tilelang_supports (hc = 4, a kernel dtype) also covers what the Triton kernels need.
+    if not mhc_tilelang.tilelang_supports(residual):
         return "torch", (
             f"residual {tuple(residual.shape)} {residual.dtype}: the kernels are written for hc=4"
         )
@@ -229,9 +234,34 @@ def select_backend(residual: torch.Tensor) -> tuple[Backend, str]:
     return "triton", f"{_ENV}=triton"
 
 
+# What select_backend's answer depends on, besides the tilelang import (cached on its own):
+# (raw SGLANG_MHC_BACKEND or None, device type, kernels cover the shape/dtype, triton imports).
+_DecisionKey = tuple[str | None, str, bool, bool]
+_decisions: dict[_DecisionKey, Backend] = {}
+
+
+def reset_backend_selection() -> None:
+    """Forget every backend decision and the tilelang import result (tests that change the
+    environment, ``sys.modules['tilelang']`` or ``_HAS_TRITON`` between calls)."""
+    _decisions.clear()
+    _tilelang_import_error.cache_clear()
+
+
 def _backend(residual: torch.Tensor) -> Backend:
-    backend, why = select_backend(residual)
-    log_once(logger, logging.INFO, f"mHC kernels: {backend} ({why})")
+    # Three calls per layer per forward: after the first call of a key, only the key is built
+    # (no env validation, tilelang probe, reason formatting or log_once lock). The raw env value
+    # is the key, so a bad value is parsed (and raises) by select_backend on every call, uncached.
+    key = (
+        os.environ.get(_ENV),
+        residual.device.type,
+        mhc_tilelang.tilelang_supports(residual),
+        _HAS_TRITON,
+    )
+    backend = _decisions.get(key)
+    if backend is None:
+        backend, why = select_backend(residual)
+        log_once(logger, logging.INFO, f"mHC kernels: {backend} ({why})")
+        _decisions[key] = backend
     return backend
 
 
@@ -253,7 +283,7 @@ def mhc_pre(
         _norm_eps(norm_eps)
     backend = _backend(residual)
     if backend != "torch":
-        t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
+        t, _hc, h = _check_shapes(residual, fn, _n_mix(residual))
         out = _alloc_layer_input(t, h, residual.dtype, residual.device)
         kernel = mhc_tilelang.mhc_pre_tilelang if backend == "tilelang" else _mhc_pre_triton
         post, comb = kernel(
@@ -305,7 +335,7 @@ def mhc_fused_post_pre(
         _norm_eps(norm_eps)
     backend = _backend(residual)
     if backend != "torch":
-        t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
+        t, _hc, h = _check_shapes(residual, fn, _n_mix(residual))
         out = _alloc_layer_input(t, h, residual.dtype, residual.device)
         kernel = (
             mhc_tilelang.mhc_fused_post_pre_tilelang
@@ -361,15 +391,8 @@ def mhc_head(
 #     block and stays in L2.
 #  2. ``_pre_finalize_kernel``, one program per token: sums the splits, takes the RMS, computes
 #     pre / post / Sinkhorn comb on a 4x4 tile, then the weighted stream sum (and fused RMSNorm).
-# The kernels are written for hc = 4 (DeepSeek V4's hc_mult); other hc values take the torch path.
-
-_HC = 4
-_NMIX_PAD = 32  # (2 + 4) * 4 = 24 mixes, padded to a power of two
-
-
-def _triton_supports(residual: torch.Tensor) -> bool:
-    return residual.dim() == 3 and residual.shape[1] == _HC
-
+# The kernels are written for hc = 4 (DeepSeek V4's hc_mult); other hc values take the torch path
+# (select_backend checks it with mhc_tilelang.tilelang_supports).
 
 if _HAS_TRITON:
 
@@ -678,7 +701,7 @@ def _launch_pre(
         return post, comb
     fuse = x is not None
     block_t, block_d, warps, chunk, n_splits = _partial_config(t, h)
-    part = torch.empty(n_splits, t, _NMIX_PAD, dtype=torch.float32, device=dev)
+    part = torch.empty(n_splits, t, NMIX_PAD, dtype=torch.float32, device=dev)
     sq = torch.empty(n_splits, t, dtype=torch.float32, device=dev)
     fn = fn.float().contiguous()
     _mix_partial_kernel[(triton.cdiv(t, block_t), n_splits)](
@@ -695,7 +718,7 @@ def _launch_pre(
         chunk,
         FUSE_POST=fuse,
         NMIX=(2 + hc) * hc,
-        NMIX_PAD=_NMIX_PAD,
+        NMIX_PAD=NMIX_PAD,
         BLOCK_T=block_t,
         BLOCK_D=block_d,
         PRECISION=_dot_precision(dev),
@@ -722,7 +745,7 @@ def _launch_pre(
         float(norm_eps if has_norm else 0.0),
         int(sinkhorn_iters),
         HAS_NORM=has_norm,
-        NMIX_PAD=_NMIX_PAD,
+        NMIX_PAD=NMIX_PAD,
         SPLIT_BLOCK=min(32, max(2, triton.next_power_of_2(n_splits))),
         BLOCK_H=min(1024, triton.next_power_of_2(h)),
         num_warps=4,
@@ -781,7 +804,7 @@ def _mhc_fused_post_pre_triton(
     """Triton post + next pre, layer input into ``out``
     -> (new_residual, post_next, comb_next)."""
     residual = residual.contiguous()
-    t, hc, h = residual.shape
+    t, hc, _h = residual.shape
     new_residual = torch.empty_like(residual)
     post_next, comb_next = _launch_pre(
         residual,

@@ -39,7 +39,7 @@ import triton.language as tl
 from sglang.kernels.ops.activation import activation_code, gated_act
 from sglang.kernels.ops.gpu_clock import globaltimer_ns
 from sglang.kernels.ops.moe.align import moe_align_block_size
-from sglang.kernels.ops.moe.fused_moe import check_moe_inputs, resolve_moe_output
+from sglang.kernels.ops.moe.fused_moe import _scaled_dot, check_moe_inputs, resolve_moe_output
 from sglang.kernels.ops.moe.mega_moe_workspace import (
     BARRIER,
     EXITS,
@@ -51,7 +51,12 @@ from sglang.kernels.ops.moe.mega_moe_workspace import (
     WorkspaceLayout,
     get_workspace,
 )
-from sglang.kernels.ops.quant.fp8 import DEFAULT_EPS, FP8_DTYPE, per_token_group_quant_fp8
+from sglang.kernels.ops.quant.fp8 import (
+    DEFAULT_EPS,
+    FP8_DTYPE,
+    per_token_group_quant_fp8,
+    quant_rows_fp8,
+)
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 from sglang.srt.utils.log import get_logger
 
@@ -156,15 +161,6 @@ def _wait_at_least(count_ptr, want, status_ptr, timeout_ns, STATUS_CODE: tl.cons
 
 
 @triton.jit
-def _quant_rows_fp8(a, eps):
-    # Per row of a [M, 128] block: scale = max(amax, eps) / 448, q = clamp(a / scale) in e4m3.
-    af = a.to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(af), axis=1), eps) / 448.0
-    q = tl.minimum(tl.maximum(af / scale[:, None], -448.0), 448.0)
-    return q.to(tl.float8e4nv), scale
-
-
-@triton.jit
 def _phase1_tile(
     mb, n1, x_ptr, xs_ptr, w13_ptr, w13s_ptr, inter_ptr, inters_ptr, stage_ptr, sorted_ptr,
     expert_ids_ptr, num_slots, inter_dim, k_dim, stride_xm, stride_xsm, stride_we, stride_wn,
@@ -194,8 +190,8 @@ def _phase1_tile(
             # x is already e4m3 with one scale per token per 128 values (pre-dispatch).
             ks = (kb * BLOCK_K) // SCALE_BLOCK
             a_s = tl.load(xs_ptr + tok * stride_xsm + ks, mask=row_ok, other=0.0)
-            acc_g += tl.dot(a, bg) * (a_s[:, None] * tl.load(gs_ptrs + ks)[None, :])
-            acc_u += tl.dot(a, bu) * (a_s[:, None] * tl.load(us_ptrs + ks)[None, :])
+            acc_g = _scaled_dot(acc_g, a, bg, a_s, tl.load(gs_ptrs + ks))
+            acc_u = _scaled_dot(acc_u, a, bu, a_s, tl.load(us_ptrs + ks))
         else:
             acc_g = tl.dot(a, bg, acc_g)
             acc_u = tl.dot(a, bu, acc_u)
@@ -221,8 +217,13 @@ def _phase1_tile(
                 stage_ptr + row[:, None] * stride_sm + cols[None, :], mask=row_ok[:, None], other=0.0,
                 cache_modifier=".cg",  # other CTAs wrote parts of the group during this launch
             )
-            q, scale = _quant_rows_fp8(staged.to(tl.float32), eps)
-            tl.store(inter_ptr + row[:, None] * stride_im + cols[None, :], q, mask=row_ok[:, None])
+            # The same quantiser as the pre-dispatch's per_token_group_quant_fp8.
+            q, scale = quant_rows_fp8(staged.to(tl.float32), eps)
+            tl.store(
+                inter_ptr + row[:, None] * stride_im + cols[None, :],
+                q.to(inter_ptr.dtype.element_ty),
+                mask=row_ok[:, None],
+            )
             tl.store(inters_ptr + row * stride_ism + group, scale, mask=row_ok)
             tl.debug_barrier()
             tl.atomic_add(work_ptr + done1_off + mb, 1, sem="release", scope="gpu")
@@ -238,7 +239,7 @@ def _phase2_tile(
     mb, n2, inter_ptr, inters_ptr, w2_ptr, w2s_ptr, down_ptr, out_ptr, topk_w_ptr, topk_ids_ptr,
     sorted_ptr, expert_ids_ptr, num_slots, num_experts, done1_target, n2_tiles, k_dim, stride_im,
     stride_ism, stride_we,
-    stride_wn, stride_wse, stride_wsn, stride_dm, stride_om, eps, work_ptr, done1_off, combined_off, status_ptr, timeout_ns,
+    stride_wn, stride_wse, stride_wsn, stride_dm, stride_om, work_ptr, done1_off, combined_off, status_ptr, timeout_ns,
     TOP_K: tl.constexpr, TOP_K_PAD: tl.constexpr, FP8: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr, USE_TIMER: tl.constexpr,
 ):  # fmt: skip
@@ -263,7 +264,7 @@ def _phase2_tile(
             if FP8:
                 ks = (kb * BLOCK_K) // SCALE_BLOCK
                 a_s = tl.load(inters_ptr + row * stride_ism + ks, mask=row_ok, other=0.0)
-                acc += tl.dot(a, w) * (a_s[:, None] * tl.load(ws_ptrs + ks)[None, :])
+                acc = _scaled_dot(acc, a, w, a_s, tl.load(ws_ptrs + ks))
             else:
                 acc = tl.dot(a, w, acc)
             a_ptrs += BLOCK_K
@@ -370,7 +371,7 @@ def _mega_moe_kernel(
                     t2 // n2_tiles, t2 % n2_tiles, inter_ptr, inters_ptr, w2_ptr, w2s_ptr, down_ptr,
                     out_ptr, topk_w_ptr, topk_ids_ptr, sorted_ptr, expert_ids_ptr, num_slots,
                     num_experts, done1_target, n2_tiles, inter_dim, stride_im, stride_ism, stride_w2e, stride_w2n, stride_w2se,
-                    stride_w2sn, stride_dm, stride_om, eps, work_ptr, done1_off,
+                    stride_w2sn, stride_dm, stride_om, work_ptr, done1_off,
                     combined_off, status_ptr, timeout_ns, TOP_K, TOP_K_PAD, FP8, SCALE_BLOCK,
                     BLOCK_M, BLOCK_N2, BLOCK_K, USE_TIMER,
                 )  # fmt: skip

@@ -85,9 +85,3 @@ def get_workspace(device: torch.device, words: int) -> Workspace:
         elif ws.counters.numel() < words:
             ws.counters = torch.zeros(max(words, 2 * ws.counters.numel()), dtype=torch.int32, device=device)
         return ws
-
-
-def clear_workspaces() -> None:
-    """Drop every workspace (tests)."""
-    with _lock:
-        _workspaces.clear()

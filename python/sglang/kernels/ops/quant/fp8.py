@@ -21,6 +21,18 @@ DEFAULT_EPS = 1e-10  # keeps all-zero groups from dividing by zero (they quantis
 
 
 @triton.jit
+def quant_rows_fp8(x, eps):
+    """Per row of an fp32 [M, G] block: ``scale = max(amax, eps) / 448`` and ``x / scale`` clamped
+    to the e4m3 range -> (q fp32 [M, G], scale fp32 [M]). ``q`` stays fp32 so each caller casts it
+    to its own output's e4m3 element type at the store; this kernel and the MegaMoE intermediate
+    quantiser share it, so both round the same values the same way."""
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.maximum(amax, eps) / 448.0
+    q = tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0)
+    return q, scale
+
+
+@triton.jit
 def _per_token_group_quant_kernel(
     x_ptr,
     q_ptr,
@@ -38,9 +50,7 @@ def _per_token_group_quant_kernel(
     cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     mask = groups[:, None] < num_groups
     x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.maximum(amax, eps) / 448.0
-    q = tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0)
+    q, scale = quant_rows_fp8(x, eps)
     tl.store(q_ptr + row * stride_q_row + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * stride_s_row + groups, scale, mask=groups < num_groups)
 

@@ -22,20 +22,16 @@ class WeightShapeError(ValueError):
     """A checkpoint tensor does not have the shape the layer expects."""
 
 
-def _divide(n: int, parts: int, what: str) -> int:
-    if n % parts:
-        raise ValueError(f"{what} ({n}) is not divisible by the tensor-parallel size {parts}")
-    return n // parts
-
-
-def heads_per_rank(num_heads: int, tp_size: int, kind: str) -> int:
-    """This rank's share of ``num_heads`` attention heads of one ``kind`` (heads never straddle
-    ranks, so an uneven split is a configuration error)."""
-    if num_heads % tp_size:
+def per_rank(n: int, tp_size: int, what: str) -> int:
+    """This rank's share of ``n`` things (heads, output groups, features) split evenly over the
+    tensor-parallel group; heads and features never straddle ranks, so an uneven split is a
+    configuration error. The message names the rank count ("over N ranks") so a failed start says
+    which setting to change."""
+    if n % tp_size:
         raise ValueError(
-            f"{num_heads} {kind} heads are not divisible by the tensor-parallel size {tp_size}"
+            f"{n} {what} do not split evenly over {tp_size} ranks (the tensor-parallel size)"
         )
-    return num_heads // tp_size
+    return n // tp_size
 
 
 def tp_slice(full: torch.Tensor, dim: int, tp_rank: int, tp_size: int) -> torch.Tensor:
@@ -175,9 +171,9 @@ class _TensorParallelLinear(LinearBase):
     ) -> None:
         in_local, out_local = in_features, out_features
         if self.split_dim == 0:
-            out_local = _divide(out_features, tp_size, "output features")
+            out_local = per_rank(out_features, tp_size, "output features")
         else:
-            in_local = _divide(in_features, tp_size, "input features")
+            in_local = per_rank(in_features, tp_size, "input features")
         super().__init__(
             in_features, out_features, in_local=in_local, out_local=out_local,
             params_dtype=params_dtype, device=device,

@@ -34,15 +34,27 @@ class DeepseekV4RequestCache(RequestCache[DeepseekV4LayerCache]):
     cache owns its tensors)."""
 
     slot: int | None = None
+    # True after a static decode step: it wrote the slot's buffers on the device and advanced
+    # ``num_tokens`` but no layer's host counters. Resetting every layer's counters after each
+    # graph step would cost a host walk over all layers per request per step, so they are
+    # brought up to date only when eager code is about to read them (:meth:`sync_layers`).
+    layers_stale: bool = False
+
+    def mark_layers_stale(self) -> None:
+        """A static decode step counted one more token into ``num_tokens`` only."""
+        self.layers_stale = True
 
     def sync_layers(self) -> None:
-        """Set every layer's host counters from ``num_tokens`` (after a static decode step, which
-        wrote the slot's buffers on the device and counted nothing on the host)."""
+        """Set every layer's host counters from ``num_tokens`` if a static decode step left them
+        behind (a no-op otherwise); call it before eager code reads or extends the layers."""
+        if not self.layers_stale:
+            return
         for layer in self.layers:
             layer.window.total = self.num_tokens
             for comp in (layer.compressor, layer.indexer):
                 if comp is not None:
                     comp.sync_to(self.num_tokens)
+        self.layers_stale = False
 
 
 def new_request_cache(

@@ -43,15 +43,18 @@ class CompressorSlots:
         def f32(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=torch.float32, device=device)
 
-        prev = (f32(slots, ratio, dim), f32(slots, ratio, dim))
+        # Only overlapping windows keep the previous block (readers treat None as "no overlap"),
+        # so ratio-128 layers allocate nothing for it.
+        prev_kv = f32(slots, ratio, dim) if overlap else None
+        prev_score = f32(slots, ratio, dim) if overlap else None
         return cls(
             ratio=ratio,
             overlap=overlap,
             entries=torch.zeros(slots, capacity // ratio + 1, dim, dtype=dtype, device=device),
             pending_kv=f32(slots, ratio, width),
             pending_score=f32(slots, ratio, width),
-            prev_kv=prev[0] if overlap else None,
-            prev_score=prev[1] if overlap else None,
+            prev_kv=prev_kv,
+            prev_score=prev_score,
         )
 
     def storage(self, slot: int) -> CompressorStorage:

@@ -44,7 +44,7 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
 
 
 def graph_unavailable_reason(
-    model: torch.nn.Module, device: torch.device, *, disabled: bool, a2a_backend: str
+    model: torch.nn.Module, device: torch.device, *, disabled: bool
 ) -> str | None:
     """Why decode cannot run in CUDA graphs with this model and these options (``None``: it
     can)."""
@@ -54,9 +54,8 @@ def graph_unavailable_reason(
         return f"runs on {device.type}, not CUDA"
     if not callable(getattr(model, "static_decode", None)):
         return f"{type(model).__name__} has no static decode; decode runs eagerly"
-    # The MegaMoE path is capture-safe: our Triton kernel reads its status back only outside
-    # capture, and its fallback is the runner's path (checked below).
-    del a2a_backend
+    # No a2a backend check: the MegaMoE path is capture-safe (our Triton kernel reads its status
+    # back only outside capture), and its fallback is the runner's path (checked below).
     for module in model.modules():
         runner = getattr(module, "runner", None)
         if isinstance(runner, MoERunner) and not runner.capture_safe:

@@ -54,7 +54,6 @@ class ModelRunner:
         )
         self.hf_config = read_model_config(args.model_path)
         self.entry = find_model(self.hf_config)
-        self.moe_a2a_backend = args.moe_a2a_backend
         started = time.perf_counter()
         self.model = self.entry.load(
             args.model_path,
@@ -90,10 +89,7 @@ class ModelRunner:
                 return str(getattr(runner, "name", type(runner).__name__))
         return self.args.moe_runner_backend
 
-    # --- caches --------------------------------------------------------------------------------
-
-    def cache_len(self, rid: str) -> int:
-        return len(self.caches[rid])
+    # --- decode setup --------------------------------------------------------------------------
 
     def init_decode(
         self,
@@ -107,9 +103,8 @@ class ModelRunner:
         can run in CUDA graphs, preallocate the slot pool and capture. ``static_without_graphs``
         runs the static decode eagerly where graphs are unavailable (tests on CPU)."""
         reason = graph_unavailable_reason(
-            self.model, self.device, disabled=self.args.disable_cuda_graph,
-            a2a_backend=self.args.moe_a2a_backend,
-        )  # fmt: skip
+            self.model, self.device, disabled=self.args.disable_cuda_graph
+        )
         has_static = callable(getattr(self.model, "static_decode", None))
         if reason is not None and not (static_without_graphs and has_static):
             return DecodeSetup(f"off ({reason})", max_running_requests)

@@ -171,7 +171,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
             head_dim=c.head_dim, index_head_dim=c.index_head_dim, dtype=self.dtype, device=self.device,
         )  # fmt: skip
 
-    # --- forward -------------------------------------------------------------------------------
+    # --- slot pool -----------------------------------------------------------------------------
 
     def enable_slot_pool(self, max_slots: int, capacity: int) -> DeepseekV4SlotPool:
         """Preallocate the static cache: ``max_slots`` requests of up to ``capacity`` tokens each
@@ -212,6 +212,10 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         With ``batch`` each request's rows must continue its cache (positions ``len(cache) ..``);
         the caches are extended in place."""
         batch = self._checked_batch(input_ids, positions, batch)
+        # Static decode steps leave the layers' host counters behind (see decode_pooled); the
+        # eager attention reads and extends them, so catch them up first.
+        for cache in batch.caches:
+            cache.sync_layers()
         starts = batch.starts()
 
         def attend(i: int, layer: DeepseekV4DecoderLayer, x: torch.Tensor) -> torch.Tensor:
@@ -250,7 +254,8 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
     ) -> torch.Tensor:
         """:meth:`decode` through the static path for pooled caches: pads to ``pad_to`` rows with
         the scratch slot, runs ``step`` (default :meth:`static_decode`; a CUDA-graph replay has
-        the same signature), counts the token into every cache; logits ``[B, V]``."""
+        the same signature), counts the token into every cache (its layers' host counters catch up
+        lazily, at the next eager forward); logits ``[B, V]``."""
         pool = self._pool()
         positions, slots = static_decode_inputs(pool, caches, input_ids.device)
         if step is None:
@@ -261,7 +266,8 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
             logits = step(input_ids, positions, slots)
         for cache in caches:
             cache.num_tokens += 1
-            cache.sync_layers()
+            # The layers' host counters are synced lazily, by the next eager forward.
+            cache.mark_layers_stale()
         return logits
 
     def _run_layers(self, input_ids: torch.Tensor, attend: AttendFn) -> torch.Tensor:

@@ -105,10 +105,6 @@ class DeepseekV4ModelConfig(JsonModelConfig):
     # --- derived -------------------------------------------------------------------------------
 
     @property
-    def nope_head_dim(self) -> int:
-        return self.head_dim - self.rope_head_dim
-
-    @property
     def main_rope(self) -> RopeSpec:
         """Plain RoPE of the sliding-only layers."""
         return RopeSpec(self.rope_head_dim, self.rope_theta)

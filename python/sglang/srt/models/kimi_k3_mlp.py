@@ -1,8 +1,8 @@
 """Kimi K3's gated MLP: the dense layer-0 FFN and the shared experts.
 
 ``down_proj(act(gate_proj x, up_proj x))`` with SiTU (or SwiGLU for ``hidden_act="silu"``); gate
-and up are column-parallel, down row-parallel. ``reduce_results=False`` leaves the all-reduce to
-the caller (a replicated MLP under expert parallelism needs none either way).
+and up are column-parallel, down row-parallel and reducing (a replicated MLP under expert
+parallelism, ``tp_size=1``, has nothing to reduce).
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ class KimiK3MLP(nn.Module):
         params_dtype: torch.dtype,
         tp_rank: int = 0,
         tp_size: int = 1,
-        reduce_results: bool = True,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = gated_mlp_projections(
-            hidden_size, intermediate_size, reduce_results=reduce_results, params_dtype=params_dtype,
+            hidden_size, intermediate_size, reduce_results=True, params_dtype=params_dtype,
             tp_rank=tp_rank, tp_size=tp_size, device=device,
         )  # fmt: skip
         self.activation: Activation = activation

@@ -13,7 +13,7 @@ Reductions:
   so each rank holds a *partial* latent sum; FusedMoE all-reduces it **before** the RMSNorm
   (norm(sum) != sum of norms). The up projection is replicated. Shared experts are
   tensor-parallel and reduce on their own.
-- MegaMoE (``a2a_backend="megamoe"``, :meth:`KimiK3MoE._forward_mega_experts`): experts are
+- MegaMoE (``a2a_backend="megamoe"``, same :meth:`KimiK3MoE.forward`): experts are
   expert-parallel and the kernel returns combined latent rows, so no all-reduce precedes the norm;
   shared experts are replicated.
 """
@@ -136,27 +136,24 @@ class KimiK3MoE(nn.Module):
         return y if self.routed_expert_up_proj is None else self.routed_expert_up_proj(y)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x [T, H]`` -> ``[T, H]``, complete (reduced over the TP group)."""
-        if self.expert_parallel:
-            return self._forward_mega_experts(x)
-        topk = self.route(x)
-        shared = self.shared_experts(x) if self.shared_experts is not None else None
-        y = self.experts(self._down(x), topk)  # all-reduced inside when tp > 1
-        out = self._up(y)
-        return out if shared is None else out + shared
+        """``x [T, H]`` -> ``[T, H]``, complete (reduced over the TP group).
 
-    def _forward_mega_experts(self, x: Tensor) -> Tensor:
-        """MegaMoE path. Order: routing (fp32 logits, sigmoid + bias top-k) and the latent down
-        projection; the replicated shared experts; then FusedMoE takes the symmetric buffer and
-        runs the FP8 pre-dispatch outside the reserved-SM context and only
-        ``deep_gemm.fp8_fp4_mega_moe(..., activation="situ")`` inside it. The returned latent
-        rows are already combined over the expert-parallel group, so the norm follows with no
-        all-reduce."""
+        Both expert paths share this body: routing (fp32 logits, sigmoid + bias top-k) and the
+        latent down projection, the shared experts, then FusedMoE. Normal path: the experts'
+        partial latent sums are all-reduced inside FusedMoE, before the norm. MegaMoE path:
+        FusedMoE takes the symmetric buffer, runs the FP8 pre-dispatch outside the reserved-SM
+        context and only ``deep_gemm.fp8_fp4_mega_moe(..., activation="situ")`` inside it; the
+        returned latent rows are already combined over the expert-parallel group, so the norm
+        follows with no all-reduce (the shared experts are replicated there)."""
         topk = self.route(x)
         z = self._down(x)
+        # Before the experts: z is x itself without a latent, and an expert runner may write
+        # its input in place.
         shared = self.shared_experts(x) if self.shared_experts is not None else None
-        # The kernel writes bf16 rows; a no-op for a bf16 model, and keeps an fp32 one consistent.
-        y = self.experts(z, topk).to(z.dtype)
+        y = self.experts(z, topk)
+        if self.expert_parallel:
+            # The kernel writes bf16 rows; a no-op for a bf16 model, keeps an fp32 one consistent.
+            y = y.to(z.dtype)
         out = self._up(y)
         return out if shared is None else out + shared
 

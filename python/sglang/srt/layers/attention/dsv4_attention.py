@@ -31,6 +31,7 @@ from sglang.srt.layers.linear import (
     ReplicatedLinear,
     RowParallelLinear,
     dim0_sharded_param,
+    per_rank,
 )
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
 from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4LayerCache
@@ -80,16 +81,13 @@ class DeepseekV4Attention(nn.Module):
     ) -> None:
         super().__init__()
         c = config
-        if c.num_attention_heads % tp_size or c.o_groups % tp_size:
-            raise ValueError(
-                f"{c.num_attention_heads} heads / {c.o_groups} output groups over {tp_size} ranks"
-            )
+        # Checked before any layer is built so an unsplittable TP size names the heads or groups.
+        self.n_local_heads = per_rank(c.num_attention_heads, tp_size, "attention heads")
+        self.n_local_groups = per_rank(c.o_groups, tp_size, "output groups")
         self.layer_id = layer_id
         self.kind = c.attn_types[layer_id]
         self.ratio = c.compress_ratios[layer_id]
         self.head_dim = c.head_dim
-        self.n_local_heads = c.num_attention_heads // tp_size
-        self.n_local_groups = c.o_groups // tp_size
         self.o_lora_rank = c.o_lora_rank
         self.window = c.sliding_window
         self.q_head_norm = c.q_head_norm
@@ -161,11 +159,14 @@ class DeepseekV4Attention(nn.Module):
             pos = positions[rows]
             window = seg.cache.window
             win_first = window.first_position
+            # The new rows continue the ring, so their first position is its count before the
+            # append: a host int, where reading pos[0] would sync with the device.
+            q_first = window.total
             win_kv = torch.cat([window.rows(), kv[rows].to(window.buf.dtype)])
             window.append(kv[rows])
             entries, visible = self._compressed_entries(seg.cache, rows, pos, comp, idx)
             o[rows] = dsv4_attention(
-                q[rows], pos, win_kv, win_first, entries, visible, self.attn_sink,
+                q[rows], pos, q_first, win_kv, win_first, entries, visible, self.attn_sink,
                 scale=self.scale, window=self.window,
             )  # fmt: skip
         return self.output(o, p, x.dtype)

@@ -76,10 +76,27 @@ class KVCompressor(nn.Module):
             cand_score = torch.cat([prev_score, blocks_score[:, :, d:]], dim=1)
         else:
             cand_kv, cand_score = blocks_kv, blocks_score
-        pooled = (torch.softmax(cand_score, dim=1) * cand_kv).sum(dim=1)
-        normed = self.norm(pooled)
-        positions = (first + torch.arange(nb, device=normed.device)) * self.ratio
-        cos, sin = rotary.cos_sin(positions)
-        entries = apply_interleaved_rope(normed, cos, sin).to(state.entries.buf.dtype)
+        blocks = first + torch.arange(nb, device=cand_kv.device)
+        entries = self.emit(cand_kv, cand_score, blocks, rotary, state.entries.buf.dtype)
         state.entries.append(entries)
         return entries
+
+    def emit(
+        self,
+        cand_kv: torch.Tensor,
+        cand_score: torch.Tensor,
+        blocks: torch.Tensor,
+        rotary: InterleavedRotaryEmbedding,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """The entries of blocks ``blocks [nb]`` from their candidates ``cand_kv`` /
+        ``cand_score [nb, candidates, D]`` (fp32, ``ape`` already added to the scores):
+        softmax-pool, RMSNorm, RoPE at the block's first position, cast to ``dtype``.
+
+        Shared by :meth:`append` and the static decode step so both emit with the same ops in
+        the same order (the static path's only difference from the reference is summation order
+        elsewhere)."""
+        pooled = (torch.softmax(cand_score, dim=1) * cand_kv).sum(dim=1)
+        normed = self.norm(pooled)
+        cos, sin = rotary.cos_sin(blocks * self.ratio)
+        return apply_interleaved_rope(normed, cos, sin).to(dtype)

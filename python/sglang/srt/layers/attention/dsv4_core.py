@@ -19,6 +19,7 @@ _QUERY_CHUNK = 256
 def dsv4_attention(
     q: torch.Tensor,
     q_pos: torch.Tensor,
+    q_first: int,
     win_kv: torch.Tensor,
     win_first_pos: int,
     comp_kv: torch.Tensor | None,
@@ -30,7 +31,8 @@ def dsv4_attention(
 ) -> torch.Tensor:
     """Attention of one request's new queries.
 
-    ``q [n, heads, D]`` at positions ``q_pos [n]`` (increasing, contiguous);
+    ``q [n, heads, D]`` at positions ``q_pos [n]`` (contiguous: ``q_first .. q_first + n - 1``;
+    ``q_first`` is passed from the host so picking each chunk's window rows never reads the device);
     ``win_kv [m, D]``: raw KV rows of positions ``win_first_pos .. win_first_pos + m - 1``, covering
     at least each query's window; ``comp_kv [N, D]`` with ``comp_visible [n, N]`` (bool);
     ``sink [heads]``. Returns fp32 ``[n, heads, D]``."""
@@ -44,9 +46,9 @@ def dsv4_attention(
     for a in range(0, n, _QUERY_CHUNK):
         b = min(a + _QUERY_CHUNK, n)
         qp = q_pos[a:b]
-        # Only the rows some query of this chunk can see.
-        lo = max(int(qp[0]) - window + 1 - win_first_pos, 0)
-        hi = int(qp[-1]) + 1 - win_first_pos
+        # Only the rows some query of this chunk can see (positions q_first + a .. q_first + b - 1).
+        lo = max(q_first + a - window + 1 - win_first_pos, 0)
+        hi = q_first + b - win_first_pos
         kw = win_kv[lo:hi].float()
         kp = kv_pos[lo:hi]
         qc = q[a:b].float()

@@ -76,21 +76,35 @@ class LightningIndexer(nn.Module):
         if num == 0 or n == 0:
             return chosen
         visible = (positions + 1) // self.ratio  # entries 0 .. visible-1
-        entry = torch.arange(num, device=q.device)
+        # Cast once for all chunks (top_entries' own .float() is then a no-op).
         kf = keys.float()
-        k = min(self.topk, num)
         for a in range(0, n, _QUERY_CHUNK):
             b = min(a + _QUERY_CHUNK, n)
-            dots = torch.einsum("qhd,nd->qhn", q[a:b].float(), kf).relu() * self.head_dim**-0.5
-            scores = (dots * w[a:b].unsqueeze(-1)).sum(dim=1)
-            ok = entry[None, :] < visible[a:b, None]
-            scores = scores.masked_fill(~ok, float("-inf"))
-            # Stable sort: equal scores (common: an entry whose every head is ReLU'd to 0 scores
-            # exactly 0) go to the earlier entry, whatever the number of entries or queries in
-            # the call, so chunked prefill and decode pick what a full forward picks.
-            top = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+            top, ok = self.top_entries(q[a:b], w[a:b], kf, visible[a:b])
             picked = torch.zeros(b - a, num, dtype=torch.bool, device=q.device)
             picked.scatter_(1, top, True)
             # A query with fewer than k visible entries also "picked" invisible ones; drop them.
             chosen[a:b] = picked & ok
         return chosen
+
+    def top_entries(
+        self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scoring both the eager :meth:`select` and the static decode use:
+        ``q [n, heads, d]``, ``w [n, heads]``, ``keys`` ``[N, d]`` (shared by every query) or
+        ``[n, N, d]`` (per query), ``visible [n]`` (entries ``0 .. visible-1`` exist) ->
+        (entry indices ``[n, k]`` best first, which entries are visible ``[n, N]``),
+        ``k = min(topk, N)``. Past the visible ones the picks are arbitrary; callers mask them."""
+        num = keys.shape[-2]
+        spec = "qhd,nd->qhn" if keys.dim() == 2 else "qhd,qnd->qhn"
+        dots = torch.einsum(spec, q.float(), keys.float()).relu() * self.head_dim**-0.5
+        scores = (dots * w.unsqueeze(-1)).sum(dim=1)
+        entry = torch.arange(num, device=keys.device)
+        ok = entry[None, :] < visible[:, None]
+        scores = scores.masked_fill(~ok, float("-inf"))
+        # Stable sort: equal scores (common: an entry whose every head is ReLU'd to 0 scores
+        # exactly 0) go to the earlier entry, whatever the number of entries or queries in
+        # the call, so chunked prefill and decode pick what a full forward picks.
+        k = min(self.topk, num)
+        top = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+        return top, ok

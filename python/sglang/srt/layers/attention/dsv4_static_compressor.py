@@ -5,7 +5,8 @@ Each row writes its projected ``kv`` / ``score`` into pending row ``p % ratio`` 
 entry of the row's block is then computed for *every* row, as if the block were complete, and
 written only where it is (``(p + 1) % ratio == 0``): ``where`` keeps the old entry elsewhere, and
 the overlap's "previous block" rows advance the same way. The maths is
-:meth:`KVCompressor.append`'s for one block (same ops in the same order).
+:meth:`KVCompressor.append`'s for one block (same ops in the same order; both end in
+:meth:`KVCompressor.emit`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
-from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
+from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
 
 
@@ -46,10 +47,7 @@ def compress_decode_step(
         store.prev_score[slots] = torch.where(keep, block_score[:, :, :d], prev_score)
     else:
         cand_kv, cand_score = block_kv, block_score
-    pooled = (torch.softmax(cand_score, dim=1) * cand_kv).sum(dim=1)
-    normed = compressor.norm(pooled)
     block = torch.div(positions, ratio, rounding_mode="floor")
-    cos, sin = rotary.cos_sin(block * ratio)
-    entry = apply_interleaved_rope(normed, cos, sin).to(store.entries.dtype)
+    entry = compressor.emit(cand_kv, cand_score, block, rotary, store.entries.dtype)
     old = store.entries[slots, block]
     store.entries[slots, block] = torch.where(complete[:, None], entry, old)

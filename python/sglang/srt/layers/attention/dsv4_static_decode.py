@@ -18,33 +18,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention
-
-
-def indexer_topk(
-    indexer: LightningIndexer,
-    q: torch.Tensor,
-    w: torch.Tensor,
-    keys: torch.Tensor,
-    visible: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q [bs, heads, d]``, ``w [bs, heads]``, ``keys [bs, C, d]``, ``visible [bs]`` (entries
-    ``0 .. visible-1`` exist) -> (entry indices ``[bs, k]``, which of them are real ``[bs, k]``),
-    ``k = min(index_topk, C)``."""
-    dots = torch.einsum("bhd,bnd->bhn", q.float(), keys.float()).relu() * indexer.head_dim**-0.5
-    scores = (dots * w.unsqueeze(-1)).sum(dim=1)
-    entry = torch.arange(keys.shape[1], device=keys.device)
-    ok = entry[None, :] < visible[:, None]
-    scores = scores.masked_fill(~ok, float("-inf"))
-    k = min(indexer.topk, keys.shape[1])
-    # Stable: ties go to the earlier entry, as in LightningIndexer.select.
-    top = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
-    return top, ok.gather(1, top)
 
 
 def sink_attention(
@@ -95,9 +73,10 @@ def static_decode_attention(
             ic = attn.indexer.compressor
             compress_decode_step(ic, idx_store, *ic.project(x), positions, slots, attn.rotary)
             iq, iw = attn.indexer.queries(p.q_lora, x, p.cos, p.sin)
-            top, ok = indexer_topk(attn.indexer, iq, iw, idx_store.entries[slots], visible)
+            # Fixed k = min(topk, C) picks per row; picks past the visible count are masked out.
+            top, ok = attn.indexer.top_entries(iq, iw, idx_store.entries[slots], visible)
             keys.append(comp.entries[slots[:, None], top])
-            valid.append(ok)
+            valid.append(ok.gather(1, top))
 
     o = sink_attention(
         p.q, torch.cat(keys, dim=1), torch.cat(valid, dim=1), attn.attn_sink, attn.scale

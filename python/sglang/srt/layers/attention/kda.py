@@ -38,7 +38,7 @@ from sglang.srt.layers.linear import (
     ReplicatedLinear,
     RowParallelLinear,
     dim0_sharded_param,
-    heads_per_rank,
+    per_rank,
 )
 from sglang.srt.mem_cache.kimi_k3_cache import KDAState
 
@@ -93,7 +93,7 @@ class KimiDeltaAttention(nn.Module):
         super().__init__()
         c = config
         self.config = c
-        self.local_heads = heads_per_rank(c.num_heads, tp_size, "KDA")
+        self.local_heads = per_rank(c.num_heads, tp_size, "KDA heads")
         width = c.num_heads * c.head_dim
         col: dict[str, Any] = {
             "params_dtype": params_dtype,

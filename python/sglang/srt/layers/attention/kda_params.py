@@ -16,7 +16,7 @@ from sglang.srt.layers.linear import (
     WeightShapeError,
     dim0_sharded_param,
     frozen_param,
-    heads_per_rank,
+    per_rank,
     tp_slice,
 )
 from sglang.srt.utils.log import get_logger, log_once
@@ -50,7 +50,7 @@ def a_log_param(
     ``[1, 1, H, 1]`` (Kimi Linear / fla), and a longer vector ``[N > H]``: the released K3
     checkpoint stores ``[head_dim]`` for 96 heads and SGLang uses its first ``H`` entries per head
     (open question 1 of the design notes); we do the same and say so once."""
-    local_heads = heads_per_rank(num_heads, tp_size, "KDA")
+    local_heads = per_rank(num_heads, tp_size, "KDA heads")
 
     def load(param: nn.Parameter, full: torch.Tensor) -> None:
         flat = (

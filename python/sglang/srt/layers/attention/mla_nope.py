@@ -35,7 +35,7 @@ from sglang.srt.layers.linear import (
     ColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
-    heads_per_rank,
+    per_rank,
 )
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 
@@ -80,7 +80,7 @@ class MLANoPEAttention(nn.Module):
         super().__init__()
         c = config
         self.config = c
-        self.local_heads = heads_per_rank(c.num_heads, tp_size, "MLA")
+        self.local_heads = per_rank(c.num_heads, tp_size, "MLA heads")
         self.scale = c.qk_head_dim**-0.5
         col: dict[str, Any] = {
             "params_dtype": params_dtype,
@@ -149,6 +149,13 @@ class MLANoPEAttention(nn.Module):
         q = self._queries(x)
         latent = self.latents(x)
         out = torch.zeros(t, self.local_heads, c.v_head_dim, dtype=x.dtype, device=x.device)
+        # The fp32 absorbed weights are the same for every decode segment of this forward: build
+        # them once here rather than copying the whole local kv_b per request, and only when
+        # some segment actually decodes.
+        absorbed: tuple[Tensor, Tensor] | None = None
+        if any(seg.length == 1 for seg in segments):
+            w_kc, w_vc = self._kv_b_per_head()
+            absorbed = (w_kc.float(), w_vc.float())
         for seg in segments:
             if seg.length == 0:
                 continue
@@ -156,8 +163,11 @@ class MLANoPEAttention(nn.Module):
             prefix = len(seg.cache)
             seg.cache.rows.append(latent[rows])
             kv = seg.cache.rows.rows()
-            attend = self._attend_absorbed if seg.length == 1 else self._attend_expanded
-            out[rows] = attend(q[rows], kv, prefix)
+            if seg.length == 1:
+                assert absorbed is not None
+                out[rows] = self._attend_absorbed(q[rows], kv, *absorbed)
+            else:
+                out[rows] = self._attend_expanded(q[rows], kv, prefix)
         o = out.reshape(t, self.local_heads * c.v_head_dim)
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x).float()).to(o.dtype)
@@ -186,13 +196,13 @@ class MLANoPEAttention(nn.Module):
         )
         return o.transpose(0, 1)
 
-    def _attend_absorbed(self, q: Tensor, kv: Tensor, prefix: int) -> Tensor:
-        """One query ``q [1, h, qk]`` over all of ``kv`` in the latent space (fp32 maths)."""
+    def _attend_absorbed(self, q: Tensor, kv: Tensor, w_kc: Tensor, w_vc: Tensor) -> Tensor:
+        """One query ``q [1, h, qk]`` over all of ``kv`` in the latent space (fp32 maths);
+        ``w_kc``/``w_vc`` are :meth:`_kv_b_per_head` already in fp32 (made once per forward)."""
         c = self.config
-        w_kc, w_vc = self._kv_b_per_head()
         q_nope, q_pe = q[0].float().split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
         ckv, k_pe = kv.float().split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
-        q_lat = torch.einsum("hn,hnl->hl", q_nope, w_kc.float())
+        q_lat = torch.einsum("hn,hnl->hl", q_nope, w_kc)
         scores = (q_lat @ ckv.t() + q_pe @ k_pe.t()) * self.scale  # [h, S]
         o_lat = torch.softmax(scores, dim=-1) @ ckv  # [h, L]
-        return torch.einsum("hl,hvl->hv", o_lat, w_vc.float()).unsqueeze(0).to(q.dtype)
+        return torch.einsum("hl,hvl->hv", o_lat, w_vc).unsqueeze(0).to(q.dtype)

@@ -77,14 +77,6 @@ class GroupCoordinator:
             f"backend={self.backend}, pynccl={self.pynccl_comm is not None})"
         )
 
-    @property
-    def first_rank(self) -> int:
-        return self.ranks[0]
-
-    @property
-    def is_first_rank(self) -> bool:
-        return self.rank == self.ranks[0]
-
     def process_group_for(self, x: torch.Tensor) -> ProcessGroup:
         """The torch group that can carry ``x``: CPU tensors go over gloo."""
         return self.cpu_group if x.device.type == "cpu" else self.device_group

@@ -25,22 +25,16 @@ import torch
 from tqdm.auto import tqdm
 
 from sglang.kernels.ops.quant.fp8 import block_dequant_fp8
-from sglang.srt.layers.moe.expert_weights import WeightFormat
+from sglang.srt.layers.moe.expert_weights import FP8_BLOCK, WeightFormat
 from sglang.srt.layers.moe.layer import A2ABackend
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex as _Index
 from sglang.srt.model_loader.checkpoint_index import WeightLoadError
 from sglang.srt.model_loader.deepseek_v4_names import canonical_name
-from sglang.srt.model_loader.expert_loading import (
-    FP8_DTYPES,
-    ExpertShard,
-    load_experts,
-    read_experts,
-)
+from sglang.srt.model_loader.expert_loading import FP8_DTYPES, load_layer_experts
 from sglang.srt.model_loader.mega_moe_prep import (
     MegaWeightBuilder,
-    attach_mega_weights,
-    default_mega_weight_builder,
     log_mega_weights_built,
+    resolve_mega_weight_builder,
 )
 from sglang.srt.model_loader.weight_source import (
     SafetensorsWeightSource,
@@ -52,8 +46,6 @@ from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
-
-FP8_BLOCK = (128, 128)
 
 
 def _build_index(source: WeightSource) -> _Index:
@@ -89,21 +81,6 @@ def _scale_suffixes(fmt: WeightFormat) -> tuple[str, ...]:
     return (".scale",)
 
 
-def _load_experts(
-    index: _Index, model: DeepseekV4ForCausalLM, layer_id: int, mega_weight_builder: MegaWeightBuilder | None
-) -> bool:
-    """Load one layer's experts (this rank's part); True when MegaMoE weights were set."""
-    c = model.config
-    experts = model.decoder_layers[layer_id].ffn.experts
-    ckpt = read_experts(
-        index, f"layers.{layer_id}.ffn.experts", layer_id=layer_id, num_experts=c.n_routed_experts,
-        hidden=c.hidden_size, inter=c.moe_intermediate_size, scale_suffixes=_scale_suffixes,
-        shard=ExpertShard.of(experts),
-    )  # fmt: skip
-    load_experts(experts, layer_id, ckpt, model.dtype)
-    return attach_mega_weights(experts, layer_id, ckpt, mega_weight_builder)
-
-
 def load_weights(
     model: DeepseekV4ForCausalLM,
     source: WeightSource | Mapping[str, torch.Tensor],
@@ -127,8 +104,8 @@ def load_weights(
     }
     index.require(list(params) + list(hash_tables), "names after mapping to the release naming")
     steps = len(params) + len(hash_tables) + len(model.layers)
-    if mega_weight_builder is None and any(layer.ffn.expert_parallel for layer in model.decoder_layers):
-        mega_weight_builder = default_mega_weight_builder(model.device)
+    experts = [layer.ffn.experts for layer in model.decoder_layers]
+    mega_weight_builder = resolve_mega_weight_builder(mega_weight_builder, model.device, experts)
     built = 0
     with tqdm(
         total=steps, desc="Loading DeepSeek V4 weights", disable=not progress, unit="tensor"
@@ -140,8 +117,11 @@ def load_weights(
             with index.naming(name):
                 gate.load_tid2eid(index.get(name))
             bar.update()
-        for i in range(len(model.layers)):
-            built += _load_experts(index, model, i, mega_weight_builder)
+        for i, layer_experts in enumerate(experts):
+            built += load_layer_experts(
+                index, layer_experts, f"layers.{i}.ffn.experts", layer_id=i,
+                scale_suffixes=_scale_suffixes, dtype=model.dtype, mega_weight_builder=mega_weight_builder,
+            )  # fmt: skip
             bar.update()
     index.check_all_used(strict=strict, logger=logger)
     log_mega_weights_built("DeepSeek V4", built, len(model.layers))

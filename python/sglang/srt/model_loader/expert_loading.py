@@ -4,7 +4,9 @@ Checkpoints store experts either per expert (``{prefix}.E.w1|w3|w2.weight``, gat
 in bf16, FP8 with 128x128 block scales, or MXFP4: two E2M1 values a byte plus one UE8M0 scale
 per 32) or stacked the way transformers keeps them in memory (``gate_up_proj [E, 2I, H]`` with
 the gate rows first, ``down_proj [E, H, I]``, unquantised). The models differ only in how a
-weight's scale is named, which the caller passes in.
+weight's scale is named, which the caller passes in. :func:`load_layer_experts` is the whole
+per-layer step a loader runs: read this rank's part, hand it to the ``FusedMoE``, and (expert
+parallel) build its MegaMoE weights.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from sglang.srt.layers.moe.expert_weights import (
     stack_expert_tensors,
 )
 from sglang.srt.layers.moe.layer import FusedMoE
-from sglang.srt.layers.quantization.mxfp4 import MXFP4_GROUP
+from sglang.srt.layers.quantization.mxfp4 import MXFP4_DTYPES, MXFP4_GROUP
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
+from sglang.srt.model_loader.mega_moe_prep import MegaWeightBuilder, attach_mega_weights
 
-_FP4_DTYPES = (torch.uint8, torch.int8)
 FP8_DTYPES = (torch.float8_e4m3fn,)
 
 # The suffixes, in order of preference, that may replace ``.weight`` to name a weight's scale.
@@ -98,7 +100,7 @@ def _check_shardable(fmt: WeightFormat, shard: ExpertShard, layer_id: int) -> No
 
 
 def expert_format(w: torch.Tensor) -> WeightFormat:
-    if w.dtype in _FP4_DTYPES:
+    if w.dtype in MXFP4_DTYPES:
         return WeightFormat.MXFP4
     if w.dtype in FP8_DTYPES:
         return WeightFormat.FP8
@@ -158,11 +160,13 @@ def read_experts(
     per: dict[str, list[torch.Tensor]] = {"w1": [], "w3": [], "w2": []}
     scales: dict[str, list[torch.Tensor]] = {"w1": [], "w3": [], "w2": []}
     fmt: WeightFormat | None = None
+    # Every scale name any format may use: another rank's experts are skipped unread, so their
+    # format is unknown here. The same for every expert and weight, so built once.
+    suffixes = {x for f in WeightFormat for x in scale_suffixes(f)}
     for e in range(num_experts):
         if e not in shard.experts:
             for w in ("w1", "w3", "w2"):
                 base = f"{prefix}.{e}.{w}"
-                suffixes = {x for f in WeightFormat for x in scale_suffixes(f)}
                 index.mark_used(base + ".weight", *(base + x for x in suffixes))
             continue
         for w in ("w1", "w3", "w2"):
@@ -224,3 +228,27 @@ def load_experts(
         raise WeightLoadError(
             f"layer {layer_id} routed experts ({ckpt.fmt.value}): {exc}"
         ) from None
+
+
+def load_layer_experts(
+    index: CheckpointIndex,
+    experts: FusedMoE,
+    prefix: str,
+    *,
+    layer_id: int,
+    scale_suffixes: ScaleSuffixes,
+    dtype: torch.dtype,
+    mega_weight_builder: MegaWeightBuilder | None,
+) -> bool:
+    """Load one layer's routed experts under ``prefix`` (this rank's part) into ``experts``; True
+    when its MegaMoE weights were also set (see :func:`attach_mega_weights`).
+
+    The expert count and sizes come from ``experts.config``: the layer already holds what the
+    checkpoint must match, so every model reads its experts the same way."""
+    c = experts.config
+    ckpt = read_experts(
+        index, prefix, layer_id=layer_id, num_experts=c.num_experts, hidden=c.hidden_size,
+        inter=c.intermediate_size, scale_suffixes=scale_suffixes, shard=ExpertShard.of(experts),
+    )  # fmt: skip
+    load_experts(experts, layer_id, ckpt, dtype)
+    return attach_mega_weights(experts, layer_id, ckpt, mega_weight_builder)

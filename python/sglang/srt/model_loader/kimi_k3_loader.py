@@ -29,18 +29,12 @@ from sglang.srt.layers.moe.expert_weights import WeightFormat
 from sglang.srt.layers.moe.layer import A2ABackend
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex as _Index
 from sglang.srt.model_loader.checkpoint_index import WeightLoadError
-from sglang.srt.model_loader.expert_loading import (
-    FP8_DTYPES,
-    ExpertShard,
-    load_experts,
-    read_experts,
-)
+from sglang.srt.model_loader.expert_loading import FP8_DTYPES, load_layer_experts
 from sglang.srt.model_loader.kimi_k3_names import canonical_name, layer_of
 from sglang.srt.model_loader.mega_moe_prep import (
     MegaWeightBuilder,
-    attach_mega_weights,
-    default_mega_weight_builder,
     log_mega_weights_built,
+    resolve_mega_weight_builder,
 )
 from sglang.srt.model_loader.weight_source import (
     SafetensorsWeightSource,
@@ -89,25 +83,6 @@ def _scale_suffixes(fmt: WeightFormat) -> tuple[str, ...]:
     return (".weight_scale_inv", ".weight_scale")
 
 
-def _load_experts(
-    index: _Index,
-    model: KimiK3ForCausalLM,
-    layer_id: int,
-    mega_weight_builder: MegaWeightBuilder | None,
-) -> bool:
-    """Load one MoE layer's experts (this rank's part); True when MegaMoE weights were set."""
-    moe = model.decoder_layers[layer_id].mlp
-    assert isinstance(moe, KimiK3MoE)
-    cfg = moe.experts.config
-    ckpt = read_experts(
-        index, f"model.layers.{layer_id}.mlp.experts", layer_id=layer_id, num_experts=cfg.num_experts,
-        hidden=cfg.hidden_size, inter=cfg.intermediate_size, scale_suffixes=_scale_suffixes,
-        shard=ExpertShard.of(moe.experts),
-    )  # fmt: skip
-    load_experts(moe.experts, layer_id, ckpt, model.dtype)
-    return attach_mega_weights(moe.experts, layer_id, ckpt, mega_weight_builder)
-
-
 def load_weights(
     model: KimiK3ForCausalLM,
     source: WeightSource | Mapping[str, torch.Tensor],
@@ -127,21 +102,26 @@ def load_weights(
         "model names; the checkpoint may spell them language_model.model.layers.N..., with "
         "block_sparse_moe for mlp",
     )
+    # (layer id, its routed experts) for the MoE layers; the dense layers have none.
     moe_layers = [
-        i for i, layer in enumerate(model.decoder_layers) if isinstance(layer.mlp, KimiK3MoE)
+        (i, layer.mlp.experts)
+        for i, layer in enumerate(model.decoder_layers)
+        if isinstance(layer.mlp, KimiK3MoE)
     ]
-    if mega_weight_builder is None and any(
-        model.decoder_layers[i].mlp.expert_parallel for i in moe_layers
-    ):
-        mega_weight_builder = default_mega_weight_builder(model.device)
+    mega_weight_builder = resolve_mega_weight_builder(
+        mega_weight_builder, model.device, (experts for _, experts in moe_layers)
+    )
     built = 0
     with tqdm(total=len(params) + len(moe_layers), desc="Loading Kimi K3 weights", disable=not progress,
               unit="tensor") as bar:  # fmt: skip
         for name, param in params.items():
             index.load_param(name, param, _dense(index, name))
             bar.update()
-        for i in moe_layers:
-            built += _load_experts(index, model, i, mega_weight_builder)
+        for i, experts in moe_layers:
+            built += load_layer_experts(
+                index, experts, f"model.layers.{i}.mlp.experts", layer_id=i,
+                scale_suffixes=_scale_suffixes, dtype=model.dtype, mega_weight_builder=mega_weight_builder,
+            )  # fmt: skip
             bar.update()
     index.check_all_used(strict=strict, logger=logger)
     log_mega_weights_built("Kimi K3", built, len(moe_layers))

@@ -14,8 +14,8 @@ load error naming the layer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,16 +27,22 @@ from sglang.srt.layers.moe.mega_moe_weights import (
     MegaMoEWeightError,
     build_mega_moe_experts_weights,
 )
+from sglang.srt.layers.quantization.mxfp4 import MXFP4_DTYPES
 from sglang.srt.model_loader.checkpoint_index import WeightLoadError
-from sglang.srt.model_loader.expert_loading import CheckpointExperts
 from sglang.srt.utils.log import get_logger, log_once
+
+if TYPE_CHECKING:
+    # Annotation only: expert_loading imports this module to attach MegaMoE weights per layer.
+    from sglang.srt.model_loader.expert_loading import CheckpointExperts
 
 logger = get_logger(__name__)
 
 # (layer id, this rank's stacked checkpoint experts: w13, w2 and their scales or None) -> weights
 MegaWeightBuilder = Callable[[int, dict[str, torch.Tensor | None]], Any]
 
-_FIRST_FP4_ARCH = 100  # Blackwell runs fp8_fp4_mega_moe; Hopper runs fp8_mega_moe
+# What each MegaMoE kernel (named by ``mega_moe_kernel_name``) takes: "MXFP4" means packed
+# uint8/int8 experts, "FP8" float8_e4m3fn ones.
+_KERNEL_EXPERT_FORMAT = {"fp8_fp4_mega_moe": "MXFP4", "fp8_mega_moe": "FP8"}
 
 
 def deep_gemm_mega_weight_builder(deep_gemm: Any, arch: int) -> MegaWeightBuilder:
@@ -45,10 +51,12 @@ def deep_gemm_mega_weight_builder(deep_gemm: Any, arch: int) -> MegaWeightBuilde
     def build(layer_id: int, raw: dict[str, torch.Tensor | None]) -> Any:
         w13 = raw["w13"]
         assert w13 is not None
-        blackwell = arch >= _FIRST_FP4_ARCH
-        fp4, fp8 = w13.dtype in (torch.uint8, torch.int8), w13.dtype == torch.float8_e4m3fn
-        if (fp4 and not blackwell) or (fp8 and blackwell):
-            kernel, needs = ("fp8_fp4_mega_moe", "MXFP4") if blackwell else ("fp8_mega_moe", "FP8")
+        # The kernel the runtime will run on this GPU, so the layout built here is the one it reads.
+        kernel = _mega_moe.mega_moe_kernel_name(arch)
+        needs = _KERNEL_EXPERT_FORMAT[kernel]
+        have = "MXFP4" if w13.dtype in MXFP4_DTYPES else "FP8" if w13.dtype == torch.float8_e4m3fn else None
+        # Other dtypes (bf16) have no MegaMoE layout at all: build_mega_moe_experts_weights says so.
+        if have is not None and have != needs:
             raise MegaMoEFormatError(
                 f"DeepGEMM's {kernel} on sm_{arch} takes {needs} experts; these are {w13.dtype}"
             )
@@ -66,6 +74,18 @@ def default_mega_weight_builder(device: torch.device) -> MegaWeightBuilder | Non
     # The same arch lookup the runtime uses to pick the kernel.
     arch = _mega_moe.device_sm_info(device if device.type == "cuda" else None).arch
     return deep_gemm_mega_weight_builder(deep_gemm, arch)
+
+
+def resolve_mega_weight_builder(
+    builder: MegaWeightBuilder | None, device: torch.device, layers: Iterable[FusedMoE]
+) -> MegaWeightBuilder | None:
+    """The builder a loader uses for ``layers`` (its model's MoE layers): ``builder`` when given,
+    else the default for ``device`` when any layer is expert parallel, else ``None``. Only expert
+    parallel layers get MegaMoE weights, so DeepGEMM is not looked up (nor its absence logged)
+    for a model that has none."""
+    if builder is None and any(layer.expert_parallel for layer in layers):
+        return default_mega_weight_builder(device)
+    return builder
 
 
 def attach_mega_weights(

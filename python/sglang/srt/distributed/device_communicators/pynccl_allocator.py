@@ -93,12 +93,6 @@ class SymmetricPool(Protocol):
     def close(self) -> None: ...
 
 
-class WindowComm(Protocol):
-    def register_window(self, ptr: int, size: int) -> int: ...
-
-    def deregister_window(self, handle: int) -> None: ...
-
-
 class SymmetricGroup(Protocol):
     world_size: int
     rank_in_group: int

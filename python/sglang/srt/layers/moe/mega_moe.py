@@ -27,6 +27,7 @@ from sglang.srt.layers.deep_gemm_adapter import (
     mega_moe_buffer_depends_on_num_sms,
 )
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.layers.quantization.mxfp4 import UE8M0_BIAS as _UE8M0_BIAS
 from sglang.srt.utils.device import device_sm_info
 from sglang.srt.utils.log import get_logger, log_once
 
@@ -201,7 +202,6 @@ def clear_mega_moe_symm_buffers() -> None:
 
 # --- the MegaMoE forward ------------------------------------------------------------------------
 
-_UE8M0_BIAS = 127
 _FP8_MAX = 448.0
 
 
@@ -251,12 +251,18 @@ def mega_moe_pre_dispatch(
     buf.topk_weights[t:].fill_(0)
 
 
+def mega_moe_kernel_name(arch: int) -> str:
+    """DeepGEMM's MegaMoE kernel for compute capability ``arch`` (e.g. 100, 90): the Blackwell
+    whole-grid ``fp8_fp4_mega_moe`` (MXFP4 experts) or the Hopper ``fp8_mega_moe`` (FP8 experts).
+    The one place this choice is made, so the runtime and the weight loader cannot disagree."""
+    return "fp8_fp4_mega_moe" if arch >= _FIRST_WHOLE_GRID_ARCH else "fp8_mega_moe"
+
+
 def mega_moe_unusable_reason(deep_gemm: Any, num_tokens: int, arch: int) -> str | None:
     """Why the MegaMoE path cannot take this batch (``None`` when it can)."""
     if deep_gemm is None:
         return "DeepGEMM is unusable"
-    kernel = "fp8_fp4_mega_moe" if arch >= _FIRST_WHOLE_GRID_ARCH else "fp8_mega_moe"
-    for name in (kernel, "get_symm_buffer_for_mega_moe"):
+    for name in (mega_moe_kernel_name(arch), "get_symm_buffer_for_mega_moe"):
         if not callable(getattr(deep_gemm, name, None)):
             return f"the installed DeepGEMM has no {name}()"
     cap = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()

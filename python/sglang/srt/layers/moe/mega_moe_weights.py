@@ -31,7 +31,12 @@ from typing import Any
 
 import torch
 
-from sglang.srt.layers.quantization.mxfp4 import MXFP4_GROUP
+from sglang.srt.layers.quantization.mxfp4 import (
+    MXFP4_DTYPES,
+    MXFP4_GROUP,
+    UE8M0_BIAS,
+    ue8m0_to_float,
+)
 
 Tensor = torch.Tensor
 MegaWeights = tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -41,8 +46,6 @@ UTCCP_BLOCK = (4, 32)  # a 128-row scale block is read as 4 x 32 rows, transpose
 MXFP4_SF_RECIPE = (1, MXFP4_GROUP)  # one scale per row and per 32 values along K
 SF_PER_INT32 = 4  # UE8M0 bytes packed into one int32 word along K
 FP8_BLOCK = 128
-_UE8M0_BIAS = 127
-_FP4_DTYPES = (torch.uint8, torch.int8)
 _UE8M0_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
 
 
@@ -132,14 +135,10 @@ def ue8m0_bytes(scale: Tensor, what: str) -> Tensor:
         mantissa, exponent = torch.frexp(scale)
         if not bool(torch.all(mantissa == 0.5)):
             raise MegaMoEWeightError(f"{what}: fp32 MXFP4 scales must be positive powers of two")
-        return (exponent.to(torch.int32) - 1 + _UE8M0_BIAS).clamp(0, 255).to(torch.uint8)
+        return (exponent.to(torch.int32) - 1 + UE8M0_BIAS).clamp(0, 255).to(torch.uint8)
     raise MegaMoEWeightError(
         f"{what}: MXFP4 scales must be UE8M0 bytes (uint8 / float8_e8m0fnu) or fp32, got {scale.dtype}"
     )
-
-
-def ue8m0_to_float(sf_bytes: Tensor) -> Tensor:
-    return torch.exp2(sf_bytes.to(torch.float32) - _UE8M0_BIAS)
 
 
 def unpack_ue8m0_words(sf: Tensor) -> Tensor:
@@ -183,7 +182,7 @@ def _build_mxfp4(deep_gemm: Any, w13: Tensor, w2: Tensor, s13: Tensor, s2: Tenso
     e, two_i, h_half = w13.shape
     inter, hidden = two_i // 2, h_half * 2
     _require(two_i % 2 == 0, f"MXFP4 w13 {tuple(w13.shape)}: rows must be [gate; up] (even)")
-    _require(w2.dtype in _FP4_DTYPES, f"MXFP4 w2 must be packed uint8/int8 like w13, got {w2.dtype}")
+    _require(w2.dtype in MXFP4_DTYPES, f"MXFP4 w2 must be packed uint8/int8 like w13, got {w2.dtype}")
     _require(
         tuple(w2.shape) == (e, hidden, inter // 2),
         f"MXFP4 w2 has shape {tuple(w2.shape)}; w13 {tuple(w13.shape)} needs {(e, hidden, inter // 2)}",
@@ -238,7 +237,7 @@ def build_mega_moe_experts_weights(
         raise MegaMoEWeightError(
             f"expert weights must be stacked [E, rows, cols], got w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
         )
-    if w13.dtype in _FP4_DTYPES:
+    if w13.dtype in MXFP4_DTYPES:
         fmt = "MXFP4"
     elif w13.dtype == torch.float8_e4m3fn:
         fmt = "FP8"
@@ -263,7 +262,7 @@ def unbuild_mega_moe_experts_weights(mega: MegaWeights) -> UnbuiltExperts:
     w13 = deinterleave_gate_up(l1)
     if l1.dtype == torch.float8_e4m3fn:
         return UnbuiltExperts("fp8", w13, l2, l1_sf, l2_sf)
-    if l1.dtype not in _FP4_DTYPES:
+    if l1.dtype not in MXFP4_DTYPES:
         raise MegaMoEWeightError(f"MegaMoE L1 weights must be packed FP4 or FP8, got {l1.dtype}")
     s13 = unpack_ue8m0_words(deinterleave_gate_up(utccp_untranspose(l1_sf)))
     s2 = unpack_ue8m0_words(utccp_untranspose(l2_sf))

@@ -10,6 +10,10 @@ from __future__ import annotations
 import torch
 
 MXFP4_GROUP = 32
+# Packed FP4 bytes may arrive as uint8 or int8 (checkpoints and DeepGEMM differ); both mean the same bits.
+MXFP4_DTYPES = (torch.uint8, torch.int8)
+# A UE8M0 byte ``s`` is the power of two ``2 ** (s - UE8M0_BIAS)``.
+UE8M0_BIAS = 127
 _E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
@@ -18,9 +22,17 @@ def _fp4_table(device: torch.device) -> torch.Tensor:
     return torch.cat([mags, -mags])
 
 
+def ue8m0_to_float(sf_bytes: torch.Tensor) -> torch.Tensor:
+    """UE8M0 exponent bytes (uint8) -> fp32 powers of two.
+
+    The bytes are converted by value, so a caller holding int8 or float8_e8m0fnu scales views
+    them as uint8 first (a value cast of either would not give the exponent byte)."""
+    return torch.exp2(sf_bytes.to(torch.float32) - UE8M0_BIAS)
+
+
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [..., K/2] -> float32 [..., K] E2M1 values (unscaled)."""
-    if packed.dtype not in (torch.uint8, torch.int8):
+    if packed.dtype not in MXFP4_DTYPES:
         raise TypeError(f"MXFP4 weights must be uint8/int8 packed bytes, got {packed.dtype}")
     raw = packed.view(torch.uint8)
     low, high = (raw & 0x0F).long(), (raw >> 4).long()
@@ -37,8 +49,7 @@ def dequant_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
             f"MXFP4 scales of shape {tuple(scales.shape)} do not match {k} values a row "
             f"(one scale per {MXFP4_GROUP}) for packed weights of shape {tuple(packed.shape)}"
         )
-    exponents = scales.view(torch.uint8).to(torch.float32) - 127.0
-    factor = torch.exp2(exponents).repeat_interleave(MXFP4_GROUP, dim=-1)
+    factor = ue8m0_to_float(scales.view(torch.uint8)).repeat_interleave(MXFP4_GROUP, dim=-1)
     return (values * factor).to(dtype)
 
 
@@ -59,4 +70,4 @@ def quant_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     code = code + 8 * (scaled < 0).long() * (code > 0).long()
     code = code.flatten(-2).to(torch.uint8)
     packed = code[..., 0::2] | (code[..., 1::2] << 4)
-    return packed, (exponent + 127).to(torch.uint8)
+    return packed, (exponent + UE8M0_BIAS).to(torch.uint8)

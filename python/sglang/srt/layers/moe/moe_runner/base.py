@@ -55,7 +55,6 @@ def allocate_moe_output(hidden: torch.Tensor, out: torch.Tensor | None = None) -
 
 class MoERunner(ABC):
     name: ClassVar[str]
-    supports_inplace: ClassVar[bool] = True
     # CUDA-graph capture needs run() free of host syncs and data-dependent sizes; a runner that
     # is not says why (the decode graphs are then off, with this reason in the startup log).
     capture_safe: ClassVar[bool] = False

@@ -38,7 +38,6 @@ import triton.language as tl
 
 from sglang.kernels.ops.activation import activation_code, gated_act
 from sglang.kernels.ops.gpu_clock import globaltimer_ns
-from sglang.kernels.ops.l2_prefetch import prefetch_rows_l2, rows_prefetchable
 from sglang.kernels.ops.moe.align import moe_align_block_size
 from sglang.kernels.ops.moe.fused_moe import _scaled_dot, check_moe_inputs, resolve_moe_output
 from sglang.kernels.ops.moe.mega_moe_workspace import (
@@ -88,11 +87,6 @@ class MegaMoEConfig:
     num_warps: int
     num_stages: int
     ctas_per_sm: int = 1  # CTAs launched per SM of the budget (more loads in flight an SM)
-    # Put a tile's whole weight slab in flight in L2 when the tile is claimed (phase 1: its gate
-    # and up rows; phase 2: its down rows, before it waits for phase 1), so HBM stays busy
-    # across the phase boundary and the K loop reads L2. Ignored under the Triton interpreter.
-    prefetch_w13: bool = False
-    prefetch_w2: bool = False
 
 
 def get_mega_config(num_tokens: int, num_experts: int, top_k: int, fp8: bool) -> MegaMoEConfig:
@@ -174,14 +168,8 @@ def _phase1_tile(
     groups_off,
     TOP_K: tl.constexpr, FP8: tl.constexpr, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     expert = tl.load(expert_ids_ptr + mb).to(tl.int64)
-    if PREFETCH:
-        r = tl.arange(0, 2 * BLOCK_N1)  # the tile's gate rows, then its up rows
-        w_row = n1 * BLOCK_N1 + r + (r >= BLOCK_N1).to(tl.int32) * (inter_dim - BLOCK_N1)
-        row_bytes = k_dim * (w13_ptr.dtype.element_ty.primitive_bitwidth // 8)
-        prefetch_rows_l2(w13_ptr + expert * stride_we + w_row.to(tl.int64) * stride_wn, row_bytes)
     slot = tl.load(sorted_ptr + mb * BLOCK_M + tl.arange(0, BLOCK_M))
     row_ok = slot < num_slots
     tok = (slot // TOP_K).to(tl.int64)
@@ -254,14 +242,7 @@ def _phase2_tile(
     stride_wn, stride_wse, stride_wsn, stride_dm, stride_om, work_ptr, done1_off, combined_off, status_ptr, timeout_ns,
     TOP_K: tl.constexpr, TOP_K_PAD: tl.constexpr, FP8: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr, USE_TIMER: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):  # fmt: skip
-    if PREFETCH:
-        # The down rows do not depend on phase 1: fetch them while phase 1 finishes.
-        w_row = (n2 * BLOCK_N2 + tl.arange(0, BLOCK_N2)).to(tl.int64)
-        w_expert = tl.load(expert_ids_ptr + mb).to(tl.int64)
-        row_bytes = k_dim * (w2_ptr.dtype.element_ty.primitive_bitwidth // 8)
-        prefetch_rows_l2(w2_ptr + w_expert * stride_we + w_row * stride_wn, row_bytes)
     ready = _wait_at_least(
         work_ptr + done1_off + mb, done1_target, status_ptr, timeout_ns, _TILE_TIMEOUT, USE_TIMER
     )
@@ -354,8 +335,7 @@ def _mega_moe_kernel(
     TOP_K: tl.constexpr, TOP_K_PAD: tl.constexpr, FP8: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_TIMER: tl.constexpr, WHOLE_GRID_SYNC: tl.constexpr, PREFETCH_W13: tl.constexpr,
-    PREFETCH_W2: tl.constexpr,
+    USE_TIMER: tl.constexpr, WHOLE_GRID_SYNC: tl.constexpr,
 ):  # fmt: skip
     grid = tl.num_programs(0)
     num_slots = num_tokens * TOP_K
@@ -383,7 +363,7 @@ def _mega_moe_kernel(
                     inter_dim, hidden, stride_xm, stride_xsm, stride_w13e, stride_w13n,
                     stride_w13se, stride_w13sn, stride_im, stride_ism, stride_sm, limit, eps,
                     work_ptr, done1_off, groups_off, TOP_K, FP8, ACTIVATION, HAS_LIMIT, SCALE_BLOCK, BLOCK_M, BLOCK_N1,
-                    BLOCK_K, PREFETCH_W13,
+                    BLOCK_K,
                 )  # fmt: skip
             else:
                 t2 = tile - phase1
@@ -393,7 +373,7 @@ def _mega_moe_kernel(
                     num_experts, done1_target, n2_tiles, inter_dim, stride_im, stride_ism, stride_w2e, stride_w2n, stride_w2se,
                     stride_w2sn, stride_dm, stride_om, work_ptr, done1_off,
                     combined_off, status_ptr, timeout_ns, TOP_K, TOP_K_PAD, FP8, SCALE_BLOCK,
-                    BLOCK_M, BLOCK_N2, BLOCK_K, USE_TIMER, PREFETCH_W2,
+                    BLOCK_M, BLOCK_N2, BLOCK_K, USE_TIMER,
                 )  # fmt: skip
             tile = tl.atomic_add(work_ptr + _QUEUE, 1, sem="relaxed", scope="gpu")
     # The last CTA out re-arms the queue and the block counters: every other CTA has made its
@@ -514,8 +494,6 @@ def mega_fused_experts(
     s2 = w2_scale if p.fp8 else w2
     assert s13 is not None and s2 is not None
     launch_grid = grid if grid is not None else num_sms * cfg.ctas_per_sm
-    interpreted = interpreter_enabled()
-    prefetch = not interpreted and rows_prefetchable(w13) and rows_prefetchable(w2)
     compiled = _mega_moe_kernel[(launch_grid,)](
         x, x_scale, w13, s13, w2, s2, result, inter, inter_scale, stage, down, weights, ids, sorted_ids, expert_ids, ntpp,
         ws.counters, ws.status, p.tokens, p.num_experts, p.hidden, p.inter,
@@ -528,8 +506,7 @@ def mega_fused_experts(
         TOP_K=p.top_k, TOP_K_PAD=triton.next_power_of_2(p.top_k), FP8=p.fp8, ACTIVATION=code,
         HAS_LIMIT=swiglu_limit is not None, SCALE_BLOCK=p.block[0], BLOCK_M=cfg.block_m,
         BLOCK_N1=cfg.block_n1, BLOCK_N2=cfg.block_n2, BLOCK_K=cfg.block_k,
-        USE_TIMER=not interpreted, WHOLE_GRID_SYNC=whole_grid_sync,
-        PREFETCH_W13=cfg.prefetch_w13 and prefetch, PREFETCH_W2=cfg.prefetch_w2 and prefetch,
+        USE_TIMER=not interpreter_enabled(), WHOLE_GRID_SYNC=whole_grid_sync,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if launch_info is not None:

@@ -18,6 +18,8 @@ Usage: python scripts/bench_mega_moe.py [--shapes dsv4,k3] [--dtypes bf16,fp8]
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import triton
@@ -28,6 +30,7 @@ from sglang.kernels.ops.moe.mega_moe_triton import (
     MegaMoEConfig,
     MegaMoELaunch,
     MegaMoEWaitTimeout,
+    get_mega_config,
     mega_fused_experts,
 )
 from sglang.srt.environ import envs
@@ -86,43 +89,44 @@ def speed_rows(shape_key: str, dtype: str, batches: list[int], budget: int, devi
     return rows
 
 
-SWEEP = {
-    "bf16": {
-        "3 CTA/SM, n 32/64, 3 st": MegaMoEConfig(16, 32, 64, 128, 4, 3, 3),
-        "3 CTA/SM, n 32/64, 4 st": MegaMoEConfig(16, 32, 64, 128, 4, 4, 3),
-        "4 CTA/SM, n 32/64, 2 st": MegaMoEConfig(16, 32, 64, 128, 4, 2, 4),
-        "2 CTA/SM, n 64/128, 3 st": MegaMoEConfig(16, 64, 128, 128, 4, 3, 2),
-        "2 CTA/SM, n 32/128, 4 st": MegaMoEConfig(16, 32, 128, 128, 4, 4, 2),
-    },
-    "fp8": {
-        "3 CTA/SM, n 32/128, 4 st": MegaMoEConfig(16, 32, 128, 128, 4, 4, 3),
-        "3 CTA/SM, n 32/64, 5 st": MegaMoEConfig(16, 32, 64, 128, 4, 5, 3),
-        "4 CTA/SM, n 32/128, 3 st": MegaMoEConfig(16, 32, 128, 128, 4, 3, 4),
-        "2 CTA/SM, n 64/128, 4 st": MegaMoEConfig(16, 64, 128, 128, 4, 4, 2),
-        "4 CTA/SM, n 32/64, 4 st": MegaMoEConfig(16, 32, 64, 128, 4, 4, 4),
-    },
+# Variants of the shipped per-M config (get_mega_config) at decode sizes.
+SWEEP: dict[str, Callable[[MegaMoEConfig], MegaMoEConfig]] = {
+    "shipped": lambda c: c,
+    "1 fewer stage": lambda c: replace(c, num_stages=c.num_stages - 1),
+    "1 more stage": lambda c: replace(c, num_stages=c.num_stages + 1),
+    "n2 tile x2": lambda c: replace(c, block_n2=c.block_n2 * 2),
+    "1 fewer CTA/SM": lambda c: replace(c, ctas_per_sm=max(1, c.ctas_per_sm - 1)),
+    "1 more CTA/SM": lambda c: replace(c, ctas_per_sm=c.ctas_per_sm + 1),
 }
 
 
-def sweep_rows(batches: list[int], dtypes: list[str], device: torch.device, budget: int) -> list[tuple]:
-    """Tile and occupancy variants at decode sizes (DeepSeek V4 shape), same run."""
+def sweep_rows(shape_keys: list[str], batches: list[int], dtypes: list[str], device: torch.device, budget: int) -> list[tuple]:
+    """Variants of the shipped tiles at decode sizes, same run; each variant's output is compared
+    bit for bit with the shipped config's (the variants change scheduling, not the maths)."""
     rows = []
-    shape = SHAPES["dsv4"]
-    for dtype in dtypes:
-        variants = SWEEP[dtype]
-        w = make_weights(shape, dtype == "fp8", device)
-        for m in batches:
-            x, topk = make_batch(shape, m, device)
-            args = moe_args(shape, w, x, topk)
-            out = torch.empty_like(x)
-            t_two = triton.testing.do_bench_cudagraph(lambda: fused_experts(**args), rep=100)
-            for name, cfg in variants.items():
-                t = triton.testing.do_bench_cudagraph(
-                    lambda: mega_fused_experts(**args, num_sms=budget, out=out, config=cfg), rep=100
-                )
-                rows.append((dtype, m, name, t_two * 1e3, t * 1e3, t_two / t))
-        del w
-        torch.cuda.empty_cache()
+    for shape_key in shape_keys:
+        shape = SHAPES[shape_key]
+        for dtype in dtypes:
+            w = make_weights(shape, dtype == "fp8", device)
+            for m in tqdm(batches, desc=f"sweep {shape_key} {dtype}"):
+                x, topk = make_batch(shape, m, device)
+                args = moe_args(shape, w, x, topk)
+                t_two = triton.testing.do_bench_cudagraph(lambda: fused_experts(**args), rep=100)
+                shipped = get_mega_config(m, shape.experts, shape.top_k, dtype == "fp8")
+                want = mega_fused_experts(**args, num_sms=budget, config=shipped)
+                for name, make in SWEEP.items():
+                    cfg = make(shipped)
+                    out = torch.full_like(x, float("nan"))
+                    info: list[MegaMoELaunch] = []
+                    mega_fused_experts(**args, num_sms=budget, out=out, config=cfg, launch_info=info)
+                    info[-1].check()
+                    same = torch.equal(out, want)
+                    t = triton.testing.do_bench_cudagraph(
+                        lambda: mega_fused_experts(**args, num_sms=budget, out=out, config=cfg), rep=100
+                    )
+                    rows.append((shape_key, dtype, m, name, same, t_two * 1e3, t * 1e3, t_two / t))
+            del w
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -212,10 +216,11 @@ def main() -> None:
         f"(SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS={envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.get()})"
     )
     if args.sweep:
-        srows = sweep_rows([int(b) for b in args.sweep.split(",")], args.dtypes.split(","), device, budget)
-        print(f"\n{'dtype':<5} {'M':>4} {'variant':<34} {'2-launch us':>11} {'mega us':>8} {'speedup':>7}")
-        for d, m, name, t2, tm, ratio in srows:
-            print(f"{d:<5} {m:>4} {name:<34} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x")
+        batches = [int(b) for b in args.sweep.split(",")]
+        srows = sweep_rows(args.shapes.split(","), batches, args.dtypes.split(","), device, budget)
+        print(f"\n{'shape':<5} {'dtype':<5} {'M':>4} {'variant':<24} {'same':>5} {'2-launch us':>11} {'mega us':>8} {'speedup':>7}")
+        for sk, d, m, name, same, t2, tm, ratio in srows:
+            print(f"{sk:<5} {d:<5} {m:>4} {name:<24} {same!s:>5} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x")
         return
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
@@ -239,7 +244,7 @@ def main() -> None:
     rrows = robustness_rows(args.launches, device, physical, budget)
     print(f"\n{'design':<34} {'grid':>5} {'held SMs':>8} {'launches':>8} {'timeouts':>8} {'wrong':>5}")
     for name, grid, held, n, to, bad in rrows:
-        print(f"{name:<34} {grid:>5} {held:>8} {n:>8} {to:>8} {bad:>5}")
+        print(f"{name:<26} {grid:>5} {held:>8} {n:>8} {to:>8} {bad:>5}")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def get_mega_config(num_tokens: int, num_experts: int, top_k: int, fp8: bool) ->
         if rows < 0.5:
             return MegaMoEConfig(16, 32, 64, 128, 4, 4, 4)
         if rows <= 16:
-            return MegaMoEConfig(16, 32, 128, 128, 4, 4, 3)
+            return MegaMoEConfig(16, 32, 128, 128, 4, 5, 3)
         if rows <= 48:
             return MegaMoEConfig(32, 64, 128, 128, 4, 3, 2)
         return MegaMoEConfig(64, 64, 128, 128, 8, 3, 1)

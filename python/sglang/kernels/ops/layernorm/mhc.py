@@ -13,9 +13,12 @@ Shapes: the residual is ``[T, hc, H]`` (hc = hc_mult streams), a sublayer works 
 * head: like pre with only the sigmoid weights (no post/comb, no Sinkhorn).
 
 Backends (``_backend``): CPU tensors take torch. CUDA tensors take, by ``SGLANG_MHC_BACKEND``
-(default ``auto``), TileLang (``mhc_tilelang.py``) when ``tilelang`` imports, else Triton, else
-torch; an explicit ``tilelang`` / ``triton`` that cannot be honoured raises instead of silently
-running something else. The choice and its reason are logged once. TileLang covers pre and fused
+(default ``auto``), Triton, else TileLang (``mhc_tilelang.py``) when ``tilelang`` imports, else
+torch. ``auto`` prefers Triton because it measured 1.2-1.9x faster than TileLang at every token
+count up to 512 on an H200 (``scripts/bench_mhc.py``, docs/performance.md); TileLang is faster
+only on 4096-token prefill chunks (by up to 18%), so it is an explicit choice. An explicit
+``tilelang`` / ``triton`` that cannot be honoured raises instead of silently running something
+else. The choice and its reason are logged once. TileLang covers pre and fused
 post+pre (the per-sublayer kernels); a lone post (once per forward) runs on Triton.
 
 Symmetric memory: ``layer_input`` feeds the MoE, whose in-place runner then hands the same storage
@@ -220,15 +223,16 @@ def select_backend(residual: torch.Tensor) -> tuple[Backend, str]:
         )
     if requested == "torch":
         return "torch", f"{_ENV}=torch"
+    if requested == "auto" and _HAS_TRITON:
+        return "triton", f"{_ENV}=auto: Triton, measured faster than TileLang up to 512 tokens"
     if requested in ("auto", "tilelang"):
         error = _tilelang_import_error()
         if error is None:
-            return "tilelang", f"{_ENV}={requested}, tilelang {_tilelang_version()} imports"
+            why = ", triton does not import," if requested == "auto" else ","
+            return "tilelang", f"{_ENV}={requested}{why} tilelang {_tilelang_version()} imports"
         if requested == "tilelang":
             raise RuntimeError(f"{_ENV}=tilelang but tilelang does not import ({error})")
-        if _HAS_TRITON:
-            return "triton", f"{_ENV}=auto, tilelang does not import ({error})"
-        return "torch", f"{_ENV}=auto, neither tilelang ({error}) nor triton imports"
+        return "torch", f"{_ENV}=auto, neither triton nor tilelang ({error}) imports"
     if not _HAS_TRITON:
         raise RuntimeError(f"{_ENV}=triton but triton does not import")
     return "triton", f"{_ENV}=triton"

@@ -375,7 +375,10 @@ _INTERP_SCRIPT = textwrap.dedent("""
     # (T, H): one split; several splits; >32 splits (two split tiles in the finalize); T = 0.
     cases = [(3, 64, torch.float32), (17, 128, torch.bfloat16), (1, 2560, torch.bfloat16),
              (2, 96, torch.bfloat16), (0, 64, torch.bfloat16)]
-    for t, h, dtype in cases:
+    # Each case with the finalize's row in registers (one pass), then looping over 1024-wide
+    # blocks (the path rows wider than _ONE_PASS_MAX_H take).
+    for one_pass_max_h, (t, h, dtype) in [(m, c) for m in (mhc._ONE_PASS_MAX_H, 0) for c in cases]:
+        mhc._ONE_PASS_MAX_H = one_pass_max_h
         r = (torch.randn(t, 4, h, generator=gen) * 2).to(dtype)
         fn = torch.randn(24, 4 * h, generator=gen) * 0.05
         sc, b = torch.rand(3, generator=gen) + 0.25, torch.randn(24, generator=gen) * 0.5

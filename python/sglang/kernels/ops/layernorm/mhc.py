@@ -538,6 +538,7 @@ if _HAS_TRITON:
         NMIX_PAD: tl.constexpr,
         SPLIT_BLOCK: tl.constexpr,
         BLOCK_H: tl.constexpr,
+        ONE_PASS: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, 4)
@@ -586,29 +587,48 @@ if _HAS_TRITON:
         tl.store(comb_ptr + t * 16 + ij, c)
 
         out_ty = out_ptr.dtype.element_ty
-        ysq = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for h0 in range(0, H, BLOCK_H):
-            offs = h0 + tl.arange(0, BLOCK_H)
+        if ONE_PASS:
+            # The whole row in registers: every load in flight at once and no re-read for the
+            # norm (a token's row is 4*H values; BLOCK_H >= H).
+            offs = tl.arange(0, BLOCK_H)
             mask = offs < H
             rb = tl.load(
                 res_ptr + t * 4 * H + i[:, None] * H + offs[None, :], mask=mask[None, :], other=0.0
             )
             y = tl.sum(pre[:, None] * rb.to(tl.float32), axis=0).to(out_ty)
-            tl.store(out_ptr + t * H + offs, y, mask=mask)
             if HAS_NORM:
+                # RMSNorm of the rounded sum, like a separate norm would see it.
                 yf = y.to(tl.float32)
-                ysq += yf * yf
-        if HAS_NORM:
-            # RMSNorm of the stored (rounded) sum, like a separate norm would see it; the second
-            # pass re-reads this program's own stores, hence the barrier.
-            rn = 1.0 / tl.sqrt(tl.sum(ysq, axis=0) / H + norm_eps)
-            tl.debug_barrier()
+                rn = 1.0 / tl.sqrt(tl.sum(yf * yf, axis=0) / H + norm_eps)
+                w = tl.load(norm_w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                y = (yf * rn * w).to(out_ty)
+            tl.store(out_ptr + t * H + offs, y, mask=mask)
+        else:
+            ysq = tl.zeros([BLOCK_H], dtype=tl.float32)
             for h0 in range(0, H, BLOCK_H):
                 offs = h0 + tl.arange(0, BLOCK_H)
                 mask = offs < H
-                y = tl.load(out_ptr + t * H + offs, mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(norm_w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                tl.store(out_ptr + t * H + offs, (y * rn * w).to(out_ty), mask=mask)
+                rb = tl.load(
+                    res_ptr + t * 4 * H + i[:, None] * H + offs[None, :],
+                    mask=mask[None, :],
+                    other=0.0,
+                )
+                y = tl.sum(pre[:, None] * rb.to(tl.float32), axis=0).to(out_ty)
+                tl.store(out_ptr + t * H + offs, y, mask=mask)
+                if HAS_NORM:
+                    yf = y.to(tl.float32)
+                    ysq += yf * yf
+            if HAS_NORM:
+                # RMSNorm of the stored (rounded) sum, like a separate norm would see it; the second
+                # pass re-reads this program's own stores, hence the barrier.
+                rn = 1.0 / tl.sqrt(tl.sum(ysq, axis=0) / H + norm_eps)
+                tl.debug_barrier()
+                for h0 in range(0, H, BLOCK_H):
+                    offs = h0 + tl.arange(0, BLOCK_H)
+                    mask = offs < H
+                    y = tl.load(out_ptr + t * H + offs, mask=mask, other=0.0).to(tl.float32)
+                    w = tl.load(norm_w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                    tl.store(out_ptr + t * H + offs, (y * rn * w).to(out_ty), mask=mask)
 
     @triton.jit
     def _post_kernel(
@@ -656,6 +676,7 @@ if _HAS_TRITON:
         )
 
 
+_ONE_PASS_MAX_H = 8192
 _TARGET_PROGRAMS = 256  # ~2 per SM on an H200: enough splits that small T still fills the GPU
 
 
@@ -731,6 +752,10 @@ def _launch_pre(
     )
     src = new_residual if fuse else residual
     has_norm = norm_weight is not None
+    # Rows up to _ONE_PASS_MAX_H are finalised in registers in one pass (enough warps to keep
+    # about 64 fp32 values a thread); wider rows loop over 1024-wide blocks.
+    one_pass = h <= _ONE_PASS_MAX_H
+    block_h = triton.next_power_of_2(h) if one_pass else 1024
     _pre_finalize_kernel[(t,)](
         part,
         sq,
@@ -751,8 +776,9 @@ def _launch_pre(
         HAS_NORM=has_norm,
         NMIX_PAD=NMIX_PAD,
         SPLIT_BLOCK=min(32, max(2, triton.next_power_of_2(n_splits))),
-        BLOCK_H=min(1024, triton.next_power_of_2(h)),
-        num_warps=4,
+        BLOCK_H=block_h,
+        ONE_PASS=one_pass,
+        num_warps=max(4, min(16, block_h // 512)) if one_pass else 4,
     )
     return post, comb
 

@@ -376,9 +376,10 @@ _INTERP_SCRIPT = textwrap.dedent("""
     cases = [(3, 64, torch.float32), (17, 128, torch.bfloat16), (1, 2560, torch.bfloat16),
              (2, 96, torch.bfloat16), (0, 64, torch.bfloat16)]
     # Each case with the finalize's row in registers (one pass), then looping over 1024-wide
-    # blocks (the path rows wider than _ONE_PASS_MAX_H take).
+    # blocks (the path of larger batches and of rows wider than _ONE_PASS_MAX_H).
     for one_pass_max_h, (t, h, dtype) in [(m, c) for m in (mhc._ONE_PASS_MAX_H, 0) for c in cases]:
         mhc._ONE_PASS_MAX_H = one_pass_max_h
+        assert t <= mhc._ONE_PASS_MAX_T
         r = (torch.randn(t, 4, h, generator=gen) * 2).to(dtype)
         fn = torch.randn(24, 4 * h, generator=gen) * 0.05
         sc, b = torch.rand(3, generator=gen) + 0.25, torch.randn(24, generator=gen) * 0.5

@@ -677,6 +677,7 @@ if _HAS_TRITON:
 
 
 _ONE_PASS_MAX_H = 8192
+_ONE_PASS_MAX_T = 256
 _TARGET_PROGRAMS = 256  # ~2 per SM on an H200: enough splits that small T still fills the GPU
 
 
@@ -752,9 +753,11 @@ def _launch_pre(
     )
     src = new_residual if fuse else residual
     has_norm = norm_weight is not None
-    # Rows up to _ONE_PASS_MAX_H are finalised in registers in one pass (enough warps to keep
-    # about 64 fp32 values a thread); wider rows loop over 1024-wide blocks.
-    one_pass = h <= _ONE_PASS_MAX_H
+    # Decode-sized batches finalise each row in registers in one pass (enough warps to keep about
+    # 64 fp32 values a thread): 7-11% faster per call at T <= 64 on an H200. From T = 512 the
+    # 4-warp loop over 1024-wide blocks was 0-4% faster (more programs resident), and it takes
+    # rows wider than _ONE_PASS_MAX_H (docs/performance.md, scripts/bench_mhc.py).
+    one_pass = h <= _ONE_PASS_MAX_H and t <= _ONE_PASS_MAX_T
     block_h = triton.next_power_of_2(h) if one_pass else 1024
     _pre_finalize_kernel[(t,)](
         part,

@@ -7,6 +7,9 @@ its largest difference from the torch reference, and the TileLang/Triton time ra
 ``SGLANG_MHC_BACKEND=auto`` should prefer is decided from this table.
 
 Usage: python scripts/bench_mhc.py [--hidden 4096,7168] [--tokens 1,8,64,512,4096]
+       python scripts/bench_mhc.py --profile [--backend triton] [--hidden 7168] [--tokens 1]
+(``--profile``: each kernel's own GPU time per call, from the torch profiler, beside the
+graph-replay time, to show where a call's time goes.)
 """
 
 from __future__ import annotations
@@ -71,6 +74,38 @@ def time_us(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=100) * 1e3
 
 
+def profile_rows(backend: str, hidden: list[int], tokens: list[int], calls: int = 50) -> None:
+    """Per-kernel GPU time per call (eager calls under the torch profiler) against the graph-replay
+    time of the whole call; the difference is launch gaps and idle time between the kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    mhc.reset_backend_selection()
+    with envs.SGLANG_MHC_BACKEND.override(backend):
+        for h in hidden:
+            for t in tokens:
+                a = inputs(t, h)
+                for op, run in {"pre": run_pre, "fused": run_fused}.items():
+                    replay = time_us(lambda run=run, a=a: run(a))
+                    torch.cuda.synchronize()
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        for _ in range(calls):
+                            run(a)
+                        torch.cuda.synchronize()
+                    kernels = [
+                        e
+                        for e in prof.key_averages()
+                        if e.device_type == torch.autograd.DeviceType.CUDA
+                    ]
+                    total = sum(e.self_device_time_total for e in kernels) / calls
+                    print(
+                        f"\n{backend} {op} H={h} T={t}: graph replay {replay:.1f} us, kernels {total:.1f} us"
+                    )
+                    for e in sorted(kernels, key=lambda e: -e.self_device_time_total):
+                        per_call = e.self_device_time_total / calls
+                        print(f"  {per_call:8.2f} us  x{e.count / calls:.0f}  {e.key[:90]}")
+    mhc.reset_backend_selection()
+
+
 def available_backends() -> list[str]:
     backends = ["torch", "triton"]
     try:
@@ -86,8 +121,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--hidden", default="4096,7168")
     parser.add_argument("--tokens", default="1,8,64,512,4096")
+    parser.add_argument("--profile", action="store_true", help="per-kernel times instead")
+    parser.add_argument("--backend", default="triton", help="the backend --profile looks at")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the torch reference must be true fp32
+    if args.profile:
+        hidden = [int(h) for h in args.hidden.split(",")]
+        profile_rows(args.backend, hidden, [int(t) for t in args.tokens.split(",")])
+        return
     backends = available_backends()
     ops = {"pre": run_pre, "fused": run_fused}
     print(f"{torch.cuda.get_device_name()}, bf16 residual, hc={HC}, CUDA-graph replay")

@@ -11,8 +11,13 @@ Three tables:
    status checked), and the forced whole-grid barrier variant on a full grid and on the budget,
    which must give the bounded-wait error (not a hang) where not all CTAs can be resident.
 
+With ``--sweep M,M,...`` it prints only a tuning table instead: each variant in ``SWEEP`` of the
+shipped per-M tile config, its time and speed-up, and whether its output equals the shipped
+config's bit for bit (the variants change scheduling, not the maths).
+
 Usage: python scripts/bench_mega_moe.py [--shapes dsv4,k3] [--dtypes bf16,fp8]
        [--batches 1,2,4,8,16,32,64,128,256,512] [--launches 1000] [--skip-robustness]
+       python scripts/bench_mega_moe.py --sweep 1,8,32,128 [--shapes dsv4] [--dtypes fp8]
 """
 
 from __future__ import annotations

@@ -30,13 +30,14 @@ class GrowableRows:
             return
         need = self.n + m
         if need > self.buf.shape[0]:
-            cap = self.buf.shape[0]
-            while cap < need:
-                cap *= 2
-            grown = torch.empty(
-                cap, self.buf.shape[1], dtype=self.buf.dtype, device=self.buf.device
-            )
-            grown[: self.n] = self.buf[: self.n]
-            self.buf = grown
+            self._grow(need)
         self.buf[self.n : need] = rows.to(self.buf.dtype)
         self.n = need
+
+    def _grow(self, need: int) -> None:
+        cap = self.buf.shape[0]
+        while cap < need:
+            cap *= 2
+        grown = torch.empty(cap, self.buf.shape[1], dtype=self.buf.dtype, device=self.buf.device)
+        grown[: self.n] = self.buf[: self.n]
+        self.buf = grown

@@ -205,19 +205,20 @@ def test_tilelang_backend_routes_pre_and_fused_with_symmetric_layer_input(
         return torch.zeros(t, 4), torch.zeros(t, 4, 4)
 
     def fake_fused(
-        x_: torch.Tensor,
         residual: torch.Tensor,
+        x_: torch.Tensor,
         post: torch.Tensor,
         comb: torch.Tensor,
+        new_residual: torch.Tensor,
         fn: torch.Tensor,
         scale: torch.Tensor,
         base: torch.Tensor,
         out: torch.Tensor,
         **kw: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         calls.append("fused")
         out.fill_(2.0)
-        return torch.empty_like(residual), torch.zeros(t, 4), torch.zeros(t, 4, 4)
+        return torch.zeros(t, 4), torch.zeros(t, 4, 4)
 
     monkeypatch.setattr(mhc_tilelang, "mhc_pre_tilelang", fake_pre)
     monkeypatch.setattr(mhc_tilelang, "mhc_fused_post_pre_tilelang", fake_fused)

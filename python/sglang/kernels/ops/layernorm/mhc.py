@@ -339,18 +339,17 @@ def mhc_fused_post_pre(
         _norm_eps(norm_eps)
     backend = _backend(residual)
     if backend != "torch":
-        t, _hc, h = _check_shapes(residual, fn, _n_mix(residual))
+        t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
         out = _alloc_layer_input(t, h, residual.dtype, residual.device)
-        kernel = (
-            mhc_tilelang.mhc_fused_post_pre_tilelang
-            if backend == "tilelang"
-            else _mhc_fused_post_pre_triton
-        )
-        new_residual, post_next, comb_next = kernel(
-            x,
+        residual = residual.contiguous()
+        new_residual = torch.empty_like(residual)  # an ordinary allocation, like every residual
+        kernel = mhc_tilelang.mhc_fused_post_pre_tilelang if backend == "tilelang" else _launch_pre
+        post_next, comb_next = kernel(
             residual,
-            post,
-            comb,
+            x.contiguous(),
+            post.reshape(t, hc).float().contiguous(),
+            comb.reshape(t, hc, hc).float().contiguous(),
+            new_residual,
             fn,
             scale,
             base,
@@ -816,46 +815,6 @@ def _mhc_pre_triton(
         norm_weight=norm_weight,
         norm_eps=norm_eps,
     )
-
-
-def _mhc_fused_post_pre_triton(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    post: torch.Tensor,
-    comb: torch.Tensor,
-    fn: torch.Tensor,
-    scale: torch.Tensor,
-    base: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None = None,
-    norm_eps: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton post + next pre, layer input into ``out``
-    -> (new_residual, post_next, comb_next)."""
-    residual = residual.contiguous()
-    t, hc, _h = residual.shape
-    new_residual = torch.empty_like(residual)
-    post_next, comb_next = _launch_pre(
-        residual,
-        x.contiguous(),
-        post.reshape(t, hc).float().contiguous(),
-        comb.reshape(t, hc, hc).float().contiguous(),
-        new_residual,
-        fn,
-        scale,
-        base,
-        out,
-        rms_eps=rms_eps,
-        hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters,
-        norm_weight=norm_weight,
-        norm_eps=norm_eps,
-    )
-    return new_residual, post_next, comb_next
 
 
 def _mhc_post_triton(

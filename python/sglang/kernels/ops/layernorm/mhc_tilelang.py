@@ -480,10 +480,11 @@ def mhc_pre_tilelang(
 
 
 def mhc_fused_post_pre_tilelang(
-    x: torch.Tensor,
     residual: torch.Tensor,
+    x: torch.Tensor,
     post: torch.Tensor,
     comb: torch.Tensor,
+    new_residual: torch.Tensor,
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
@@ -494,20 +495,13 @@ def mhc_fused_post_pre_tilelang(
     sinkhorn_iters: int,
     norm_weight: torch.Tensor | None = None,
     norm_eps: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """TileLang post + next pre, layer input into ``out``
-    -> (new_residual, post_next, comb_next); the new residual is an ordinary allocation."""
-    residual = residual.contiguous()
-    t, hc, _ = residual.shape
-    new_residual = torch.empty_like(residual)
-    post_next, comb_next = _launch(
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TileLang post (into ``new_residual``) + next pre (layer input into ``out``)
+    -> (post_next, comb_next). Inputs as ``mhc.mhc_fused_post_pre`` prepares them: contiguous,
+    post [T, hc] and comb [T, hc, hc] fp32 (the same arguments as the Triton ``_launch_pre``)."""
+    return _launch(
         residual,
-        (
-            x.contiguous(),
-            post.reshape(t, hc).float().contiguous(),
-            comb.reshape(t, hc, hc).float().contiguous(),
-            new_residual,
-        ),
+        (x, post, comb, new_residual),
         fn,
         scale,
         base,
@@ -518,4 +512,3 @@ def mhc_fused_post_pre_tilelang(
         norm_weight=norm_weight,
         norm_eps=norm_eps,
     )
-    return new_residual, post_next, comb_next

@@ -107,14 +107,10 @@ def profile_rows(backend: str, hidden: list[int], tokens: list[int], calls: int 
 
 
 def available_backends() -> list[str]:
-    backends = ["torch", "triton"]
-    try:
-        import tilelang  # noqa: F401
-
-        backends.append("tilelang")
-    except Exception as exc:  # noqa: BLE001 - a broken install raises more than ImportError
-        print(f"tilelang does not import ({type(exc).__name__}: {exc}): its columns are empty")
-    return backends
+    error = mhc._tilelang_import_error()
+    if error is not None:
+        print(f"tilelang does not import ({error}): its columns are empty")
+    return ["torch", "triton"] + ([] if error else ["tilelang"])
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from sglang.kernels.ops.grid_barrier import barrier_occupancy, run_trial
 from sglang.srt.environ import envs
-from sglang.srt.layers.moe.mega_moe import mega_moe_sm_budget
+from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ from sglang.kernels.ops.moe.mega_moe_triton import (
 )
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.layers.moe.mega_moe import mega_moe_sm_budget
+from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.test.sm_holder import cupy_available, hold_sms
 from tqdm import tqdm

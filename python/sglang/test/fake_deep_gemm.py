@@ -1,8 +1,10 @@
 """A stand-in for the DeepGEMM module that records how the engine drives it.
 
-DeepGEMM's kernels cannot run on every machine (its wheels are built for one torch), so the call
-sites are tested against this fake: it keeps a process-wide SM count like the real module and
-logs every call in order.
+DeepGEMM's kernels cannot run on every machine (its wheels are built for one torch, and need a
+GPU), so the call sites are tested on CPU against this fake: it keeps a process-wide SM count like
+the real module and logs every call in order. Its public functions carry the names and
+signatures of sgl-deep-gemm 0.1.5.post1; ``test_deep_gemm_real_gpu.py`` checks them against the
+real module on the H200, so the fake cannot drift from it.
 """
 
 from __future__ import annotations
@@ -22,13 +24,9 @@ class FakeSymmBuffer:
 @dataclass
 class FakeDeepGemm:
     num_sms: int = 132
-    buffer_uses_num_sms: bool = True
     calls: list[tuple[str, Any]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def MEGA_MOE_BUFFER_USES_NUM_SMS(self) -> bool:
-        return self.buffer_uses_num_sms
+    __version__: str = "0.1.5.post1"
 
     def _record(self, name: str, value: Any = None) -> None:
         with self._lock:
@@ -44,9 +42,14 @@ class FakeDeepGemm:
     def set_calls(self) -> list[int]:
         return [value for name, value in self.calls if name == "set_num_sms"]
 
-    def get_symm_buffer_for_mega_moe(self, *args: Any, **kwargs: Any) -> FakeSymmBuffer:
+    def get_symm_buffer_for_mega_moe(
+        self, group: Any, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
+        hidden: int, intermediate_hidden: int, use_fp8_dispatch: bool | None = None,
+        mma_type: str = "fp8xfp4", activation: str = "swiglu",
+    ) -> FakeSymmBuffer:  # fmt: skip
         self._record("get_symm_buffer_for_mega_moe", self.num_sms)
-        return FakeSymmBuffer(args, kwargs, self.num_sms)
+        args = (group, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden)
+        return FakeSymmBuffer(args, {"mma_type": mma_type, "activation": activation}, self.num_sms)
 
 
 def _dequant_act(a: Any) -> Any:
@@ -68,7 +71,12 @@ def _dequant_weight(w: Any) -> Any:
 
 class FakeDeepGemmGemms(FakeDeepGemm):
     """Adds DeepGEMM's grouped GEMMs and MegaMoE entry points, computed in torch, so runner
-    layouts (contiguous ``m_indices``, masked ``masked_m``) are checked for real."""
+    layouts (contiguous ``grouped_layout``, masked ``masked_m``) are checked for real. ``arch``
+    is the compute capability the fake pretends to run on (its MegaMoE buffer differs)."""
+
+    def __init__(self, num_sms: int = 132, arch: int = 100) -> None:
+        super().__init__(num_sms=num_sms)
+        self.arch = arch
 
     def get_mk_alignment_for_contiguous_layout(self) -> int:
         return 128
@@ -86,60 +94,137 @@ class FakeDeepGemmGemms(FakeDeepGemm):
             m = int(masked_m[e])
             out[e, :m] = (lhs[e, :m] @ rhs[e].T).to(out.dtype)
 
-    def m_grouped_bf16_gemm_nt_contiguous(self, a: Any, w: Any, out: Any, m_indices: Any) -> None:
+    def m_grouped_bf16_gemm_nt_contiguous(
+        self, a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: str = "nk",
+        use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+        expected_m_for_psum_layout: Any = None,
+    ) -> None:  # fmt: skip
         self._record("m_grouped_bf16_gemm_nt_contiguous", self.num_sms)
-        self._contiguous(a, w, out, m_indices)
+        self._contiguous(a, b, d, grouped_layout)
 
-    def m_grouped_fp8_gemm_nt_contiguous(self, a: Any, w: Any, out: Any, m_indices: Any) -> None:
-        self._record("m_grouped_fp8_gemm_nt_contiguous", self.num_sms)
-        self._contiguous(a, w, out, m_indices)
+    def m_grouped_fp8_fp4_gemm_nt_contiguous(
+        self, a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any = None, recipe_a: Any = None,
+        recipe_b: Any = None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
+        use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+        expected_m_for_psum_layout: Any = None,
+    ) -> None:  # fmt: skip
+        self._record("m_grouped_fp8_fp4_gemm_nt_contiguous", self.num_sms)
+        self._contiguous(a, b, d, grouped_layout)
 
-    def m_grouped_bf16_gemm_nt_masked(self, a: Any, w: Any, out: Any, masked_m: Any, expected_m: int) -> None:
+    m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
+
+    def m_grouped_bf16_gemm_nt_masked(
+        self, a: Any, b: Any, d: Any, masked_m: Any, expected_m: int, compiled_dims: str = "nk"
+    ) -> None:
         self._record("m_grouped_bf16_gemm_nt_masked", self.num_sms)
-        self._masked(a, w, out, masked_m, expected_m)
+        self._masked(a, b, d, masked_m, expected_m)
 
-    def m_grouped_fp8_gemm_nt_masked(self, a: Any, w: Any, out: Any, masked_m: Any, expected_m: int) -> None:
-        self._record("m_grouped_fp8_gemm_nt_masked", self.num_sms)
-        self._masked(a, w, out, masked_m, expected_m)
+    def m_grouped_fp8_fp4_gemm_nt_masked(
+        self, a: Any, b: Any, d: Any, masked_m: Any, expected_m: int, recipe: Any = None,
+        recipe_a: Any = None, recipe_b: Any = None, compiled_dims: str = "nk",
+        disable_ue8m0_cast: bool = False,
+    ) -> None:  # fmt: skip
+        self._record("m_grouped_fp8_fp4_gemm_nt_masked", self.num_sms)
+        self._masked(a, b, d, masked_m, expected_m)
+
+    fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
 
     # MegaMoE: the fake kernel records the SM count it ran with. Given built weights it computes
     # the routed experts from the transformed layout; given placeholder (empty) weights it only
     # fills the output with 1.0, for the tests that check the call order alone.
-    def fp8_fp4_mega_moe(self, y: Any, l1: Any, l2: Any, buf: Any, **kwargs: Any) -> None:
+    def fp8_fp4_mega_moe(
+        self, y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
+        cumulative_local_expert_recv_stats: Any = None, recipe: Any = (1, 1, 32),
+        activation: str = "swiglu", activation_clamp: float | None = None, fast_math: bool = True,
+    ) -> None:  # fmt: skip
+        kwargs = {"recipe": recipe, "activation": activation, "fast_math": fast_math}
+        if activation_clamp is not None:
+            kwargs["activation_clamp"] = activation_clamp
         self._record("fp8_fp4_mega_moe", (self.num_sms, kwargs))
-        if l1[0].numel() == 0:
+        if l1_weights[0].numel() == 0:
             y.fill_(1.0)
             return
         from sglang.test.fake_mega_moe_kernel import reference_mega_moe
 
         reference_mega_moe(
-            y, l1, l2, buf, activation=kwargs.get("activation", "swiglu"),
-            activation_clamp=kwargs.get("activation_clamp"),
+            y, l1_weights, l2_weights, sym_buffer, activation=activation,
+            activation_clamp=activation_clamp,
         )  # fmt: skip
 
-    def transform_sf_into_required_layout(self, sf: Any, mn: int, k: int, **kwargs: Any) -> Any:
+    def transform_sf_into_required_layout(
+        self, sf: Any, mn: int, k: int, recipe: Any, num_groups: int | None = None,
+        is_sfa: bool | None = None, disable_ue8m0_cast: bool = False,
+    ) -> Any:  # fmt: skip
         from sglang.test.fake_mega_moe_kernel import fake_transform_sf_into_required_layout
 
         self._record("transform_sf_into_required_layout", (tuple(sf.shape), mn, k))
-        return fake_transform_sf_into_required_layout(sf, mn, k, **kwargs)
+        return fake_transform_sf_into_required_layout(
+            sf, mn, k, recipe=recipe, num_groups=num_groups, is_sfa=is_sfa
+        )
 
-    def fp8_mega_moe(self, y: Any, l1: Any, l2: Any, buf: Any, **kwargs: Any) -> None:
+    def transform_weights_for_mega_moe_sm90(self, l1_weights: Any, l2_weights: Any) -> Any:
+        from sglang.srt.layers.moe.mega_moe_weights import interleave_gate_up
+
+        self._record("transform_weights_for_mega_moe_sm90", None)
+        return (interleave_gate_up(l1_weights[0]), l1_weights[1]), l2_weights
+
+    def fp8_mega_moe(
+        self, y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
+        cumulative_local_expert_recv_stats: Any = None, recipe: Any = (128, 128, 128),
+        activation: str = "swiglu", activation_clamp: float | None = None, fast_math: bool = True,
+    ) -> None:  # fmt: skip
+        kwargs = {"recipe": recipe, "activation": activation, "fast_math": fast_math}
+        if activation_clamp is not None:
+            kwargs["activation_clamp"] = activation_clamp
         self._record("fp8_mega_moe", (self.num_sms, kwargs))
-        y.fill_(2.0)
+        if l1_weights[0].numel() == 0:
+            y.fill_(2.0)
+            return
+        from sglang.test.fake_mega_moe_kernel import reference_sm90_mega_moe
 
-    def mega_moe_pre_dispatch_sm90(self, *args: Any, **kwargs: Any) -> None:
+        reference_sm90_mega_moe(y, l1_weights, l2_weights, sym_buffer, activation_clamp=activation_clamp)
+
+    def mega_moe_pre_dispatch_sm90(
+        self, x: Any, topk_idx: Any, topk_weights: Any, buf_x: Any, buf_x_sf: Any,
+        buf_topk_idx: Any, buf_topk_weights: Any, num_tokens: int, group_size: int = 128,
+        routed_scaling_factor: float = 1.0,
+    ) -> None:  # fmt: skip
+        """As the real kernel: bf16 x, int32 ids; fp32 scale ``max(amax, 1e-10) / 448`` per 128
+        values; ids widened to int64; rows past ``num_tokens`` get id -1, weight 0."""
+        import torch
+
         self._record("mega_moe_pre_dispatch_sm90", self.num_sms)
+        assert x.dtype == torch.bfloat16 and topk_idx.dtype == torch.int32 and group_size == 128
+        t, hidden = x.shape
+        groups = x[:num_tokens].float().view(num_tokens, hidden // 128, 128)
+        scale = groups.abs().amax(-1).clamp_min(1e-10) / 448.0
+        buf_x[:num_tokens] = (groups / scale.unsqueeze(-1)).view(num_tokens, hidden).to(buf_x.dtype)
+        buf_x_sf[:num_tokens] = scale
+        buf_topk_idx[:num_tokens] = topk_idx[:num_tokens].long()
+        buf_topk_weights[:num_tokens] = topk_weights[:num_tokens] * routed_scaling_factor
+        buf_topk_idx[num_tokens:] = -1
+        buf_topk_weights[num_tokens:] = 0.0
 
-    def get_symm_buffer_for_mega_moe(self, *args: Any, **kwargs: Any) -> Any:
+    def get_symm_buffer_for_mega_moe(  # type: ignore[override]
+        self, group: Any, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
+        hidden: int, intermediate_hidden: int, use_fp8_dispatch: bool | None = None,
+        mma_type: str = "fp8xfp4", activation: str = "swiglu",
+    ) -> Any:  # fmt: skip
         import torch
 
         self._record("get_symm_buffer_for_mega_moe", self.num_sms)
-        _, num_experts, cap, topk, hidden, _inter = args
+        cap = num_max_tokens_per_rank
+        # Hopper stages fp32 scales per 128 values; Blackwell packs four UE8M0 bytes an int32.
+        x_sf = (
+            torch.full((cap, hidden // 128), -7.0)
+            if self.arch < 100
+            else torch.full((cap, hidden // 128), -7, dtype=torch.int32)
+        )
         return FakeMegaBuffer(
             x=torch.full((cap, hidden), float("nan")).to(torch.float8_e4m3fn),
-            x_sf=torch.full((cap, hidden // 128), -7, dtype=torch.int32),
-            topk_idx=torch.full((cap, topk), 99, dtype=torch.int64),
-            topk_weights=torch.full((cap, topk), 5.0),
+            x_sf=x_sf,
+            topk_idx=torch.full((cap, num_topk), 99, dtype=torch.int64),
+            topk_weights=torch.full((cap, num_topk), 5.0),
             num_experts=num_experts,
         )
 

@@ -16,7 +16,7 @@ import torch
 
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe import layer as moe_layer_mod
-from sglang.srt.layers.moe import mega_moe
+from sglang.srt.layers.moe import mega_moe, sm_budget
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.mega_moe_weights import (
     MegaWeights,
@@ -41,9 +41,7 @@ _PRE_DISPATCH = mega_moe.mega_moe_pre_dispatch
 
 # One MegaMoE forward on that device, as :meth:`MegaMoERecorder.call_order` lists it.
 MEGA_CALL_ORDER: list[tuple[str, int]] = [
-    ("set_num_sms", 130),  # the buffer is made inside the reserved-SM context
-    ("get_symm_buffer_for_mega_moe", 130),
-    ("set_num_sms", 132),
+    ("get_symm_buffer_for_mega_moe", 132),  # buffer set-up on the original count
     ("pre_dispatch", 132),  # staged on the full SM count, outside the context
     ("set_num_sms", 130),
     ("fp8_fp4_mega_moe", 130),  # only the kernel runs narrowed
@@ -91,9 +89,9 @@ def install_fake_mega_moe(
     # the loaders' post-load MegaMoE weight build sees the same fake
     monkeypatch.setattr(mega_moe_prep, "get_deep_gemm", lambda: dg)
     monkeypatch.setattr(moe_layer_mod, "get_tp_group_or_none", lambda: "ep-group")
-    monkeypatch.setattr(
-        mega_moe, "device_sm_info", lambda device=None: DeviceSMInfo(0, _NUM_SMS, (10, 0))
-    )
+    blackwell = lambda device=None: DeviceSMInfo(0, _NUM_SMS, (10, 0))  # noqa: E731
+    monkeypatch.setattr(mega_moe, "device_sm_info", blackwell)
+    monkeypatch.setattr(sm_budget, "device_sm_info", blackwell)
     monkeypatch.setattr(
         mega_moe, "mega_moe_pre_dispatch", rec.pre_dispatch(mega_moe.mega_moe_pre_dispatch)
     )

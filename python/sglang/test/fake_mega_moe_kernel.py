@@ -105,3 +105,36 @@ def reference_mega_moe(
         # the top-k weight multiplies the intermediate before L2, as in the kernel
         out.index_add_(0, token, (inner * weights[token, slot, None]) @ w2[e].T)
     y.copy_(out.to(y.dtype))
+
+
+def reference_sm90_mega_moe(
+    y: Tensor,
+    l1: tuple[Tensor, Tensor],
+    l2: tuple[Tensor, Tensor],
+    buf: Any,
+    *,
+    activation_clamp: float | None = None,
+) -> None:
+    """The SM90 ``fp8_mega_moe`` on a one-rank group, in fp32: the staged FP8 rows with their
+    fp32 per-128 scales, FP8 128x128 block weights (gate/up rows interleaved by 8), clamped
+    SwiGLU, top-k weights on the intermediate, summed per token."""
+    experts = unbuild_mega_moe_experts_weights((l1, l2))
+    if experts.fmt != "fp8":
+        raise NotImplementedError("the fake fp8_mega_moe takes FP8 weights only")
+
+    def dequant(q: Tensor, s: Tensor) -> Tensor:
+        full = s.float().repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)
+        return q.float() * full[:, : q.shape[1], : q.shape[2]]
+
+    w13, w2 = dequant(experts.w13, experts.w13_scale), dequant(experts.w2, experts.w2_scale)
+    rows = y.shape[0]
+    x = buf.x[:rows].float() * buf.x_sf[:rows].float().repeat_interleave(128, dim=-1)
+    ids, weights = buf.topk_idx[:rows], buf.topk_weights[:rows].float()
+    out = torch.zeros(rows, w2.shape[1])
+    for e in range(w13.shape[0]):
+        token, slot = (ids == e).nonzero(as_tuple=True)
+        if token.numel() == 0:
+            continue
+        inner = swiglu_torch(x[token] @ w13[e].T, activation_clamp)
+        out.index_add_(0, token, (inner * weights[token, slot, None]) @ w2[e].T)
+    y.copy_(out.to(y.dtype))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang.srt.environ import envs
-from sglang.srt.layers.moe.mega_moe import mega_moe_sm_budget
+from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 

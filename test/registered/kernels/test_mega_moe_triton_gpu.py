@@ -35,7 +35,7 @@ register_cuda_ci(est_time=300)
 
 
 def budget() -> int:
-    from sglang.srt.layers.moe.mega_moe import mega_moe_sm_budget
+    from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 
     return mega_moe_sm_budget() or torch.cuda.get_device_properties(0).multi_processor_count
 

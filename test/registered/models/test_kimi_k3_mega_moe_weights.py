@@ -75,6 +75,8 @@ def test_loader_builds_mega_weights_and_logits_match(monkeypatch: pytest.MonkeyP
         return model.eval()
 
     normal = loaded("none")
+    with torch.no_grad():
+        plain = normal(ids, torch.arange(10))
     rec = install_fake_mega_moe(monkeypatch, cap=16)
     mega = loaded("megamoe")
     moe_layers = [layer.mlp for layer in mega.decoder_layers if isinstance(layer.mlp, KimiK3MoE)]
@@ -87,7 +89,11 @@ def test_loader_builds_mega_weights_and_logits_match(monkeypatch: pytest.MonkeyP
             _kernel_numerics(layer.mlp.experts, monkeypatch)
     with torch.no_grad():
         want = normal(ids, torch.arange(10))
-    assert _rel(got, want) < 1e-2, _rel(got, want)
+    # FP8 e4m3 keeps 3 mantissa bits, so one staged value on the other side of a rounding step
+    # (an fp32 sum-order difference) moves the logits by ~1%; the plain path is ~20% away.
+    tight, loose = _rel(got, want), _rel(got, plain)
+    assert tight < 3e-2 and tight < 0.15 * loose, (tight, loose)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def _symm_mem_state(args: ServerArgs, tp_size: int) -> str:
 def _sm_budget(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
-    from sglang.srt.layers.moe.mega_moe import mega_moe_sm_budget
+    from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 
     return mega_moe_sm_budget(device)
 

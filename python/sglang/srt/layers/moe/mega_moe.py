@@ -1,107 +1,42 @@
-"""MegaMoE: the reserved-SM control and the symmetric-buffer cache.
+"""MegaMoE: DeepGEMM's fused MoE kernels, their symmetric-buffer cache, and the choice between
+DeepGEMM's kernel and our Triton persistent kernel.
 
-DeepGEMM's MegaMoE kernel (``fp8_fp4_mega_moe`` on Blackwell) launches one CTA per SM in clusters
-behind a whole-grid software barrier. If a kernel on another stream holds even one SM, some CTAs
-never become resident and the barrier times out ("grid sync timeout") or hangs. The fix is to
-launch that one kernel on fewer SMs than the GPU has, leaving a margin, and to leave every other
-DeepGEMM call (gate, top-k, buffer set-up, pre-dispatch, other layers) on the original count.
-
-The budget starts from the *physical* SM count (device properties), not from
-``deep_gemm.get_num_sms()``, because other features narrow DeepGEMM's process-wide value.
+DeepGEMM's MegaMoE kernels (``fp8_fp4_mega_moe`` on Blackwell, ``fp8_mega_moe`` on Hopper) are
+whole-grid launches: one CTA per SM behind a software grid barrier. They run inside the
+reserved-SM context of :mod:`sglang.srt.layers.moe.sm_budget`; buffer set-up and pre-dispatch
+keep DeepGEMM's original SM count.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from sglang.srt.environ import envs
-from sglang.srt.layers.deep_gemm_adapter import (
-    DEEP_GEMM_SM_LOCK,
-    mega_moe_buffer_depends_on_num_sms,
-)
+from sglang.srt.layers.deep_gemm_adapter import has_entry_point, resolve_entry_point
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.layers.moe.mega_moe_triton_backend import run_triton_mega_routed, triton_mega_config
+from sglang.srt.layers.moe.moe_runner.base import moe_output_scope
+from sglang.srt.layers.moe.sm_budget import (  # noqa: F401  (the seed's names, importable here)
+    _configure_mega_moe_deep_gemm_num_sms,
+    _mega_moe_max_num_sms,
+    _narrowed_num_sms,
+    mega_moe_sm_budget,
+)
 from sglang.srt.layers.quantization.mxfp4 import UE8M0_BIAS as _UE8M0_BIAS
 from sglang.srt.utils.device import device_sm_info
 from sglang.srt.utils.log import get_logger, log_once
 
 logger = get_logger(__name__)
 
-# DeepGEMM's SM90 MegaMoE does not use the clustered whole-grid launch, so no reservation applies.
-_FIRST_WHOLE_GRID_ARCH = 100
-_MIN_SMS = 2
-
-
-def mega_moe_sm_budget(device: int | torch.device | None = None) -> int | None:
-    """SMs a whole-grid MoE kernel may use on ``device``: physical SMs minus
-    ``SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS``, at least 2, rounded down to even (clustered
-    launches take SMs in pairs). ``None`` when the reserve is 0 (reservation off).
-
-    Independent of architecture, so a whole-grid kernel of our own can be sized by it too."""
-    reserved = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.get()
-    if reserved == 0:
-        return None
-    physical = device_sm_info(device).num_sms
-    budget = max(_MIN_SMS, physical - reserved)
-    return max(_MIN_SMS, budget - budget % 2)
-
-
-def _mega_moe_max_num_sms(device: int | torch.device | None = None) -> int | None:
-    """The SM budget for DeepGEMM's MegaMoE kernel on ``device``, or ``None`` where no
-    reservation applies (reserve 0, or an architecture whose MegaMoE is not a whole-grid launch).
-
-    The physical SM count is cached per device index, so a process that sees GPUs with different
-    SM counts gets the right value for each."""
-    if device_sm_info(device).arch < _FIRST_WHOLE_GRID_ARCH:
-        return None
-    return mega_moe_sm_budget(device)
-
-
-def _narrowed_num_sms(budget: int, current: int) -> int:
-    """``min(budget, current)`` rounded down to even; never above ``current`` (an outer caller
-    may already have narrowed it) and never below 2 (then ``current`` is kept)."""
-    target = min(budget, current)
-    target -= target % 2
-    return target if target >= _MIN_SMS else current
-
-
-@contextmanager
-def _configure_mega_moe_deep_gemm_num_sms(
-    deep_gemm: Any, device: int | torch.device | None = None
-) -> Iterator[int | None]:
-    """Narrow DeepGEMM's SM count for the body only; yields the count in effect.
-
-    Wrap exactly the MegaMoE kernel call. The previous value is restored on every exit, errors
-    included. The body runs under :data:`DEEP_GEMM_SM_LOCK`, so another thread's DeepGEMM call
-    (made through ``deep_gemm_call_guard``) never sees the narrowed value."""
-    budget = _mega_moe_max_num_sms(device)
-    with DEEP_GEMM_SM_LOCK:
-        if budget is None:
-            yield None
-            return
-        previous = int(deep_gemm.get_num_sms())
-        target = _narrowed_num_sms(budget, previous)
-        if target == previous:
-            yield previous
-            return
-        log_once(
-            logger,
-            logging.INFO,
-            f"MegaMoE SM budget: {target} SMs for the kernel (physical "
-            f"{device_sm_info(device).num_sms}, SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS="
-            f"{envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.get()}, DeepGEMM had {previous})",
-        )
-        deep_gemm.set_num_sms(target)
-        try:
-            yield target
-        finally:
-            deep_gemm.set_num_sms(previous)
+_FIRST_BLACKWELL_ARCH = 100
+# DeepGEMM 0.1.5.post1's SM90 fp8_mega_moe: SwiGLU only, intermediate <= 4096, 128-wide tiles.
+SM90_MAX_INTERMEDIATE = 4096
 
 
 # --- symmetric-buffer cache -----------------------------------------------------------------
@@ -109,11 +44,9 @@ def _configure_mega_moe_deep_gemm_num_sms(
 
 @dataclass(frozen=True)
 class MegaMoEBufferKey:
-    """Exactly what decides a MegaMoE symmetric buffer's size and layout.
-
-    ``num_sms`` is set only when the installed DeepGEMM sizes the buffer from its SM count;
-    otherwise changing the reserve must not reallocate (the buffer is a collective allocation
-    over the whole EP group)."""
+    """What decides a MegaMoE symmetric buffer's size and layout, and nothing else: not the SM
+    count, so changing the reserve never reallocates (the buffer is a collective allocation over
+    the whole expert-parallel group)."""
 
     group_id: int
     num_max_tokens_per_rank: int
@@ -123,12 +56,31 @@ class MegaMoEBufferKey:
     intermediate_hidden: int
     activation: str
     mma_type: str
-    num_shared_experts: int = 0
-    num_sms: int | None = None
 
 
 _symm_buffers: dict[MegaMoEBufferKey, tuple[Any, Any]] = {}
 _symm_buffers_lock = threading.RLock()  # held across creation: it is a collective
+_single_rank_group: list[Any] = []
+
+
+def mega_moe_process_group(group: Any) -> Any:
+    """The torch ProcessGroup DeepGEMM's buffer is made over: the TP group's device group, or,
+    with no group (one GPU outside the engine), a one-rank NCCL group of this process."""
+    device_group = getattr(group, "device_group", None)
+    if device_group is not None:
+        return device_group
+    if group is not None:
+        return group  # already a ProcessGroup (or a test's stand-in)
+    if not _single_rank_group:
+        if not dist.is_initialized():
+            dist.init_process_group(
+                "nccl", store=dist.HashStore(), rank=0, world_size=1,
+                device_id=torch.device("cuda", torch.cuda.current_device()),
+            )  # fmt: skip
+        if dist.get_world_size() != 1:
+            raise RuntimeError("MegaMoE without a TP group needs a one-process torch.distributed world")
+        _single_rank_group.append(dist.group.WORLD)
+    return _single_rank_group[0]
 
 
 def _get_mega_moe_symm_buffer(
@@ -142,56 +94,24 @@ def _get_mega_moe_symm_buffer(
     intermediate_hidden: int,
     activation: str = "swiglu",
     mma_type: str = "fp8xfp4",
-    num_shared_experts: int = 0,
-    device: int | torch.device | None = None,
 ) -> Any:
-    """The cached ``deep_gemm.get_symm_buffer_for_mega_moe`` buffer for these parameters.
-
-    When the installed DeepGEMM sizes the buffer from its SM count, the buffer is created inside
-    the reserved-SM context and keyed on the effective count, so a buffer is never used with a
-    count it was not sized for. Otherwise it is created on the original count and shared across
-    reserve settings."""
-
-    def make_key(num_sms: int | None) -> MegaMoEBufferKey:
-        return MegaMoEBufferKey(
-            group_id=id(group),
-            num_max_tokens_per_rank=num_max_tokens_per_rank,
-            num_experts=num_experts,
-            num_topk=num_topk,
-            hidden=hidden,
-            intermediate_hidden=intermediate_hidden,
-            activation=activation,
-            mma_type=mma_type,
-            num_shared_experts=num_shared_experts,
-            num_sms=num_sms,
-        )
-
-    def create() -> Any:
-        return deep_gemm.get_symm_buffer_for_mega_moe(
-            group,
-            num_experts,
-            num_max_tokens_per_rank,
-            num_topk,
-            hidden,
-            intermediate_hidden,
-            num_shared_experts=num_shared_experts,
-            mma_type=mma_type,
-            activation=activation,
-        )
-
-    def lookup(key: MegaMoEBufferKey, factory: Callable[[], Any]) -> Any:
-        with _symm_buffers_lock:
-            hit = _symm_buffers.get(key)
-            if hit is None:
-                # The group is kept alive beside the buffer, so its id() cannot be reused.
-                hit = _symm_buffers[key] = (group, factory())
-            return hit[1]
-
-    if not mega_moe_buffer_depends_on_num_sms(deep_gemm):
-        return lookup(make_key(None), create)
-    with _configure_mega_moe_deep_gemm_num_sms(deep_gemm, device):
-        effective = int(deep_gemm.get_num_sms())
-        return lookup(make_key(effective), create)
+    """The cached ``deep_gemm.get_symm_buffer_for_mega_moe`` buffer for these parameters, made
+    on DeepGEMM's original SM count (outside the reserved-SM context)."""
+    key = MegaMoEBufferKey(
+        id(group), num_max_tokens_per_rank, num_experts, num_topk, hidden, intermediate_hidden,
+        activation, mma_type,
+    )  # fmt: skip
+    with _symm_buffers_lock:
+        hit = _symm_buffers.get(key)
+        if hit is None:
+            make = resolve_entry_point(deep_gemm, "mega_moe_buffer")
+            buf = make(
+                mega_moe_process_group(group), num_experts, num_max_tokens_per_rank, num_topk,
+                hidden, intermediate_hidden, mma_type=mma_type, activation=activation,
+            )  # fmt: skip
+            # The group is kept alive beside the buffer, so its id() cannot be reused.
+            hit = _symm_buffers[key] = (group, buf)
+        return hit[1]
 
 
 def clear_mega_moe_symm_buffers() -> None:
@@ -253,18 +173,48 @@ def mega_moe_pre_dispatch(
 
 def mega_moe_kernel_name(arch: int) -> str:
     """DeepGEMM's MegaMoE kernel for compute capability ``arch`` (e.g. 100, 90): the Blackwell
-    whole-grid ``fp8_fp4_mega_moe`` (MXFP4 experts) or the Hopper ``fp8_mega_moe`` (FP8 experts).
+    ``fp8_fp4_mega_moe`` (MXFP4 experts) or the Hopper ``fp8_mega_moe`` (FP8 experts).
     The one place this choice is made, so the runtime and the weight loader cannot disagree."""
-    return "fp8_fp4_mega_moe" if arch >= _FIRST_WHOLE_GRID_ARCH else "fp8_mega_moe"
+    return "fp8_fp4_mega_moe" if arch >= _FIRST_BLACKWELL_ARCH else "fp8_mega_moe"
 
 
-def mega_moe_unusable_reason(deep_gemm: Any, num_tokens: int, arch: int) -> str | None:
-    """Why the MegaMoE path cannot take this batch (``None`` when it can)."""
+def _kernel_capabilities(arch: int) -> tuple[str, ...]:
+    if arch >= _FIRST_BLACKWELL_ARCH:
+        return ("sm100_mega_moe", "mega_moe_buffer")
+    return ("sm90_mega_moe", "sm90_mega_moe_pre_dispatch", "mega_moe_buffer")
+
+
+def mega_moe_shape_reason(params: MegaMoEParams, arch: int) -> str | None:
+    """Why DeepGEMM's MegaMoE kernel for ``arch`` cannot take a layer of these parameters."""
+    if arch < _FIRST_BLACKWELL_ARCH:
+        if params.hidden % 128 or params.intermediate_hidden % 128:
+            return (
+                f"its SM90 kernel takes hidden ({params.hidden}) and intermediate "
+                f"({params.intermediate_hidden}) in multiples of 128"
+            )
+        if params.activation != "swiglu":
+            return f"its SM90 kernel has SwiGLU only, not {params.activation!r} (SiTU is SM100-only)"
+        if params.intermediate_hidden > SM90_MAX_INTERMEDIATE:
+            return f"its SM90 kernel takes intermediate <= {SM90_MAX_INTERMEDIATE}, not {params.intermediate_hidden}"
+    return None
+
+
+def mega_moe_unusable_reason(
+    deep_gemm: Any, num_tokens: int, arch: int, params: MegaMoEParams | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> str | None:  # fmt: skip
+    """Why DeepGEMM's MegaMoE path cannot take this batch (``None`` when it can)."""
     if deep_gemm is None:
         return "DeepGEMM is unusable"
-    for name in (mega_moe_kernel_name(arch), "get_symm_buffer_for_mega_moe"):
-        if not callable(getattr(deep_gemm, name, None)):
-            return f"the installed DeepGEMM has no {name}()"
+    for capability in _kernel_capabilities(arch):
+        if not has_entry_point(deep_gemm, capability):
+            return f"the installed DeepGEMM has no {capability} entry point"
+    if params is not None:
+        reason = mega_moe_shape_reason(params, arch)
+        if reason is not None:
+            return reason
+    if arch < _FIRST_BLACKWELL_ARCH and dtype != torch.bfloat16:
+        return f"its SM90 pre-dispatch takes bf16 activations, not {dtype}"
     cap = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()
     if num_tokens > cap:
         return (
@@ -289,9 +239,11 @@ def run_mega_routed_experts(
     across the expert-parallel group, so no all-reduce follows.
 
     Order matters: buffer set-up and pre-dispatch run on DeepGEMM's original SM count; only the
-    kernel call runs inside the reserved-SM context."""
+    kernel call runs inside the reserved-SM context. Every step is a fixed-shape device op, so
+    the call can be captured in a CUDA graph once its buffer exists."""
     num_tokens = x.shape[0]
     cap = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()
+    arch = device_sm_info(device).arch
     buf = _get_mega_moe_symm_buffer(
         deep_gemm,
         group,
@@ -302,27 +254,31 @@ def run_mega_routed_experts(
         intermediate_hidden=params.intermediate_hidden,
         activation=params.activation,
         mma_type=params.mma_type,
-        device=device,
     )
     weights = topk_weights.float()  # routed scaling is already in them (select_experts)
-    arch = device_sm_info(device).arch
-    # At least one row, so the kernel gets a valid pointer on a rank with no tokens.
-    y = torch.empty(max(num_tokens, 1), params.hidden, dtype=torch.bfloat16, device=x.device)
+    # The final output (bf16, as the kernels write it), allocated like every runner's: the
+    # symmetric pool when on. At least one row, so the kernel gets a valid pointer on a rank
+    # with no tokens.
+    with moe_output_scope():
+        y = torch.empty(max(num_tokens, 1), params.hidden, dtype=torch.bfloat16, device=x.device)
     kwargs: dict[str, Any] = {"activation": params.activation, "fast_math": True}
     if params.activation_clamp is not None:
         kwargs["activation_clamp"] = params.activation_clamp
-    if arch >= _FIRST_WHOLE_GRID_ARCH:
+    if arch >= _FIRST_BLACKWELL_ARCH:
         mega_moe_pre_dispatch(x, topk_ids, weights, buf, group_size=32)
+        kernel = resolve_entry_point(deep_gemm, "sm100_mega_moe")
         with _configure_mega_moe_deep_gemm_num_sms(deep_gemm, device):
-            deep_gemm.fp8_fp4_mega_moe(y, l1_weights, l2_weights, buf, recipe=(1, 1, 32), **kwargs)
+            kernel(y, l1_weights, l2_weights, buf, recipe=(1, 1, 32), **kwargs)
     else:
-        # Hopper: DeepGEMM's own pre-dispatch (128-value groups) and no reservation.
-        deep_gemm.mega_moe_pre_dispatch_sm90(
+        # Hopper: DeepGEMM's own pre-dispatch (fp32 scales per 128 values, int32 ids in).
+        pre_dispatch = resolve_entry_point(deep_gemm, "sm90_mega_moe_pre_dispatch")
+        pre_dispatch(
             x, topk_ids.int(), weights, buf.x, buf.x_sf, buf.topk_idx, buf.topk_weights,
             num_tokens=num_tokens, group_size=128,
-        )
+        )  # fmt: skip
+        kernel = resolve_entry_point(deep_gemm, "sm90_mega_moe")
         with _configure_mega_moe_deep_gemm_num_sms(deep_gemm, device):
-            deep_gemm.fp8_mega_moe(y, l1_weights, l2_weights, buf, recipe=(128, 128, 128), **kwargs)
+            kernel(y, l1_weights, l2_weights, buf, recipe=(128, 128, 128), **kwargs)
     return y[:num_tokens]
 
 
@@ -341,26 +297,26 @@ def try_run_mega_routed(
     """The MegaMoE path when it can take this batch, else ``None`` (the caller runs the normal
     path) after one log line saying why.
 
-    DeepGEMM's kernel first; where it is unusable (no DeepGEMM, no built weights, e.g. on our
-    Hopper machines) our Triton persistent kernel takes single-GPU calls from ``local_weights``."""
+    DeepGEMM's kernel first; where it cannot run (no DeepGEMM, no built weights, SiTU or a shape
+    on Hopper) our Triton persistent kernel takes single-GPU calls from ``local_weights``."""
     reason = "MegaMoE weights were not built" if mega_weights is None else None
     if reason is None:
         arch = device_sm_info(device).arch if deep_gemm is not None else 0
-        reason = mega_moe_unusable_reason(deep_gemm, x.shape[0], arch)
+        reason = mega_moe_unusable_reason(deep_gemm, x.shape[0], arch, params, x.dtype)
     if reason is None:
         assert mega_weights is not None
+        log_once(logger, logging.INFO, "MegaMoE backend: DeepGEMM's kernel")
         return run_mega_routed_experts(
             deep_gemm, group, x, topk_ids, topk_weights, mega_weights[0], mega_weights[1], params, device=device
         )
-    from sglang.srt.layers.moe.mega_moe_triton_backend import (
-        run_triton_mega_routed,
-        triton_mega_config,
-    )
-
     group_size = int(getattr(group, "world_size", 1)) if group is not None else 1
     config, triton_reason = triton_mega_config(x, local_weights, group_size, params.num_topk)
     if config is not None:
         assert local_weights is not None
+        log_once(
+            logger, logging.INFO,
+            f"MegaMoE backend: our Triton persistent kernel, because DeepGEMM's cannot run: {reason}",
+        )  # fmt: skip
         return run_triton_mega_routed(
             x, topk_ids, topk_weights, local_weights, activation=params.activation,
             swiglu_limit=params.activation_clamp, config=config,

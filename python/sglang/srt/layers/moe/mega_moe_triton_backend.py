@@ -19,6 +19,7 @@ import torch
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner.base import allocate_moe_output
+from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 from sglang.srt.utils.device import device_sm_info
 from sglang.srt.utils.log import get_logger, log_once
 
@@ -71,7 +72,6 @@ def run_triton_mega_routed(
     (:func:`triton_mega_config`); combined rows. The top-k weights already hold the routed
     scaling."""
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoELaunch, mega_fused_experts
-    from sglang.srt.layers.moe.mega_moe import mega_moe_sm_budget
 
     info = device_sm_info(x.device)
     budget = mega_moe_sm_budget(x.device) or info.num_sms

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from sglang.srt.layers.deep_gemm_adapter import resolve_entry_point
 from sglang.srt.layers.quantization.mxfp4 import (
     MXFP4_DTYPES,
     MXFP4_GROUP,
@@ -200,7 +201,7 @@ def _build_mxfp4(deep_gemm: Any, w13: Tensor, w2: Tensor, s13: Tensor, s2: Tenso
     return l1, l2
 
 
-def _build_fp8(w13: Tensor, w2: Tensor, s13: Tensor, s2: Tensor) -> MegaWeights:
+def _build_fp8(deep_gemm: Any, w13: Tensor, w2: Tensor, s13: Tensor, s2: Tensor) -> MegaWeights:
     e, two_i, hidden = w13.shape
     inter = two_i // 2
     _require(w2.dtype == torch.float8_e4m3fn, f"FP8 w2 must be float8_e4m3fn like w13, got {w2.dtype}")
@@ -217,9 +218,11 @@ def _build_fp8(w13: Tensor, w2: Tensor, s13: Tensor, s2: Tensor) -> MegaWeights:
             raise MegaMoEFormatError(
                 f"FP8 {name} has shape {tuple(s.shape)}; MegaMoE takes 128x128 block scales {want}"
             )
-    # Only the weight rows move: the Hopper kernel reads the block scales in [gate | up] order
-    # and maps each interleaved row to its gate or up block itself (design doc: "scales unchanged").
-    return (interleave_gate_up(w13.contiguous()), s13.float()), (w2.contiguous(), s2.float())
+    # DeepGEMM's own transform (the rows of gate and up interleaved by 8, scales unchanged);
+    # a GPU test checks it equals interleave_gate_up, which the fake kernel undoes.
+    transform = resolve_entry_point(deep_gemm, "sm90_mega_moe_weights")
+    l1, l2 = transform((w13.contiguous(), s13.float().contiguous()), (w2.contiguous(), s2.float().contiguous()))
+    return (l1[0], l1[1]), (l2[0], l2[1])
 
 
 def build_mega_moe_experts_weights(
@@ -252,7 +255,7 @@ def build_mega_moe_experts_weights(
         if not callable(getattr(deep_gemm, "transform_sf_into_required_layout", None)):
             raise MegaMoEWeightError("the installed DeepGEMM has no transform_sf_into_required_layout()")
         return _build_mxfp4(deep_gemm, w13, w2, w13_scale, w2_scale)
-    return _build_fp8(w13, w2, w13_scale, w2_scale)
+    return _build_fp8(deep_gemm, w13, w2, w13_scale, w2_scale)
 
 
 def unbuild_mega_moe_experts_weights(mega: MegaWeights) -> UnbuiltExperts:

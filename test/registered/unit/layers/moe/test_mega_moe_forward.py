@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sglang.srt.environ import envs
-from sglang.srt.layers.moe import mega_moe
+from sglang.srt.layers.moe import mega_moe, sm_budget
 from sglang.srt.layers.moe.mega_moe import MegaMoEParams, mega_moe_pre_dispatch, try_run_mega_routed
 from sglang.srt.utils.device import DeviceSMInfo
 from sglang.test.ci_register import register_cpu_ci
@@ -31,7 +31,9 @@ def _env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _arch(monkeypatch: pytest.MonkeyPatch, arch: int) -> None:
-    monkeypatch.setattr(mega_moe, "device_sm_info", lambda device=None: DeviceSMInfo(0, 132, (arch // 10, arch % 10)))
+    info = lambda device=None: DeviceSMInfo(0, 132, (arch // 10, arch % 10))  # noqa: E731
+    monkeypatch.setattr(mega_moe, "device_sm_info", info)
+    monkeypatch.setattr(sm_budget, "device_sm_info", info)
 
 
 def _batch(t: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -51,21 +53,19 @@ def test_blackwell_order_only_the_kernel_runs_on_the_narrowed_count(monkeypatch:
     assert y is not None and y.shape == (5, H) and torch.all(y == 1.0)
     names = [(n, v if n != "fp8_fp4_mega_moe" else v[0]) for n, v in dg.calls]
     assert names == [
-        ("set_num_sms", 130),  # buffer created inside the context (this fake's layout uses SMs)
-        ("get_symm_buffer_for_mega_moe", 130),
-        ("set_num_sms", 132),
+        ("get_symm_buffer_for_mega_moe", 132),  # set-up on the original count
         ("set_num_sms", 130),
         ("fp8_fp4_mega_moe", 130),
         ("set_num_sms", 132),
     ]
-    kwargs = dg.calls[4][1][1]
+    kwargs = dg.calls[2][1][1]
     assert kwargs == {"activation": "swiglu", "fast_math": True, "activation_clamp": 7.0, "recipe": (1, 1, 32)}
     assert dg.get_num_sms() == 132
 
 
 def test_kimi_situ_has_no_clamp_and_buffer_is_reused(monkeypatch: pytest.MonkeyPatch) -> None:
     _arch(monkeypatch, 100)
-    dg = FakeDeepGemmGemms(num_sms=132, buffer_uses_num_sms=False)
+    dg = FakeDeepGemmGemms(num_sms=132)
     params = MegaMoEParams(E, K, H, 384, activation="situ")
     for t in (3, 7):
         x, ids, w = _batch(t, seed=t)
@@ -76,14 +76,44 @@ def test_kimi_situ_has_no_clamp_and_buffer_is_reused(monkeypatch: pytest.MonkeyP
     assert [n for n, _ in dg.calls].count("get_symm_buffer_for_mega_moe") == 1
 
 
-def test_sm90_uses_deep_gemm_pre_dispatch_and_no_reservation(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sm90_pre_dispatch_outside_and_only_the_kernel_narrowed(monkeypatch: pytest.MonkeyPatch) -> None:
     _arch(monkeypatch, 90)
-    dg = FakeDeepGemmGemms(num_sms=132, buffer_uses_num_sms=False)
+    dg = FakeDeepGemmGemms(num_sms=132, arch=90)
     x, ids, w = _batch(4)
-    y = try_run_mega_routed(dg, "g", x, ids, w, WEIGHTS, MegaMoEParams(E, K, H, 512))
+    y = try_run_mega_routed(dg, "g", x, ids, w, WEIGHTS, MegaMoEParams(E, K, H, 512, activation_clamp=7.0))
     assert y is not None and torch.all(y == 2.0)
-    assert [n for n, _ in dg.calls] == ["get_symm_buffer_for_mega_moe", "mega_moe_pre_dispatch_sm90", "fp8_mega_moe"]
-    assert dg.set_calls() == []
+    names = [(n, v if n != "fp8_mega_moe" else v[0]) for n, v in dg.calls]
+    assert names == [
+        ("get_symm_buffer_for_mega_moe", 132),
+        ("mega_moe_pre_dispatch_sm90", 132),
+        ("set_num_sms", 130),
+        ("fp8_mega_moe", 130),
+        ("set_num_sms", 132),
+    ]
+    assert dg.calls[3][1][1] == {
+        "recipe": (128, 128, 128), "activation": "swiglu", "fast_math": True, "activation_clamp": 7.0
+    }
+
+
+@pytest.mark.parametrize(
+    ("params", "why"),
+    [
+        (MegaMoEParams(E, K, H, 512, activation="situ"), "SwiGLU only"),
+        (MegaMoEParams(E, K, H, 4224), "intermediate <= 4096"),
+        (MegaMoEParams(E, K, 200, 512), "multiples of 128"),
+    ],
+)
+def test_sm90_unsupported_shapes_fall_back_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, params: MegaMoEParams, why: str
+) -> None:
+    _arch(monkeypatch, 90)
+    dg = FakeDeepGemmGemms(num_sms=132, arch=90)
+    x, ids, w = _batch(4)
+    logging.getLogger("sglang").propagate = True
+    with caplog.at_level(logging.WARNING, logger="sglang"):
+        assert try_run_mega_routed(dg, "g", x, ids, w, WEIGHTS, params) is None  # no CUDA: no Triton either
+    assert any(why in r.getMessage() for r in caplog.records)
+    assert dg.calls == []
 
 
 def test_pre_dispatch_quantises_copies_and_pads() -> None:

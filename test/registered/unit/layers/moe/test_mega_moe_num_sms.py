@@ -8,8 +8,8 @@ import pytest
 
 from sglang.srt.environ import EnvValueError, envs
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_call_guard
-from sglang.srt.layers.moe import mega_moe
-from sglang.srt.layers.moe.mega_moe import (
+from sglang.srt.layers.moe import mega_moe, sm_budget
+from sglang.srt.layers.moe.mega_moe import (  # the seed's names stay importable from mega_moe
     _configure_mega_moe_deep_gemm_num_sms,
     _get_mega_moe_symm_buffer,
     _mega_moe_max_num_sms,
@@ -33,7 +33,7 @@ def _use_devices(monkeypatch: pytest.MonkeyPatch, devices: dict[int, tuple[int, 
         sms, arch = devices[index]
         return DeviceSMInfo(index, sms, (arch // 10, arch % 10))
 
-    monkeypatch.setattr(mega_moe, "device_sm_info", fake_info)
+    monkeypatch.setattr(sm_budget, "device_sm_info", fake_info)
 
 
 @pytest.fixture(autouse=True)
@@ -116,15 +116,26 @@ def test_restored_when_body_raises() -> None:
     assert dg.get_num_sms() == 132
 
 
-def test_sm90_leaves_deep_gemm_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sm90_is_narrowed_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepGEMM 0.1.5.post1's SM90 fp8_mega_moe is a whole-grid launch (measured stalling
+    behind a one-SM side-stream kernel at 132 SMs, not at 130): the reserve applies there."""
     _use_devices(monkeypatch, {0: (132, 90)})
     dg = FakeDeepGemm(num_sms=132)
+    assert _mega_moe_max_num_sms() == 130
+    with _configure_mega_moe_deep_gemm_num_sms(dg) as effective:
+        assert effective == 130 and dg.get_num_sms() == 130
+    assert dg.set_calls() == [130, 132]
+
+
+def test_no_reservation_where_deep_gemm_has_no_mega_moe(monkeypatch: pytest.MonkeyPatch) -> None:
+    _use_devices(monkeypatch, {0: (108, 80)})
+    dg = FakeDeepGemm(num_sms=108)
     assert _mega_moe_max_num_sms() is None
     with _configure_mega_moe_deep_gemm_num_sms(dg):
-        assert dg.get_num_sms() == 132
+        assert dg.get_num_sms() == 108
     assert dg.calls == []
     # The architecture-independent budget still exists for whole-grid kernels of our own.
-    assert mega_moe_sm_budget() == 130
+    assert mega_moe_sm_budget() == 106
 
 
 def test_budget_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,8 +200,8 @@ BUFFER_ARGS = dict(
 )
 
 
-def test_buffer_cache_hits_when_only_reserve_changes_and_layout_ignores_sms() -> None:
-    dg = FakeDeepGemm(num_sms=132, buffer_uses_num_sms=False)
+def test_buffer_is_keyed_by_layout_only_and_made_on_the_original_count() -> None:
+    dg = FakeDeepGemm(num_sms=132)
     group = object()
     first = _get_mega_moe_symm_buffer(dg, group, **BUFFER_ARGS)
     with RESERVED.override(8):
@@ -200,18 +211,6 @@ def test_buffer_cache_hits_when_only_reserve_changes_and_layout_ignores_sms() ->
     assert first is second is third
     assert first.num_sms_at_creation == 132, "set-up runs on the original count"
     assert [name for name, _ in dg.calls] == ["get_symm_buffer_for_mega_moe"]
-
-
-def test_buffer_keyed_on_effective_sms_when_layout_depends_on_them() -> None:
-    dg = FakeDeepGemm(num_sms=132, buffer_uses_num_sms=True)
-    group = object()
-    first = _get_mega_moe_symm_buffer(dg, group, **BUFFER_ARGS)
-    again = _get_mega_moe_symm_buffer(dg, group, **BUFFER_ARGS)
-    assert first is again and first.num_sms_at_creation == 130
-    with RESERVED.override(4):
-        narrower = _get_mega_moe_symm_buffer(dg, group, **BUFFER_ARGS)
-    assert narrower is not first and narrower.num_sms_at_creation == 128
-    assert dg.get_num_sms() == 132
 
 
 @pytest.mark.parametrize(
@@ -224,11 +223,10 @@ def test_buffer_keyed_on_effective_sms_when_layout_depends_on_them() -> None:
         {"intermediate_hidden": 3072},
         {"activation": "situ"},
         {"mma_type": "fp8"},
-        {"num_shared_experts": 1},
     ],
 )
 def test_buffer_cache_misses_on_layout_parameters(change: dict[str, object]) -> None:
-    dg = FakeDeepGemm(num_sms=132, buffer_uses_num_sms=False)
+    dg = FakeDeepGemm(num_sms=132)
     group = object()
     base = _get_mega_moe_symm_buffer(dg, group, **BUFFER_ARGS)
     other = _get_mega_moe_symm_buffer(dg, group, **{**BUFFER_ARGS, **change})  # type: ignore[arg-type]

@@ -69,7 +69,9 @@ def test_fp8_round_trip_interleaves_rows_only() -> None:
     w13 = torch.randn(E, 2 * I, H, generator=g).to(torch.float8_e4m3fn)
     w2 = torch.randn(E, H, I, generator=g).to(torch.float8_e4m3fn)
     s13, s2 = torch.rand(E, 2 * I // 128, H // 128), torch.rand(E, H // 128, I // 128)
-    mega = build_mega_moe_experts_weights(None, w13, w2, s13, s2)
+    dg = FakeDeepGemmGemms()
+    mega = build_mega_moe_experts_weights(dg, w13, w2, s13, s2)
+    assert [n for n, _ in dg.calls] == ["transform_weights_for_mega_moe_sm90"]
     (l1, l1_sf), (l2, l2_sf) = mega
     assert torch.equal(l1_sf, s13) and torch.equal(l2_sf, s2) and torch.equal(l2.view(torch.uint8), w2.view(torch.uint8))
     assert not torch.equal(l1.view(torch.uint8), w13.view(torch.uint8))

@@ -9,8 +9,8 @@ from sglang.kernels.ops.moe.fused_moe import fused_experts_torch
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner import MOE_RUNNERS, MoERunConfig, base, create_moe_runner
-from sglang.srt.layers.moe.moe_runner import deep_gemm_runner, triton_runner
-from sglang.srt.layers.moe.moe_runner.deep_gemm_runner import DeepGemmMoERunner
+from sglang.srt.layers.moe.moe_runner import deep_gemm, triton_runner
+from sglang.srt.layers.moe.moe_runner.deep_gemm import DeepGemmMoERunner, choose_layout
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cpu_ci
@@ -54,9 +54,10 @@ def test_registry_names_and_unknown_runner_error() -> None:
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("t", [5, 150])  # masked (decode) and contiguous (prefill) layouts
+@pytest.mark.parametrize("t", [1, 5, 150])
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
 @pytest.mark.parametrize("activation", ["swiglu", "situ"])
-def test_deep_gemm_runner_matches_torch_runner(fp8: bool, t: int, activation: str) -> None:
+def test_deep_gemm_runner_matches_torch_runner(fp8: bool, t: int, layout: str, activation: str) -> None:
     gen = torch.Generator().manual_seed(t * 7 + fp8)
     weights = _weights(fp8, gen)
     hidden, topk = _inputs(t, gen, masked=True)
@@ -64,12 +65,34 @@ def test_deep_gemm_runner_matches_torch_runner(fp8: bool, t: int, activation: st
     config = MoERunConfig(activation, limit)
     ref = create_moe_runner("torch", config).run(hidden, topk, weights)
     dg = FakeDeepGemmGemms()
-    out = DeepGemmMoERunner(config, deep_gemm=dg).run(hidden, topk, weights)
-    layout = "masked" if t <= deep_gemm_runner.MASKED_MAX_TOKENS else "contiguous"
-    kind = "fp8" if fp8 else "bf16"
-    assert [n for n, _ in dg.calls] == [f"m_grouped_{kind}_gemm_nt_{layout}"] * 2
+    out = DeepGemmMoERunner(config, deep_gemm=dg, layout=layout).run(hidden, topk, weights)  # type: ignore[arg-type]
+    # the 0.1.5.post1 names, resolved by capability
+    name = f"m_grouped_{'fp8_fp4' if fp8 else 'bf16'}_gemm_nt_{layout}"
+    assert [n for n, _ in dg.calls] == [name] * 2
     assert torch.isfinite(out.float()).all()
     assert _rel(out, ref) < (3e-2 if fp8 else 1e-2), _rel(out, ref)
+
+
+def test_layout_by_token_count_and_never_contiguous_under_capture() -> None:
+    for fp8 in (False, True):
+        table = deep_gemm.LAYOUT_BY_TOKENS["fp8" if fp8 else "bf16"]
+        small, large = 1, table[-1][0] + 1
+        assert choose_layout(small, fp8, capturing=False) == table[0][1]
+        assert choose_layout(large, fp8, capturing=False) == "contiguous"
+        assert choose_layout(large, fp8, capturing=True) == "masked"
+
+
+def test_missing_entry_point_is_named() -> None:
+    class Old(FakeDeepGemmGemms):
+        m_grouped_fp8_fp4_gemm_nt_masked = None  # type: ignore[assignment]
+        fp8_m_grouped_gemm_nt_masked = None  # type: ignore[assignment]
+
+    gen = torch.Generator().manual_seed(5)
+    weights = _weights(True, gen)
+    hidden, topk = _inputs(3, gen)
+    runner = DeepGemmMoERunner(MoERunConfig(), deep_gemm=Old(), layout="masked")
+    with pytest.raises(RuntimeError, match="no fp8_masked entry point.*m_grouped_fp8_fp4_gemm_nt_masked"):
+        runner.run(hidden, topk, weights)
 
 
 def test_torch_runner_is_a_real_moe() -> None:
@@ -101,14 +124,15 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> SymmetricScopeRecorder:
 
 def _runner(name: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     config = MoERunConfig("swiglu", None)
-    if name == "deep_gemm":
-        return DeepGemmMoERunner(config, deep_gemm=FakeDeepGemmGemms())
+    if name.startswith("deep_gemm"):
+        layout = "contiguous" if name.endswith("contiguous") else "masked"
+        return DeepGemmMoERunner(config, deep_gemm=FakeDeepGemmGemms(), layout=layout)
     if name == "triton":  # the kernel needs a GPU; its allocation contract is the runner's job
         monkeypatch.setattr(triton_runner, "_fused_experts", lambda: fused_experts_torch)
     return create_moe_runner(name, config)
 
 
-@pytest.mark.parametrize("name", ["torch", "triton", "deep_gemm"])
+@pytest.mark.parametrize("name", ["torch", "triton", "deep_gemm", "deep_gemm_contiguous"])
 @pytest.mark.parametrize("t", [5, 150])
 def test_only_the_final_output_is_allocated_in_the_pool(
     name: str, t: int, recorder: SymmetricScopeRecorder, monkeypatch: pytest.MonkeyPatch
@@ -123,7 +147,7 @@ def test_only_the_final_output_is_allocated_in_the_pool(
     )
 
 
-@pytest.mark.parametrize("name", ["torch", "triton", "deep_gemm"])
+@pytest.mark.parametrize("name", ["torch", "triton", "deep_gemm", "deep_gemm_contiguous"])
 def test_inplace_allocates_nothing_in_the_pool(
     name: str, recorder: SymmetricScopeRecorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,7 +24,7 @@ def _triton(config: MoERunConfig) -> MoERunner:
 
 @MOE_RUNNERS.register("deep_gemm")
 def _deep_gemm(config: MoERunConfig) -> MoERunner:
-    from sglang.srt.layers.moe.moe_runner.deep_gemm_runner import DeepGemmMoERunner
+    from sglang.srt.layers.moe.moe_runner.deep_gemm import DeepGemmMoERunner
 
     return DeepGemmMoERunner(config)
 

@@ -1,0 +1,252 @@
+"""The ``deep_gemm`` MoE runner: routed experts through DeepGEMM's grouped GEMMs, bf16 or FP8
+(128x128 weight blocks, per-token 128-value activation groups).
+
+Three steps, each in its own function:
+1. permute the (token, slot) rows into DeepGEMM's layout:
+   - contiguous (prefill): rows sorted by expert, each expert's segment padded to DeepGEMM's M
+     alignment, ``m_indices[row]`` = expert (-1 on padding). Its size is read back to the host;
+   - masked (decode, CUDA graphs): ``[E, max_m, H]`` slabs, ``masked_m[e]`` valid rows, with
+     ``max_m`` the token count, so every shape is fixed by the batch size and nothing is read back;
+2. ``_run_contiguous_gemm`` / ``_run_bf16_contiguous_gemm`` / ``_run_masked_gemm`` /
+   ``_run_masked_bf16_gemm``: gate-up GEMM, activation (and the FP8 requantisation), down GEMM;
+3. :func:`post_permute_deep_gemm_to_standard`: top-k weighted sum back to ``[T, H]``, into the
+   final output, which alone is allocated in the symmetric-memory scope.
+
+Which layout (or our Triton runner, where it measured faster) runs for a batch is chosen by token
+count (:data:`LAYOUT_BY_TOKENS`, from ``scripts/bench_moe.py`` on an H200; docs/performance.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from sglang.kernels.ops.moe.gather_combine import gather_combine
+from sglang.kernels.ops.quant.fp8 import per_token_group_quant_fp8
+from sglang.srt.layers.activation import act_and_mul
+from sglang.srt.layers.deep_gemm_adapter import (
+    deep_gemm_call_guard,
+    deep_gemm_status,
+    get_deep_gemm,
+    resolve_entry_point,
+)
+from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.layers.moe.moe_runner.base import MoERunConfig, MoERunner, allocate_moe_output
+from sglang.srt.layers.moe.topk import TopKOutput
+
+Layout = Literal["contiguous", "masked", "triton"]
+LayoutChoice = Literal["auto", "contiguous", "masked", "triton"]
+
+# (largest token count, layout) per expert dtype, first match wins; beyond the last, contiguous.
+# Measured on one H200 at the DSv4 and K3 expert shapes (docs/performance.md, bench_moe.py).
+LAYOUT_BY_TOKENS: dict[str, tuple[tuple[int, Layout], ...]] = {
+    "bf16": ((1024, "triton"),),
+    "fp8": ((1024, "triton"),),
+}
+_FP8_GROUP = 128
+
+
+@dataclass(frozen=True)
+class ContiguousLayout:
+    rows: torch.Tensor  # [R, H], expert segments padded to the M alignment
+    m_indices: torch.Tensor  # [R] int32, -1 on padding
+    row_of: torch.Tensor  # [T, k] int64: each (token, slot)'s row in ``rows`` (-1: unrouted)
+
+
+@dataclass(frozen=True)
+class MaskedLayout:
+    rows: torch.Tensor  # [E, max_m, H]; rows past masked_m[e] are never read
+    masked_m: torch.Tensor  # [E] int32
+    expected_m: int  # DeepGEMM's tiling hint: the mean rows per expert
+    row_of: torch.Tensor  # [T, k] int64 into rows.view(-1, H) (-1: unrouted)
+
+
+def choose_layout(num_tokens: int, fp8: bool, capturing: bool) -> Layout:
+    """The layout for a batch of ``num_tokens``: from :data:`LAYOUT_BY_TOKENS`; never contiguous
+    while a CUDA graph is captured (its size is read back to the host)."""
+    layout: Layout = "contiguous"
+    for max_tokens, choice in LAYOUT_BY_TOKENS["fp8" if fp8 else "bf16"]:
+        if num_tokens <= max_tokens:
+            layout = choice
+            break
+    if capturing and layout == "contiguous":
+        return "masked"
+    return layout
+
+
+# --- 1. permute --------------------------------------------------------------------------------
+
+
+def _expert_ranks(flat_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For flat expert ids (-1 = unrouted): (key: id, or ``num_experts`` for unrouted; the rank
+    of each entry among its expert's entries, in (token, slot) order; per-key counts
+    ``[num_experts + 1]``). Fixed shapes, no host read."""
+    valid = flat_ids >= 0
+    key = torch.where(valid, flat_ids, num_experts)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat_ids.device)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    order = torch.argsort(key, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    rank_sorted = torch.arange(key.numel(), device=key.device) - starts[key[order]]
+    rank = torch.empty_like(rank_sorted)
+    rank[order] = rank_sorted
+    return key, rank, counts
+
+
+def permute_contiguous(hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, align: int) -> ContiguousLayout:
+    t, k = topk_ids.shape
+    flat = topk_ids.reshape(-1).long()
+    key, rank, counts = _expert_ranks(flat, num_experts)
+    padded = (counts[:num_experts] + align - 1) // align * align
+    starts = torch.cumsum(padded, 0) - padded
+    total = max(int(padded.sum()), align)  # the one host read: the layout's size
+    valid = key < num_experts
+    dest = torch.where(valid, starts[key.clamp_max(num_experts - 1)] + rank, -1)
+    # One extra row at the end takes the unrouted entries' writes; the GEMMs never see it.
+    safe = torch.where(valid, dest, total)
+    m_indices = torch.full((total + 1,), -1, dtype=torch.int32, device=hidden.device)
+    m_indices[safe] = torch.where(valid, key, -1).int()
+    rows = hidden.new_zeros(total + 1, hidden.shape[1])
+    rows[safe] = hidden.repeat_interleave(k, dim=0)
+    return ContiguousLayout(rows[:total], m_indices[:total], dest.view(t, k))
+
+
+def permute_masked(hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> MaskedLayout:
+    t, k = topk_ids.shape
+    h = hidden.shape[1]
+    max_m = max(t, 1)  # a token picks an expert at most once
+    flat = topk_ids.reshape(-1).long()
+    key, rank, counts = _expert_ranks(flat, num_experts)
+    valid = key < num_experts
+    # Unrouted entries go to slot 0 of an extra slab, which the GEMMs never see.
+    rank = torch.where(valid, rank, 0)
+    slabs = hidden.new_empty(num_experts + 1, max_m, h)
+    slabs[key, rank] = hidden.repeat_interleave(k, dim=0)
+    row_of = torch.where(valid, key * max_m + rank, -1)
+    expected_m = max(1, (t * k + num_experts - 1) // num_experts)
+    return MaskedLayout(slabs[:num_experts], counts[:num_experts].int(), expected_m, row_of.view(t, k))
+
+
+# --- 2. the grouped GEMMs ------------------------------------------------------------------------
+
+
+def _quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token 128-value FP8 groups of ``x [..., K]``, shaped like ``x``."""
+    lead = x.shape[:-1]
+    q, s = per_token_group_quant_fp8(x.reshape(-1, x.shape[-1]), _FP8_GROUP)
+    return q.view(*lead, -1), s.view(*lead, -1)
+
+
+def _act(gate_up: torch.Tensor, config: MoERunConfig) -> torch.Tensor:
+    return act_and_mul(gate_up, config.activation, swiglu_limit=config.swiglu_limit)  # type: ignore[arg-type]
+
+
+def _two_gemms(
+    gemm: Callable[..., Any], rows: torch.Tensor, w: ExpertWeights, config: MoERunConfig, fp8: bool,
+    *layout: Any,
+) -> torch.Tensor:  # fmt: skip
+    """gate-up GEMM -> activation (-> FP8 groups) -> down GEMM, both through ``gemm``."""
+    lead = rows.shape[:-1]
+    gate_up = rows.new_empty(*lead, 2 * w.intermediate_size, dtype=torch.bfloat16)
+    down = rows.new_empty(*lead, w.hidden_size, dtype=torch.bfloat16)
+    with deep_gemm_call_guard():
+        if fp8:
+            gemm(_quant(rows), (w.w13, w.w13_scale), gate_up, *layout)
+            gemm(_quant(_act(gate_up, config)), (w.w2, w.w2_scale), down, *layout)
+        else:
+            gemm(rows, w.w13, gate_up, *layout)
+            gemm(_act(gate_up, config), w.w2, down, *layout)
+    return down
+
+
+def _run_contiguous_gemm(dg: Any, layout: ContiguousLayout, w: ExpertWeights, config: MoERunConfig) -> torch.Tensor:
+    """FP8 experts, contiguous layout -> down-projected rows ``[R, H]`` (bf16)."""
+    gemm = resolve_entry_point(dg, "fp8_contiguous")
+    return _two_gemms(gemm, layout.rows, w, config, True, layout.m_indices)
+
+
+def _run_bf16_contiguous_gemm(dg: Any, layout: ContiguousLayout, w: ExpertWeights, config: MoERunConfig) -> torch.Tensor:
+    """bf16 experts, contiguous layout -> ``[R, H]``."""
+    gemm = resolve_entry_point(dg, "bf16_contiguous")
+    return _two_gemms(gemm, layout.rows, w, config, False, layout.m_indices)
+
+
+def _run_masked_gemm(dg: Any, layout: MaskedLayout, w: ExpertWeights, config: MoERunConfig) -> torch.Tensor:
+    """FP8 experts, masked layout -> ``[E, max_m, H]``."""
+    gemm = resolve_entry_point(dg, "fp8_masked")
+    return _two_gemms(gemm, layout.rows, w, config, True, layout.masked_m, layout.expected_m)
+
+
+def _run_masked_bf16_gemm(dg: Any, layout: MaskedLayout, w: ExpertWeights, config: MoERunConfig) -> torch.Tensor:
+    """bf16 experts, masked layout -> ``[E, max_m, H]``."""
+    gemm = resolve_entry_point(dg, "bf16_masked")
+    return _two_gemms(gemm, layout.rows, w, config, False, layout.masked_m, layout.expected_m)
+
+
+# --- 3. back to [T, H] ---------------------------------------------------------------------------
+
+
+def post_permute_deep_gemm_to_standard(
+    down: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """DeepGEMM-layout down rows (``[R, H]`` or ``[E, max_m, H]``) -> ``out [T, H]``: each token's
+    rows weighted by its top-k weights and summed (fp32 accumulation)."""
+    return gather_combine(down.reshape(-1, down.shape[-1]), row_of, topk_weights, out)
+
+
+class DeepGemmMoERunner(MoERunner):
+    name = "deep_gemm"
+    # Under capture only the masked layout or the Triton runner runs: fixed shapes, no host read.
+    capture_safe = True
+
+    def __init__(self, config: MoERunConfig, deep_gemm: Any = None, *, layout: LayoutChoice = "auto") -> None:
+        super().__init__(config)
+        self._dg = deep_gemm
+        self.layout = layout
+
+    @property
+    def dg(self) -> Any:
+        dg = self._dg or get_deep_gemm()
+        if dg is None:
+            raise RuntimeError(f"the deep_gemm MoE runner needs DeepGEMM: {deep_gemm_status().reason}")
+        return dg
+
+    def is_available(self, device: torch.device) -> tuple[bool, str]:
+        if self._dg is not None:
+            return True, ""
+        status = deep_gemm_status()
+        return status.usable, status.reason
+
+    def layout_for(self, num_tokens: int, fp8: bool) -> Layout:
+        if self.layout != "auto":
+            return self.layout
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        return choose_layout(num_tokens, fp8, capturing)
+
+    def run(
+        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, *, inplace: bool = False
+    ) -> torch.Tensor:
+        fp8 = weights.w13.dtype == torch.float8_e4m3fn
+        if fp8 and tuple(weights.block_shape or (128, 128)) != (128, 128):
+            raise ValueError(f"the deep_gemm runner takes 128x128 FP8 weight blocks, not {weights.block_shape}")
+        layout = self.layout_for(hidden.shape[0], fp8)
+        if layout == "triton":
+            from sglang.kernels.ops.moe.fused_moe import fused_experts
+
+            return self._run_fused(fused_experts, hidden, topk, weights, inplace)
+        x = hidden if hidden.dtype == torch.bfloat16 else hidden.to(torch.bfloat16)
+        e = weights.num_experts
+        if layout == "contiguous":
+            align = int(resolve_entry_point(self.dg, "contiguous_alignment")())
+            cl = permute_contiguous(x, topk.topk_ids, e, align)
+            run = _run_contiguous_gemm if fp8 else _run_bf16_contiguous_gemm
+            down, row_of = run(self.dg, cl, weights, self.config), cl.row_of
+        else:
+            ml = permute_masked(x, topk.topk_ids, e)
+            run_m = _run_masked_gemm if fp8 else _run_masked_bf16_gemm
+            down, row_of = run_m(self.dg, ml, weights, self.config), ml.row_of
+        out = hidden if inplace else allocate_moe_output(hidden)
+        return post_permute_deep_gemm_to_standard(down, row_of, topk.topk_weights, out)

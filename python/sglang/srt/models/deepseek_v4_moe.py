@@ -174,5 +174,5 @@ class DeepseekV4MoE(nn.Module):
         symmetric buffer, kernel on the reserved-SM budget) and returns combined rows, or falls
         back to its own runner plus all-reduce. The replicated shared expert is added on top; no
         further reduction."""
-        out = self.experts(x, self.route(x, input_ids))
+        out = self.experts.forward_mega(x, self.route(x, input_ids))
         return out if shared is None else out + shared

@@ -34,7 +34,8 @@ from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
 from sglang.srt.layers.embedding import ReplicatedEmbedding
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.moe.layer import A2ABackend
+from sglang.srt.layers.moe.layer import A2ABackend, FusedMoE
+from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.mem_cache.kimi_k3_cache import (
     KDAState,
     KimiK3RequestCache,
@@ -47,6 +48,19 @@ from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 
 _STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _forward_mega_experts(experts: FusedMoE, z: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
+    """Kimi K3's MegaMoE call site: the latent rows ``z [T, L]`` through the routed experts with
+    activation "situ" (the layer's ``mega_params``), combined over the expert-parallel group.
+
+    Inside ``FusedMoE.forward_mega`` the symmetric buffer is taken and the FP8 pre-dispatch runs
+    outside the reserved-SM context; only the kernel runs inside it. DeepGEMM's SiTU kernel is
+    SM100-only, so on Hopper this runs our Triton MegaMoE (or the normal path, logged once). The
+    kernels write bf16 rows: cast back to the model's dtype (a no-op for a bf16 model)."""
+    if experts.mega_params.activation != "situ":
+        raise ValueError(f"Kimi K3's MegaMoE runs SiTU experts, not {experts.mega_params.activation!r}")
+    return experts.forward_mega(z, topk).to(z.dtype)
 
 
 class KimiK3Batch(RequestBatch[KimiK3RequestCache]):
@@ -94,7 +108,10 @@ class KimiK3DecoderLayer(nn.Module):
             self.self_attn = MLANoPEAttention(mla, **tp)
         self.mlp: KimiK3MoE | KimiK3MLP
         if c.is_moe(layer_id):
-            self.mlp = KimiK3MoE(c, moe_runner=moe_runner, a2a_backend=a2a_backend, **tp)
+            mega = _forward_mega_experts if a2a_backend == "megamoe" else None
+            self.mlp = KimiK3MoE(
+                c, moe_runner=moe_runner, a2a_backend=a2a_backend, mega_experts=mega, **tp
+            )
         else:
             self.mlp = KimiK3MLP(h, c.intermediate_size, activation=c.moe_activation, **tp)
         self.input_layernorm = RMSNorm(h, c.rms_norm_eps, device=device)

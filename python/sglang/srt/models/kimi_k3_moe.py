@@ -20,6 +20,7 @@ Reductions:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,6 +39,9 @@ from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 # tiles the expert width by 128.
 _MEGA_LATENT_MULTIPLE = 512
 _MEGA_INTERMEDIATE_MULTIPLE = 128
+
+# (the block's FusedMoE, latent rows z, routing) -> combined latent rows in z's dtype
+MegaExpertsCall = Callable[[FusedMoE, Tensor, TopKOutput], Tensor]
 
 
 class KimiK3Router(LinearRouter):
@@ -65,14 +69,22 @@ class KimiK3MoE(nn.Module):
         moe_runner: str = "auto",
         a2a_backend: A2ABackend = "none",
         device: torch.device | str = "cpu",
+        mega_experts: MegaExpertsCall | None = None,
     ) -> None:
         super().__init__()
         c = config
         self.expert_parallel = a2a_backend == "megamoe"
+        # The model's MegaMoE call site (kimi_k3._forward_mega_experts), given by the model so
+        # this block does not import it.
+        self.mega_experts = mega_experts
         self.latent = c.routed_expert_hidden_size
         activation = c.moe_activation
         if self.expert_parallel:
             _check_mega_shapes(c)
+            if mega_experts is None:
+                raise ValueError(
+                    "KimiK3MoE with a2a 'megamoe' needs its MegaMoE call (kimi_k3._forward_mega_experts)"
+                )
         rep: dict[str, Any] = {"params_dtype": params_dtype, "device": device}
         self.gate = KimiK3Router(
             c.hidden_size, c.num_experts, with_bias=c.use_correction_bias, **rep
@@ -150,10 +162,10 @@ class KimiK3MoE(nn.Module):
         # Before the experts: z is x itself without a latent, and an expert runner may write
         # its input in place.
         shared = self.shared_experts(x) if self.shared_experts is not None else None
-        y = self.experts(z, topk)
-        if self.expert_parallel:
-            # The kernel writes bf16 rows; a no-op for a bf16 model, keeps an fp32 one consistent.
-            y = y.to(z.dtype)
+        if self.mega_experts is not None:
+            y = self.mega_experts(self.experts, z, topk)
+        else:
+            y = self.experts(z, topk)
         out = self._up(y)
         return out if shared is None else out + shared
 

@@ -150,20 +150,33 @@ class FusedMoE(nn.Module):
         if self.weights is None:
             raise RuntimeError("FusedMoE.forward before load_weights")
         if self.expert_parallel:
-            y = try_run_mega_routed(
-                get_deep_gemm(),
-                get_tp_group_or_none(),
-                hidden,
-                topk.topk_ids,
-                topk.topk_weights,
-                self.mega_weights,
-                self.mega_params,
-                device=self.device if self.device.type == "cuda" else None,
-                local_weights=self.weights,
-            )
-            if y is not None:
-                return y
-            topk = self._local_topk(topk)
+            return self.forward_mega(hidden, topk)
+        return self._forward_runner(hidden, topk, inplace)
+
+    def forward_mega(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
+        """The MegaMoE path: DeepGEMM's kernel (buffer set-up and pre-dispatch outside the
+        reserved-SM context, only the kernel inside it) or our Triton kernel; combined rows over
+        the expert-parallel group. Where neither can take the batch, the local experts run through
+        the runner on remapped ids and the partial sums are all-reduced."""
+        if self.weights is None:
+            raise RuntimeError("FusedMoE.forward_mega before load_weights")
+        y = try_run_mega_routed(
+            get_deep_gemm(),
+            get_tp_group_or_none(),
+            hidden,
+            topk.topk_ids,
+            topk.topk_weights,
+            self.mega_weights,
+            self.mega_params,
+            device=self.device if self.device.type == "cuda" else None,
+            local_weights=self.weights,
+        )
+        if y is not None:
+            return y
+        return self._forward_runner(hidden, self._local_topk(topk), False)
+
+    def _forward_runner(self, hidden: torch.Tensor, topk: TopKOutput, inplace: bool) -> torch.Tensor:
+        assert self.weights is not None
         out = self.runner.run(hidden, topk, self.weights, inplace=inplace)
         if self.config.reduce_results and self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)

@@ -14,7 +14,7 @@ import torch
 from sglang import __version__
 from sglang.srt.environ import Envs, EnvValueError
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
-from sglang.srt.layers.moe.mega_moe import _mega_moe_max_num_sms, mega_moe_sm_budget
+from sglang.srt.layers.moe.sm_budget import _mega_moe_max_num_sms, mega_moe_sm_budget
 from sglang.srt.utils.device import device_sm_info
 
 
@@ -26,18 +26,28 @@ def _optional_version(name: str) -> str:
     return str(getattr(module, "__version__", "unknown"))
 
 
+def _mega_moe_summary(deep_gemm_usable: bool) -> str:
+    """Which MegaMoE kernel each kind of layer takes here, and why (the forward decides per
+    layer with the same rules: ``mega_moe.choose_mega_backend``)."""
+    if not deep_gemm_usable:
+        return "our Triton persistent kernel (DeepGEMM is unusable; one GPU, else the normal MoE path)"
+    arch = device_sm_info().arch if torch.cuda.is_available() else 0
+    if arch >= 100:
+        return "DeepGEMM's fp8_fp4_mega_moe for MXFP4 experts (SwiGLU and SiTU); our Triton kernel otherwise"
+    return (
+        "DeepGEMM's fp8_mega_moe for FP8 128x128 experts with SwiGLU and intermediate <= 4096 "
+        "(DeepSeek V4); our Triton kernel for SiTU (Kimi K3: DeepGEMM's is SM100-only), bf16 "
+        "experts and other shapes"
+    )
+
+
 def main() -> int:
     print(f"sglang {__version__}, Python {platform.python_version()}, torch {torch.__version__}")
     for name in ("triton", "transformers", "tilelang"):
         print(f"  {name}: {_optional_version(name)}")
     status = deep_gemm_status()
     print(f"  DeepGEMM: {'usable' if status.usable else 'unusable'} ({status.reason})")
-    mega = (
-        "DeepGEMM's kernel where its weights are built, else our Triton persistent kernel"
-        if status.usable
-        else "our Triton persistent kernel (one GPU; across ranks the normal MoE path)"
-    )
-    print(f"  --moe-a2a-backend megamoe runs: {mega}")
+    print(f"  --moe-a2a-backend megamoe runs: {_mega_moe_summary(status.usable)}")
 
     ok = True
     print("\nEnvironment knobs:")
@@ -62,7 +72,7 @@ def main() -> int:
         print(
             f"  cuda:{index} {torch.cuda.get_device_name(index)} sm_{info.arch}, {info.num_sms} SMs; "
             f"whole-grid MoE budget {budget}; DeepGEMM MegaMoE narrowed to "
-            f"{dg_budget if dg_budget is not None else 'no change (not a whole-grid launch here)'}"
+            f"{dg_budget if dg_budget is not None else 'no change (reserve 0, or no DeepGEMM MegaMoE here)'}"
         )
     return 0 if ok else 1
 

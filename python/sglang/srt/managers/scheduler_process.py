@@ -168,6 +168,9 @@ def run_scheduler_process(
         sm_budget = _sm_budget(runner.device)
         symm = _symm_mem_state(args, tp_size)
         cuda_graph = decode.cuda_graph
+        mega = runner.mega_moe_backend()
+        if tp_rank == 0 and mega is not None:
+            logger.info(f"MegaMoE kernel: {mega}")
         if tp_rank == 0:
             logger.info(
                 f"ready: {runner.entry.architecture} from {args.model_path} on {args.device} "

@@ -89,6 +89,16 @@ class ModelRunner:
                 return str(getattr(runner, "name", type(runner).__name__))
         return self.args.moe_runner_backend
 
+    def mega_moe_backend(self) -> str | None:
+        """With ``--moe-a2a-backend megamoe``: the kernel the MoE layers run, and why."""
+        from sglang.srt.layers.moe.layer import FusedMoE
+
+        for module in self.model.modules():
+            if isinstance(module, FusedMoE) and module.expert_parallel:
+                dtype = next(self.model.parameters()).dtype
+                return module.mega_backend_summary(torch.bfloat16 if dtype == torch.bfloat16 else dtype)
+        return None
+
     # --- decode setup --------------------------------------------------------------------------
 
     def init_decode(

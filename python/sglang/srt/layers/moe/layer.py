@@ -25,7 +25,7 @@ from sglang.srt.distributed.parallel_state import (
 )
 from sglang.srt.layers.deep_gemm_adapter import get_deep_gemm
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.layers.moe.mega_moe import MegaMoEParams, try_run_mega_routed
+from sglang.srt.layers.moe.mega_moe import MegaMoEParams, choose_mega_backend, try_run_mega_routed
 from sglang.srt.layers.moe.moe_runner import MoERunConfig, MoERunner, create_moe_runner
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.utils.log import get_logger, log_once
@@ -174,6 +174,15 @@ class FusedMoE(nn.Module):
         if y is not None:
             return y
         return self._forward_runner(hidden, self._local_topk(topk), False)
+
+    def mega_backend_summary(self, dtype: torch.dtype) -> str:
+        """Which MegaMoE kernel this layer's decode-sized batches take, and why (startup log)."""
+        x = torch.empty(1, self.config.hidden_size, dtype=dtype, device=self.device)
+        choice = choose_mega_backend(
+            get_deep_gemm(), get_tp_group_or_none(), x, self.mega_weights, self.mega_params,
+            device=self.device if self.device.type == "cuda" else None, local_weights=self.weights,
+        )  # fmt: skip
+        return choice.describe()
 
     def _forward_runner(self, hidden: torch.Tensor, topk: TopKOutput, inplace: bool) -> torch.Tensor:
         assert self.weights is not None

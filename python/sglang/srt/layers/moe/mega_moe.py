@@ -282,6 +282,48 @@ def run_mega_routed_experts(
     return y[:num_tokens]
 
 
+@dataclass(frozen=True)
+class MegaBackendChoice:
+    """Which MegaMoE kernel takes a batch: ``deep_gemm`` (DeepGEMM's, for this GPU), ``triton``
+    (ours, with ``triton_config``) or ``none`` (the normal MoE path); ``why`` says why."""
+
+    backend: str
+    why: str
+    triton_config: Any = None
+
+    def describe(self) -> str:
+        if self.backend == "deep_gemm":
+            return f"DeepGEMM's {self.why}"
+        if self.backend == "triton":
+            return f"our Triton persistent kernel (DeepGEMM's cannot run: {self.why})"
+        return f"the normal MoE path ({self.why})"
+
+
+def choose_mega_backend(
+    deep_gemm: Any,
+    group: Any,
+    x: torch.Tensor,
+    mega_weights: Any,
+    params: MegaMoEParams,
+    *,
+    device: int | torch.device | None = None,
+    local_weights: ExpertWeights | None = None,
+) -> MegaBackendChoice:
+    """DeepGEMM's kernel when it can take ``x``'s batch, else our Triton kernel on one GPU, else
+    the normal path; the same decision for the forward, the startup line and ``check_env``."""
+    reason = "MegaMoE weights were not built" if mega_weights is None else None
+    arch = device_sm_info(device).arch if deep_gemm is not None else 0
+    if reason is None:
+        reason = mega_moe_unusable_reason(deep_gemm, x.shape[0], arch, params, x.dtype)
+    if reason is None:
+        return MegaBackendChoice("deep_gemm", f"{mega_moe_kernel_name(arch)} (sm_{arch})")
+    group_size = int(getattr(group, "world_size", 1)) if group is not None else 1
+    config, triton_reason = triton_mega_config(x, local_weights, group_size, params.num_topk)
+    if config is not None:
+        return MegaBackendChoice("triton", reason, config)
+    return MegaBackendChoice("none", f"DeepGEMM's kernel: {reason}; our Triton kernel: {triton_reason}")
+
+
 def try_run_mega_routed(
     deep_gemm: Any,
     group: Any,
@@ -299,32 +341,20 @@ def try_run_mega_routed(
 
     DeepGEMM's kernel first; where it cannot run (no DeepGEMM, no built weights, SiTU or a shape
     on Hopper) our Triton persistent kernel takes single-GPU calls from ``local_weights``."""
-    reason = "MegaMoE weights were not built" if mega_weights is None else None
-    if reason is None:
-        arch = device_sm_info(device).arch if deep_gemm is not None else 0
-        reason = mega_moe_unusable_reason(deep_gemm, x.shape[0], arch, params, x.dtype)
-    if reason is None:
+    choice = choose_mega_backend(
+        deep_gemm, group, x, mega_weights, params, device=device, local_weights=local_weights
+    )
+    if choice.backend == "none":
+        log_once(logger, logging.WARNING, f"MegaMoE falls back to the normal MoE path: {choice.why}")
+        return None
+    log_once(logger, logging.INFO, f"MegaMoE backend: {choice.describe()}")
+    if choice.backend == "deep_gemm":
         assert mega_weights is not None
-        log_once(logger, logging.INFO, "MegaMoE backend: DeepGEMM's kernel")
         return run_mega_routed_experts(
             deep_gemm, group, x, topk_ids, topk_weights, mega_weights[0], mega_weights[1], params, device=device
         )
-    group_size = int(getattr(group, "world_size", 1)) if group is not None else 1
-    config, triton_reason = triton_mega_config(x, local_weights, group_size, params.num_topk)
-    if config is not None:
-        assert local_weights is not None
-        log_once(
-            logger, logging.INFO,
-            f"MegaMoE backend: our Triton persistent kernel, because DeepGEMM's cannot run: {reason}",
-        )  # fmt: skip
-        return run_triton_mega_routed(
-            x, topk_ids, topk_weights, local_weights, activation=params.activation,
-            swiglu_limit=params.activation_clamp, config=config,
-        )  # fmt: skip
-    log_once(
-        logger,
-        logging.WARNING,
-        f"MegaMoE falls back to the normal MoE path: DeepGEMM's kernel: {reason}; our Triton "
-        f"kernel: {triton_reason}",
-    )
-    return None
+    assert local_weights is not None
+    return run_triton_mega_routed(
+        x, topk_ids, topk_weights, local_weights, activation=params.activation,
+        swiglu_limit=params.activation_clamp, config=choice.triton_config,
+    )  # fmt: skip

@@ -5,6 +5,13 @@ weights actually touched plus activations in/out, each once) and TFLOP/s, and th
 roofline floor max(bytes / BW, flops / peak) the run reaches. Ceilings are those the device notes
 measured on these H200s: 4.3 TB/s copy, 790 TFLOP/s bf16 matmul; FP8 peak taken as 2x bf16.
 
+Runners: ``triton``, ``torch``, ``deep_gemm`` (its token-count choice), ``deep_gemm:masked`` and
+``deep_gemm:contiguous`` (one layout forced). The contiguous layout reads its size back to the host,
+so it cannot be captured: it is timed eagerly (``mode`` column). ``ref us`` is the reference
+fused MoE (SGLang 0.5.23's Triton path with its best H200 configs, measured on this GPU model on
+2026-12-01, ``shared/design/performance_targets.md``) where that table has the case, and
+``ref/ours`` its time over ours (> 1: ours is faster).
+
 Usage: python scripts/bench_moe.py [--shapes dsv4,k3] [--batches 1,8,32,128,512] [--runners triton]
 """
 
@@ -19,11 +26,24 @@ from tqdm import tqdm
 
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.layers.moe.moe_runner import MoERunConfig, create_moe_runner
+from sglang.srt.layers.moe.moe_runner import MoERunConfig, MoERunner, create_moe_runner
+from sglang.srt.layers.moe.moe_runner.deep_gemm import DeepGemmMoERunner
 from sglang.srt.layers.moe.topk import TopKOutput
 
 BW_BYTES_S = 4.3e12
 BF16_FLOPS = 790e12
+
+# The reference's times in us, (shape, dtype, M) -> us (performance_targets.md, one H200).
+REFERENCE_US = {
+    ("dsv4", "bf16", 1): 82, ("dsv4", "bf16", 128): 2740, ("dsv4", "bf16", 512): 3014,
+    ("dsv4", "bf16", 2048): 3275, ("dsv4", "bf16", 8192): 6346,
+    ("dsv4", "fp8", 1): 53, ("dsv4", "fp8", 128): 1437, ("dsv4", "fp8", 512): 1633,
+    ("dsv4", "fp8", 2048): 2041, ("dsv4", "fp8", 8192): 5305,
+    ("k3", "bf16", 1): 263, ("k3", "bf16", 512): 6053, ("k3", "bf16", 2048): 7257,
+    ("k3", "bf16", 8192): 19751,
+    ("k3", "fp8", 1): 146, ("k3", "fp8", 512): 3368, ("k3", "fp8", 2048): 5998,
+    ("k3", "fp8", 8192): 16331,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -71,6 +91,21 @@ def floor_terms(shape: Shape, m: int, topk: TopKOutput, fp8: bool) -> tuple[floa
     return weight_bytes + act_bytes, flops
 
 
+def make_runner(name: str, config: MoERunConfig) -> MoERunner:
+    """``name`` or ``deep_gemm:<layout>``."""
+    if name.startswith("deep_gemm:"):
+        return DeepGemmMoERunner(config, layout=name.split(":", 1)[1])  # type: ignore[arg-type]
+    return create_moe_runner(name, config)
+
+
+def time_ms(runner: MoERunner, fn) -> tuple[float, str]:  # type: ignore[no-untyped-def]
+    """CUDA-graph replay where the runner can be captured at this size, else eager."""
+    eager = isinstance(runner, DeepGemmMoERunner) and runner.layout == "contiguous"
+    if eager:
+        return triton.testing.do_bench(fn, warmup=25, rep=200), "eager"
+    return triton.testing.do_bench_cudagraph(fn, rep=200), "graph"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", default="dsv4,k3")
@@ -81,24 +116,36 @@ def main() -> None:
     device = torch.device("cuda")
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
-    cases = [(s, d, r) for s in args.shapes.split(",") for d in args.dtypes.split(",") for r in args.runners.split(",")]
-    for shape_key, dtype, runner_name in tqdm(cases, desc="shapes"):
+    cases = [(s, d) for s in args.shapes.split(",") for d in args.dtypes.split(",")]
+    for shape_key, dtype in tqdm(cases, desc="shapes"):
         shape = SHAPES[shape_key]
         fp8 = dtype == "fp8"
         weights = make_weights(shape, fp8, device)
-        runner = create_moe_runner(runner_name, MoERunConfig(shape.activation, 10.0 if shape.activation == "swiglu" else None))
-        for m in batches:
-            x, topk = make_batch(shape, m, device)
-            ms = triton.testing.do_bench_cudagraph(lambda: runner.run(x, topk, weights), rep=200)
-            nbytes, flops = floor_terms(shape, m, topk, fp8)
-            peak = BF16_FLOPS * (2 if fp8 else 1)
-            floor_ms = max(nbytes / BW_BYTES_S, flops / peak) * 1e3
-            rows.append((shape_key, dtype, runner_name, m, ms * 1e3, nbytes / (ms * 1e6), flops / (ms * 1e9), floor_ms / ms))
-        del weights
+        config = MoERunConfig(shape.activation, 10.0 if shape.activation == "swiglu" else None)
+        for runner_name in args.runners.split(","):
+            runner = make_runner(runner_name, config)
+            for m in batches:
+                if runner_name == "deep_gemm:masked" and m * shape.experts * shape.hidden > 2**31:
+                    continue  # [E, M, H] slabs past 4 GB: the layout is for decode sizes
+                x, topk = make_batch(shape, m, device)
+                ms, mode = time_ms(runner, lambda: runner.run(x, topk, weights))  # noqa: B023
+                nbytes, flops = floor_terms(shape, m, topk, fp8)
+                peak = BF16_FLOPS * (2 if fp8 else 1)
+                floor_ms = max(nbytes / BW_BYTES_S, flops / peak) * 1e3
+                ref = REFERENCE_US.get((shape_key, dtype, m))
+                rows.append((shape_key, dtype, runner_name, mode, m, ms * 1e3, nbytes / (ms * 1e6),
+                             flops / (ms * 1e9), floor_ms / ms, ref))  # fmt: skip
+                torch.cuda.empty_cache()
+        del runner, weights  # free this shape's experts before the next
         torch.cuda.empty_cache()
-    print(f"\n{'shape':<6} {'dtype':<5} {'runner':<8} {'M':>5} {'time us':>9} {'GB/s':>8} {'TFLOP/s':>8} {'of roofline':>12}")
-    for shape_key, dtype, runner_name, m, us, gbs, tflops, frac in rows:
-        print(f"{shape_key:<6} {dtype:<5} {runner_name:<8} {m:>5} {us:>9.1f} {gbs:>8.0f} {tflops:>8.1f} {frac:>11.0%}")
+    print(
+        "\n| shape | dtype | runner | mode | M | time us | GB/s | TFLOP/s | of roofline | ref us | ref/ours |"
+        "\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    for shape_key, dtype, runner_name, mode, m, us, gbs, tflops, frac, ref in rows:
+        ratio = f"{ref / us:.2f}" if ref else "-"
+        print(f"| {shape_key} | {dtype} | {runner_name} | {mode} | {m} | {us:.1f} | {gbs:.0f} | "
+              f"{tflops:.1f} | {frac:.0%} | {ref or '-'} | {ratio} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from sglang.test.fake_mega_moe_kernel import reference_sm90_mega_moe
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=60)
-pytestmark = pytest.mark.gpu
 
 _FAKE_ONLY = {"calls", "set_calls", "num_sms", "arch"}
 

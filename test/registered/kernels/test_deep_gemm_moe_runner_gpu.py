@@ -24,7 +24,7 @@ from test_fused_moe_triton_gpu import SHAPES, expert_weights, poison_allocator, 
 
 register_cuda_ci(est_time=300)
 
-M_VALUES = (1, 7, 64, 512, 2048, 8192)
+M_VALUES = (1, 7, 64, 65, 512, 2048, 8192)
 OWN_ACTIVATION = {"dsv4": ("swiglu", 1.0), "k3": ("situ", None)}
 TOL = {False: 2e-2, True: 6e-2}
 

@@ -79,7 +79,17 @@ def test_layout_by_token_count_and_never_contiguous_under_capture() -> None:
         small, large = 1, table[-1][0] + 1
         assert choose_layout(small, fp8, capturing=False) == table[0][1]
         assert choose_layout(large, fp8, capturing=False) == "contiguous"
-        assert choose_layout(large, fp8, capturing=True) == "masked"
+        assert choose_layout(large, fp8, capturing=True) == "triton"
+
+
+def test_layout_knob_forces_a_layout() -> None:
+    from sglang.srt.environ import EnvValueError, envs
+
+    with envs.SGLANG_DEEP_GEMM_MOE_LAYOUT.override("masked"):
+        assert DeepGemmMoERunner(MoERunConfig(), deep_gemm=FakeDeepGemmGemms()).layout_for(4096, True) == "masked"
+    with pytest.raises(EnvValueError, match="SGLANG_DEEP_GEMM_MOE_LAYOUT='strided'"):
+        with envs.SGLANG_DEEP_GEMM_MOE_LAYOUT.override("strided"):
+            pass
 
 
 def test_missing_entry_point_is_named() -> None:

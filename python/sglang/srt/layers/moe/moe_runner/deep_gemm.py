@@ -6,14 +6,17 @@ Three steps, each in its own function:
    - contiguous (prefill): rows sorted by expert, each expert's segment padded to DeepGEMM's M
      alignment, ``m_indices[row]`` = expert (-1 on padding). Its size is read back to the host;
    - masked (decode, CUDA graphs): ``[E, max_m, H]`` slabs, ``masked_m[e]`` valid rows, with
-     ``max_m`` the token count, so every shape is fixed by the batch size and nothing is read back;
+     ``max_m`` the token count rounded up to 64, so every shape is fixed by the batch size and
+     nothing is read back;
 2. ``_run_contiguous_gemm`` / ``_run_bf16_contiguous_gemm`` / ``_run_masked_gemm`` /
    ``_run_masked_bf16_gemm``: gate-up GEMM, activation (and the FP8 requantisation), down GEMM;
 3. :func:`post_permute_deep_gemm_to_standard`: top-k weighted sum back to ``[T, H]``, into the
    final output, which alone is allocated in the symmetric-memory scope.
 
 Which layout (or our Triton runner, where it measured faster) runs for a batch is chosen by token
-count (:data:`LAYOUT_BY_TOKENS`, from ``scripts/bench_moe.py`` on an H200; docs/performance.md).
+count (:data:`LAYOUT_BY_TOKENS`, from ``scripts/bench_moe.py`` on an H200; docs/performance.md),
+or forced with ``SGLANG_DEEP_GEMM_MOE_LAYOUT``. On one GPU the masked layout never wins (its
+slabs are mostly padding), so ``auto`` runs Triton at decode sizes, CUDA graphs included.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from sglang.kernels.ops.moe.gather_combine import gather_combine
 from sglang.kernels.ops.quant.fp8 import per_token_group_quant_fp8
+from sglang.srt.environ import envs
 from sglang.srt.layers.activation import act_and_mul
 from sglang.srt.layers.deep_gemm_adapter import (
     deep_gemm_call_guard,
@@ -41,12 +45,18 @@ Layout = Literal["contiguous", "masked", "triton"]
 LayoutChoice = Literal["auto", "contiguous", "masked", "triton"]
 
 # (largest token count, layout) per expert dtype, first match wins; beyond the last, contiguous.
-# Measured on one H200 at the DSv4 and K3 expert shapes (docs/performance.md, bench_moe.py).
+# Measured on one H200 at the DSv4 and K3 expert shapes (docs/performance.md, bench_moe.py):
+# Triton beats the masked layout at every M up to 512 (masked is 0.19-0.88x: its [E, max_m]
+# slabs are mostly padding on one GPU) and the contiguous one up to 512; at 2048 contiguous
+# wins with FP8 (DSv4 1.05x, K3 1.48x) and ties with bf16; at 8192 it wins both (1.10-1.67x).
 LAYOUT_BY_TOKENS: dict[str, tuple[tuple[int, Layout], ...]] = {
-    "bf16": ((1024, "triton"),),
+    "bf16": ((4096, "triton"),),
     "fp8": ((1024, "triton"),),
 }
 _FP8_GROUP = 128
+# DeepGEMM's masked GEMMs read wrong rows when the slab height is not a multiple of this
+# (measured on the H200 with 0.1.5.post1: max_m 1, 7, 16 wrong, 64 and 512 right).
+MASKED_M_ALIGN = 64
 
 
 @dataclass(frozen=True)
@@ -66,14 +76,15 @@ class MaskedLayout:
 
 def choose_layout(num_tokens: int, fp8: bool, capturing: bool) -> Layout:
     """The layout for a batch of ``num_tokens``: from :data:`LAYOUT_BY_TOKENS`; never contiguous
-    while a CUDA graph is captured (its size is read back to the host)."""
+    while a CUDA graph is captured (its size is read back to the host): Triton then, which
+    measured faster than the masked layout at every size."""
     layout: Layout = "contiguous"
     for max_tokens, choice in LAYOUT_BY_TOKENS["fp8" if fp8 else "bf16"]:
         if num_tokens <= max_tokens:
             layout = choice
             break
     if capturing and layout == "contiguous":
-        return "masked"
+        return "triton"
     return layout
 
 
@@ -117,7 +128,8 @@ def permute_contiguous(hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts
 def permute_masked(hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> MaskedLayout:
     t, k = topk_ids.shape
     h = hidden.shape[1]
-    max_m = max(t, 1)  # a token picks an expert at most once
+    # A token picks an expert at most once, so t rows a slab suffice; rounded up for DeepGEMM.
+    max_m = max(1, -(-t // MASKED_M_ALIGN)) * MASKED_M_ALIGN
     flat = topk_ids.reshape(-1).long()
     key, rank, counts = _expert_ranks(flat, num_experts)
     valid = key < num_experts
@@ -202,10 +214,11 @@ class DeepGemmMoERunner(MoERunner):
     # Under capture only the masked layout or the Triton runner runs: fixed shapes, no host read.
     capture_safe = True
 
-    def __init__(self, config: MoERunConfig, deep_gemm: Any = None, *, layout: LayoutChoice = "auto") -> None:
+    def __init__(self, config: MoERunConfig, deep_gemm: Any = None, *, layout: LayoutChoice | None = None) -> None:
+        """``layout`` None: ``SGLANG_DEEP_GEMM_MOE_LAYOUT``."""
         super().__init__(config)
         self._dg = deep_gemm
-        self.layout = layout
+        self.layout: LayoutChoice = layout or envs.SGLANG_DEEP_GEMM_MOE_LAYOUT.get()  # type: ignore[assignment]
 
     @property
     def dg(self) -> Any:

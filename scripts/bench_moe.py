@@ -12,7 +12,11 @@ fused MoE (SGLang 0.5.23's Triton path with its best H200 configs, measured on t
 2026-12-01, ``shared/design/performance_targets.md``) where that table has the case, and
 ``ref/ours`` its time over ours (> 1: ours is faster).
 
+With ``--profile`` it prints, for each case instead, the GPU time of each kernel of one call
+(torch profiler, 10 calls averaged): where a layer's time goes.
+
 Usage: python scripts/bench_moe.py [--shapes dsv4,k3] [--batches 1,8,32,128,512] [--runners triton]
+       [--profile]
 """
 
 from __future__ import annotations
@@ -106,12 +110,33 @@ def time_ms(runner: MoERunner, fn) -> tuple[float, str]:  # type: ignore[no-unty
     return triton.testing.do_bench_cudagraph(fn, rep=200), "graph"
 
 
+def profile_rows(runner: MoERunner, fn, label: str) -> None:  # type: ignore[no-untyped-def]
+    """Per-kernel GPU time of one call of ``fn`` (mean over 10), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: e.device_time_total, reverse=True)
+    total = sum(e.device_time_total for e in events) / 10
+    print(f"\n{label}: {total:.0f} us of GPU time a call")
+    print("| kernel | calls a call | us a call | share |\n|---|---:|---:|---:|")
+    for e in events[:12]:
+        us = e.device_time_total / 10
+        print(f"| {e.key[:70]} | {e.count // 10} | {us:.1f} | {us / total:.0%} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", default="dsv4,k3")
     parser.add_argument("--batches", default="1,8,32,128,512")
     parser.add_argument("--runners", default="triton")
     parser.add_argument("--dtypes", default="bf16,fp8")
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     device = torch.device("cuda")
     batches = [int(b) for b in args.batches.split(",")]
@@ -128,6 +153,10 @@ def main() -> None:
                 if runner_name == "deep_gemm:masked" and m * shape.experts * shape.hidden > 2**31:
                     continue  # [E, M, H] slabs past 4 GB: the layout is for decode sizes
                 x, topk = make_batch(shape, m, device)
+                if args.profile:
+                    label = f"{shape_key} {dtype} {runner_name} M={m}"
+                    profile_rows(runner, lambda: runner.run(x, topk, weights), label)  # noqa: B023
+                    continue
                 ms, mode = time_ms(runner, lambda: runner.run(x, topk, weights))  # noqa: B023
                 nbytes, flops = floor_terms(shape, m, topk, fp8)
                 peak = BF16_FLOPS * (2 if fp8 else 1)

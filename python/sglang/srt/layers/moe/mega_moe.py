@@ -20,7 +20,7 @@ import torch.distributed as dist
 from sglang.srt.environ import envs
 from sglang.srt.layers.deep_gemm_adapter import has_entry_point, resolve_entry_point
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.layers.moe.mega_moe_triton_backend import run_triton_mega_routed, triton_mega_config
+from sglang.srt.layers.moe import mega_moe_triton_backend as triton_backend
 from sglang.srt.layers.moe.moe_runner.base import moe_output_scope
 from sglang.srt.layers.moe.sm_budget import (  # noqa: F401  (the seed's names, importable here)
     _configure_mega_moe_deep_gemm_num_sms,
@@ -318,7 +318,7 @@ def choose_mega_backend(
     if reason is None:
         return MegaBackendChoice("deep_gemm", f"{mega_moe_kernel_name(arch)} (sm_{arch})")
     group_size = int(getattr(group, "world_size", 1)) if group is not None else 1
-    config, triton_reason = triton_mega_config(x, local_weights, group_size, params.num_topk)
+    config, triton_reason = triton_backend.triton_mega_config(x, local_weights, group_size, params.num_topk)
     if config is not None:
         return MegaBackendChoice("triton", reason, config)
     return MegaBackendChoice("none", f"DeepGEMM's kernel: {reason}; our Triton kernel: {triton_reason}")
@@ -354,7 +354,7 @@ def try_run_mega_routed(
             deep_gemm, group, x, topk_ids, topk_weights, mega_weights[0], mega_weights[1], params, device=device
         )
     assert local_weights is not None
-    return run_triton_mega_routed(
+    return triton_backend.run_triton_mega_routed(
         x, topk_ids, topk_weights, local_weights, activation=params.activation,
         swiglu_limit=params.activation_clamp, config=choice.triton_config,
     )  # fmt: skip

@@ -104,14 +104,14 @@ def test_mega_path_with_built_weights_matches_normal_path(
     for layer in mega.decoder_layers:
         (l1, l1_sf), _ = layer.ffn.experts.mega_weights
         assert l1.dtype == torch.int8 and l1_sf.dtype == torch.int32 and l1_sf.stride(1) == 1
-        run = layer.ffn.experts.forward
+        run = layer.ffn.experts.forward_mega
 
         def record(x: torch.Tensor, topk: Any, run: Any = run, **kw: Any) -> torch.Tensor:
             y = run(x, topk, **kw)
             seen.append((x.clone(), topk, y))
             return y
 
-        monkeypatch.setattr(layer.ffn.experts, "forward", record)
+        monkeypatch.setattr(layer.ffn.experts, "forward_mega", record)
     with torch.no_grad():
         got = mega(ids, torch.arange(12))
     names = [n for n, _ in rec.dg.calls]

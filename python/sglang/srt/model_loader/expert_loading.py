@@ -24,6 +24,7 @@ from sglang.srt.layers.moe.expert_weights import (
 )
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.quantization.mxfp4 import MXFP4_DTYPES, MXFP4_GROUP
+from sglang.srt.model_loader.checkpoint_experts import CheckpointExperts
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
 from sglang.srt.model_loader.mega_moe_prep import MegaWeightBuilder, attach_mega_weights
 
@@ -31,17 +32,6 @@ FP8_DTYPES = (torch.float8_e4m3fn,)
 
 # The suffixes, in order of preference, that may replace ``.weight`` to name a weight's scale.
 ScaleSuffixes = Callable[[WeightFormat], tuple[str, ...]]
-
-
-@dataclass(frozen=True)
-class CheckpointExperts:
-    """One layer's experts as stored, stacked: ``w13 = [w1; w3]`` on rows, and their scales."""
-
-    fmt: WeightFormat
-    w13: torch.Tensor
-    w2: torch.Tensor
-    w13_scale: torch.Tensor | None = None
-    w2_scale: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -28,12 +28,9 @@ from sglang.srt.layers.moe.mega_moe_weights import (
     build_mega_moe_experts_weights,
 )
 from sglang.srt.layers.quantization.mxfp4 import MXFP4_DTYPES
+from sglang.srt.model_loader.checkpoint_experts import CheckpointExperts
 from sglang.srt.model_loader.checkpoint_index import WeightLoadError
 from sglang.srt.utils.log import get_logger, log_once
-
-if TYPE_CHECKING:
-    # Annotation only: expert_loading imports this module to attach MegaMoE weights per layer.
-    from sglang.srt.model_loader.expert_loading import CheckpointExperts
 
 logger = get_logger(__name__)
 

@@ -247,6 +247,10 @@ class TokenizerManager:
                 self._loop.call_soon_threadsafe(self._dispatch, msg)
             except RuntimeError:  # loop closed
                 return
+        if not self._closing:  # the pipe closes a moment before the exit can be read
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and all(p.exitcode is None for p in self.handle.procs):
+                time.sleep(0.02)
         try:
             self._loop.call_soon_threadsafe(self._scheduler_gone, self._dead_ranks_reason())
         except RuntimeError:
@@ -351,7 +355,10 @@ class TokenizerManager:
         if finish is not None and finish.kind == "abort":
             # The client's own aborts end the state before the scheduler answers (see above), so
             # this is the server's: a failed forward. The client gets an error, not a short text.
-            state.error = RequestError(f"the request failed: {finish.message or 'aborted'}", 500)
+            why = finish.message or "aborted"
+            if any(p.exitcode is not None for p in self.handle.procs):  # a collective broke
+                why = f"{self._dead_ranks_reason()} ({why})"
+            state.error = RequestError(f"the request failed: {why}", 500)
             state.event.set()
             return
         if finish is not None:

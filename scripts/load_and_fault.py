@@ -120,6 +120,11 @@ def _good_body(rng: random.Random, stream: bool = True) -> tuple[str, dict[str, 
                          "sampling_params": {"max_new_tokens": out_len, "ignore_eos": True}}  # fmt: skip
 
 
+def _role_only(event: dict[str, Any]) -> bool:
+    choices = event.get("choices") or [{}]
+    return all("role" in (c.get("delta") or {}) and not c.get("finish_reason") for c in choices)
+
+
 def _finished(path: str, event: dict[str, Any]) -> bool:
     if path == "/generate":
         return event.get("meta_info", {}).get("finish_reason") is not None
@@ -149,6 +154,8 @@ async def _stream(client: httpx.AsyncClient, path: str, body: dict[str, Any],
                 event = json.loads(data)
                 if "error" in event:
                     return Outcome("failed", detail=str(event["error"])[:200])
+                if _role_only(event):
+                    continue  # chat's first chunk is sent before the request is scheduled
                 if out.ttft is None:
                     out.ttft = now - t0
                 elif last is not None:

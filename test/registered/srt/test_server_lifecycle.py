@@ -94,7 +94,7 @@ def test_api_key_then_graceful_sigterm() -> None:
 
         long = _Stream(base + "/v1/completions", LONG, auth)
         short = _Stream(base + "/v1/completions",
-                        {**LONG, "max_tokens": 40, "prompt": "Hello"}, auth)  # fmt: skip
+                        {**LONG, "max_tokens": 16, "prompt": "Hello"}, auth)  # fmt: skip
         long.start()
         assert long.first.wait(30) and long.error is None
         short.start()

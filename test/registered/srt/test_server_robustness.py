@@ -102,6 +102,9 @@ NUMERIC = [
     ("/v1/completions", {**COMP, "logit_bias": {"5": 1e9}}, "logit_bias"),
     ("/v1/completions", {**COMP, "logit_bias": {"99999999": 1}}, "logit_bias"),
     ("/v1/completions", {**COMP, "repetition_penalty": 1e300}, "repetition_penalty"),
+    ("/v1/completions", {"prompt": ["a"] * 100, "max_tokens": 2, "n": 20}, "at most 1024"),
+    ("/generate", {"text": ["a"] * 100, "sampling_params": {"n": 20}}, "at most 1024"),
+    ("/v1/completions", {**COMP, "stop": ["x"] * 1000}, "stop"),
 ]
 
 

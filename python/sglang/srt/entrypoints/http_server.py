@@ -40,6 +40,7 @@ from sglang.srt.managers.tokenizer_manager import (
     GenerateRequest,
     RequestError,
     TokenizerManager,
+    check_choices,
     expand_n,
     load_server_tokenizer,
 )
@@ -186,6 +187,7 @@ def _generate_requests(body: GenerateReqInput) -> list[GenerateRequest]:
         raise RequestError(str(exc)) from None
     if len(prompts) > 1 and body.rid is not None:
         raise RequestError("rid names one request; leave it out for a batch")
+    check_choices(len(prompts), max(p.n for p in params))
     # n > 1: each prompt's choices follow one another (SGLang's order).
     return [
         child

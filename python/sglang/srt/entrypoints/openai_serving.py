@@ -24,6 +24,7 @@ from sglang.srt.managers.tokenizer_manager import (
     PreparedRequest,
     RequestError,
     TokenizerManager,
+    check_choices,
     expand_n,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
@@ -172,6 +173,7 @@ class OpenAIServing:
             prompts = [(None, list(x)) for x in p]  # type: ignore[arg-type]
         # max_tokens 0 with echo scores the prompt only (its log-probs), as in vLLM.
         params = _sampling_params(req, req.max_tokens, "max_tokens", 0 if req.echo else 1)
+        check_choices(len(prompts), params.n)
         if req.logprobs is not None:
             _check_top(req.logprobs, "logprobs")
         want_lp = req.logprobs is not None

@@ -92,6 +92,18 @@ class GenerateRequest:
     max_tokens_param: str = "max_new_tokens"
 
 
+# Prompts x n of one HTTP request at most: each becomes a request of its own.
+MAX_CHOICES = 1024
+
+
+def check_choices(num_prompts: int, n: int) -> None:
+    if num_prompts * n > MAX_CHOICES:
+        raise RequestError(
+            f"{num_prompts} prompts x n={n} is {num_prompts * n} generations; one request takes "
+            f"at most {MAX_CHOICES}: split it"
+        )
+
+
 def expand_n(req: GenerateRequest) -> list[GenerateRequest]:
     """``n`` choices of one prompt as ``n`` requests. With a seed, choice ``i`` samples with
     ``seed + i`` (kept in the seed's 64-bit range), so the choices differ and are reproducible."""

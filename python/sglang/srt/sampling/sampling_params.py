@@ -22,6 +22,9 @@ MAX_TEMPERATURE = 100.0  # beyond this the distribution is uniform to fp32 preci
 MAX_TOP_K = 2**31 - 1
 MAX_N = 128
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for logit_bias values
+# Stop conditions and biases are checked every step of the request; bound how many there are.
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 1024
+MAX_STOP_TOKEN_IDS = MAX_LOGIT_BIAS = 1024
 
 
 class SamplingParamsError(ValueError):
@@ -69,12 +72,21 @@ class SamplingParams:
             raise SamplingParamsError("stop must be a string or a list of strings")
         if any(s == "" for s in stop):
             raise SamplingParamsError("stop strings must not be empty")
+        if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+            raise SamplingParamsError(
+                f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} "
+                f"characters, got {len(stop)} (longest {max(len(s) for s in stop)})"
+            )
         object.__setattr__(self, "stop", tuple(stop))
         ids = self.stop_token_ids
         if not isinstance(ids, (list, tuple)) or not all(
             _is_int(i) and 0 <= i <= INT64_MAX for i in ids
         ):
             raise SamplingParamsError("stop_token_ids must be a list of non-negative integers")
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            raise SamplingParamsError(
+                f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}"
+            )
         object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in ids))
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
@@ -133,6 +145,9 @@ def _parse_logit_bias(raw: object) -> tuple[tuple[int, float], ...]:
         items = [tuple(p) for p in raw]
     else:
         raise SamplingParamsError("logit_bias must map token ids to numbers")
+    if len(items) > MAX_LOGIT_BIAS:
+        raise SamplingParamsError(f"logit_bias takes at most {MAX_LOGIT_BIAS} entries, got "
+                                  f"{len(items)}")  # fmt: skip
     out: dict[int, float] = {}
     for key, value in items:
         token = key

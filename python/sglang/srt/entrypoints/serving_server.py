@@ -66,7 +66,7 @@ class ServingServer(uvicorn.Server):
         tm.begin_drain()
         logger.info(
             f"{name}: shutting down; no new requests, waiting up to {self.grace_s:g}s for "
-            f"{len(tm.states)} in flight (--shutdown-timeout)"
+            f"{len(tm.states)} in flight (--shutdown-timeout; signal again to end them now)"
         )
         start = loop.time()
         while tm.states and loop.time() - start < self.grace_s:

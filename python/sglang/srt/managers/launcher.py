@@ -151,7 +151,7 @@ def _startup_error(first: tuple[int, str, str], status: Any, procs: list[Any]) -
     parts = []
     for message, ranks in by_message.items():
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-        parts.append(f"scheduler {who} failed to start: {message}")
+        parts.append(f"scheduler {who}: {message}")
     return EngineStartupError("; ".join(parts) + " (--log-level debug shows the traceback)")
 
 

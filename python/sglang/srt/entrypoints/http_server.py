@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -411,6 +412,10 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum} during startup")
+
+
 def launch_server(args: ServerArgs) -> int:
     """Start the schedulers, then serve HTTP until SIGTERM/SIGINT (a drain, see
     :mod:`serving_server`) or until a scheduler rank dies; stop the schedulers on the way out.
@@ -425,6 +430,9 @@ def launch_server(args: ServerArgs) -> int:
     args = args.resolved()
     args.validate()
     _check_port_free(args.host, args.port)
+    # Until uvicorn installs its handlers, SIGTERM interrupts the startup like Ctrl-C (the ranks
+    # started so far are stopped on the way out) instead of killing this process outright.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     args = resolve_model_path(args)
     tokenizer = load_server_tokenizer(args)
     handle = launch_schedulers(args)

@@ -7,6 +7,7 @@ manager; each TP rank is a spawned process; rank 0 talks to this process over tw
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import queue
@@ -37,12 +38,17 @@ class SchedulerHandle:
     model_info: ModelInfo
     status: Any = None  # the startup status queue, closed with the handle
     rendezvous_dir: str | None = None  # torch.distributed's file store, removed with the handle
+    stopped: bool = False
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.procs)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Ask rank 0 to stop (it tells the others), then make sure every process is gone."""
+        """Ask rank 0 to stop (it tells the others), then make sure every process is gone.
+        Idempotent."""
+        if self.stopped:
+            return
+        self.stopped = True
         try:
             self.to_scheduler.send(ShutdownReq())
         except (OSError, ValueError):
@@ -124,6 +130,10 @@ def launch_schedulers(args: ServerArgs) -> SchedulerHandle:
         status=status,
         rendezvous_dir=rendezvous_dir,  # type: ignore[arg-type]
     )
+    # Ranks ignore SIGTERM, so multiprocessing's own exit hook (terminate, then join without a
+    # timeout) would wait forever for them if the owner never called shutdown (an Engine left
+    # to the interpreter's exit); this hook runs before it and kills what is left.
+    atexit.register(handle.shutdown, 2.0)
     try:
         handle.model_info = _wait_ready(procs, status, envs.SGLANG_STARTUP_TIMEOUT_S.get())
     except BaseException:

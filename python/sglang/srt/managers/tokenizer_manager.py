@@ -305,7 +305,7 @@ class TokenizerManager:
         if not self.scheduler_alive:
             return
         self.scheduler_alive = False
-        if self._closing:
+        if self._closing or getattr(self.handle, "stopped", False):  # an ordered stop
             self.fail_all("the server is shutting down", 503)
             return
         self.fatal_error = reason

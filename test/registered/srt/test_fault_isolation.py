@@ -187,7 +187,7 @@ def test_prepare_tokenizes_off_the_event_loop() -> None:
     finally:
         tm.close()
     assert n == 8
-    assert worst_gap < 0.3, worst_gap  # the 0.8 s encode ran elsewhere
+    assert worst_gap < 0.5, worst_gap  # the 0.8 s encode ran elsewhere
 
 
 def test_tokenizer_releases_the_gil() -> None:

@@ -196,5 +196,26 @@ def test_bad_env_knob_rejected_at_launch(value: str) -> None:
     assert check.returncode == 1 and want in check.stdout
 
 
+_NO_SHUTDOWN = """
+from sglang import Engine
+if __name__ == "__main__":
+    e = Engine(device="cpu", log_level="warning")
+    print("tokens", e.generate("hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"])
+    keep = e  # never shut down: the interpreter's exit must still stop the ranks
+"""
+
+
+def test_engine_left_running_exits_cleanly(tmp_path: Any) -> None:
+    """Ranks ignore SIGTERM (the launcher owns shutdown); an Engine the script never shut down
+    must not hang multiprocessing's exit hook, which terminates and joins daemon children."""
+    script = tmp_path / "no_shutdown.py"
+    script.write_text(_NO_SHUTDOWN)
+    out = subprocess.run([sys.executable, str(script)], check=False, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "tokens 2" in out.stdout
+    assert "ERROR" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 if __name__ == "__main__":
     run_this_file(__file__)

@@ -39,7 +39,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.launcher import SchedulerHandle
 from sglang.srt.managers.metrics import ServerMetrics
 from sglang.srt.managers.tokenizer import TextTokenizer, load_tokenizer
-from sglang.srt.sampling.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
+from sglang.srt.sampling.sampling_params import SEED_MAX, SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
@@ -106,7 +106,7 @@ def check_choices(num_prompts: int, n: int) -> None:
 
 def expand_n(req: GenerateRequest) -> list[GenerateRequest]:
     """``n`` choices of one prompt as ``n`` requests. With a seed, choice ``i`` samples with
-    ``seed + i`` (kept in the seed's 64-bit range), so the choices differ and are reproducible."""
+    ``seed + i`` (modulo 2**64), so the choices differ and are reproducible."""
     p = req.sampling_params
     if p.n == 1:
         return [req]
@@ -114,8 +114,8 @@ def expand_n(req: GenerateRequest) -> list[GenerateRequest]:
         raise RequestError("rid names one request; leave it out when n > 1")
     out = []
     for i in range(p.n):
-        seed = None if p.seed is None else (p.seed - SEED_MIN + i) % (SEED_MAX - SEED_MIN + 1)
-        seed = None if seed is None else seed + SEED_MIN
+        # torch reads a seed modulo 2**64, so this is seed + i as the generator sees it.
+        seed = None if p.seed is None else (p.seed + i) % (SEED_MAX + 1)
         params = dataclasses.replace(p, n=1, seed=seed)
         out.append(dataclasses.replace(req, sampling_params=params))
     return out

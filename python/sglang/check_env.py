@@ -16,12 +16,13 @@ from sglang.srt.environ import Envs, EnvValueError
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
 from sglang.srt.layers.moe.sm_budget import _mega_moe_max_num_sms, mega_moe_sm_budget
 from sglang.srt.utils.device import device_sm_info
+from sglang.srt.utils.env_check import unknown_env_vars
 
 
 def _optional_version(name: str) -> str:
     try:
         module = __import__(name)
-    except Exception as exc:  # optional packages may be missing or broken
+    except Exception as exc:  # noqa: BLE001 - optional packages may be missing or broken
         return f"unavailable ({type(exc).__name__})"
     return str(getattr(module, "__version__", "unknown"))
 
@@ -58,6 +59,8 @@ def main() -> int:
         except EnvValueError as exc:
             shown, ok = f"ERROR: {exc}", False
         print(f"  {name} = {shown}")
+    for message in unknown_env_vars():
+        print(f"  WARNING: {message}")
 
     if not torch.cuda.is_available():
         print("\nNo CUDA device: the engine runs its CPU paths (torch MoE runner, gloo).")

@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sglang.srt.managers.tokenizer import TokenizerLoadError
 
     try:
-        launch_server(args)
+        return launch_server(args)
     except (ServerArgsError, TokenizerLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

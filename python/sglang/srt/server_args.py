@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from sglang.srt.utils.log import get_logger
+
+logger = get_logger(__name__)
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 DEVICE_CHOICES = ("cuda", "cpu")
@@ -66,6 +71,10 @@ class ServerArgs:
     port: int = 30000
     enable_metrics: bool = False
     log_level: str = "info"
+    api_key: str | None = None
+    max_request_bytes: int = 16 * 1024 * 1024
+    max_json_depth: int = 64
+    shutdown_timeout: float = 30.0
 
     # --- derived ------------------------------------------------------------------------------
 
@@ -116,8 +125,19 @@ class ServerArgs:
     # --- validation ---------------------------------------------------------------------------
 
     def validate(self) -> None:
-        """Raise :class:`ServerArgsError` for options that cannot work. Call on a resolved copy."""
+        """Raise :class:`ServerArgsError` for options that cannot work, or for SGLANG_* knobs
+        with bad values (all of them named at once). Call on a resolved copy."""
         import torch
+
+        from sglang.srt.utils.env_check import env_errors, unknown_env_vars
+
+        bad_env = env_errors()
+        if bad_env:
+            raise ServerArgsError(
+                "; ".join(bad_env) + " (python -m sglang.check_env lists every knob)"
+            )
+        for message in unknown_env_vars():
+            logger.warning(message)
 
         _check(self.tp_size >= 1, f"--tp-size must be >= 1, got {self.tp_size}")
         _check(1 <= self.port <= 65535, f"--port must be in 1..65535, got {self.port}")
@@ -142,6 +162,22 @@ class ServerArgs:
             or self.chunked_prefill_size >= 1,
             f"--chunked-prefill-size must be >= 1, or -1 to turn chunking off; "
             f"got {self.chunked_prefill_size}",
+        )
+        _check(
+            self.max_request_bytes >= 1024,
+            f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}",
+        )
+        _check(
+            1 <= self.max_json_depth <= 512,
+            f"--max-json-depth must be in [1, 512], got {self.max_json_depth}",
+        )
+        _check(
+            math.isfinite(self.shutdown_timeout) and self.shutdown_timeout >= 0,
+            f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}",
+        )
+        _check(
+            self.api_key is None or (self.api_key.strip() != "" and self.api_key.isprintable()),
+            "--api-key must be a non-empty printable string",
         )
         _check(
             0.0 < self.mem_fraction_static <= 1.0,
@@ -375,6 +411,31 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         str,
         "Logging level of the server and the scheduler processes.",
         LOG_LEVEL_CHOICES,
+    )
+    _add_option(
+        g,
+        "--api-key",
+        str,
+        "Require 'Authorization: Bearer <key>' on every endpoint except /health (401 without).",
+    )
+    _add_option(
+        g,
+        "--max-request-bytes",
+        int,
+        "Largest request body in bytes; a larger one gets 413 before it is read or parsed.",
+    )
+    _add_option(
+        g,
+        "--max-json-depth",
+        int,
+        "Deepest nesting of arrays and objects a JSON body may have (400 beyond).",
+    )
+    _add_option(
+        g,
+        "--shutdown-timeout",
+        float,
+        "Seconds SIGTERM/SIGINT lets requests in flight finish (new ones get 503) before the "
+        "rest are ended with an error and the server exits 0. A second signal ends them at once.",
     )
 
 

@@ -25,6 +25,7 @@ from _server_testing import ServerProcess
 register_cpu_ci(est_time=45)
 
 PROMPT = "Once upon a time there was"
+MODEL = "sglang-default-tiny-dsv4"  # the built-in model's served name
 MESSAGES = [{"role": "user", "content": "Tell me a story about a robot."}]
 
 
@@ -73,13 +74,13 @@ def test_health_and_info(server: ServerProcess, client: openai.OpenAI) -> None:
 
 
 def test_completions(client: openai.OpenAI, engine: Engine) -> None:
-    out = client.completions.create(model="x", prompt=PROMPT, max_tokens=10, temperature=0)
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0)
     want = engine.generate(PROMPT, {"max_new_tokens": 10, "temperature": 0})
     assert out.choices[0].text == want["text"]
     assert out.usage is not None and out.usage.completion_tokens == len(want["output_ids"])
     assert out.choices[0].finish_reason in ("length", "stop")
     parts = client.completions.create(
-        model="x", prompt=PROMPT, max_tokens=10, temperature=0, stream=True
+        model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0, stream=True
     )
     chunks = list(parts)
     assert "".join(c.choices[0].text for c in chunks) == want["text"]
@@ -88,7 +89,7 @@ def test_completions(client: openai.OpenAI, engine: Engine) -> None:
 
 def test_completions_logprobs_and_batch(client: openai.OpenAI) -> None:
     out = client.completions.create(
-        model="x", prompt=[PROMPT, "Hello"], max_tokens=4, temperature=0, logprobs=2
+        model=MODEL, prompt=[PROMPT, "Hello"], max_tokens=4, temperature=0, logprobs=2
     )
     assert [c.index for c in out.choices] == [0, 1]
     lp = out.choices[0].logprobs
@@ -102,7 +103,7 @@ def test_chat(client: openai.OpenAI, engine: Engine) -> None:
     ids = tok.encode(tok.apply_chat_template(MESSAGES), add_special_tokens=False)
     want = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 12, "temperature": 0})
     out = client.chat.completions.create(
-        model="x",
+        model=MODEL,
         messages=MESSAGES,
         max_tokens=12,
         temperature=0,
@@ -113,7 +114,7 @@ def test_chat(client: openai.OpenAI, engine: Engine) -> None:
     assert out.choices[0].logprobs is not None
     assert len(out.choices[0].logprobs.content or []) == len(want["output_ids"])
     stream = client.chat.completions.create(
-        model="x", messages=MESSAGES, max_tokens=12, temperature=0, stream=True,  # type: ignore[arg-type]
+        model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0, stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True},
     )  # fmt: skip
     chunks = list(stream)
@@ -180,7 +181,7 @@ def test_bad_requests_then_good(
 
 def test_openai_client_sees_bad_request(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model="x", prompt="", max_tokens=3)
+        client.completions.create(model=MODEL, prompt="", max_tokens=3)
 
 
 def _wait_until(predicate: object, timeout_s: float = 15.0) -> bool:

@@ -24,6 +24,7 @@ from sglang.srt.managers.tokenizer_manager import (
     GenerateRequest,
     RequestError,
     TokenizerManager,
+    expand_n,
     load_server_tokenizer,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
@@ -91,10 +92,13 @@ class Engine:
         if len(params_list) != len(items):
             raise RequestError(f"{len(params_list)} sampling_params for {len(items)} prompts")
         reqs = [
-            GenerateRequest(text=t, input_ids=ids, sampling_params=self._params(p), **common)
+            child
             for (t, ids), p in zip(items, params_list)
+            for child in expand_n(
+                GenerateRequest(text=t, input_ids=ids, sampling_params=self._params(p), **common)
+            )
         ]
-        return reqs, batch
+        return reqs, batch or len(reqs) > 1
 
     # --- API -----------------------------------------------------------------------------------
 

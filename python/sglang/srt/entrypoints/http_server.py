@@ -2,7 +2,11 @@
 
 Errors are JSON in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with a
 4xx status for requests the server will not run (bad types, bad values, empty or too-long
-prompts); the server keeps serving. A client that disconnects has its request aborted.
+prompts, unknown model, unsupported parameters, unknown paths and methods); the server keeps
+serving. An exception while serving one request fails that request alone (a JSON 500 naming it).
+A client that disconnects has its request aborted. Shutdown and a dying scheduler rank are
+handled by :mod:`serving_server`; the API key, body-size limit and last-resort error handling
+by :mod:`middleware`.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,20 +22,27 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sglang import __version__
-from sglang.srt.entrypoints.openai_serving import OpenAIServing, sse
+from sglang.srt.entrypoints.errors import error_response
+from sglang.srt.entrypoints.json_body import JSONBodyError, parse_json
+from sglang.srt.entrypoints.middleware import GuardMiddleware
+from sglang.srt.entrypoints.openai_serving import OpenAIServing, error_event, sse
 from sglang.srt.entrypoints.protocol import (
     AbortReqInput,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateReqInput,
+    _Body,
 )
 from sglang.srt.managers.tokenizer_manager import (
     GenerateRequest,
     RequestError,
     TokenizerManager,
+    check_choices,
+    expand_n,
     load_server_tokenizer,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
@@ -41,25 +52,12 @@ from sglang.srt.utils.log import get_logger
 logger = get_logger(__name__)
 
 T = TypeVar("T")
-B = TypeVar("B", bound=BaseModel)
+B = TypeVar("B", bound=_Body)
 OpenAIBody = TypeVar("OpenAIBody", CompletionRequest, ChatCompletionRequest)
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
-                503: "ServiceUnavailableError"}  # fmt: skip
+# Bodies up to this size are parsed on the event loop; larger ones in a worker thread.
+_INLINE_PARSE_BYTES = 256 * 1024
 
-
-def error_response(message: str, status_code: int = 400, param: str | None = None) -> JSONResponse:
-    return JSONResponse(
-        status_code=status_code,
-        content={
-            "object": "error",
-            "error": {
-                "message": message,
-                "type": _ERROR_TYPES.get(status_code, "Error"),
-                "param": param,
-                "code": status_code,
-            },
-        },
-    )
+__all__ = ["create_app", "error_response", "launch_server"]
 
 
 class ClientDisconnected(Exception):
@@ -92,17 +90,50 @@ def _validation_response(errors: list[Any]) -> JSONResponse:
     return error_response("invalid request: " + "; ".join(parts), 400, param)
 
 
-async def parse_body(request: Request, model: type[B]) -> B:
+async def parse_body(request: Request, model: type[B], tm: TokenizerManager) -> B:
     """The JSON body as ``model``, whatever the Content-Type header says (curl -d sends form
-    encoding by default). Raises RequestError / ValidationError, both answered with a 400."""
+    encoding by default): depth-limited, valid Unicode, only parameters the server implements.
+    Raises RequestError / ValidationError, both answered with a 400."""
     raw = await request.body()
+    depth = tm.args.max_json_depth
     try:
-        data = json.loads(raw) if raw else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+        if not raw:
+            data = None
+        elif len(raw) <= _INLINE_PARSE_BYTES:
+            data = parse_json(raw, depth)
+        else:
+            data = await tm.run_blocking(parse_json, raw, depth)
+    except JSONBodyError as exc:
+        raise RequestError(str(exc)) from None
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object")
-    return model.model_validate(data)
+    body = model.model_validate(data)
+    problems = body.unsupported()
+    if problems:
+        raise RequestError(
+            "unsupported parameter(s): " + "; ".join(problems) + ". Remove them, or see the docs "
+            "for what this server implements"
+        )
+    return body
+
+
+def _check_model(tm: TokenizerManager, name: str | None) -> None:
+    """OpenAI's ``model`` must name what this server serves (the served name or the path)."""
+    if name is None or name in _served_names(tm):
+        return
+    raise RequestError(
+        f"the model {name!r} does not exist here; this server serves {tm.served_model_name!r} "
+        "(see /v1/models)",
+        404,
+        param="model",
+    )
+
+
+def _served_names(tm: TokenizerManager) -> set[str]:
+    names = {tm.served_model_name, tm.info.model_path}
+    if tm.args.model_path:
+        names.add(tm.args.model_path)
+    return {n for n in names if n}
 
 
 def _sse_response(events: AsyncIterator[str]) -> StreamingResponse:
@@ -119,7 +150,9 @@ async def _openai_response(
 ) -> Response:
     """An OpenAI endpoint: server-sent events when the body asks to stream, else one JSON answer
     whose generation is aborted if the client goes away first."""
-    body = await parse_body(request, model)
+    tm: TokenizerManager = request.app.state.tokenizer_manager
+    body = await parse_body(request, model, tm)
+    _check_model(tm, body.model)
     if body.stream:
         return _sse_response(await stream(body))
     return JSONResponse(await _until_done_or_disconnect(request, unary(body)))
@@ -155,18 +188,23 @@ def _generate_requests(body: GenerateReqInput) -> list[GenerateRequest]:
         raise RequestError(str(exc)) from None
     if len(prompts) > 1 and body.rid is not None:
         raise RequestError("rid names one request; leave it out for a batch")
+    check_choices(len(prompts), max(p.n for p in params))
+    # n > 1: each prompt's choices follow one another (SGLang's order).
     return [
-        GenerateRequest(
-            text=text,
-            input_ids=ids,
-            sampling_params=p,
-            return_logprob=body.return_logprob,
-            top_logprobs_num=body.top_logprobs_num,
-            logprob_start_len=body.logprob_start_len,
-            stream=body.stream,
-            rid=body.rid,
-        )
+        child
         for (text, ids), p in zip(prompts, params)
+        for child in expand_n(
+            GenerateRequest(
+                text=text,
+                input_ids=ids,
+                sampling_params=p,
+                return_logprob=body.return_logprob,
+                top_logprobs_num=body.top_logprobs_num,
+                logprob_start_len=body.logprob_start_len,
+                stream=body.stream,
+                rid=body.rid,
+            )
+        )
     ]
 
 
@@ -180,6 +218,9 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     app = FastAPI(title="sglang", version=__version__, lifespan=lifespan)
     app.state.tokenizer_manager = tm
+    app.add_middleware(
+        GuardMiddleware, max_body_bytes=tm.args.max_request_bytes, api_key=tm.args.api_key
+    )
 
     # --- errors ------------------------------------------------------------------------------
 
@@ -193,7 +234,21 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
-        return error_response(exc.message, exc.status_code)
+        return error_response(exc.message, exc.status_code, exc.param)
+
+    # Unknown paths (404) and methods (405) in the same shape as every other error.
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        resp = error_response(message, exc.status_code)
+        for key, value in (exc.headers or {}).items():
+            resp.headers[key] = value
+        return resp
 
     @app.exception_handler(ClientDisconnected)
     async def _disconnected(_: Request, exc: ClientDisconnected) -> Response:
@@ -203,8 +258,10 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        if not tm.scheduler_alive:
-            return error_response("the scheduler process exited", 503)
+        try:
+            tm.check_admitting()
+        except RequestError as exc:
+            return error_response(exc.message, 503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/health_generate")
@@ -216,7 +273,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         try:
             await asyncio.wait_for(tm.generate_one(req), timeout=60)
         except (RequestError, asyncio.TimeoutError) as exc:
-            return error_response(f"generation failed: {exc}", 503)
+            return error_response(f"generation failed: {exc!r}", 503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/get_model_info")
@@ -234,9 +291,13 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     async def server_info() -> dict[str, Any]:
         stats = await tm.get_stats()
+        args = tm.args.to_dict()
+        if args.get("api_key"):
+            args["api_key"] = "<redacted>"
         return {
             "version": __version__,
-            "server_args": tm.args.to_dict(),
+            "server_args": args,
+            "scheduler_pids": [p.pid for p in tm.handle.procs],
             "model_info": dataclasses.asdict(tm.info),
             "scheduler": dataclasses.asdict(stats),
             "num_requests_in_flight": len(tm.states),
@@ -245,21 +306,24 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     app.get("/server_info")(server_info)
     app.get("/get_server_info")(server_info)
 
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": tm.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": tm.info.model_path,
+            "max_model_len": tm.info.context_length,
+        }
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": tm.served_model_name,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "sglang",
-                    "root": tm.info.model_path,
-                    "max_model_len": tm.info.context_length,
-                }
-            ],
-        }
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        _check_model(tm, model_id)
+        return model_card()
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -278,36 +342,40 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> dict[str, Any]:
-        body = await parse_body(request, AbortReqInput)
+        body = await parse_body(request, AbortReqInput, tm)
         return {"aborted": tm.abort(body.rid)}
 
     # --- native generation -------------------------------------------------------------------
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
-        body = await parse_body(request, GenerateReqInput)
+        body = await parse_body(request, GenerateReqInput, tm)
         reqs = _generate_requests(body)
         if body.stream:
             if len(reqs) != 1:
-                raise RequestError("streaming takes one prompt; send a batch without stream")
-            prepared = tm.prepare(reqs[0])
+                raise RequestError(
+                    "streaming takes one prompt and n = 1; send a batch or n > 1 without stream"
+                )
+            prepared = await tm.prepare(reqs[0])
 
             async def events() -> AsyncIterator[str]:
                 try:
                     async for result in tm.generate(prepared):
                         yield sse(result)
-                except RequestError as exc:
-                    yield sse({"error": {"message": exc.message, "code": exc.status_code}})
+                except Exception as exc:
+                    if not isinstance(exc, RequestError):
+                        logger.exception("a /generate stream failed")
+                    yield error_event(exc)
                 yield sse("[DONE]")
 
             return _sse_response(events())
-        prepared_all = [tm.prepare(r) for r in reqs]
+        prepared_all = await asyncio.gather(*(tm.prepare(r) for r in reqs))
         results = await _until_done_or_disconnect(
             request, asyncio.gather(*(tm.generate_one(p) for p in prepared_all))
         )
-        is_batch = isinstance(body.text, list) or (
+        is_batch = len(results) > 1 or isinstance(body.text, list) or (
             bool(body.input_ids) and isinstance(body.input_ids[0], list)  # type: ignore[index]
-        )
+        )  # fmt: skip
         return JSONResponse(list(results) if is_batch else results[0])
 
     # --- OpenAI ------------------------------------------------------------------------------
@@ -344,33 +412,53 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-def launch_server(args: ServerArgs) -> None:
-    """Start the schedulers, then serve HTTP until interrupted; stop the schedulers on the way
-    out. ``args`` as parsed; resolved and validated here (a bad combination raises
-    :class:`ServerArgsError` before anything starts)."""
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum} during startup")
+
+
+def launch_server(args: ServerArgs) -> int:
+    """Start the schedulers, then serve HTTP until SIGTERM/SIGINT (a drain, see
+    :mod:`serving_server`) or until a scheduler rank dies; stop the schedulers on the way out.
+    ``args`` as parsed; resolved and validated here (a bad combination or a bad SGLANG_* value
+    raises :class:`ServerArgsError` before anything starts). Returns the exit code: 0 after a
+    shutdown by signal, 1 when a rank died."""
     import uvicorn
 
+    from sglang.srt.entrypoints.serving_server import ServingServer
     from sglang.srt.managers.launcher import launch_schedulers, resolve_model_path
 
     args = args.resolved()
     args.validate()
     _check_port_free(args.host, args.port)
+    # Until uvicorn installs its handlers, SIGTERM interrupts the startup like Ctrl-C (the ranks
+    # started so far are stopped on the way out) instead of killing this process outright.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     args = resolve_model_path(args)
     tokenizer = load_server_tokenizer(args)
     handle = launch_schedulers(args)
     tm = TokenizerManager(args, handle, tokenizer)
+    server: ServingServer | None = None
     try:
         app = create_app(tm)
         logger.info(f"serving {tm.served_model_name} on http://{args.host}:{args.port}")
-        uvicorn.run(
+        config = uvicorn.Config(
             app,
             host=args.host,
             port=args.port,
             log_level="warning" if args.log_level == "info" else args.log_level,
             timeout_keep_alive=30,
-            # Ctrl-C must not wait for a long stream to end; its request is aborted instead.
+            # The drain has ended every request by now; this only bounds closing connections.
             timeout_graceful_shutdown=5,
         )
+        server = ServingServer(config, tm, grace_s=args.shutdown_timeout)
+        server.run()
     finally:
         tm.close()
-        handle.shutdown()
+        # After a rank died the others may be stuck in a collective: do not wait long for them.
+        dead = server is not None and server.exit_code != 0
+        handle.shutdown(timeout_s=2.0 if dead else 10.0)
+    if server.exit_code != 0:
+        logger.error(f"exiting with code {server.exit_code}: {tm.fatal_error}")
+    else:
+        logger.info("shut down cleanly")
+    return server.exit_code

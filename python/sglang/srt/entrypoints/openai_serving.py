@@ -1,6 +1,11 @@
 """OpenAI-compatible ``/v1/completions`` and ``/v1/chat/completions`` on top of the tokenizer
-manager: request -> one :class:`GenerateRequest` per prompt -> OpenAI response objects, whole or
-as server-sent events (``data: {...}`` chunks, then ``data: [DONE]``).
+manager: request -> one :class:`GenerateRequest` per prompt and choice (``n``) -> OpenAI response
+objects, whole or as server-sent events (``data: {...}`` chunks, then ``data: [DONE]``).
+
+Beyond the basics, as SGLang and vLLM users expect: ``n > 1`` (choice ``i`` of prompt ``p`` is
+index ``p * n + i``), ``logit_bias``, ``echo`` with the prompt's log-probs, and ``stop_reason`` (the
+stop string or stop token id that ended a choice; ``null`` for EOS or length) next to SGLang's
+``matched_stop``. A failure mid-stream ends the stream with an error event and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -14,12 +19,18 @@ from typing import Any
 
 from sglang.srt.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
 from sglang.srt.managers.tokenizer_manager import (
+    MAX_TOP_LOGPROBS,
     GenerateRequest,
     PreparedRequest,
     RequestError,
     TokenizerManager,
+    check_choices,
+    expand_n,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
+from sglang.srt.utils.log import get_logger
+
+logger = get_logger(__name__)
 
 _OPTIONAL_SAMPLING = (
     "temperature",
@@ -30,6 +41,7 @@ _OPTIONAL_SAMPLING = (
     "frequency_penalty",
     "presence_penalty",
     "seed",
+    "logit_bias",
 )
 
 
@@ -38,16 +50,27 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {data}\n\n"
 
 
+def error_event(exc: BaseException) -> str:
+    """The stream's last event before ``[DONE]`` when it cannot finish normally."""
+    if isinstance(exc, RequestError):
+        message, code = exc.message, exc.status_code
+    else:
+        message, code = f"internal server error: {type(exc).__name__}: {exc}", 500
+    kind = "ServiceUnavailableError" if code == 503 else (
+        "BadRequestError" if code < 500 else "InternalServerError")  # fmt: skip
+    return sse({"object": "error", "error": {"message": message, "type": kind, "code": code}})
+
+
 def _sampling_params(
-    req: CompletionRequest | ChatCompletionRequest, max_new: int | None
+    req: CompletionRequest | ChatCompletionRequest, max_new: int | None, name: str, min_new: int = 1
 ) -> SamplingParams:
-    if max_new is not None and max_new < 1:
-        raise RequestError(f"max_tokens must be at least 1, got {max_new}")
+    if max_new is not None and max_new < min_new:
+        raise RequestError(f"{name} must be at least {min_new}, got {max_new}")
     values: dict[str, Any] = {"max_new_tokens": max_new, "n": req.n}
-    for name in _OPTIONAL_SAMPLING:
-        value = getattr(req, name)
+    for field in _OPTIONAL_SAMPLING:
+        value = getattr(req, field)
         if value is not None:
-            values[name] = value
+            values[field] = value
     if req.stop is not None:
         values["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
     if req.stop_token_ids is not None:
@@ -57,7 +80,7 @@ def _sampling_params(
     try:
         return SamplingParams.from_dict(values)
     except SamplingParamsError as exc:
-        raise RequestError(str(exc).replace("max_new_tokens", "max_tokens")) from None
+        raise RequestError(str(exc).replace("max_new_tokens", name)) from None
 
 
 def _finish_reason(result: dict[str, Any]) -> str | None:
@@ -65,8 +88,18 @@ def _finish_reason(result: dict[str, Any]) -> str | None:
     return None if reason is None else str(reason["type"])
 
 
-def _usage(results: list[dict[str, Any]]) -> dict[str, int]:
-    prompt = sum(r["meta_info"]["prompt_tokens"] for r in results)
+def _stop_fields(result: dict[str, Any], params: SamplingParams) -> dict[str, Any]:
+    """``stop_reason`` (vLLM): the stop string or the client's stop token that ended the choice,
+    else null; ``matched_stop`` (SGLang): whatever matched, EOS ids included."""
+    reason = result["meta_info"]["finish_reason"]
+    matched = None if reason is None or reason["type"] != "stop" else reason.get("matched")
+    stop_reason = matched if isinstance(matched, str) or matched in params.stop_token_ids else None
+    return {"stop_reason": stop_reason, "matched_stop": matched}
+
+
+def _usage(results: list[dict[str, Any]], prompt_results: list[dict[str, Any]]) -> dict[str, int]:
+    """Prompt tokens count once per prompt, not once per choice (as OpenAI bills ``n``)."""
+    prompt = sum(r["meta_info"]["prompt_tokens"] for r in prompt_results)
     completion = sum(r["meta_info"]["completion_tokens"] for r in results)
     return {
         "prompt_tokens": prompt,
@@ -106,6 +139,11 @@ async def _merge(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _check_top(value: int, name: str) -> None:
+    if not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {value}")
+
+
 class OpenAIServing:
     def __init__(self, tm: TokenizerManager) -> None:
         self.tm = tm
@@ -114,9 +152,14 @@ class OpenAIServing:
     def model_name(self) -> str:
         return self.tm.served_model_name
 
+    async def _prepare_choices(self, base: GenerateRequest) -> list[PreparedRequest]:
+        """Tokenize once, then one prepared request per choice."""
+        prepared = await self.tm.prepare(base)
+        return [PreparedRequest(r, prepared.input_ids) for r in expand_n(base)]
+
     # --- completions ---------------------------------------------------------------------------
 
-    def _completion_prompts(self, req: CompletionRequest) -> list[PreparedRequest]:
+    async def _completion_prompts(self, req: CompletionRequest) -> list[PreparedRequest]:
         p = req.prompt
         if isinstance(p, str):
             prompts: list[tuple[str | None, list[int] | None]] = [(p, None)]
@@ -128,59 +171,87 @@ class OpenAIServing:
             prompts = [(x, None) for x in p]  # type: ignore[misc]
         else:
             prompts = [(None, list(x)) for x in p]  # type: ignore[arg-type]
-        params = _sampling_params(req, req.max_tokens)
-        if req.logprobs is not None and req.logprobs < 0:
-            raise RequestError("logprobs must be >= 0")
+        # max_tokens 0 with echo scores the prompt only (its log-probs), as in vLLM.
+        params = _sampling_params(req, req.max_tokens, "max_tokens", 0 if req.echo else 1)
+        check_choices(len(prompts), params.n)
+        if req.logprobs is not None:
+            _check_top(req.logprobs, "logprobs")
         want_lp = req.logprobs is not None
-        return [
-            self.tm.prepare(
-                GenerateRequest(
-                    text=text,
-                    input_ids=ids,
-                    sampling_params=params,
-                    return_logprob=want_lp,
-                    top_logprobs_num=req.logprobs or 0,
-                    stream=req.stream,
-                )
+        bases = [
+            GenerateRequest(
+                text=text,
+                input_ids=ids,
+                sampling_params=params,
+                return_logprob=want_lp,
+                top_logprobs_num=req.logprobs or 0,
+                logprob_start_len=0 if want_lp and req.echo else -1,
+                stream=req.stream,
+                max_tokens_param="max_tokens",
             )
             for text, ids in prompts
         ]
+        per_prompt = await asyncio.gather(*(self._prepare_choices(b) for b in bases))
+        return [g for choices in per_prompt for g in choices]
 
-    def _completion_logprobs(
-        self, result: dict[str, Any], start: int, offset0: int
-    ) -> dict[str, Any]:
-        meta = result["meta_info"]
-        entries = meta.get("output_token_logprobs", [])[start:]
-        tops = meta.get("output_top_logprobs", [None] * (start + len(entries)))[start:]
+    def _prompt_text(self, g: PreparedRequest) -> str:
+        if g.request.text is not None:
+            return g.request.text
+        tok = self.tm.tokenizer
+        return "" if tok is None else tok.decode(g.input_ids, skip_special_tokens=False)
+
+    @staticmethod
+    def _logprob_block(
+        entries: list[Any], tops: list[Any] | None, offset0: int
+    ) -> dict[str, list[Any]]:
         tokens = [text or "" for _, _, text in entries]  # each entry carries its token's text
         offsets, pos = [], offset0
         for t in tokens:
             offsets.append(pos)
             pos += len(t)
+        tops = tops if tops is not None else [None] * len(entries)
         return {
             "tokens": tokens,
             "token_logprobs": [lp for lp, _, _ in entries],
             "top_logprobs": [
-                None if top is None else {(text or ""): lp for lp, _, text in top}
-                for top in tops
+                None if top is None else {(text or ""): lp for lp, _, text in top} for top in tops
             ],
             "text_offset": offsets,
         }
 
+    def _completion_logprobs(
+        self, result: dict[str, Any], start: int, offset0: int, with_prompt: bool = False
+    ) -> dict[str, Any]:
+        meta = result["meta_info"]
+        entries = meta.get("output_token_logprobs", [])[start:]
+        tops = meta.get("output_top_logprobs")
+        out = self._logprob_block(entries, None if tops is None else tops[start:], offset0)
+        if with_prompt:  # echo: the prompt's tokens first (the first has no log-prob)
+            prompt = self._logprob_block(
+                meta.get("input_token_logprobs", []), meta.get("input_top_logprobs"), 0
+            )
+            shift = sum(len(t) for t in prompt["tokens"])
+            out["text_offset"] = [o + shift for o in out["text_offset"]]
+            for key in out:
+                out[key] = prompt[key] + out[key]
+        return out
+
     async def completions(self, req: CompletionRequest) -> dict[str, Any]:
-        gens = self._completion_prompts(req)
+        gens = await self._completion_prompts(req)
         results = await asyncio.gather(*(self.tm.generate_one(g) for g in gens))
         choices = []
-        for i, (g, r) in enumerate(zip((p.request for p in gens), results)):
+        for i, (g, r) in enumerate(zip(gens, results)):
             text = r["text"]
-            if req.echo and g.text is not None:
-                text = g.text + text
+            prefix = self._prompt_text(g) if req.echo else ""
+            lp = None
+            if g.request.return_logprob:
+                lp = self._completion_logprobs(r, 0, len(prefix), with_prompt=req.echo)
             choices.append(
                 {
                     "index": i,
-                    "text": text,
-                    "logprobs": self._completion_logprobs(r, 0, 0) if g.return_logprob else None,
+                    "text": prefix + text,
+                    "logprobs": lp,
                     "finish_reason": _finish_reason(r),
+                    **_stop_fields(r, g.request.sampling_params),
                 }
             )
         return {
@@ -189,11 +260,11 @@ class OpenAIServing:
             "created": int(time.time()),
             "model": self.model_name,
             "choices": choices,
-            "usage": _usage(list(results)),
+            "usage": _usage(list(results), list(results)[:: max(1, req.n)]),
         }
 
     async def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str]:
-        gens = self._completion_prompts(req)  # raises before the response starts
+        gens = await self._completion_prompts(req)  # raises before the response starts
         return self._completions_events(req, gens)
 
     async def _completions_events(
@@ -202,27 +273,33 @@ class OpenAIServing:
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         sent_text = [0] * len(gens)
         sent_tokens = [0] * len(gens)
+        started = [False] * len(gens)
         last: dict[int, dict[str, Any]] = {}
         try:
             async for i, r in _merge([self.tm.generate(g) for g in gens]):
                 last[i] = r
                 text = r["text"]
-                prompt_text = gens[i].request.text
-                if req.echo and sent_text[i] == 0 and sent_tokens[i] == 0 and prompt_text:
-                    yield sse(self._completion_chunk(cid, created, i, prompt_text, None, None))
                 delta = text[sent_text[i] :]
                 reason = _finish_reason(r)
                 n_tokens = len(r["output_ids"])
-                if not delta and reason is None and n_tokens == sent_tokens[i]:
+                echo_now = req.echo and not started[i]
+                if not delta and reason is None and n_tokens == sent_tokens[i] and not echo_now:
                     continue
-                lp = (
-                    self._completion_logprobs(r, sent_tokens[i], sent_text[i])
-                    if gens[i].request.return_logprob
-                    else None
-                )
-                yield sse(self._completion_chunk(cid, created, i, delta, lp, reason))
+                prefix = self._prompt_text(gens[i]) if echo_now else ""
+                lp = None
+                if gens[i].request.return_logprob:
+                    offset = sent_text[i] + (len(self._prompt_text(gens[i])) if req.echo else 0)
+                    lp = self._completion_logprobs(
+                        r, sent_tokens[i], len(prefix) if echo_now else offset, with_prompt=echo_now
+                    )
+                chunk = self._completion_chunk(cid, created, i, prefix + delta, lp, reason)
+                if reason is not None:
+                    chunk["choices"][0].update(_stop_fields(r, gens[i].request.sampling_params))
+                yield sse(chunk)
+                started[i] = True
                 sent_text[i], sent_tokens[i] = len(text), n_tokens
             if req.stream_options is not None and req.stream_options.include_usage:
+                results = [last[i] for i in sorted(last)]
                 yield sse(
                     {
                         "id": cid,
@@ -230,11 +307,13 @@ class OpenAIServing:
                         "created": created,
                         "model": self.model_name,
                         "choices": [],
-                        "usage": _usage(list(last.values())),
+                        "usage": _usage(results, results[:: max(1, req.n)]),
                     }
                 )
-        except RequestError as exc:
-            yield sse({"error": {"message": exc.message, "code": exc.status_code}})
+        except Exception as exc:
+            if not isinstance(exc, RequestError):
+                logger.exception("a completions stream failed")
+            yield error_event(exc)
         yield sse("[DONE]")
 
     def _completion_chunk(
@@ -252,38 +331,32 @@ class OpenAIServing:
 
     # --- chat ----------------------------------------------------------------------------------
 
-    def _chat_request(self, req: ChatCompletionRequest) -> PreparedRequest:
-        if self.tm.tokenizer is None:
-            raise RequestError(
-                "chat needs a tokenizer; this server runs with --skip-tokenizer-init"
-            )
+    async def _chat_request(self, req: ChatCompletionRequest) -> list[PreparedRequest]:
         messages = []
         for m in req.messages:
             content = m.content
             if isinstance(content, list):
                 content = "".join(part.text for part in content)
             messages.append({"role": m.role, "content": content or ""})
-        try:
-            prompt = self.tm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except Exception as exc:  # noqa: BLE001 - template errors (raise_exception) are the client's
-            raise RequestError(f"cannot apply the chat template: {exc}") from None
-        ids = self.tm.tokenizer.encode(prompt, add_special_tokens=False)
-        max_new = (
-            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        )
-        params = _sampling_params(req, max_new)
+        ids = await self.tm.encode_chat(messages)
+        if req.max_completion_tokens is not None:
+            max_new, name = req.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_new, name = req.max_tokens, "max_tokens"
+        params = _sampling_params(req, max_new, name)
         top = req.top_logprobs or 0
-        if top < 0:
-            raise RequestError("top_logprobs must be >= 0")
-        return self.tm.prepare(
-            GenerateRequest(
-                input_ids=ids,
-                sampling_params=params,
-                return_logprob=req.logprobs,
-                top_logprobs_num=top if req.logprobs else 0,
-                stream=req.stream,
-            )
+        _check_top(top, "top_logprobs")
+        if top and not req.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true")
+        base = GenerateRequest(
+            input_ids=ids,
+            sampling_params=params,
+            return_logprob=req.logprobs,
+            top_logprobs_num=top if req.logprobs else 0,
+            stream=req.stream,
+            max_tokens_param=name,
         )
+        return await self._prepare_choices(base)
 
     def _chat_logprobs(self, result: dict[str, Any], start: int) -> dict[str, Any]:
         meta = result["meta_info"]
@@ -302,8 +375,8 @@ class OpenAIServing:
         }
 
     async def chat(self, req: ChatCompletionRequest) -> dict[str, Any]:
-        g = self._chat_request(req)
-        r = await self.tm.generate_one(g)
+        gens = await self._chat_request(req)
+        results = await asyncio.gather(*(self.tm.generate_one(g) for g in gens))
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -311,56 +384,64 @@ class OpenAIServing:
             "model": self.model_name,
             "choices": [
                 {
-                    "index": 0,
+                    "index": i,
                     "message": {"role": "assistant", "content": r["text"]},
                     "logprobs": self._chat_logprobs(r, 0) if g.request.return_logprob else None,
                     "finish_reason": _finish_reason(r),
+                    **_stop_fields(r, g.request.sampling_params),
                 }
+                for i, (g, r) in enumerate(zip(gens, results))
             ],
-            "usage": _usage([r]),
+            "usage": _usage(list(results), list(results)[:1]),
         }
 
     async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str]:
-        g = self._chat_request(req)  # raises before the response starts
-        return self._chat_events(req, g)
+        gens = await self._chat_request(req)  # raises before the response starts
+        return self._chat_events(req, gens)
 
     async def _chat_events(
-        self, req: ChatCompletionRequest, g: PreparedRequest
+        self, req: ChatCompletionRequest, gens: list[PreparedRequest]
     ) -> AsyncIterator[str]:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
-        def chunk(delta: dict[str, Any], reason: str | None, logprobs: Any = None) -> str:
+        def chunk(
+            index: int,
+            delta: dict[str, Any],
+            reason: str | None,
+            logprobs: Any = None,
+            extra: dict[str, Any] | None = None,
+        ) -> str:
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             return sse(
                 {
                     "id": cid,
                     "object": "chat.completion.chunk",
                     "created": created,
                     "model": self.model_name,
-                    "choices": [
-                        {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
-                    ],
+                    "choices": [{**choice, **(extra or {})}],
                 }
             )
 
-        yield chunk({"role": "assistant", "content": ""}, None)
-        sent_text = sent_tokens = 0
-        last: dict[str, Any] | None = None
+        for i in range(len(gens)):
+            yield chunk(i, {"role": "assistant", "content": ""}, None)
+        sent_text = [0] * len(gens)
+        sent_tokens = [0] * len(gens)
+        last: dict[int, dict[str, Any]] = {}
         try:
-            async for r in self.tm.generate(g):
-                last = r
-                delta = r["text"][sent_text:]
+            async for i, r in _merge([self.tm.generate(g) for g in gens]):
+                last[i] = r
+                delta = r["text"][sent_text[i] :]
                 reason = _finish_reason(r)
                 n_tokens = len(r["output_ids"])
-                if not delta and reason is None and n_tokens == sent_tokens:
+                if not delta and reason is None and n_tokens == sent_tokens[i]:
                     continue
-                lp = self._chat_logprobs(r, sent_tokens) if g.request.return_logprob else None
-                yield chunk({"content": delta} if delta else {}, reason, lp)
-                sent_text, sent_tokens = len(r["text"]), n_tokens
-            if (
-                last is not None
-                and req.stream_options is not None
-                and req.stream_options.include_usage
-            ):
+                g = gens[i]
+                lp = self._chat_logprobs(r, sent_tokens[i]) if g.request.return_logprob else None
+                extra = None if reason is None else _stop_fields(r, g.request.sampling_params)
+                yield chunk(i, {"content": delta} if delta else {}, reason, lp, extra)
+                sent_text[i], sent_tokens[i] = len(r["text"]), n_tokens
+            if last and req.stream_options is not None and req.stream_options.include_usage:
+                results = [last[i] for i in sorted(last)]
                 yield sse(
                     {
                         "id": cid,
@@ -368,9 +449,11 @@ class OpenAIServing:
                         "created": created,
                         "model": self.model_name,
                         "choices": [],
-                        "usage": _usage([last]),
+                        "usage": _usage(results, results[:1]),
                     }
                 )
-        except RequestError as exc:
-            yield sse({"error": {"message": exc.message, "code": exc.status_code}})
+        except Exception as exc:
+            if not isinstance(exc, RequestError):
+                logger.exception("a chat stream failed")
+            yield error_event(exc)
         yield sse("[DONE]")

@@ -1,90 +1,165 @@
 """Request bodies of the HTTP API (pydantic): SGLang's native ``/generate`` and OpenAI's
 completions and chat completions.
 
-Unknown fields are ignored (clients send many optional OpenAI fields); known fields are
-type-checked, and a wrong type becomes a 400 naming the field. Range checks on sampling values
-happen once, in :class:`SamplingParams`.
+Strict, as a careful client expects: a field of the wrong type is a 400 naming it (no coercion of
+``"yes"`` to true or ``"10"`` to 10); an OpenAI parameter this server does not implement
+(``suffix``, ``tools``, a non-text ``response_format`` ...) and a field no API defines are 400s
+naming them (:meth:`unsupported`), instead of being silently ignored. Range checks on sampling
+values happen once, in :class:`SamplingParams`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+def _number(v: Any) -> Any:
+    # pydantic's float takes "1.5" and true; a JSON number is what the API means.
+    if isinstance(v, (str, bool)):
+        raise ValueError("must be a number")  # noqa: TRY004 - pydantic reports ValueError only
+    return v
+
+
+Number = Annotated[float, BeforeValidator(_number)]
+# Kept as ints (a 2**70 seed must reach the range check, not become a float).
+Int = StrictInt
+Bool = StrictBool
+Str = StrictStr
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Extra fields are kept so that unsupported() can name them.
+    model_config = ConfigDict(extra="allow")
+
+    # field -> values accepted as "not used" (the field is defined by OpenAI, not implemented)
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {}
+
+    def unsupported(self) -> list[str]:
+        """The parameters this server would have to ignore, each with why."""
+        problems = [
+            f"{name} (not supported by this server)"
+            for name, noop in self.UNSUPPORTED.items()
+            if getattr(self, name, None) not in (None, *noop)
+        ]
+        extra = sorted(self.model_extra or {})
+        if extra:
+            problems.append(f"unknown parameter(s) {extra}")
+        return problems
 
 
 # --- native -------------------------------------------------------------------------------------
 
 
 class GenerateReqInput(_Body):
-    text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
+    text: Str | list[Str] | None = None
+    input_ids: list[Int] | list[list[Int]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
-    stream: bool = False
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    logprob_start_len: int = -1
-    rid: str | None = None
+    stream: Bool = False
+    return_logprob: Bool = False
+    top_logprobs_num: Int = 0
+    logprob_start_len: Int = -1
+    rid: Str | None = None
 
 
 class AbortReqInput(_Body):
-    rid: str
+    rid: Str
 
 
 # --- OpenAI ---------------------------------------------------------------------------------------
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: Bool = False
+    continuous_usage_stats: Bool = False
 
 
 class _SamplingFields(_Body):
     """Sampling fields shared by completions and chat (OpenAI names plus SGLang extensions)."""
 
-    model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
-    stream: bool = False
+    model: Str | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    n: Int = 1
+    stream: Bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    user: str | None = None
+    stop: Str | list[Str] | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    seed: Int | None = None
+    logit_bias: dict[str, Number] | None = None
+    user: Str | None = None
     # extensions (SGLang / vLLM)
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
+    top_k: Int | None = None
+    min_p: Number | None = None
+    repetition_penalty: Number | None = None
+    ignore_eos: Bool = False
+    stop_token_ids: list[Int] | None = None
+    skip_special_tokens: Bool = True
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
-    echo: bool = False
+    prompt: Str | list[Str] | list[Int] | list[list[Int]]
+    max_tokens: Int | None = 16
+    logprobs: Int | None = None
+    echo: Bool = False
+    # OpenAI parameters without an implementation here
+    best_of: Any = None
+    suffix: Any = None
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {"suffix": ("",)}
+
+    def unsupported(self) -> list[str]:
+        problems = super().unsupported()
+        if self.best_of is not None and self.best_of != self.n:
+            problems.insert(0, "best_of (not supported by this server unless equal to n)")
+        return problems
 
 
 class TextContentPart(_Body):
     type: Literal["text"]
-    text: str
+    text: Str
 
 
 class ChatMessage(_Body):
-    role: str
-    content: str | list[TextContentPart] | None = None
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Str | list[TextContentPart] | None = None
+    name: Str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_tokens: Int | None = None
+    max_completion_tokens: Int | None = None
+    logprobs: Bool = False
+    top_logprobs: Int | None = None
+    # OpenAI parameters without an implementation here
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    parallel_tool_calls: Any = None
+    reasoning_effort: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "tools": ([],),
+        "tool_choice": ("none",),
+        "functions": ([],),
+        "function_call": ("none",),
+        "response_format": ({"type": "text"},),
+        "parallel_tool_calls": (True, False),
+        "reasoning_effort": (),
+        "audio": (),
+        "modalities": (["text"],),
+        "prediction": (),
+        "store": (False,),
+        "service_tier": ("auto", "default"),
+    }

@@ -72,6 +72,7 @@ class ReqOutput:
     # Sent once, with the request's first output: log-probs of prompt tokens from
     # logprob_start_len on (None for position 0, which has no context).
     input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     finish: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0

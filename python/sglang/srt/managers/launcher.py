@@ -7,6 +7,7 @@ manager; each TP rank is a spawned process; rank 0 talks to this process over tw
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import queue
@@ -37,12 +38,17 @@ class SchedulerHandle:
     model_info: ModelInfo
     status: Any = None  # the startup status queue, closed with the handle
     rendezvous_dir: str | None = None  # torch.distributed's file store, removed with the handle
+    stopped: bool = False
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.procs)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Ask rank 0 to stop (it tells the others), then make sure every process is gone."""
+        """Ask rank 0 to stop (it tells the others), then make sure every process is gone.
+        Idempotent."""
+        if self.stopped:
+            return
+        self.stopped = True
         try:
             self.to_scheduler.send(ShutdownReq())
         except (OSError, ValueError):
@@ -51,10 +57,7 @@ class SchedulerHandle:
         for p in self.procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5.0)
-            if p.is_alive():
+            if p.is_alive():  # ranks ignore SIGTERM (see run_scheduler_process)
                 p.kill()
                 p.join(timeout=5.0)
         for conn in (self.to_scheduler, self.from_scheduler):
@@ -127,12 +130,39 @@ def launch_schedulers(args: ServerArgs) -> SchedulerHandle:
         status=status,
         rendezvous_dir=rendezvous_dir,  # type: ignore[arg-type]
     )
+    # Ranks ignore SIGTERM, so multiprocessing's own exit hook (terminate, then join without a
+    # timeout) would wait forever for them if the owner never called shutdown (an Engine left
+    # to the interpreter's exit); this hook runs before it and kills what is left.
+    atexit.register(handle.shutdown, 2.0)
     try:
         handle.model_info = _wait_ready(procs, status, envs.SGLANG_STARTUP_TIMEOUT_S.get())
     except BaseException:
         handle.shutdown(timeout_s=1.0)
         raise
     return handle
+
+
+def _startup_error(first: tuple[int, str, str], status: Any, procs: list[Any]) -> EngineStartupError:
+    """One message for every rank that failed (they usually fail alike); tracebacks at debug."""
+    errors = [first]
+    deadline = time.monotonic() + 1.0  # the other ranks' reports, if they fail too
+    while len(errors) < len(procs) and time.monotonic() < deadline:
+        try:
+            kind, rank, *payload = status.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if kind == "error":
+            errors.append((rank, payload[0], payload[1]))
+    by_message: dict[str, list[int]] = {}
+    for rank, message, tb in sorted(errors):
+        if message not in by_message:
+            logger.debug(f"scheduler rank {rank} failed to start:\n{tb}")
+        by_message.setdefault(message, []).append(rank)
+    parts = []
+    for message, ranks in by_message.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+        parts.append(f"scheduler {who}: {message}")
+    return EngineStartupError("; ".join(parts) + " (--log-level debug shows the traceback)")
 
 
 def _wait_ready(procs: list[Any], status: Any, timeout_s: float) -> ModelInfo:
@@ -145,12 +175,12 @@ def _wait_ready(procs: list[Any], status: Any, timeout_s: float) -> ModelInfo:
                 f"after {timeout_s:.0f}s (SGLANG_STARTUP_TIMEOUT_S)"
             )
         try:
-            kind, rank, payload = status.get(timeout=0.2)
+            kind, rank, *payload = status.get(timeout=0.2)
         except queue.Empty:
             dead = [i for i, p in enumerate(procs) if not p.is_alive() and i not in ready]
             if dead:
                 try:  # its report may still be in flight
-                    kind, rank, payload = status.get(timeout=2.0)
+                    kind, rank, *payload = status.get(timeout=2.0)
                 except queue.Empty:
                     codes = {i: procs[i].exitcode for i in dead}
                     raise EngineStartupError(
@@ -159,8 +189,8 @@ def _wait_ready(procs: list[Any], status: Any, timeout_s: float) -> ModelInfo:
             else:
                 continue
         if kind == "error":
-            raise EngineStartupError(f"scheduler rank {rank} failed to start:\n{payload}")
-        ready[rank] = payload
+            raise _startup_error((rank, payload[0], payload[1]), status, procs)
+        ready[rank] = payload[0]
     info = ready[0]
     assert info is not None
     return info

@@ -25,6 +25,7 @@ class Req:
     prefilled: int = 0  # prompt tokens already in the model cache
     finish: FinishReason | None = None
     input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     input_logprobs_sent: bool = False
 
     @classmethod

@@ -31,7 +31,7 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import SchedulePolicy, Step, StepRow
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.sampling.sampler import SamplingRow, make_generator, sample
+from sglang.srt.sampling.sampler import SampleOutput, SamplingRow, make_generator, sample
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
@@ -94,6 +94,16 @@ class Scheduler:
         return msgs
 
     def _handle(self, msg: Any) -> None:
+        try:
+            self._handle_one(msg)
+        except Exception as exc:  # one bad message must not take the scheduler down
+            logger.exception(f"scheduler failed to handle {type(msg).__name__}")
+            rid = getattr(msg, "rid", None)
+            if isinstance(msg, TokenizedGenerateReq) and rid is not None:
+                self.policy.remove(rid)
+                self._fail_rid(rid, f"internal error while admitting the request: {exc!r}")
+
+    def _handle_one(self, msg: Any) -> None:
         if isinstance(msg, TokenizedGenerateReq):
             self._add_request(msg)
         elif isinstance(msg, AbortReq):
@@ -131,10 +141,24 @@ class Scheduler:
             req.generator = make_generator(msg.sampling_params.seed, self.runner.device)
         if req.wants_input_logprobs:
             req.input_logprobs = [None] * n
+            if req.top_logprobs_num > 0:
+                req.input_top_logprobs = [None] * n
         self.policy.add(req)
 
     def _reject(self, rid: str, message: str) -> None:
         self.send_conn.send(ReqError(rid, message, 400))
+
+    def _fail_rid(self, rid: str, message: str) -> None:
+        """The server failed this request (a 500 for it alone)."""
+        self.send_conn.send(ReqError(rid, message, 500))
+
+    def _fail(self, req: Req, message: str) -> None:
+        """Fail one running request: free its reservation and cache, tell the client why."""
+        if req.finish is None:
+            req.finish = FinishReason("abort", message=message)
+            if req in self.policy.running:
+                self.policy.release(req)
+        self._fail_rid(req.rid, message)
 
     # --- one step ------------------------------------------------------------------------------
 
@@ -161,12 +185,20 @@ class Scheduler:
         self.last_step_time = time.perf_counter() - started
 
     def _process_logits(self, step: Step, logits: torch.Tensor) -> None:
+        failed: set[str] = set()
         for row in step.rows:
             if row.req.input_logprobs is not None:
-                self._record_input_logprobs(row, logits)
-        sampled = [row for row in step.rows if row.sample]
+                try:
+                    self._record_input_logprobs(row, logits)
+                except Exception as exc:  # this request fails; the batch goes on
+                    logger.exception(f"input log-probs failed for request {row.req.rid}")
+                    self._fail(row.req, f"internal error computing prompt log-probs: {exc!r}")
+                    failed.add(row.req.rid)
+        sampled = [row for row in step.rows if row.sample and row.req.rid not in failed]
         done_without_sampling = [
-            row.req for row in step.rows if not row.sample and row.req.prompt_done
+            row.req
+            for row in step.rows
+            if not row.sample and row.req.prompt_done and row.req.rid not in failed
         ]
         for req in done_without_sampling:  # max_new_tokens == 0
             req.finish = FinishReason("length", message=None)
@@ -174,22 +206,28 @@ class Scheduler:
             self.outputs.append(self._output(req, [], [], []))
         if not sampled:
             return
-        index = torch.tensor(step.plan.sample_rows, device=logits.device)  # the policy's rows
-        out = sample(
-            logits.index_select(0, index),
-            [
-                SamplingRow(
-                    params=r.req.params,
-                    prompt_ids=r.req.input_ids,
-                    output_ids=r.req.output_ids,
-                    generator=r.req.generator,
-                    return_logprob=r.req.return_logprob,
-                    top_logprobs_num=r.req.top_logprobs_num,
-                )
-                for r in sampled
-            ],
-            self.default_generator,
+        # The policy's logit row of each sampled request (in step order).
+        plan_row = dict(
+            zip([r.req.rid for r in step.rows if r.sample], step.plan.sample_rows, strict=True)
         )
+        rows_idx = [plan_row[r.req.rid] for r in sampled]
+        batch_logits = logits.index_select(0, torch.tensor(rows_idx, device=logits.device))
+        sampling_rows = [
+            SamplingRow(
+                params=r.req.params,
+                prompt_ids=r.req.input_ids,
+                output_ids=r.req.output_ids,
+                generator=r.req.generator,
+                return_logprob=r.req.return_logprob,
+                top_logprobs_num=r.req.top_logprobs_num,
+            )
+            for r in sampled
+        ]
+        try:
+            out = sample(batch_logits, sampling_rows, self.default_generator)
+        except Exception:
+            logger.exception("sampling failed for a batch; retrying its rows one at a time")
+            out, sampled = self._sample_alone(sampled, batch_logits, sampling_rows)
         for i, row in enumerate(sampled):
             req, token = row.req, out.token_ids[i]
             req.output_ids.append(token)
@@ -200,6 +238,25 @@ class Scheduler:
             self.outputs.append(
                 self._output(req, [token], [out.logprobs[i]], [out.top_logprobs[i]])
             )
+
+    def _sample_alone(
+        self, rows: list[StepRow], logits: torch.Tensor, sampling_rows: list[SamplingRow]
+    ) -> tuple[SampleOutput, list[StepRow]]:
+        """Sample each row by itself; a row that still fails fails its request alone."""
+        kept: list[StepRow] = []
+        merged = SampleOutput([], [], [])
+        for i, (row, srow) in enumerate(zip(rows, sampling_rows)):
+            try:
+                one = sample(logits[i : i + 1], [srow], self.default_generator)
+            except Exception as exc:
+                logger.exception(f"sampling failed for request {row.req.rid}")
+                self._fail(row.req, f"internal error while sampling: {exc!r}")
+                continue
+            kept.append(row)
+            merged.token_ids += one.token_ids
+            merged.logprobs += one.logprobs
+            merged.top_logprobs += one.top_logprobs
+        return merged, kept
 
     def _record_input_logprobs(self, row: StepRow, logits: torch.Tensor) -> None:
         """Row j of a prefill chunk predicts prompt token ``pos + j + 1``."""
@@ -214,9 +271,14 @@ class Scheduler:
             req.input_ids[row.prompt_pos + 1 : row.prompt_pos + 1 + n_pred], device=logits.device
         )
         rows = logits[row.start : row.start + n_pred].float()
-        lp = torch.log_softmax(rows, dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        all_lp = torch.log_softmax(rows, dim=-1)
+        lp = all_lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
         for j, value in enumerate(lp):
             req.input_logprobs[row.prompt_pos + 1 + j] = float(value)
+        if req.input_top_logprobs is not None:  # echo with logprobs: the prompt's top-k too
+            vals, idx = all_lp.topk(min(req.top_logprobs_num, all_lp.shape[-1]), dim=-1)
+            for j, (v, t) in enumerate(zip(vals.tolist(), idx.tolist())):
+                req.input_top_logprobs[row.prompt_pos + 1 + j] = list(zip(t, v))
 
     def _check_finish(self, req: Req, token: int) -> FinishReason | None:
         p = req.params
@@ -248,6 +310,8 @@ class Scheduler:
         )
         if req.input_logprobs is not None and not req.input_logprobs_sent and req.prompt_done:
             out.input_logprobs = req.input_logprobs[req.logprob_start_len :]
+            if req.input_top_logprobs is not None:
+                out.input_top_logprobs = req.input_top_logprobs[req.logprob_start_len :]
             req.input_logprobs_sent = True
         return out
 

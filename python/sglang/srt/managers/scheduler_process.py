@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -106,11 +107,14 @@ def run_scheduler_process(
     send: Connection | None,
     status: Any,
 ) -> None:
-    # Ctrl-C reaches the whole process group; the launching process owns the orderly shutdown
-    # (it asks rank 0, which tells the other ranks), so the workers ignore it.
+    # Ctrl-C reaches the whole process group, and a supervisor may SIGTERM every process of the
+    # group; the launching process owns the orderly shutdown (it drains requests, then asks
+    # rank 0, which tells the other ranks), so the workers ignore both. SIGKILL still ends one.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.getLogger("sglang").setLevel(args.log_level.upper())
     tp_size = args.tp_size
+    started = False
     try:
         from sglang.srt.distributed import parallel_state as ps
         from sglang.srt.distributed.device_communicators.pynccl_allocator import (
@@ -201,6 +205,7 @@ def run_scheduler_process(
             cuda_graph=cuda_graph,
         )
         status.put(("ready", tp_rank, info if tp_rank == 0 else None))
+        started = True
         if tp_rank == 0:
             assert recv is not None and send is not None
             Scheduler(
@@ -219,5 +224,10 @@ def run_scheduler_process(
             run_follower(runner, tp_group)
         ps.destroy_distributed_environment()
     except BaseException as exc:  # report everything, KeyboardInterrupt included
-        status.put(("error", tp_rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-        raise
+        if not started:
+            # The launcher prints one message for all ranks (the traceback once, at debug level);
+            # exiting through SystemExit keeps multiprocessing from printing it again per rank.
+            status.put(("error", tp_rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        else:
+            logger.exception(f"scheduler rank {tp_rank} failed while serving")
+        sys.exit(1)

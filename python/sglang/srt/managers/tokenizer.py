@@ -56,6 +56,7 @@ class TextTokenizer:
         self.has_own_chat_template = isinstance(template, str) and bool(template)
         self.chat_template: str = template if self.has_own_chat_template else FALLBACK_CHAT_TEMPLATE  # type: ignore[assignment]
         self._compiled: Any = None
+        self._longest: int | None = None
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
@@ -64,8 +65,17 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
+    @property
+    def longest_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry (bounds the text one token can cover)."""
+        if self._longest is None:
+            self._longest = max((len(t) for t in self._tok.get_vocab()), default=1)
+        return self._longest
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL while it works (encode does not), so a large prompt
+        # tokenized in a worker thread does not stall the event loop.
+        ids = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         if (
             add_special_tokens
             and self.add_bos_token

@@ -3,21 +3,27 @@ scheduler rank 0, and turns its token outputs back into text results, streamed o
 
 Threads: a sender thread writes to the scheduler pipe (a large prompt never blocks the event
 loop); a receiver thread reads outputs and hands them to the event loop, where all request state
-lives. A request whose consumer goes away before it finishes (client disconnect, cancelled task)
-is aborted, which frees its cache on every rank.
+lives; tokenization and chat templating run in a small thread pool (the tokenizer releases the GIL),
+so one large prompt cannot stall other streams or /health; a watchdog thread notices a scheduler
+rank that exits and fails every pending request (the owner then stops the server). A request whose
+consumer goes away before it finishes (client disconnect, cancelled task) is aborted, which frees
+its cache on every rank.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import queue
+import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import (
@@ -33,22 +39,41 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.launcher import SchedulerHandle
 from sglang.srt.managers.metrics import ServerMetrics
 from sglang.srt.managers.tokenizer import TextTokenizer, load_tokenizer
-from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.sampling_params import SEED_MAX, SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
 
+T = TypeVar("T")
 MAX_TOP_LOGPROBS = 20
+# A token is never more than this many times its longest vocabulary entry in characters
+# (normalizers such as NFKC can shorten text), so a text longer than
+# context_length * longest_token * this cannot fit and is rejected without tokenizing it.
+_CHARS_PER_TOKEN_SLACK = 4
+_WATCHDOG_POLL_S = 0.2
+
+
+def check_text(text: str, what: str) -> None:
+    """Reject text that is not valid Unicode (a lone surrogate such as "\\ud800", which JSON
+    escapes can carry): the tokenizer cannot take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.start + 1]
+        raise RequestError(
+            f"{what} is not valid Unicode: lone surrogate {bad!a} at character {exc.start}"
+        ) from None
 
 
 class RequestError(Exception):
     """A request the server will not run (``status_code`` 4xx), or could not (5xx)."""
 
-    def __init__(self, message: str, status_code: int = 400) -> None:
+    def __init__(self, message: str, status_code: int = 400, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status_code = status_code
+        self.param = param
 
 
 @dataclass
@@ -63,6 +88,37 @@ class GenerateRequest:
     logprob_start_len: int = -1
     stream: bool = False
     rid: str | None = None
+    # How the client names the output-length limit, for error messages.
+    max_tokens_param: str = "max_new_tokens"
+
+
+# Prompts x n of one HTTP request at most: each becomes a request of its own.
+MAX_CHOICES = 1024
+
+
+def check_choices(num_prompts: int, n: int) -> None:
+    if num_prompts * n > MAX_CHOICES:
+        raise RequestError(
+            f"{num_prompts} prompts x n={n} is {num_prompts * n} generations; one request takes "
+            f"at most {MAX_CHOICES}: split it"
+        )
+
+
+def expand_n(req: GenerateRequest) -> list[GenerateRequest]:
+    """``n`` choices of one prompt as ``n`` requests. With a seed, choice ``i`` samples with
+    ``seed + i`` (modulo 2**64), so the choices differ and are reproducible."""
+    p = req.sampling_params
+    if p.n == 1:
+        return [req]
+    if req.rid is not None:
+        raise RequestError("rid names one request; leave it out when n > 1")
+    out = []
+    for i in range(p.n):
+        # torch reads a seed modulo 2**64, so this is seed + i as the generator sees it.
+        seed = None if p.seed is None else (p.seed + i) % (SEED_MAX + 1)
+        params = dataclasses.replace(p, n=1, seed=seed)
+        out.append(dataclasses.replace(req, sampling_params=params))
+    return out
 
 
 @dataclass(frozen=True)
@@ -85,6 +141,7 @@ class _ReqState:
     logprobs: list[float | None] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
     input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     finish: FinishReason | None = None
     error: RequestError | None = None
     first_token_at: float | None = None
@@ -120,8 +177,18 @@ class TokenizerManager:
         self._outbox: queue.Queue[Any] = queue.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scheduler_alive = True
+        self.draining = False  # shutting down: no new requests
+        self.fatal_error: str | None = None  # why a scheduler rank died
+        # Called once (on the event loop) when a rank dies; the HTTP server stops itself.
+        self.on_fatal: Callable[[str], None] | None = None
         self._closing = False
         self._threads: list[threading.Thread] = []
+        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sglang-tokenize")
+        # Beyond this many characters a text prompt cannot fit the context (see the constant).
+        self.max_prompt_chars: int | None = None
+        if self.tokenizer is not None:
+            longest = max(1, self.tokenizer.longest_token_chars)
+            self.max_prompt_chars = self.info.context_length * longest * _CHARS_PER_TOKEN_SLACK
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -130,7 +197,11 @@ class TokenizerManager:
         if self._loop is not None:
             return
         self._loop = loop
-        for target, name in ((self._send_loop, "sender"), (self._recv_loop, "receiver")):
+        for target, name in (
+            (self._send_loop, "sender"),
+            (self._recv_loop, "receiver"),
+            (self._watch_ranks, "watchdog"),
+        ):
             t = threading.Thread(target=target, name=f"sglang-tokenizer-{name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -139,6 +210,30 @@ class TokenizerManager:
         """Stop sending (the owner shuts the schedulers down next)."""
         self._closing = True
         self._outbox.put(None)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def begin_drain(self) -> None:
+        """Shutting down: refuse new requests (503); running ones go on."""
+        self.draining = True
+
+    def fail_all(self, message: str, status_code: int = 503) -> int:
+        """End every pending request with an error (streams send it as an error event).
+        Event-loop thread. Returns how many were ended."""
+        n = 0
+        for state in self.states.values():
+            if state.finish is None and state.error is None:
+                state.error = RequestError(message, status_code)
+                state.event.set()
+                n += 1
+        for fut in self._stats_waiters.values():
+            if not fut.done():
+                fut.set_exception(RequestError(message, status_code))
+        return n
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run CPU work (tokenizing, templating) off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn, *args)
 
     def _send(self, msg: Any) -> None:
         self._outbox.put(msg)
@@ -164,29 +259,73 @@ class TokenizerManager:
                 self._loop.call_soon_threadsafe(self._dispatch, msg)
             except RuntimeError:  # loop closed
                 return
+        if not self._closing:  # the pipe closes a moment before the exit can be read
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and all(p.exitcode is None for p in self.handle.procs):
+                time.sleep(0.02)
         try:
-            self._loop.call_soon_threadsafe(self._scheduler_gone)
+            self._loop.call_soon_threadsafe(self._scheduler_gone, self._dead_ranks_reason())
         except RuntimeError:
             pass
 
+    def _dead_ranks_reason(self) -> str:
+        """Which ranks exited and how, e.g. ``scheduler rank 1 (pid 42) was killed by SIGKILL``."""
+        parts = []
+        for rank, p in enumerate(self.handle.procs):
+            code = p.exitcode
+            if code is None:
+                continue
+            if code < 0:
+                try:
+                    how = f"was killed by {signal.Signals(-code).name}"
+                except ValueError:
+                    how = f"was killed by signal {-code}"
+            else:
+                how = f"exited with code {code}"
+            parts.append(f"scheduler rank {rank} (pid {p.pid}) {how}")
+        return "; ".join(parts) or "the scheduler closed its pipe"
+
+    def _watch_ranks(self) -> None:
+        """A rank that exits (crash, OOM kill, SIGKILL) is noticed within a poll, whichever it is:
+        rank 0 closing its pipe is seen by the receiver too, a follower only here."""
+        assert self._loop is not None
+        while not self._closing and self.scheduler_alive:
+            if any(p.exitcode is not None for p in self.handle.procs):
+                time.sleep(_WATCHDOG_POLL_S)  # let its siblings' exits show in the reason
+                try:
+                    self._loop.call_soon_threadsafe(self._scheduler_gone, self._dead_ranks_reason())
+                except RuntimeError:
+                    pass
+                return
+            time.sleep(_WATCHDOG_POLL_S)
+
     # --- outputs (event-loop thread) -----------------------------------------------------------
 
-    def _scheduler_gone(self) -> None:
+    def _scheduler_gone(self, reason: str = "the scheduler process exited") -> None:
+        if not self.scheduler_alive:
+            return
         self.scheduler_alive = False
-        if not self._closing:
-            logger.error("the scheduler process exited; failing all pending requests")
-        for state in self.states.values():
-            if state.finish is None and state.error is None:
-                state.error = RequestError("the scheduler process exited", 500)
-                state.event.set()
-        for fut in self._stats_waiters.values():
-            if not fut.done():
-                fut.set_exception(RequestError("the scheduler process exited", 500))
+        if self._closing or getattr(self.handle, "stopped", False):  # an ordered stop
+            self.fail_all("the server is shutting down", 503)
+            return
+        self.fatal_error = reason
+        logger.error(f"{reason}; the engine cannot serve without every rank: failing all pending "
+                     "requests and stopping")  # fmt: skip
+        self.fail_all(f"the engine failed: {reason}", 500)
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
 
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, BatchOutput):
             for out in msg.outputs:
-                self._on_output(out)
+                try:
+                    self._on_output(out)
+                except Exception as exc:  # e.g. a detokenizer error: fail that request alone
+                    logger.exception(f"failed to process the output of request {out.rid}")
+                    state = self.states.get(out.rid)
+                    if state is not None and state.finish is None and state.error is None:
+                        state.error = RequestError(f"internal error: {exc!r}", 500)
+                        state.event.set()
         elif isinstance(msg, ReqError):
             state = self.states.get(msg.rid)
             if state is not None and state.finish is None:
@@ -216,6 +355,8 @@ class TokenizerManager:
             state.top_logprobs.extend(out.new_top_logprobs)
         if out.input_logprobs is not None:
             state.input_logprobs = out.input_logprobs
+        if out.input_top_logprobs is not None:
+            state.input_top_logprobs = out.input_top_logprobs
         finish = out.finish
         if state.detok is not None:
             state.detok.add(out.new_token_ids, final=finish is not None)
@@ -223,6 +364,15 @@ class TokenizerManager:
                 finish = FinishReason("stop", matched=state.detok.matched_stop)
                 if out.finish is None:
                     self._send(AbortReq(out.rid))  # free it now; later tokens are ignored
+        if finish is not None and finish.kind == "abort":
+            # The client's own aborts end the state before the scheduler answers (see above), so
+            # this is the server's: a failed forward. The client gets an error, not a short text.
+            why = finish.message or "aborted"
+            if any(p.exitcode is not None for p in self.handle.procs):  # a collective broke
+                why = f"{self._dead_ranks_reason()} ({why})"
+            state.error = RequestError(f"the request failed: {why}", 500)
+            state.event.set()
+            return
         if finish is not None:
             state.finish = finish
             if self.metrics is not None:
@@ -251,6 +401,14 @@ class TokenizerManager:
                 raise RequestError(
                     "this server runs with --skip-tokenizer-init: send input_ids, not text"
                 )
+            check_text(req.text, "the prompt")
+            limit = self.max_prompt_chars
+            if limit is not None and len(req.text) > limit:
+                raise RequestError(
+                    f"the prompt is {len(req.text)} characters long, which cannot fit the context "
+                    f"length of {self.info.context_length} tokens (at most {limit} characters "
+                    "are tokenized); shorten the prompt"
+                )
             ids = self.tokenizer.encode(req.text) if req.text else []
         else:
             raise RequestError("the request has no prompt: give text or input_ids")
@@ -260,19 +418,34 @@ class TokenizerManager:
 
     def _check_budget(self, req: GenerateRequest, n: int) -> None:
         ctx = self.info.context_length
+        name = req.max_tokens_param
         if n >= ctx:
             raise RequestError(
                 f"the prompt is {n} tokens long but the context length is {ctx} tokens "
                 f"(room is needed for at least one new token); shorten the prompt"
             )
         wanted = req.sampling_params.max_new_tokens
-        max_new = ctx - n if wanted is None else min(wanted, ctx - n)
+        if wanted is not None and n + wanted > ctx:
+            # Rejected, not clamped (as SGLang and vLLM do): a client asking for 10**9 tokens
+            # must learn the limit, not wait for a silently shortened answer.
+            raise RequestError(
+                f"the context length is {ctx} tokens, but this request asks for {n + wanted} "
+                f"({n} in the prompt + {wanted} {name}); lower {name} to at most {ctx - n} or "
+                "shorten the prompt"
+            )
+        max_new = ctx - n if wanted is None else wanted
         total = self.info.max_total_tokens
         if n + max_new > total:
             raise RequestError(
-                f"the request needs {n + max_new} tokens (prompt {n} + max_new_tokens {max_new}) "
+                f"the request needs {n + max_new} tokens (prompt {n} + {name} {max_new}) "
                 f"but the server's token budget (--max-total-tokens) is {total}; lower "
-                "max_new_tokens or shorten the prompt"
+                f"{name} or shorten the prompt"
+            )
+        vocab = self.info.vocab_size
+        outside = [t for t, _ in req.sampling_params.logit_bias if t >= vocab]
+        if outside:
+            raise RequestError(
+                f"logit_bias names token ids {outside[:5]} outside the vocabulary [0, {vocab})"
             )
         if not 0 <= req.top_logprobs_num <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
@@ -281,26 +454,63 @@ class TokenizerManager:
                 f"logprob_start_len must be -1 or in [0, {n}) for a {n}-token prompt"
             )
 
-    def prepare(self, req: GenerateRequest) -> PreparedRequest:
-        """Validate and tokenize now, so a streaming endpoint can answer 4xx before it starts
-        its response. Raises :class:`RequestError`."""
+    def check_admitting(self) -> None:
+        """Raise the 503 a new request gets while the server cannot take it."""
         if not self.scheduler_alive:
-            raise RequestError("the scheduler process exited", 503)
+            why = self.fatal_error or "the scheduler process exited"
+            raise RequestError(f"the engine is not running ({why})", 503)
+        if self.draining:
+            raise RequestError("the server is shutting down and takes no new requests", 503)
+
+    def _prepare_sync(self, req: GenerateRequest) -> PreparedRequest:
         ids = self._prompt_ids(req)
         self._check_budget(req, len(ids))
+        return PreparedRequest(req, ids)
+
+    async def prepare(self, req: GenerateRequest) -> PreparedRequest:
+        """Validate and tokenize now (off the event loop), so a streaming endpoint can answer
+        4xx before it starts its response. Raises :class:`RequestError`."""
+        self.check_admitting()
+        if req.text:
+            prepared = await self.run_blocking(self._prepare_sync, req)
+        else:
+            prepared = self._prepare_sync(req)
         if req.rid is not None and req.rid in self.states:
             raise RequestError(f"a request with rid {req.rid!r} is already running")
-        return PreparedRequest(req, ids)
+        return prepared
+
+    async def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The chat template applied and tokenized, off the event loop."""
+        tok = self.tokenizer
+        if tok is None:
+            raise RequestError(
+                "chat needs a tokenizer; this server runs with --skip-tokenizer-init"
+            )
+        limit = self.max_prompt_chars
+        total = sum(len(str(m.get("content") or "")) for m in messages)
+        if limit is not None and total > limit:
+            raise RequestError(
+                f"the messages hold {total} characters, which cannot fit the context length of "
+                f"{self.info.context_length} tokens; shorten them"
+            )
+
+        def render() -> list[int]:
+            try:
+                prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
+            except Exception as exc:  # noqa: BLE001 - template errors (raise_exception) are the client's
+                raise RequestError(f"cannot apply the chat template: {exc}") from None
+            return tok.encode(prompt, add_special_tokens=False)
+
+        return await self.run_blocking(render)
 
     async def generate(
         self, request: GenerateRequest | PreparedRequest
     ) -> AsyncIterator[dict[str, Any]]:
         """Run one prompt. Yields results (see :meth:`_result`): every update when
         ``stream``, else only the final one. Raises :class:`RequestError`."""
-        prepared = request if isinstance(request, PreparedRequest) else self.prepare(request)
+        prepared = request if isinstance(request, PreparedRequest) else await self.prepare(request)
         req, ids = prepared.request, prepared.input_ids
-        if not self.scheduler_alive:
-            raise RequestError("the scheduler process exited", 503)
+        self.check_admitting()
         rid = req.rid or uuid.uuid4().hex
         if rid in self.states:
             raise RequestError(f"a request with rid {rid!r} is already running")
@@ -404,5 +614,10 @@ class TokenizerManager:
                 meta["input_token_logprobs"] = [
                     [lp, tid, self._token_text(tid)]
                     for lp, tid in zip(state.input_logprobs, state.prompt_ids[start:])
+                ]
+            if state.input_top_logprobs is not None:
+                meta["input_top_logprobs"] = [
+                    None if top is None else [[lp, tid, self._token_text(tid)] for tid, lp in top]
+                    for top in state.input_top_logprobs
                 ]
         return {"text": text, "output_ids": list(state.output_ids), "meta_info": meta}

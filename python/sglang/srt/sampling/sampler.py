@@ -59,6 +59,14 @@ def _exponential_noise(probs: torch.Tensor, generators: Sequence[torch.Generator
     return torch.stack([torch.empty_like(row).exponential_(generator=g) for row, g in zip(probs, generators)])
 
 
+def _apply_logit_bias_(logits: torch.Tensor, bias: Sequence[tuple[int, float]]) -> None:
+    """Add OpenAI-style biases to one row; ids past this row's vocabulary are ignored."""
+    pairs = [(t, b) for t, b in bias if t < logits.shape[-1]]
+    if pairs:
+        idx = torch.tensor([t for t, _ in pairs], dtype=torch.long, device=logits.device)
+        logits[idx] += torch.tensor([b for _, b in pairs], dtype=logits.dtype, device=logits.device)
+
+
 def sample(
     logits: torch.Tensor, rows: Sequence[SamplingRow], default_generator: torch.Generator | None
 ) -> SampleOutput:
@@ -69,11 +77,13 @@ def sample(
     want_lp = any(r.return_logprob for r in rows)
     raw_lp = torch.log_softmax(logits, dim=-1) if want_lp else None
 
-    if any(r.params.has_penalties for r in rows):
+    if any(r.params.has_penalties or r.params.logit_bias for r in rows):
         logits = logits.clone()
         for i, r in enumerate(rows):
             if r.params.has_penalties:
                 apply_penalties_(logits[i], r.params, r.prompt_ids, r.output_ids)
+            if r.params.logit_bias:
+                _apply_logit_bias_(logits[i], r.params.logit_bias)
 
     tokens = [0] * len(rows)
     greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]

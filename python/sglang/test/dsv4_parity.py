@@ -62,8 +62,8 @@ class SweepCase:
         c = self.config
         kinds = "".join({0: "S", 4: "C", 128: "H"}[r] for r in c["compress_ratios"])
         return (
-            f"s{self.seed} {kinds} hash{c['num_hash_layers']} w{c['sliding_window']} "
-            f"k{c['index_topk']} ih{c['index_n_heads']} hc{c['hc_mult']} "
+            f"s{self.seed} {kinds} hash{c.get('num_hash_layers', 3)} w{c['sliding_window']} "
+            f"k{c['index_topk']} ih{c['index_n_heads']} hc{c.get('hc_mult', 4)} "
             f"chunk{self.chunk or '-'} {self.path}"
         )
 
@@ -138,7 +138,9 @@ def random_config(rng: random.Random, ratios: Sequence[int] | None = None) -> di
     return cfg
 
 
-def boundary_lengths(cfg: dict[str, Any], rng: random.Random, count: int, max_len: int) -> list[int]:
+def boundary_lengths(
+    cfg: dict[str, Any], rng: random.Random, count: int, max_len: int
+) -> list[int]:
     """``count`` prompt lengths in ``1..max_len``, most next to a boundary of this config: the
     ratio-4 and ratio-128 blocks, the window, and where the visible ratio-4 entries pass top-k."""
     w, k = cfg["sliding_window"], cfg["index_topk"]
@@ -222,7 +224,8 @@ class _TieCounter:
         s, n = scores.shape[-2], scores.shape[-1]
         entry = torch.arange(n, device=scores.device)
         # The full-sequence reference runs from position 0: row s sees (s + 1) // ratio entries.
-        visible = entry[None, :] < (torch.arange(s, device=scores.device)[:, None] + 1) // self.ratio
+        rows = torch.arange(s, device=scores.device)[:, None]
+        visible = entry[None, :] < (rows + 1) // self.ratio
         k = min(self.topk, n)
         masked = scores.masked_fill(~visible, float("-inf"))
         above = (masked > 0).sum(-1)
@@ -301,7 +304,9 @@ def generate(
                 capture_batch_sizes,
             )
 
-            graphs = CudaGraphRunner(model, capture_batch_sizes(len(prompts)), dev)
+            # Sizes up to the next power of two: a batch of 3 replays the 4-row graph.
+            pad = 1 << (len(prompts) - 1).bit_length()
+            graphs = CudaGraphRunner(model, capture_batch_sizes(pad), dev)
             graphs.capture()
     rows: list[list[torch.Tensor]] = [[] for _ in prompts]
     done = [0] * len(prompts)
@@ -342,18 +347,22 @@ def run_case(
     case: SweepCase,
     *,
     device: torch.device | str = "cpu",
-    margin_tol: float = 1e-4,
+    margin_tol: float | None = 1e-4,
     tie_rule: bool = True,
 ) -> CaseResult:
-    """Run ``case`` through our engine and check it against the reference (module docstring)."""
+    """Run ``case`` through our engine and check it against the reference (module docstring).
+    ``margin_tol=None``: a row may flip only where the reference margin is below twice our error
+    on that row (what rounding of that size can do; for GPU kernels whose rounding is larger)."""
     hf, ties = reference_model(case.config, case.seed, tie_rule=tie_rule)
     runner = "triton" if case.path == "graph" else "torch"
     ours = our_model(hf, case.config, device=device, moe_runner=runner)
+    # The fp32 triton MoE kernel fits shared memory only in its smallest (decode-sized) tiles.
+    chunk = min(case.chunk or 4, 4) if runner == "triton" else case.chunk
     vocab = case.config["vocab_size"]
     g = torch.Generator().manual_seed(case.seed + 7919)
     seq = torch.randint(0, vocab, (max(case.prompt_lens),), generator=g)
     prompts = [seq[:n] for n in case.prompt_lens]  # cut from one sequence, as users do
-    tokens, logits = generate(ours, prompts, case.new_tokens, chunk=case.chunk, path=case.path)
+    tokens, logits = generate(ours, prompts, case.new_tokens, chunk=chunk, path=case.path)
     max_err = max_ref = 0.0
     near = steps = positions = 0
     first: tuple[int, int] | None = None
@@ -372,7 +381,10 @@ def run_case(
             best = int(ref[row].argmax())
             if pick == best:
                 continue
-            if float(ref[row, best] - ref[row, pick]) <= margin_tol:
+            row_tol = 2 * float((got[row] - ref[row]).abs().max()) if margin_tol is None else (
+                margin_tol
+            )  # fmt: skip
+            if float(ref[row, best] - ref[row, pick]) <= row_tol:
                 near += 1
             elif first is None or row < first[1]:
                 first = (n, row)
@@ -388,6 +400,7 @@ def format_table(results: Sequence[CaseResult]) -> str:
             f"len {r.first_divergence[0]} pos {r.first_divergence[1]}"
         )  # fmt: skip
         lines.append(
-            f"{r.case.label:<58} {lens:<18} {r.max_err:8.1e} {r.near_ties:4d} {r.tie_breaks:5d}  {div}"
+            f"{r.case.label:<58} {lens:<18} {r.max_err:8.1e} {r.near_ties:4d} "
+            f"{r.tie_breaks:5d}  {div}"
         )
     return "\n".join(lines)

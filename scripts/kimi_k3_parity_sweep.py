@@ -17,7 +17,7 @@ import time
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "registered", "models")
 )
-from _kimi_k3_sweep import MARGIN_TOL, KimiResult, random_kimi_case, run_kimi_case  # noqa: E402
+from _kimi_k3_sweep import MARGIN_TOL, KimiResult, random_kimi_case, run_kimi_case
 
 
 def main() -> int:

@@ -98,8 +98,9 @@ def random_config(rng: random.Random, ratios: Sequence[int] | None = None) -> di
     yarn = rng.random() < 0.5
     cfg: dict[str, Any] = {
         "vocab_size": rng.choice((64, 96)),
-        "hidden_size": rng.choice((32, 48)),
-        "moe_intermediate_size": rng.choice((16, 24)),
+        # multiples of 64 / powers of two: the CUDA kernels' tiles (the GPU sweep runs these too)
+        "hidden_size": rng.choice((64, 128)),
+        "moe_intermediate_size": rng.choice((16, 32)),
         "num_hidden_layers": n_layers,
         "num_attention_heads": heads,
         "head_dim": rng.choice((16, 24)),

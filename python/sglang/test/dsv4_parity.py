@@ -32,6 +32,7 @@ import torch
 from transformers import DeepseekV4Config
 from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
 
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
@@ -300,11 +301,6 @@ def generate(
         model.enable_slot_pool(max_slots=len(prompts), capacity=capacity)
         caches = [model.new_pooled_cache() for _ in prompts]
         if path == "graph":
-            from sglang.srt.model_executor.cuda_graph_runner import (
-                CudaGraphRunner,
-                capture_batch_sizes,
-            )
-
             # Sizes up to the next power of two: a batch of 3 replays the 4-row graph.
             pad = 1 << (len(prompts) - 1).bit_length()
             graphs = CudaGraphRunner(model, capture_batch_sizes(pad), dev)

@@ -7,7 +7,7 @@ block, window and top-k boundaries, greedy-decoded through each requested engine
 ``graph`` (its CUDA-graph replay; CUDA only). Prints one row per case and the totals; exits 1 on a
 divergence.
 
-    python scripts/dsv4_parity_sweep.py --seeds 200                       # CPU, ~15 min on 2 cores
+    python scripts/dsv4_parity_sweep.py --seeds 200                       # CPU
     python scripts/dsv4_parity_sweep.py --seeds 200 --device cuda --paths eager,pooled,graph
     python scripts/dsv4_parity_sweep.py --seeds 40 --torch-topk-ties      # transformers' tie order
 """

@@ -4,7 +4,7 @@ KDA, the K3 description's AttnRes / NoPE MLA / latent MoE), prompts at the 64-to
 boundaries, chunked prefill (the conv state across forwards) and batched greedy decode. Prints one
 row per case and the totals; exits 1 on a divergence.
 
-    python scripts/kimi_k3_parity_sweep.py --seeds 30      # CPU, ~10 min on 2 cores
+    python scripts/kimi_k3_parity_sweep.py --seeds 30                     # CPU
 """
 
 from __future__ import annotations

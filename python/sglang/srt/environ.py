@@ -255,6 +255,12 @@ class Envs:
         "for the HTTP process and the rest split over the TP ranks (at most 16 each).",
         min_value=0,
     )
+    SGLANG_STATIC_DECODE_WITHOUT_GRAPHS = EnvBool(
+        False,
+        "When CUDA graphs are off (--disable-cuda-graph, or no CUDA), decode through the slot "
+        "pool's static decode eagerly, padded to the batch sizes graphs would capture: the exact "
+        "A/B of a graph replay (same kernels, same shapes). Off: the per-request eager decode.",
+    )
     SGLANG_SCHEDULER_IDLE_POLL_S = EnvFloat(
         0.5,
         "Seconds an idle scheduler (rank 0) waits for a new request before it checks that its "

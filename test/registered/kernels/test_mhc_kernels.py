@@ -109,7 +109,7 @@ def test_pre_post_head_match_fp64_derivation(dtype: torch.dtype, t: int) -> None
     h = 96
     r = _residual(t, h, dtype, gen)
     fn, scale, base = _params(h, gen)
-    y, post, comb = mhc.hc_pre_torch_impl(
+    y, post, comb = mhc.mhc_pre_torch(
         r, fn, scale, base, rms_eps=RMS_EPS, hc_eps=HC_EPS, sinkhorn_iters=ITERS
     )
     y64, post64, comb64 = _ref64_pre(r, fn, scale, base)
@@ -274,6 +274,38 @@ def test_fused_norm_matches_transformers_rmsnorm(dtype: torch.dtype) -> None:
         assert torch.equal(yn, norm(y))
 
 
+def test_pre_entry_points_share_mhc_pre_impl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_mhc_pre_impl`` (upstream's name for the pre kernel) is the one body behind mhc_pre and
+    behind the pre half of mhc_fused_post_pre; its output matches the fp64 derivation."""
+    gen = torch.Generator().manual_seed(15)
+    t, h = 5, 64
+    r = _residual(t, h, torch.float32, gen)
+    p = _params(h, gen)
+    x = torch.randn(t, h, generator=gen)
+    w = torch.rand(h, generator=gen) + 0.5
+    kw: dict[str, Any] = {"rms_eps": RMS_EPS, "hc_eps": HC_EPS, "sinkhorn_iters": ITERS}
+    calls: list[torch.Tensor] = []
+    real = mhc._mhc_pre_impl
+
+    def spy(residual: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        calls.append(residual)
+        return real(residual, *args, **kwargs)
+
+    monkeypatch.setattr(mhc, "_mhc_pre_impl", spy)
+    y, post, comb = mhc.mhc_pre(r, *p, **kw)
+    assert len(calls) == 1 and calls[0] is r
+    y64, post64, comb64 = _ref64_pre(r, *p)
+    torch.testing.assert_close(post.double(), post64, atol=2e-6, rtol=0)
+    torch.testing.assert_close(comb.double(), comb64, atol=2e-6, rtol=0)
+    _assert_rounded_close(y, y64)
+    new_r, y2, _, _ = mhc.mhc_fused_post_pre(
+        x, r, post, comb, *p, norm_weight=w, norm_eps=NORM_EPS, **kw
+    )
+    assert len(calls) == 2 and torch.equal(calls[1], new_r)
+    direct, _, _ = real(new_r, *p, norm_weight=w, norm_eps=NORM_EPS, **kw)
+    assert torch.equal(y2, direct)
+
+
 def test_sinkhorn_comb_is_doubly_stochastic() -> None:
     gen = torch.Generator().manual_seed(13)
     t, h = 64, 64
@@ -334,7 +366,7 @@ def test_only_layer_input_is_symmetric(monkeypatch: pytest.MonkeyPatch, with_nor
     assert rec.allocated == [_ptr(y)] and rec.entered == [(_SENTINEL_GROUP, False)]
 
     rec = _record(monkeypatch, symmetric=True)
-    y0, _, _ = mhc.hc_pre_torch_impl(r, *p, **kw)
+    y0, _, _ = mhc.mhc_pre_torch(r, *p, **kw)
     assert rec.allocated == [_ptr(y0)] and rec.entered == [(_SENTINEL_GROUP, False)]
 
     rec = _record(monkeypatch, symmetric=True)

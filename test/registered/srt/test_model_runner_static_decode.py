@@ -32,7 +32,7 @@ def _runner(static: bool) -> ModelRunner:
     )  # fmt: skip
     if static:
         assert runner.pooled and setup.max_running_requests == 3  # 1200 // 400 slots
-        assert setup.cuda_graph.startswith("off (runs on cpu, not CUDA); static decode eager")
+        assert setup.cuda_graph.startswith("off (runs on cpu, not CUDA); static decode eager at the graph batch sizes")
     else:
         assert not runner.pooled and setup.cuda_graph == "off (runs on cpu, not CUDA)"
     return runner

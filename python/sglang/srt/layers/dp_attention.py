@@ -62,21 +62,25 @@ def is_dp_attention_enabled() -> bool:
     return _config.enabled
 
 
-class DpGatheredBufferWrapper:
+class _DpGatheredBufferWrapper:
     """Per-forward sizes of the DP gathered buffers, as class-level state.
 
     Every attribute has a real default, so code that runs before the first forward (load-time
     prewarm, kernel JIT) can read it. The default padding mode is ``SUM_LEN`` on purpose: with
     DP attention on it makes :func:`is_allocation_symmetric` answer False until a forward says
     otherwise, and a wrong False only sends allocations to the default allocator (correct,
-    slower), whereas a wrong True could start a one-sided collective registration (a hang)."""
+    slower), whereas a wrong True could start a one-sided collective registration (a hang).
+
+    Private as in upstream SGLang: the module functions below are the interface; the class keeps
+    the names (``_global_dp_buffer_len``, ``_local_dp_buffer_len``, ``_dp_max_padding``,
+    ``_global_num_tokens``) that upstream code and users patch in tests."""
 
     _hidden_size: int | None = None
     _dtype: torch.dtype | None = None
     _device: torch.device | None = None
     _global_dp_buffer_len: int = 0
     _local_dp_buffer_len: int = 0
-    _padding_mode: DpPaddingMode = DpPaddingMode.SUM_LEN
+    _dp_max_padding: bool = False  # this batch padded to MAX_LEN (else SUM_LEN)
     _global_num_tokens: tuple[int, ...] | None = None
 
     @classmethod
@@ -106,7 +110,7 @@ class DpGatheredBufferWrapper:
             raise TypeError(f"padding_mode must be a DpPaddingMode, got {padding_mode!r}")
         cls._global_dp_buffer_len = global_len
         cls._local_dp_buffer_len = local_len
-        cls._padding_mode = padding_mode
+        cls._dp_max_padding = padding_mode.is_max_len()
         cls._global_num_tokens = tuple(global_num_tokens) if global_num_tokens is not None else None
 
     @classmethod
@@ -117,12 +121,16 @@ class DpGatheredBufferWrapper:
         cls._device = None
         cls._global_dp_buffer_len = 0
         cls._local_dp_buffer_len = 0
-        cls._padding_mode = DpPaddingMode.SUM_LEN
+        cls._dp_max_padding = False
         cls._global_num_tokens = None
 
     @classmethod
     def get_padding_mode(cls) -> DpPaddingMode:
-        return cls._padding_mode
+        return DpPaddingMode.MAX_LEN if cls._dp_max_padding else DpPaddingMode.SUM_LEN
+
+    @classmethod
+    def is_dp_max_padding(cls) -> bool:
+        return cls._dp_max_padding
 
     @classmethod
     def get_global_dp_buffer_len(cls) -> int:
@@ -150,7 +158,7 @@ class DpGatheredBufferWrapper:
         if hidden_size is None or dtype is None or device is None:
             raise RuntimeError(
                 "DP gathered buffer metadata is not set: call "
-                "DpGatheredBufferWrapper.set_metadata(hidden_size, dtype, device) at model init"
+                "_DpGatheredBufferWrapper.set_metadata(hidden_size, dtype, device) at model init"
             )
         with use_symmetric_memory(get_tp_group_or_none(), disabled=not is_allocation_symmetric()):
             return torch.empty((length, hidden_size), dtype=dtype, device=device)
@@ -177,11 +185,11 @@ class DpGatheredBufferWrapper:
 
 
 def get_dp_padding_mode() -> DpPaddingMode:
-    return DpGatheredBufferWrapper.get_padding_mode()
+    return _DpGatheredBufferWrapper.get_padding_mode()
 
 
 def is_dp_max_padding() -> bool:
-    return DpGatheredBufferWrapper.get_padding_mode().is_max_len()
+    return _DpGatheredBufferWrapper.is_dp_max_padding()
 
 
 def is_allocation_symmetric() -> bool:
@@ -197,7 +205,7 @@ def set_dp_buffer_len(
     padding_mode: DpPaddingMode,
     global_num_tokens: list[int] | tuple[int, ...] | None = None,
 ) -> None:
-    DpGatheredBufferWrapper.set_dp_buffer_len(
+    _DpGatheredBufferWrapper.set_dp_buffer_len(
         global_len, local_len, padding_mode, global_num_tokens
     )
 
@@ -207,7 +215,7 @@ def get_dp_global_buffer(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    return DpGatheredBufferWrapper.get_global_dp_buffer(hidden_size, dtype, device)
+    return _DpGatheredBufferWrapper.get_global_dp_buffer(hidden_size, dtype, device)
 
 
 def get_dp_local_buffer(
@@ -215,4 +223,4 @@ def get_dp_local_buffer(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    return DpGatheredBufferWrapper.get_local_dp_buffer(hidden_size, dtype, device)
+    return _DpGatheredBufferWrapper.get_local_dp_buffer(hidden_size, dtype, device)

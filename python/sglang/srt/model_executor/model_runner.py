@@ -10,12 +10,14 @@ dicts hold the same keys, slots and lengths.
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from sglang.srt.environ import envs
 from sglang.srt.model_executor.cuda_graph_runner import (
     CudaGraphRunner,
     capture_batch_sizes,
@@ -70,6 +72,8 @@ class ModelRunner:
         self.caches: dict[str, Any] = {}
         self.pooled = False  # caches in the model's slot pool, decode through static_decode
         self.graph_runner: CudaGraphRunner | None = None
+        # Static decode without graphs: the sizes a batch pads to (those graphs would capture).
+        self.static_sizes: list[int] = []
 
     # --- facts ---------------------------------------------------------------------------------
 
@@ -111,11 +115,14 @@ class ModelRunner:
     ) -> DecodeSetup:
         """Before serving (after warm-up, before the symmetric pool's preallocation): when decode
         can run in CUDA graphs, preallocate the slot pool and capture. ``static_without_graphs``
-        runs the static decode eagerly where graphs are unavailable (tests on CPU)."""
+        (or ``SGLANG_STATIC_DECODE_WITHOUT_GRAPHS``) runs the static decode eagerly where graphs
+        are unavailable, padded to the sizes graphs would capture, so that it is the exact A/B of
+        a graph replay (tests on CPU; graphs == eager on the GPU)."""
         reason = graph_unavailable_reason(
             self.model, self.device, disabled=self.args.disable_cuda_graph
         )
         has_static = callable(getattr(self.model, "static_decode", None))
+        static_without_graphs |= envs.SGLANG_STATIC_DECODE_WITHOUT_GRAPHS.get()
         if reason is not None and not (static_without_graphs and has_static):
             return DecodeSetup(f"off ({reason})", max_running_requests)
         plan = plan_slot_pool(
@@ -126,10 +133,13 @@ class ModelRunner:
         self.pooled = True
         gib = pool.nbytes() / (1 << 30)
         slots = f"slot pool {plan.slots} x {plan.capacity} tokens, {gib:.2f} GiB"
+        sizes = capture_batch_sizes(min(self.args.cuda_graph_max_bs or plan.slots, plan.slots))
         if reason is not None:
-            return DecodeSetup(f"off ({reason}); static decode eager, {slots}", plan.slots)
-        assert self.args.cuda_graph_max_bs is not None
-        sizes = capture_batch_sizes(min(self.args.cuda_graph_max_bs, plan.slots))
+            self.static_sizes = sizes
+            return DecodeSetup(
+                f"off ({reason}); static decode eager at the graph batch sizes, {slots}",
+                plan.slots,
+            )
         self.graph_runner = CudaGraphRunner(self.model, sizes, self.device)
         self.graph_runner.capture()
         return DecodeSetup(f"{self.graph_runner.describe()}; {slots}", plan.slots)
@@ -170,8 +180,15 @@ class ModelRunner:
         if self.device.type != "cpu":
             ids = ids.to(self.device, non_blocking=True)
         graphs = self.graph_runner
-        step = graphs.replay if graphs is not None and graphs.can_run(len(caches)) else None
-        return self.model.decode_pooled(ids, caches, step=step)
+        if graphs is not None:
+            step = graphs.replay if graphs.can_run(len(caches)) else None
+            return self.model.decode_pooled(ids, caches, step=step)
+        return self.model.decode_pooled(ids, caches, pad_to=self._static_pad(len(caches)))
+
+    def _static_pad(self, bs: int) -> int:
+        """The rows a graph replay of ``bs`` would run (``bs`` itself above the largest size)."""
+        i = bisect.bisect_left(self.static_sizes, bs)
+        return self.static_sizes[i] if i < len(self.static_sizes) else bs
 
     def warmup(self, num_tokens: int = 16) -> None:
         """One prefill and one decode on a throw-away cache, identical on every rank: compiles

@@ -6,9 +6,11 @@
               x = norm(hc_pre_ffn(R));   R = hc_post(moe(x), R)
   y = norm(hc_head(R));  logits = head(y)
 
-Every sublayer output is complete (TP-reduced) before its hc_post. Each hc_post is fused with the
-next sublayer's hc_pre and RMSNorm (``mhc_fused_post_pre``, the same maths as post-then-pre); only
-the first layer's attention pre and the last layer's MoE post are separate calls.
+Every sublayer output is complete (TP-reduced) before its hc_post. On CUDA each hc_post is fused
+with the next sublayer's hc_pre and RMSNorm (``mhc_fused_post_pre``, the same maths as
+post-then-pre); only the first layer's attention pre and the last layer's MoE post are separate
+calls. Elsewhere (CPU) the layers run the unfused torch steps, :func:`hc_pre_torch_impl` then
+``hc_post_torch_impl``, which the kernels are tested against.
 
 Parameter names follow the official checkpoint (``embed.weight``, ``layers.L.attn.wq_a.weight``,
 ``layers.L.ffn.experts...``, ``hc_head_fn``, ``head.weight``), so the loader maps checkpoint names
@@ -29,11 +31,18 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from sglang.kernels.ops.layernorm.mhc import mhc_fused_post_pre, mhc_head, mhc_post, mhc_pre
+from sglang.kernels.ops.layernorm.mhc import (
+    hc_post_torch_impl,
+    mhc_fused_post_pre,
+    mhc_head,
+    mhc_post,
+    mhc_pre,
+    mhc_pre_torch,
+)
 from sglang.srt.layers.attention.dsv4_attention import AttnSegment, DeepseekV4Attention
 from sglang.srt.layers.attention.dsv4_static_decode import static_decode_attention
 from sglang.srt.layers.embedding import ReplicatedEmbedding
-from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.layernorm import RMSNorm, rms_norm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.moe.layer import A2ABackend
 from sglang.srt.mem_cache.deepseek_v4_cache import (
@@ -63,6 +72,31 @@ AttendFn = Callable[[int, "DeepseekV4DecoderLayer", torch.Tensor], torch.Tensor]
 HCParams = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+def hc_pre_torch_impl(
+    residual: torch.Tensor, hc: HCParams, mix: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One sublayer's mHC pre in plain torch, its RMSNorm a separate step (upstream's unfused
+    non-CUDA branch): ``residual [T, hc, H]`` -> (normed layer input ``[T, H]``, post ``[T, hc]``,
+    comb ``[T, hc, hc]`` fp32). ``hc`` is the sublayer's ``(fn, scale, base, norm weight)``,
+    ``mix`` the model's mHC constants. The model's path off CUDA."""
+    fn, scale, base, norm_w = hc
+    y, post, comb = mhc_pre_torch(
+        residual, fn, scale, base, rms_eps=mix["rms_eps"], hc_eps=mix["hc_eps"],
+        sinkhorn_iters=mix["sinkhorn_iters"],
+    )  # fmt: skip
+    return rms_norm(y, norm_w, mix["norm_eps"]), post, comb
+
+
+def _hc_pre(
+    residual: torch.Tensor, hc: HCParams, mix: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first sublayer's pre: the kernel (norm fused) on CUDA, else :func:`hc_pre_torch_impl`."""
+    if not residual.is_cuda:
+        return hc_pre_torch_impl(residual, hc, mix)
+    fn, scale, base, norm_w = hc
+    return mhc_pre(residual, fn, scale, base, norm_weight=norm_w, **mix)
+
+
 def _post_then_pre(
     out: torch.Tensor,
     residual: torch.Tensor,
@@ -71,8 +105,12 @@ def _post_then_pre(
     hc: HCParams,
     mix: dict[str, Any],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One sublayer's ``hc_post`` fused with the next sublayer's ``hc_pre`` and RMSNorm, whose
-    ``(fn, scale, base, norm weight)`` is ``hc``: ``(residual, x, post, comb)`` for the next."""
+    """One sublayer's ``hc_post`` then the next sublayer's ``hc_pre`` and RMSNorm, whose
+    ``(fn, scale, base, norm weight)`` is ``hc``: ``(residual, x, post, comb)`` for the next.
+    Fused in one kernel call on CUDA; unfused torch steps elsewhere."""
+    if not residual.is_cuda:
+        new_residual = hc_post_torch_impl(out, residual, post, comb)
+        return (new_residual, *hc_pre_torch_impl(new_residual, hc, mix))
     fn, scale, base, norm_w = hc
     return mhc_fused_post_pre(out, residual, post, comb, fn, scale, base, norm_weight=norm_w, **mix)
 
@@ -285,8 +323,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         residual = h.unsqueeze(1).expand(t, c.hc_mult, c.hidden_size).contiguous()
 
         layers = self.decoder_layers
-        fn, scale, base, norm_w = layers[0].hc_attn()
-        x, post, comb = mhc_pre(residual, fn, scale, base, norm_weight=norm_w, **mix)
+        x, post, comb = _hc_pre(residual, layers[0].hc_attn(), mix)
         for i, layer in enumerate(layers):
             a = attend(i, layer, x)
             residual, x, post, comb = _post_then_pre(a, residual, post, comb, layer.hc_ffn(), mix)

@@ -175,7 +175,8 @@ class DeepseekV4ModelConfig(JsonModelConfig):
             n_shared_experts=d.get("n_shared_experts", 1),
             moe_intermediate_size=required(d, "moe_intermediate_size"),
             routed_scaling_factor=float(d.get("routed_scaling_factor", 1.5)),
-            swiglu_limit=None if swiglu_limit is None else float(swiglu_limit),
+            # DeepSeek's reference clamps only for a limit > 0 (its default 0 means no clamp).
+            swiglu_limit=None if swiglu_limit is None or swiglu_limit <= 0 else float(swiglu_limit),
             scoring_func=d.get("scoring_func", "sqrtsoftplus"),
             norm_topk_prob=bool(d.get("norm_topk_prob", True)),
             q_head_norm=bool(d.get("q_head_norm", True)),

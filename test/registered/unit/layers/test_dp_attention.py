@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-
 from sglang.srt.layers import dp_attention as dpa
 from sglang.srt.layers.dp_attention import (
-    DpGatheredBufferWrapper,
     DpPaddingMode,
+    _DpGatheredBufferWrapper,
     is_allocation_symmetric,
     set_dp_attention_config,
     set_dp_buffer_len,
@@ -26,22 +25,37 @@ register_cpu_ci(est_time=2)
 @pytest.fixture(autouse=True)
 def _reset() -> Iterator[None]:
     set_dp_attention_config(False)
-    DpGatheredBufferWrapper.reset()
+    _DpGatheredBufferWrapper.reset()
     yield
     set_dp_attention_config(False)
-    DpGatheredBufferWrapper.reset()
+    _DpGatheredBufferWrapper.reset()
 
 
 def test_defaults_readable_before_any_forward() -> None:
     """What a load-time prewarm may read before the first ForwardBatch exists."""
     set_dp_attention_config(True, dp_size=4)
-    assert DpGatheredBufferWrapper.get_global_dp_buffer_len() == 0
-    assert DpGatheredBufferWrapper.get_local_dp_buffer_len() == 0
-    assert DpGatheredBufferWrapper.get_global_num_tokens() is None
+    assert _DpGatheredBufferWrapper.get_global_dp_buffer_len() == 0
+    assert _DpGatheredBufferWrapper.get_local_dp_buffer_len() == 0
+    assert _DpGatheredBufferWrapper.get_global_num_tokens() is None
     assert dpa.get_dp_padding_mode() is DpPaddingMode.SUM_LEN
     assert dpa.is_dp_max_padding() is False
     # The conservative answer: never claim symmetry before a forward has said so.
     assert is_allocation_symmetric() is False
+
+
+def test_wrapper_class_defaults_as_upstream_names_them() -> None:
+    """The class-level names upstream code reads and tests patch, with their pre-forward values;
+    ``_dp_max_padding`` is the state every padding query answers from."""
+    w = _DpGatheredBufferWrapper
+    assert (w._global_dp_buffer_len, w._local_dp_buffer_len) == (0, 0)
+    assert w._dp_max_padding is False and w._global_num_tokens is None
+    set_dp_attention_config(True, dp_size=2)
+    set_dp_buffer_len(8, 8, DpPaddingMode.MAX_LEN, [8, 8])
+    assert w._dp_max_padding is True and w._global_num_tokens == (8, 8)
+    assert dpa.is_dp_max_padding() and is_allocation_symmetric()
+    w._dp_max_padding = False  # what a test patching the class sees through the module API
+    assert not dpa.is_dp_max_padding() and not is_allocation_symmetric()
+    assert dpa.get_dp_padding_mode() is DpPaddingMode.SUM_LEN
 
 
 def test_defaults_with_dp_attention_off() -> None:
@@ -73,11 +87,11 @@ def test_mode_follows_each_forward() -> None:
     set_dp_attention_config(True, dp_size=2)
     set_dp_buffer_len(32, 16, DpPaddingMode.MAX_LEN, [16, 16])
     assert is_allocation_symmetric()
-    assert DpGatheredBufferWrapper.get_global_num_tokens() == (16, 16)
+    assert _DpGatheredBufferWrapper.get_global_num_tokens() == (16, 16)
     set_dp_buffer_len(20, 7, DpPaddingMode.SUM_LEN, [7, 13])
     assert not is_allocation_symmetric()
-    assert DpGatheredBufferWrapper.get_global_dp_buffer_len() == 20
-    assert DpGatheredBufferWrapper.get_local_dp_buffer_len() == 7
+    assert _DpGatheredBufferWrapper.get_global_dp_buffer_len() == 20
+    assert _DpGatheredBufferWrapper.get_local_dp_buffer_len() == 7
 
 
 def test_set_dp_buffer_len_validates() -> None:
@@ -115,7 +129,7 @@ def test_buffers_allocate_under_symmetric_memory(
     recorder = _Recorder()
     monkeypatch.setattr(dpa, "use_symmetric_memory", recorder)
     set_dp_attention_config(dp_enabled, dp_size=2)
-    DpGatheredBufferWrapper.set_metadata(8, torch.bfloat16, "cpu")
+    _DpGatheredBufferWrapper.set_metadata(8, torch.bfloat16, "cpu")
     set_dp_buffer_len(6, 3 if mode.is_sum_len() else 6, mode)
     g = dpa.get_dp_global_buffer()
     loc = dpa.get_dp_local_buffer()

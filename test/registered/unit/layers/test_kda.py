@@ -10,6 +10,7 @@ alone, the full-rank gate, A_log's accepted shapes and a simulated TP=2 split.
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any
 
 import pytest
@@ -217,6 +218,34 @@ def test_layer_prefill_and_decode_match_transformers(safe: bool, dtype: torch.dt
     _close(state.recurrent, tf_state.transpose(-1, -2).float(), dtype)
     # our own forms agree: the pieces (chunked + recurrent) equal the first 72 rows of one prefill
     _close(torch.cat(got_pieces), got_full[:72], dtype)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_pieces_match_transformers_cache(seed: int) -> None:
+    """A sweep over how a request's rows arrive: random pieces of 1, 2, 3 (shorter than the conv
+    kernel's 3-row state), 5, 63, 64 or 65 rows (around the 64-row chunk) through our layer and
+    through transformers' cached layer, alternating gate kinds; every piece's output and the
+    final recurrent state agree, so the conv and recurrent states carry across any boundary."""
+    rng = random.Random(seed)
+    safe = seed % 2 == 0
+    tf = _tf_layer(safe)
+    _randomize(tf, seed=100 + seed)
+    ours = _ours_from(tf, safe=safe, dtype=torch.float32)
+    sizes: list[int] = []
+    while sum(sizes) < 200:
+        sizes.append(rng.choice((1, 1, 2, 3, 5, 63, 64, 65)))
+    x = _x(sum(sizes), seed=200 + seed)
+    cache = DynamicCache(config=getattr(tf, "tf_config"))  # noqa: B009
+    state = _state(ours, torch.float32)
+    lo = 0
+    for n in sizes:
+        with torch.no_grad():
+            want = tf(x[None, lo : lo + n], cache_params=cache)[0]
+        _close(_run(ours, x[lo : lo + n], state), want, torch.float32)
+        lo += n
+    tf_states = cache.get_recurrent_state(0, state_idx=0)
+    assert tf_states is not None
+    _close(state.recurrent, tf_states[0].transpose(-1, -2).float(), torch.float32)
 
 
 def test_full_rank_gate_equals_low_rank_product() -> None:

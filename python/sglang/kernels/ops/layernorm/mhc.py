@@ -147,7 +147,7 @@ def _pre_torch(
     return out, post, comb
 
 
-def hc_pre_torch_impl(
+def mhc_pre_torch(
     residual: torch.Tensor,
     fn: torch.Tensor,
     scale: torch.Tensor,
@@ -269,6 +269,43 @@ def _backend(residual: torch.Tensor) -> Backend:
     return backend
 
 
+def _mhc_pre_impl(
+    residual: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    *,
+    rms_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+    norm_weight: torch.Tensor | None,
+    norm_eps: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pre (+ norm) on the chosen backend: the one body behind :func:`mhc_pre` and the torch
+    branch of :func:`mhc_fused_post_pre` (the name upstream's comments give the pre kernel)."""
+    backend = _backend(residual)
+    if backend == "torch":
+        return _pre_torch(
+            residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps
+        )
+    t, _hc, h = _check_shapes(residual, fn, _n_mix(residual))
+    out = _alloc_layer_input(t, h, residual.dtype, residual.device)
+    kernel = mhc_tilelang.mhc_pre_tilelang if backend == "tilelang" else _mhc_pre_triton
+    post, comb = kernel(
+        residual,
+        fn,
+        scale,
+        base,
+        out,
+        rms_eps=rms_eps,
+        hc_eps=hc_eps,
+        sinkhorn_iters=sinkhorn_iters,
+        norm_weight=norm_weight,
+        norm_eps=norm_eps,
+    )
+    return out, post, comb
+
+
 def mhc_pre(
     residual: torch.Tensor,
     fn: torch.Tensor,
@@ -285,27 +322,10 @@ def mhc_pre(
     -> (layer_input [T,H] residual dtype, post [T,hc] fp32, comb [T,hc,hc] fp32)."""
     if norm_weight is not None:
         _norm_eps(norm_eps)
-    backend = _backend(residual)
-    if backend != "torch":
-        t, _hc, h = _check_shapes(residual, fn, _n_mix(residual))
-        out = _alloc_layer_input(t, h, residual.dtype, residual.device)
-        kernel = mhc_tilelang.mhc_pre_tilelang if backend == "tilelang" else _mhc_pre_triton
-        post, comb = kernel(
-            residual,
-            fn,
-            scale,
-            base,
-            out,
-            rms_eps=rms_eps,
-            hc_eps=hc_eps,
-            sinkhorn_iters=sinkhorn_iters,
-            norm_weight=norm_weight,
-            norm_eps=norm_eps,
-        )
-        return out, post, comb
-    return _pre_torch(
-        residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps
-    )
+    return _mhc_pre_impl(
+        residual, fn, scale, base, rms_eps=rms_eps, hc_eps=hc_eps,
+        sinkhorn_iters=sinkhorn_iters, norm_weight=norm_weight, norm_eps=norm_eps,
+    )  # fmt: skip
 
 
 def mhc_post(
@@ -362,9 +382,10 @@ def mhc_fused_post_pre(
         )
         return new_residual, out, post_next, comb_next
     new_residual = hc_post_torch_impl(x, residual, post, comb)
-    y, post_next, comb_next = _pre_torch(
-        new_residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps
-    )
+    y, post_next, comb_next = _mhc_pre_impl(
+        new_residual, fn, scale, base, rms_eps=rms_eps, hc_eps=hc_eps,
+        sinkhorn_iters=sinkhorn_iters, norm_weight=norm_weight, norm_eps=norm_eps,
+    )  # fmt: skip
     return new_residual, y, post_next, comb_next
 
 

@@ -224,9 +224,9 @@ class Envs:
     SGLANG_DEEP_GEMM_MOE_LAYOUT = EnvStr(
         "auto",
         "What the deep_gemm MoE runner runs a batch with: 'auto' (by token count, from the H200 "
-        "measurements in docs/performance.md: our Triton kernels up to 1024 tokens with FP8 "
-        "experts and 4096 with bf16, DeepGEMM's contiguous layout above; never contiguous under "
-        "CUDA-graph capture), or always 'contiguous', 'masked' or 'triton'.",
+        "measurements in docs/performance.md: our Triton kernels up to 1024 tokens, DeepGEMM's "
+        "contiguous layout above; never contiguous under CUDA-graph capture), or always "
+        "'contiguous', 'masked' or 'triton'.",
         choices=("auto", "contiguous", "masked", "triton"),
     )
     SGLANG_MHC_BACKEND = EnvStr(

@@ -38,6 +38,8 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.launcher import SchedulerHandle
 from sglang.srt.managers.metrics import ServerMetrics
+from sglang.srt.managers.prompts import check_one_kind
+from sglang.srt.managers.request_error import RequestError
 from sglang.srt.managers.tokenizer import TextTokenizer, load_tokenizer
 from sglang.srt.sampling.sampling_params import SEED_MAX, SamplingParams
 from sglang.srt.server_args import ServerArgs
@@ -64,16 +66,6 @@ def check_text(text: str, what: str) -> None:
         raise RequestError(
             f"{what} is not valid Unicode: lone surrogate {bad!a} at character {exc.start}"
         ) from None
-
-
-class RequestError(Exception):
-    """A request the server will not run (``status_code`` 4xx), or could not (5xx)."""
-
-    def __init__(self, message: str, status_code: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-        self.param = param
 
 
 @dataclass
@@ -382,8 +374,7 @@ class TokenizerManager:
     # --- requests ------------------------------------------------------------------------------
 
     def _prompt_ids(self, req: GenerateRequest) -> list[int]:
-        if req.text is not None and req.input_ids is not None:
-            raise RequestError("give either text or input_ids, not both")
+        check_one_kind(req.text, req.input_ids)
         if req.input_ids is not None:
             ids = req.input_ids
             if not isinstance(ids, list) or not all(
@@ -394,7 +385,7 @@ class TokenizerManager:
             bad = [t for t in ids if t < 0 or t >= vocab]
             if bad:
                 raise RequestError(f"input_ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        elif req.text is not None:
+        else:  # text (check_one_kind ruled out neither)
             if not isinstance(req.text, str):
                 raise RequestError("text must be a string")
             if self.tokenizer is None:
@@ -410,8 +401,6 @@ class TokenizerManager:
                     "are tokenized); shorten the prompt"
                 )
             ids = self.tokenizer.encode(req.text) if req.text else []
-        else:
-            raise RequestError("the request has no prompt: give text or input_ids")
         if not ids:
             raise RequestError("the prompt is empty")
         return list(ids)

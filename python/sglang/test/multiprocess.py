@@ -108,7 +108,7 @@ def _worker(
     code = 0
     try:
         from sglang.srt.distributed import parallel_state as ps
-        from sglang.srt.distributed.device_communicators.pynccl_allocator import (
+        from sglang.srt.distributed.symm_mem.allocator import (
             set_symmetric_memory_enabled,
         )
 

@@ -50,7 +50,7 @@ def _expected(n: int, device: torch.device) -> torch.Tensor:
 
 def _two_rank_flow(rank: int, world_size: int) -> dict[str, Any]:
     from sglang.srt.distributed import parallel_state as ps
-    from sglang.srt.distributed.device_communicators import pynccl_allocator as pa
+    from sglang.srt.distributed.symm_mem import allocator as pa
 
     tp = ps.initialize_model_parallel(2)
     assert tp.pynccl_comm is not None, "symm-mem turns pynccl on for the TP group"

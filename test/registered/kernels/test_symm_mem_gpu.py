@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from sglang.srt.distributed.device_communicators import pynccl_allocator as pa
+from sglang.srt.distributed.symm_mem import allocator as pa
 from sglang.srt.distributed.device_communicators.pynccl_library import (
     SYMM_MEM_MIN_NCCL_VERSION,
     NcclError,

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang.srt.distributed.device_communicators import pynccl_allocator as pa
+from sglang.srt.distributed.symm_mem import allocator as pa
 from sglang.srt.distributed.device_communicators import pynccl_library as nl
-from sglang.srt.distributed.device_communicators.symm_alloc_shim import (
+from sglang.srt.distributed.symm_mem.alloc_shim import (
     SymmAllocShim,
     build_shim,
     shim_filename,
 )
-from sglang.srt.distributed.device_communicators.symm_windows import WindowRanges
+from sglang.srt.distributed.symm_mem.windows import WindowRanges
 from sglang.srt.environ import envs
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_symm_mem import FakeGroup, FakeSymmetricPool, FakeWindowComm

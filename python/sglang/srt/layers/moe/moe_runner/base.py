@@ -17,10 +17,8 @@ from typing import ClassVar
 
 import torch
 
-from sglang.srt.distributed.device_communicators.pynccl_allocator import use_symmetric_memory
-from sglang.srt.distributed.parallel_state import get_tp_group_or_none
 from sglang.srt.layers.activation import ACTIVATIONS
-from sglang.srt.layers.dp_attention import is_allocation_symmetric
+from sglang.srt.layers.dp_attention import symmetric_output_scope
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.topk import TopKOutput
 
@@ -38,9 +36,8 @@ class MoERunConfig:
 
 
 def moe_output_scope() -> AbstractContextManager[object]:
-    """Allocate the MoE's final output here: the symmetric pool when it is on and every rank
-    allocates the same shapes, the default allocator otherwise."""
-    return use_symmetric_memory(get_tp_group_or_none(), disabled=not is_allocation_symmetric())
+    """Allocate the MoE's final output here (the rule is :func:`symmetric_output_scope`'s)."""
+    return symmetric_output_scope()
 
 
 def allocate_moe_output(hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

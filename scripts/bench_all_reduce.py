@@ -16,7 +16,6 @@ import argparse
 import statistics
 
 import torch
-
 from sglang.test.multiprocess import run_distributed
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -43,7 +43,8 @@ def split_prompts(text: PromptText, input_ids: PromptIds, text_name: str = "text
         return SplitPrompts([(text, None)], batch=False)
     assert input_ids is not None
     if input_ids and isinstance(input_ids[0], list):
-        return SplitPrompts([(None, list(ids)) for ids in input_ids], batch=True)  # type: ignore[arg-type]
+        prompts: list[Prompt] = [(None, list(ids)) for ids in input_ids]  # type: ignore[arg-type]
+        return SplitPrompts(prompts, batch=True)
     return SplitPrompts([(None, list(input_ids))], batch=False)  # type: ignore[arg-type]
 
 

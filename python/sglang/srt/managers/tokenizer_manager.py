@@ -253,7 +253,8 @@ class TokenizerManager:
                 return
         if not self._closing:  # the pipe closes a moment before the exit can be read
             deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and all(p.exitcode is None for p in self.handle.procs):
+            procs = self.handle.procs
+            while time.monotonic() < deadline and all(p.exitcode is None for p in procs):
                 time.sleep(0.02)
         try:
             self._loop.call_soon_threadsafe(self._scheduler_gone, self._dead_ranks_reason())
@@ -486,7 +487,8 @@ class TokenizerManager:
         def render() -> list[int]:
             try:
                 prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
-            except Exception as exc:  # noqa: BLE001 - template errors (raise_exception) are the client's
+            # A template's errors (its raise_exception included) are the client's.
+            except Exception as exc:  # noqa: BLE001
                 raise RequestError(f"cannot apply the chat template: {exc}") from None
             return tok.encode(prompt, add_special_tokens=False)
 

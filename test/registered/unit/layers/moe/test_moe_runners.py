@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang.kernels.ops.moe.fused_moe import fused_experts_torch
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
-from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers import dp_attention as dpa
-from sglang.srt.layers.moe.moe_runner import MOE_RUNNERS, MoERunConfig, create_moe_runner
-from sglang.srt.layers.moe.moe_runner import deep_gemm, triton_runner
+from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.layers.moe.moe_runner import (
+    MOE_RUNNERS,
+    MoERunConfig,
+    create_moe_runner,
+    deep_gemm,
+    triton_runner,
+)
 from sglang.srt.layers.moe.moe_runner.deep_gemm import DeepGemmMoERunner, choose_layout
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
@@ -88,7 +92,7 @@ def test_layout_knob_forces_a_layout() -> None:
 
     with envs.SGLANG_DEEP_GEMM_MOE_LAYOUT.override("masked"):
         assert DeepGemmMoERunner(MoERunConfig(), deep_gemm=FakeDeepGemmGemms()).layout_for(4096, True) == "masked"
-    with pytest.raises(EnvValueError, match="SGLANG_DEEP_GEMM_MOE_LAYOUT='strided'"):
+    with pytest.raises(EnvValueError, match="SGLANG_DEEP_GEMM_MOE_LAYOUT='strided'"):  # noqa: SIM117
         with envs.SGLANG_DEEP_GEMM_MOE_LAYOUT.override("strided"):
             pass
 

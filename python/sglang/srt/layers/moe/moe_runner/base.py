@@ -30,7 +30,9 @@ class MoERunConfig:
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"unknown MoE activation {self.activation!r}; expected one of {ACTIVATIONS}")
+            raise ValueError(
+                f"unknown MoE activation {self.activation!r}; expected one of {ACTIVATIONS}"
+            )
         if self.swiglu_limit is not None and self.activation != "swiglu":
             raise ValueError(f"swiglu_limit applies to 'swiglu' only, not {self.activation!r}")
 
@@ -44,7 +46,10 @@ def allocate_moe_output(hidden: torch.Tensor, out: torch.Tensor | None = None) -
     """The final output buffer, shaped like ``hidden``: ``out`` when the caller gives one."""
     if out is not None:
         if out.shape != hidden.shape or out.dtype != hidden.dtype:
-            raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match hidden {tuple(hidden.shape)} {hidden.dtype}")
+            raise ValueError(
+                f"out {tuple(out.shape)} {out.dtype} must match hidden "
+                f"{tuple(hidden.shape)} {hidden.dtype}"
+            )
         return out
     with moe_output_scope():
         return torch.empty_like(hidden)

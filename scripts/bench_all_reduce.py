@@ -16,7 +16,6 @@ import argparse
 import statistics
 
 import torch
-
 from sglang.test.multiprocess import run_distributed
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -55,7 +54,7 @@ def _time_graph(x: torch.Tensor, src: torch.Tensor, comm: object, iters: int) ->
 
 def _rank_main(rank: int, world_size: int, iters: int) -> list[tuple[int, float, float]]:
     from sglang.srt.distributed import parallel_state as ps
-    from sglang.srt.distributed.device_communicators import pynccl_allocator as pa
+    from sglang.srt.distributed.symm_mem import allocator as pa
 
     tp = ps.initialize_model_parallel(world_size)
     comm = tp.pynccl_comm

@@ -1,6 +1,6 @@
 """CPU stand-ins for the symmetric pool, a pynccl communicator and a group.
 
-They record what the bookkeeping in ``pynccl_allocator`` asks of them, and reproduce the two
+They record what the bookkeeping in ``symm_mem.allocator`` asks of them, and reproduce the two
 torch behaviours it must respect: only routed allocations create pool segments, and routing one
 thread to the same pool twice is an error.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from sglang.srt.distributed.device_communicators.symm_alloc_shim import PoolSegment
+from sglang.srt.distributed.symm_mem.alloc_shim import PoolSegment
 
 
 class FakeSymmetricPool:

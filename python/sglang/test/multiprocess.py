@@ -60,7 +60,7 @@ def _resolve(ref: _FnRef) -> Callable[..., Any]:
                 candidate = importlib.import_module(ref.module)
                 if _same_file(candidate, ref.file):
                     module = candidate
-            except Exception:
+            except Exception:  # noqa: BLE001 - any import failure: load the file by path below
                 module = None
     if module is None:
         name = "_sglang_rank_" + hashlib.sha1(ref.file.encode()).hexdigest()[:12]
@@ -108,7 +108,7 @@ def _worker(
     code = 0
     try:
         from sglang.srt.distributed import parallel_state as ps
-        from sglang.srt.distributed.device_communicators.pynccl_allocator import (
+        from sglang.srt.distributed.symm_mem.allocator import (
             set_symmetric_memory_enabled,
         )
 
@@ -128,7 +128,7 @@ def _worker(
         # Plain pickle copies tensor data; the queue's own pickler would share it through file
         # descriptors that die with this process.
         results.put((rank, True, pickle.dumps(_to_cpu(value))))
-    except BaseException as exc:  # report everything, SystemExit included
+    except BaseException as exc:  # noqa: BLE001 - report everything, SystemExit included
         code = 1
         results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:

@@ -18,11 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
-
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
+from torch.profiler import ProfilerActivity, profile
 
 register_cuda_ci(est_time=180, num_gpus=2)
 
@@ -50,7 +49,7 @@ def _expected(n: int, device: torch.device) -> torch.Tensor:
 
 def _two_rank_flow(rank: int, world_size: int) -> dict[str, Any]:
     from sglang.srt.distributed import parallel_state as ps
-    from sglang.srt.distributed.device_communicators import pynccl_allocator as pa
+    from sglang.srt.distributed.symm_mem import allocator as pa
 
     tp = ps.initialize_model_parallel(2)
     assert tp.pynccl_comm is not None, "symm-mem turns pynccl on for the TP group"

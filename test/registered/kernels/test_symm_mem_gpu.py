@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 import torch
-
-from sglang.srt.distributed.device_communicators import pynccl_allocator as pa
 from sglang.srt.distributed.device_communicators.pynccl_library import (
     SYMM_MEM_MIN_NCCL_VERSION,
     NcclError,
     get_nccl_library,
 )
+from sglang.srt.distributed.symm_mem import allocator as pa
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
@@ -188,7 +187,7 @@ def _one_rank_flow(rank: int, world_size: int) -> dict[str, Any]:
     pa.set_graph_pool_id(graph_pool2)
     graph2 = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph2, pool=graph_pool2, stream=stream):
+        with torch.cuda.graph(graph2, pool=graph_pool2, stream=stream):  # noqa: SIM117
             with pa.use_symmetric_memory(group):
                 torch.empty(48 * MiB, dtype=torch.uint8, device=device)
     except pa.SymmetricMemoryError as exc:

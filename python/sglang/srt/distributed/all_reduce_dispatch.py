@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sglang.srt.distributed.device_communicators.pynccl_allocator import (
+from sglang.srt.distributed.symm_mem.allocator import (
     is_symmetric_memory_enabled,
     is_tensor_in_symmetric_pool,
 )

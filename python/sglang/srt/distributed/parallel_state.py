@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from sglang.srt.distributed import all_reduce_dispatch
-from sglang.srt.distributed.device_communicators.pynccl_allocator import (
+from sglang.srt.distributed.symm_mem.allocator import (
     is_symmetric_memory_enabled,
     release_symmetric_windows,
     shutdown_symmetric_memory,

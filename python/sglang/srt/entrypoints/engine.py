@@ -19,15 +19,10 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from sglang.srt.managers.launcher import launch_schedulers, resolve_model_path
-from sglang.srt.managers.tokenizer_manager import (
-    GenerateRequest,
-    RequestError,
-    TokenizerManager,
-    expand_n,
-    load_server_tokenizer,
-)
-from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
+from sglang.srt.entrypoints.startup import start_engine
+from sglang.srt.managers.prompts import params_per_prompt, split_prompts
+from sglang.srt.managers.tokenizer_manager import GenerateRequest, RequestError, expand_n
+from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
 T = TypeVar("T")
@@ -37,17 +32,15 @@ class Engine:
     def __init__(self, server_args: ServerArgs | None = None, **kwargs: Any) -> None:
         if server_args is not None and kwargs:
             raise TypeError("give either server_args or keyword options, not both")
-        args = (server_args or ServerArgs(**kwargs)).resolved()
-        args.validate()
-        self.server_args = resolve_model_path(args)
+        started = start_engine(server_args or ServerArgs(**kwargs))
+        self.server_args = started.server_args
+        self._started = started
+        self.tokenizer_manager = started.tokenizer_manager
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="sglang-engine-loop", daemon=True
         )
-        tokenizer = load_server_tokenizer(self.server_args)
-        self._handle = launch_schedulers(self.server_args)
         self._thread.start()
-        self.tokenizer_manager = TokenizerManager(self.server_args, self._handle, tokenizer)
         self.tokenizer_manager.start(self._loop)
         self._closed = False
 
@@ -60,45 +53,22 @@ class Engine:
         return fut.result()
 
     @staticmethod
-    def _params(sampling_params: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
-        if isinstance(sampling_params, SamplingParams):
-            return sampling_params
-        try:
-            return SamplingParams.from_dict(sampling_params)
-        except SamplingParamsError as exc:
-            raise RequestError(str(exc)) from None
-
     def _requests(
-        self,
         prompt: str | list[str] | None,
         input_ids: list[int] | list[list[int]] | None,
         sampling_params: Any,
         **common: Any,
     ) -> tuple[list[GenerateRequest], bool]:
-        batch = isinstance(prompt, list) or bool(input_ids and isinstance(input_ids[0], list))
-        if prompt is not None and input_ids is not None:
-            raise RequestError("give either a prompt or input_ids, not both")
-        if isinstance(prompt, list):
-            items: list[tuple[str | None, list[int] | None]] = [(p, None) for p in prompt]
-        elif prompt is not None:
-            items = [(prompt, None)]
-        elif batch:
-            items = [(None, list(ids)) for ids in input_ids]  # type: ignore[union-attr, arg-type]
-        else:
-            items = [(None, list(input_ids) if input_ids is not None else None)]  # type: ignore[arg-type]
-        params_list = (
-            sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(items)
-        )
-        if len(params_list) != len(items):
-            raise RequestError(f"{len(params_list)} sampling_params for {len(items)} prompts")
+        split = split_prompts(prompt, input_ids, text_name="a prompt")
+        params = params_per_prompt(sampling_params, len(split.prompts))
         reqs = [
             child
-            for (t, ids), p in zip(items, params_list)
+            for (t, ids), p in zip(split.prompts, params)
             for child in expand_n(
-                GenerateRequest(text=t, input_ids=ids, sampling_params=self._params(p), **common)
+                GenerateRequest(text=t, input_ids=ids, sampling_params=p, **common)
             )
         ]
-        return reqs, batch or len(reqs) > 1
+        return reqs, split.batch or len(reqs) > 1
 
     # --- API -----------------------------------------------------------------------------------
 
@@ -162,8 +132,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        self.tokenizer_manager.close()
-        self._handle.shutdown()
+        self._started.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
 

@@ -37,15 +37,16 @@ from sglang.srt.entrypoints.protocol import (
     GenerateReqInput,
     _Body,
 )
+from sglang.srt.entrypoints.startup import start_engine
+from sglang.srt.managers.prompts import params_per_prompt, split_prompts
 from sglang.srt.managers.tokenizer_manager import (
     GenerateRequest,
     RequestError,
     TokenizerManager,
     check_choices,
     expand_n,
-    load_server_tokenizer,
 )
-from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
+from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, ServerArgsError
 from sglang.srt.utils.log import get_logger
 
@@ -158,41 +159,20 @@ async def _openai_response(
     return JSONResponse(await _until_done_or_disconnect(request, unary(body)))
 
 
-def _generate_requests(body: GenerateReqInput) -> list[GenerateRequest]:
-    """Split a (possibly batched) /generate body into one request per prompt."""
-    if body.text is not None and body.input_ids is not None:
-        raise RequestError("give either text or input_ids, not both")
-    prompts: list[tuple[str | None, list[int] | None]]
-    if isinstance(body.text, list):
-        prompts = [(t, None) for t in body.text]
-    elif body.text is not None:
-        prompts = [(body.text, None)]
-    elif body.input_ids and isinstance(body.input_ids[0], list):
-        prompts = [(None, list(ids)) for ids in body.input_ids]  # type: ignore[arg-type]
-    elif body.input_ids is not None:
-        prompts = [(None, list(body.input_ids))]  # type: ignore[arg-type]
-    else:
-        raise RequestError("the request has no prompt: give text or input_ids")
-    if not prompts:
+def _generate_requests(body: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
+    """Split a (possibly batched) /generate body into one request per prompt and choice; also
+    whether the body was a batch (the answer is then a list)."""
+    split = split_prompts(body.text, body.input_ids)  # type: ignore[arg-type]
+    if not split.prompts:
         raise RequestError("the prompt list is empty")
-    raw = body.sampling_params
-    if isinstance(raw, list):
-        if len(raw) != len(prompts):
-            raise RequestError(f"{len(raw)} sampling_params for {len(prompts)} prompts")
-        raws = raw
-    else:
-        raws = [raw] * len(prompts)
-    try:
-        params = [SamplingParams.from_dict(r) for r in raws]
-    except SamplingParamsError as exc:
-        raise RequestError(str(exc)) from None
-    if len(prompts) > 1 and body.rid is not None:
+    params = params_per_prompt(body.sampling_params, len(split.prompts))
+    if len(split.prompts) > 1 and body.rid is not None:
         raise RequestError("rid names one request; leave it out for a batch")
-    check_choices(len(prompts), max(p.n for p in params))
+    check_choices(len(split.prompts), max(p.n for p in params))
     # n > 1: each prompt's choices follow one another (SGLang's order).
-    return [
+    reqs = [
         child
-        for (text, ids), p in zip(prompts, params)
+        for (text, ids), p in zip(split.prompts, params)
         for child in expand_n(
             GenerateRequest(
                 text=text,
@@ -206,6 +186,7 @@ def _generate_requests(body: GenerateReqInput) -> list[GenerateRequest]:
             )
         )
     ]
+    return reqs, split.batch
 
 
 def create_app(tm: TokenizerManager) -> FastAPI:
@@ -350,7 +331,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         body = await parse_body(request, GenerateReqInput, tm)
-        reqs = _generate_requests(body)
+        reqs, is_batch = _generate_requests(body)
         if body.stream:
             if len(reqs) != 1:
                 raise RequestError(
@@ -373,10 +354,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         results = await _until_done_or_disconnect(
             request, asyncio.gather(*(tm.generate_one(p) for p in prepared_all))
         )
-        is_batch = len(results) > 1 or isinstance(body.text, list) or (
-            bool(body.input_ids) and isinstance(body.input_ids[0], list)  # type: ignore[index]
-        )  # fmt: skip
-        return JSONResponse(list(results) if is_batch else results[0])
+        return JSONResponse(list(results) if is_batch or len(results) > 1 else results[0])
 
     # --- OpenAI ------------------------------------------------------------------------------
 
@@ -416,6 +394,13 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum} during startup")
 
 
+def _preflight(args: ServerArgs) -> None:
+    _check_port_free(args.host, args.port)
+    # Until uvicorn installs its handlers, SIGTERM interrupts the startup like Ctrl-C (the ranks
+    # started so far are stopped on the way out) instead of killing this process outright.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 def launch_server(args: ServerArgs) -> int:
     """Start the schedulers, then serve HTTP until SIGTERM/SIGINT (a drain, see
     :mod:`serving_server`) or until a scheduler rank dies; stop the schedulers on the way out.
@@ -425,18 +410,9 @@ def launch_server(args: ServerArgs) -> int:
     import uvicorn
 
     from sglang.srt.entrypoints.serving_server import ServingServer
-    from sglang.srt.managers.launcher import launch_schedulers, resolve_model_path
 
-    args = args.resolved()
-    args.validate()
-    _check_port_free(args.host, args.port)
-    # Until uvicorn installs its handlers, SIGTERM interrupts the startup like Ctrl-C (the ranks
-    # started so far are stopped on the way out) instead of killing this process outright.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    args = resolve_model_path(args)
-    tokenizer = load_server_tokenizer(args)
-    handle = launch_schedulers(args)
-    tm = TokenizerManager(args, handle, tokenizer)
+    started = start_engine(args, preflight=_preflight)
+    args, tm = started.server_args, started.tokenizer_manager
     server: ServingServer | None = None
     try:
         app = create_app(tm)
@@ -453,10 +429,9 @@ def launch_server(args: ServerArgs) -> int:
         server = ServingServer(config, tm, grace_s=args.shutdown_timeout)
         server.run()
     finally:
-        tm.close()
         # After a rank died the others may be stuck in a collective: do not wait long for them.
         dead = server is not None and server.exit_code != 0
-        handle.shutdown(timeout_s=2.0 if dead else 10.0)
+        started.shutdown(timeout_s=2.0 if dead else 10.0)
     if server.exit_code != 0:
         logger.error(f"exiting with code {server.exit_code}: {tm.fatal_error}")
     else:

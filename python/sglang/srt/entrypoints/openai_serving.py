@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sglang.srt.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
+from sglang.srt.managers.prompts import split_prompts
 from sglang.srt.managers.tokenizer_manager import (
     MAX_TOP_LOGPROBS,
     GenerateRequest,
@@ -161,16 +162,13 @@ class OpenAIServing:
 
     async def _completion_prompts(self, req: CompletionRequest) -> list[PreparedRequest]:
         p = req.prompt
-        if isinstance(p, str):
-            prompts: list[tuple[str | None, list[int] | None]] = [(p, None)]
-        elif not p:
+        if isinstance(p, list) and not p:
             raise RequestError("prompt is empty")
-        elif all(isinstance(x, int) for x in p):
-            prompts = [(None, list(p))]  # type: ignore[arg-type]
-        elif all(isinstance(x, str) for x in p):
-            prompts = [(x, None) for x in p]  # type: ignore[misc]
+        # OpenAI's one field holds text, token ids, or a list of either.
+        if isinstance(p, str) or all(isinstance(x, str) for x in p):
+            prompts = split_prompts(p, None).prompts  # type: ignore[arg-type]
         else:
-            prompts = [(None, list(x)) for x in p]  # type: ignore[arg-type]
+            prompts = split_prompts(None, p).prompts  # type: ignore[arg-type]
         # max_tokens 0 with echo scores the prompt only (its log-probs), as in vLLM.
         params = _sampling_params(req, req.max_tokens, "max_tokens", 0 if req.echo else 1)
         check_choices(len(prompts), params.n)

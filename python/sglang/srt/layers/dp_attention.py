@@ -14,13 +14,14 @@ pool, whose registration is collective and needs identical allocations on all ra
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
 
 import torch
 
-from sglang.srt.distributed.device_communicators.pynccl_allocator import use_symmetric_memory
 from sglang.srt.distributed.parallel_state import get_tp_group_or_none
+from sglang.srt.distributed.symm_mem.allocator import use_symmetric_memory
 
 
 class DpPaddingMode(Enum):
@@ -160,7 +161,7 @@ class _DpGatheredBufferWrapper:
                 "DP gathered buffer metadata is not set: call "
                 "_DpGatheredBufferWrapper.set_metadata(hidden_size, dtype, device) at model init"
             )
-        with use_symmetric_memory(get_tp_group_or_none(), disabled=not is_allocation_symmetric()):
+        with symmetric_output_scope():
             return torch.empty((length, hidden_size), dtype=dtype, device=device)
 
     @classmethod
@@ -194,9 +195,17 @@ def is_dp_max_padding() -> bool:
 
 def is_allocation_symmetric() -> bool:
     """Whether every rank makes the same allocations now: DP attention off, or this batch is
-    padded to ``MAX_LEN``. Pass ``disabled=not is_allocation_symmetric()`` to
-    ``use_symmetric_memory``."""
+    padded to ``MAX_LEN``. :func:`symmetric_output_scope` is where this decides."""
     return not is_dp_attention_enabled() or is_dp_max_padding()
+
+
+def symmetric_output_scope() -> AbstractContextManager[object]:
+    """Allocate a tensor that feeds a tensor-parallel collective (a MoE or MLP output, a DP
+    gather buffer) inside this: the symmetric pool when ``--enable-symm-mem`` is on, there is a
+    TP group and every rank allocates the same shapes now; the default allocator otherwise (the
+    pool's registration is collective, so a rank-dependent size must stay out of it). The one
+    owner of that rule: layers and models call this, never ``use_symmetric_memory`` directly."""
+    return use_symmetric_memory(get_tp_group_or_none(), disabled=not is_allocation_symmetric())
 
 
 def set_dp_buffer_len(

@@ -117,7 +117,7 @@ def run_scheduler_process(
     started = False
     try:
         from sglang.srt.distributed import parallel_state as ps
-        from sglang.srt.distributed.device_communicators.pynccl_allocator import (
+        from sglang.srt.distributed.symm_mem.allocator import (
             prealloc_symmetric_memory_pool,
             set_symmetric_memory_enabled,
         )

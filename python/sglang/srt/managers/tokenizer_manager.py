@@ -38,6 +38,8 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.launcher import SchedulerHandle
 from sglang.srt.managers.metrics import ServerMetrics
+from sglang.srt.managers.prompts import check_one_kind
+from sglang.srt.managers.request_error import RequestError
 from sglang.srt.managers.tokenizer import TextTokenizer, load_tokenizer
 from sglang.srt.sampling.sampling_params import SEED_MAX, SamplingParams
 from sglang.srt.server_args import ServerArgs
@@ -64,16 +66,6 @@ def check_text(text: str, what: str) -> None:
         raise RequestError(
             f"{what} is not valid Unicode: lone surrogate {bad!a} at character {exc.start}"
         ) from None
-
-
-class RequestError(Exception):
-    """A request the server will not run (``status_code`` 4xx), or could not (5xx)."""
-
-    def __init__(self, message: str, status_code: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-        self.param = param
 
 
 @dataclass
@@ -261,7 +253,8 @@ class TokenizerManager:
                 return
         if not self._closing:  # the pipe closes a moment before the exit can be read
             deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and all(p.exitcode is None for p in self.handle.procs):
+            procs = self.handle.procs
+            while time.monotonic() < deadline and all(p.exitcode is None for p in procs):
                 time.sleep(0.02)
         try:
             self._loop.call_soon_threadsafe(self._scheduler_gone, self._dead_ranks_reason())
@@ -382,8 +375,7 @@ class TokenizerManager:
     # --- requests ------------------------------------------------------------------------------
 
     def _prompt_ids(self, req: GenerateRequest) -> list[int]:
-        if req.text is not None and req.input_ids is not None:
-            raise RequestError("give either text or input_ids, not both")
+        check_one_kind(req.text, req.input_ids)
         if req.input_ids is not None:
             ids = req.input_ids
             if not isinstance(ids, list) or not all(
@@ -394,7 +386,7 @@ class TokenizerManager:
             bad = [t for t in ids if t < 0 or t >= vocab]
             if bad:
                 raise RequestError(f"input_ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        elif req.text is not None:
+        else:  # text (check_one_kind ruled out neither)
             if not isinstance(req.text, str):
                 raise RequestError("text must be a string")
             if self.tokenizer is None:
@@ -410,8 +402,6 @@ class TokenizerManager:
                     "are tokenized); shorten the prompt"
                 )
             ids = self.tokenizer.encode(req.text) if req.text else []
-        else:
-            raise RequestError("the request has no prompt: give text or input_ids")
         if not ids:
             raise RequestError("the prompt is empty")
         return list(ids)
@@ -497,7 +487,8 @@ class TokenizerManager:
         def render() -> list[int]:
             try:
                 prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
-            except Exception as exc:  # noqa: BLE001 - template errors (raise_exception) are the client's
+            # A template's errors (its raise_exception included) are the client's.
+            except Exception as exc:  # noqa: BLE001
                 raise RequestError(f"cannot apply the chat template: {exc}") from None
             return tok.encode(prompt, add_special_tokens=False)
 

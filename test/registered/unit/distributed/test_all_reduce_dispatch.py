@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-
 from sglang.srt.distributed import all_reduce_dispatch as ard
 from sglang.srt.distributed.all_reduce_dispatch import AllReducePath, KiB, MiB
-from sglang.srt.distributed.device_communicators import pynccl_allocator as pa
+from sglang.srt.distributed.symm_mem import allocator as pa
 from sglang.srt.environ import envs
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_symm_mem import FakeGroup, FakeSymmetricPool

@@ -13,15 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from sglang.srt.distributed.device_communicators import pynccl_allocator as pa
 from sglang.srt.distributed.device_communicators import pynccl_library as nl
-from sglang.srt.distributed.device_communicators.symm_alloc_shim import (
+from sglang.srt.distributed.symm_mem import allocator as pa
+from sglang.srt.distributed.symm_mem.alloc_shim import (
     SymmAllocShim,
     build_shim,
     shim_filename,
 )
-from sglang.srt.distributed.device_communicators.symm_windows import WindowRanges
+from sglang.srt.distributed.symm_mem.windows import WindowRanges
 from sglang.srt.environ import envs
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_symm_mem import FakeGroup, FakeSymmetricPool, FakeWindowComm
@@ -160,7 +159,7 @@ def test_registration_refused_while_capturing(pool: FakeSymmetricPool) -> None:
     group = FakeGroup()
     pa.set_graph_pool_id((7, 1))
     pool.capturing = True
-    with pytest.raises(pa.SymmetricMemoryError, match=r"capturing[\s\S]*Warm up"):
+    with pytest.raises(pa.SymmetricMemoryError, match=r"capturing[\s\S]*Warm up"):  # noqa: SIM117
         with pa.use_symmetric_memory(group):
             seg = pool.alloc(2 * MiB)
     assert group.pynccl_comm.registered == []
@@ -190,7 +189,7 @@ def test_capture_after_warmup_needs_no_registration(pool: FakeSymmetricPool) -> 
 
 def test_failing_body_does_not_register(pool: FakeSymmetricPool) -> None:
     group = FakeGroup()
-    with pytest.raises(ValueError, match="body"):
+    with pytest.raises(ValueError, match="body"):  # noqa: SIM117
         with pa.use_symmetric_memory(group):
             pool.alloc(2 * MiB)
             raise ValueError("body failed")
@@ -228,7 +227,7 @@ def test_suspend_and_restore(pool: FakeSymmetricPool) -> None:
 
 def test_suspend_restores_after_an_error(pool: FakeSymmetricPool) -> None:
     with pa.use_symmetric_memory(FakeGroup()):
-        with pytest.raises(KeyError):
+        with pytest.raises(KeyError):  # noqa: SIM117
             with pa.suspend_symmetric_memory():
                 raise KeyError("x")
         assert pool.routing
@@ -239,7 +238,7 @@ def test_debug_check_catches_asymmetric_allocations(
 ) -> None:
     monkeypatch.setenv(envs.SGLANG_DEBUG_SYMM_MEM.name, "1")
     group = FakeGroup(gathered=[[2 * MiB], []])
-    with pytest.raises(pa.SymmetricMemoryError, match="differ across ranks"):
+    with pytest.raises(pa.SymmetricMemoryError, match="differ across ranks"):  # noqa: SIM117
         with pa.use_symmetric_memory(group):
             pool.alloc(2 * MiB)
     assert group.pynccl_comm.registered == []
@@ -436,7 +435,7 @@ def test_shim_build_is_cached_and_concurrency_safe(tmp_path: Path) -> None:
     def build() -> None:
         try:
             paths.append(build_shim(tmp_path))
-        except BaseException as exc:  # pragma: no cover - reported below
+        except BaseException as exc:  # noqa: BLE001  # pragma: no cover - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=build) for _ in range(4)]

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang.kernels.ops.moe.fused_moe import fused_experts_torch
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
+from sglang.srt.layers import dp_attention as dpa
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.layers.moe.moe_runner import MOE_RUNNERS, MoERunConfig, base, create_moe_runner
-from sglang.srt.layers.moe.moe_runner import deep_gemm, triton_runner
+from sglang.srt.layers.moe.moe_runner import (
+    MOE_RUNNERS,
+    MoERunConfig,
+    create_moe_runner,
+    deep_gemm,
+    triton_runner,
+)
 from sglang.srt.layers.moe.moe_runner.deep_gemm import DeepGemmMoERunner, choose_layout
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
@@ -87,7 +92,7 @@ def test_layout_knob_forces_a_layout() -> None:
 
     with envs.SGLANG_DEEP_GEMM_MOE_LAYOUT.override("masked"):
         assert DeepGemmMoERunner(MoERunConfig(), deep_gemm=FakeDeepGemmGemms()).layout_for(4096, True) == "masked"
-    with pytest.raises(EnvValueError, match="SGLANG_DEEP_GEMM_MOE_LAYOUT='strided'"):
+    with pytest.raises(EnvValueError, match="SGLANG_DEEP_GEMM_MOE_LAYOUT='strided'"):  # noqa: SIM117
         with envs.SGLANG_DEEP_GEMM_MOE_LAYOUT.override("strided"):
             pass
 
@@ -126,9 +131,9 @@ def test_torch_runner_is_a_real_moe() -> None:
 def recorder(monkeypatch: pytest.MonkeyPatch) -> SymmetricScopeRecorder:
     rec = SymmetricScopeRecorder()
     group = object()
-    monkeypatch.setattr(base, "use_symmetric_memory", rec)
-    monkeypatch.setattr(base, "is_allocation_symmetric", lambda: True)
-    monkeypatch.setattr(base, "get_tp_group_or_none", lambda: group)
+    monkeypatch.setattr(dpa, "use_symmetric_memory", rec)
+    monkeypatch.setattr(dpa, "is_allocation_symmetric", lambda: True)
+    monkeypatch.setattr(dpa, "get_tp_group_or_none", lambda: group)
     return rec
 
 
@@ -176,7 +181,7 @@ def test_inplace_allocates_nothing_in_the_pool(
 def test_asymmetric_allocation_bypasses_the_pool(
     recorder: SymmetricScopeRecorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(base, "is_allocation_symmetric", lambda: False)
+    monkeypatch.setattr(dpa, "is_allocation_symmetric", lambda: False)
     gen = torch.Generator().manual_seed(13)
     hidden, topk = _inputs(4, gen)
     create_moe_runner("torch", MoERunConfig()).run(hidden, topk, _weights(False, gen))

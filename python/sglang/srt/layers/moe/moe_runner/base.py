@@ -17,10 +17,8 @@ from typing import ClassVar
 
 import torch
 
-from sglang.srt.distributed.device_communicators.pynccl_allocator import use_symmetric_memory
-from sglang.srt.distributed.parallel_state import get_tp_group_or_none
 from sglang.srt.layers.activation import ACTIVATIONS
-from sglang.srt.layers.dp_attention import is_allocation_symmetric
+from sglang.srt.layers.dp_attention import symmetric_output_scope
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.topk import TopKOutput
 
@@ -32,22 +30,26 @@ class MoERunConfig:
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"unknown MoE activation {self.activation!r}; expected one of {ACTIVATIONS}")
+            raise ValueError(
+                f"unknown MoE activation {self.activation!r}; expected one of {ACTIVATIONS}"
+            )
         if self.swiglu_limit is not None and self.activation != "swiglu":
             raise ValueError(f"swiglu_limit applies to 'swiglu' only, not {self.activation!r}")
 
 
 def moe_output_scope() -> AbstractContextManager[object]:
-    """Allocate the MoE's final output here: the symmetric pool when it is on and every rank
-    allocates the same shapes, the default allocator otherwise."""
-    return use_symmetric_memory(get_tp_group_or_none(), disabled=not is_allocation_symmetric())
+    """Allocate the MoE's final output here (the rule is :func:`symmetric_output_scope`'s)."""
+    return symmetric_output_scope()
 
 
 def allocate_moe_output(hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The final output buffer, shaped like ``hidden``: ``out`` when the caller gives one."""
     if out is not None:
         if out.shape != hidden.shape or out.dtype != hidden.dtype:
-            raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match hidden {tuple(hidden.shape)} {hidden.dtype}")
+            raise ValueError(
+                f"out {tuple(out.shape)} {out.dtype} must match hidden "
+                f"{tuple(hidden.shape)} {hidden.dtype}"
+            )
         return out
     with moe_output_scope():
         return torch.empty_like(hidden)

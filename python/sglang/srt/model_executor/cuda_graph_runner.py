@@ -2,7 +2,7 @@
 (:meth:`DeepseekV4ForCausalLM.static_decode`), replayed for decode-only steps after padding the
 batch to the next captured size.
 
-Capture follows the symmetric-memory rules (docs: design/symmetric_memory.md):
+Capture follows the symmetric-memory rules (docs: docs/symmetric_memory.md):
 - every size is warmed up eagerly *on the capture stream* first, so Triton kernels are compiled
   and any symmetric-pool segment the MoE output needs already exists and is registered (NCCL
   window registration cannot run while a graph captures);

@@ -10,6 +10,7 @@ import torch
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.test.dsv4_parity import randomize_  # one randomiser for the tests and the parity sweep
 from transformers import DeepseekV4Config
 from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
 
@@ -99,32 +100,6 @@ CONFIG_C: dict[str, Any] = dict(
 
 def hf_config(overrides: dict[str, Any]) -> DeepseekV4Config:
     return DeepseekV4Config(**overrides)
-
-
-@torch.no_grad()
-def randomize_(model: HFDeepseekV4, seed: int) -> HFDeepseekV4:
-    """Fill *every* state-dict entry, including those transformers initialises to 0 or 1 (sinks,
-    mHC base/scale, ape, router bias, norms), with random values of a sensible scale: weights
-    ~ N(0, 1/fan_in), norm weights U(0.5, 1.5), mHC scales around 1, other vectors N(0, 0.5²);
-    ``tid2eid`` gets distinct random experts per token."""
-    g = torch.Generator().manual_seed(seed)
-    num_experts = model.config.n_routed_experts
-    for name, t in model.state_dict().items():
-        if name.endswith("tid2eid"):
-            rows = [
-                torch.randperm(num_experts, generator=g)[: t.shape[1]] for _ in range(t.shape[0])
-            ]
-            t.copy_(torch.stack(rows))
-        elif not t.dtype.is_floating_point:
-            continue
-        elif name.endswith("norm.weight") or "layernorm" in name:
-            t.copy_(torch.rand(t.shape, generator=g) + 0.5)
-        elif t.dim() >= 2:
-            t.copy_(torch.randn(t.shape, generator=g) * t.shape[-1] ** -0.5)
-        else:
-            offset = 1.0 if name.endswith("scale") else 0.0
-            t.copy_(torch.randn(t.shape, generator=g) * 0.5 + offset)
-    return model
 
 
 def reference_model(overrides: dict[str, Any], seed: int = 0) -> HFDeepseekV4:

@@ -195,7 +195,7 @@ class FakeDeepGemmGemms(FakeDeepGemm):
 
         self._record("mega_moe_pre_dispatch_sm90", self.num_sms)
         assert x.dtype == torch.bfloat16 and topk_idx.dtype == torch.int32 and group_size == 128
-        t, hidden = x.shape
+        hidden = x.shape[1]
         groups = x[:num_tokens].float().view(num_tokens, hidden // 128, 128)
         scale = groups.abs().amax(-1).clamp_min(1e-10) / 448.0
         buf_x[:num_tokens] = (groups / scale.unsqueeze(-1)).view(num_tokens, hidden).to(buf_x.dtype)

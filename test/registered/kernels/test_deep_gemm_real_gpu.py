@@ -133,7 +133,7 @@ def test_fake_sm90_kernel_computes_what_the_real_one_does(dg, clamp: float | Non
     from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 
     t, hidden, inter, e, topk = 24, 512, 256, 8, 2
-    x, ids, w, buf, fake_buf = _staged(dg, t, hidden, topk, e, seed=3)
+    _, _, _, buf, fake_buf = _staged(dg, t, hidden, topk, e, seed=3)
     gen = torch.Generator(device="cuda").manual_seed(4)
     q13, s13 = block_quant_weight_fp8(torch.randn(e, 2 * inter, hidden, device="cuda", generator=gen) * 0.05, (128, 128))
     q2, s2 = block_quant_weight_fp8(torch.randn(e, hidden, inter, device="cuda", generator=gen) * 0.05, (128, 128))

@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from sglang.kernels.ops.gpu_clock import globaltimer_ns
-from sglang.srt.utils.device import device_sm_info
 
 NUM_WARPS = 32  # 1024 threads a CTA: at most two CTAs per Hopper SM, so one held slot matters
 
@@ -105,7 +104,7 @@ def barrier_occupancy(device: torch.device | None = None) -> Occupancy:
     _compile_helpers(device)
     regs, shared = int(compiled.n_regs), int(compiled.metadata.shared)
     per_sm = resident_ctas_per_sm(regs, shared, NUM_WARPS, props)
-    return Occupancy(per_sm, device_sm_info(device).num_sms, regs, shared)
+    return Occupancy(per_sm, int(props.multi_processor_count), regs, shared)
 
 
 def resident_ctas_per_sm(regs: int, shared: int, num_warps: int, props: Any) -> int:

@@ -29,6 +29,7 @@ GEMMs take e4m3 operands with the same roundings as the two-launch path.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -58,9 +59,9 @@ from sglang.kernels.ops.quant.fp8 import (
     quant_rows_fp8,
 )
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
-from sglang.srt.utils.log import get_logger
 
-logger = get_logger(__name__)
+# A child of the engine's "sglang" logger: its handler prints these lines (kernels set up none).
+logger = logging.getLogger(__name__)
 
 # Module constants a kernel reads must be constexpr objects.
 _QUEUE = tl.constexpr(QUEUE)
@@ -414,9 +415,6 @@ def raise_if_timed_out(ws: Workspace, grid: int, timeout_ms: float) -> None:
     if status == STATUS_OK:
         return
     ws.clear()  # a launch that gave up may leave counters set
-    from sglang.srt.environ import envs
-
-    reserve = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.get()
     what = (
         "the whole-grid barrier (whole_grid_sync) did not see every CTA resident"
         if status == STATUS_GRID_BARRIER_TIMEOUT
@@ -424,7 +422,7 @@ def raise_if_timed_out(ws: Workspace, grid: int, timeout_ms: float) -> None:
     )
     raise MegaMoEWaitTimeout(
         f"Triton MegaMoE: {what} for more than {timeout_ms:g} ms on a grid of {grid} CTAs (the "
-        f"MegaMoE SM budget, SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS={reserve}). Another stream "
+        f"MegaMoE SM budget, set by SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS). Another stream "
         "is holding SMs; raise SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS, or the wait timeout "
         "SGLANG_MEGA_MOE_WAIT_TIMEOUT_MS if the GPU is just slow. The output of this call is invalid."
     )

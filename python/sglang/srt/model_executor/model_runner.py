@@ -99,8 +99,7 @@ class ModelRunner:
 
         for module in self.model.modules():
             if isinstance(module, FusedMoE) and module.expert_parallel:
-                dtype = next(self.model.parameters()).dtype
-                return module.mega_backend_summary(torch.bfloat16 if dtype == torch.bfloat16 else dtype)
+                return module.mega_backend_summary(next(self.model.parameters()).dtype)
         return None
 
     # --- decode setup --------------------------------------------------------------------------

@@ -147,10 +147,10 @@ class FusedMoE(nn.Module):
         return TopKOutput(torch.where(mine, topk.topk_weights, 0.0), local)
 
     def forward(self, hidden: torch.Tensor, topk: TopKOutput, *, inplace: bool = False) -> torch.Tensor:
-        if self.weights is None:
-            raise RuntimeError("FusedMoE.forward before load_weights")
         if self.expert_parallel:
             return self.forward_mega(hidden, topk)
+        if self.weights is None:
+            raise RuntimeError("FusedMoE.forward before load_weights")
         return self._forward_runner(hidden, topk, inplace)
 
     def forward_mega(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:

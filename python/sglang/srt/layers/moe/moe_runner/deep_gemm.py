@@ -46,7 +46,7 @@ LayoutChoice = Literal["auto", "contiguous", "masked", "triton"]
 
 # (largest token count, layout) per expert dtype, first match wins; beyond the last, contiguous.
 # Measured on one H200 at the DSv4 and K3 expert shapes (docs/performance.md, bench_moe.py):
-# Triton beats the masked layout at every M up to 512 (masked is 0.19-0.88x: its [E, max_m]
+# Triton beats the masked layout at every M up to 512 (masked is 0.20-0.84x: its [E, max_m]
 # slabs are mostly padding on one GPU) and the contiguous one up to 512 (0.62-0.71x); from 2048
 # contiguous wins: FP8 1.18x (DSv4) and 1.55x (K3), bf16 1.01-1.07x; at 8192 1.28-2.16x.
 LAYOUT_BY_TOKENS: dict[str, tuple[tuple[int, Layout], ...]] = {

@@ -76,7 +76,9 @@ def _rank_main(rank: int, world_size: int, iters: int) -> list[tuple[int, float,
 
 
 def _fmt(nbytes: int) -> str:
-    return f"{nbytes // MiB} MiB" if nbytes >= MiB and nbytes % MiB == 0 else f"{nbytes / KiB:g} KiB"
+    return (
+        f"{nbytes // MiB} MiB" if nbytes >= MiB and nbytes % MiB == 0 else f"{nbytes / KiB:g} KiB"
+    )
 
 
 def main() -> None:
@@ -93,13 +95,17 @@ def main() -> None:
         timeout_s=540,
         env={"NCCL_NVLS_ENABLE": "0"},
     )
-    print(f"\nworld size {args.world_size}, bf16 in-place all-reduce, graph replay, us per (write + all-reduce)")
+    print(
+        f"\nworld size {args.world_size}, bf16 in-place all-reduce, graph replay, us per (write + all-reduce)"
+    )
     print(f"{'size':>10} {'regular us':>11} {'symmetric us':>13} {'symm/regular':>13}")
     for i, (nbytes, _, _) in enumerate(results[0]):
         # the slowest rank decides the step time
         regular = max(r[i][1] for r in results)
         symmetric = max(r[i][2] for r in results)
-        print(f"{_fmt(nbytes):>10} {regular:>11.2f} {symmetric:>13.2f} {symmetric / regular:>13.3f}")
+        print(
+            f"{_fmt(nbytes):>10} {regular:>11.2f} {symmetric:>13.2f} {symmetric / regular:>13.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ def main() -> None:
     w = make_weights(shape, True, device)
     mega = build_mega_moe_experts_weights(dg, w.w13, w.w2, w.w13_scale, w.w2_scale)
     params = MegaMoEParams(shape.experts, shape.top_k, shape.hidden, shape.inter, "swiglu", limit)
-    budget = mega_moe_sm_budget(device) or torch.cuda.get_device_properties(device).multi_processor_count
+    budget = (
+        mega_moe_sm_budget(device) or torch.cuda.get_device_properties(device).multi_processor_count
+    )
     rows = []
     for m in tqdm([int(b) for b in args.batches.split(",")], desc="M"):
         x, topk = make_batch(shape, m, device)
@@ -52,7 +54,15 @@ def main() -> None:
 
         def deep_gemm() -> torch.Tensor:
             return run_mega_routed_experts(
-                dg, None, x, topk.topk_ids, topk.topk_weights, mega[0], mega[1], params, device=device
+                dg,
+                None,
+                x,
+                topk.topk_ids,
+                topk.topk_weights,
+                mega[0],
+                mega[1],
+                params,
+                device=device,
             )
 
         two = fused_experts(**kw)
@@ -67,13 +77,19 @@ def main() -> None:
             deep_gemm()
             t_dg_full = triton.testing.do_bench_cudagraph(deep_gemm, rep=200)
         rows.append((m, err, t_two * 1e3, t_ours * 1e3, t_dg * 1e3, t_dg_full * 1e3))
-    print(f"\nDSv4 experts (E={shape.experts} top-{shape.top_k} H={shape.hidden} I={shape.inter}), FP8 128x128, "
-          f"SwiGLU clamp {limit}; DeepGEMM {status.version}; budget {budget} SMs")  # fmt: skip
-    print("| M | two-launch us | our MegaMoE us | DeepGEMM MegaMoE us | two/DG | ours/DG | DG rel diff | DG at 132 SMs us | 130 vs 132 |")
+    print(
+        f"\nDSv4 experts (E={shape.experts} top-{shape.top_k} H={shape.hidden} I={shape.inter}), FP8 128x128, "
+        f"SwiGLU clamp {limit}; DeepGEMM {status.version}; budget {budget} SMs"
+    )
+    print(
+        "| M | two-launch us | our MegaMoE us | DeepGEMM MegaMoE us | two/DG | ours/DG | DG rel diff | DG at 132 SMs us | 130 vs 132 |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m, err, t_two, t_ours, t_dg, t_full in rows:
-        print(f"| {m} | {t_two:.1f} | {t_ours:.1f} | {t_dg:.1f} | {t_two / t_dg:.2f} | {t_ours / t_dg:.2f} | "
-              f"{err:.3f} | {t_full:.1f} | {t_dg / t_full - 1:+.1%} |")  # fmt: skip
+        print(
+            f"| {m} | {t_two:.1f} | {t_ours:.1f} | {t_dg:.1f} | {t_two / t_dg:.2f} | {t_ours / t_dg:.2f} | "
+            f"{err:.3f} | {t_full:.1f} | {t_dg / t_full - 1:+.1%} |"
+        )
 
 
 if __name__ == "__main__":

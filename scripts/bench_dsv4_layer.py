@@ -19,16 +19,43 @@ from sglang.srt.utils.cuda_timing import median_cuda_ms
 from tqdm import tqdm
 
 LAYER = {
-    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "vocab_size": 4096,
-    "hidden_size": 4096, "num_hidden_layers": 1, "num_attention_heads": 64, "num_key_value_heads": 1,
-    "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024,
-    "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 1, "moe_intermediate_size": 2048,
-    "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus", "norm_topk_prob": True, "swiglu_limit": 10.0,
-    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "sliding_window": 128,
-    "compress_ratios": [4], "num_hash_layers": 0, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
-    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
-    "max_position_embeddings": 65536, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
-}  # fmt: skip
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "vocab_size": 4096,
+    "hidden_size": 4096,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 1024,
+    "o_groups": 8,
+    "o_lora_rank": 1024,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 6,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 2048,
+    "routed_scaling_factor": 1.5,
+    "scoring_func": "sqrtsoftplus",
+    "norm_topk_prob": True,
+    "swiglu_limit": 10.0,
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+    "index_topk": 512,
+    "sliding_window": 128,
+    "compress_ratios": [4],
+    "num_hash_layers": 0,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "compress_rope_theta": 160000.0,
+    "max_position_embeddings": 65536,
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
 
 
 def main() -> None:
@@ -41,20 +68,31 @@ def main() -> None:
     rows = []
     for runner in tqdm(args.runners.split(","), desc="runners"):
         model = DeepseekV4ForCausalLM(
-            DeepseekV4ModelConfig.from_dict(LAYER), dtype=torch.bfloat16, device="cuda", moe_runner=runner
+            DeepseekV4ModelConfig.from_dict(LAYER),
+            dtype=torch.bfloat16,
+            device="cuda",
+            moe_runner=runner,
         )
         load_weights(model, weights, progress=False)
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, LAYER["vocab_size"], (args.prefill,), generator=gen).cuda()
         pos = torch.arange(args.prefill, device="cuda")
-        rows.append((runner, f"prefill {args.prefill}", median_cuda_ms(lambda: model(ids, pos), repeats=5)))
+        rows.append(
+            (runner, f"prefill {args.prefill}", median_cuda_ms(lambda: model(ids, pos), repeats=5))
+        )
         for b in (int(x) for x in args.batch.split(",")):
             caches = [model.new_request_cache() for _ in range(b)]
             for c in caches:
                 model.prefill(ids[:256], c)
             tok = ids[:b]
             # consecutive real decode steps (each extends every cache by one token)
-            rows.append((runner, f"decode bs={b}", median_cuda_ms(lambda: model.decode(tok, caches), repeats=9)))
+            rows.append(
+                (
+                    runner,
+                    f"decode bs={b}",
+                    median_cuda_ms(lambda: model.decode(tok, caches), repeats=9),
+                )
+            )
         del model
         torch.cuda.empty_cache()
     print(f"\n{'runner':<8} {'case':<24} {'ms':>9}")

@@ -11,11 +11,10 @@ import argparse
 import statistics
 
 import torch
-from tqdm import tqdm
-
 from sglang.kernels.ops.grid_barrier import barrier_occupancy, run_trial
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
+from tqdm import tqdm
 
 
 def main() -> None:
@@ -36,7 +35,9 @@ def main() -> None:
         with envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.override(reserve):
             budget = mega_moe_sm_budget(device) or occ.num_sms
         for held in (1, 2, 8):
-            cases.append((f"reserve {reserve} ({budget} SMs), {held} held", budget * occ.ctas_per_sm, held))
+            cases.append(
+                (f"reserve {reserve} ({budget} SMs), {held} held", budget * occ.ctas_per_sm, held)
+            )
 
     rows = []
     side = torch.cuda.Stream(device)

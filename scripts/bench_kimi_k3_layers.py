@@ -25,28 +25,61 @@ from tqdm import tqdm
 
 def k3_config(experts: int) -> dict[str, Any]:
     return {
-        "model_type": "kimi_linear", "vocab_size": 1024, "hidden_size": 7168, "num_hidden_layers": 2,
-        "intermediate_size": 18432, "hidden_act": "situ", "activation_situ_beta": 4.0,
-        "activation_situ_linear_beta": 25.0, "rms_norm_eps": 1e-5, "num_attention_heads": 64,
-        "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64, "v_head_dim": 128, "mla_use_nope": True, "mla_use_output_gate": True,
-        "num_experts": experts, "num_experts_per_token": 16, "num_shared_experts": 1,
-        "moe_intermediate_size": 3072, "routed_expert_hidden_size": 3584, "latent_moe_use_norm": True,
-        "moe_router_activation_func": "sigmoid", "moe_renormalize": True, "routed_scaling_factor": 2.5,
-        "topk_method": "noaux_tc", "use_grouped_topk": True, "num_expert_group": 1, "topk_group": 1,
-        "first_k_dense_replace": 1, "moe_layer_freq": 1, "attn_res_block_size": None,
-        "linear_attn_config": {"kda_layers": [1, 2], "full_attn_layers": [], "num_heads": 96,
-                               "head_dim": 128, "short_conv_kernel_size": 4, "use_full_rank_gate": True,
-                               "gate_lower_bound": -5.0},
+        "model_type": "kimi_linear",
+        "vocab_size": 1024,
+        "hidden_size": 7168,
+        "num_hidden_layers": 2,
+        "intermediate_size": 18432,
+        "hidden_act": "situ",
+        "activation_situ_beta": 4.0,
+        "activation_situ_linear_beta": 25.0,
+        "rms_norm_eps": 1e-5,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "mla_use_nope": True,
+        "mla_use_output_gate": True,
+        "num_experts": experts,
+        "num_experts_per_token": 16,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 3072,
+        "routed_expert_hidden_size": 3584,
+        "latent_moe_use_norm": True,
+        "moe_router_activation_func": "sigmoid",
+        "moe_renormalize": True,
+        "routed_scaling_factor": 2.5,
+        "topk_method": "noaux_tc",
+        "use_grouped_topk": True,
+        "num_expert_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "attn_res_block_size": None,
+        "linear_attn_config": {
+            "kda_layers": [1, 2],
+            "full_attn_layers": [],
+            "num_heads": 96,
+            "head_dim": 128,
+            "short_conv_kernel_size": 4,
+            "use_full_rank_gate": True,
+            "gate_lower_bound": -5.0,
+        },
         "tie_word_embeddings": False,
-    }  # fmt: skip
+    }
 
 
 @torch.no_grad()
 def randomize_(model: torch.nn.Module, gen: torch.Generator) -> None:
     for name, p in model.named_parameters():
         if p.dim() >= 2:
-            p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32) * p.shape[-1] ** -0.5)
+            p.copy_(
+                torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32)
+                * p.shape[-1] ** -0.5
+            )
         elif name.endswith("norm.weight"):
             p.fill_(1.0)
         else:
@@ -71,11 +104,33 @@ def main() -> None:
         moe = layer.mlp
         assert isinstance(moe, KimiK3MoE)
         c = moe.experts.config
-        w13 = torch.randn(c.num_experts, 2 * c.intermediate_size, c.hidden_size, generator=gen, device="cuda", dtype=torch.bfloat16) * c.hidden_size**-0.5
-        w2 = torch.randn(c.num_experts, c.hidden_size, c.intermediate_size, generator=gen, device="cuda", dtype=torch.bfloat16) * c.intermediate_size**-0.5
+        w13 = (
+            torch.randn(
+                c.num_experts,
+                2 * c.intermediate_size,
+                c.hidden_size,
+                generator=gen,
+                device="cuda",
+                dtype=torch.bfloat16,
+            )
+            * c.hidden_size**-0.5
+        )
+        w2 = (
+            torch.randn(
+                c.num_experts,
+                c.hidden_size,
+                c.intermediate_size,
+                generator=gen,
+                device="cuda",
+                dtype=torch.bfloat16,
+            )
+            * c.intermediate_size**-0.5
+        )
         moe.experts.load_weights(ExpertWeights(w13, w2))
         del w13, w2
-        x = torch.randn(args.prefill, config.hidden_size, generator=gen, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(
+            args.prefill, config.hidden_size, generator=gen, device="cuda", dtype=torch.bfloat16
+        )
         if runner == args.runners.split(",")[0]:  # KDA does not depend on the MoE runner
             kda = layer.self_attn
 
@@ -87,13 +142,26 @@ def main() -> None:
             for b in batches:
                 states = [model.new_request_cache().layers[1] for _ in range(b)]
                 xb = x[:b]
-                rows.append(("KDA", "-", f"decode bs={b}", median_cuda_ms(lambda xb=xb, states=states: kda(xb, [KDASegment(i, 1, s) for i, s in enumerate(states)]))))
+                rows.append(
+                    (
+                        "KDA",
+                        "-",
+                        f"decode bs={b}",
+                        median_cuda_ms(
+                            lambda xb=xb, states=states: kda(
+                                xb, [KDASegment(i, 1, s) for i, s in enumerate(states)]
+                            )
+                        ),
+                    )
+                )
         for m in [args.prefill, *batches]:
             xm = x[:m]
             rows.append(("latent MoE", runner, f"M={m}", median_cuda_ms(lambda xm=xm: moe(xm))))
         del model, moe, layer
         torch.cuda.empty_cache()
-    print(f"\nKimi K3 layers, hidden 7168, bf16, {args.experts} experts top-16 (latent 3584, inter 3072)")
+    print(
+        f"\nKimi K3 layers, hidden 7168, bf16, {args.experts} experts top-16 (latent 3584, inter 3072)"
+    )
     print(f"{'layer':<11} {'runner':<7} {'case':<16} {'ms':>9}")
     for layer_name, runner, case, ms in rows:
         print(f"{layer_name:<11} {runner:<7} {case:<16} {ms:>9.3f}")

@@ -55,17 +55,26 @@ def limit_of(shape: Shape) -> float | None:
 
 def moe_args(shape: Shape, w: ExpertWeights, x: torch.Tensor, topk: TopKOutput) -> dict:
     return dict(
-        hidden=x, w13=w.w13, w2=w.w2, topk_weights=topk.topk_weights, topk_ids=topk.topk_ids,
-        activation=shape.activation, swiglu_limit=limit_of(shape), w13_scale=w.w13_scale,
-        w2_scale=w.w2_scale, block_shape=(128, 128) if w.w13_scale is not None else None,
-    )  # fmt: skip
+        hidden=x,
+        w13=w.w13,
+        w2=w.w2,
+        topk_weights=topk.topk_weights,
+        topk_ids=topk.topk_ids,
+        activation=shape.activation,
+        swiglu_limit=limit_of(shape),
+        w13_scale=w.w13_scale,
+        w2_scale=w.w2_scale,
+        block_shape=(128, 128) if w.w13_scale is not None else None,
+    )
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
 
 
-def speed_rows(shape_key: str, dtype: str, batches: list[int], budget: int, device: torch.device) -> list[tuple]:
+def speed_rows(
+    shape_key: str, dtype: str, batches: list[int], budget: int, device: torch.device
+) -> list[tuple]:
     shape = SHAPES[shape_key]
     fp8 = dtype == "fp8"
     w = make_weights(shape, fp8, device)
@@ -88,7 +97,20 @@ def speed_rows(shape_key: str, dtype: str, batches: list[int], budget: int, devi
         info[-1].check()
         nbytes, _ = floor_terms(shape, m, topk, fp8)
         roof = nbytes / READ_BW * 1e3
-        rows.append((shape_key, dtype, m, covered, err_two, err_mega, t_two * 1e3, t_mega * 1e3, t_two / t_mega, roof / t_mega))
+        rows.append(
+            (
+                shape_key,
+                dtype,
+                m,
+                covered,
+                err_two,
+                err_mega,
+                t_two * 1e3,
+                t_mega * 1e3,
+                t_two / t_mega,
+                roof / t_mega,
+            )
+        )
     del w
     torch.cuda.empty_cache()
     return rows
@@ -105,7 +127,9 @@ SWEEP: dict[str, Callable[[MegaMoEConfig], MegaMoEConfig]] = {
 }
 
 
-def sweep_rows(shape_keys: list[str], batches: list[int], dtypes: list[str], device: torch.device, budget: int) -> list[tuple]:
+def sweep_rows(
+    shape_keys: list[str], batches: list[int], dtypes: list[str], device: torch.device, budget: int
+) -> list[tuple]:
     """Variants of the shipped tiles at decode sizes, same run; each variant's output is compared
     bit for bit with the shipped config's (the variants change scheduling, not the maths)."""
     rows = []
@@ -123,11 +147,14 @@ def sweep_rows(shape_keys: list[str], batches: list[int], dtypes: list[str], dev
                     cfg = make(shipped)
                     out = torch.full_like(x, float("nan"))
                     info: list[MegaMoELaunch] = []
-                    mega_fused_experts(**args, num_sms=budget, out=out, config=cfg, launch_info=info)
+                    mega_fused_experts(
+                        **args, num_sms=budget, out=out, config=cfg, launch_info=info
+                    )
                     info[-1].check()
                     same = torch.equal(out, want)
                     t = triton.testing.do_bench_cudagraph(
-                        lambda: mega_fused_experts(**args, num_sms=budget, out=out, config=cfg), rep=100
+                        lambda: mega_fused_experts(**args, num_sms=budget, out=out, config=cfg),
+                        rep=100,
                     )
                     rows.append((shape_key, dtype, m, name, same, t_two * 1e3, t * 1e3, t_two / t))
             del w
@@ -135,7 +162,9 @@ def sweep_rows(shape_keys: list[str], batches: list[int], dtypes: list[str], dev
     return rows
 
 
-def budget_rows(batches: list[int], device: torch.device, physical: int, budget: int) -> list[tuple]:
+def budget_rows(
+    batches: list[int], device: torch.device, physical: int, budget: int
+) -> list[tuple]:
     rows = []
     for dtype in ("bf16", "fp8"):
         shape = SHAPES["dsv4"]
@@ -144,8 +173,12 @@ def budget_rows(batches: list[int], device: torch.device, physical: int, budget:
             x, topk = make_batch(shape, m, device)
             args = moe_args(shape, w, x, topk)
             out = torch.empty_like(x)
-            t_full = triton.testing.do_bench_cudagraph(lambda: mega_fused_experts(**args, num_sms=physical, out=out), rep=300)
-            t_budget = triton.testing.do_bench_cudagraph(lambda: mega_fused_experts(**args, num_sms=budget, out=out), rep=300)
+            t_full = triton.testing.do_bench_cudagraph(
+                lambda: mega_fused_experts(**args, num_sms=physical, out=out), rep=300
+            )
+            t_budget = triton.testing.do_bench_cudagraph(
+                lambda: mega_fused_experts(**args, num_sms=budget, out=out), rep=300
+            )
             rows.append((dtype, m, t_full * 1e3, t_budget * 1e3, t_budget / t_full - 1))
         del w
         torch.cuda.empty_cache()
@@ -174,11 +207,18 @@ def robustness_rows(launches: int, device: torch.device, physical: int, budget: 
                 continue
             mismatches += int(not torch.equal(got, want))
         torch.cuda.synchronize(device)
-        rows.append((f"tile queue, budget {budget}", info[-1].grid, held, launches, timeouts, mismatches))
+        rows.append(
+            (f"tile queue, budget {budget}", info[-1].grid, held, launches, timeouts, mismatches)
+        )
 
     # Forced whole-grid barrier: a grid of every CTA slot cannot be resident beside a held SM.
     compiled = info[-1].compiled
-    per_sm = resident_ctas_per_sm(int(compiled.n_regs), int(compiled.metadata.shared), compiled.metadata.num_warps, torch.cuda.get_device_properties(device))
+    per_sm = resident_ctas_per_sm(
+        int(compiled.n_regs),
+        int(compiled.metadata.shared),
+        compiled.metadata.num_warps,
+        torch.cuda.get_device_properties(device),
+    )
     trials = max(10, launches // 50)
     message = ""
     for grid_sms, held in ((physical, 0), (physical, 1), (budget, 1), (budget, 2)):
@@ -187,7 +227,14 @@ def robustness_rows(launches: int, device: torch.device, physical: int, budget: 
         for _ in range(trials):
             if held:
                 hold_sms(held, 200.0, side, device)
-            got = mega_fused_experts(**args, num_sms=budget, grid=grid, whole_grid_sync=True, timeout_ms=50.0, launch_info=info)
+            got = mega_fused_experts(
+                **args,
+                num_sms=budget,
+                grid=grid,
+                whole_grid_sync=True,
+                timeout_ms=50.0,
+                launch_info=info,
+            )
             try:
                 info[-1].check()
             except MegaMoEWaitTimeout as err:
@@ -196,7 +243,16 @@ def robustness_rows(launches: int, device: torch.device, physical: int, budget: 
                 continue
             mismatches += int(not torch.equal(got, want))
             torch.cuda.synchronize(device)
-        rows.append((f"whole-grid barrier, {grid_sms} SMs x {per_sm}", grid, held, trials, timeouts, mismatches))
+        rows.append(
+            (
+                f"whole-grid barrier, {grid_sms} SMs x {per_sm}",
+                grid,
+                held,
+                trials,
+                timeouts,
+                mismatches,
+            )
+        )
     torch.cuda.synchronize(device)
     if any(r[4] for r in rows):
         print(f"\nexample bounded-wait error: {message}")
@@ -211,7 +267,9 @@ def main() -> None:
     parser.add_argument("--budget-batches", default="1,8,32,128")
     parser.add_argument("--launches", type=int, default=1000)
     parser.add_argument("--skip-robustness", action="store_true")
-    parser.add_argument("--sweep", default="", help="batches for the tile/occupancy sweep only, e.g. 1,8,32,128")
+    parser.add_argument(
+        "--sweep", default="", help="batches for the tile/occupancy sweep only, e.g. 1,8,32,128"
+    )
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
     physical = torch.cuda.get_device_properties(device).multi_processor_count
@@ -223,31 +281,48 @@ def main() -> None:
     if args.sweep:
         batches = [int(b) for b in args.sweep.split(",")]
         srows = sweep_rows(args.shapes.split(","), batches, args.dtypes.split(","), device, budget)
-        print(f"\n{'shape':<5} {'dtype':<5} {'M':>4} {'variant':<24} {'same':>5} {'2-launch us':>11} {'mega us':>8} {'speedup':>7}")
+        print(
+            f"\n{'shape':<5} {'dtype':<5} {'M':>4} {'variant':<24} {'same':>5} {'2-launch us':>11} {'mega us':>8} {'speedup':>7}"
+        )
         for sk, d, m, name, same, t2, tm, ratio in srows:
-            print(f"{sk:<5} {d:<5} {m:>4} {name:<24} {same!s:>5} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x")
+            print(
+                f"{sk:<5} {d:<5} {m:>4} {name:<24} {same!s:>5} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x"
+            )
         return
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
     for shape_key in args.shapes.split(","):
         for dtype in args.dtypes.split(","):
             rows += speed_rows(shape_key, dtype, batches, budget, device)
-    print(f"\n{'shape':<5} {'dtype':<5} {'M':>4} {'covered':>7} {'err 2-launch':>12} {'err mega':>9} "
-          f"{'2-launch us':>11} {'mega us':>8} {'speedup':>7} {'mega/roof':>9}")  # fmt: skip
+    print(
+        f"\n{'shape':<5} {'dtype':<5} {'M':>4} {'covered':>7} {'err 2-launch':>12} {'err mega':>9} "
+        f"{'2-launch us':>11} {'mega us':>8} {'speedup':>7} {'mega/roof':>9}"
+    )
     for s, d, m, cov, e2, em, t2, tm, ratio, frac in rows:
-        print(f"{s:<5} {d:<5} {m:>4} {cov!s:>7} {e2:>12.2e} {em:>9.2e} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x {frac:>8.0%}")
+        print(
+            f"{s:<5} {d:<5} {m:>4} {cov!s:>7} {e2:>12.2e} {em:>9.2e} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x {frac:>8.0%}"
+        )
 
     if args.budget_batches:
-        brows = budget_rows([int(b) for b in args.budget_batches.split(",")], device, physical, budget)
-        print(f"\n{'dtype':<5} {'M':>4} {f'{physical} SMs us':>11} {f'{budget} SMs us':>11} {'cost':>7}")
+        brows = budget_rows(
+            [int(b) for b in args.budget_batches.split(",")], device, physical, budget
+        )
+        print(
+            f"\n{'dtype':<5} {'M':>4} {f'{physical} SMs us':>11} {f'{budget} SMs us':>11} {'cost':>7}"
+        )
         for d, m, tf, tb, cost in brows:
             print(f"{d:<5} {m:>4} {tf:>11.1f} {tb:>11.1f} {cost:>+7.1%}")
 
     if args.skip_robustness or not cupy_available():
-        print("\nrobustness: skipped" + ("" if args.skip_robustness else " (CuPy missing: no SM holder)"))
+        print(
+            "\nrobustness: skipped"
+            + ("" if args.skip_robustness else " (CuPy missing: no SM holder)")
+        )
         return
     rrows = robustness_rows(args.launches, device, physical, budget)
-    print(f"\n{'design':<34} {'grid':>5} {'held SMs':>8} {'launches':>8} {'timeouts':>8} {'wrong':>5}")
+    print(
+        f"\n{'design':<34} {'grid':>5} {'held SMs':>8} {'launches':>8} {'timeouts':>8} {'wrong':>5}"
+    )
     for name, grid, held, n, to, bad in rrows:
         print(f"{name:<26} {grid:>5} {held:>8} {n:>8} {to:>8} {bad:>5}")
 

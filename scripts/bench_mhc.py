@@ -55,9 +55,16 @@ def run_pre(a: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def run_fused(a: dict[str, torch.Tensor]) -> torch.Tensor:
     _new_residual, layer_input, _post, _comb = mhc.mhc_fused_post_pre(
-        a["x"], a["residual"], a["post"], a["comb"], a["fn"], a["scale"], a["base"],
-        norm_weight=a["norm_weight"], **MIX,
-    )  # fmt: skip
+        a["x"],
+        a["residual"],
+        a["post"],
+        a["comb"],
+        a["fn"],
+        a["scale"],
+        a["base"],
+        norm_weight=a["norm_weight"],
+        **MIX,
+    )
     return layer_input
 
 

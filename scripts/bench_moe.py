@@ -26,28 +26,37 @@ from dataclasses import dataclass
 
 import torch
 import triton
-from tqdm import tqdm
-
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner import MoERunConfig, MoERunner, create_moe_runner
 from sglang.srt.layers.moe.moe_runner.deep_gemm import DeepGemmMoERunner
 from sglang.srt.layers.moe.topk import TopKOutput
+from tqdm import tqdm
 
 BW_BYTES_S = 4.3e12
 BF16_FLOPS = 790e12
 
 # The reference's times in us, (shape, dtype, M) -> us (performance_targets.md, one H200).
 REFERENCE_US = {
-    ("dsv4", "bf16", 1): 82, ("dsv4", "bf16", 128): 2740, ("dsv4", "bf16", 512): 3014,
-    ("dsv4", "bf16", 2048): 3275, ("dsv4", "bf16", 8192): 6346,
-    ("dsv4", "fp8", 1): 53, ("dsv4", "fp8", 128): 1437, ("dsv4", "fp8", 512): 1633,
-    ("dsv4", "fp8", 2048): 2041, ("dsv4", "fp8", 8192): 5305,
-    ("k3", "bf16", 1): 263, ("k3", "bf16", 512): 6053, ("k3", "bf16", 2048): 7257,
+    ("dsv4", "bf16", 1): 82,
+    ("dsv4", "bf16", 128): 2740,
+    ("dsv4", "bf16", 512): 3014,
+    ("dsv4", "bf16", 2048): 3275,
+    ("dsv4", "bf16", 8192): 6346,
+    ("dsv4", "fp8", 1): 53,
+    ("dsv4", "fp8", 128): 1437,
+    ("dsv4", "fp8", 512): 1633,
+    ("dsv4", "fp8", 2048): 2041,
+    ("dsv4", "fp8", 8192): 5305,
+    ("k3", "bf16", 1): 263,
+    ("k3", "bf16", 512): 6053,
+    ("k3", "bf16", 2048): 7257,
     ("k3", "bf16", 8192): 19751,
-    ("k3", "fp8", 1): 146, ("k3", "fp8", 512): 3368, ("k3", "fp8", 2048): 5998,
+    ("k3", "fp8", 1): 146,
+    ("k3", "fp8", 512): 3368,
+    ("k3", "fp8", 2048): 5998,
     ("k3", "fp8", 8192): 16331,
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -68,8 +77,28 @@ SHAPES = {
 
 def make_weights(shape: Shape, fp8: bool, device: torch.device) -> ExpertWeights:
     gen = torch.Generator(device).manual_seed(0)
-    w13 = torch.randn(shape.experts, 2 * shape.inter, shape.hidden, device=device, generator=gen, dtype=torch.bfloat16) * 0.02
-    w2 = torch.randn(shape.experts, shape.hidden, shape.inter, device=device, generator=gen, dtype=torch.bfloat16) * 0.02
+    w13 = (
+        torch.randn(
+            shape.experts,
+            2 * shape.inter,
+            shape.hidden,
+            device=device,
+            generator=gen,
+            dtype=torch.bfloat16,
+        )
+        * 0.02
+    )
+    w2 = (
+        torch.randn(
+            shape.experts,
+            shape.hidden,
+            shape.inter,
+            device=device,
+            generator=gen,
+            dtype=torch.bfloat16,
+        )
+        * 0.02
+    )
     if not fp8:
         return ExpertWeights(w13, w2)
     q13, s13 = block_quant_weight_fp8(w13, (128, 128))
@@ -162,8 +191,20 @@ def main() -> None:
                 peak = BF16_FLOPS * (2 if fp8 else 1)
                 floor_ms = max(nbytes / BW_BYTES_S, flops / peak) * 1e3
                 ref = REFERENCE_US.get((shape_key, dtype, m))
-                rows.append((shape_key, dtype, runner_name, mode, m, ms * 1e3, nbytes / (ms * 1e6),
-                             flops / (ms * 1e9), floor_ms / ms, ref))  # fmt: skip
+                rows.append(
+                    (
+                        shape_key,
+                        dtype,
+                        runner_name,
+                        mode,
+                        m,
+                        ms * 1e3,
+                        nbytes / (ms * 1e6),
+                        flops / (ms * 1e9),
+                        floor_ms / ms,
+                        ref,
+                    )
+                )
                 torch.cuda.empty_cache()
         del runner, weights  # free this shape's experts before the next
         torch.cuda.empty_cache()
@@ -173,8 +214,10 @@ def main() -> None:
     )
     for shape_key, dtype, runner_name, mode, m, us, gbs, tflops, frac, ref in rows:
         ratio = f"{ref / us:.2f}" if ref else "-"
-        print(f"| {shape_key} | {dtype} | {runner_name} | {mode} | {m} | {us:.1f} | {gbs:.0f} | "
-              f"{tflops:.1f} | {frac:.0%} | {ref or '-'} | {ratio} |")  # fmt: skip
+        print(
+            f"| {shape_key} | {dtype} | {runner_name} | {mode} | {m} | {us:.1f} | {gbs:.0f} | "
+            f"{tflops:.1f} | {frac:.0%} | {ref or '-'} | {ratio} |"
+        )
 
 
 if __name__ == "__main__":

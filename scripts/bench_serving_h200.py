@@ -47,18 +47,44 @@ STARTUP_TIMEOUT_S = 300
 def model_config(layers: int) -> dict[str, Any]:
     ratios = [(4, 128)[i % 2] for i in range(layers)]
     return {
-        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "torch_dtype": "bfloat16",
-        "vocab_size": 4096, "hidden_size": 4096, "num_hidden_layers": layers, "num_attention_heads": 64,
-        "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024,
-        "o_groups": 8, "o_lora_rank": 1024, "n_routed_experts": 256, "num_experts_per_tok": 6,
-        "n_shared_experts": 1, "moe_intermediate_size": 2048, "routed_scaling_factor": 1.5,
-        "scoring_func": "sqrtsoftplus", "norm_topk_prob": True, "swiglu_limit": 10.0,
-        "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "sliding_window": 128,
-        "compress_ratios": ratios, "num_hash_layers": 1, "hc_mult": 4, "hc_sinkhorn_iters": 20,
-        "hc_eps": 1e-6, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
-        "max_position_embeddings": 4096, "tie_word_embeddings": False, "bos_token_id": 0,
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "model_type": "deepseek_v4",
+        "torch_dtype": "bfloat16",
+        "vocab_size": 4096,
+        "hidden_size": 4096,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 1,
+        "head_dim": 512,
+        "qk_rope_head_dim": 64,
+        "q_lora_rank": 1024,
+        "o_groups": 8,
+        "o_lora_rank": 1024,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 6,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 2048,
+        "routed_scaling_factor": 1.5,
+        "scoring_func": "sqrtsoftplus",
+        "norm_topk_prob": True,
+        "swiglu_limit": 10.0,
+        "index_n_heads": 64,
+        "index_head_dim": 128,
+        "index_topk": 512,
+        "sliding_window": 128,
+        "compress_ratios": ratios,
+        "num_hash_layers": 1,
+        "hc_mult": 4,
+        "hc_sinkhorn_iters": 20,
+        "hc_eps": 1e-6,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "compress_rope_theta": 160000.0,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
         "eos_token_id": 1,
-    }  # fmt: skip
+    }
 
 
 def _random(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
@@ -127,15 +153,34 @@ COMPARISONS = {
 
 
 def serve_and_bench(
-    model_dir: Path, port: int, extra: list[str], fact: str, label: str, concurrency: list[int], log: Path
+    model_dir: Path,
+    port: int,
+    extra: list[str],
+    fact: str,
+    label: str,
+    concurrency: list[int],
+    log: Path,
 ) -> dict[int, Any]:
     top = max(concurrency)
     cmd = [
-        sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-        "--skip-tokenizer-init", "--port", str(port), "--context-length", "1024",
-        "--max-running-requests", str(top), "--cuda-graph-max-bs", str(top), "--log-level", "info",
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_dir),
+        "--skip-tokenizer-init",
+        "--port",
+        str(port),
+        "--context-length",
+        "1024",
+        "--max-running-requests",
+        str(top),
+        "--cuda-graph-max-bs",
+        str(top),
+        "--log-level",
+        "info",
         *extra,
-    ]  # fmt: skip
+    ]
     started = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -149,17 +194,32 @@ def serve_and_bench(
         print(f"server ({label}) up in {time.perf_counter() - started:.0f}s; {fact}{said}")
         results = {}
         for conc in concurrency:
-            args = build_parser().parse_args([
-                "--port", str(port), "--dataset-name", "fixed", "--num-prompts", str(max(4, 2 * conc)),
-                "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-                # Warm-up as wide as the run: the first batch of this size compiles its Triton
-                # kernels (prefill shapes differ per concurrency), which must not be timed.
-                "--max-concurrency", str(conc), "--warmup-requests", str(conc),
-            ])  # fmt: skip
+            args = build_parser().parse_args(
+                [
+                    "--port",
+                    str(port),
+                    "--dataset-name",
+                    "fixed",
+                    "--num-prompts",
+                    str(max(4, 2 * conc)),
+                    "--random-input-len",
+                    str(INPUT_LEN),
+                    "--random-output-len",
+                    str(OUTPUT_LEN),
+                    # Warm-up as wide as the run: the first batch of this size compiles its Triton
+                    # kernels (prefill shapes differ per concurrency), which must not be timed.
+                    "--max-concurrency",
+                    str(conc),
+                    "--warmup-requests",
+                    str(conc),
+                ]
+            )
             results[conc] = run_benchmark(args)
             m = results[conc]
-            print(f"  concurrency {conc}: {m['completed']} ok, {m['failed']} failed, "
-                  f"{m['duration_s']:.1f}s")  # fmt: skip
+            print(
+                f"  concurrency {conc}: {m['completed']} ok, {m['failed']} failed, "
+                f"{m['duration_s']:.1f}s"
+            )
         return results
     finally:
         if proc.poll() is None:
@@ -175,10 +235,14 @@ def print_table(
     cmp: Comparison, on: dict[int, Any], off: dict[int, Any], concurrency: list[int], tp_size: int
 ) -> None:
     def row(label: str, m: dict[str, Any]) -> str:
-        return (f"| {label:<16} | {m['ttft_ms']['median']:>9.1f} | {m['tpot_ms']['median']:>9.2f} "
-                f"| {m['output_throughput']:>10.1f} | {m['total_throughput']:>10.1f} |")  # fmt: skip
+        return (
+            f"| {label:<16} | {m['ttft_ms']['median']:>9.1f} | {m['tpot_ms']['median']:>9.2f} "
+            f"| {m['output_throughput']:>10.1f} | {m['total_throughput']:>10.1f} |"
+        )
 
-    print(f"\nDeepSeek V4-architecture model, {INPUT_LEN} in / {OUTPUT_LEN} out, bf16, triton MoE, TP={tp_size}")
+    print(
+        f"\nDeepSeek V4-architecture model, {INPUT_LEN} in / {OUTPUT_LEN} out, bf16, triton MoE, TP={tp_size}"
+    )
     print("| mode, conc.      | TTFT ms   | TPOT ms   | out tok/s  | total tok/s |")
     print("|------------------|----------:|----------:|-----------:|------------:|")
     for conc in concurrency:
@@ -189,18 +253,24 @@ def print_table(
     print("|------:|------:|------:|------:|")
     for conc in concurrency:
         a, b = on[conc], off[conc]
-        ratio = [a["ttft_ms"]["median"] / max(b["ttft_ms"]["median"], 1e-9),
-                 a["tpot_ms"]["median"] / max(b["tpot_ms"]["median"], 1e-9),
-                 a["output_throughput"] / max(b["output_throughput"], 1e-9)]  # fmt: skip
+        ratio = [
+            a["ttft_ms"]["median"] / max(b["ttft_ms"]["median"], 1e-9),
+            a["tpot_ms"]["median"] / max(b["tpot_ms"]["median"], 1e-9),
+            a["output_throughput"] / max(b["output_throughput"], 1e-9),
+        ]
         print(f"| {conc:>5} | {ratio[0]:.3f} | {ratio[1]:.3f} | {ratio[2]:.3f} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--compare", choices=tuple(COMPARISONS), default="graphs",
-                        help="graphs: with vs without decode CUDA graphs; symm-mem: with vs without "
-                        "--enable-symm-mem (needs --tp-size > 1).")  # fmt: skip
+    parser.add_argument(
+        "--compare",
+        choices=tuple(COMPARISONS),
+        default="graphs",
+        help="graphs: with vs without decode CUDA graphs; symm-mem: with vs without "
+        "--enable-symm-mem (needs --tp-size > 1).",
+    )
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     parser.add_argument("--model-dir", default="/tmp/sglang-bench-dsv4-h200")
@@ -224,7 +294,9 @@ def main() -> None:
         for label, extra in ((cmp.on_label, cmp.on_args), (cmp.off_label, cmp.off_args)):
             log = log_dir / f"bench_server_{label}.log"
             runs.append(
-                serve_and_bench(model_dir, args.port, [*tp, *extra], cmp.fact, label, concurrency, log)
+                serve_and_bench(
+                    model_dir, args.port, [*tp, *extra], cmp.fact, label, concurrency, log
+                )
             )
         on, off = runs
     finally:

@@ -33,9 +33,10 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=6)
     ap.add_argument("--margin-tol", type=float, default=1e-4)
     ap.add_argument(
-        "--torch-topk-ties", action="store_true",
+        "--torch-topk-ties",
+        action="store_true",
         help="leave the reference indexer's exact ties to torch.topk (shows those divergences)",
-    )  # fmt: skip
+    )
     args = ap.parse_args()
     paths = args.paths.split(",")
     if "graph" in paths and args.device != "cuda":
@@ -47,13 +48,18 @@ def main() -> int:
     for seed in seeds:
         for path in paths:
             case = random_case(
-                seed, max_len=args.max_len, num_prompts=args.prompts,
-                new_tokens=args.new_tokens, path=path,  # type: ignore[arg-type]
-            )  # fmt: skip
+                seed,
+                max_len=args.max_len,
+                num_prompts=args.prompts,
+                new_tokens=args.new_tokens,
+                path=path,  # type: ignore[arg-type]
+            )
             r = run_case(
-                case, device=args.device, margin_tol=args.margin_tol,
+                case,
+                device=args.device,
+                margin_tol=args.margin_tol,
                 tie_rule=not args.torch_topk_ties,
-            )  # fmt: skip
+            )
             results.append(r)
             print(format_table([r]).splitlines()[-1], flush=True)
     print()

@@ -15,7 +15,8 @@ import sys
 import time
 
 sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "registered", "models")
+    0,
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "registered", "models"),
 )
 from _kimi_k3_sweep import MARGIN_TOL, KimiResult, random_kimi_case, run_kimi_case
 

@@ -44,8 +44,24 @@ from typing import Any
 
 import httpx
 
-WORDS = ("the", "model", "serves", "tokens", "quickly", "and", "a", "river", "of", "light",
-         "under", "stone", "bridges", "while", "clocks", "sing")  # fmt: skip
+WORDS = (
+    "the",
+    "model",
+    "serves",
+    "tokens",
+    "quickly",
+    "and",
+    "a",
+    "river",
+    "of",
+    "light",
+    "under",
+    "stone",
+    "bridges",
+    "while",
+    "clocks",
+    "sing",
+)
 MODEL = "sglang-default-tiny-dsv4"
 
 
@@ -89,7 +105,11 @@ class Outcome:
 def _malformed(rng: random.Random) -> tuple[str, bytes, int]:
     """(path, raw body, expected status)."""
     cases = [
-        ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "seed": 18446744073709551616}', 400),
+        (
+            "/v1/completions",
+            b'{"prompt": "hi", "max_tokens": 2, "seed": 18446744073709551616}',
+            400,
+        ),
         ("/v1/completions", b'{"prompt": "hi \\ud800", "max_tokens": 2}', 400),
         ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400),
         ("/v1/completions", b'{"x":' + b"[" * 20000, 400),
@@ -100,7 +120,7 @@ def _malformed(rng: random.Random) -> tuple[str, bytes, int]:
         ("/generate", b'{"text": "hi", "sampling_params": {"top_k": -5}}', 400),
         ("/generate", b'{"text": "hi"', 400),
         ("/v1/completions", b'{"prompt": "hi", "stream": "yes"}', 400),
-    ]  # fmt: skip
+    ]
     return rng.choice(cases)
 
 
@@ -109,15 +129,26 @@ def _good_body(rng: random.Random, stream: bool = True) -> tuple[str, dict[str, 
     out_len = rng.choice((4, 8, 16, 32, 64))
     kind = rng.randrange(3)
     if kind == 0:
-        return "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": out_len,
-                                   "ignore_eos": True, "stream": stream}  # fmt: skip
+        return "/v1/completions", {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": out_len,
+            "ignore_eos": True,
+            "stream": stream,
+        }
     if kind == 1:
         return "/v1/chat/completions", {
-            "model": MODEL, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": out_len, "ignore_eos": True, "stream": stream,
-        }  # fmt: skip
-    return "/generate", {"text": prompt, "stream": stream,
-                         "sampling_params": {"max_new_tokens": out_len, "ignore_eos": True}}  # fmt: skip
+            "model": MODEL,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": out_len,
+            "ignore_eos": True,
+            "stream": stream,
+        }
+    return "/generate", {
+        "text": prompt,
+        "stream": stream,
+        "sampling_params": {"max_new_tokens": out_len, "ignore_eos": True},
+    }
 
 
 def _role_only(event: dict[str, Any]) -> bool:
@@ -131,8 +162,9 @@ def _finished(path: str, event: dict[str, Any]) -> bool:
     return any(c.get("finish_reason") for c in event.get("choices", []))
 
 
-async def _stream(client: httpx.AsyncClient, path: str, body: dict[str, Any],
-                  leave_after: int | None) -> Outcome:  # fmt: skip
+async def _stream(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], leave_after: int | None
+) -> Outcome:
     t0 = time.perf_counter()
     out = Outcome("truncated")
     last: float | None = None
@@ -196,12 +228,15 @@ async def _poll_health(client: httpx.AsyncClient, stop: asyncio.Event, out: list
         await asyncio.sleep(0.05)
 
 
-async def _wave(base: str, n: int, rng: random.Random, args: argparse.Namespace,
-                pids: list[int]) -> dict[str, Any]:  # fmt: skip
+async def _wave(
+    base: str, n: int, rng: random.Random, args: argparse.Namespace, pids: list[int]
+) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=n + 8, max_keepalive_connections=n + 8)
     timeout = httpx.Timeout(args.request_timeout)
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=timeout) as client, \
-            httpx.AsyncClient(base_url=base, timeout=30) as health_client:  # fmt: skip
+    async with (
+        httpx.AsyncClient(base_url=base, limits=limits, timeout=timeout) as client,
+        httpx.AsyncClient(base_url=base, timeout=30) as health_client,
+    ):
         tasks = []
         for _ in range(n):
             x = rng.random()
@@ -209,8 +244,9 @@ async def _wave(base: str, n: int, rng: random.Random, args: argparse.Namespace,
                 tasks.append(_bad(client, _malformed(rng)))
             else:
                 path, body = _good_body(rng)
-                leave = rng.randint(1, 3) if x < args.malformed_share + args.disconnect_share \
-                    else None  # fmt: skip
+                leave = (
+                    rng.randint(1, 3) if x < args.malformed_share + args.disconnect_share else None
+                )
                 tasks.append(_stream(client, path, body, leave))
         stop = asyncio.Event()
         health: list[float] = []
@@ -221,8 +257,9 @@ async def _wave(base: str, n: int, rng: random.Random, args: argparse.Namespace,
         stop.set()
         await poller
         leftover = await _leftover(health_client)
-    counts = {k: 0 for k in ("completed", "rejected", "disconnected", "failed", "truncated",
-                             "lost")}  # fmt: skip
+    counts = {
+        k: 0 for k in ("completed", "rejected", "disconnected", "failed", "truncated", "lost")
+    }
     for o in outcomes:
         counts[o.kind] += 1
     done = [o for o in outcomes if o.kind == "completed"]
@@ -272,8 +309,13 @@ async def _big_prompt_stall(base: str) -> dict[str, float]:
         stop = asyncio.Event()
 
         async def stream() -> None:
-            body = {"model": MODEL, "prompt": "Once", "max_tokens": 3000, "ignore_eos": True,
-                    "stream": True}  # fmt: skip
+            body = {
+                "model": MODEL,
+                "prompt": "Once",
+                "max_tokens": 3000,
+                "ignore_eos": True,
+                "stream": True,
+            }
             last = None
             async with client.stream("POST", "/v1/completions", json=body) as resp:
                 async for line in resp.aiter_lines():
@@ -294,20 +336,29 @@ async def _big_prompt_stall(base: str) -> dict[str, float]:
         await asyncio.sleep(0.5)
         stop.set()
         await asyncio.gather(task, poller)
-    return {"status": r.status_code, "reject_ms": 1e3 * reject_s,
-            "max_stream_gap_ms": 1e3 * max(gaps, default=0.0),
-            "health_max_ms": 1e3 * max(health, default=0.0)}  # fmt: skip
+    return {
+        "status": r.status_code,
+        "reject_ms": 1e3 * reject_s,
+        "max_stream_gap_ms": 1e3 * max(gaps, default=0.0),
+        "health_max_ms": 1e3 * max(health, default=0.0),
+    }
 
 
-async def _kill_rank(base: str, proc: subprocess.Popen[Any], pids: list[int], n: int,
-                     rank: int) -> dict[str, Any]:  # fmt: skip
+async def _kill_rank(
+    base: str, proc: subprocess.Popen[Any], pids: list[int], n: int, rank: int
+) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as client:
         firsts = [asyncio.Event() for _ in range(n)]
 
         async def one(i: int) -> str:
-            body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3000,
-                    "ignore_eos": True, "stream": True}  # fmt: skip
+            body = {
+                "model": MODEL,
+                "prompt": "Once upon a time",
+                "max_tokens": 3000,
+                "ignore_eos": True,
+                "stream": True,
+            }
             error = done = False
             try:
                 async with client.stream("POST", "/v1/completions", json=body) as resp:
@@ -337,22 +388,41 @@ async def _kill_rank(base: str, proc: subprocess.Popen[Any], pids: list[int], n:
     while code is None and time.monotonic() - t0 < 60:
         code = proc.poll()
         await asyncio.sleep(0.05)
-    out: dict[str, Any] = {k: results.count(k) for k in ("ended_with_error", "completed",
-                                                         "truncated", "lost")}  # fmt: skip
-    out.update(in_flight=n, killed_rank=rank % len(pids), streams_ended_s=streams_ended_s,
-               server_exit_code=code, server_exit_s=time.monotonic() - t0)  # fmt: skip
+    out: dict[str, Any] = {
+        k: results.count(k) for k in ("ended_with_error", "completed", "truncated", "lost")
+    }
+    out.update(
+        in_flight=n,
+        killed_rank=rank % len(pids),
+        streams_ended_s=streams_ended_s,
+        server_exit_code=code,
+        server_exit_s=time.monotonic() - t0,
+    )
     return out
 
 
 # --- main -----------------------------------------------------------------------------------------
 
 
-def _start_server(args: argparse.Namespace, extra: list[str]) -> tuple[subprocess.Popen[Any], str,
-                                                                         Any]:  # fmt: skip
+def _start_server(
+    args: argparse.Namespace, extra: list[str]
+) -> tuple[subprocess.Popen[Any], str, Any]:
     port = _free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="sglang-load-", suffix=".log", delete=False)  # noqa: SIM115
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port",
-           str(port), "--tp-size", str(args.tp_size), "--random-seed", str(args.seed), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tp-size",
+        str(args.tp_size),
+        "--random-seed",
+        str(args.seed),
+        *extra,
+    ]
     if "--device" not in extra:
         cmd += ["--device", "cpu"]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -373,12 +443,24 @@ def _start_server(args: argparse.Namespace, extra: list[str]) -> tuple[subproces
 
 
 def _table(waves: list[dict[str, Any]]) -> str:
-    cols = [("concurrency", "{:d}"), ("completed", "{:d}"), ("rejected", "{:d}"),
-            ("disconnected", "{:d}"), ("failed", "{:d}"), ("truncated", "{:d}"), ("lost", "{:d}"),
-            ("leftover", "{:d}"), ("ttft_p50_ms", "{:.0f}"), ("ttft_p99_ms", "{:.0f}"),
-            ("itl_p50_ms", "{:.1f}"), ("itl_p99_ms", "{:.1f}"), ("max_stall_ms", "{:.0f}"),
-            ("health_max_ms", "{:.0f}"), ("rss_server_mib", "{:.0f}"),
-            ("rss_total_mib", "{:.0f}")]  # fmt: skip
+    cols = [
+        ("concurrency", "{:d}"),
+        ("completed", "{:d}"),
+        ("rejected", "{:d}"),
+        ("disconnected", "{:d}"),
+        ("failed", "{:d}"),
+        ("truncated", "{:d}"),
+        ("lost", "{:d}"),
+        ("leftover", "{:d}"),
+        ("ttft_p50_ms", "{:.0f}"),
+        ("ttft_p99_ms", "{:.0f}"),
+        ("itl_p50_ms", "{:.1f}"),
+        ("itl_p99_ms", "{:.1f}"),
+        ("max_stall_ms", "{:.0f}"),
+        ("health_max_ms", "{:.0f}"),
+        ("rss_server_mib", "{:.0f}"),
+        ("rss_total_mib", "{:.0f}"),
+    ]
     head = "| " + " | ".join(c for c, _ in cols) + " |"
     sep = "|" + "|".join("---:" for _ in cols) + "|"
     rows = ["| " + " | ".join(f.format(w[c]) for c, f in cols) + " |" for w in waves]
@@ -414,8 +496,13 @@ def main(argv: list[str] | None = None) -> int:
         for n in waves_n:
             wave = asyncio.run(_wave(base, n, rng, args, pids))
             report["waves"].append(wave)
-            print(f"wave {n}: " + ", ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
-                                            for k, v in wave.items()), flush=True)  # fmt: skip
+            print(
+                f"wave {n}: "
+                + ", ".join(
+                    f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in wave.items()
+                ),
+                flush=True,
+            )
         report["big_prompt"] = asyncio.run(_big_prompt_stall(base))
         print(f"5 MB prompt: {report['big_prompt']}", flush=True)
         report["kill"] = asyncio.run(
@@ -436,14 +523,18 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(_table(report["waves"]))
     kill = report["kill"]
-    print(f"\n5 MB prompt rejected with {report['big_prompt']['status']} in "
-          f"{report['big_prompt']['reject_ms']:.0f} ms; meanwhile the largest stream gap was "
-          f"{report['big_prompt']['max_stream_gap_ms']:.0f} ms and the slowest /health "
-          f"{report['big_prompt']['health_max_ms']:.0f} ms")  # fmt: skip
-    print(f"rank {kill['killed_rank']} SIGKILLed with {kill['in_flight']} streams in flight: "
-          f"{kill['ended_with_error']} ended with an error event and [DONE], {kill['truncated']} "
-          f"truncated, {kill['lost']} lost; server exited with code {kill['server_exit_code']} "
-          f"{kill['server_exit_s']:.1f} s after the kill")  # fmt: skip
+    print(
+        f"\n5 MB prompt rejected with {report['big_prompt']['status']} in "
+        f"{report['big_prompt']['reject_ms']:.0f} ms; meanwhile the largest stream gap was "
+        f"{report['big_prompt']['max_stream_gap_ms']:.0f} ms and the slowest /health "
+        f"{report['big_prompt']['health_max_ms']:.0f} ms"
+    )
+    print(
+        f"rank {kill['killed_rank']} SIGKILLed with {kill['in_flight']} streams in flight: "
+        f"{kill['ended_with_error']} ended with an error event and [DONE], {kill['truncated']} "
+        f"truncated, {kill['lost']} lost; server exited with code {kill['server_exit_code']} "
+        f"{kill['server_exit_s']:.1f} s after the kill"
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)

@@ -33,8 +33,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 BACKENDS = ("sglang", "sglang-oai", "sglang-oai-chat")
-_WORDS = ("the", "model", "serves", "tokens", "quickly", "and", "a", "river", "of", "light",
-          "runs", "through", "old", "town", "where", "people", "sing")  # fmt: skip
+_WORDS = (
+    "the",
+    "model",
+    "serves",
+    "tokens",
+    "quickly",
+    "and",
+    "a",
+    "river",
+    "of",
+    "light",
+    "runs",
+    "through",
+    "old",
+    "town",
+    "where",
+    "people",
+    "sing",
+)
 
 
 @dataclass(frozen=True)
@@ -86,12 +103,21 @@ def _payload(backend: str, req: BenchRequest, model: str) -> tuple[str, dict[str
     if backend == "sglang":
         return "/generate", {
             "input_ids": req.input_ids,
-            "sampling_params": {"max_new_tokens": req.output_len, "ignore_eos": True,
-                                "temperature": 0.0},
+            "sampling_params": {
+                "max_new_tokens": req.output_len,
+                "ignore_eos": True,
+                "temperature": 0.0,
+            },
             "stream": True,
-        }  # fmt: skip
-    common = {"model": model, "max_tokens": req.output_len, "ignore_eos": True,
-              "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        }
+    common = {
+        "model": model,
+        "max_tokens": req.output_len,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if backend == "sglang-oai":
         return "/v1/completions", {"prompt": req.input_ids, **common}
     return "/v1/chat/completions", {"messages": [{"role": "user", "content": req.text}], **common}
@@ -239,9 +265,12 @@ def print_table(args: argparse.Namespace, m: dict[str, Any]) -> None:
     ]
     for label, value in rows:
         print(f"{label + ':':<{w}}{value}")
-    for key, title in (("e2e_ms", "End-to-End Latency"), ("ttft_ms", "Time to First Token"),
-                       ("tpot_ms", "Time per Output Token (excl. 1st token)"),
-                       ("itl_ms", "Inter-Token Latency")):  # fmt: skip
+    for key, title in (
+        ("e2e_ms", "End-to-End Latency"),
+        ("ttft_ms", "Time to First Token"),
+        ("tpot_ms", "Time per Output Token (excl. 1st token)"),
+        ("itl_ms", "Inter-Token Latency"),
+    ):
         print(f"{'-' * 15}{title:^36}{'-' * 15}")
         for stat in ("mean", "median", "p95", "p99", "max"):
             print(f"{f'{stat.capitalize()} (ms):':<{w}}{m[key][stat]:.2f}")
@@ -259,7 +288,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     # so the prefill shapes the run hits are compiled before anything is timed.
     warm = [BenchRequest(r.input_ids, r.text, 4) for r in reqs[: args.warmup_requests]]
     if warm:
-        with ThreadPoolExecutor(max_workers=min(len(warm), args.max_concurrency or len(warm))) as pool:
+        with ThreadPoolExecutor(
+            max_workers=min(len(warm), args.max_concurrency or len(warm))
+        ) as pool:
             list(pool.map(lambda r: run_one(base, args.backend, r, model, args.timeout), warm))
     rng = random.Random(args.seed + 1)
     workers = args.max_concurrency or len(reqs) or 1
@@ -300,14 +331,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--random-input-len", type=int, default=256)
     p.add_argument("--random-output-len", type=int, default=64)
-    p.add_argument("--random-range-ratio", type=float, default=0.5,
-                   help="random dataset: lengths uniform in [len * ratio, len].")  # fmt: skip
-    p.add_argument("--request-rate", type=float, default=float("inf"),
-                   help="Poisson arrival rate in requests/s; inf sends all at once.")  # fmt: skip
+    p.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.5,
+        help="random dataset: lengths uniform in [len * ratio, len].",
+    )
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Poisson arrival rate in requests/s; inf sends all at once.",
+    )
     p.add_argument("--max-concurrency", type=int, default=None, help="Requests in flight at most.")
-    p.add_argument("--warmup-requests", type=int, default=1,
-                   help="Untimed full-length requests (4 output tokens) sent first, as concurrently "
-                   "as --max-concurrency allows.")  # fmt: skip
+    p.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=1,
+        help="Untimed full-length requests (4 output tokens) sent first, as concurrently "
+        "as --max-concurrency allows.",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600.0, help="Seconds per request.")
     p.add_argument("--output-file", type=str, default=None, help="Append results as JSONL.")

@@ -31,7 +31,9 @@ def _mega_moe_summary(deep_gemm_usable: bool) -> str:
     """Which MegaMoE kernel each kind of layer takes here, and why (the forward decides per
     layer with the same rules: ``mega_moe.choose_mega_backend``)."""
     if not deep_gemm_usable:
-        return "our Triton persistent kernel (DeepGEMM is unusable; one GPU, else the normal MoE path)"
+        return (
+            "our Triton persistent kernel (DeepGEMM is unusable; one GPU, else the normal MoE path)"
+        )
     arch = device_sm_info().arch if torch.cuda.is_available() else 0
     if arch >= 100:
         return "DeepGEMM's fp8_fp4_mega_moe for MXFP4 experts (SwiGLU and SiTU); our Triton kernel otherwise"

@@ -95,7 +95,12 @@ class EnvField(Generic[T]):
 
 class EnvInt(EnvField[int]):
     def __init__(
-        self, default: int, doc: str = "", *, min_value: int | None = None, max_value: int | None = None
+        self,
+        default: int,
+        doc: str = "",
+        *,
+        min_value: int | None = None,
+        max_value: int | None = None,
     ) -> None:
         super().__init__(default, doc)
         self.min_value = min_value
@@ -155,7 +160,9 @@ class EnvBool(EnvField[bool]):
 
 
 class EnvStr(EnvField[str]):
-    def __init__(self, default: str, doc: str = "", *, choices: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self, default: str, doc: str = "", *, choices: tuple[str, ...] | None = None
+    ) -> None:
         super().__init__(default, doc)
         self.choices = choices
         self.accepted = "a string" if choices is None else f"one of {', '.join(choices)}"

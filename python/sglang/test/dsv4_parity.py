@@ -270,9 +270,7 @@ def our_model(
 ) -> DeepseekV4ForCausalLM:
     """Ours from ``cfg`` itself (not from the reference's adjusted config) with its weights."""
     config = DeepseekV4ModelConfig.from_hf_config(DeepseekV4Config(**cfg))
-    model = DeepseekV4ForCausalLM(
-        config, dtype=torch.float32, device=device, moe_runner=moe_runner
-    )
+    model = DeepseekV4ForCausalLM(config, dtype=torch.float32, device=device, moe_runner=moe_runner)
     load_weights(model, {k: v.to(device) for k, v in hf.state_dict().items()}, progress=False)
     return model.eval()
 
@@ -378,9 +376,9 @@ def run_case(
             best = int(ref[row].argmax())
             if pick == best:
                 continue
-            row_tol = 2 * float((got[row] - ref[row]).abs().max()) if margin_tol is None else (
-                margin_tol
-            )  # fmt: skip
+            row_tol = (
+                2 * float((got[row] - ref[row]).abs().max()) if margin_tol is None else (margin_tol)
+            )
             if float(ref[row, best] - ref[row, pick]) <= row_tol:
                 near += 1
             elif first is None or row < first[1]:
@@ -393,9 +391,11 @@ def format_table(results: Sequence[CaseResult]) -> str:
     lines = [head, "-" * len(head)]
     for r in results:
         lens = ",".join(map(str, r.case.prompt_lens))
-        div = "-" if r.first_divergence is None else (
-            f"len {r.first_divergence[0]} pos {r.first_divergence[1]}"
-        )  # fmt: skip
+        div = (
+            "-"
+            if r.first_divergence is None
+            else (f"len {r.first_divergence[0]} pos {r.first_divergence[1]}")
+        )
         lines.append(
             f"{r.case.label:<58} {lens:<18} {r.max_err:8.1e} {r.near_ties:4d} "
             f"{r.tie_breaks:5d}  {div}"

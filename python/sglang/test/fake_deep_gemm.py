@@ -43,10 +43,17 @@ class FakeDeepGemm:
         return [value for name, value in self.calls if name == "set_num_sms"]
 
     def get_symm_buffer_for_mega_moe(
-        self, group: Any, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
-        hidden: int, intermediate_hidden: int, use_fp8_dispatch: bool | None = None,
-        mma_type: str = "fp8xfp4", activation: str = "swiglu",
-    ) -> FakeSymmBuffer:  # fmt: skip
+        self,
+        group: Any,
+        num_experts: int,
+        num_max_tokens_per_rank: int,
+        num_topk: int,
+        hidden: int,
+        intermediate_hidden: int,
+        use_fp8_dispatch: bool | None = None,
+        mma_type: str = "fp8xfp4",
+        activation: str = "swiglu",
+    ) -> FakeSymmBuffer:
         self._record("get_symm_buffer_for_mega_moe", self.num_sms)
         args = (group, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden)
         return FakeSymmBuffer(args, {"mma_type": mma_type, "activation": activation}, self.num_sms)
@@ -95,19 +102,34 @@ class FakeDeepGemmGemms(FakeDeepGemm):
             out[e, :m] = (lhs[e, :m] @ rhs[e].T).to(out.dtype)
 
     def m_grouped_bf16_gemm_nt_contiguous(
-        self, a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: str = "nk",
-        use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+        self,
+        a: Any,
+        b: Any,
+        d: Any,
+        grouped_layout: Any,
+        compiled_dims: str = "nk",
+        use_psum_layout: bool = False,
+        ensure_zero_padding: bool = True,
         expected_m_for_psum_layout: Any = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._record("m_grouped_bf16_gemm_nt_contiguous", self.num_sms)
         self._contiguous(a, b, d, grouped_layout)
 
     def m_grouped_fp8_fp4_gemm_nt_contiguous(
-        self, a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any = None, recipe_a: Any = None,
-        recipe_b: Any = None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
-        use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+        self,
+        a: Any,
+        b: Any,
+        d: Any,
+        grouped_layout: Any,
+        recipe: Any = None,
+        recipe_a: Any = None,
+        recipe_b: Any = None,
+        compiled_dims: str = "nk",
+        disable_ue8m0_cast: bool = False,
+        use_psum_layout: bool = False,
+        ensure_zero_padding: bool = True,
         expected_m_for_psum_layout: Any = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._record("m_grouped_fp8_fp4_gemm_nt_contiguous", self.num_sms)
         self._contiguous(a, b, d, grouped_layout)
 
@@ -120,10 +142,18 @@ class FakeDeepGemmGemms(FakeDeepGemm):
         self._masked(a, b, d, masked_m, expected_m)
 
     def m_grouped_fp8_fp4_gemm_nt_masked(
-        self, a: Any, b: Any, d: Any, masked_m: Any, expected_m: int, recipe: Any = None,
-        recipe_a: Any = None, recipe_b: Any = None, compiled_dims: str = "nk",
+        self,
+        a: Any,
+        b: Any,
+        d: Any,
+        masked_m: Any,
+        expected_m: int,
+        recipe: Any = None,
+        recipe_a: Any = None,
+        recipe_b: Any = None,
+        compiled_dims: str = "nk",
         disable_ue8m0_cast: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._record("m_grouped_fp8_fp4_gemm_nt_masked", self.num_sms)
         self._masked(a, b, d, masked_m, expected_m)
 
@@ -133,10 +163,17 @@ class FakeDeepGemmGemms(FakeDeepGemm):
     # the routed experts from the transformed layout; given placeholder (empty) weights it only
     # fills the output with 1.0, for the tests that check the call order alone.
     def fp8_fp4_mega_moe(
-        self, y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
-        cumulative_local_expert_recv_stats: Any = None, recipe: Any = (1, 1, 32),
-        activation: str = "swiglu", activation_clamp: float | None = None, fast_math: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        y: Any,
+        l1_weights: Any,
+        l2_weights: Any,
+        sym_buffer: Any,
+        cumulative_local_expert_recv_stats: Any = None,
+        recipe: Any = (1, 1, 32),
+        activation: str = "swiglu",
+        activation_clamp: float | None = None,
+        fast_math: bool = True,
+    ) -> None:
         kwargs = {"recipe": recipe, "activation": activation, "fast_math": fast_math}
         if activation_clamp is not None:
             kwargs["activation_clamp"] = activation_clamp
@@ -147,14 +184,24 @@ class FakeDeepGemmGemms(FakeDeepGemm):
         from sglang.test.fake_mega_moe_kernel import reference_mega_moe
 
         reference_mega_moe(
-            y, l1_weights, l2_weights, sym_buffer, activation=activation,
+            y,
+            l1_weights,
+            l2_weights,
+            sym_buffer,
+            activation=activation,
             activation_clamp=activation_clamp,
-        )  # fmt: skip
+        )
 
     def transform_sf_into_required_layout(
-        self, sf: Any, mn: int, k: int, recipe: Any, num_groups: int | None = None,
-        is_sfa: bool | None = None, disable_ue8m0_cast: bool = False,
-    ) -> Any:  # fmt: skip
+        self,
+        sf: Any,
+        mn: int,
+        k: int,
+        recipe: Any,
+        num_groups: int | None = None,
+        is_sfa: bool | None = None,
+        disable_ue8m0_cast: bool = False,
+    ) -> Any:
         from sglang.test.fake_mega_moe_kernel import fake_transform_sf_into_required_layout
 
         self._record("transform_sf_into_required_layout", (tuple(sf.shape), mn, k))
@@ -169,10 +216,17 @@ class FakeDeepGemmGemms(FakeDeepGemm):
         return (interleave_gate_up(l1_weights[0]), l1_weights[1]), l2_weights
 
     def fp8_mega_moe(
-        self, y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
-        cumulative_local_expert_recv_stats: Any = None, recipe: Any = (128, 128, 128),
-        activation: str = "swiglu", activation_clamp: float | None = None, fast_math: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        y: Any,
+        l1_weights: Any,
+        l2_weights: Any,
+        sym_buffer: Any,
+        cumulative_local_expert_recv_stats: Any = None,
+        recipe: Any = (128, 128, 128),
+        activation: str = "swiglu",
+        activation_clamp: float | None = None,
+        fast_math: bool = True,
+    ) -> None:
         kwargs = {"recipe": recipe, "activation": activation, "fast_math": fast_math}
         if activation_clamp is not None:
             kwargs["activation_clamp"] = activation_clamp
@@ -182,13 +236,23 @@ class FakeDeepGemmGemms(FakeDeepGemm):
             return
         from sglang.test.fake_mega_moe_kernel import reference_sm90_mega_moe
 
-        reference_sm90_mega_moe(y, l1_weights, l2_weights, sym_buffer, activation_clamp=activation_clamp)
+        reference_sm90_mega_moe(
+            y, l1_weights, l2_weights, sym_buffer, activation_clamp=activation_clamp
+        )
 
     def mega_moe_pre_dispatch_sm90(
-        self, x: Any, topk_idx: Any, topk_weights: Any, buf_x: Any, buf_x_sf: Any,
-        buf_topk_idx: Any, buf_topk_weights: Any, num_tokens: int, group_size: int = 128,
+        self,
+        x: Any,
+        topk_idx: Any,
+        topk_weights: Any,
+        buf_x: Any,
+        buf_x_sf: Any,
+        buf_topk_idx: Any,
+        buf_topk_weights: Any,
+        num_tokens: int,
+        group_size: int = 128,
         routed_scaling_factor: float = 1.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """As the real kernel: bf16 x, int32 ids; fp32 scale ``max(amax, 1e-10) / 448`` per 128
         values; ids widened to int64; rows past ``num_tokens`` get id -1, weight 0."""
         import torch
@@ -206,10 +270,17 @@ class FakeDeepGemmGemms(FakeDeepGemm):
         buf_topk_weights[num_tokens:] = 0.0
 
     def get_symm_buffer_for_mega_moe(  # type: ignore[override]
-        self, group: Any, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
-        hidden: int, intermediate_hidden: int, use_fp8_dispatch: bool | None = None,
-        mma_type: str = "fp8xfp4", activation: str = "swiglu",
-    ) -> Any:  # fmt: skip
+        self,
+        group: Any,
+        num_experts: int,
+        num_max_tokens_per_rank: int,
+        num_topk: int,
+        hidden: int,
+        intermediate_hidden: int,
+        use_fp8_dispatch: bool | None = None,
+        mma_type: str = "fp8xfp4",
+        activation: str = "swiglu",
+    ) -> Any:
         import torch
 
         self._record("get_symm_buffer_for_mega_moe", self.num_sms)

@@ -89,7 +89,7 @@ def install_fake_mega_moe(
     # the loaders' post-load MegaMoE weight build sees the same fake
     monkeypatch.setattr(mega_moe_prep, "get_deep_gemm", lambda: dg)
     monkeypatch.setattr(moe_layer_mod, "get_tp_group_or_none", lambda: "ep-group")
-    blackwell = lambda device=None: DeviceSMInfo(0, _NUM_SMS, (10, 0))  # noqa: E731
+    blackwell = lambda device=None: DeviceSMInfo(0, _NUM_SMS, (10, 0))
     monkeypatch.setattr(mega_moe, "device_sm_info", blackwell)
     monkeypatch.setattr(sm_budget, "device_sm_info", blackwell)
     monkeypatch.setattr(

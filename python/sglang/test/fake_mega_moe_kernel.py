@@ -43,12 +43,16 @@ def fake_transform_sf_into_required_layout(
     **_: Any,
 ) -> Tensor:
     if tuple(recipe or ())[-2:] != MXFP4_SF_RECIPE or disable_ue8m0_cast:
-        raise NotImplementedError(f"the fake lays out UE8M0 (1, 32) scales only, got recipe {recipe}")
+        raise NotImplementedError(
+            f"the fake lays out UE8M0 (1, 32) scales only, got recipe {recipe}"
+        )
     squeeze = sf.dim() == 2
     groups = sf.unsqueeze(0) if squeeze else sf
     want = (num_groups or 1, mn, k // MXFP4_GROUP)
     if tuple(groups.shape) != want or k % (MXFP4_GROUP * SF_PER_INT32):
-        raise ValueError(f"scale shape {tuple(sf.shape)} does not fit mn={mn}, k={k}, groups={num_groups}")
+        raise ValueError(
+            f"scale shape {tuple(sf.shape)} does not fit mn={mn}, k={k}, groups={num_groups}"
+        )
     words = ue8m0_bytes(groups.float(), "sf").contiguous().view(torch.int32)  # [G, MN, K/128]
     # MN-major: the MN dim has stride 1, as TMA loads of the scale rows want.
     out = torch.empty(words.shape[0], words.shape[2], mn, dtype=torch.int32).transpose(1, 2)

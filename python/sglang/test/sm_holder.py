@@ -49,7 +49,9 @@ def _kernel() -> Any:
     return k
 
 
-def hold_sms(num_sms: int, hold_ms: float, side: torch.cuda.Stream, device: torch.device) -> torch.Tensor:
+def hold_sms(
+    num_sms: int, hold_ms: float, side: torch.cuda.Stream, device: torch.device
+) -> torch.Tensor:
     """Start ``num_sms`` holder CTAs on ``side``; the current stream waits (bounded) until all are
     resident, so work launched next really runs beside them. Returns their started counter."""
     import cupy

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
@@ -48,24 +47,47 @@ def _layer(dg, *, hidden: int, inter: int, experts: int, top_k: int, seed: int):
 
     config = DeepseekV4ModelConfig.from_dict(
         {
-            "vocab_size": 64, "hidden_size": hidden, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "head_dim": 64, "qk_rope_head_dim": 16, "q_lora_rank": 64, "o_lora_rank": 32,
-            "o_groups": 2, "sliding_window": 8, "compress_ratios": [0, 0], "num_hash_layers": 0,
-            "index_n_heads": 2, "index_head_dim": 32, "n_routed_experts": experts,
-            "num_experts_per_tok": top_k, "moe_intermediate_size": inter, "n_shared_experts": 1,
-            "swiglu_limit": 7.0, "routed_scaling_factor": 1.5,
+            "vocab_size": 64,
+            "hidden_size": hidden,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "head_dim": 64,
+            "qk_rope_head_dim": 16,
+            "q_lora_rank": 64,
+            "o_lora_rank": 32,
+            "o_groups": 2,
+            "sliding_window": 8,
+            "compress_ratios": [0, 0],
+            "num_hash_layers": 0,
+            "index_n_heads": 2,
+            "index_head_dim": 32,
+            "n_routed_experts": experts,
+            "num_experts_per_tok": top_k,
+            "moe_intermediate_size": inter,
+            "n_shared_experts": 1,
+            "swiglu_limit": 7.0,
+            "routed_scaling_factor": 1.5,
         }
-    )  # fmt: skip
+    )
     moe = DeepseekV4MoE(
-        config, 1, params_dtype=torch.bfloat16, moe_runner="triton", a2a_backend="megamoe",
+        config,
+        1,
+        params_dtype=torch.bfloat16,
+        moe_runner="triton",
+        a2a_backend="megamoe",
         device="cuda",
-    )  # fmt: skip
+    )
     gen = torch.Generator(device="cuda").manual_seed(seed)
     with torch.no_grad():
         for p in moe.parameters():
             p.copy_(torch.randn(p.shape, device="cuda", generator=gen) * p.shape[-1] ** -0.5)
-    q13, s13 = block_quant_weight_fp8(torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * hidden**-0.5, (128, 128))
-    q2, s2 = block_quant_weight_fp8(torch.randn(experts, hidden, inter, device="cuda", generator=gen) * inter**-0.5, (128, 128))
+    q13, s13 = block_quant_weight_fp8(
+        torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * hidden**-0.5,
+        (128, 128),
+    )
+    q2, s2 = block_quant_weight_fp8(
+        torch.randn(experts, hidden, inter, device="cuda", generator=gen) * inter**-0.5, (128, 128)
+    )
     moe.experts.load_local_weights(ExpertWeights(q13, q2, s13, s2))
     moe.experts.set_mega_weights(build_mega_moe_experts_weights(dg, q13, q2, s13, s2))
     return moe
@@ -90,9 +112,14 @@ def test_run_mega_routed_equals_the_normal_path(dg, t: int) -> None:  # type: ig
     moe = _layer(dg, hidden=4096, inter=2048, experts=256, top_k=6, seed=1)
     x, ids = _inputs(moe, t, seed=t)
     choice = mega_moe.choose_mega_backend(
-        dg, None, x, moe.experts.mega_weights, moe.experts.mega_params, device=x.device,
+        dg,
+        None,
+        x,
+        moe.experts.mega_weights,
+        moe.experts.mega_params,
+        device=x.device,
         local_weights=moe.experts.weights,
-    )  # fmt: skip
+    )
     assert choice.backend == "deep_gemm" and "fp8_mega_moe" in choice.why
     with torch.no_grad():
         shared = moe.shared_experts(x)
@@ -100,9 +127,17 @@ def test_run_mega_routed_equals_the_normal_path(dg, t: int) -> None:  # type: ig
         topk = moe.route(x, ids)
         w = moe.experts.weights
         routed = fused_experts(
-            x, w.w13, w.w2, topk.topk_weights, topk.topk_ids, activation="swiglu", swiglu_limit=7.0,
-            w13_scale=w.w13_scale, w2_scale=w.w2_scale, block_shape=(128, 128),
-        )  # fmt: skip
+            x,
+            w.w13,
+            w.w2,
+            topk.topk_weights,
+            topk.topk_ids,
+            activation="swiglu",
+            swiglu_limit=7.0,
+            w13_scale=w.w13_scale,
+            w2_scale=w.w2_scale,
+            block_shape=(128, 128),
+        )
     torch.cuda.synchronize()
     assert torch.isfinite(got).all()
     err = _rel(got, routed + shared)
@@ -143,7 +178,9 @@ def test_situ_and_wide_intermediate_go_to_our_triton_kernel(dg) -> None:  # type
         (mega_moe.MegaMoEParams(8, 2, 1024, 512, activation="situ"), "SwiGLU only"),
         (mega_moe.MegaMoEParams(8, 2, 1024, 4224), "intermediate <= 4096"),
     ):
-        choice = mega_moe.choose_mega_backend(dg, None, x, built, params, device=x.device, local_weights=local)
+        choice = mega_moe.choose_mega_backend(
+            dg, None, x, built, params, device=x.device, local_weights=local
+        )
         assert choice.backend == "triton" and why in choice.why, choice
 
 
@@ -165,7 +202,9 @@ def _waited(moe, x, ids, held: int) -> list[float]:  # type: ignore[no-untyped-d
     return times
 
 
-def test_reserve_keeps_the_kernel_off_a_side_stream_holder(dg, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+def test_reserve_keeps_the_kernel_off_a_side_stream_holder(
+    dg, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
     from sglang.srt.environ import envs
     from sglang.test.sm_holder import cupy_available
 
@@ -184,7 +223,9 @@ def test_reserve_keeps_the_kernel_off_a_side_stream_holder(dg, capsys: pytest.Ca
                     stalls = sum(t > HOLD_MS / 2 for t in times)
                     rows.append((reserve, held, stalls, times[len(times) // 2], times[-1]))
     with capsys.disabled():
-        print(f"\nSM90 fp8_mega_moe through _run_mega_routed, side-stream holder {HOLD_MS:.0f} ms, {LAUNCHES} launches")
+        print(
+            f"\nSM90 fp8_mega_moe through _run_mega_routed, side-stream holder {HOLD_MS:.0f} ms, {LAUNCHES} launches"
+        )
         print("| reserve | SMs held | launches that waited | median ms | max ms |")
         for reserve, held, stalls, med, worst in rows:
             print(f"| {reserve} | {held} | {stalls}/{LAUNCHES} | {med:.3f} | {worst:.3f} |")

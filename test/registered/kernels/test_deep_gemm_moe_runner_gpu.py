@@ -15,7 +15,6 @@ import sys
 
 import pytest
 import torch
-
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
@@ -43,7 +42,14 @@ def _reference(m: int, hidden, topk_w, topk_ids, weights, activation, limit):  #
     from sglang.kernels.ops.moe.fused_moe import fused_experts, fused_experts_torch
 
     fn = fused_experts_torch if m <= 512 else fused_experts
-    return fn(hidden, topk_weights=topk_w, topk_ids=topk_ids, activation=activation, swiglu_limit=limit, **weights)
+    return fn(
+        hidden,
+        topk_weights=topk_w,
+        topk_ids=topk_ids,
+        activation=activation,
+        swiglu_limit=limit,
+        **weights,
+    )
 
 
 @pytest.mark.parametrize("m", M_VALUES)
@@ -65,12 +71,16 @@ def test_deep_gemm_runner_matches_reference(dg, shape_name: str, fp8: bool, m: i
     layouts = ["contiguous", "auto"] + (["masked"] if m <= 512 else [])
     for layout in layouts:
         runner = DeepGemmMoERunner(MoERunConfig(activation, limit), deep_gemm=dg, layout=layout)  # type: ignore[arg-type]
-        poison_allocator(m * shape.top_k * (shape.hidden + 2 * shape.inter) * 4 + (64 << 20), hidden.device)
+        poison_allocator(
+            m * shape.top_k * (shape.hidden + 2 * shape.inter) * 4 + (64 << 20), hidden.device
+        )
         out = runner.run(hidden, TopKOutput(topk_w, topk_ids), weights)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), f"{layout}: unwritten or NaN rows"
         err = rel_err(out, want)
-        assert err < TOL[fp8], f"{shape_name} {'fp8' if fp8 else 'bf16'} M={m} {layout}: rel err {err:.3g}"
+        assert err < TOL[fp8], (
+            f"{shape_name} {'fp8' if fp8 else 'bf16'} M={m} {layout}: rel err {err:.3g}"
+        )
         if m > 2:
             assert (out[m // 2] == 0).all(), f"{layout}: a fully masked token must be zero"
 

@@ -20,7 +20,6 @@ import sys
 
 import pytest
 import torch
-
 from sglang.srt.layers import deep_gemm_adapter as adapter
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.fake_deep_gemm import FakeDeepGemmGemms, FakeMegaBuffer
@@ -53,7 +52,11 @@ def test_every_entry_point_resolves(dg, capability: str) -> None:  # type: ignor
 
 
 def _public(cls: type) -> list[str]:
-    return [n for n in dir(cls) if not n.startswith("_") and n not in _FAKE_ONLY and callable(getattr(cls, n))]
+    return [
+        n
+        for n in dir(cls)
+        if not n.startswith("_") and n not in _FAKE_ONLY and callable(getattr(cls, n))
+    ]
 
 
 def test_fake_has_the_real_names_and_signatures(dg) -> None:  # type: ignore[no-untyped-def]
@@ -94,13 +97,22 @@ def _staged(dg, t: int, hidden: int, topk: int, num_experts: int, seed: int):  #
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = (torch.randn(t, hidden, device="cuda", generator=gen) * 2).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(num_experts, device="cuda", generator=gen)[:topk] for _ in range(t)]).int()
+    ids = torch.stack(
+        [torch.randperm(num_experts, device="cuda", generator=gen)[:topk] for _ in range(t)]
+    ).int()
     w = torch.rand(t, topk, device="cuda", generator=gen)
     buf = _get_mega_moe_symm_buffer(
-        dg, None, num_experts=num_experts, num_max_tokens_per_rank=64, num_topk=topk, hidden=hidden,
+        dg,
+        None,
+        num_experts=num_experts,
+        num_max_tokens_per_rank=64,
+        num_topk=topk,
+        hidden=hidden,
         intermediate_hidden=256,
-    )  # fmt: skip
-    dg.mega_moe_pre_dispatch_sm90(x, ids, w, buf.x, buf.x_sf, buf.topk_idx, buf.topk_weights, num_tokens=t)
+    )
+    dg.mega_moe_pre_dispatch_sm90(
+        x, ids, w, buf.x, buf.x_sf, buf.topk_idx, buf.topk_weights, num_tokens=t
+    )
     cap = buf.x.shape[0]
     fake_buf = FakeMegaBuffer(
         x=torch.empty(cap, hidden, dtype=torch.float8_e4m3fn),
@@ -109,9 +121,15 @@ def _staged(dg, t: int, hidden: int, topk: int, num_experts: int, seed: int):  #
         topk_weights=torch.empty(cap, topk),
     )
     FakeDeepGemmGemms(arch=90).mega_moe_pre_dispatch_sm90(
-        x.cpu(), ids.cpu(), w.cpu(), fake_buf.x, fake_buf.x_sf, fake_buf.topk_idx,
-        fake_buf.topk_weights, num_tokens=t,
-    )  # fmt: skip
+        x.cpu(),
+        ids.cpu(),
+        w.cpu(),
+        fake_buf.x,
+        fake_buf.x_sf,
+        fake_buf.topk_idx,
+        fake_buf.topk_weights,
+        num_tokens=t,
+    )
     return x, ids, w, buf, fake_buf
 
 
@@ -124,7 +142,9 @@ def test_fake_sm90_pre_dispatch_stages_what_the_real_one_does(dg) -> None:  # ty
     # x * (1/s) on the GPU vs x / s here: a rare last-bit difference moves one FP8 step
     mismatch = (buf.x[:t].view(torch.uint8).cpu() != fake.x[:t].view(torch.uint8)).float().mean()
     assert mismatch < 1e-3 and float((real_x - fake_x).norm() / fake_x.norm()) < 1e-3
-    assert torch.equal(buf.topk_idx.cpu(), fake.topk_idx) and torch.equal(buf.topk_weights.cpu(), fake.topk_weights)
+    assert torch.equal(buf.topk_idx.cpu(), fake.topk_idx) and torch.equal(
+        buf.topk_weights.cpu(), fake.topk_weights
+    )
     assert torch.all(buf.topk_idx[t:] == -1)
 
 
@@ -135,22 +155,30 @@ def test_fake_sm90_kernel_computes_what_the_real_one_does(dg, clamp: float | Non
     t, hidden, inter, e, topk = 24, 512, 256, 8, 2
     _, _, _, buf, fake_buf = _staged(dg, t, hidden, topk, e, seed=3)
     gen = torch.Generator(device="cuda").manual_seed(4)
-    q13, s13 = block_quant_weight_fp8(torch.randn(e, 2 * inter, hidden, device="cuda", generator=gen) * 0.05, (128, 128))
-    q2, s2 = block_quant_weight_fp8(torch.randn(e, hidden, inter, device="cuda", generator=gen) * 0.05, (128, 128))
+    q13, s13 = block_quant_weight_fp8(
+        torch.randn(e, 2 * inter, hidden, device="cuda", generator=gen) * 0.05, (128, 128)
+    )
+    q2, s2 = block_quant_weight_fp8(
+        torch.randn(e, hidden, inter, device="cuda", generator=gen) * 0.05, (128, 128)
+    )
     l1, l2 = dg.transform_weights_for_mega_moe_sm90((q13, s13), (q2, s2))
     y = torch.full((t, hidden), float("nan"), device="cuda", dtype=torch.bfloat16)
     kw = {} if clamp is None else {"activation_clamp": clamp}
     dg.fp8_mega_moe(y, l1, l2, buf, **kw)
     ref = torch.empty(t, hidden, dtype=torch.bfloat16)
-    cpu = lambda p: (p[0].cpu(), p[1].cpu())  # noqa: E731
+    cpu = lambda p: (p[0].cpu(), p[1].cpu())
     reference_sm90_mega_moe(ref, cpu(l1), cpu(l2), fake_buf, activation_clamp=clamp)
     err = float((y.float().cpu() - ref.float()).norm() / ref.float().norm())
-    assert torch.isfinite(y).all() and err < 4e-2, err  # the real kernel requantises the intermediate to FP8
+    assert torch.isfinite(y).all() and err < 4e-2, (
+        err
+    )  # the real kernel requantises the intermediate to FP8
 
 
 def _probe_in(site: str, code: str) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, os.path.join(os.getcwd(), "python")])}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     return out.stdout + out.stderr
 
 
@@ -168,7 +196,9 @@ def test_wrong_torch_wheel_is_refused_before_import(wrong_site: str) -> None:
         "import sys; from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status as s; "
         "st = s(); print('USABLE', st.usable, st.reason); print('IMPORTED', 'deep_gemm' in sys.modules)",
     )
-    assert "USABLE False" in out and "was built for torch 2.13" in out and "IMPORTED False" in out, out
+    assert (
+        "USABLE False" in out and "was built for torch 2.13" in out and "IMPORTED False" in out
+    ), out
     assert out.count("DeepGEMM unusable") == 1, out
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 from sglang.test.ci_register import register_cuda_ci
@@ -39,13 +38,17 @@ def test_full_grid_completes_when_gpu_is_free(setup: tuple[torch.device, object]
         assert not result.timed_out, f"occupancy {occ} overestimated: the free GPU cannot hold it"
 
 
-def test_full_grid_times_out_while_side_stream_holds_a_slot(setup: tuple[torch.device, object]) -> None:
+def test_full_grid_times_out_while_side_stream_holds_a_slot(
+    setup: tuple[torch.device, object],
+) -> None:
     from sglang.kernels.ops.grid_barrier import run_trial
 
     device, occ = setup
     side = torch.cuda.Stream(device)
     for i in range(REPEATS):
-        result = run_trial(occ.full_grid, timeout_ms=TIMEOUT_MS, hold_ms=HOLD_MS, device=device, side_stream=side)
+        result = run_trial(
+            occ.full_grid, timeout_ms=TIMEOUT_MS, hold_ms=HOLD_MS, device=device, side_stream=side
+        )
         assert result.timed_out, f"run {i}: the full grid should not fit beside the held slot"
         assert result.elapsed_ms < HOLD_MS * 5, "the bounded wait must end the launch"
 
@@ -61,7 +64,13 @@ def test_budget_sized_grid_completes_while_side_stream_holds_a_slot(
     assert budget == occ.num_sms - 2 - (occ.num_sms - 2) % 2
     side = torch.cuda.Stream(device)
     for i in range(REPEATS):
-        result = run_trial(occ.ctas_per_sm * budget, timeout_ms=TIMEOUT_MS, hold_ms=HOLD_MS, device=device, side_stream=side)
+        result = run_trial(
+            occ.ctas_per_sm * budget,
+            timeout_ms=TIMEOUT_MS,
+            hold_ms=HOLD_MS,
+            device=device,
+            side_stream=side,
+        )
         assert not result.timed_out, f"run {i}: the budget-sized grid must complete"
         assert result.elapsed_ms < TIMEOUT_MS, "it must not have waited for the held slot"
 

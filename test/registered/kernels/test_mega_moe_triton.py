@@ -39,8 +39,20 @@ interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpr
 def test_mega_kernel_under_interpreter() -> None:
     root = Path(__file__).resolve().parents[3]
     env = dict(os.environ, TRITON_INTERPRET="1", **{_FLAG: "1"})
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-k", "interp_", "-p", "no:cacheprovider"]
-    proc = subprocess.run(cmd, check=False, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(Path(__file__).resolve()),
+        "-q",
+        "-k",
+        "interp_",
+        "-p",
+        "no:cacheprovider",
+    ]
+    proc = subprocess.run(
+        cmd, check=False, cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail
     assert "skipped" not in proc.stdout.splitlines()[-1], tail
@@ -49,16 +61,25 @@ def test_mega_kernel_under_interpreter() -> None:
 def _tiny_config() -> MegaMoEConfig:
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoEConfig
 
-    return MegaMoEConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, num_warps=4, num_stages=2)
+    return MegaMoEConfig(
+        block_m=16, block_n1=16, block_n2=32, block_k=32, num_warps=4, num_stages=2
+    )
 
 
 @interp_only
 @pytest.mark.parametrize("activation,limit", ACTS)
 @pytest.mark.parametrize(
     "shape,grid",
-    [((1, 4, 2, 64, 32), 1), ((9, 6, 3, 64, 64), 3), ((13, 5, 4, 96, 32), 7), ((40, 8, 2, 64, 32), 2)],
+    [
+        ((1, 4, 2, 64, 32), 1),
+        ((9, 6, 3, 64, 64), 3),
+        ((13, 5, 4, 96, 32), 7),
+        ((40, 8, 2, 64, 32), 2),
+    ],
 )
-def test_interp_mega_fp32(activation: str, limit: float | None, shape: tuple[int, ...], grid: int) -> None:
+def test_interp_mega_fp32(
+    activation: str, limit: float | None, shape: tuple[int, ...], grid: int
+) -> None:
     from sglang.kernels.ops.moe.fused_moe import fused_experts_torch
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoELaunch, mega_fused_experts
 
@@ -74,9 +95,14 @@ def test_interp_mega_fp32(activation: str, limit: float | None, shape: tuple[int
         out = torch.full_like(want, float("nan"))
         info: list[MegaMoELaunch] = []
         got = mega_fused_experts(
-            **moe, activation=activation, swiglu_limit=limit, num_sms=grid, out=out, config=_tiny_config(),
+            **moe,
+            activation=activation,
+            swiglu_limit=limit,
+            num_sms=grid,
+            out=out,
+            config=_tiny_config(),
             launch_info=info,
-        )  # fmt: skip
+        )
         info[-1].check()
         assert got.data_ptr() == out.data_ptr() and torch.isfinite(out).all()
         if masked:
@@ -95,7 +121,9 @@ def test_interp_mega_fp8(activation: str, limit: float | None) -> None:
     want = fused_experts_torch(**moe, activation=activation, swiglu_limit=limit)
     out = torch.full_like(want, float("nan"))
     cfg = MegaMoEConfig(16, 32, 64, 128, 4, 2)
-    mega_fused_experts(**moe, activation=activation, swiglu_limit=limit, num_sms=3, out=out, config=cfg)
+    mega_fused_experts(
+        **moe, activation=activation, swiglu_limit=limit, num_sms=3, out=out, config=cfg
+    )
     assert torch.isfinite(out).all()
     # Loose: the interpreter's fp8 cast halves some values (module docstring); the GPU test is exact.
     assert rel_err(out, want) < 0.2
@@ -106,9 +134,16 @@ def test_interp_whole_grid_barrier_reports() -> None:
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoEWaitTimeout, mega_fused_experts
 
     moe = make_moe(5, 4, 2, 64, 32, torch.float32, fp8=False, seed=9)
-    with pytest.raises(MegaMoEWaitTimeout, match=r"grid of 2 CTAs.*SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS"):
+    with pytest.raises(
+        MegaMoEWaitTimeout, match=r"grid of 2 CTAs.*SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS"
+    ):
         got = mega_fused_experts(
-            **moe, num_sms=2, config=_tiny_config(), whole_grid_sync=True, timeout_ms=20.0, launch_info=(info := [])
+            **moe,
+            num_sms=2,
+            config=_tiny_config(),
+            whole_grid_sync=True,
+            timeout_ms=20.0,
+            launch_info=(info := []),
         )
         info[-1].check()
     # The error cleared the workspace: a normal launch is right again.
@@ -145,7 +180,9 @@ def test_unsupported_shapes_are_named() -> None:
     assert "intermediate size 100" in (unsupported_reason(4096, 100, False, (128, 128), cfg) or "")
     assert "hidden size 4000" in (unsupported_reason(4000, 2048, False, (128, 128), cfg) or "")
     assert "128x128" in (unsupported_reason(4096, 2048, True, (64, 64), cfg) or "")
-    assert "block_n1 dividing 128" in (unsupported_reason(4096, 2304, True, (128, 128), MegaMoEConfig(16, 96, 64, 128, 4, 4)) or "")
+    assert "block_n1 dividing 128" in (
+        unsupported_reason(4096, 2304, True, (128, 128), MegaMoEConfig(16, 96, 64, 128, 4, 4)) or ""
+    )
     fp8_cfg = MegaMoEConfig(16, 32, 128, 128, 4, 4, 3)
     assert unsupported_reason(4096, 2048, True, (128, 128), fp8_cfg) is None
 
@@ -177,9 +214,15 @@ def test_backend_choice_names_why_each_kernel_is_unusable(caplog: pytest.LogCapt
     log_utils._said.clear()  # log_once: say it again for this test
     with caplog.at_level("WARNING"):
         got = try_run_mega_routed(
-            None, TwoRanks(), x, moe["topk_ids"], moe["topk_weights"], None,
-            MegaMoEParams(4, 2, 128, 128), local_weights=w,
-        )  # fmt: skip
+            None,
+            TwoRanks(),
+            x,
+            moe["topk_ids"],
+            moe["topk_weights"],
+            None,
+            MegaMoEParams(4, 2, 128, 128),
+            local_weights=w,
+        )
     assert got is None
     text = caplog.text
     assert "MegaMoE weights were not built" in text and "needs a CUDA device" in text

@@ -45,9 +45,15 @@ def run_mega(hidden, topk_w, topk_ids, kw, *, num_sms=None, out=None, **extra):
 
     info: list[MegaMoELaunch] = []
     got = mega_fused_experts(
-        hidden, topk_weights=topk_w, topk_ids=topk_ids, num_sms=num_sms or budget(), out=out,
-        launch_info=info, **kw, **extra,
-    )  # fmt: skip
+        hidden,
+        topk_weights=topk_w,
+        topk_ids=topk_ids,
+        num_sms=num_sms or budget(),
+        out=out,
+        launch_info=info,
+        **kw,
+        **extra,
+    )
     info[-1].check()
     return got, info[-1]
 
@@ -67,13 +73,17 @@ def test_mega_matches_reference(shape_name: str, fp8: bool, m: int) -> None:
         kw = dict(weights, activation=activation, swiglu_limit=limit)
         want = fused_experts_torch(hidden, topk_weights=topk_w, topk_ids=topk_ids, **kw)
         two = fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, **kw)
-        poison_allocator(m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20), hidden.device)
+        poison_allocator(
+            m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20), hidden.device
+        )
         out = torch.full_like(hidden, float("nan"))
         got, launch = run_mega(hidden, topk_w, topk_ids, kw, out=out)
         assert got.data_ptr() == out.data_ptr(), "out= must receive the result"
         assert torch.isfinite(out).all(), f"{activation}: unwritten or NaN rows"
         err = rel_err(out, want)
-        assert err < tol, f"{shape_name} {'fp8' if fp8 else 'bf16'} M={m} {activation}: rel err {err:.3g}"
+        assert err < tol, (
+            f"{shape_name} {'fp8' if fp8 else 'bf16'} M={m} {activation}: rel err {err:.3g}"
+        )
         # Same roundings as the two-launch kernel, so the two agree far better than either
         # agrees with the reference.
         assert rel_err(out, two) < tol / 4
@@ -107,7 +117,9 @@ def test_cuda_graph_replay() -> None:
     with torch.cuda.graph(graph, stream=stream):
         from sglang.kernels.ops.moe.mega_moe_triton import mega_fused_experts
 
-        mega_fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, num_sms=budget(), out=out, **kw)
+        mega_fused_experts(
+            hidden, topk_weights=topk_w, topk_ids=topk_ids, num_sms=budget(), out=out, **kw
+        )
     for seed in (8, 9, 10):
         h2, w2, i2 = routing(16, shape, seed=seed)
         hidden.copy_(h2)
@@ -146,11 +158,15 @@ def test_forced_whole_grid_wait_reports_instead_of_hanging() -> None:
     hidden, topk_w, topk_ids = routing(8, shape, seed=12)
     want, launch = run_mega(hidden, topk_w, topk_ids, kw)
     c = launch.compiled
-    per_sm = resident_ctas_per_sm(int(c.n_regs), int(c.metadata.shared), c.metadata.num_warps, props)
+    per_sm = resident_ctas_per_sm(
+        int(c.n_regs), int(c.metadata.shared), c.metadata.num_warps, props
+    )
     side = torch.cuda.Stream(device)
     full = props.multi_processor_count * per_sm
     # Compile the barrier variant first: compiling after the hold starts would outlast it.
-    got, _ = run_mega(hidden, topk_w, topk_ids, kw, grid=full, whole_grid_sync=True, timeout_ms=1000.0)
+    got, _ = run_mega(
+        hidden, topk_w, topk_ids, kw, grid=full, whole_grid_sync=True, timeout_ms=1000.0
+    )
     assert torch.equal(got, want)
     hold_sms(1, 300.0, side, device)
     with pytest.raises(MegaMoEWaitTimeout, match="SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS"):
@@ -159,14 +175,24 @@ def test_forced_whole_grid_wait_reports_instead_of_hanging() -> None:
     # The budget leaves room for what is held: the same barrier completes, and the workspace
     # was cleaned after the error, so results are right again.
     hold_sms(2, 300.0, side, device)
-    got, _ = run_mega(hidden, topk_w, topk_ids, kw, grid=budget() * per_sm, whole_grid_sync=True, timeout_ms=1000.0)
+    got, _ = run_mega(
+        hidden,
+        topk_w,
+        topk_ids,
+        kw,
+        grid=budget() * per_sm,
+        whole_grid_sync=True,
+        timeout_ms=1000.0,
+    )
     assert torch.equal(got, want)
     got, _ = run_mega(hidden, topk_w, topk_ids, kw)
     assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_moe_layer_megamoe_backend_runs_the_triton_kernel(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_moe_layer_megamoe_backend_runs_the_triton_kernel(
+    fp8: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``--moe-a2a-backend megamoe`` on one Hopper GPU without DeepGEMM: the layer takes our
     kernel (not the fallback) and gives the normal path's result."""
     import sglang.srt.layers.moe.mega_moe_triton_backend as backend
@@ -179,10 +205,21 @@ def test_moe_layer_megamoe_backend_runs_the_triton_kernel(fp8: bool, monkeypatch
     full = ExpertWeights(w["w13"], w["w2"], w.get("w13_scale"), w.get("w2_scale"))
     calls = []
     real = backend.run_triton_mega_routed
-    monkeypatch.setattr(backend, "run_triton_mega_routed", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        backend, "run_triton_mega_routed", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
     outs = {}
     for a2a in ("none", "megamoe"):
-        cfg = FusedMoEConfig(shape.experts, shape.hidden, shape.inter, shape.top_k, "swiglu", shape.swiglu_limit, "triton", a2a)
+        cfg = FusedMoEConfig(
+            shape.experts,
+            shape.hidden,
+            shape.inter,
+            shape.top_k,
+            "swiglu",
+            shape.swiglu_limit,
+            "triton",
+            a2a,
+        )
         layer = FusedMoE(cfg, device="cuda")
         layer.load_weights(full)
         hidden, topk_w, topk_ids = routing(24, shape, seed=21)

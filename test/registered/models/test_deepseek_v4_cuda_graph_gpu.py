@@ -36,9 +36,12 @@ STEPS = 40
 def _model(a2a_backend: str = "none") -> DeepseekV4ForCausalLM:
     raw = default_model_config(VOCAB, 0, 1)
     model = DeepseekV4ForCausalLM(
-        DeepseekV4ModelConfig.from_dict(raw), dtype=torch.bfloat16, device="cuda",
-        moe_runner="triton", a2a_backend=a2a_backend,
-    )  # fmt: skip
+        DeepseekV4ModelConfig.from_dict(raw),
+        dtype=torch.bfloat16,
+        device="cuda",
+        moe_runner="triton",
+        a2a_backend=a2a_backend,
+    )
     load_weights(model, random_weights(raw, seed=7), progress=False)
     model.eval()
     model.enable_slot_pool(max_slots=3 * len(LENGTHS), capacity=512)
@@ -55,14 +58,18 @@ def _mean_rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("a2a_backend", ["none", "megamoe"])
-def test_graph_replay_equals_eager_static_and_reference(a2a_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_graph_replay_equals_eager_static_and_reference(
+    a2a_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # megamoe on one GPU without DeepGEMM: every MoE layer runs our Triton MegaMoE kernel,
     # captured in the graph like the two-launch runner.
     import sglang.srt.layers.moe.mega_moe_triton_backend as backend
 
     mega_calls: list[int] = []
     real = backend.run_triton_mega_routed
-    monkeypatch.setattr(backend, "run_triton_mega_routed", lambda *a, **k: mega_calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        backend, "run_triton_mega_routed", lambda *a, **k: mega_calls.append(1) or real(*a, **k)
+    )
     model = _model(a2a_backend)
     graphs = CudaGraphRunner(model, SIZES, torch.device("cuda"))
     graphs.capture()
@@ -86,12 +93,16 @@ def test_graph_replay_equals_eager_static_and_reference(a2a_backend: str, monkey
             worst = max(worst, _mean_rel(got, ref))
             agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
             total += bs
-        print(f"bs {bs} (padded {size}): mean rel err vs reference {worst:.4f}, "
-              f"greedy agreement {agree}/{total}")  # fmt: skip
+        print(
+            f"bs {bs} (padded {size}): mean rel err vs reference {worst:.4f}, "
+            f"greedy agreement {agree}/{total}"
+        )
         assert worst < 0.05 and agree >= 0.95 * total
         for cache in replayed + static:
             model.free_pooled_cache(cache)
-    assert bool(mega_calls) == (a2a_backend == "megamoe"), "megamoe must take the Triton MegaMoE kernel"
+    assert bool(mega_calls) == (a2a_backend == "megamoe"), (
+        "megamoe must take the Triton MegaMoE kernel"
+    )
 
 
 def test_replay_after_slot_reuse_and_padding_rows() -> None:

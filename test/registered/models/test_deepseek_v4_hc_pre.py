@@ -43,9 +43,13 @@ def test_hc_pre_torch_impl_matches_transformers(hc: int) -> None:
     h, t = 48, 7
     residual, (fn, scale, base, norm_w) = _random_pre(h, hc, t, "cpu")
     cfg = tfm.DeepseekV4Config(
-        hidden_size=h, hc_mult=hc, hc_sinkhorn_iters=MIX["sinkhorn_iters"], hc_eps=MIX["hc_eps"],
-        rms_norm_eps=MIX["rms_eps"], num_hidden_layers=1,
-    )  # fmt: skip
+        hidden_size=h,
+        hc_mult=hc,
+        hc_sinkhorn_iters=MIX["sinkhorn_iters"],
+        hc_eps=MIX["hc_eps"],
+        rms_norm_eps=MIX["rms_eps"],
+        num_hidden_layers=1,
+    )
     hyper = tfm.DeepseekV4HyperConnection(cfg)
     norm = tfm.DeepseekV4RMSNorm(h, eps=MIX["norm_eps"])
     with torch.no_grad():

@@ -33,9 +33,16 @@ register_cpu_ci(est_time=25)
 T = 140  # crosses the window, many ratio-4 blocks and one ratio-128 block
 # Dense weights the release ships as FP8 128x128 blocks (see the design notes).
 _FP8_SUFFIXES = (
-    "attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
-    "attn.indexer.wq_b.weight", "shared_experts.w1.weight", "shared_experts.w2.weight", "shared_experts.w3.weight",
-)  # fmt: skip
+    "attn.wq_a.weight",
+    "attn.wq_b.weight",
+    "attn.wkv.weight",
+    "attn.wo_a.weight",
+    "attn.wo_b.weight",
+    "attn.indexer.wq_b.weight",
+    "shared_experts.w1.weight",
+    "shared_experts.w2.weight",
+    "shared_experts.w3.weight",
+)
 
 
 @pytest.fixture(scope="module")

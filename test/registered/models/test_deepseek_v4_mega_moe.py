@@ -74,9 +74,14 @@ def _experts(seed: int) -> ExpertWeights:
 
 def _moe(layer_id: int, a2a: str, tp_rank: int = 0, tp_size: int = 1) -> DeepseekV4MoE:
     moe = DeepseekV4MoE(
-        _config(), layer_id, params_dtype=torch.float32, tp_rank=tp_rank, tp_size=tp_size,
-        moe_runner="torch", a2a_backend=a2a,  # type: ignore[arg-type]
-    )  # fmt: skip
+        _config(),
+        layer_id,
+        params_dtype=torch.float32,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        moe_runner="torch",
+        a2a_backend=a2a,  # type: ignore[arg-type]
+    )
     _fill(moe, seed=layer_id)
     moe.experts.load_weights(_experts(seed=layer_id))
     if a2a == "megamoe":

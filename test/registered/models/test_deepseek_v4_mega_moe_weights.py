@@ -54,7 +54,9 @@ def mxfp4_release_checkpoint(state: dict[str, torch.Tensor]) -> dict[str, torch.
             out[name] = t
             continue
         inter = t.shape[1] // 2
-        parts = {"w1": t[:, :inter], "w3": t[:, inter:]} if m.group(2) == "gate_up_proj" else {"w2": t}
+        parts = (
+            {"w1": t[:, :inter], "w3": t[:, inter:]} if m.group(2) == "gate_up_proj" else {"w2": t}
+        )
         for w, stacked in parts.items():
             packed, scale = quant_mxfp4(stacked)
             for e in range(t.shape[0]):
@@ -64,11 +66,15 @@ def mxfp4_release_checkpoint(state: dict[str, torch.Tensor]) -> dict[str, torch.
     return out
 
 
-def _model(overrides: dict[str, Any], ckpt: dict[str, torch.Tensor], a2a: str) -> DeepseekV4ForCausalLM:
+def _model(
+    overrides: dict[str, Any], ckpt: dict[str, torch.Tensor], a2a: str
+) -> DeepseekV4ForCausalLM:
     model = DeepseekV4ForCausalLM(
-        DeepseekV4ModelConfig.from_dict({**overrides, "model_type": "deepseek_v4"}), dtype=torch.float32,
-        moe_runner="torch", a2a_backend=a2a,  # type: ignore[arg-type]
-    )  # fmt: skip
+        DeepseekV4ModelConfig.from_dict({**overrides, "model_type": "deepseek_v4"}),
+        dtype=torch.float32,
+        moe_runner="torch",
+        a2a_backend=a2a,  # type: ignore[arg-type]
+    )
     load_weights(model, ckpt, progress=False)
     return model.eval()
 
@@ -79,7 +85,11 @@ def _kernel_numerics(model: DeepseekV4ForCausalLM, monkeypatch: pytest.MonkeyPat
     for layer in model.decoder_layers:
         experts = layer.ffn.experts
         run = experts.forward
-        monkeypatch.setattr(experts, "forward", lambda x, topk, run=run, **kw: run(fp8_staged(x), topk, **kw).bfloat16().to(x.dtype))
+        monkeypatch.setattr(
+            experts,
+            "forward",
+            lambda x, topk, run=run, **kw: run(fp8_staged(x), topk, **kw).bfloat16().to(x.dtype),
+        )
 
 
 @pytest.mark.parametrize("base", [CONFIG_A, CONFIG_C], ids=["hash+yarn", "two-streams"])
@@ -115,7 +125,10 @@ def test_mega_path_with_built_weights_matches_normal_path(
     with torch.no_grad():
         got = mega(ids, torch.arange(12))
     names = [n for n, _ in rec.dg.calls]
-    assert names.count("fp8_fp4_mega_moe") == layers and names.count("transform_sf_into_required_layout") == 2 * layers
+    assert (
+        names.count("fp8_fp4_mega_moe") == layers
+        and names.count("transform_sf_into_required_layout") == 2 * layers
+    )
     assert rec.all_reduces == []
 
     # each layer: the kernel's rows == the normal layer's on the same staged input
@@ -123,7 +136,9 @@ def test_mega_path_with_built_weights_matches_normal_path(
     for i, (x, topk, y) in enumerate(seen):
         with torch.no_grad():
             want = normal.decoder_layers[i].ffn.experts(fp8_staged(x), topk)
-        torch.testing.assert_close(y.float(), want, rtol=1e-2, atol=1e-3, msg=lambda m, i=i: f"layer {i}: {m}")
+        torch.testing.assert_close(
+            y.float(), want, rtol=1e-2, atol=1e-3, msg=lambda m, i=i: f"layer {i}: {m}"
+        )
     # the whole model: against the normal path with the kernel's numerics
     _kernel_numerics(normal, monkeypatch)
     with torch.no_grad():
@@ -142,7 +157,9 @@ def test_bf16_experts_keep_the_normal_path_with_one_warning(
     with caplog.at_level(logging.WARNING, logger="sglang"):
         model = _model(overrides, state, "megamoe")
     assert all(layer.ffn.experts.mega_weights is None for layer in model.decoder_layers)
-    assert any("MegaMoE weights are not built (bf16 experts)" in r.getMessage() for r in caplog.records)
+    assert any(
+        "MegaMoE weights are not built (bf16 experts)" in r.getMessage() for r in caplog.records
+    )
 
 
 if __name__ == "__main__":

@@ -29,19 +29,35 @@ REL_TOL = 1e-4
 # Every 1-3 layer mix (and one random mix) on each path, with other random structures per path.
 SEEDS = range(len(ALL_MIXES) + 1)
 ISSUE_CONFIG = {
-    "vocab_size": 96, "hidden_size": 64, "moe_intermediate_size": 32, "num_attention_heads": 4,
-    "head_dim": 32, "qk_rope_head_dim": 8, "q_lora_rank": 16, "o_groups": 2, "o_lora_rank": 8,
-    "n_routed_experts": 4, "num_experts_per_tok": 2, "index_n_heads": 2, "index_head_dim": 16,
-    "index_topk": 5, "sliding_window": 16, "compress_ratios": [128, 4, 0, 4],
-    "num_hidden_layers": 4, "num_hash_layers": 2, "max_position_embeddings": 4096,
-}  # fmt: skip
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "head_dim": 32,
+    "qk_rope_head_dim": 8,
+    "q_lora_rank": 16,
+    "o_groups": 2,
+    "o_lora_rank": 8,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "index_n_heads": 2,
+    "index_head_dim": 16,
+    "index_topk": 5,
+    "sliding_window": 16,
+    "compress_ratios": [128, 4, 0, 4],
+    "num_hidden_layers": 4,
+    "num_hash_layers": 2,
+    "max_position_embeddings": 4096,
+}
 ISSUE_LENGTHS = (*range(30, 48), 128, 129, 140, 150)
 
 
 def _check(case: SweepCase) -> None:
     r = run_case(case)
-    print(f"{case.label} lengths {case.prompt_lens}: max err {r.max_err:.1e}, near-ties "
-          f"{r.near_ties}, tied top-k rows {r.tie_breaks}")  # fmt: skip
+    print(
+        f"{case.label} lengths {case.prompt_lens}: max err {r.max_err:.1e}, near-ties "
+        f"{r.near_ties}, tied top-k rows {r.tie_breaks}"
+    )
     assert r.ok, f"{case.label} lengths {case.prompt_lens}: diverged at {r.first_divergence}"
     assert r.max_err <= REL_TOL * r.max_ref, (case.label, r.max_err, r.max_ref)
 
@@ -54,8 +70,11 @@ def test_eager_greedy_matches_transformers(seed: int) -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_slot_pool_static_decode_matches_transformers(seed: int) -> None:
     mix = ALL_MIXES[seed] if seed < len(ALL_MIXES) else None
-    _check(random_case(seed + 1000, max_len=300, num_prompts=3, new_tokens=6, path="pooled",
-                       ratios=mix))  # fmt: skip
+    _check(
+        random_case(
+            seed + 1000, max_len=300, num_prompts=3, new_tokens=6, path="pooled", ratios=mix
+        )
+    )
 
 
 def test_reported_lengths_and_config() -> None:
@@ -65,8 +84,10 @@ def test_reported_lengths_and_config() -> None:
 
 def test_transformers_tie_order_is_what_diverged() -> None:
     r = run_case(SweepCase(14, ISSUE_CONFIG, ISSUE_LENGTHS, 3, None, "eager"), tie_rule=False)
-    print(f"torch.topk tie order: first divergence (prompt length, row) {r.first_divergence}, "
-          f"tied rows {r.tie_breaks}, max err {r.max_err:.2f}")  # fmt: skip
+    print(
+        f"torch.topk tie order: first divergence (prompt length, row) {r.first_divergence}, "
+        f"tied rows {r.tie_breaks}, max err {r.max_err:.2f}"
+    )
     assert r.tie_breaks > 0 and not r.ok, "torch.topk's tie order should differ from ours here"
 
 

@@ -34,11 +34,17 @@ SEEDS = range(len(ALL_MIXES) + 1)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_cuda_greedy_matches_transformers(seed: int, path: str) -> None:
     case = random_case(
-        seed, max_len=300, num_prompts=3, new_tokens=8, path=path  # type: ignore[arg-type]
+        seed,
+        max_len=300,
+        num_prompts=3,
+        new_tokens=8,
+        path=path,  # type: ignore[arg-type]
     )
     r = run_case(case, device="cuda", margin_tol=None)
-    print(f"{case.label} lengths {case.prompt_lens}: max err {r.max_err:.1e}, near-ties "
-          f"{r.near_ties}, tied top-k rows {r.tie_breaks}")  # fmt: skip
+    print(
+        f"{case.label} lengths {case.prompt_lens}: max err {r.max_err:.1e}, near-ties "
+        f"{r.near_ties}, tied top-k rows {r.tie_breaks}"
+    )
     assert r.ok, f"{case.label} lengths {case.prompt_lens}: diverged at {r.first_divergence}"
     assert r.max_err <= REL_TOL * r.max_ref, (case.label, r.max_err, r.max_ref)
 

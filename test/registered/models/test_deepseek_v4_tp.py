@@ -27,9 +27,14 @@ def _load(model_dir: str, rank: int, world: int, a2a: str):  # type: ignore[no-u
     from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
 
     return load_deepseek_v4(
-        model_dir, dtype=torch.float32, tp_rank=rank, tp_size=world, moe_runner="torch",
-        a2a_backend=a2a, progress=False,  # type: ignore[arg-type]
-    )  # fmt: skip
+        model_dir,
+        dtype=torch.float32,
+        tp_rank=rank,
+        tp_size=world,
+        moe_runner="torch",
+        a2a_backend=a2a,
+        progress=False,  # type: ignore[arg-type]
+    )
 
 
 def _rank_logits(

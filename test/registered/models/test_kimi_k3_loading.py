@@ -112,11 +112,22 @@ def test_checkpoint_names_map_to_model_names() -> None:
 
 def test_release_schedule_is_one_based() -> None:
     mla = [*range(4, 93, 4), 93]
-    raw = {**CONFIG_A, "num_hidden_layers": 93, "linear_attn_config": {
-        **CONFIG_A["linear_attn_config"], "full_attn_layers": mla,
-        "kda_layers": [i for i in range(1, 94) if i not in mla]}}  # fmt: skip
-    c = KimiK3Config.from_dict({"model_type": "kimi_k3", "text_config": raw,
-                                "quantization_config": {"format": "mxfp4-pack-quantized"}})  # fmt: skip
+    raw = {
+        **CONFIG_A,
+        "num_hidden_layers": 93,
+        "linear_attn_config": {
+            **CONFIG_A["linear_attn_config"],
+            "full_attn_layers": mla,
+            "kda_layers": [i for i in range(1, 94) if i not in mla],
+        },
+    }
+    c = KimiK3Config.from_dict(
+        {
+            "model_type": "kimi_k3",
+            "text_config": raw,
+            "quantization_config": {"format": "mxfp4-pack-quantized"},
+        }
+    )
     assert [i for i in range(93) if not c.is_kda(i)] == [*range(3, 92, 4), 92] and len(mla) == 24
     assert c.layer_kinds[91:] == ("mla", "mla") and c.expert_quant_format == "mxfp4"
 
@@ -154,8 +165,9 @@ def source_model() -> KimiK3ForCausalLM:
     return model
 
 
-def test_released_naming_with_mxfp4_experts_loads_exactly(source_model: KimiK3ForCausalLM,
-                                                          caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_released_naming_with_mxfp4_experts_loads_exactly(
+    source_model: KimiK3ForCausalLM, caplog: pytest.LogCaptureFixture
+) -> None:
     ckpt = export_checkpoint(source_model)
     ckpt["vision_tower.patch_embed.proj.weight"] = torch.zeros(4, 4)
     ckpt["mm_projector.linear_1.weight"] = torch.zeros(4, 4)
@@ -277,8 +289,15 @@ def _rank_logits(
     ps.initialize_model_parallel(world)
     out: dict[str, torch.Tensor] = {}
     for a2a in ("none", "megamoe"):
-        model = load_kimi_k3(model_dir, dtype=torch.float32, tp_rank=rank, tp_size=world, moe_runner="torch",
-                             a2a_backend=a2a, progress=False)  # type: ignore[arg-type]  # fmt: skip
+        model = load_kimi_k3(
+            model_dir,
+            dtype=torch.float32,
+            tp_rank=rank,
+            tp_size=world,
+            moe_runner="torch",
+            a2a_backend=a2a,
+            progress=False,
+        )  # type: ignore[arg-type]
         out[a2a] = model(ids, torch.arange(ids.shape[0]))
     cache = model.new_request_cache()
     steps = [model.prefill(ids[:9], cache)] + [

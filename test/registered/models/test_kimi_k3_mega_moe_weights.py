@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 import torch
 from sglang.srt.model_loader.kimi_k3_loader import load_weights
-from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
-from sglang.srt.models.kimi_k3 import _forward_mega_experts
+from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM, _forward_mega_experts
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe, mxfp4_mega_experts
@@ -30,14 +29,23 @@ from test_kimi_k3_tiny import CONFIG_A, config, make_model, random_experts, rand
 register_cpu_ci(est_time=10)
 
 # MegaMoE's shapes: latent a multiple of 512, expert width a multiple of 128.
-MEGA: dict[str, Any] = {**CONFIG_A, "routed_expert_hidden_size": 512, "moe_intermediate_size": 128,
-                        "num_experts": 4, "num_experts_per_token": 2}  # fmt: skip
+MEGA: dict[str, Any] = {
+    **CONFIG_A,
+    "routed_expert_hidden_size": 512,
+    "moe_intermediate_size": 128,
+    "num_experts": 4,
+    "num_experts_per_token": 2,
+}
 
 
 def _kernel_numerics(experts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Normal-path experts with the MegaMoE kernel's input staging and bf16 output."""
     run = experts.forward
-    monkeypatch.setattr(experts, "forward", lambda z, topk, **kw: run(fp8_staged(z), topk, **kw).bfloat16().to(z.dtype))
+    monkeypatch.setattr(
+        experts,
+        "forward",
+        lambda z, topk, **kw: run(fp8_staged(z), topk, **kw).bfloat16().to(z.dtype),
+    )
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -50,9 +58,12 @@ def test_latent_moe_block_mega_path_equals_normal_path(monkeypatch: pytest.Monke
     for a2a in ("none", "megamoe"):
         mega = _forward_mega_experts if a2a == "megamoe" else None
         blocks[a2a] = KimiK3MoE(
-            config(MEGA), params_dtype=torch.float32, moe_runner="torch", a2a_backend=a2a,  # type: ignore[arg-type]
+            config(MEGA),
+            params_dtype=torch.float32,
+            moe_runner="torch",
+            a2a_backend=a2a,  # type: ignore[arg-type]
             mega_experts=mega,
-        )  # fmt: skip
+        )
         randomize_(blocks[a2a], seed=4)
     rounded, mega = mxfp4_mega_experts(rec.dg, random_experts(blocks["none"], seed=4))
     for block in blocks.values():
@@ -75,7 +86,9 @@ def test_loader_builds_mega_weights_and_logits_match(monkeypatch: pytest.MonkeyP
     ids = tokens(10, seed=7)
 
     def loaded(a2a: str) -> KimiK3ForCausalLM:
-        model = KimiK3ForCausalLM(config(MEGA), dtype=torch.float32, moe_runner="torch", a2a_backend=a2a)  # type: ignore[arg-type]
+        model = KimiK3ForCausalLM(
+            config(MEGA), dtype=torch.float32, moe_runner="torch", a2a_backend=a2a
+        )  # type: ignore[arg-type]
         load_weights(model, ckpt, progress=False)
         return model.eval()
 

@@ -29,10 +29,16 @@ EPS = 1e-6
 
 def _pair(q_lora: int | None, gate: bool, seed: int) -> tuple[nn.Module, MLANoPEAttention]:
     cfg = KimiLinearConfig(
-        hidden_size=H, num_attention_heads=HEADS, num_key_value_heads=HEADS, q_lora_rank=q_lora,
-        kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=V,
+        hidden_size=H,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        q_lora_rank=q_lora,
+        kv_lora_rank=KV_LORA,
+        qk_nope_head_dim=NOPE,
+        qk_rope_head_dim=ROPE,
+        v_head_dim=V,
         num_hidden_layers=1,
-    )  # fmt: skip
+    )
     cfg._attn_implementation = "eager"
     tf = KimiLinearAttention(cfg, 0).eval()
     ours = MLANoPEAttention(

@@ -47,8 +47,11 @@ def _kda_reference(
     t, h, d = x.shape[0], c.kda_num_heads, c.kda_head_dim
 
     def conv(name: str) -> torch.Tensor:
-        y = F.conv1d(F.pad((x @ p[f"{pre}{name}_proj.weight"].T).T[None], (c.kda_conv_size - 1, 0)),
-                     p[f"{pre}{name}_conv1d.weight"], groups=h * d)  # fmt: skip
+        y = F.conv1d(
+            F.pad((x @ p[f"{pre}{name}_proj.weight"].T).T[None], (c.kda_conv_size - 1, 0)),
+            p[f"{pre}{name}_conv1d.weight"],
+            groups=h * d,
+        )
         return F.silu(y[0].T).view(1, t, h, d)
 
     a = (x @ p[f"{pre}f_a_proj.weight"].T @ p[f"{pre}f_b_proj.weight"].T + p[f"{pre}dt_bias"]).view(
@@ -58,8 +61,9 @@ def _kda_reference(
     lb = c.kda_gate_lower_bound
     g = lb * torch.sigmoid(rate * a) if lb is not None else -rate * F.softplus(a)
     beta = torch.sigmoid(x @ p[f"{pre}b_proj.weight"].T).view(1, t, h)
-    o, _ = tf_kimi.chunk_kimi_delta_attention(conv("q"), conv("k"), conv("v"), g=g, beta=beta,
-                                              use_qk_l2norm_in_kernel=True)  # fmt: skip
+    o, _ = tf_kimi.chunk_kimi_delta_attention(
+        conv("q"), conv("k"), conv("v"), g=g, beta=beta, use_qk_l2norm_in_kernel=True
+    )
     if f"{pre}g_proj.weight" in p:
         gate = x @ p[f"{pre}g_proj.weight"].T
     else:

@@ -15,8 +15,8 @@ import pytest
 import torch
 from sglang.srt.layers.moe import layer as moe_layer_mod
 from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
-from sglang.srt.models.kimi_k3_config import ConfigError
 from sglang.srt.models.kimi_k3 import _forward_mega_experts
+from sglang.srt.models.kimi_k3_config import ConfigError
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_mega_moe import (
@@ -187,8 +187,13 @@ def test_tp_normal_path_reduces_the_latent_sum_before_its_norm(
 # --- MegaMoE ------------------------------------------------------------------------------------
 
 # MegaMoE's shapes: latent a multiple of 512, expert width a multiple of 128.
-MEGA = {**CONFIG_A, "routed_expert_hidden_size": 512, "moe_intermediate_size": 128, "num_experts": 4,
-        "num_experts_per_token": 2}  # fmt: skip
+MEGA = {
+    **CONFIG_A,
+    "routed_expert_hidden_size": 512,
+    "moe_intermediate_size": 128,
+    "num_experts": 4,
+    "num_experts_per_token": 2,
+}
 CAP = 16
 
 
@@ -262,7 +267,9 @@ def test_model_wires_its_mega_call_site_and_it_runs_situ(rec: MegaMoERecorder) -
     SiTU experts through FusedMoE.forward_mega and refuses any other activation."""
     from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 
-    model = KimiK3ForCausalLM(config(MEGA), dtype=torch.float32, moe_runner="torch", a2a_backend="megamoe")
+    model = KimiK3ForCausalLM(
+        config(MEGA), dtype=torch.float32, moe_runner="torch", a2a_backend="megamoe"
+    )
     blocks = [layer.mlp for layer in model.decoder_layers if isinstance(layer.mlp, KimiK3MoE)]
     assert blocks and all(b.mega_experts is _forward_mega_experts for b in blocks)
     moe = _mega_moe()

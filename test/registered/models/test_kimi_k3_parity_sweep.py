@@ -24,8 +24,9 @@ register_cpu_ci(est_time=60)
 
 def _check(case: KimiCase) -> None:
     r = run_kimi_case(case)
-    print(f"{case.label} lengths {case.prompt_lens}: max err {r.max_err:.1e}, "
-          f"near-ties {r.near_ties}")  # fmt: skip
+    print(
+        f"{case.label} lengths {case.prompt_lens}: max err {r.max_err:.1e}, near-ties {r.near_ties}"
+    )
     assert r.ok, f"{case.label} lengths {case.prompt_lens}: diverged at {r.first_divergence}"
     assert r.max_err <= REL_TOL * r.max_ref, (case.label, r.max_err, r.max_ref)
 

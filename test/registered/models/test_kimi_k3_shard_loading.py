@@ -48,18 +48,27 @@ def _previous_way(ckpt: dict[str, torch.Tensor], layer_id: int, experts: FusedMo
     index, _ = CheckpointIndex.build(as_weight_source(ckpt), canonical_name)
     c = experts.config
     full = read_experts(
-        index, f"model.layers.{layer_id}.mlp.experts", layer_id=layer_id, num_experts=c.num_experts,
-        hidden=c.hidden_size, inter=c.intermediate_size,
+        index,
+        f"model.layers.{layer_id}.mlp.experts",
+        layer_id=layer_id,
+        num_experts=c.num_experts,
+        hidden=c.hidden_size,
+        inter=c.intermediate_size,
         scale_suffixes=lambda f: (".weight_scale",),
-    )  # fmt: skip
+    )
     ref = FusedMoE(c, tp_rank=experts.tp_rank, tp_size=experts.tp_size)
-    ref.load_weights(expert_weights_from_checkpoint(full.fmt, full.w13, full.w2, full.w13_scale, full.w2_scale,
-                                                    dtype=torch.float32))  # fmt: skip
+    ref.load_weights(
+        expert_weights_from_checkpoint(
+            full.fmt, full.w13, full.w2, full.w13_scale, full.w2_scale, dtype=torch.float32
+        )
+    )
     return ref
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "bf16"])
-@pytest.mark.parametrize(("rank", "size", "a2a"), LAYOUTS, ids=["tp1", "tp2-r0", "tp2-r1", "ep2-r1"])
+@pytest.mark.parametrize(
+    ("rank", "size", "a2a"), LAYOUTS, ids=["tp1", "tp2-r0", "tp2-r1", "ep2-r1"]
+)
 def test_shard_first_equals_dequantise_then_shard(
     checkpoints: dict[str, dict[str, torch.Tensor]],
     monkeypatch: pytest.MonkeyPatch,
@@ -72,23 +81,37 @@ def test_shard_first_equals_dequantise_then_shard(
     seen: list[tuple[int, ...]] = []
     real = expert_weights_mod.dequant_mxfp4
 
-    def spy(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    def spy(
+        packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+    ) -> torch.Tensor:
         seen.append(tuple(packed.shape))
         return real(packed, scales, dtype)
 
     monkeypatch.setattr(expert_weights_mod, "dequant_mxfp4", spy)
-    model = KimiK3ForCausalLM(config(RAW), dtype=torch.float32, moe_runner="torch", tp_rank=rank, tp_size=size,
-                              a2a_backend=a2a)  # type: ignore[arg-type]  # fmt: skip
+    model = KimiK3ForCausalLM(
+        config(RAW),
+        dtype=torch.float32,
+        moe_runner="torch",
+        tp_rank=rank,
+        tp_size=size,
+        a2a_backend=a2a,
+    )  # type: ignore[arg-type]
     load_weights(model, ckpt, progress=False)
     monkeypatch.setattr(expert_weights_mod, "dequant_mxfp4", real)
 
-    moe_layers = [(i, layer.mlp) for i, layer in enumerate(model.decoder_layers) if isinstance(layer.mlp, KimiK3MoE)]
+    moe_layers = [
+        (i, layer.mlp)
+        for i, layer in enumerate(model.decoder_layers)
+        if isinstance(layer.mlp, KimiK3MoE)
+    ]
     e_local = 8 if a2a == "none" else 8 // size
     i_local = 128 // size if a2a == "none" else 128
     h = RAW["routed_expert_hidden_size"]
     if fmt == "mxfp4":
         # only this rank's part ever reaches the dequantiser: w13 then w2, once a layer
-        assert seen == [(e_local, 2 * i_local, h // 2), (e_local, h, i_local // 2)] * len(moe_layers)
+        assert seen == [(e_local, 2 * i_local, h // 2), (e_local, h, i_local // 2)] * len(
+            moe_layers
+        )
     else:
         assert seen == []
     for i, moe in moe_layers:
@@ -101,8 +124,13 @@ def test_shard_first_equals_dequantise_then_shard(
 def test_mxfp4_slice_must_cover_whole_scale_groups() -> None:
     # intermediate 32 over 2 ranks: 16 columns of w2 a rank, half a 32-value scale group
     ckpt = export_checkpoint(make_model(CONFIG_A, seed=1))
-    model = KimiK3ForCausalLM(config(CONFIG_A), dtype=torch.float32, moe_runner="torch", tp_rank=1, tp_size=2)
-    with pytest.raises(WeightLoadError, match=r"mxfp4 experts need this rank's intermediate slice \(16 of 32\) divisible by 32"):
+    model = KimiK3ForCausalLM(
+        config(CONFIG_A), dtype=torch.float32, moe_runner="torch", tp_rank=1, tp_size=2
+    )
+    with pytest.raises(
+        WeightLoadError,
+        match=r"mxfp4 experts need this rank's intermediate slice \(16 of 32\) divisible by 32",
+    ):
         load_weights(model, ckpt, progress=False)
 
 

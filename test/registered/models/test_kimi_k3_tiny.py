@@ -90,10 +90,17 @@ CONFIG_B: dict[str, Any] = {
 }
 
 # C: no AttnRes (plain pre-norm residuals) and no latent MoE (experts on the full hidden).
-CONFIG_C: dict[str, Any] = {**CONFIG_A, "num_hidden_layers": 4, "attn_res_block_size": None,
-                            "routed_expert_hidden_size": None,
-                            "linear_attn_config": {**CONFIG_A["linear_attn_config"], "kda_layers": [1, 3, 4],
-                                                   "full_attn_layers": [2]}}  # fmt: skip
+CONFIG_C: dict[str, Any] = {
+    **CONFIG_A,
+    "num_hidden_layers": 4,
+    "attn_res_block_size": None,
+    "routed_expert_hidden_size": None,
+    "linear_attn_config": {
+        **CONFIG_A["linear_attn_config"],
+        "kda_layers": [1, 3, 4],
+        "full_attn_layers": [2],
+    },
+}
 
 
 def config(raw: dict[str, Any]) -> KimiK3Config:

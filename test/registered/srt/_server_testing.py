@@ -21,8 +21,16 @@ class ServerProcess:
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
             "w+", prefix="sglang-server-", suffix=".log", delete=False
         )
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1",
-               "--port", str(self.port), *flags]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *flags,
+        ]
         self.proc = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env=os.environ.copy()
         )

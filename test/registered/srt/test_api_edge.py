@@ -44,14 +44,23 @@ def test_parse_json_accepts_good_bodies() -> None:
 
 def test_unsupported_parameters_are_named() -> None:
     chat = ChatCompletionRequest.model_validate(
-        {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}],
-         "tool_choice": "none", "response_format": {"type": "text"}, "frob": 1, "zap": 2}
-    )  # fmt: skip
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function"}],
+            "tool_choice": "none",
+            "response_format": {"type": "text"},
+            "frob": 1,
+            "zap": 2,
+        }
+    )
     problems = chat.unsupported()
     assert problems[0].startswith("tools") and "['frob', 'zap']" in problems[-1]
     assert not any("tool_choice" in p or "response_format" in p for p in problems)
     assert CompletionRequest.model_validate({"prompt": "x", "best_of": 1}).unsupported() == []
-    assert "best_of" in CompletionRequest.model_validate({"prompt": "x", "best_of": 2}).unsupported()[0]
+    assert (
+        "best_of"
+        in CompletionRequest.model_validate({"prompt": "x", "best_of": 2}).unsupported()[0]
+    )
 
 
 def test_expand_n() -> None:
@@ -73,8 +82,9 @@ def test_env_check_names_every_bad_knob(monkeypatch: pytest.MonkeyPatch) -> None
     assert "SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS='1.5' is invalid" in " ".join(errors)
     assert "SGLANG_CPU_THREADS='-2' is invalid" in " ".join(errors)
     monkeypatch.setenv("SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SM", "2")  # a typo
-    assert any("did you mean SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS" in m
-               for m in unknown_env_vars())  # fmt: skip
+    assert any(
+        "did you mean SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS" in m for m in unknown_env_vars()
+    )
     from sglang.srt.server_args import ServerArgs, ServerArgsError
 
     with pytest.raises(ServerArgsError) as info:

@@ -86,9 +86,12 @@ def test_logprobs_match_teacher_forcing(engine: Engine) -> None:
     assert tok is not None
     prompt = tok.encode(PROMPTS[2])
     out = engine.generate(
-        input_ids=prompt, sampling_params=GREEDY, return_logprob=True, top_logprobs_num=2,
+        input_ids=prompt,
+        sampling_params=GREEDY,
+        return_logprob=True,
+        top_logprobs_num=2,
         logprob_start_len=0,
-    )  # fmt: skip
+    )
     meta = out["meta_info"]
     lps = meta["output_token_logprobs"]
     assert [t for _, t, _ in lps] == out["output_ids"]
@@ -97,9 +100,11 @@ def test_logprobs_match_teacher_forcing(engine: Engine) -> None:
     assert len(inp) == len(prompt) and inp[0][0] is None and all(x[0] < 0 for x in inp[1:])
     # Decoding through the cache must give what one prefill of prompt + output gives.
     forced = engine.generate(
-        input_ids=prompt + out["output_ids"], sampling_params={"max_new_tokens": 0},
-        return_logprob=True, logprob_start_len=len(prompt),
-    )  # fmt: skip
+        input_ids=prompt + out["output_ids"],
+        sampling_params={"max_new_tokens": 0},
+        return_logprob=True,
+        logprob_start_len=len(prompt),
+    )
     assert forced["output_ids"] == [] and forced["meta_info"]["finish_reason"]["type"] == "length"
     teacher = [lp for lp, _, _ in forced["meta_info"]["input_token_logprobs"]]
     assert teacher == pytest.approx([lp for lp, _, _ in lps], abs=1e-3)

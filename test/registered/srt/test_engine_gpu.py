@@ -45,9 +45,15 @@ def test_cuda_graph_greedy_equals_eager(monkeypatch: pytest.MonkeyPatch) -> None
     requests reach the scheduler. 136 new tokens take every prompt past the 32-token window
     (the ring wraps), many ratio-4 blocks, the indexer's top-8 starting to choose (36 entries
     visible at position 35) and the first ratio-128 block."""
-    common = {"device": "cuda", "dtype": "float32", "moe_runner_backend": "triton",
-              "random_seed": 0, "log_level": "warning", "cuda_graph_max_bs": 8,
-              "chunked_prefill_size": 16}  # fmt: skip
+    common = {
+        "device": "cuda",
+        "dtype": "float32",
+        "moe_runner_backend": "triton",
+        "random_seed": 0,
+        "log_level": "warning",
+        "cuda_graph_max_bs": 8,
+        "chunked_prefill_size": 16,
+    }
     prompts = PROMPTS + ["x" * 40, "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18"]
     params = {**GREEDY, "max_new_tokens": 136}
     monkeypatch.setenv("SGLANG_STATIC_DECODE_WITHOUT_GRAPHS", "1")
@@ -75,8 +81,13 @@ def test_torch_runner_says_why_graphs_are_off() -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_cuda_tp2_symm_mem_matches_tp1() -> None:
-    common = {"device": "cuda", "dtype": "float32", "moe_runner_backend": "torch",
-              "random_seed": 0, "log_level": "warning"}  # fmt: skip
+    common = {
+        "device": "cuda",
+        "dtype": "float32",
+        "moe_runner_backend": "torch",
+        "random_seed": 0,
+        "log_level": "warning",
+    }
     with Engine(**common) as one:
         want = [r["output_ids"] for r in one.generate(PROMPTS, GREEDY)]
     with Engine(**common, tp_size=2, enable_symm_mem=True) as two:
@@ -88,9 +99,15 @@ def test_cuda_tp2_symm_mem_matches_tp1() -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_cuda_tp2_symm_mem_cuda_graphs_match_tp1() -> None:
-    common = {"device": "cuda", "dtype": "float32", "moe_runner_backend": "triton",
-              "random_seed": 0, "log_level": "warning", "cuda_graph_max_bs": 8,
-              "chunked_prefill_size": 16}  # fmt: skip
+    common = {
+        "device": "cuda",
+        "dtype": "float32",
+        "moe_runner_backend": "triton",
+        "random_seed": 0,
+        "log_level": "warning",
+        "cuda_graph_max_bs": 8,
+        "chunked_prefill_size": 16,
+    }
     with Engine(**common, disable_cuda_graph=True) as one:
         want = [r["output_ids"] for r in one.generate(PROMPTS, GREEDY)]
     with Engine(**common, tp_size=2, enable_symm_mem=True) as two:

@@ -46,9 +46,13 @@ def test_served_greedy_equals_transformers(tmp_path: Path) -> None:
     want = [_hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
     with Engine(
-        device="cpu", model_path=str(tmp_path), skip_tokenizer_init=True, chunked_prefill_size=64,
-        moe_runner_backend="torch", log_level="warning",
-    ) as engine:  # fmt: skip
+        device="cpu",
+        model_path=str(tmp_path),
+        skip_tokenizer_init=True,
+        chunked_prefill_size=64,
+        moe_runner_backend="torch",
+        log_level="warning",
+    ) as engine:
         got = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=params)]
     assert got == want
 
@@ -73,9 +77,14 @@ def test_served_greedy_at_the_reported_lengths(tmp_path: Path) -> None:
     prompts = [seq[:n] for n in ISSUE_LENGTHS]
     params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
     with Engine(
-        device="cpu", dtype="float32", model_path=str(tmp_path), skip_tokenizer_init=True,
-        chunked_prefill_size=16, moe_runner_backend="torch", log_level="warning",
-    ) as engine:  # fmt: skip
+        device="cpu",
+        dtype="float32",
+        model_path=str(tmp_path),
+        skip_tokenizer_init=True,
+        chunked_prefill_size=16,
+        moe_runner_backend="torch",
+        log_level="warning",
+    ) as engine:
         got = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=params)]
     wrong = []
     for prompt, out in zip(prompts, got):

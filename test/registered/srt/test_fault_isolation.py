@@ -83,9 +83,15 @@ def _run_scheduler(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Scheduler
     sched = Scheduler(
         _FakeRunner(),  # type: ignore[arg-type]
         SimpleNamespace(world_size=1),
-        context_length=256, eos_token_ids=[], max_total_tokens=4096, max_running_requests=8,
-        chunked_prefill_size=64, random_seed=0, recv=down_recv, send=up_send,
-    )  # fmt: skip
+        context_length=256,
+        eos_token_ids=[],
+        max_total_tokens=4096,
+        max_running_requests=8,
+        chunked_prefill_size=64,
+        random_seed=0,
+        recv=down_recv,
+        send=up_send,
+    )
     t = threading.Thread(target=sched.run, daemon=True)
     t.start()
     return down_send, up_recv, sched, t
@@ -116,8 +122,12 @@ def _collect(up: Any, want: set[str], timeout_s: float = 20.0) -> dict[str, Any]
 def test_one_failing_request_does_not_stop_the_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
     down, up, sched, thread = _run_scheduler(monkeypatch)
     try:
-        for msg in (_req("good-1"), _req("poison", POISON_SEED), _req("bad-admit", BAD_ADMIT_SEED),
-                    _req("good-2", 5)):  # fmt: skip
+        for msg in (
+            _req("good-1"),
+            _req("poison", POISON_SEED),
+            _req("bad-admit", BAD_ADMIT_SEED),
+            _req("good-2", 5),
+        ):
             down.send(msg)
         done = _collect(up, {"good-1", "poison", "bad-admit", "good-2"})
         assert isinstance(done["poison"], ReqError) and done["poison"].status_code == 500
@@ -154,11 +164,22 @@ class _SlowTokenizer:
 
 def _tokenizer_manager(tokenizer: Any) -> TokenizerManager:
     info = ModelInfo(
-        model_path="m", architecture="A", vocab_size=V, context_length=256, eos_token_ids=[],
-        max_total_tokens=4096, max_running_requests=8, chunked_prefill_size=64, dtype="float32",
-        device="cpu", moe_runner="torch", moe_a2a_backend="none", symm_mem="off",
-        mega_moe_sm_budget=None, cuda_graph="off",
-    )  # fmt: skip
+        model_path="m",
+        architecture="A",
+        vocab_size=V,
+        context_length=256,
+        eos_token_ids=[],
+        max_total_tokens=4096,
+        max_running_requests=8,
+        chunked_prefill_size=64,
+        dtype="float32",
+        device="cpu",
+        moe_runner="torch",
+        moe_a2a_backend="none",
+        symm_mem="off",
+        mega_moe_sm_budget=None,
+        cuda_graph="off",
+    )
     handle = SimpleNamespace(model_info=info, procs=[])
     return TokenizerManager(ServerArgs(model_path="m"), handle, tokenizer)  # type: ignore[arg-type]
 
@@ -249,7 +270,9 @@ def test_guard_turns_a_route_exception_into_json_500() -> None:
             ok = await client.post("/echo", content=b"x" * 10)
             assert ok.status_code == 200 and ok.json() == {"n": 10}
             big = await client.post("/echo", content=b"x" * 2000)
-            assert big.status_code == 413 and "--max-request-bytes" in big.json()["error"]["message"]
+            assert (
+                big.status_code == 413 and "--max-request-bytes" in big.json()["error"]["message"]
+            )
 
             async def chunks() -> Any:  # no Content-Length: counted as it arrives
                 for _ in range(5):

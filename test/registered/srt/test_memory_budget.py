@@ -15,10 +15,17 @@ from sglang.test.run import run_this_file
 register_cpu_ci(est_time=1)
 
 SHAPE = CacheShape(
-    num_layers=3, hidden_size=64, hc_mult=2, vocab_size=100, head_dim=32, index_head_dim=16,
-    sliding_window=8, compress_ratios=(0, 4, 128), attn_types=("sliding", "csa", "hca"),
+    num_layers=3,
+    hidden_size=64,
+    hc_mult=2,
+    vocab_size=100,
+    head_dim=32,
+    index_head_dim=16,
+    sliding_window=8,
+    compress_ratios=(0, 4, 128),
+    attn_types=("sliding", "csa", "hca"),
     dtype_bytes=2,
-)  # fmt: skip
+)
 
 
 def test_costs() -> None:

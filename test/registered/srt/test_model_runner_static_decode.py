@@ -27,12 +27,16 @@ def _runner(static: bool) -> ModelRunner:
     args = ServerArgs(model_path=ensure_default_model(), device="cpu", random_seed=0).resolved()
     runner = ModelRunner(args, 0, 1)
     setup = runner.init_decode(
-        context_length=400, max_total_tokens=1200, max_running_requests=4,
+        context_length=400,
+        max_total_tokens=1200,
+        max_running_requests=4,
         static_without_graphs=static,
-    )  # fmt: skip
+    )
     if static:
         assert runner.pooled and setup.max_running_requests == 3  # 1200 // 400 slots
-        assert setup.cuda_graph.startswith("off (runs on cpu, not CUDA); static decode eager at the graph batch sizes")
+        assert setup.cuda_graph.startswith(
+            "off (runs on cpu, not CUDA); static decode eager at the graph batch sizes"
+        )
     else:
         assert not runner.pooled and setup.cuda_graph == "off (runs on cpu, not CUDA)"
     return runner
@@ -72,8 +76,10 @@ def test_static_runner_matches_eager_runner() -> None:
 
 
 def test_slot_plan_and_batch_sizes() -> None:
-    assert plan_slot_pool(context_length=4096, max_total_tokens=10**6, max_running_requests=32) \
-        .slots == 32  # fmt: skip
+    assert (
+        plan_slot_pool(context_length=4096, max_total_tokens=10**6, max_running_requests=32).slots
+        == 32
+    )
     small = plan_slot_pool(context_length=4096, max_total_tokens=9000, max_running_requests=32)
     assert (small.slots, small.capacity) == (2, 4096)
     tiny = plan_slot_pool(context_length=4096, max_total_tokens=300, max_running_requests=8)

@@ -16,12 +16,27 @@ from sglang.test.run import run_this_file
 register_cpu_ci(est_time=8)
 
 FLAGS = (
-    "--model-path", "--tokenizer-path", "--tp-size", "--tp", "--host", "--port", "--dtype",
-    "--device", "--enable-symm-mem", "--moe-runner-backend", "--moe-a2a-backend",
-    "--max-running-requests", "--max-total-tokens", "--chunked-prefill-size",
-    "--disable-cuda-graph", "--cuda-graph-max-bs", "--enable-metrics", "--skip-tokenizer-init",
-    "--log-level", "--random-seed",
-)  # fmt: skip
+    "--model-path",
+    "--tokenizer-path",
+    "--tp-size",
+    "--tp",
+    "--host",
+    "--port",
+    "--dtype",
+    "--device",
+    "--enable-symm-mem",
+    "--moe-runner-backend",
+    "--moe-a2a-backend",
+    "--max-running-requests",
+    "--max-total-tokens",
+    "--chunked-prefill-size",
+    "--disable-cuda-graph",
+    "--cuda-graph-max-bs",
+    "--enable-metrics",
+    "--skip-tokenizer-init",
+    "--log-level",
+    "--random-seed",
+)
 
 
 def test_help_documents_every_flag() -> None:
@@ -33,8 +48,11 @@ def test_help_documents_every_flag() -> None:
 def test_cli_help_runs() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "sglang.launch_server", "--help"],
-        check=False, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())  # argparse wraps lines
     assert "--enable-symm-mem" in text and "built-in default model" in text
@@ -82,8 +100,11 @@ def test_cuda_requested_without_gpu() -> None:
 def test_launch_fails_fast_on_bad_combination() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "sglang.launch_server", "--device", "cpu", "--enable-symm-mem"],
-        check=False, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "--enable-symm-mem needs CUDA" in out.stderr
 
@@ -91,10 +112,20 @@ def test_launch_fails_fast_on_bad_combination() -> None:
 def test_launch_fails_fast_without_tokenizer(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "deepseek_v4"}')
     out = subprocess.run(
-        [sys.executable, "-m", "sglang.launch_server", "--device", "cpu", "--model-path",
-         str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--device",
+            "cpu",
+            "--model-path",
+            str(tmp_path),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "no tokenizer.json" in out.stderr and "--skip-tokenizer-init" in out.stderr
 

@@ -47,8 +47,9 @@ class _Stream(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("POST", self.url, json=self.body, headers=self.headers,
-                              timeout=60) as resp:  # fmt: skip
+            with httpx.stream(
+                "POST", self.url, json=self.body, headers=self.headers, timeout=60
+            ) as resp:
                 for line in resp.iter_lines():
                     if line.startswith("data: "):
                         self.lines.append(line[6:])
@@ -70,14 +71,20 @@ def _wait_exit(proc: subprocess.Popen[Any], timeout_s: float) -> int | None:
 
 def test_api_key_then_graceful_sigterm() -> None:
     key = "s3cret-key"
-    s = ServerProcess("--device", "cpu", "--api-key", key, "--shutdown-timeout", "3",
-                      "--random-seed", "0")  # fmt: skip
+    s = ServerProcess(
+        "--device", "cpu", "--api-key", key, "--shutdown-timeout", "3", "--random-seed", "0"
+    )
     auth = {"Authorization": f"Bearer {key}"}
     try:
         base = s.base_url
         assert httpx.get(base + "/health", timeout=10).status_code == 200  # open
-        for method, path in (("GET", "/v1/models"), ("POST", "/generate"), ("GET", "/metrics"),
-                             ("GET", "/server_info"), ("POST", "/v1/chat/completions")):  # fmt: skip
+        for method, path in (
+            ("GET", "/v1/models"),
+            ("POST", "/generate"),
+            ("GET", "/metrics"),
+            ("GET", "/server_info"),
+            ("POST", "/v1/chat/completions"),
+        ):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": key}):
                 r = httpx.request(method, base + path, headers=headers, json={}, timeout=10)
                 assert r.status_code == 401, (path, headers, r.text)
@@ -86,15 +93,17 @@ def test_api_key_then_graceful_sigterm() -> None:
         info = httpx.get(base + "/server_info", headers=auth, timeout=10).json()
         assert info["server_args"]["api_key"] == "<redacted>"
         client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
-        out = client.completions.create(model=info["model_info"]["model_path"], prompt="hi",
-                                        max_tokens=2)  # fmt: skip
+        out = client.completions.create(
+            model=info["model_info"]["model_path"], prompt="hi", max_tokens=2
+        )
         assert out.usage is not None and out.usage.completion_tokens == 2
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=base + "/v1", api_key="nope", max_retries=0).models.list()
 
         long = _Stream(base + "/v1/completions", LONG, auth)
-        short = _Stream(base + "/v1/completions",
-                        {**LONG, "max_tokens": 16, "prompt": "Hello"}, auth)  # fmt: skip
+        short = _Stream(
+            base + "/v1/completions", {**LONG, "max_tokens": 16, "prompt": "Hello"}, auth
+        )
         long.start()
         assert long.first.wait(30) and long.error is None
         short.start()
@@ -102,8 +111,12 @@ def test_api_key_then_graceful_sigterm() -> None:
         t0 = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
-        late = httpx.post(base + "/v1/completions", headers=auth, timeout=10,
-                          json={"prompt": "hi", "max_tokens": 2})  # fmt: skip
+        late = httpx.post(
+            base + "/v1/completions",
+            headers=auth,
+            timeout=10,
+            json={"prompt": "hi", "max_tokens": 2},
+        )
         assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
         assert httpx.get(base + "/health", timeout=10).status_code == 503
         short.join(30)
@@ -167,9 +180,12 @@ def _alive(pid: int) -> bool:
 def _launch(*flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sglang.launch_server", "--device", "cpu", "--port", "1", *flags],
-        check=False, capture_output=True, text=True, timeout=120,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    )
 
 
 def test_failed_rank_startup_is_one_message() -> None:
@@ -190,9 +206,14 @@ def test_bad_env_knob_rejected_at_launch(value: str) -> None:
     assert time.monotonic() - t0 < 60
     want = f"{name}={value!r} is invalid"
     assert want in out.stderr, out.stderr
-    check = subprocess.run([sys.executable, "-m", "sglang.check_env"], check=False,
-                           capture_output=True, text=True, timeout=120,
-                           env={**os.environ, name: value})  # fmt: skip
+    check = subprocess.run(
+        [sys.executable, "-m", "sglang.check_env"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, name: value},
+    )
     assert check.returncode == 1 and want in check.stdout
 
 
@@ -210,8 +231,9 @@ def test_engine_left_running_exits_cleanly(tmp_path: Any) -> None:
     must not hang multiprocessing's exit hook, which terminates and joins daemon children."""
     script = tmp_path / "no_shutdown.py"
     script.write_text(_NO_SHUTDOWN)
-    out = subprocess.run([sys.executable, str(script)], check=False, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "tokens 2" in out.stdout
     assert "ERROR" not in out.stderr and "Traceback" not in out.stderr, out.stderr

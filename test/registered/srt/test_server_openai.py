@@ -114,9 +114,13 @@ def test_chat(client: openai.OpenAI, engine: Engine) -> None:
     assert out.choices[0].logprobs is not None
     assert len(out.choices[0].logprobs.content or []) == len(want["output_ids"])
     stream = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0, stream=True,  # type: ignore[arg-type]
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -141,9 +145,11 @@ def test_native_generate(server: ServerProcess, engine: Engine) -> None:
     )
     assert batch.status_code == 200 and len(batch.json()) == 2
     with httpx.stream(
-        "POST", server.base_url + "/generate", timeout=60,
+        "POST",
+        server.base_url + "/generate",
+        timeout=60,
         json={"text": PROMPT, "sampling_params": params, "stream": True},
-    ) as resp:  # fmt: skip
+    ) as resp:
         lines = [ln for ln in resp.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     import json
@@ -196,8 +202,11 @@ def _wait_until(predicate: object, timeout_s: float = 15.0) -> bool:
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
 def test_disconnect_mid_stream_frees_request(server: ServerProcess, path: str) -> None:
     if path == "/generate":
-        body = {"text": PROMPT, "stream": True,
-                "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}  # fmt: skip
+        body = {
+            "text": PROMPT,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
+        }
     else:
         body = {"prompt": PROMPT, "stream": True, "max_tokens": 3000, "ignore_eos": True}
     with httpx.stream("POST", server.base_url + path, json=body, timeout=60) as resp:
@@ -225,11 +234,15 @@ def test_metrics(server: ServerProcess) -> None:
     _post(server, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 3}})
     text = _get(server, "/metrics").text
     for name in (
-        "sglang:num_requests_total", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-        "sglang:time_to_first_token_seconds_bucket", "sglang:e2e_request_latency_seconds_count",
-        "sglang:inter_token_latency_seconds_count", "sglang:num_running_reqs",
+        "sglang:num_requests_total",
+        "sglang:prompt_tokens_total",
+        "sglang:generation_tokens_total",
+        "sglang:time_to_first_token_seconds_bucket",
+        "sglang:e2e_request_latency_seconds_count",
+        "sglang:inter_token_latency_seconds_count",
+        "sglang:num_running_reqs",
         "sglang:num_queue_reqs",
-    ):  # fmt: skip
+    ):
         assert name in text, name
 
 
@@ -238,10 +251,25 @@ def test_bench_serving(server: ServerProcess, backend: str) -> None:
     from sglang.bench_serving import build_parser, run_benchmark
 
     args = build_parser().parse_args(
-        ["--base-url", server.base_url, "--backend", backend, "--num-prompts", "6",
-         "--max-concurrency", "3", "--random-input-len", "24", "--random-output-len", "6",
-         "--dataset-name", "fixed", "--request-rate", "50"]
-    )  # fmt: skip
+        [
+            "--base-url",
+            server.base_url,
+            "--backend",
+            backend,
+            "--num-prompts",
+            "6",
+            "--max-concurrency",
+            "3",
+            "--random-input-len",
+            "24",
+            "--random-output-len",
+            "6",
+            "--dataset-name",
+            "fixed",
+            "--request-rate",
+            "50",
+        ]
+    )
     m = run_benchmark(args)
     assert m["completed"] == 6 and m["failed"] == 0, m["errors"]
     assert m["total_output_tokens"] == 36

@@ -121,16 +121,24 @@ def test_numeric_bounds(http: httpx.Client, path: str, body: Any, needle: str) -
 HYGIENE: list[tuple[str, bytes, int, str]] = [
     ("/v1/completions", b'{"prompt": "hi \\ud800", "max_tokens": 2}', 400, "surrogate"),
     ("/v1/completions", b'{"prompt": ["ok", "\\udfff"], "max_tokens": 2}', 400, "surrogate"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400,
-     "surrogate"),
-    ("/generate", b'{"text": "\\ud83d", "sampling_params": {"max_new_tokens": 2}}', 400,
-     "surrogate"),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+        400,
+        "surrogate",
+    ),
+    (
+        "/generate",
+        b'{"text": "\\ud83d", "sampling_params": {"max_new_tokens": 2}}',
+        400,
+        "surrogate",
+    ),
     ("/generate", b'{"text": "hi", "\\ud800": 1}', 400, "surrogate"),
     ("/v1/completions", b'{"x":' + b"[" * 100000, 400, "--max-json-depth"),
     ("/v1/completions", b'{"prompt": ' + b"[" * 80 + b"]" * 80 + b"}", 400, "--max-json-depth"),
     ("/v1/completions", b'{"prompt": "\xff\xfe"}', 400, "JSON"),
     ("/generate", b'{"text": "hi"', 400, "JSON"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("path", "raw", "status", "needle"), HYGIENE)
@@ -158,8 +166,9 @@ def test_large_prompt_does_not_stall_others(server: ServerProcess, http: httpx.C
     def stream() -> None:
         body = {"prompt": "Once", "max_tokens": 400, "ignore_eos": True, "stream": True}
         last = None
-        with httpx.stream("POST", server.base_url + "/v1/completions", json=body,
-                          timeout=60) as resp:  # fmt: skip
+        with httpx.stream(
+            "POST", server.base_url + "/v1/completions", json=body, timeout=60
+        ) as resp:
             for line in resp.iter_lines():
                 now = time.perf_counter()
                 if line.startswith("data: ") and not done.is_set():
@@ -180,10 +189,11 @@ def test_large_prompt_does_not_stall_others(server: ServerProcess, http: httpx.C
         t.start()
     time.sleep(1.0)
     huge = "word " * (1024 * 1024)  # 5 MiB
-    for path, body in (("/v1/completions", {"prompt": huge, "max_tokens": 2}),
-                       ("/v1/chat/completions",
-                        {"messages": [{"role": "user", "content": huge}]}),
-                       ("/generate", {"text": huge})):  # fmt: skip
+    for path, body in (
+        ("/v1/completions", {"prompt": huge, "max_tokens": 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}),
+        ("/generate", {"text": huge}),
+    ):
         t0 = time.perf_counter()
         r = http.post(path, json=body)
         assert "context length" in _error(r, 400)
@@ -204,15 +214,22 @@ STRICT: list[tuple[str, dict[str, Any], int, str]] = [
     ("/v1/completions", {**COMP, "model": "gpt-4"}, 404, "gpt-4"),
     ("/v1/chat/completions", {**CHAT, "model": "nope"}, 404, "nope"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 10**9}, 400, "4093"),
-    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 5000}, 400,
-     "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 5000}, 400, "max_completion_tokens"),
     ("/generate", _gen(max_new_tokens=CONTEXT), 400, "context length is 4096"),
     ("/v1/completions", {**COMP, "best_of": 3}, 400, "best_of"),
     ("/v1/completions", {**COMP, "suffix": "!"}, 400, "suffix"),
-    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},
-     400, "tools"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, 400,
-     "response_format"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+        "tools",
+    ),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "response_format": {"type": "json_object"}},
+        400,
+        "response_format",
+    ),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, 400, "tool_choice"),
     ("/v1/completions", {**COMP, "frobnicate": 1}, 400, "frobnicate"),
     ("/generate", {**GEN, "frobnicate": 1}, 400, "frobnicate"),
@@ -221,7 +238,7 @@ STRICT: list[tuple[str, dict[str, Any], int, str]] = [
     ("/v1/completions", {"prompt": "hi", "max_tokens": "10"}, 400, "max_tokens"),
     ("/v1/completions", {**COMP, "temperature": "0.5"}, 400, "temperature"),
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("path", "body", "status", "needle"), STRICT)
@@ -259,9 +276,12 @@ def test_n_choices(client: openai.OpenAI, http: httpx.Client) -> None:
     assert len({c.text for c in a.choices[:3]}) > 1  # choices differ
     assert a.usage is not None and a.usage.completion_tokens == 6 * 8
     chat = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, n=2,
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        n=2,
         stream=True,
-    )  # fmt: skip
+    )
     finished = {c.choices[0].index for c in chat if c.choices and c.choices[0].finish_reason}
     assert finished == {0, 1}
     native = http.post("/generate", json=_gen(n=2, seed=1, max_new_tokens=3)).json()
@@ -273,20 +293,26 @@ def test_logit_bias(client: openai.OpenAI, http: httpx.Client) -> None:
     greedy = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
     plain = http.post("/generate", json={"text": "Hello", "sampling_params": greedy}).json()
     first = plain["output_ids"][0]
-    forced = http.post("/generate", json={"text": "Hello", "sampling_params": {
-        **greedy, "logit_bias": {"65": 100}}}).json()  # fmt: skip
+    forced = http.post(
+        "/generate",
+        json={"text": "Hello", "sampling_params": {**greedy, "logit_bias": {"65": 100}}},
+    ).json()
     assert forced["output_ids"] == [65] * 6 != plain["output_ids"]
-    banned = http.post("/generate", json={"text": "Hello", "sampling_params": {
-        **greedy, "logit_bias": {str(first): -100}}}).json()  # fmt: skip
+    banned = http.post(
+        "/generate",
+        json={"text": "Hello", "sampling_params": {**greedy, "logit_bias": {str(first): -100}}},
+    ).json()
     assert first not in banned["output_ids"]
-    out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0,
-                                    logit_bias={"65": 100})  # fmt: skip
+    out = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=6, temperature=0, logit_bias={"65": 100}
+    )
     assert out.choices[0].text == forced["text"]
 
 
 def test_echo_with_prompt_logprobs(client: openai.OpenAI) -> None:
-    out = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=3,
-                                    temperature=0, echo=True, logprobs=2)  # fmt: skip
+    out = client.completions.create(
+        model=MODEL, prompt="Hello there", max_tokens=3, temperature=0, echo=True, logprobs=2
+    )
     choice = out.choices[0]
     assert choice.text.startswith("Hello there") and len(choice.text) > len("Hello there")
     lp = choice.logprobs
@@ -296,13 +322,14 @@ def test_echo_with_prompt_logprobs(client: openai.OpenAI) -> None:
     assert (lp.token_logprobs or [])[0] is None  # the first prompt token has no context
     assert all(isinstance(x, float) for x in (lp.token_logprobs or [])[1:])
     assert (lp.top_logprobs or [])[0] is None and len((lp.top_logprobs or [])[1]) >= 1
-    scored = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=0,
-                                       echo=True, logprobs=0)  # fmt: skip
+    scored = client.completions.create(
+        model=MODEL, prompt="Hello there", max_tokens=0, echo=True, logprobs=0
+    )
     assert scored.choices[0].text == "Hello there"
     assert scored.usage is not None and scored.usage.completion_tokens == 0
     assert (scored.choices[0].logprobs.token_logprobs or [])[1:] == (lp.token_logprobs or [])[
         1:n_prompt
-    ]  # fmt: skip
+    ]
 
 
 def test_stop_reason(http: httpx.Client) -> None:
@@ -313,8 +340,10 @@ def test_stop_reason(http: httpx.Client) -> None:
     by_string = http.post("/v1/completions", json={**body, "stop": [stop]}).json()["choices"][0]
     assert by_string["finish_reason"] == "stop" and by_string["stop_reason"] == stop
     assert by_string["text"] == text[: text.index(stop)]
-    by_token = http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5,
-                         "stop_token_ids": [65], "logit_bias": {"65": 100}}).json()  # fmt: skip
+    by_token = http.post(
+        "/v1/chat/completions",
+        json={**CHAT, "max_tokens": 5, "stop_token_ids": [65], "logit_bias": {"65": 100}},
+    ).json()
     choice = by_token["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == 65
     assert choice["matched_stop"] == 65

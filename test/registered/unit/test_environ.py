@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from sglang.srt.environ import EnvBool, EnvFloat, EnvInt, EnvStr, EnvValueError, Envs, envs
+from sglang.srt.environ import EnvBool, EnvFloat, EnvInt, Envs, EnvStr, EnvValueError, envs
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
@@ -61,10 +60,9 @@ def test_set_clear_is_set_and_validation_on_set() -> None:
 def test_override_restores_previous_value_even_on_error(monkeypatch: pytest.MonkeyPatch) -> None:
     field = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS
     monkeypatch.setenv(RESERVED, "6")
-    with pytest.raises(RuntimeError):
-        with field.override(0):
-            assert field.get() == 0
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), field.override(0):
+        assert field.get() == 0
+        raise RuntimeError("boom")
     assert os.environ[RESERVED] == "6"
     with field.override(None):
         assert not field.is_set()

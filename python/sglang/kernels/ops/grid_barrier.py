@@ -146,7 +146,9 @@ def launch_grid_barrier(grid: int, timeout_ms: float, device: torch.device) -> B
     out = torch.full((grid,), -9, dtype=torch.int32, device=device)
     counter = torch.zeros(1, dtype=torch.int32, device=device)
     status = torch.zeros(1, dtype=torch.int32, device=device)
-    _grid_barrier_kernel[(grid,)](ids, out, counter, status, int(timeout_ms * 1e6), num_warps=NUM_WARPS)
+    _grid_barrier_kernel[(grid,)](
+        ids, out, counter, status, int(timeout_ms * 1e6), num_warps=NUM_WARPS
+    )
     return BarrierLaunch(grid, out, status)
 
 

@@ -59,9 +59,11 @@ class GuardMiddleware:
         needs_key = self.api_key is not None and scope.get("path") not in OPEN_PATHS
         if needs_key and not self._authorized(headers):
             await send_error(
-                send, 401, "missing or invalid API key: send 'Authorization: Bearer <key>' "
+                send,
+                401,
+                "missing or invalid API key: send 'Authorization: Bearer <key>' "
                 "with the key the server was started with (--api-key)",
-            )  # fmt: skip
+            )
             return
         limit = self.max_body_bytes
         declared = headers.get(b"content-length")

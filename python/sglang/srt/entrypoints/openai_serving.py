@@ -57,8 +57,11 @@ def error_event(exc: BaseException) -> str:
         message, code = exc.message, exc.status_code
     else:
         message, code = f"internal server error: {type(exc).__name__}: {exc}", 500
-    kind = "ServiceUnavailableError" if code == 503 else (
-        "BadRequestError" if code < 500 else "InternalServerError")  # fmt: skip
+    kind = (
+        "ServiceUnavailableError"
+        if code == 503
+        else ("BadRequestError" if code < 500 else "InternalServerError")
+    )
     return sse({"object": "error", "error": {"message": message, "type": kind, "code": code}})
 
 

@@ -173,7 +173,9 @@ def self_check(module: Any, device: torch.device | None = None) -> str | None:
     return None
 
 
-def _probe(module_name: str, *, check_release: bool = True, run_self_check: bool = True) -> DeepGemmStatus:
+def _probe(
+    module_name: str, *, check_release: bool = True, run_self_check: bool = True
+) -> DeepGemmStatus:
     release = _installed_release() if module_name == "deep_gemm" else None
     if check_release and release is not None:
         mismatch = torch_mismatch(release, torch.__version__)
@@ -182,7 +184,9 @@ def _probe(module_name: str, *, check_release: bool = True, run_self_check: bool
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError:
-        return DeepGemmStatus(False, f"not installed (pip install {suggested_release(torch.__version__)})")
+        return DeepGemmStatus(
+            False, f"not installed (pip install {suggested_release(torch.__version__)})"
+        )
     except Exception as exc:  # a wheel built for another torch fails here in many ways
         return DeepGemmStatus(False, f"failed to load: {type(exc).__name__}: {exc}", None, release)
     version = str(getattr(module, "__version__", None) or release or "unknown")
@@ -203,10 +207,12 @@ def _probe(module_name: str, *, check_release: bool = True, run_self_check: bool
                 f"{suggested_release(torch.__version__)} fits"
             )
             return DeepGemmStatus(False, f"{version}: {failure}; {hint}", None, version)
-    return DeepGemmStatus(True, f"version {version} on sm_{arch}, torch {torch.__version__}", module, version)
+    return DeepGemmStatus(
+        True, f"version {version} on sm_{arch}, torch {torch.__version__}", module, version
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def deep_gemm_status(module_name: str = "deep_gemm") -> DeepGemmStatus:
     """Check and import DeepGEMM once, and say in one log line whether it can be used."""
     status = _probe(module_name)

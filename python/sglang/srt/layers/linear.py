@@ -148,9 +148,13 @@ class ReplicatedLinear(LinearBase):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(
-            in_features, out_features, in_local=in_features, out_local=out_features,
-            params_dtype=params_dtype, device=device,
-        )  # fmt: skip
+            in_features,
+            out_features,
+            in_local=in_features,
+            out_local=out_features,
+            params_dtype=params_dtype,
+            device=device,
+        )
 
 
 class _TensorParallelLinear(LinearBase):
@@ -175,9 +179,13 @@ class _TensorParallelLinear(LinearBase):
         else:
             in_local = per_rank(in_features, tp_size, "input features")
         super().__init__(
-            in_features, out_features, in_local=in_local, out_local=out_local,
-            params_dtype=params_dtype, device=device,
-        )  # fmt: skip
+            in_features,
+            out_features,
+            in_local=in_local,
+            out_local=out_local,
+            params_dtype=params_dtype,
+            device=device,
+        )
         self.tp_rank, self.tp_size = tp_rank, tp_size
 
     def _shard(self, full: torch.Tensor) -> torch.Tensor:
@@ -208,9 +216,13 @@ class RowParallelLinear(_TensorParallelLinear):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(
-            in_features, out_features, params_dtype=params_dtype, tp_rank=tp_rank,
-            tp_size=tp_size, device=device,
-        )  # fmt: skip
+            in_features,
+            out_features,
+            params_dtype=params_dtype,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            device=device,
+        )
         self.reduce_results = reduce_results
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -142,7 +142,9 @@ def launch_schedulers(args: ServerArgs) -> SchedulerHandle:
     return handle
 
 
-def _startup_error(first: tuple[int, str, str], status: Any, procs: list[Any]) -> EngineStartupError:
+def _startup_error(
+    first: tuple[int, str, str], status: Any, procs: list[Any]
+) -> EngineStartupError:
     """One message for every rank that failed (they usually fail alike); tracebacks at debug."""
     errors = [first]
     deadline = time.monotonic() + 1.0  # the other ranks' reports, if they fail too

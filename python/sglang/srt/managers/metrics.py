@@ -32,9 +32,11 @@ class ServerMetrics:
             return Histogram(name, doc, labels, buckets=buckets, registry=r)
 
         self.requests = Counter(
-            "sglang:num_requests", "Requests finished, by how they ended.",
-            [*labels, "finish"], registry=r,
-        )  # fmt: skip
+            "sglang:num_requests",
+            "Requests finished, by how they ended.",
+            [*labels, "finish"],
+            registry=r,
+        )
         self.prompt_tokens = counter("sglang:prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("sglang:generation_tokens", "Generated tokens.")
         self.ttft = histogram(

@@ -128,7 +128,9 @@ class SchedulePolicy:
         return Step(plan, rows)
 
     @staticmethod
-    def _take_chunk(req: Req, budget: float, take: Callable[[Req, list[int], int, bool], None]) -> int:
+    def _take_chunk(
+        req: Req, budget: float, take: Callable[[Req, list[int], int, bool], None]
+    ) -> int:
         n = int(min(req.prompt_len - req.prefilled, budget))
         start = req.prefilled
         completes = start + n == req.prompt_len

@@ -121,8 +121,10 @@ class Scheduler:
     def _add_request(self, msg: TokenizedGenerateReq) -> None:
         n = len(msg.input_ids)
         if n == 0 or n >= self.context_length:
-            self._reject(msg.rid, f"prompt of {n} tokens does not fit the context length "
-                         f"{self.context_length}")  # fmt: skip
+            self._reject(
+                msg.rid,
+                f"prompt of {n} tokens does not fit the context length {self.context_length}",
+            )
             return
         if any(t < 0 or t >= self.runner.vocab_size for t in msg.input_ids):
             self._reject(msg.rid, f"input_ids must be in [0, {self.runner.vocab_size})")

@@ -156,9 +156,10 @@ def run_scheduler_process(
         assert args.max_running_requests is not None and args.chunked_prefill_size is not None
         # Slot pool and decode graphs, then the symmetric pool's preallocation (after capture).
         decode = runner.init_decode(
-            context_length=context_length, max_total_tokens=budget,
+            context_length=context_length,
+            max_total_tokens=budget,
             max_running_requests=args.max_running_requests,
-        )  # fmt: skip
+        )
         if args.enable_symm_mem and on_gpu and tp_size > 1:
             prealloc_symmetric_memory_pool(tp_group)
         max_running = decode.max_running_requests

@@ -302,8 +302,10 @@ class TokenizerManager:
             self.fail_all("the server is shutting down", 503)
             return
         self.fatal_error = reason
-        logger.error(f"{reason}; the engine cannot serve without every rank: failing all pending "
-                     "requests and stopping")  # fmt: skip
+        logger.error(
+            f"{reason}; the engine cannot serve without every rank: failing all pending "
+            "requests and stopping"
+        )
         self.fail_all(f"the engine failed: {reason}", 500)
         if self.on_fatal is not None:
             self.on_fatal(reason)

@@ -89,17 +89,28 @@ def slot_request_cache(pool: DeepseekV4SlotPool, slot: int) -> DeepseekV4Request
     """An empty cache over ``slot`` of ``pool`` (the caller allocated the slot)."""
     layers = []
     for store in pool.layers:
-        ring = WindowRing(pool.window, store.window.shape[-1], dtype=store.window.dtype,
-                          buf=store.window[slot])  # fmt: skip
+        ring = WindowRing(
+            pool.window, store.window.shape[-1], dtype=store.window.dtype, buf=store.window[slot]
+        )
         comp = idx = None
         if store.compressor is not None:
             c = store.compressor
-            comp = CompressorState(ratio=c.ratio, dim=c.entries.shape[-1], overlap=c.overlap,
-                                   entry_dtype=c.entries.dtype, storage=c.storage(slot))  # fmt: skip
+            comp = CompressorState(
+                ratio=c.ratio,
+                dim=c.entries.shape[-1],
+                overlap=c.overlap,
+                entry_dtype=c.entries.dtype,
+                storage=c.storage(slot),
+            )
         if store.indexer is not None:
             c = store.indexer
-            idx = CompressorState(ratio=c.ratio, dim=c.entries.shape[-1], overlap=True,
-                                  entry_dtype=c.entries.dtype, storage=c.storage(slot))  # fmt: skip
+            idx = CompressorState(
+                ratio=c.ratio,
+                dim=c.entries.shape[-1],
+                overlap=True,
+                entry_dtype=c.entries.dtype,
+                storage=c.storage(slot),
+            )
         layers.append(DeepseekV4LayerCache(ring, comp, idx))
     cache = DeepseekV4RequestCache(layers)
     cache.slot = slot

@@ -35,9 +35,16 @@ class CompressorSlots:
 
     @classmethod
     def allocate(
-        cls, slots: int, capacity: int, ratio: int, dim: int, *, overlap: bool,
-        dtype: torch.dtype, device: torch.device,
-    ) -> CompressorSlots:  # fmt: skip
+        cls,
+        slots: int,
+        capacity: int,
+        ratio: int,
+        dim: int,
+        *,
+        overlap: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> CompressorSlots:
         width = (2 if overlap else 1) * dim
 
         def f32(*shape: int) -> torch.Tensor:

@@ -130,7 +130,9 @@ class CudaGraphRunner:
 
     def describe(self) -> str:
         sizes = self.batch_sizes
-        shown = ", ".join(map(str, sizes)) if len(sizes) <= 8 else (
-            f"{', '.join(map(str, sizes[:5]))}, ..., {sizes[-1]}"
-        )  # fmt: skip
+        shown = (
+            ", ".join(map(str, sizes))
+            if len(sizes) <= 8
+            else (f"{', '.join(map(str, sizes[:5]))}, ..., {sizes[-1]}")
+        )
         return f"on (decode batch sizes {shown}; captured in {self.capture_time_s:.1f}s)"

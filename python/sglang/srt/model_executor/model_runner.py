@@ -125,9 +125,10 @@ class ModelRunner:
         if reason is not None and not (static_without_graphs and has_static):
             return DecodeSetup(f"off ({reason})", max_running_requests)
         plan = plan_slot_pool(
-            context_length=context_length, max_total_tokens=max_total_tokens,
+            context_length=context_length,
+            max_total_tokens=max_total_tokens,
             max_running_requests=max_running_requests,
-        )  # fmt: skip
+        )
         pool = self.model.enable_slot_pool(plan.slots, plan.capacity)
         self.pooled = True
         gib = pool.nbytes() / (1 << 30)

@@ -119,9 +119,14 @@ def load_weights(
             bar.update()
         for i, layer_experts in enumerate(experts):
             built += load_layer_experts(
-                index, layer_experts, f"layers.{i}.ffn.experts", layer_id=i,
-                scale_suffixes=_scale_suffixes, dtype=model.dtype, mega_weight_builder=mega_weight_builder,
-            )  # fmt: skip
+                index,
+                layer_experts,
+                f"layers.{i}.ffn.experts",
+                layer_id=i,
+                scale_suffixes=_scale_suffixes,
+                dtype=model.dtype,
+                mega_weight_builder=mega_weight_builder,
+            )
             bar.update()
     index.check_all_used(strict=strict, logger=logger)
     log_mega_weights_built("DeepSeek V4", built, len(model.layers))
@@ -143,9 +148,14 @@ def load_deepseek_v4(
     """config.json + safetensors in ``model_dir`` -> a ready model (this rank's shard)."""
     config = DeepseekV4ModelConfig.from_json_file(model_dir)
     model = DeepseekV4ForCausalLM(
-        config, dtype=dtype, device=device, tp_rank=tp_rank, tp_size=tp_size,
-        moe_runner=moe_runner, a2a_backend=a2a_backend,
-    )  # fmt: skip
+        config,
+        dtype=dtype,
+        device=device,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        moe_runner=moe_runner,
+        a2a_backend=a2a_backend,
+    )
     with SafetensorsWeightSource(model_dir) as source:
         load_weights(
             model, source, strict=strict, progress=progress, mega_weight_builder=mega_weight_builder

@@ -55,7 +55,11 @@ class ExpertShard:
 # Values a stored row holds per column (packed FP4: two a byte) and per scale column; the TP cut
 # of ``w2``'s columns must fall on whole scale groups.
 _COLS_PER_ELEMENT = {WeightFormat.BF16: 1, WeightFormat.FP8: 1, WeightFormat.MXFP4: 2}
-_SCALE_GROUP = {WeightFormat.BF16: 1, WeightFormat.FP8: FP8_BLOCK[1], WeightFormat.MXFP4: MXFP4_GROUP}
+_SCALE_GROUP = {
+    WeightFormat.BF16: 1,
+    WeightFormat.FP8: FP8_BLOCK[1],
+    WeightFormat.MXFP4: MXFP4_GROUP,
+}
 # Rows a scale row covers (FP8: 128-row blocks; MXFP4: one scale row a weight row).
 _SCALE_ROWS = {WeightFormat.BF16: 1, WeightFormat.FP8: FP8_BLOCK[0], WeightFormat.MXFP4: 1}
 
@@ -237,8 +241,14 @@ def load_layer_experts(
     checkpoint must match, so every model reads its experts the same way."""
     c = experts.config
     ckpt = read_experts(
-        index, prefix, layer_id=layer_id, num_experts=c.num_experts, hidden=c.hidden_size,
-        inter=c.intermediate_size, scale_suffixes=scale_suffixes, shard=ExpertShard.of(experts),
-    )  # fmt: skip
+        index,
+        prefix,
+        layer_id=layer_id,
+        num_experts=c.num_experts,
+        hidden=c.hidden_size,
+        inter=c.intermediate_size,
+        scale_suffixes=scale_suffixes,
+        shard=ExpertShard.of(experts),
+    )
     load_experts(experts, layer_id, ckpt, dtype)
     return attach_mega_weights(experts, layer_id, ckpt, mega_weight_builder)

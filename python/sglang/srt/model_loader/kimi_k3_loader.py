@@ -48,6 +48,7 @@ from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
 
+
 def _build_index(source: WeightSource, num_layers: int) -> _Index:
     def in_model(name: str) -> str | None:
         canon = canonical_name(name)
@@ -112,16 +113,25 @@ def load_weights(
         mega_weight_builder, model.device, (experts for _, experts in moe_layers)
     )
     built = 0
-    with tqdm(total=len(params) + len(moe_layers), desc="Loading Kimi K3 weights", disable=not progress,
-              unit="tensor") as bar:  # fmt: skip
+    with tqdm(
+        total=len(params) + len(moe_layers),
+        desc="Loading Kimi K3 weights",
+        disable=not progress,
+        unit="tensor",
+    ) as bar:
         for name, param in params.items():
             index.load_param(name, param, _dense(index, name))
             bar.update()
         for i, experts in moe_layers:
             built += load_layer_experts(
-                index, experts, f"model.layers.{i}.mlp.experts", layer_id=i,
-                scale_suffixes=_scale_suffixes, dtype=model.dtype, mega_weight_builder=mega_weight_builder,
-            )  # fmt: skip
+                index,
+                experts,
+                f"model.layers.{i}.mlp.experts",
+                layer_id=i,
+                scale_suffixes=_scale_suffixes,
+                dtype=model.dtype,
+                mega_weight_builder=mega_weight_builder,
+            )
             bar.update()
     index.check_all_used(strict=strict, logger=logger)
     log_mega_weights_built("Kimi K3", built, len(moe_layers))
@@ -143,9 +153,14 @@ def load_kimi_k3(
     """config.json + safetensors in ``model_dir`` -> a ready model (this rank's shard)."""
     config = KimiK3Config.from_json_file(model_dir)
     model = KimiK3ForCausalLM(
-        config, dtype=dtype, device=device, tp_rank=tp_rank, tp_size=tp_size, moe_runner=moe_runner,
+        config,
+        dtype=dtype,
+        device=device,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        moe_runner=moe_runner,
         a2a_backend=a2a_backend,
-    )  # fmt: skip
+    )
     with SafetensorsWeightSource(model_dir) as source:
         load_weights(
             model, source, strict=strict, progress=progress, mega_weight_builder=mega_weight_builder

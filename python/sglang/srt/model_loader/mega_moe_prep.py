@@ -51,13 +51,21 @@ def deep_gemm_mega_weight_builder(deep_gemm: Any, arch: int) -> MegaWeightBuilde
         # The kernel the runtime will run on this GPU, so the layout built here is the one it reads.
         kernel = _mega_moe.mega_moe_kernel_name(arch)
         needs = _KERNEL_EXPERT_FORMAT[kernel]
-        have = "MXFP4" if w13.dtype in MXFP4_DTYPES else "FP8" if w13.dtype == torch.float8_e4m3fn else None
+        have = (
+            "MXFP4"
+            if w13.dtype in MXFP4_DTYPES
+            else "FP8"
+            if w13.dtype == torch.float8_e4m3fn
+            else None
+        )
         # Other dtypes (bf16) have no MegaMoE layout at all: build_mega_moe_experts_weights says so.
         if have is not None and have != needs:
             raise MegaMoEFormatError(
                 f"DeepGEMM's {kernel} on sm_{arch} takes {needs} experts; these are {w13.dtype}"
             )
-        return build_mega_moe_experts_weights(deep_gemm, w13, raw["w2"], raw["w13_scale"], raw["w2_scale"])  # type: ignore[arg-type]
+        return build_mega_moe_experts_weights(
+            deep_gemm, w13, raw["w2"], raw["w13_scale"], raw["w2_scale"]
+        )  # type: ignore[arg-type]
 
     return build
 
@@ -110,4 +118,6 @@ def attach_mega_weights(
 
 def log_mega_weights_built(model_name: str, built: int, total: int) -> None:
     if built:
-        logger.info(f"{model_name}: built DeepGEMM MegaMoE expert weights for {built} of {total} MoE layers")
+        logger.info(
+            f"{model_name}: built DeepGEMM MegaMoE expert weights for {built} of {total} MoE layers"
+        )

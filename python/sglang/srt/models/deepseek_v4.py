@@ -81,9 +81,14 @@ def hc_pre_torch_impl(
     ``mix`` the model's mHC constants. The model's path off CUDA."""
     fn, scale, base, norm_w = hc
     y, post, comb = mhc_pre_torch(
-        residual, fn, scale, base, rms_eps=mix["rms_eps"], hc_eps=mix["hc_eps"],
+        residual,
+        fn,
+        scale,
+        base,
+        rms_eps=mix["rms_eps"],
+        hc_eps=mix["hc_eps"],
         sinkhorn_iters=mix["sinkhorn_iters"],
-    )  # fmt: skip
+    )
     return rms_norm(y, norm_w, mix["norm_eps"]), post, comb
 
 
@@ -138,9 +143,15 @@ class DeepseekV4DecoderLayer(nn.Module):
             c, layer_id, params_dtype=params_dtype, tp_rank=tp_rank, tp_size=tp_size, device=device
         )
         self.ffn = DeepseekV4MoE(
-            c, layer_id, params_dtype=params_dtype, tp_rank=tp_rank, tp_size=tp_size,
-            moe_runner=moe_runner, a2a_backend=a2a_backend, device=device,
-        )  # fmt: skip
+            c,
+            layer_id,
+            params_dtype=params_dtype,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            moe_runner=moe_runner,
+            a2a_backend=a2a_backend,
+            device=device,
+        )
         self.hc_attn_fn = fp32_param(n_mix, hc * h, device=device)
         self.hc_attn_base = fp32_param(n_mix, device=device)
         self.hc_attn_scale = fp32_param(3, device=device)
@@ -205,9 +216,14 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
     def new_request_cache(self) -> DeepseekV4RequestCache:
         c = self.config
         return new_request_cache(
-            attn_types=c.attn_types, compress_ratios=c.compress_ratios, sliding_window=c.sliding_window,
-            head_dim=c.head_dim, index_head_dim=c.index_head_dim, dtype=self.dtype, device=self.device,
-        )  # fmt: skip
+            attn_types=c.attn_types,
+            compress_ratios=c.compress_ratios,
+            sliding_window=c.sliding_window,
+            head_dim=c.head_dim,
+            index_head_dim=c.index_head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
 
     # --- slot pool -----------------------------------------------------------------------------
 
@@ -216,10 +232,16 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         (what the static decode and CUDA graphs need). Replaces any earlier pool."""
         c = self.config
         self.slot_pool = DeepseekV4SlotPool(
-            attn_types=c.attn_types, compress_ratios=c.compress_ratios, sliding_window=c.sliding_window,
-            head_dim=c.head_dim, index_head_dim=c.index_head_dim, max_slots=max_slots,
-            capacity=capacity, dtype=self.dtype, device=self.device,
-        )  # fmt: skip
+            attn_types=c.attn_types,
+            compress_ratios=c.compress_ratios,
+            sliding_window=c.sliding_window,
+            head_dim=c.head_dim,
+            index_head_dim=c.index_head_dim,
+            max_slots=max_slots,
+            capacity=capacity,
+            dtype=self.dtype,
+            device=self.device,
+        )
         return self.slot_pool
 
     def new_pooled_cache(self) -> DeepseekV4RequestCache:

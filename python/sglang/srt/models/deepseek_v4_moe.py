@@ -43,9 +43,14 @@ class SharedExpertMLP(nn.Module):
     ) -> None:
         super().__init__()
         self.w1, self.w3, self.w2 = gated_mlp_projections(
-            hidden_size, intermediate_size, reduce_results=False, params_dtype=params_dtype,
-            tp_rank=tp_rank, tp_size=tp_size, device=device,
-        )  # fmt: skip
+            hidden_size,
+            intermediate_size,
+            reduce_results=False,
+            params_dtype=params_dtype,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            device=device,
+        )
         self.swiglu_limit = swiglu_limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -109,9 +114,13 @@ class DeepseekV4MoE(nn.Module):
         self.is_hash = c.hash_layers[layer_id]
         self.expert_parallel = a2a_backend == "megamoe"
         self.gate = MoEGate(
-            c.hidden_size, c.n_routed_experts, hash_vocab=c.vocab_size if self.is_hash else None,
-            top_k=c.num_experts_per_tok, params_dtype=params_dtype, device=device,
-        )  # fmt: skip
+            c.hidden_size,
+            c.n_routed_experts,
+            hash_vocab=c.vocab_size if self.is_hash else None,
+            top_k=c.num_experts_per_tok,
+            params_dtype=params_dtype,
+            device=device,
+        )
         self.topk_config = TopKConfig(
             top_k=c.num_experts_per_tok,
             scoring_func=c.scoring_func,  # type: ignore[arg-type]
@@ -141,9 +150,14 @@ class DeepseekV4MoE(nn.Module):
         if c.n_shared_experts:
             shared_tp = (0, 1) if self.expert_parallel else (tp_rank, tp_size)
             self.shared_experts = SharedExpertMLP(
-                c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, swiglu_limit=c.swiglu_limit,
-                params_dtype=params_dtype, tp_rank=shared_tp[0], tp_size=shared_tp[1], device=device,
-            )  # fmt: skip
+                c.hidden_size,
+                c.moe_intermediate_size * c.n_shared_experts,
+                swiglu_limit=c.swiglu_limit,
+                params_dtype=params_dtype,
+                tp_rank=shared_tp[0],
+                tp_size=shared_tp[1],
+                device=device,
+            )
 
     def route(self, x: torch.Tensor, input_ids: torch.Tensor) -> TopKOutput:
         logits = self.gate.logits(x)

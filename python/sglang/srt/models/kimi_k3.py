@@ -59,7 +59,9 @@ def _forward_mega_experts(experts: FusedMoE, z: torch.Tensor, topk: TopKOutput) 
     SM100-only, so on Hopper this runs our Triton MegaMoE (or the normal path, logged once). The
     kernels write bf16 rows: cast back to the model's dtype (a no-op for a bf16 model)."""
     if experts.mega_params.activation != "situ":
-        raise ValueError(f"Kimi K3's MegaMoE runs SiTU experts, not {experts.mega_params.activation!r}")
+        raise ValueError(
+            f"Kimi K3's MegaMoE runs SiTU experts, not {experts.mega_params.activation!r}"
+        )
     return experts.forward_mega(z, topk).to(z.dtype)
 
 
@@ -94,17 +96,26 @@ class KimiK3DecoderLayer(nn.Module):
         self.self_attn: KimiDeltaAttention | MLANoPEAttention
         if self.is_kda:
             kda = KDAConfig(
-                hidden_size=h, num_heads=c.kda_num_heads, head_dim=c.kda_head_dim, conv_size=c.kda_conv_size,
-                gate_lower_bound=c.kda_gate_lower_bound, full_rank_gate=c.kda_full_rank_gate,
-            )  # fmt: skip
+                hidden_size=h,
+                num_heads=c.kda_num_heads,
+                head_dim=c.kda_head_dim,
+                conv_size=c.kda_conv_size,
+                gate_lower_bound=c.kda_gate_lower_bound,
+                full_rank_gate=c.kda_full_rank_gate,
+            )
             self.self_attn = KimiDeltaAttention(kda, **tp)
         else:
             mla = MLANoPEConfig(
-                hidden_size=h, num_heads=c.num_attention_heads, q_lora_rank=c.q_lora_rank,
-                kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim,
-                qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim, rms_norm_eps=c.rms_norm_eps,
+                hidden_size=h,
+                num_heads=c.num_attention_heads,
+                q_lora_rank=c.q_lora_rank,
+                kv_lora_rank=c.kv_lora_rank,
+                qk_nope_head_dim=c.qk_nope_head_dim,
+                qk_rope_head_dim=c.qk_rope_head_dim,
+                v_head_dim=c.v_head_dim,
+                rms_norm_eps=c.rms_norm_eps,
                 output_gate=c.mla_use_output_gate,
-            )  # fmt: skip
+            )
             self.self_attn = MLANoPEAttention(mla, **tp)
         self.mlp: KimiK3MoE | KimiK3MLP
         if c.is_moe(layer_id):
@@ -152,7 +163,9 @@ class KimiK3Model(nn.Module):
     ) -> None:
         super().__init__()
         c = config
-        self.embed_tokens = ReplicatedEmbedding(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens = ReplicatedEmbedding(
+            c.vocab_size, c.hidden_size, dtype=dtype, device=device
+        )
         self.layers = nn.ModuleList(
             KimiK3DecoderLayer(c, i, params_dtype=dtype, device=device, **layer_kw)
             for i in range(c.num_hidden_layers)
@@ -183,9 +196,14 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         c = config
         self.config = c
         self.model = KimiK3Model(
-            c, dtype=dtype, device=device, tp_rank=tp_rank, tp_size=tp_size, moe_runner=moe_runner,
+            c,
+            dtype=dtype,
+            device=device,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            moe_runner=moe_runner,
             a2a_backend=a2a_backend,
-        )  # fmt: skip
+        )
         # Replicated (the vocab-parallel split is a memory optimisation).
         self.lm_head = ReplicatedLinear(
             c.hidden_size, c.vocab_size, params_dtype=dtype, device=device
@@ -201,10 +219,15 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
     def new_request_cache(self) -> KimiK3RequestCache:
         c = self.config
         return new_request_cache(
-            layer_kinds=c.layer_kinds, kda_heads=c.kda_num_heads // self.tp_size, kda_head_dim=c.kda_head_dim,
-            conv_size=c.kda_conv_size, mla_latent_dim=c.mla_latent_dim, dtype=self.dtype,
-            state_dtype=_STATE_DTYPES[c.kda_state_dtype], device=self.device,
-        )  # fmt: skip
+            layer_kinds=c.layer_kinds,
+            kda_heads=c.kda_num_heads // self.tp_size,
+            kda_head_dim=c.kda_head_dim,
+            conv_size=c.kda_conv_size,
+            mla_latent_dim=c.mla_latent_dim,
+            dtype=self.dtype,
+            state_dtype=_STATE_DTYPES[c.kda_state_dtype],
+            device=self.device,
+        )
 
     # --- forward -------------------------------------------------------------------------------
 

@@ -28,9 +28,14 @@ class KimiK3MLP(nn.Module):
     ) -> None:
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = gated_mlp_projections(
-            hidden_size, intermediate_size, reduce_results=True, params_dtype=params_dtype,
-            tp_rank=tp_rank, tp_size=tp_size, device=device,
-        )  # fmt: skip
+            hidden_size,
+            intermediate_size,
+            reduce_results=True,
+            params_dtype=params_dtype,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            device=device,
+        )
         self.activation: Activation = activation
 
     def forward(self, x: Tensor) -> Tensor:

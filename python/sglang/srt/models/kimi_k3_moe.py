@@ -49,9 +49,14 @@ class KimiK3Router(LinearRouter):
     (fp32, steers selection only)."""
 
     def __init__(
-        self, hidden_size: int, num_experts: int, *, with_bias: bool, params_dtype: torch.dtype,
+        self,
+        hidden_size: int,
+        num_experts: int,
+        *,
+        with_bias: bool,
+        params_dtype: torch.dtype,
         device: torch.device | str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(hidden_size, num_experts, params_dtype=params_dtype, device=device)
         self.e_score_correction_bias: nn.Parameter | None = None
         if with_bias:
@@ -129,9 +134,14 @@ class KimiK3MoE(nn.Module):
         if c.num_shared_experts:
             shared_tp = (0, 1) if self.expert_parallel else (tp_rank, tp_size)
             self.shared_experts = KimiK3MLP(
-                c.hidden_size, c.moe_intermediate_size * c.num_shared_experts, activation=activation,
-                params_dtype=params_dtype, tp_rank=shared_tp[0], tp_size=shared_tp[1], device=device,
-            )  # fmt: skip
+                c.hidden_size,
+                c.moe_intermediate_size * c.num_shared_experts,
+                activation=activation,
+                params_dtype=params_dtype,
+                tp_rank=shared_tp[0],
+                tp_size=shared_tp[1],
+                device=device,
+            )
 
     def route(self, x: Tensor) -> TopKOutput:
         return select_experts(

@@ -53,10 +53,14 @@ def _filter_sorted_(
     sorted_probs.masked_fill_(drop, 0.0)
 
 
-def _exponential_noise(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+def _exponential_noise(
+    probs: torch.Tensor, generators: Sequence[torch.Generator | None]
+) -> torch.Tensor:
     """One row of Exp(1) noise per row of ``probs``, each drawn from that row's generator (so a
     seeded request samples the same tokens whatever it is batched with)."""
-    return torch.stack([torch.empty_like(row).exponential_(generator=g) for row, g in zip(probs, generators)])
+    return torch.stack(
+        [torch.empty_like(row).exponential_(generator=g) for row, g in zip(probs, generators)]
+    )
 
 
 def _apply_logit_bias_(logits: torch.Tensor, bias: Sequence[tuple[int, float]]) -> None:
@@ -104,7 +108,9 @@ def sample(
         min_p = torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev)
         _filter_sorted_(sorted_probs, top_k, top_p, min_p)
         # argmax(p / q) with q ~ Exp(1) draws from p; one host read for all rows.
-        noise = _exponential_noise(sorted_probs, [rows[i].generator or default_generator for i in random_rows])
+        noise = _exponential_noise(
+            sorted_probs, [rows[i].generator or default_generator for i in random_rows]
+        )
         choice = torch.argmax(sorted_probs / noise, dim=-1, keepdim=True)
         for i, t in zip(random_rows, sorted_idx.gather(1, choice).squeeze(1).tolist()):
             tokens[i] = int(t)

@@ -62,7 +62,9 @@ class SamplingParams:
         if self.top_k <= 0:
             object.__setattr__(self, "top_k", TOP_K_ALL)
         _check_float("min_p", self.min_p, low=0.0, high=1.0)
-        _check_float("repetition_penalty", self.repetition_penalty, low=0.0, high=2.0, low_open=True)
+        _check_float(
+            "repetition_penalty", self.repetition_penalty, low=0.0, high=2.0, low_open=True
+        )
         _check_float("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
         _check_float("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
         stop = self.stop
@@ -146,8 +148,9 @@ def _parse_logit_bias(raw: object) -> tuple[tuple[int, float], ...]:
     else:
         raise SamplingParamsError("logit_bias must map token ids to numbers")
     if len(items) > MAX_LOGIT_BIAS:
-        raise SamplingParamsError(f"logit_bias takes at most {MAX_LOGIT_BIAS} entries, got "
-                                  f"{len(items)}")  # fmt: skip
+        raise SamplingParamsError(
+            f"logit_bias takes at most {MAX_LOGIT_BIAS} entries, got {len(items)}"
+        )
     out: dict[int, float] = {}
     for key, value in items:
         token = key

@@ -26,7 +26,7 @@ def current_device_index() -> int:
     return torch.cuda.current_device()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _read_device_sm_info(index: int) -> DeviceSMInfo:
     props = torch.cuda.get_device_properties(index)
     return DeviceSMInfo(index, int(props.multi_processor_count), (props.major, props.minor))

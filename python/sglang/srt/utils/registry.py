@@ -28,5 +28,7 @@ class Registry(Generic[T]):
     def create(self, name: str, *args: object, **kwargs: object) -> T:
         factory = self._factories.get(name)
         if factory is None:
-            raise ValueError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}")
+            raise ValueError(
+                f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}"
+            )
         return factory(*args, **kwargs)

@@ -107,8 +107,15 @@ def _load(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
             loader(params[name], full)
 
 
-def _ours_from(tf: nn.Module, *, safe: bool, dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1,
-               full_rank: bool = False) -> KimiDeltaAttention:  # fmt: skip
+def _ours_from(
+    tf: nn.Module,
+    *,
+    safe: bool,
+    dtype: torch.dtype,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    full_rank: bool = False,
+) -> KimiDeltaAttention:
     cfg = KDAConfig(
         HIDDEN,
         HEADS,
@@ -176,8 +183,16 @@ def test_core_chunked_equals_recurrent_and_transformers(t: int, chunk: int, safe
     # transformers' state is [B, H, K, V]; ours is V-major [H, V, K].
     init = s0.transpose(-1, -2)[None]
     for fn in (tf_kimi.chunk_kimi_delta_attention, tf_kimi.recurrent_kimi_delta_attention):
-        o_t, s_t = fn(q[None], k[None], v[None], g=g[None], beta=beta[None], initial_state=init,
-                      output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
+        o_t, s_t = fn(
+            q[None],
+            k[None],
+            v[None],
+            g=g[None],
+            beta=beta[None],
+            initial_state=init,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
         torch.testing.assert_close(o_c, o_t[0], rtol=5e-5, atol=5e-5)
         torch.testing.assert_close(s_c, s_t[0].transpose(-1, -2), rtol=5e-5, atol=5e-5)
 
@@ -255,8 +270,12 @@ def test_full_rank_gate_equals_low_rank_product() -> None:
     full = _ours_from(tf, safe=True, dtype=torch.float32, full_rank=True)
     assert full.g_proj is not None and low.g_proj is None
     x = _x(20, seed=4)
-    torch.testing.assert_close(_run(full, x, _state(full, x.dtype)), _run(low, x, _state(low, x.dtype)),
-                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        _run(full, x, _state(full, x.dtype)),
+        _run(low, x, _state(low, x.dtype)),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_mixed_batch_equals_each_request_alone() -> None:

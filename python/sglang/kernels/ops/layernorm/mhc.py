@@ -323,9 +323,16 @@ def mhc_pre(
     if norm_weight is not None:
         _norm_eps(norm_eps)
     return _mhc_pre_impl(
-        residual, fn, scale, base, rms_eps=rms_eps, hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters, norm_weight=norm_weight, norm_eps=norm_eps,
-    )  # fmt: skip
+        residual,
+        fn,
+        scale,
+        base,
+        rms_eps=rms_eps,
+        hc_eps=hc_eps,
+        sinkhorn_iters=sinkhorn_iters,
+        norm_weight=norm_weight,
+        norm_eps=norm_eps,
+    )
 
 
 def mhc_post(
@@ -383,9 +390,16 @@ def mhc_fused_post_pre(
         return new_residual, out, post_next, comb_next
     new_residual = hc_post_torch_impl(x, residual, post, comb)
     y, post_next, comb_next = _mhc_pre_impl(
-        new_residual, fn, scale, base, rms_eps=rms_eps, hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters, norm_weight=norm_weight, norm_eps=norm_eps,
-    )  # fmt: skip
+        new_residual,
+        fn,
+        scale,
+        base,
+        rms_eps=rms_eps,
+        hc_eps=hc_eps,
+        sinkhorn_iters=sinkhorn_iters,
+        norm_weight=norm_weight,
+        norm_eps=norm_eps,
+    )
     return new_residual, y, post_next, comb_next
 
 

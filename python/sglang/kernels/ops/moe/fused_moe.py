@@ -430,7 +430,9 @@ def check_moe_inputs(
     return MoEProblem(tokens, h, i, e, topk_ids.shape[1], fp8, (int(block[0]), int(block[1])))
 
 
-def resolve_moe_output(hidden: torch.Tensor, inplace: bool, out: torch.Tensor | None) -> torch.Tensor:
+def resolve_moe_output(
+    hidden: torch.Tensor, inplace: bool, out: torch.Tensor | None
+) -> torch.Tensor:
     if inplace:
         if out is not None and out.data_ptr() != hidden.data_ptr():
             raise ValueError("inplace=True writes into hidden; do not also pass a different out")
@@ -516,10 +518,24 @@ def _launch_gemm1(
     limit: float | None,
 ) -> None:
     _launch_expert_gemm(
-        _moe_gemm1_kernel, a, a_scale, w13, w13_scale, inter_out, align, p, num_slots, cfg,
-        cfg.gemm1, n_cols=p.inter, k_dim=p.hidden, top_k=p.top_k, limit=float(limit or 0.0),
-        ACTIVATION=act, HAS_LIMIT=limit is not None,
-    )  # fmt: skip
+        _moe_gemm1_kernel,
+        a,
+        a_scale,
+        w13,
+        w13_scale,
+        inter_out,
+        align,
+        p,
+        num_slots,
+        cfg,
+        cfg.gemm1,
+        n_cols=p.inter,
+        k_dim=p.hidden,
+        top_k=p.top_k,
+        limit=float(limit or 0.0),
+        ACTIVATION=act,
+        HAS_LIMIT=limit is not None,
+    )
 
 
 def _launch_gemm2(
@@ -535,12 +551,26 @@ def _launch_gemm2(
     cfg: FusedMoeConfig,
 ) -> None:
     _launch_expert_gemm(
-        _moe_gemm2_kernel, a, a_scale, w2, w2_scale, down_out, align, p, num_slots, cfg,
-        cfg.gemm2, n_cols=p.hidden, k_dim=p.inter, topk_weights_ptr=topk_weights,
-    )  # fmt: skip
+        _moe_gemm2_kernel,
+        a,
+        a_scale,
+        w2,
+        w2_scale,
+        down_out,
+        align,
+        p,
+        num_slots,
+        cfg,
+        cfg.gemm2,
+        n_cols=p.hidden,
+        k_dim=p.inter,
+        topk_weights_ptr=topk_weights,
+    )
 
 
-def _launch_sum(down: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, p: MoEProblem) -> None:
+def _launch_sum(
+    down: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, p: MoEProblem
+) -> None:
     tokens = out.shape[0]
     block = min(1024, triton.next_power_of_2(p.hidden))
     grid = (tokens, triton.cdiv(p.hidden, block))

@@ -69,7 +69,15 @@ def gather_combine(
     block = min(1024, triton.next_power_of_2(hidden))
     grid = (t, triton.cdiv(hidden, block))
     _gather_combine_kernel[grid](
-        src, row_of.contiguous(), weights.contiguous(), out, hidden, src.stride(0), out.stride(0),
-        TOP_K=k, BLOCK=block, num_warps=4,
-    )  # fmt: skip
+        src,
+        row_of.contiguous(),
+        weights.contiguous(),
+        out,
+        hidden,
+        src.stride(0),
+        out.stride(0),
+        TOP_K=k,
+        BLOCK=block,
+        num_warps=4,
+    )
     return out

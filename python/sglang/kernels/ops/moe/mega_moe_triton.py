@@ -138,7 +138,9 @@ def fit_config(cfg: MegaMoEConfig, hidden: int, inter: int, fp8: bool) -> MegaMo
 
 
 @triton.jit
-def _wait_at_least(count_ptr, want, status_ptr, timeout_ns, STATUS_CODE: tl.constexpr, USE_TIMER: tl.constexpr):
+def _wait_at_least(
+    count_ptr, want, status_ptr, timeout_ns, STATUS_CODE: tl.constexpr, USE_TIMER: tl.constexpr
+):
     # Acquire-poll ``count >= want``; gives up at the deadline or as soon as any CTA has set the
     # status (then every other waiter leaves quickly too). Returns whether the count was reached.
     seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
@@ -163,13 +165,43 @@ def _wait_at_least(count_ptr, want, status_ptr, timeout_ns, STATUS_CODE: tl.cons
 
 @triton.jit
 def _phase1_tile(
-    mb, n1, x_ptr, xs_ptr, w13_ptr, w13s_ptr, inter_ptr, inters_ptr, stage_ptr, sorted_ptr,
-    expert_ids_ptr, num_slots, inter_dim, k_dim, stride_xm, stride_xsm, stride_we, stride_wn,
-    stride_wse, stride_wsn, stride_im, stride_ism, stride_sm, limit, eps, work_ptr, done1_off,
+    mb,
+    n1,
+    x_ptr,
+    xs_ptr,
+    w13_ptr,
+    w13s_ptr,
+    inter_ptr,
+    inters_ptr,
+    stage_ptr,
+    sorted_ptr,
+    expert_ids_ptr,
+    num_slots,
+    inter_dim,
+    k_dim,
+    stride_xm,
+    stride_xsm,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    stride_im,
+    stride_ism,
+    stride_sm,
+    limit,
+    eps,
+    work_ptr,
+    done1_off,
     groups_off,
-    TOP_K: tl.constexpr, FP8: tl.constexpr, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr,
-    SCALE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    TOP_K: tl.constexpr,
+    FP8: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_LIMIT: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N1: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     expert = tl.load(expert_ids_ptr + mb).to(tl.int64)
     slot = tl.load(sorted_ptr + mb * BLOCK_M + tl.arange(0, BLOCK_M))
     row_ok = slot < num_slots
@@ -206,7 +238,11 @@ def _phase1_tile(
         # Stage the activation in the model dtype; the tile that completes a 128-wide group
         # quantises it per token (as the two-launch path quantises its stored intermediate), and
         # done1 counts quantised groups.
-        tl.store(stage_ptr + row[:, None] * stride_sm + offs_n[None, :], act.to(stage_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(
+            stage_ptr + row[:, None] * stride_sm + offs_n[None, :],
+            act.to(stage_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
         tl.debug_barrier()
         group = (n1 * BLOCK_N1) // SCALE_BLOCK
         group_ptr = work_ptr + groups_off + mb * (inter_dim // SCALE_BLOCK) + group
@@ -215,7 +251,9 @@ def _phase1_tile(
             tl.debug_barrier()
             cols = group * SCALE_BLOCK + tl.arange(0, SCALE_BLOCK)
             staged = tl.load(
-                stage_ptr + row[:, None] * stride_sm + cols[None, :], mask=row_ok[:, None], other=0.0,
+                stage_ptr + row[:, None] * stride_sm + cols[None, :],
+                mask=row_ok[:, None],
+                other=0.0,
                 cache_modifier=".cg",  # other CTAs wrote parts of the group during this launch
             )
             # The same quantiser as the pre-dispatch's per_token_group_quant_fp8.
@@ -237,13 +275,45 @@ def _phase1_tile(
 
 @triton.jit
 def _phase2_tile(
-    mb, n2, inter_ptr, inters_ptr, w2_ptr, w2s_ptr, down_ptr, out_ptr, topk_w_ptr, topk_ids_ptr,
-    sorted_ptr, expert_ids_ptr, num_slots, num_experts, done1_target, n2_tiles, k_dim, stride_im,
-    stride_ism, stride_we,
-    stride_wn, stride_wse, stride_wsn, stride_dm, stride_om, work_ptr, done1_off, combined_off, status_ptr, timeout_ns,
-    TOP_K: tl.constexpr, TOP_K_PAD: tl.constexpr, FP8: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr, USE_TIMER: tl.constexpr,
-):  # fmt: skip
+    mb,
+    n2,
+    inter_ptr,
+    inters_ptr,
+    w2_ptr,
+    w2s_ptr,
+    down_ptr,
+    out_ptr,
+    topk_w_ptr,
+    topk_ids_ptr,
+    sorted_ptr,
+    expert_ids_ptr,
+    num_slots,
+    num_experts,
+    done1_target,
+    n2_tiles,
+    k_dim,
+    stride_im,
+    stride_ism,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    stride_dm,
+    stride_om,
+    work_ptr,
+    done1_off,
+    combined_off,
+    status_ptr,
+    timeout_ns,
+    TOP_K: tl.constexpr,
+    TOP_K_PAD: tl.constexpr,
+    FP8: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N2: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_TIMER: tl.constexpr,
+):
     ready = _wait_at_least(
         work_ptr + done1_off + mb, done1_target, status_ptr, timeout_ns, _TILE_TIMEOUT, USE_TIMER
     )
@@ -308,8 +378,17 @@ def _phase2_tile(
 
 
 @triton.jit
-def _zero_unrouted_rows(out_ptr, topk_ids_ptr, num_tokens, num_experts, hidden, stride_om,
-                        TOP_K: tl.constexpr, TOP_K_PAD: tl.constexpr, BLOCK_Z: tl.constexpr):  # fmt: skip
+def _zero_unrouted_rows(
+    out_ptr,
+    topk_ids_ptr,
+    num_tokens,
+    num_experts,
+    hidden,
+    stride_om,
+    TOP_K: tl.constexpr,
+    TOP_K_PAD: tl.constexpr,
+    BLOCK_Z: tl.constexpr,
+):
     # Tokens whose every slot is masked (-1) get no phase-2 row, so nothing would combine them.
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -321,32 +400,83 @@ def _zero_unrouted_rows(out_ptr, topk_ids_ptr, num_tokens, num_experts, hidden, 
         if routed == 0:
             for c in range(0, hidden, BLOCK_Z):
                 ptrs = out_ptr + t * stride_om + c + cols
-                tl.store(ptrs, tl.zeros((BLOCK_Z,), dtype=out_ptr.dtype.element_ty), mask=c + cols < hidden)
+                tl.store(
+                    ptrs,
+                    tl.zeros((BLOCK_Z,), dtype=out_ptr.dtype.element_ty),
+                    mask=c + cols < hidden,
+                )
 
 
 @triton.jit(do_not_specialize=["timeout_ns"])
 def _mega_moe_kernel(
-    x_ptr, xs_ptr, w13_ptr, w13s_ptr, w2_ptr, w2s_ptr, out_ptr, inter_ptr, inters_ptr, stage_ptr,
+    x_ptr,
+    xs_ptr,
+    w13_ptr,
+    w13s_ptr,
+    w2_ptr,
+    w2s_ptr,
+    out_ptr,
+    inter_ptr,
+    inters_ptr,
+    stage_ptr,
     down_ptr,
-    topk_w_ptr, topk_ids_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr, work_ptr, status_ptr,
-    num_tokens, num_experts, hidden, inter_dim,
-    stride_xm, stride_xsm, stride_w13e, stride_w13n, stride_w13se, stride_w13sn,
-    stride_w2e, stride_w2n, stride_w2se, stride_w2sn, stride_om, stride_im, stride_ism, stride_sm,
-    stride_dm, done1_off, groups_off, combined_off, limit, eps, timeout_ns,
-    TOP_K: tl.constexpr, TOP_K_PAD: tl.constexpr, FP8: tl.constexpr,
-    ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_TIMER: tl.constexpr, WHOLE_GRID_SYNC: tl.constexpr,
-):  # fmt: skip
+    topk_w_ptr,
+    topk_ids_ptr,
+    sorted_ptr,
+    expert_ids_ptr,
+    ntpp_ptr,
+    work_ptr,
+    status_ptr,
+    num_tokens,
+    num_experts,
+    hidden,
+    inter_dim,
+    stride_xm,
+    stride_xsm,
+    stride_w13e,
+    stride_w13n,
+    stride_w13se,
+    stride_w13sn,
+    stride_w2e,
+    stride_w2n,
+    stride_w2se,
+    stride_w2sn,
+    stride_om,
+    stride_im,
+    stride_ism,
+    stride_sm,
+    stride_dm,
+    done1_off,
+    groups_off,
+    combined_off,
+    limit,
+    eps,
+    timeout_ns,
+    TOP_K: tl.constexpr,
+    TOP_K_PAD: tl.constexpr,
+    FP8: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_LIMIT: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N1: tl.constexpr,
+    BLOCK_N2: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_TIMER: tl.constexpr,
+    WHOLE_GRID_SYNC: tl.constexpr,
+):
     grid = tl.num_programs(0)
     num_slots = num_tokens * TOP_K
     go = True
     if WHOLE_GRID_SYNC:
         tl.atomic_add(work_ptr + _BARRIER, 1, sem="release", scope="gpu")
-        go = _wait_at_least(work_ptr + _BARRIER, grid, status_ptr, timeout_ns, _GRID_TIMEOUT, USE_TIMER)
+        go = _wait_at_least(
+            work_ptr + _BARRIER, grid, status_ptr, timeout_ns, _GRID_TIMEOUT, USE_TIMER
+        )
     if go:
-        _zero_unrouted_rows(out_ptr, topk_ids_ptr, num_tokens, num_experts, hidden, stride_om,
-                            TOP_K, TOP_K_PAD, 256)  # fmt: skip
+        _zero_unrouted_rows(
+            out_ptr, topk_ids_ptr, num_tokens, num_experts, hidden, stride_om, TOP_K, TOP_K_PAD, 256
+        )
         num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M
         n1_tiles = inter_dim // BLOCK_N1
         n2_tiles = hidden // BLOCK_N2
@@ -359,23 +489,85 @@ def _mega_moe_kernel(
         while tile < total:
             if tile < phase1:
                 _phase1_tile(
-                    tile // n1_tiles, tile % n1_tiles, x_ptr, xs_ptr, w13_ptr, w13s_ptr,
-                    inter_ptr, inters_ptr, stage_ptr, sorted_ptr, expert_ids_ptr, num_slots,
-                    inter_dim, hidden, stride_xm, stride_xsm, stride_w13e, stride_w13n,
-                    stride_w13se, stride_w13sn, stride_im, stride_ism, stride_sm, limit, eps,
-                    work_ptr, done1_off, groups_off, TOP_K, FP8, ACTIVATION, HAS_LIMIT, SCALE_BLOCK, BLOCK_M, BLOCK_N1,
+                    tile // n1_tiles,
+                    tile % n1_tiles,
+                    x_ptr,
+                    xs_ptr,
+                    w13_ptr,
+                    w13s_ptr,
+                    inter_ptr,
+                    inters_ptr,
+                    stage_ptr,
+                    sorted_ptr,
+                    expert_ids_ptr,
+                    num_slots,
+                    inter_dim,
+                    hidden,
+                    stride_xm,
+                    stride_xsm,
+                    stride_w13e,
+                    stride_w13n,
+                    stride_w13se,
+                    stride_w13sn,
+                    stride_im,
+                    stride_ism,
+                    stride_sm,
+                    limit,
+                    eps,
+                    work_ptr,
+                    done1_off,
+                    groups_off,
+                    TOP_K,
+                    FP8,
+                    ACTIVATION,
+                    HAS_LIMIT,
+                    SCALE_BLOCK,
+                    BLOCK_M,
+                    BLOCK_N1,
                     BLOCK_K,
-                )  # fmt: skip
+                )
             else:
                 t2 = tile - phase1
                 _phase2_tile(
-                    t2 // n2_tiles, t2 % n2_tiles, inter_ptr, inters_ptr, w2_ptr, w2s_ptr, down_ptr,
-                    out_ptr, topk_w_ptr, topk_ids_ptr, sorted_ptr, expert_ids_ptr, num_slots,
-                    num_experts, done1_target, n2_tiles, inter_dim, stride_im, stride_ism, stride_w2e, stride_w2n, stride_w2se,
-                    stride_w2sn, stride_dm, stride_om, work_ptr, done1_off,
-                    combined_off, status_ptr, timeout_ns, TOP_K, TOP_K_PAD, FP8, SCALE_BLOCK,
-                    BLOCK_M, BLOCK_N2, BLOCK_K, USE_TIMER,
-                )  # fmt: skip
+                    t2 // n2_tiles,
+                    t2 % n2_tiles,
+                    inter_ptr,
+                    inters_ptr,
+                    w2_ptr,
+                    w2s_ptr,
+                    down_ptr,
+                    out_ptr,
+                    topk_w_ptr,
+                    topk_ids_ptr,
+                    sorted_ptr,
+                    expert_ids_ptr,
+                    num_slots,
+                    num_experts,
+                    done1_target,
+                    n2_tiles,
+                    inter_dim,
+                    stride_im,
+                    stride_ism,
+                    stride_w2e,
+                    stride_w2n,
+                    stride_w2se,
+                    stride_w2sn,
+                    stride_dm,
+                    stride_om,
+                    work_ptr,
+                    done1_off,
+                    combined_off,
+                    status_ptr,
+                    timeout_ns,
+                    TOP_K,
+                    TOP_K_PAD,
+                    FP8,
+                    SCALE_BLOCK,
+                    BLOCK_M,
+                    BLOCK_N2,
+                    BLOCK_K,
+                    USE_TIMER,
+                )
             tile = tl.atomic_add(work_ptr + _QUEUE, 1, sem="relaxed", scope="gpu")
     # The last CTA out re-arms the queue and the block counters: every other CTA has made its
     # final claim and finished its tiles by now. (Clearing them here, not per block, keeps
@@ -457,9 +649,13 @@ def mega_fused_experts(
     :func:`raise_if_timed_out` (or ``launch_info[-1].check()``) reads. Shapes must tile evenly:
     ``I % block_n1``, ``H % block_n2`` and both ``% block_k``; FP8 needs 128x128 blocks."""
     code = activation_code(activation, swiglu_limit)
-    p = check_moe_inputs(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_shape, out)
+    p = check_moe_inputs(
+        hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_shape, out
+    )
     result = resolve_moe_output(hidden, False, out)
-    cfg = config or fit_config(get_mega_config(p.tokens, p.num_experts, p.top_k, p.fp8), p.hidden, p.inter, p.fp8)
+    cfg = config or fit_config(
+        get_mega_config(p.tokens, p.num_experts, p.top_k, p.fp8), p.hidden, p.inter, p.fp8
+    )
     problem = unsupported_reason(p.hidden, p.inter, p.fp8, p.block, cfg)
     if problem is not None:
         raise ValueError(f"Triton MegaMoE cannot take this shape: {problem}")
@@ -469,7 +665,9 @@ def mega_fused_experts(
         return result
     for t in (hidden, w13, w2, w13_scale, w2_scale):
         if t is not None and t.stride(-1) != 1:
-            raise ValueError("Triton MegaMoE needs the last dimension of hidden, weights and scales contiguous")
+            raise ValueError(
+                "Triton MegaMoE needs the last dimension of hidden, weights and scales contiguous"
+            )
     ids = topk_ids.to(torch.int32).contiguous()
     weights = topk_weights.float().contiguous()
     sorted_ids, expert_ids, ntpp = moe_align_block_size(ids, cfg.block_m, p.num_experts)
@@ -493,25 +691,71 @@ def mega_fused_experts(
     assert s13 is not None and s2 is not None
     launch_grid = grid if grid is not None else num_sms * cfg.ctas_per_sm
     compiled = _mega_moe_kernel[(launch_grid,)](
-        x, x_scale, w13, s13, w2, s2, result, inter, inter_scale, stage, down, weights, ids, sorted_ids, expert_ids, ntpp,
-        ws.counters, ws.status, p.tokens, p.num_experts, p.hidden, p.inter,
-        x.stride(0), x_scale.stride(0), w13.stride(0), w13.stride(1),
-        s13.stride(0) if p.fp8 else 0, s13.stride(1) if p.fp8 else 0,
-        w2.stride(0), w2.stride(1), s2.stride(0) if p.fp8 else 0, s2.stride(1) if p.fp8 else 0,
-        result.stride(0), inter.stride(0), inter_scale.stride(0), stage.stride(0), down.stride(0),
-        layout.done1, layout.groups, layout.combined, float(swiglu_limit or 0.0), DEFAULT_EPS,
+        x,
+        x_scale,
+        w13,
+        s13,
+        w2,
+        s2,
+        result,
+        inter,
+        inter_scale,
+        stage,
+        down,
+        weights,
+        ids,
+        sorted_ids,
+        expert_ids,
+        ntpp,
+        ws.counters,
+        ws.status,
+        p.tokens,
+        p.num_experts,
+        p.hidden,
+        p.inter,
+        x.stride(0),
+        x_scale.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        s13.stride(0) if p.fp8 else 0,
+        s13.stride(1) if p.fp8 else 0,
+        w2.stride(0),
+        w2.stride(1),
+        s2.stride(0) if p.fp8 else 0,
+        s2.stride(1) if p.fp8 else 0,
+        result.stride(0),
+        inter.stride(0),
+        inter_scale.stride(0),
+        stage.stride(0),
+        down.stride(0),
+        layout.done1,
+        layout.groups,
+        layout.combined,
+        float(swiglu_limit or 0.0),
+        DEFAULT_EPS,
         int(timeout_ms * 1e6),
-        TOP_K=p.top_k, TOP_K_PAD=triton.next_power_of_2(p.top_k), FP8=p.fp8, ACTIVATION=code,
-        HAS_LIMIT=swiglu_limit is not None, SCALE_BLOCK=p.block[0], BLOCK_M=cfg.block_m,
-        BLOCK_N1=cfg.block_n1, BLOCK_N2=cfg.block_n2, BLOCK_K=cfg.block_k,
-        USE_TIMER=not interpreter_enabled(), WHOLE_GRID_SYNC=whole_grid_sync,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+        TOP_K=p.top_k,
+        TOP_K_PAD=triton.next_power_of_2(p.top_k),
+        FP8=p.fp8,
+        ACTIVATION=code,
+        HAS_LIMIT=swiglu_limit is not None,
+        SCALE_BLOCK=p.block[0],
+        BLOCK_M=cfg.block_m,
+        BLOCK_N1=cfg.block_n1,
+        BLOCK_N2=cfg.block_n2,
+        BLOCK_K=cfg.block_k,
+        USE_TIMER=not interpreter_enabled(),
+        WHOLE_GRID_SYNC=whole_grid_sync,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     if launch_info is not None:
         launch_info.append(MegaMoELaunch(launch_grid, ws, timeout_ms, compiled))
     if (launch_grid, cfg) not in _logged_launches:  # once per shape, off the per-call path
         _logged_launches.add((launch_grid, cfg))
-        logger.info(f"Triton MegaMoE: one persistent launch of {launch_grid} CTAs on a {num_sms}-SM budget (tiles {cfg})")
+        logger.info(
+            f"Triton MegaMoE: one persistent launch of {launch_grid} CTAs on a {num_sms}-SM budget (tiles {cfg})"
+        )
     return result
 
 

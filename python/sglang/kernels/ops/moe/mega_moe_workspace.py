@@ -83,5 +83,7 @@ def get_workspace(device: torch.device, words: int) -> Workspace:
             )
             _workspaces[key] = ws
         elif ws.counters.numel() < words:
-            ws.counters = torch.zeros(max(words, 2 * ws.counters.numel()), dtype=torch.int32, device=device)
+            ws.counters = torch.zeros(
+                max(words, 2 * ws.counters.numel()), dtype=torch.int32, device=device
+            )
         return ws

@@ -130,9 +130,15 @@ class DeepseekV4Attention(nn.Module):
             )
         if self.kind == "csa":
             self.indexer = LightningIndexer(
-                hidden_size=h, q_lora_rank=c.q_lora_rank, n_heads=c.index_n_heads, head_dim=c.index_head_dim,
-                ratio=self.ratio, topk=c.index_topk, rms_eps=c.rms_norm_eps, **dt,
-            )  # fmt: skip
+                hidden_size=h,
+                q_lora_rank=c.q_lora_rank,
+                n_heads=c.index_n_heads,
+                head_dim=c.index_head_dim,
+                ratio=self.ratio,
+                topk=c.index_topk,
+                rms_eps=c.rms_norm_eps,
+                **dt,
+            )
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, segments: list[AttnSegment]
@@ -166,9 +172,17 @@ class DeepseekV4Attention(nn.Module):
             window.append(kv[rows])
             entries, visible = self._compressed_entries(seg.cache, rows, pos, comp, idx)
             o[rows] = dsv4_attention(
-                q[rows], pos, q_first, win_kv, win_first, entries, visible, self.attn_sink,
-                scale=self.scale, window=self.window,
-            )  # fmt: skip
+                q[rows],
+                pos,
+                q_first,
+                win_kv,
+                win_first,
+                entries,
+                visible,
+                self.attn_sink,
+                scale=self.scale,
+                window=self.window,
+            )
         return self.output(o, p, x.dtype)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> Projected:

@@ -48,7 +48,9 @@ class ExpertWeights:
                 want = (w.shape[0], -(-w.shape[1] // FP8_BLOCK[0]), -(-w.shape[2] // FP8_BLOCK[1]))
                 if s is None or tuple(s.shape) != want:
                     got = None if s is None else tuple(s.shape)
-                    raise ValueError(f"FP8 {name} of shape {tuple(w.shape)} needs block scales {want}, got {got}")
+                    raise ValueError(
+                        f"FP8 {name} of shape {tuple(w.shape)} needs block scales {want}, got {got}"
+                    )
 
     @property
     def is_fp8(self) -> bool:
@@ -100,7 +102,9 @@ class ExpertWeights:
         assert self.w13_scale is not None and self.w2_scale is not None
         b = FP8_BLOCK[0]
         nb, ib = inter // b, (lo // b, hi // b)
-        s13 = torch.cat([self.w13_scale[:, ib[0] : ib[1]], self.w13_scale[:, nb + ib[0] : nb + ib[1]]], dim=1)
+        s13 = torch.cat(
+            [self.w13_scale[:, ib[0] : ib[1]], self.w13_scale[:, nb + ib[0] : nb + ib[1]]], dim=1
+        )
         s2 = self.w2_scale[:, :, ib[0] : ib[1]]
         return ExpertWeights(w13.contiguous(), w2.contiguous(), s13.contiguous(), s2.contiguous())
 
@@ -126,8 +130,12 @@ def expert_weights_from_checkpoint(
     if fmt is WeightFormat.FP8:
         if w13.dtype != torch.float8_e4m3fn or w2.dtype != torch.float8_e4m3fn:
             raise TypeError(f"FP8 experts must be float8_e4m3fn, got {w13.dtype} and {w2.dtype}")
-        return ExpertWeights(w13, w2, w13_scale.float() if w13_scale is not None else None,
-                             w2_scale.float() if w2_scale is not None else None)
+        return ExpertWeights(
+            w13,
+            w2,
+            w13_scale.float() if w13_scale is not None else None,
+            w2_scale.float() if w2_scale is not None else None,
+        )
     if w13_scale is None or w2_scale is None:
         raise ValueError("MXFP4 experts need their UE8M0 scales (w13_scale and w2_scale)")
     return ExpertWeights(dequant_mxfp4(w13, w13_scale, dtype), dequant_mxfp4(w2, w2_scale, dtype))
@@ -139,5 +147,7 @@ def stack_expert_tensors(
     """Per-expert checkpoint tensors (w1=gate [I, H], w3=up [I, H], w2=down [H, I]) -> stacked
     ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` (works for packed and scale tensors alike)."""
     if not (len(gate) == len(up) == len(down)) or not gate:
-        raise ValueError(f"need the same non-zero number of gate/up/down tensors, got {len(gate)}/{len(up)}/{len(down)}")
+        raise ValueError(
+            f"need the same non-zero number of gate/up/down tensors, got {len(gate)}/{len(up)}/{len(down)}"
+        )
     return torch.stack([torch.cat([g, u], dim=0) for g, u in zip(gate, up)]), torch.stack(down)

@@ -57,13 +57,22 @@ def resolve_runner_name(name: str, device: torch.device) -> str:
 
 class FusedMoE(nn.Module):
     def __init__(
-        self, config: FusedMoEConfig, *, tp_rank: int = 0, tp_size: int = 1, device: torch.device | str = "cpu"
+        self,
+        config: FusedMoEConfig,
+        *,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        device: torch.device | str = "cpu",
     ) -> None:
         super().__init__()
         if config.a2a_backend not in ("none", "megamoe"):
-            raise ValueError(f"unknown MoE a2a backend {config.a2a_backend!r}; expected 'none' or 'megamoe'")
+            raise ValueError(
+                f"unknown MoE a2a backend {config.a2a_backend!r}; expected 'none' or 'megamoe'"
+            )
         if config.a2a_backend == "megamoe" and config.num_experts % tp_size:
-            raise ValueError(f"megamoe places whole experts: {config.num_experts} experts over {tp_size} ranks")
+            raise ValueError(
+                f"megamoe places whole experts: {config.num_experts} experts over {tp_size} ranks"
+            )
         self.config = config
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.device = torch.device(device)
@@ -81,7 +90,11 @@ class FusedMoE(nn.Module):
         self.mega_params = MegaMoEParams(
             c.num_experts, c.top_k, c.hidden_size, c.intermediate_size, c.activation, c.swiglu_limit
         )
-        log_once(logger, logging.INFO, f"MoE runner: {name} (requested {config.runner}), a2a: {config.a2a_backend}")
+        log_once(
+            logger,
+            logging.INFO,
+            f"MoE runner: {name} (requested {config.runner}), a2a: {config.a2a_backend}",
+        )
 
     @property
     def expert_parallel(self) -> bool:
@@ -102,7 +115,9 @@ class FusedMoE(nn.Module):
         if self.expert_parallel or self.tp_size == 1:
             return range(inter)
         if inter % self.tp_size:
-            raise ValueError(f"intermediate size {inter} is not divisible by tp size {self.tp_size}")
+            raise ValueError(
+                f"intermediate size {inter} is not divisible by tp size {self.tp_size}"
+            )
         part = inter // self.tp_size
         return range(self.tp_rank * part, (self.tp_rank + 1) * part)
 
@@ -129,9 +144,14 @@ class FusedMoE(nn.Module):
         ``local_intermediate``): loaders slice quantised checkpoints before dequantising."""
         want = (len(self.local_experts), 2 * len(self.local_intermediate), self.config.hidden_size)
         if tuple(part.w13.shape) != want:
-            raise ValueError(f"this rank's MoE w13 has shape {tuple(part.w13.shape)}, expected {want}")
+            raise ValueError(
+                f"this rank's MoE w13 has shape {tuple(part.w13.shape)}, expected {want}"
+            )
         self.weights = ExpertWeights(
-            *(None if t is None else t.to(self.device) for t in (part.w13, part.w2, part.w13_scale, part.w2_scale))
+            *(
+                None if t is None else t.to(self.device)
+                for t in (part.w13, part.w2, part.w13_scale, part.w2_scale)
+            )
         )
 
     def set_mega_weights(self, mega_weights: Any) -> None:
@@ -146,7 +166,9 @@ class FusedMoE(nn.Module):
         local = torch.where(mine, ids - r.start, torch.full_like(ids, -1))
         return TopKOutput(torch.where(mine, topk.topk_weights, 0.0), local)
 
-    def forward(self, hidden: torch.Tensor, topk: TopKOutput, *, inplace: bool = False) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, topk: TopKOutput, *, inplace: bool = False
+    ) -> torch.Tensor:
         if self.expert_parallel:
             return self.forward_mega(hidden, topk)
         if self.weights is None:
@@ -179,12 +201,19 @@ class FusedMoE(nn.Module):
         """Which MegaMoE kernel this layer's decode-sized batches take, and why (startup log)."""
         x = torch.empty(1, self.config.hidden_size, dtype=dtype, device=self.device)
         choice = choose_mega_backend(
-            get_deep_gemm(), get_tp_group_or_none(), x, self.mega_weights, self.mega_params,
-            device=self.device if self.device.type == "cuda" else None, local_weights=self.weights,
-        )  # fmt: skip
+            get_deep_gemm(),
+            get_tp_group_or_none(),
+            x,
+            self.mega_weights,
+            self.mega_params,
+            device=self.device if self.device.type == "cuda" else None,
+            local_weights=self.weights,
+        )
         return choice.describe()
 
-    def _forward_runner(self, hidden: torch.Tensor, topk: TopKOutput, inplace: bool) -> torch.Tensor:
+    def _forward_runner(
+        self, hidden: torch.Tensor, topk: TopKOutput, inplace: bool
+    ) -> torch.Tensor:
         assert self.weights is not None
         out = self.runner.run(hidden, topk, self.weights, inplace=inplace)
         if self.config.reduce_results and self.tp_size > 1:

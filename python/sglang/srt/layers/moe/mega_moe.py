@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from sglang.srt.environ import envs
 from sglang.srt.layers.deep_gemm_adapter import has_entry_point, resolve_entry_point
-from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe import mega_moe_triton_backend as triton_backend
+from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner.base import moe_output_scope
 from sglang.srt.layers.moe.sm_budget import (  # noqa: F401  (the seed's names, importable here)
     _configure_mega_moe_deep_gemm_num_sms,
@@ -74,11 +74,16 @@ def mega_moe_process_group(group: Any) -> Any:
     if not _single_rank_group:
         if not dist.is_initialized():
             dist.init_process_group(
-                "nccl", store=dist.HashStore(), rank=0, world_size=1,
+                "nccl",
+                store=dist.HashStore(),
+                rank=0,
+                world_size=1,
                 device_id=torch.device("cuda", torch.cuda.current_device()),
-            )  # fmt: skip
+            )
         if dist.get_world_size() != 1:
-            raise RuntimeError("MegaMoE without a TP group needs a one-process torch.distributed world")
+            raise RuntimeError(
+                "MegaMoE without a TP group needs a one-process torch.distributed world"
+            )
         _single_rank_group.append(dist.group.WORLD)
     return _single_rank_group[0]
 
@@ -98,17 +103,29 @@ def _get_mega_moe_symm_buffer(
     """The cached ``deep_gemm.get_symm_buffer_for_mega_moe`` buffer for these parameters, made
     on DeepGEMM's original SM count (outside the reserved-SM context)."""
     key = MegaMoEBufferKey(
-        id(group), num_max_tokens_per_rank, num_experts, num_topk, hidden, intermediate_hidden,
-        activation, mma_type,
-    )  # fmt: skip
+        id(group),
+        num_max_tokens_per_rank,
+        num_experts,
+        num_topk,
+        hidden,
+        intermediate_hidden,
+        activation,
+        mma_type,
+    )
     with _symm_buffers_lock:
         hit = _symm_buffers.get(key)
         if hit is None:
             make = resolve_entry_point(deep_gemm, "mega_moe_buffer")
             buf = make(
-                mega_moe_process_group(group), num_experts, num_max_tokens_per_rank, num_topk,
-                hidden, intermediate_hidden, mma_type=mma_type, activation=activation,
-            )  # fmt: skip
+                mega_moe_process_group(group),
+                num_experts,
+                num_max_tokens_per_rank,
+                num_topk,
+                hidden,
+                intermediate_hidden,
+                mma_type=mma_type,
+                activation=activation,
+            )
             # The group is kept alive beside the buffer, so its id() cannot be reused.
             hit = _symm_buffers[key] = (group, buf)
         return hit[1]
@@ -157,7 +174,9 @@ def mega_moe_pre_dispatch(
     if t > capacity:
         raise ValueError(f"{t} tokens exceed the MegaMoE buffer's {capacity} tokens per rank")
     if hidden % (group_size * 4):
-        raise ValueError(f"hidden {hidden} must be a multiple of {group_size * 4} for packed UE8M0 scales")
+        raise ValueError(
+            f"hidden {hidden} must be a multiple of {group_size * 4} for packed UE8M0 scales"
+        )
     groups = x[:t].float().view(t, hidden // group_size, group_size)
     amax = groups.abs().amax(-1).clamp_min(1e-10)
     exponent = torch.ceil(torch.log2(amax / _FP8_MAX))
@@ -193,16 +212,21 @@ def mega_moe_shape_reason(params: MegaMoEParams, arch: int) -> str | None:
                 f"({params.intermediate_hidden}) in multiples of 128"
             )
         if params.activation != "swiglu":
-            return f"its SM90 kernel has SwiGLU only, not {params.activation!r} (SiTU is SM100-only)"
+            return (
+                f"its SM90 kernel has SwiGLU only, not {params.activation!r} (SiTU is SM100-only)"
+            )
         if params.intermediate_hidden > SM90_MAX_INTERMEDIATE:
             return f"its SM90 kernel takes intermediate <= {SM90_MAX_INTERMEDIATE}, not {params.intermediate_hidden}"
     return None
 
 
 def mega_moe_unusable_reason(
-    deep_gemm: Any, num_tokens: int, arch: int, params: MegaMoEParams | None = None,
+    deep_gemm: Any,
+    num_tokens: int,
+    arch: int,
+    params: MegaMoEParams | None = None,
     dtype: torch.dtype = torch.bfloat16,
-) -> str | None:  # fmt: skip
+) -> str | None:
     """Why DeepGEMM's MegaMoE path cannot take this batch (``None`` when it can)."""
     if deep_gemm is None:
         return "DeepGEMM is unusable"
@@ -217,9 +241,7 @@ def mega_moe_unusable_reason(
         return f"its SM90 pre-dispatch takes bf16 activations, not {dtype}"
     cap = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()
     if num_tokens > cap:
-        return (
-            f"batch of {num_tokens} tokens exceeds SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK={cap}"
-        )
+        return f"batch of {num_tokens} tokens exceeds SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK={cap}"
     return None
 
 
@@ -273,9 +295,16 @@ def run_mega_routed_experts(
         # Hopper: DeepGEMM's own pre-dispatch (fp32 scales per 128 values, int32 ids in).
         pre_dispatch = resolve_entry_point(deep_gemm, "sm90_mega_moe_pre_dispatch")
         pre_dispatch(
-            x, topk_ids.int(), weights, buf.x, buf.x_sf, buf.topk_idx, buf.topk_weights,
-            num_tokens=num_tokens, group_size=128,
-        )  # fmt: skip
+            x,
+            topk_ids.int(),
+            weights,
+            buf.x,
+            buf.x_sf,
+            buf.topk_idx,
+            buf.topk_weights,
+            num_tokens=num_tokens,
+            group_size=128,
+        )
         kernel = resolve_entry_point(deep_gemm, "sm90_mega_moe")
         with _configure_mega_moe_deep_gemm_num_sms(deep_gemm, device):
             kernel(y, l1_weights, l2_weights, buf, recipe=(128, 128, 128), **kwargs)
@@ -318,10 +347,14 @@ def choose_mega_backend(
     if reason is None:
         return MegaBackendChoice("deep_gemm", f"{mega_moe_kernel_name(arch)} (sm_{arch})")
     group_size = int(getattr(group, "world_size", 1)) if group is not None else 1
-    config, triton_reason = triton_backend.triton_mega_config(x, local_weights, group_size, params.num_topk)
+    config, triton_reason = triton_backend.triton_mega_config(
+        x, local_weights, group_size, params.num_topk
+    )
     if config is not None:
         return MegaBackendChoice("triton", reason, config)
-    return MegaBackendChoice("none", f"DeepGEMM's kernel: {reason}; our Triton kernel: {triton_reason}")
+    return MegaBackendChoice(
+        "none", f"DeepGEMM's kernel: {reason}; our Triton kernel: {triton_reason}"
+    )
 
 
 def try_run_mega_routed(
@@ -330,7 +363,8 @@ def try_run_mega_routed(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
-    mega_weights: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None,
+    mega_weights: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    | None,
     params: MegaMoEParams,
     *,
     device: int | torch.device | None = None,
@@ -345,16 +379,31 @@ def try_run_mega_routed(
         deep_gemm, group, x, mega_weights, params, device=device, local_weights=local_weights
     )
     if choice.backend == "none":
-        log_once(logger, logging.WARNING, f"MegaMoE falls back to the normal MoE path: {choice.why}")
+        log_once(
+            logger, logging.WARNING, f"MegaMoE falls back to the normal MoE path: {choice.why}"
+        )
         return None
     log_once(logger, logging.INFO, f"MegaMoE backend: {choice.describe()}")
     if choice.backend == "deep_gemm":
         assert mega_weights is not None
         return run_mega_routed_experts(
-            deep_gemm, group, x, topk_ids, topk_weights, mega_weights[0], mega_weights[1], params, device=device
+            deep_gemm,
+            group,
+            x,
+            topk_ids,
+            topk_weights,
+            mega_weights[0],
+            mega_weights[1],
+            params,
+            device=device,
         )
     assert local_weights is not None
     return triton_backend.run_triton_mega_routed(
-        x, topk_ids, topk_weights, local_weights, activation=params.activation,
-        swiglu_limit=params.activation_clamp, config=choice.triton_config,
-    )  # fmt: skip
+        x,
+        topk_ids,
+        topk_weights,
+        local_weights,
+        activation=params.activation,
+        swiglu_limit=params.activation_clamp,
+        config=choice.triton_config,
+    )

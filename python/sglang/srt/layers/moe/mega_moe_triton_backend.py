@@ -41,9 +41,15 @@ def triton_mega_config(
     if not x.is_cuda:
         return None, "the Triton MegaMoE kernel needs a CUDA device"
     if group_size > 1:
-        return None, f"the Triton MegaMoE kernel runs on one GPU and this expert-parallel group has {group_size} ranks"
+        return (
+            None,
+            f"the Triton MegaMoE kernel runs on one GPU and this expert-parallel group has {group_size} ranks",
+        )
     if weights.w13.dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
-        return None, f"expert weights of dtype {weights.w13.dtype} (bf16, fp16 or FP8 128x128 blocks supported)"
+        return (
+            None,
+            f"expert weights of dtype {weights.w13.dtype} (bf16, fp16 or FP8 128x128 blocks supported)",
+        )
     from sglang.kernels.ops.moe.mega_moe_triton import (
         fit_config,
         get_mega_config,
@@ -84,12 +90,22 @@ def run_triton_mega_routed(
     )
     launch: list[MegaMoELaunch] = []
     out = mega_fused_experts(
-        x, weights.w13, weights.w2, topk_weights, topk_ids, config=config,
-        num_sms=budget, activation=activation, swiglu_limit=swiglu_limit,
-        w13_scale=weights.w13_scale, w2_scale=weights.w2_scale, block_shape=weights.block_shape,
-        out=allocate_moe_output(x), timeout_ms=envs.SGLANG_MEGA_MOE_WAIT_TIMEOUT_MS.get(),
+        x,
+        weights.w13,
+        weights.w2,
+        topk_weights,
+        topk_ids,
+        config=config,
+        num_sms=budget,
+        activation=activation,
+        swiglu_limit=swiglu_limit,
+        w13_scale=weights.w13_scale,
+        w2_scale=weights.w2_scale,
+        block_shape=weights.block_shape,
+        out=allocate_moe_output(x),
+        timeout_ms=envs.SGLANG_MEGA_MOE_WAIT_TIMEOUT_MS.get(),
         launch_info=launch,
-    )  # fmt: skip
+    )
     _maybe_check(launch)
     return out
 

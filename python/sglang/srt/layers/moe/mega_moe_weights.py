@@ -118,14 +118,18 @@ def utccp_transpose(sf: Tensor) -> Tensor:
     row ``i*32 + j`` of a block moves to row ``j*4 + i``."""
     e, mn, k = _check_utccp(sf)
     a, b = UTCCP_BLOCK
-    return _same_strides_copy(sf, sf.reshape(e, mn // (a * b), a, b, k).transpose(2, 3).reshape(e, mn, k))
+    return _same_strides_copy(
+        sf, sf.reshape(e, mn // (a * b), a, b, k).transpose(2, 3).reshape(e, mn, k)
+    )
 
 
 def utccp_untranspose(sf: Tensor) -> Tensor:
     """Inverse of :func:`utccp_transpose`."""
     e, mn, k = _check_utccp(sf)
     a, b = UTCCP_BLOCK
-    return _same_strides_copy(sf, sf.reshape(e, mn // (a * b), b, a, k).transpose(2, 3).reshape(e, mn, k))
+    return _same_strides_copy(
+        sf, sf.reshape(e, mn // (a * b), b, a, k).transpose(2, 3).reshape(e, mn, k)
+    )
 
 
 def ue8m0_bytes(scale: Tensor, what: str) -> Tensor:
@@ -163,12 +167,22 @@ def _check_tiling(hidden: int, inter: int) -> None:
     # UTCCP reads 128-row blocks (L2 rows = H); packed scale words cover 4 x 32 = 128 K values
     # (L1 K = H, L2 K = I); the kernels tile the expert width by 128.
     for name, value in (("hidden", hidden), ("intermediate", inter)):
-        _require(value % 128 == 0, f"MegaMoE needs the expert {name} size ({value}) to be a multiple of 128")
+        _require(
+            value % 128 == 0,
+            f"MegaMoE needs the expert {name} size ({value}) to be a multiple of 128",
+        )
 
 
-def _transform_sf(deep_gemm: Any, sf: Tensor, mn: int, k: int, num_groups: int, what: str) -> Tensor:
+def _transform_sf(
+    deep_gemm: Any, sf: Tensor, mn: int, k: int, num_groups: int, what: str
+) -> Tensor:
     out = deep_gemm.transform_sf_into_required_layout(
-        ue8m0_to_float(sf), mn, k, recipe=MXFP4_SF_RECIPE, num_groups=num_groups, disable_ue8m0_cast=False
+        ue8m0_to_float(sf),
+        mn,
+        k,
+        recipe=MXFP4_SF_RECIPE,
+        num_groups=num_groups,
+        disable_ue8m0_cast=False,
     )
     want = (num_groups, mn, k // (MXFP4_GROUP * SF_PER_INT32))
     _require(
@@ -183,7 +197,9 @@ def _build_mxfp4(deep_gemm: Any, w13: Tensor, w2: Tensor, s13: Tensor, s2: Tenso
     e, two_i, h_half = w13.shape
     inter, hidden = two_i // 2, h_half * 2
     _require(two_i % 2 == 0, f"MXFP4 w13 {tuple(w13.shape)}: rows must be [gate; up] (even)")
-    _require(w2.dtype in MXFP4_DTYPES, f"MXFP4 w2 must be packed uint8/int8 like w13, got {w2.dtype}")
+    _require(
+        w2.dtype in MXFP4_DTYPES, f"MXFP4 w2 must be packed uint8/int8 like w13, got {w2.dtype}"
+    )
     _require(
         tuple(w2.shape) == (e, hidden, inter // 2),
         f"MXFP4 w2 has shape {tuple(w2.shape)}; w13 {tuple(w13.shape)} needs {(e, hidden, inter // 2)}",
@@ -192,11 +208,16 @@ def _build_mxfp4(deep_gemm: Any, w13: Tensor, w2: Tensor, s13: Tensor, s2: Tenso
         ("w13_scale", s13, (e, two_i, hidden // MXFP4_GROUP)),
         ("w2_scale", s2, (e, hidden, inter // MXFP4_GROUP)),
     ):
-        _require(tuple(s.shape) == want, f"MXFP4 {name} has shape {tuple(s.shape)}, expected {want}")
+        _require(
+            tuple(s.shape) == want, f"MXFP4 {name} has shape {tuple(s.shape)}, expected {want}"
+        )
     _check_tiling(hidden, inter)
     sf13 = _transform_sf(deep_gemm, ue8m0_bytes(s13, "w13_scale"), two_i, hidden, e, "w13")
     sf2 = _transform_sf(deep_gemm, ue8m0_bytes(s2, "w2_scale"), hidden, inter, e, "w2")
-    l1 = (interleave_gate_up(w13.view(torch.int8).contiguous()), utccp_transpose(interleave_gate_up(sf13)))
+    l1 = (
+        interleave_gate_up(w13.view(torch.int8).contiguous()),
+        utccp_transpose(interleave_gate_up(sf13)),
+    )
     l2 = (w2.view(torch.int8).contiguous(), utccp_transpose(sf2))
     return l1, l2
 
@@ -204,7 +225,9 @@ def _build_mxfp4(deep_gemm: Any, w13: Tensor, w2: Tensor, s13: Tensor, s2: Tenso
 def _build_fp8(deep_gemm: Any, w13: Tensor, w2: Tensor, s13: Tensor, s2: Tensor) -> MegaWeights:
     e, two_i, hidden = w13.shape
     inter = two_i // 2
-    _require(w2.dtype == torch.float8_e4m3fn, f"FP8 w2 must be float8_e4m3fn like w13, got {w2.dtype}")
+    _require(
+        w2.dtype == torch.float8_e4m3fn, f"FP8 w2 must be float8_e4m3fn like w13, got {w2.dtype}"
+    )
     _require(
         tuple(w2.shape) == (e, hidden, inter),
         f"FP8 w2 has shape {tuple(w2.shape)}; w13 {tuple(w13.shape)} needs {(e, hidden, inter)}",
@@ -221,7 +244,9 @@ def _build_fp8(deep_gemm: Any, w13: Tensor, w2: Tensor, s13: Tensor, s2: Tensor)
     # DeepGEMM's own transform (the rows of gate and up interleaved by 8, scales unchanged);
     # a GPU test checks it equals interleave_gate_up, which the fake kernel undoes.
     transform = resolve_entry_point(deep_gemm, "sm90_mega_moe_weights")
-    l1, l2 = transform((w13.contiguous(), s13.float().contiguous()), (w2.contiguous(), s2.float().contiguous()))
+    l1, l2 = transform(
+        (w13.contiguous(), s13.float().contiguous()), (w2.contiguous(), s2.float().contiguous())
+    )
     return (l1[0], l1[1]), (l2[0], l2[1])
 
 
@@ -253,7 +278,9 @@ def build_mega_moe_experts_weights(
         raise MegaMoEWeightError(f"{fmt} experts need both scales (w13_scale and w2_scale)")
     if fmt == "MXFP4":
         if not callable(getattr(deep_gemm, "transform_sf_into_required_layout", None)):
-            raise MegaMoEWeightError("the installed DeepGEMM has no transform_sf_into_required_layout()")
+            raise MegaMoEWeightError(
+                "the installed DeepGEMM has no transform_sf_into_required_layout()"
+            )
         return _build_mxfp4(deep_gemm, w13, w2, w13_scale, w2_scale)
     return _build_fp8(deep_gemm, w13, w2, w13_scale, w2_scale)
 

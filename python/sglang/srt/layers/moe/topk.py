@@ -188,9 +188,7 @@ def _mask_to_best_groups(choice: Tensor, config: TopKConfig) -> Tensor:
     num_tokens, num_experts = choice.shape
     groups = config.num_expert_group
     if num_experts % groups != 0:
-        raise ValueError(
-            f"num_experts={num_experts} is not divisible by num_expert_group={groups}"
-        )
+        raise ValueError(f"num_experts={num_experts} is not divisible by num_expert_group={groups}")
     group_size = num_experts // groups
     if config.top_k > config.topk_group * group_size:
         raise ValueError(

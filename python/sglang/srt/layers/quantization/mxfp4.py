@@ -40,7 +40,9 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     return _fp4_table(packed.device)[codes]
 
 
-def dequant_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def dequant_mxfp4(
+    packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
     """Packed FP4 [..., K/2] with UE8M0 scales [..., K/32] -> ``dtype`` [..., K]."""
     values = unpack_fp4(packed)
     k = values.shape[-1]

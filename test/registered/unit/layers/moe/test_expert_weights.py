@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.srt.layers.moe.expert_weights import (
     ExpertWeights,
@@ -113,7 +112,11 @@ def test_stack_expert_tensors() -> None:
     up = [_rand(I, H, seed=20 + e) for e in range(E)]
     down = [_rand(H, I, seed=30 + e) for e in range(E)]
     w13, w2 = stack_expert_tensors(gate, up, down)
-    assert torch.equal(w13[1, :I], gate[1]) and torch.equal(w13[2, I:], up[2]) and torch.equal(w2[0], down[0])
+    assert (
+        torch.equal(w13[1, :I], gate[1])
+        and torch.equal(w13[2, I:], up[2])
+        and torch.equal(w2[0], down[0])
+    )
     with pytest.raises(ValueError, match="same non-zero number"):
         stack_expert_tensors(gate, up[:1], down)
 

@@ -7,7 +7,6 @@ import logging
 
 import pytest
 import torch
-
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe import mega_moe, sm_budget
 from sglang.srt.layers.moe.mega_moe import MegaMoEParams, mega_moe_pre_dispatch, try_run_mega_routed
@@ -24,14 +23,17 @@ WEIGHTS = ((torch.empty(0), torch.empty(0)), (torch.empty(0), torch.empty(0)))
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for field in (envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS, envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK):
+    for field in (
+        envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS,
+        envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK,
+    ):
         monkeypatch.delenv(field.name, raising=False)
     monkeypatch.setenv(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.name, "32")
     mega_moe.clear_mega_moe_symm_buffers()
 
 
 def _arch(monkeypatch: pytest.MonkeyPatch, arch: int) -> None:
-    info = lambda device=None: DeviceSMInfo(0, 132, (arch // 10, arch % 10))  # noqa: E731
+    info = lambda device=None: DeviceSMInfo(0, 132, (arch // 10, arch % 10))
     monkeypatch.setattr(mega_moe, "device_sm_info", info)
     monkeypatch.setattr(sm_budget, "device_sm_info", info)
 
@@ -44,7 +46,9 @@ def _batch(t: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return x, ids, w
 
 
-def test_blackwell_order_only_the_kernel_runs_on_the_narrowed_count(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blackwell_order_only_the_kernel_runs_on_the_narrowed_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _arch(monkeypatch, 100)
     dg = FakeDeepGemmGemms(num_sms=132)
     x, ids, w = _batch(5)
@@ -59,7 +63,12 @@ def test_blackwell_order_only_the_kernel_runs_on_the_narrowed_count(monkeypatch:
         ("set_num_sms", 132),
     ]
     kwargs = dg.calls[2][1][1]
-    assert kwargs == {"activation": "swiglu", "fast_math": True, "activation_clamp": 7.0, "recipe": (1, 1, 32)}
+    assert kwargs == {
+        "activation": "swiglu",
+        "fast_math": True,
+        "activation_clamp": 7.0,
+        "recipe": (1, 1, 32),
+    }
     assert dg.get_num_sms() == 132
 
 
@@ -76,11 +85,15 @@ def test_kimi_situ_has_no_clamp_and_buffer_is_reused(monkeypatch: pytest.MonkeyP
     assert [n for n, _ in dg.calls].count("get_symm_buffer_for_mega_moe") == 1
 
 
-def test_sm90_pre_dispatch_outside_and_only_the_kernel_narrowed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sm90_pre_dispatch_outside_and_only_the_kernel_narrowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _arch(monkeypatch, 90)
     dg = FakeDeepGemmGemms(num_sms=132, arch=90)
     x, ids, w = _batch(4)
-    y = try_run_mega_routed(dg, "g", x, ids, w, WEIGHTS, MegaMoEParams(E, K, H, 512, activation_clamp=7.0))
+    y = try_run_mega_routed(
+        dg, "g", x, ids, w, WEIGHTS, MegaMoEParams(E, K, H, 512, activation_clamp=7.0)
+    )
     assert y is not None and torch.all(y == 2.0)
     names = [(n, v if n != "fp8_mega_moe" else v[0]) for n, v in dg.calls]
     assert names == [
@@ -91,7 +104,10 @@ def test_sm90_pre_dispatch_outside_and_only_the_kernel_narrowed(monkeypatch: pyt
         ("set_num_sms", 132),
     ]
     assert dg.calls[3][1][1] == {
-        "recipe": (128, 128, 128), "activation": "swiglu", "fast_math": True, "activation_clamp": 7.0
+        "recipe": (128, 128, 128),
+        "activation": "swiglu",
+        "fast_math": True,
+        "activation_clamp": 7.0,
     }
 
 
@@ -104,14 +120,19 @@ def test_sm90_pre_dispatch_outside_and_only_the_kernel_narrowed(monkeypatch: pyt
     ],
 )
 def test_sm90_unsupported_shapes_fall_back_with_the_reason(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, params: MegaMoEParams, why: str
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    params: MegaMoEParams,
+    why: str,
 ) -> None:
     _arch(monkeypatch, 90)
     dg = FakeDeepGemmGemms(num_sms=132, arch=90)
     x, ids, w = _batch(4)
     logging.getLogger("sglang").propagate = True
     with caplog.at_level(logging.WARNING, logger="sglang"):
-        assert try_run_mega_routed(dg, "g", x, ids, w, WEIGHTS, params) is None  # no CUDA: no Triton either
+        assert (
+            try_run_mega_routed(dg, "g", x, ids, w, WEIGHTS, params) is None
+        )  # no CUDA: no Triton either
     assert any(why in r.getMessage() for r in caplog.records)
     assert dg.calls == []
 
@@ -140,7 +161,9 @@ def test_pre_dispatch_quantises_copies_and_pads() -> None:
         mega_moe_pre_dispatch(*_batch(cap + 1), buf)
 
 
-def test_falls_back_with_one_log_line(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_falls_back_with_one_log_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     _arch(monkeypatch, 100)
     dg = FakeDeepGemmGemms(num_sms=132)
     params = MegaMoEParams(E, K, H, 512)

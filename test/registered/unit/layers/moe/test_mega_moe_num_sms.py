@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from sglang.srt.environ import EnvValueError, envs
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_call_guard
 from sglang.srt.layers.moe import mega_moe, sm_budget
@@ -99,11 +98,10 @@ def test_outer_context_value_is_never_raised() -> None:
 
 def test_nested_contexts_restore_in_order() -> None:
     dg = FakeDeepGemm(num_sms=132)
-    with _configure_mega_moe_deep_gemm_num_sms(dg):
-        with RESERVED.override(10):
-            with _configure_mega_moe_deep_gemm_num_sms(dg):
-                assert dg.get_num_sms() == 122
-            assert dg.get_num_sms() == 130
+    with _configure_mega_moe_deep_gemm_num_sms(dg), RESERVED.override(10):
+        with _configure_mega_moe_deep_gemm_num_sms(dg):
+            assert dg.get_num_sms() == 122
+        assert dg.get_num_sms() == 130
     assert dg.get_num_sms() == 132
 
 
@@ -148,9 +146,10 @@ def test_bad_env_value_is_named_and_leaves_count_alone(monkeypatch: pytest.Monke
     dg = FakeDeepGemm(num_sms=132)
     for raw in ("abc", "-3", "1.5"):
         monkeypatch.setenv(RESERVED.name, raw)
-        with pytest.raises(EnvValueError, match=f"SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS={raw!r}"):
-            with _configure_mega_moe_deep_gemm_num_sms(dg):
-                pass
+        with pytest.raises(
+            EnvValueError, match=f"SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS={raw!r}"
+        ), _configure_mega_moe_deep_gemm_num_sms(dg):
+            pass
     assert dg.calls == [] and dg.get_num_sms() == 132
 
 
@@ -173,9 +172,8 @@ def test_two_threads_do_not_see_each_others_value() -> None:
         inside.wait(timeout=5)
         with deep_gemm_call_guard():
             seen["b_plain_call"] = dg.get_num_sms()
-        with RESERVED.override(4):
-            with _configure_mega_moe_deep_gemm_num_sms(dg):
-                seen["b_inside"] = dg.get_num_sms()
+        with RESERVED.override(4), _configure_mega_moe_deep_gemm_num_sms(dg):
+            seen["b_inside"] = dg.get_num_sms()
 
     ta, tb = threading.Thread(target=a), threading.Thread(target=b)
     ta.start()

@@ -52,7 +52,9 @@ def test_mxfp4_round_trip(scale_kind: str) -> None:
     (l1, l1_sf), (l2, l2_sf) = mega
     assert l1.dtype == l2.dtype == torch.int8 and l1_sf.dtype == l2_sf.dtype == torch.int32
     assert l1_sf.shape == (E, 2 * I, H // 128) and l2_sf.shape == (E, H, I // 128)
-    assert l1_sf.stride(1) == 1 and l2_sf.stride(1) == 1, "scales stay MN-major through the transform"
+    assert l1_sf.stride(1) == 1 and l2_sf.stride(1) == 1, (
+        "scales stay MN-major through the transform"
+    )
     # DeepGEMM laid the scales out (recipe (1, 32), one call per tensor, all experts at once)
     assert [v for n, v in dg.calls if n == "transform_sf_into_required_layout"] == [
         ((E, 2 * I, H // 32), 2 * I, H),
@@ -73,7 +75,11 @@ def test_fp8_round_trip_interleaves_rows_only() -> None:
     mega = build_mega_moe_experts_weights(dg, w13, w2, s13, s2)
     assert [n for n, _ in dg.calls] == ["transform_weights_for_mega_moe_sm90"]
     (l1, l1_sf), (l2, l2_sf) = mega
-    assert torch.equal(l1_sf, s13) and torch.equal(l2_sf, s2) and torch.equal(l2.view(torch.uint8), w2.view(torch.uint8))
+    assert (
+        torch.equal(l1_sf, s13)
+        and torch.equal(l2_sf, s2)
+        and torch.equal(l2.view(torch.uint8), w2.view(torch.uint8))
+    )
     assert not torch.equal(l1.view(torch.uint8), w13.view(torch.uint8))
     back = unbuild_mega_moe_experts_weights(mega)
     assert back.fmt == "fp8" and torch.equal(back.w13.view(torch.uint8), w13.view(torch.uint8))
@@ -123,28 +129,44 @@ def test_wrong_inputs_name_the_problem() -> None:
         build_mega_moe_experts_weights(dg, p13, p2, None, s2)
     with pytest.raises(MegaMoEWeightError, match="powers of two"):
         build_mega_moe_experts_weights(dg, p13, p2, torch.full(s13.shape, 3.0), s2)
-    with pytest.raises(MegaMoEFormatError, match="MXFP4 .* or FP8 .* experts; these are torch.bfloat16"):
-        build_mega_moe_experts_weights(dg, torch.zeros(E, 2 * I, H).bfloat16(), torch.zeros(E, H, I).bfloat16(), None, None)
+    with pytest.raises(
+        MegaMoEFormatError, match="MXFP4 .* or FP8 .* experts; these are torch.bfloat16"
+    ):
+        build_mega_moe_experts_weights(
+            dg, torch.zeros(E, 2 * I, H).bfloat16(), torch.zeros(E, H, I).bfloat16(), None, None
+        )
     with pytest.raises(MegaMoEWeightError, match="no transform_sf_into_required_layout"):
         build_mega_moe_experts_weights(object(), p13, p2, s13, s2)
 
 
 @pytest.mark.parametrize(("activation", "clamp"), [("swiglu", 0.75), ("situ", None)])
-def test_layer_mega_path_equals_normal_path(monkeypatch: pytest.MonkeyPatch, activation: str, clamp: float | None) -> None:
+def test_layer_mega_path_equals_normal_path(
+    monkeypatch: pytest.MonkeyPatch, activation: str, clamp: float | None
+) -> None:
     """The fake kernel reads the built layout; on the input it staged (FP8 per 32) it must give
     the normal path's result up to its bf16 output."""
     rec = install_fake_mega_moe(monkeypatch, cap=16)
     g = torch.Generator().manual_seed(3)
-    rounded, mega = mxfp4_mega_experts(rec.dg, ExpertWeights(torch.randn(E, 2 * I, H, generator=g) * H**-0.5, torch.randn(E, H, I, generator=g) * I**-0.5))
+    rounded, mega = mxfp4_mega_experts(
+        rec.dg,
+        ExpertWeights(
+            torch.randn(E, 2 * I, H, generator=g) * H**-0.5,
+            torch.randn(E, H, I, generator=g) * I**-0.5,
+        ),
+    )
 
     def layer(a2a: str) -> FusedMoE:
-        cfg = FusedMoEConfig(E, H, I, 2, activation=activation, swiglu_limit=clamp, runner="torch", a2a_backend=a2a)  # type: ignore[arg-type]
+        cfg = FusedMoEConfig(
+            E, H, I, 2, activation=activation, swiglu_limit=clamp, runner="torch", a2a_backend=a2a
+        )  # type: ignore[arg-type]
         moe = FusedMoE(cfg)
         moe.load_weights(rounded)
         return moe
 
     x = torch.randn(11, H, generator=g)
-    topk = select_experts(torch.randn(11, E, generator=g), TopKConfig(2, "sigmoid", renormalize=True))
+    topk = select_experts(
+        torch.randn(11, E, generator=g), TopKConfig(2, "sigmoid", renormalize=True)
+    )
     mega_layer = layer("megamoe")
     mega_layer.set_mega_weights(mega)
     got = mega_layer(x, topk)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
 from sglang.srt.layers.moe.topk import TopKConfig, select_experts
@@ -30,7 +29,17 @@ def _problem() -> tuple[ExpertWeights, torch.Tensor, torch.Tensor]:
 
 def _forward(tp_rank: int, tp_size: int, a2a: str, reduce: bool = True) -> torch.Tensor:
     weights, x, logits = _problem()
-    config = FusedMoEConfig(E, H, I, K, activation="swiglu", swiglu_limit=0.5, runner="torch", a2a_backend=a2a, reduce_results=reduce)  # type: ignore[arg-type]
+    config = FusedMoEConfig(
+        E,
+        H,
+        I,
+        K,
+        activation="swiglu",
+        swiglu_limit=0.5,
+        runner="torch",
+        a2a_backend=a2a,
+        reduce_results=reduce,
+    )  # type: ignore[arg-type]
     layer = FusedMoE(config, tp_rank=tp_rank, tp_size=tp_size)
     layer.load_weights(weights)
     topk = select_experts(logits, TopKConfig(K, "sqrtsoftplus"))

@@ -62,7 +62,9 @@ def test_registry_names_and_unknown_runner_error() -> None:
 @pytest.mark.parametrize("t", [1, 5, 150])
 @pytest.mark.parametrize("layout", ["masked", "contiguous"])
 @pytest.mark.parametrize("activation", ["swiglu", "situ"])
-def test_deep_gemm_runner_matches_torch_runner(fp8: bool, t: int, layout: str, activation: str) -> None:
+def test_deep_gemm_runner_matches_torch_runner(
+    fp8: bool, t: int, layout: str, activation: str
+) -> None:
     gen = torch.Generator().manual_seed(t * 7 + fp8)
     weights = _weights(fp8, gen)
     hidden, topk = _inputs(t, gen, masked=True)
@@ -91,7 +93,10 @@ def test_layout_knob_forces_a_layout() -> None:
     from sglang.srt.environ import EnvValueError, envs
 
     with envs.SGLANG_DEEP_GEMM_MOE_LAYOUT.override("masked"):
-        assert DeepGemmMoERunner(MoERunConfig(), deep_gemm=FakeDeepGemmGemms()).layout_for(4096, True) == "masked"
+        assert (
+            DeepGemmMoERunner(MoERunConfig(), deep_gemm=FakeDeepGemmGemms()).layout_for(4096, True)
+            == "masked"
+        )
     with pytest.raises(EnvValueError, match="SGLANG_DEEP_GEMM_MOE_LAYOUT='strided'"):  # noqa: SIM117
         with envs.SGLANG_DEEP_GEMM_MOE_LAYOUT.override("strided"):
             pass
@@ -106,7 +111,9 @@ def test_missing_entry_point_is_named() -> None:
     weights = _weights(True, gen)
     hidden, topk = _inputs(3, gen)
     runner = DeepGemmMoERunner(MoERunConfig(), deep_gemm=Old(), layout="masked")
-    with pytest.raises(RuntimeError, match="no fp8_masked entry point.*m_grouped_fp8_fp4_gemm_nt_masked"):
+    with pytest.raises(
+        RuntimeError, match="no fp8_masked entry point.*m_grouped_fp8_fp4_gemm_nt_masked"
+    ):
         runner.run(hidden, topk, weights)
 
 

@@ -9,7 +9,6 @@ from dataclasses import FrozenInstanceError
 import numpy as np
 import pytest
 import torch
-
 from sglang.srt.layers.moe.topk import (
     TopKConfig,
     TopKOutput,

@@ -96,7 +96,9 @@ def choose_layout(num_tokens: int, fp8: bool, capturing: bool) -> Layout:
 # rows instead of the tokens 7% (bench_moe.py --profile, DSv4 FP8 at 8192 tokens).
 
 
-def _expert_ranks(flat_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _expert_ranks(
+    flat_ids: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For flat expert ids (-1 = unrouted): (key: id, or ``num_experts`` for unrouted; the rank
     of each entry among its expert's entries, in (token, slot) order; per-key counts
     ``[num_experts + 1]``). Fixed shapes, no host read."""
@@ -183,9 +185,13 @@ def _reshape(a: Any, lead: tuple[int, ...]) -> Any:
 
 
 def _two_gemms(
-    gemm: Callable[..., Any], a: Any, lead: tuple[int, ...], w: ExpertWeights, config: MoERunConfig,
+    gemm: Callable[..., Any],
+    a: Any,
+    lead: tuple[int, ...],
+    w: ExpertWeights,
+    config: MoERunConfig,
     *layout: Any,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """gate-up GEMM on the input rows ``a`` (bf16, or (FP8, scales)) -> activation (-> FP8
     groups) -> down GEMM, both through ``gemm``; rows shaped ``lead``."""
     fp8 = isinstance(a, tuple)
@@ -203,26 +209,34 @@ def _two_gemms(
     return down
 
 
-def _run_contiguous_gemm(dg: Any, a: Any, layout: ContiguousLayout, w: ExpertWeights, config: MoERunConfig) -> torch.Tensor:
+def _run_contiguous_gemm(
+    dg: Any, a: Any, layout: ContiguousLayout, w: ExpertWeights, config: MoERunConfig
+) -> torch.Tensor:
     """FP8 experts, contiguous layout: rows ``a = (FP8 [R, H], scales)`` -> down rows ``[R, H]``."""
     gemm = resolve_entry_point(dg, "fp8_contiguous")
     return _two_gemms(gemm, a, (layout.src.numel(),), w, config, layout.m_indices)
 
 
-def _run_bf16_contiguous_gemm(dg: Any, a: torch.Tensor, layout: ContiguousLayout, w: ExpertWeights, config: MoERunConfig) -> torch.Tensor:
+def _run_bf16_contiguous_gemm(
+    dg: Any, a: torch.Tensor, layout: ContiguousLayout, w: ExpertWeights, config: MoERunConfig
+) -> torch.Tensor:
     """bf16 experts, contiguous layout: ``[R, H]`` rows -> ``[R, H]``."""
     gemm = resolve_entry_point(dg, "bf16_contiguous")
     return _two_gemms(gemm, a, (layout.src.numel(),), w, config, layout.m_indices)
 
 
-def _run_masked_gemm(dg: Any, a: Any, layout: MaskedLayout, w: ExpertWeights, config: MoERunConfig) -> torch.Tensor:
+def _run_masked_gemm(
+    dg: Any, a: Any, layout: MaskedLayout, w: ExpertWeights, config: MoERunConfig
+) -> torch.Tensor:
     """FP8 experts, masked layout: ``(FP8, scales)`` slab rows -> ``[E, max_m, H]``."""
     gemm = resolve_entry_point(dg, "fp8_masked")
     lead = (layout.masked_m.numel(), layout.max_m)
     return _two_gemms(gemm, a, lead, w, config, layout.masked_m, layout.expected_m)
 
 
-def _run_masked_bf16_gemm(dg: Any, a: torch.Tensor, layout: MaskedLayout, w: ExpertWeights, config: MoERunConfig) -> torch.Tensor:
+def _run_masked_bf16_gemm(
+    dg: Any, a: torch.Tensor, layout: MaskedLayout, w: ExpertWeights, config: MoERunConfig
+) -> torch.Tensor:
     """bf16 experts, masked layout: slab rows -> ``[E, max_m, H]``."""
     gemm = resolve_entry_point(dg, "bf16_masked")
     lead = (layout.masked_m.numel(), layout.max_m)
@@ -245,7 +259,9 @@ class DeepGemmMoERunner(MoERunner):
     # Under capture only the masked layout or the Triton runner runs: fixed shapes, no host read.
     capture_safe = True
 
-    def __init__(self, config: MoERunConfig, deep_gemm: Any = None, *, layout: LayoutChoice | None = None) -> None:
+    def __init__(
+        self, config: MoERunConfig, deep_gemm: Any = None, *, layout: LayoutChoice | None = None
+    ) -> None:
         """``layout`` None: ``SGLANG_DEEP_GEMM_MOE_LAYOUT``."""
         super().__init__(config)
         self._dg = deep_gemm
@@ -255,7 +271,9 @@ class DeepGemmMoERunner(MoERunner):
     def dg(self) -> Any:
         dg = self._dg or get_deep_gemm()
         if dg is None:
-            raise RuntimeError(f"the deep_gemm MoE runner needs DeepGEMM: {deep_gemm_status().reason}")
+            raise RuntimeError(
+                f"the deep_gemm MoE runner needs DeepGEMM: {deep_gemm_status().reason}"
+            )
         return dg
 
     def is_available(self, device: torch.device) -> tuple[bool, str]:
@@ -271,11 +289,18 @@ class DeepGemmMoERunner(MoERunner):
         return choose_layout(num_tokens, fp8, capturing)
 
     def run(
-        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, *, inplace: bool = False
+        self,
+        hidden: torch.Tensor,
+        topk: TopKOutput,
+        weights: ExpertWeights,
+        *,
+        inplace: bool = False,
     ) -> torch.Tensor:
         fp8 = weights.w13.dtype == torch.float8_e4m3fn
         if fp8 and tuple(weights.block_shape or (128, 128)) != (128, 128):
-            raise ValueError(f"the deep_gemm runner takes 128x128 FP8 weight blocks, not {weights.block_shape}")
+            raise ValueError(
+                f"the deep_gemm runner takes 128x128 FP8 weight blocks, not {weights.block_shape}"
+            )
         layout = self.layout_for(hidden.shape[0], fp8)
         if layout == "triton":
             from sglang.kernels.ops.moe.fused_moe import fused_experts
@@ -287,10 +312,16 @@ class DeepGemmMoERunner(MoERunner):
             align = int(resolve_entry_point(self.dg, "contiguous_alignment")())
             cl = permute_contiguous(topk.topk_ids, e, align)
             run = _run_contiguous_gemm if fp8 else _run_bf16_contiguous_gemm
-            down, row_of = run(self.dg, gather_rows(x, cl.src, fp8), cl, weights, self.config), cl.row_of
+            down, row_of = (
+                run(self.dg, gather_rows(x, cl.src, fp8), cl, weights, self.config),
+                cl.row_of,
+            )
         else:
             ml = permute_masked(topk.topk_ids, e)
             run_m = _run_masked_gemm if fp8 else _run_masked_bf16_gemm
-            down, row_of = run_m(self.dg, gather_rows(x, ml.src, fp8), ml, weights, self.config), ml.row_of
+            down, row_of = (
+                run_m(self.dg, gather_rows(x, ml.src, fp8), ml, weights, self.config),
+                ml.row_of,
+            )
         out = hidden if inplace else allocate_moe_output(hidden)
         return post_permute_deep_gemm_to_standard(down, row_of, topk.topk_weights, out)

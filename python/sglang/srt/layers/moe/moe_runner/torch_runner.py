@@ -17,6 +17,11 @@ class TorchMoERunner(MoERunner):
     )
 
     def run(
-        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, *, inplace: bool = False
+        self,
+        hidden: torch.Tensor,
+        topk: TopKOutput,
+        weights: ExpertWeights,
+        *,
+        inplace: bool = False,
     ) -> torch.Tensor:
         return self._run_fused(fused_experts_torch, hidden, topk, weights, inplace)

@@ -28,6 +28,11 @@ class TritonMoERunner(MoERunner):
         return True, ""
 
     def run(
-        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, *, inplace: bool = False
+        self,
+        hidden: torch.Tensor,
+        topk: TopKOutput,
+        weights: ExpertWeights,
+        *,
+        inplace: bool = False,
     ) -> torch.Tensor:
         return self._run_fused(_fused_experts(), hidden, topk, weights, inplace)

@@ -276,11 +276,11 @@ class DeepGemmMoERunner(MoERunner):
             )
         return dg
 
-    def is_available(self, device: torch.device) -> tuple[bool, str]:
+    def unavailable_reason(self, device: torch.device) -> str | None:
         if self._dg is not None:
-            return True, ""
+            return None
         status = deep_gemm_status()
-        return status.usable, status.reason
+        return None if status.usable else status.reason
 
     def layout_for(self, num_tokens: int, fp8: bool) -> Layout:
         if self.layout != "auto":

@@ -17,6 +17,8 @@ from functools import partial
 
 import torch
 import triton
+from tqdm import tqdm
+
 from bench_mega_moe import moe_args, rel_err
 from bench_moe import SHAPES, make_batch, make_weights
 from sglang.kernels.ops.moe.fused_moe import fused_experts
@@ -26,7 +28,6 @@ from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
 from sglang.srt.layers.moe.mega_moe import MegaMoEParams, run_mega_routed_experts
 from sglang.srt.layers.moe.mega_moe_weights import build_mega_moe_experts_weights
 from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
-from tqdm import tqdm
 
 RESERVE = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS
 

@@ -12,12 +12,13 @@ import argparse
 from functools import partial
 
 import torch
+from tqdm import tqdm
+
 from sglang.srt.default_model.generate import random_weights
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.utils.cuda_timing import median_cuda_ms
-from tqdm import tqdm
 
 LAYER = {
     "architectures": ["DeepseekV4ForCausalLM"],

@@ -15,13 +15,14 @@ from functools import partial
 from typing import Any
 
 import torch
+from tqdm import tqdm
+
 from sglang.srt.layers.attention.kda import KDASegment
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.srt.utils.cuda_timing import median_cuda_ms
-from tqdm import tqdm
 
 
 def k3_config(experts: int) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from functools import partial
 
 import torch
 import triton
+from tqdm import tqdm
+
 from bench_moe import SHAPES, Shape, floor_terms, make_batch, make_weights
 from sglang.kernels.ops.grid_barrier import resident_ctas_per_sm
 from sglang.kernels.ops.moe.fused_moe import fused_experts, fused_experts_torch
@@ -44,7 +46,6 @@ from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.test.sm_holder import cupy_available, hold_sms
-from tqdm import tqdm
 
 READ_BW = 4.19e12  # pure-read streaming rate measured on these H200s (performance_targets.md)
 SWIGLU_LIMIT = 10.0

@@ -27,12 +27,13 @@ from functools import partial
 
 import torch
 import triton
+from tqdm import tqdm
+
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner import MoERunConfig, MoERunner, create_moe_runner
 from sglang.srt.layers.moe.moe_runner.deep_gemm import DeepGemmMoERunner
 from sglang.srt.layers.moe.topk import TopKOutput
-from tqdm import tqdm
 
 BW_BYTES_S = 4.3e12
 BF16_FLOPS = 790e12

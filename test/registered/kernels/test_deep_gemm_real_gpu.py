@@ -20,6 +20,7 @@ import sys
 
 import pytest
 import torch
+
 from sglang.srt.layers import deep_gemm_adapter as adapter
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.fake_deep_gemm import FakeDeepGemmGemms, FakeMegaBuffer

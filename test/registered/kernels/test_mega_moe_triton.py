@@ -21,9 +21,10 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_fused_moe_triton import ACTS, make_moe, rel_err
+
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-from test_fused_moe_triton import ACTS, make_moe, rel_err
 
 if TYPE_CHECKING:
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoEConfig

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig

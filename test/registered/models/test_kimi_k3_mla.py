@@ -9,14 +9,15 @@ import logging
 
 import pytest
 import torch
+from torch import nn
+from transformers import KimiLinearConfig
+from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
+
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention, MLANoPEConfig, MLASegment
 from sglang.srt.mem_cache.growable_rows import GrowableRows
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-from torch import nn
-from transformers import KimiLinearConfig
-from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
 
 register_cpu_ci(est_time=3)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from sglang.srt.layers.moe.a2a import base as a2a_base
 from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
 from sglang.srt.models.kimi_k3 import _forward_mega_experts

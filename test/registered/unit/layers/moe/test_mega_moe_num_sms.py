@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from sglang.srt.environ import EnvValueError, envs
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_call_guard
 from sglang.srt.layers.moe import mega_moe, sm_budget

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.srt.layers.moe.a2a import (
     MOE_A2A_BACKENDS,
     DispatchOutput,

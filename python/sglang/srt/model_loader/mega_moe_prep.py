@@ -85,10 +85,10 @@ def resolve_mega_weight_builder(
     builder: MegaWeightBuilder | None, device: torch.device, layers: Iterable[FusedMoE]
 ) -> MegaWeightBuilder | None:
     """The builder a loader uses for ``layers`` (its model's MoE layers): ``builder`` when given,
-    else the default for ``device`` when any layer is expert parallel, else ``None``. Only expert
-    parallel layers get MegaMoE weights, so DeepGEMM is not looked up (nor its absence logged)
-    for a model that has none."""
-    if builder is None and any(layer.expert_parallel for layer in layers):
+    else the default for ``device`` when any layer's a2a backend runs the MegaMoE kernel, else
+    ``None``. Only those layers get MegaMoE weights, so DeepGEMM is not looked up (nor its
+    absence logged) for a model that has none."""
+    if builder is None and any(layer.uses_mega_weights for layer in layers):
         return default_mega_weight_builder(device)
     return builder
 
@@ -97,9 +97,9 @@ def attach_mega_weights(
     experts: FusedMoE, layer_id: int, ckpt: CheckpointExperts, builder: MegaWeightBuilder | None
 ) -> bool:
     """Build and set one layer's MegaMoE weights from this rank's checkpoint experts. True when
-    set; False (the layer keeps the normal path) when not expert parallel, no builder, or a
+    set; False (the layer keeps the normal path) when its backend is not MegaMoE's, no builder, or a
     format with no MegaMoE layout (logged once)."""
-    if builder is None or not experts.expert_parallel:
+    if builder is None or not experts.uses_mega_weights:
         return False
     raw = {"w13": ckpt.w13, "w2": ckpt.w2, "w13_scale": ckpt.w13_scale, "w2_scale": ckpt.w2_scale}
     try:
@@ -108,7 +108,8 @@ def attach_mega_weights(
         log_once(
             logger,
             logging.WARNING,
-            f"MegaMoE weights are not built ({ckpt.fmt.value} experts): {exc}; the MoE layers use the normal path",
+            f"MegaMoE weights are not built ({ckpt.fmt.value} experts): {exc}; "
+            "the MoE layers use the normal path",
         )
         return False
     except MegaMoEWeightError as exc:

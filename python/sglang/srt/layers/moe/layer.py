@@ -75,6 +75,11 @@ class FusedMoE(nn.Module):
         return self.a2a.places_whole_experts
 
     @property
+    def uses_mega_weights(self) -> bool:
+        """Whether the loader builds this layer's DeepGEMM MegaMoE weights."""
+        return self.a2a.uses_mega_weights
+
+    @property
     def local_experts(self) -> range:
         return self.a2a.local_experts
 
@@ -134,7 +139,12 @@ class FusedMoE(nn.Module):
         dispatched = self.a2a.dispatch(hidden, topk, experts)
         routed = dispatched.combined
         if routed is None:  # no fused kernel took the rows: the runner computes them
-            routed = self.runner.run(dispatched.hidden, dispatched.topk, experts.weights)
+            routed = self.runner.run(
+                dispatched.hidden,
+                dispatched.topk,
+                experts.weights,
+                inplace=dispatched.runner_inplace,
+            )
         return self.a2a.combine(routed, dispatched, shared=shared)
 
     def forward_mega(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:

@@ -35,11 +35,16 @@ class RankExperts:
 class DispatchOutput:
     """The rows this rank's runner computes and their routing in this rank's expert ids (-1:
     an expert of another rank). ``combined``: the routed output a fused kernel already
-    dispatched, computed and combined, so the runner is skipped."""
+    dispatched, computed and combined, so the runner is skipped. ``runner_inplace``: ``hidden``
+    is the backend's own rank-local buffer, which the runner overwrites with its output (no
+    output allocation, so nothing of a rank-dependent size reaches the symmetric pool).
+    ``handle``: what the backend's combine needs of this dispatch (its own type)."""
 
     hidden: torch.Tensor
     topk: TopKOutput
     combined: torch.Tensor | None = None
+    runner_inplace: bool = False
+    handle: object | None = None
 
 
 def reduce_partial_sums(out: torch.Tensor, tp_size: int) -> torch.Tensor:
@@ -52,14 +57,17 @@ class MoEA2ABackend(ABC):
     # True: whole experts a rank (``E / tp`` each, expert parallel); False: every expert's slice
     # of the intermediate dim (tensor parallel).
     places_whole_experts: ClassVar[bool] = False
+    # True: the loader builds DeepGEMM MegaMoE weights for this backend's fused kernel.
+    uses_mega_weights: ClassVar[bool] = False
 
     def __init__(
         self, config: FusedMoEConfig, *, tp_rank: int, tp_size: int, device: torch.device
     ) -> None:
         if self.places_whole_experts and config.num_experts % tp_size:
             raise ValueError(
-                f"{self.name} places whole experts: {config.num_experts} experts over "
-                f"{tp_size} ranks"
+                f"--moe-a2a-backend {self.name} places whole experts on each rank: "
+                f"{config.num_experts} experts do not divide over {tp_size} ranks "
+                "(--ep-size / --tp-size)"
             )
         self.config = config
         self.tp_rank, self.tp_size = tp_rank, tp_size

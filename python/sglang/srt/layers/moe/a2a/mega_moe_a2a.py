@@ -23,6 +23,7 @@ from sglang.srt.layers.moe.topk import TopKOutput
 class MegaMoEA2A(MoEA2ABackend):
     name = "megamoe"
     places_whole_experts = True
+    uses_mega_weights = True
 
     @property
     def _kernel_device(self) -> torch.device | None:

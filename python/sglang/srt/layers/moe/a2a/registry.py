@@ -1,5 +1,6 @@
 """The registry of MoE a2a backends (``--moe-a2a-backend``): ``none`` (tensor parallel, one
-all-reduce) and ``megamoe`` (DeepGEMM's fused dispatch + experts + combine). A new backend is
+all-reduce), ``ep`` (expert parallel, all-to-all dispatch and combine) and ``megamoe``
+(DeepGEMM's fused dispatch + experts + combine). A new backend is
 a file with a :class:`MoEA2ABackend` subclass and one entry here."""
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ def _tensor_parallel(
     from sglang.srt.layers.moe.a2a.tensor_parallel import TensorParallelA2A
 
     return TensorParallelA2A(config, tp_rank=tp_rank, tp_size=tp_size, device=device)
+
+
+@MOE_A2A_BACKENDS.register("ep")
+def _expert_parallel(
+    config: FusedMoEConfig, *, tp_rank: int, tp_size: int, device: torch.device
+) -> MoEA2ABackend:
+    from sglang.srt.layers.moe.a2a.expert_parallel_a2a import ExpertParallelA2A
+
+    return ExpertParallelA2A(config, tp_rank=tp_rank, tp_size=tp_size, device=device)
 
 
 @MOE_A2A_BACKENDS.register("megamoe")

@@ -63,6 +63,7 @@ class ServerArgs:
     # --- MoE and communication
     moe_runner_backend: str = "auto"
     moe_a2a_backend: str = "none"
+    ep_size: int = 1
     enable_symm_mem: bool = False
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None
@@ -117,8 +118,11 @@ class ServerArgs:
         cuda_graph_max_bs = self.cuda_graph_max_bs
         if cuda_graph_max_bs is None:
             cuda_graph_max_bs = min(max_running, 160)
+        a2a, ep_size = resolve_expert_parallel(self.moe_a2a_backend, self.ep_size, self.tp_size)
         return dataclasses.replace(
             self,
+            moe_a2a_backend=a2a,
+            ep_size=ep_size,
             device=device,
             dtype=dtype,
             random_seed=seed,
@@ -202,6 +206,8 @@ class ServerArgs:
             )
         self._validate_device(torch)
         self._validate_moe()
+        why_not_ep = expert_parallel_error(self)
+        _check(why_not_ep is None, str(why_not_ep))
 
     def _validate_device(self, torch: Any) -> None:
         if self.device == "cpu":
@@ -241,6 +247,41 @@ class ServerArgs:
             f"--moe-runner-backend {self.moe_runner_backend} cannot run on {self.device}: {why}. "
             "Use --moe-runner-backend auto (torch on CPU, triton on CUDA)",
         )
+
+
+def resolve_expert_parallel(a2a: str, ep_size: int, tp_size: int) -> tuple[str, int]:
+    """``(--moe-a2a-backend, --ep-size)`` as the engine runs them. ``--ep-size E > 1`` with the
+    default ``none`` selects the ``ep`` backend; a named ``ep`` (or ``megamoe``, which places
+    whole experts too) spans the TP group, so its ep size is the TP size; on one rank ``ep`` is
+    the plain layer, so it becomes ``none`` (no new collectives, today's path)."""
+    if a2a == "none" and ep_size > 1:
+        a2a = "ep"
+    if a2a in ("ep", "megamoe") and ep_size == 1:
+        ep_size = tp_size
+    if a2a == "ep" and tp_size == 1 and ep_size == 1:
+        a2a = "none"
+    return a2a, ep_size
+
+
+def expert_parallel_error(args: ServerArgs) -> str | None:
+    """Why ``--ep-size`` cannot work with the other flags (None: it can). Call on resolved args.
+    The expert-parallel group is the whole TP group: experts split over some ranks and each
+    expert's intermediate dim over the others (ep < tp) is not supported."""
+    e, t = args.ep_size, args.tp_size
+    if e < 1:
+        return f"--ep-size must be >= 1, got {e}"
+    if e > 1 and e != t:
+        return (
+            f"--ep-size {e} must equal --tp-size {t} (or be 1): the expert-parallel group is the "
+            "whole TP group, each rank holding num_experts / ep_size whole experts; experts split "
+            "over part of the group with TP-sliced experts inside it are not supported"
+        )
+    if e > 1 and args.moe_a2a_backend not in ("ep", "megamoe"):
+        return (
+            f"--ep-size {e} needs an expert-parallel --moe-a2a-backend (ep or megamoe), "
+            f"got {args.moe_a2a_backend!r}"
+        )
+    return None
 
 
 def _check(ok: bool, message: str) -> None:
@@ -345,10 +386,20 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         g,
         "--moe-a2a-backend",
         str,
-        "none: experts tensor-parallel with one all-reduce. megamoe: experts "
-        "expert-parallel through DeepGEMM's fused MegaMoE kernel on a reserved-SM budget (falls "
-        "back to the runner plus all-reduce where the kernel cannot run).",
+        "none: experts tensor-parallel with one all-reduce. ep: experts expert-parallel, rows "
+        "dispatched to their experts' ranks and combined back with all-to-all (chosen by "
+        "--ep-size > 1). megamoe: experts expert-parallel through DeepGEMM's fused MegaMoE "
+        "kernel on a reserved-SM budget (falls back to the runner plus all-reduce where the "
+        "kernel cannot run).",
         moe_a2a_choices(),
+    )
+    _add_option(
+        g,
+        "--ep-size",
+        int,
+        "Expert-parallel ranks: 1 (experts tensor-parallel) or --tp-size (each rank holds "
+        "num_experts / ep_size whole experts and loads only those; selects --moe-a2a-backend ep "
+        "unless megamoe is named). docs/parallelism.md.",
     )
     _add_bool(
         g,

@@ -28,6 +28,7 @@ FLAGS = (
     "--enable-symm-mem",
     "--moe-runner-backend",
     "--moe-a2a-backend",
+    "--ep-size",
     "--max-running-requests",
     "--max-total-tokens",
     "--chunked-prefill-size",
@@ -84,12 +85,36 @@ def test_parse_and_defaults() -> None:
         ({"max_total_tokens": 0}, "--max-total-tokens must be >= 1"),
         ({"model_path": "/nonexistent/model"}, "omit --model-path"),
         ({"moe_a2a_backend": "deepep"}, "--moe-a2a-backend"),
+        ({"tp_size": 4, "ep_size": 2}, "--ep-size 2 must equal --tp-size 4"),
+        ({"tp_size": 1, "ep_size": 2}, "--ep-size 2 must equal --tp-size 1"),
+        ({"ep_size": 0}, "--ep-size must be >= 1"),
     ],
 )
 def test_invalid_combinations(kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(ServerArgsError) as info:
         ServerArgs(**kwargs).resolved().validate()  # type: ignore[arg-type]
     assert needle in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("a2a", "ep", "tp", "want"),
+    [
+        ("none", 1, 1, ("none", 1)),  # one rank: today's path, no new collectives
+        ("none", 1, 2, ("none", 1)),  # TP without --ep-size stays tensor parallel
+        ("none", 2, 2, ("ep", 2)),  # --ep-size selects the all-to-all backend
+        ("ep", 1, 2, ("ep", 2)),  # a named ep spans the TP group
+        ("ep", 1, 1, ("none", 1)),  # ep on one rank is the plain layer
+        ("megamoe", 2, 2, ("megamoe", 2)),
+        ("megamoe", 1, 2, ("megamoe", 2)),
+    ],
+)
+def test_expert_parallel_resolution(a2a: str, ep: int, tp: int, want: tuple[str, int]) -> None:
+    args = ServerArgs(device="cpu", moe_a2a_backend=a2a, ep_size=ep, tp_size=tp).resolved()
+    assert (args.moe_a2a_backend, args.ep_size) == want
+    assert args.resolved() == args
+    args.validate()
+    parsed = parse_args(["--ep-size", str(ep), "--tp-size", str(tp)])
+    assert parsed.ep_size == ep
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

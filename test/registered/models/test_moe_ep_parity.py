@@ -1,0 +1,127 @@
+"""TP=2 + EP=2 (``--moe-a2a-backend ep``: two CPU ranks over gloo, whole experts a rank, rows
+moved by all-to-all) gives TP=1's greedy tokens on both models' tiny configs, fp32 with the
+torch runner: a batched prefill of prompts of mixed lengths (one of a single token), then
+batched greedy decode steps. Each rank holds and loads only its experts."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _dsv4_testing import CONFIG_A as DSV4_CONFIG
+from _dsv4_testing import reference_model
+from test_kimi_k3_loading import export_checkpoint
+from test_kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
+from test_kimi_k3_tiny import config as kimi_config
+from test_kimi_k3_tiny import make_model
+
+from sglang.srt.layers.moe.layer import FusedMoE
+from sglang.test.ci_register import register_cpu_ci
+from sglang.test.multiprocess import run_distributed
+from sglang.test.run import run_this_file
+
+register_cpu_ci(est_time=25)
+
+LENGTHS = (9, 1, 17, 4)
+STEPS = 4
+
+
+def _prompts(vocab: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randint(0, vocab, (n,), generator=gen) for n in LENGTHS]
+
+
+@torch.no_grad()
+def _greedy(model: Any, prompts: list[torch.Tensor]) -> list[list[int]]:
+    """Every prompt prefilled in one forward, then ``STEPS`` batched greedy decode steps."""
+    caches = [model.new_request_cache() for _ in prompts]
+    ids = torch.cat(prompts)
+    pos = torch.cat([torch.arange(p.shape[0]) for p in prompts])
+    logits = model(ids, pos, model.batch_type([p.shape[0] for p in prompts], caches))
+    last = torch.cumsum(torch.tensor(LENGTHS), 0) - 1
+    nxt = logits[last].argmax(-1)
+    out = [[int(t)] for t in nxt]
+    for _ in range(STEPS - 1):
+        nxt = model.decode(nxt, caches).argmax(-1)
+        for row, t in zip(out, nxt.tolist(), strict=True):
+            row.append(int(t))
+    return out
+
+
+def _experts_held(model: Any) -> set[int]:
+    return {len(m.local_experts) for m in model.modules() if isinstance(m, FusedMoE)}
+
+
+def _load_dsv4(path: str, rank: int, world: int, a2a: str) -> Any:
+    from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
+
+    return load_deepseek_v4(
+        path,
+        dtype=torch.float32,
+        tp_rank=rank,
+        tp_size=world,
+        moe_runner="torch",
+        a2a_backend=a2a,
+        progress=False,  # type: ignore[arg-type]
+    )
+
+
+def _load_kimi(ckpt: dict[str, torch.Tensor], rank: int, world: int, a2a: str) -> Any:
+    from sglang.srt.model_loader.kimi_k3_loader import load_weights
+    from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+
+    model = KimiK3ForCausalLM(
+        kimi_config(KIMI_CONFIG),
+        dtype=torch.float32,
+        tp_rank=rank,
+        tp_size=world,
+        moe_runner="torch",
+        a2a_backend=a2a,
+    )
+    load_weights(model, ckpt, progress=False)
+    return model
+
+
+def _rank(
+    rank: int, world: int, dsv4_path: str, kimi_ckpt: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    from sglang.srt.distributed import parallel_state as ps
+
+    ps.initialize_model_parallel(world)
+    dsv4 = _load_dsv4(dsv4_path, rank, world, "ep")
+    kimi = _load_kimi(kimi_ckpt, rank, world, "ep")
+    return {
+        "dsv4": _greedy(dsv4, _prompts(DSV4_CONFIG["vocab_size"])),
+        "kimi": _greedy(kimi, _prompts(KIMI_CONFIG["vocab_size"])),
+        "held": (_experts_held(dsv4), _experts_held(kimi)),
+    }
+
+
+def test_tp2_ep2_greedy_tokens_equal_tp1(tmp_path: Path) -> None:
+    reference_model(DSV4_CONFIG, seed=21).save_pretrained(tmp_path)
+    kimi_ckpt = export_checkpoint(make_model(KIMI_CONFIG, seed=22), mxfp4=False)
+    want = {
+        "dsv4": _greedy(
+            _load_dsv4(str(tmp_path), 0, 1, "none"), _prompts(DSV4_CONFIG["vocab_size"])
+        ),
+        "kimi": _greedy(_load_kimi(kimi_ckpt, 0, 1, "none"), _prompts(KIMI_CONFIG["vocab_size"])),
+    }
+    for rank, got in enumerate(run_distributed(_rank, 2, str(tmp_path), kimi_ckpt, timeout_s=300)):
+        assert got["dsv4"] == want["dsv4"], (rank, got["dsv4"], want["dsv4"])
+        assert got["kimi"] == want["kimi"], (rank, got["kimi"], want["kimi"])
+        # half of each model's experts on each rank
+        assert got["held"] == (
+            {DSV4_CONFIG["n_routed_experts"] // 2},
+            {KIMI_CONFIG["num_experts"] // 2},
+        )
+    # the tokens are not trivially constant
+    assert len({t for row in want["dsv4"] for t in row}) > 2
+
+
+if __name__ == "__main__":
+    run_this_file(__file__)

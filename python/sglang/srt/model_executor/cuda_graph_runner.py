@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from sglang.srt.distributed.device_communicators.pynccl_allocator import set_graph_pool_id
+from sglang.srt.layers.moe.a2a import MoEA2ABackend
 from sglang.srt.layers.moe.moe_runner import MoERunner
 from sglang.srt.utils.log import get_logger
 
@@ -54,9 +55,12 @@ def graph_unavailable_reason(
         return f"runs on {device.type}, not CUDA"
     if not callable(getattr(model, "static_decode", None)):
         return f"{type(model).__name__} has no static decode; decode runs eagerly"
-    # No a2a backend check: the MegaMoE path is capture-safe (our Triton kernel reads its status
-    # back only outside capture), and its fallback is the runner's path (checked below).
+    # The MegaMoE path is capture-safe (our Triton kernel reads its status back only outside
+    # capture), and its fallback is the runner's path (checked below); ep's is not.
     for module in model.modules():
+        a2a = getattr(module, "a2a", None)
+        if isinstance(a2a, MoEA2ABackend) and a2a.capture_unsafe_reason is not None:
+            return a2a.capture_unsafe_reason
         runner = getattr(module, "runner", None)
         if isinstance(runner, MoERunner) and not runner.capture_safe:
             return runner.capture_unsafe_reason

@@ -14,6 +14,7 @@ from sglang.srt.layers.moe.a2a.expert_parallel_a2a import row_slice
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
 from sglang.srt.layers.moe.topk import TopKConfig, TopKOutput, select_experts
+from sglang.srt.model_executor.cuda_graph_runner import graph_unavailable_reason
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
@@ -76,6 +77,22 @@ def test_row_slices_cover_the_rows_once(rows: int) -> None:
     cuts = [row_slice(rows, r, 3) for r in range(3)]
     assert cuts[0][0] == 0 and cuts[-1][1] == rows
     assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts))
+
+
+class _StaticModel(torch.nn.Module):
+    def __init__(self, a2a: str) -> None:
+        super().__init__()
+        self.moe = _layer(0, 1, a2a)
+
+    def static_decode(self) -> None:
+        """Present, so only the MoE decides."""
+
+
+def test_ep_decode_is_not_captured() -> None:
+    why = graph_unavailable_reason(_StaticModel("ep"), torch.device("cuda"), disabled=False)
+    assert why is not None and "ep a2a backend" in why
+    why = graph_unavailable_reason(_StaticModel("none"), torch.device("cuda"), disabled=False)
+    assert why is not None and "ep a2a" not in why  # the torch runner's own reason
 
 
 def test_ep_refuses_experts_that_do_not_divide() -> None:

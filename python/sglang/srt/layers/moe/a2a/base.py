@@ -59,6 +59,8 @@ class MoEA2ABackend(ABC):
     places_whole_experts: ClassVar[bool] = False
     # True: the loader builds DeepGEMM MegaMoE weights for this backend's fused kernel.
     uses_mega_weights: ClassVar[bool] = False
+    # Why a decode step through this backend cannot be captured in a CUDA graph (None: it can).
+    capture_unsafe_reason: ClassVar[str | None] = None
 
     def __init__(
         self, config: FusedMoEConfig, *, tp_rank: int, tp_size: int, device: torch.device

@@ -53,6 +53,9 @@ def row_slice(rows: int, rank: int, size: int) -> tuple[int, int]:
 class ExpertParallelA2A(MoEA2ABackend):
     name = "ep"
     places_whole_experts = True
+    capture_unsafe_reason = (
+        "the ep a2a backend reads the exchanged per-rank counts back to size its all-to-all"
+    )
 
     def _group(self) -> GroupCoordinator | None:
         if self.tp_size == 1:

@@ -8,8 +8,9 @@ Reductions (all before the caller's mHC post) are the a2a backend's combine, nev
 - ``a2a_backend="none"``: experts and shared expert are tensor-parallel over the intermediate dim;
   the shared partial sum is handed to the combine, which adds it in place into the routed partial
   sum and all-reduces the two once.
-- ``a2a_backend="megamoe"``: experts are expert-parallel and FusedMoE returns this rank's rows fully
-  combined (the MegaMoE kernel combines over the group; its fallback's combine all-reduces), so
+- ``a2a_backend="megamoe"`` or ``"ep"``: experts are expert-parallel and FusedMoE returns this
+  rank's rows fully combined (the MegaMoE kernel combines over the group, its fallback's combine
+  all-reduces; ``ep``'s combine brings the all-to-all results back and all-gathers the rows), so
   the shared expert is replicated (full weights, local rows) and added after the combine.
 """
 
@@ -177,7 +178,8 @@ class DeepseekV4MoE(nn.Module):
     ) -> torch.Tensor:
         """Expert-parallel path: FusedMoE's megamoe backend runs the MegaMoE kernel (pre-dispatch
         into DeepGEMM's symmetric buffer, kernel on the reserved-SM budget) and returns combined
-        rows, or runs the runner on this rank's experts and its combine all-reduces them. The
-        replicated shared expert is added after the combine; no further reduction."""
+        rows, or runs the runner on this rank's experts and its combine all-reduces them; the ep
+        backend moves rows to their experts' ranks and back by all-to-all. The replicated shared
+        expert is added after the combine; no further reduction."""
         out = self.experts.forward_mega(x, self.route(x, input_ids))
         return out if shared is None else out + shared

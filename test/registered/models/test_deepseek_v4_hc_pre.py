@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from sglang.kernels.ops.layernorm import mhc
+from sglang.srt.layers import mhc
 from sglang.srt.models import deepseek_v4
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file

@@ -12,26 +12,20 @@ Shapes: the residual is ``[T, hc, H]`` (hc = hc_mult streams), a sublayer works 
   the *old* stream k), fp32 maths, one cast to the residual dtype.
 * head: like pre with only the sigmoid weights (no post/comb, no Sinkhorn).
 
-Backends (``_backend``): CPU tensors take torch. CUDA tensors take, by ``SGLANG_MHC_BACKEND``
-(default ``auto``), Triton, else TileLang (``mhc_tilelang.py``) when ``tilelang`` imports, else
-torch. ``auto`` prefers Triton because it measured 1.2-1.9x faster than TileLang at every token
-count up to 512 on an H200 (``scripts/bench_mhc.py``, docs/performance.md); TileLang is faster
-only on 4096-token prefill chunks (by up to 18%), so it is an explicit choice. An explicit
-``tilelang`` / ``triton`` that cannot be honoured raises instead of silently running something
-else. The choice and its reason are logged once. TileLang covers pre and fused
-post+pre (the per-sublayer kernels); a lone post (once per forward) runs on Triton.
+Backends: every entry point runs the ``backend`` it is given (``torch``, ``triton``, or
+``tilelang`` from ``mhc_tilelang.py``; default torch) and chooses none itself: the caller decides
+which one a call takes. The Triton and TileLang kernels are written for CUDA tensors with hc = 4
+(``mhc_tilelang.tilelang_supports``); torch takes any hc and device. TileLang covers pre and fused
+post+pre (the per-sublayer kernels); a lone post (once per forward) has only Triton and torch.
 
-Symmetric memory: ``layer_input`` feeds the MoE, whose in-place runner then hands the same storage
-to the TP all-reduce, so it (and only it: not post, comb or the residual) is allocated inside
-``use_symmetric_memory``. Intermediates are made outside that scope because the pool never shrinks.
+Memory: the layer input (the ``[T, H]`` output of pre and of fused post+pre) goes into ``out`` when
+the caller passes one (its own allocation, e.g. from a pool that a collective reads) and is
+allocated with the default allocator only when ``out`` is None. Everything else (post, comb, the
+new residual, the workspaces) is always an ordinary allocation made here.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
-from contextlib import AbstractContextManager
 from typing import Literal
 
 import torch
@@ -41,41 +35,29 @@ from sglang.kernels.ops.layernorm import mhc_tilelang
 # The shared constants live in mhc_tilelang, which never imports this module (this one imports it).
 # NMIX_PAD (24 mixes padded to 32) is also the Triton kernels' mix width: a power of two.
 from sglang.kernels.ops.layernorm.mhc_tilelang import NMIX_PAD, POST_MULT
-from sglang.srt.distributed.device_communicators.pynccl_allocator import use_symmetric_memory
-from sglang.srt.distributed.parallel_state import get_tp_group_or_none
-from sglang.srt.environ import envs
-from sglang.srt.layers.dp_attention import is_allocation_symmetric
-from sglang.srt.layers.layernorm import rms_norm
-from sglang.srt.utils.log import get_logger, log_once
+from sglang.kernels.ops.layernorm.rms_norm import rms_norm
 
-try:  # Triton is optional here: without it every call takes the torch path
+try:  # Triton is optional here: without it only the torch backend runs
     import triton
     import triton.language as tl
 
-    _HAS_TRITON = True
+    HAS_TRITON = True
 except ImportError:  # pragma: no cover - Triton missing
-    _HAS_TRITON = False
+    HAS_TRITON = False
 
 Backend = Literal["tilelang", "triton", "torch"]
-_ENV = "SGLANG_MHC_BACKEND"
-
-logger = get_logger(__name__)
-
-
-def _layer_input_scope() -> AbstractContextManager[object]:
-    # Names looked up at call time, so tests can monkeypatch them on this module.
-    return use_symmetric_memory(get_tp_group_or_none(), disabled=not is_allocation_symmetric())
-
-
-def _alloc_layer_input(t: int, h: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The only allocation made in the symmetric pool."""
-    with _layer_input_scope():
-        return torch.empty(t, h, dtype=dtype, device=device)
+BACKENDS: tuple[Backend, ...] = ("tilelang", "triton", "torch")
 
 
 def _n_mix(residual: torch.Tensor) -> int:
     hc = residual.shape[1] if residual.dim() == 3 else 0
     return (2 + hc) * hc
+
+
+def check_norm_eps(norm_weight: torch.Tensor | None, norm_eps: float | None) -> None:
+    """A fused RMSNorm (``norm_weight`` given) needs its ``norm_eps``."""
+    if norm_weight is not None:
+        _norm_eps(norm_eps)
 
 
 def _norm_eps(norm_eps: float | None) -> float:
@@ -91,6 +73,41 @@ def _check_shapes(residual: torch.Tensor, fn: torch.Tensor, n_mix: int) -> tuple
     if fn.shape != (n_mix, hc * h):
         raise ValueError(f"fn must be [{n_mix}, {hc * h}], got {tuple(fn.shape)}")
     return t, hc, h
+
+
+def layer_input_shape(residual: torch.Tensor, fn: torch.Tensor) -> tuple[int, int]:
+    """``(T, H)`` of the layer input that pre / fused post+pre make from ``residual`` and ``fn``
+    (raises on inconsistent shapes): what a caller allocates as ``out``."""
+    t, _hc, h = _check_shapes(residual, fn, _n_mix(residual))
+    return t, h
+
+
+def _checked_backend(backend: str, residual: torch.Tensor) -> Backend:
+    if backend not in BACKENDS:
+        raise ValueError(f"mHC backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "torch" and not mhc_tilelang.tilelang_supports(residual):
+        raise ValueError(
+            f"the {backend} mHC kernels are written for a residual [T, 4, H] of a kernel dtype, "
+            f"got {tuple(residual.shape)} {residual.dtype}"
+        )
+    return backend  # type: ignore[return-value]
+
+
+def _layer_input(out: torch.Tensor | None, t: int, h: int, residual: torch.Tensor) -> torch.Tensor:
+    """``out`` checked against the layer input it must hold, or a fresh ordinary one."""
+    if out is None:
+        return torch.empty(t, h, dtype=residual.dtype, device=residual.device)
+    if (
+        out.shape != (t, h)
+        or out.dtype != residual.dtype
+        or out.device != residual.device
+        or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"out must be a contiguous [{t}, {h}] {residual.dtype} tensor on {residual.device}, "
+            f"got {tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+    return out
 
 
 # ----------------------------------------------------------------------------- torch reference
@@ -133,8 +150,10 @@ def _pre_torch(
     sinkhorn_iters: int,
     norm_weight: torch.Tensor | None,
     norm_eps: float | None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
+    out = _layer_input(out, t, h, residual)
     pre, post, comb = _split_mixes(
         _rms_mixes(residual, fn, rms_eps), scale, base, hc, hc_eps, sinkhorn_iters
     )
@@ -142,7 +161,6 @@ def _pre_torch(
     if norm_weight is not None:
         # Same as the separate RMSNorm on the stored (rounded) layer input.
         y = rms_norm(y, norm_weight, _norm_eps(norm_eps))
-    out = _alloc_layer_input(t, h, residual.dtype, residual.device)
     out.copy_(y)
     return out, post, comb
 
@@ -156,9 +174,10 @@ def mhc_pre_torch(
     rms_eps: float,
     hc_eps: float,
     sinkhorn_iters: int,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Torch mHC pre: (layer_input [T,H] residual dtype, post [T,hc] fp32, comb [T,hc,hc] fp32)."""
-    return _pre_torch(residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, None, None)
+    return _pre_torch(residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, None, None, out)
 
 
 def hc_post_torch_impl(
@@ -189,84 +208,7 @@ def hc_head_torch_impl(
     return (w.unsqueeze(-1) * residual.float()).sum(dim=1).to(residual.dtype)
 
 
-# ----------------------------------------------------------------------------- dispatch
-
-
-@functools.lru_cache(maxsize=1)
-def _tilelang_import_error() -> str | None:
-    """None when ``tilelang`` imports, else why not. Tried once, on the first CUDA call: the import
-    takes seconds and CPU-only processes never need it."""
-    try:
-        import tilelang  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - a broken install raises more than ImportError
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def _tilelang_version() -> str:
-    import tilelang
-
-    return str(getattr(tilelang, "__version__", "unknown"))
-
-
-def select_backend(residual: torch.Tensor) -> tuple[Backend, str]:
-    """(backend, why) for a call on ``residual``. Reads ``SGLANG_MHC_BACKEND`` on every call, so a
-    test or launcher can change it; raises when an explicit kernel backend cannot be used on CUDA.
-    Uncached (the exact reason for this residual); the per-call path goes through ``_backend``."""
-    requested = envs.SGLANG_MHC_BACKEND.get()
-    if not residual.is_cuda:
-        return "torch", f"tensors on {residual.device.type}: the kernels are CUDA-only"
-    # tilelang_supports (hc = 4, a kernel dtype) also covers what the Triton kernels need.
-    if not mhc_tilelang.tilelang_supports(residual):
-        return "torch", (
-            f"residual {tuple(residual.shape)} {residual.dtype}: the kernels are written for hc=4"
-        )
-    if requested == "torch":
-        return "torch", f"{_ENV}=torch"
-    if requested == "auto" and _HAS_TRITON:
-        return "triton", f"{_ENV}=auto: Triton, measured faster than TileLang up to 512 tokens"
-    if requested in ("auto", "tilelang"):
-        error = _tilelang_import_error()
-        if error is None:
-            why = ", triton does not import," if requested == "auto" else ","
-            return "tilelang", f"{_ENV}={requested}{why} tilelang {_tilelang_version()} imports"
-        if requested == "tilelang":
-            raise RuntimeError(f"{_ENV}=tilelang but tilelang does not import ({error})")
-        return "torch", f"{_ENV}=auto, neither triton nor tilelang ({error}) imports"
-    if not _HAS_TRITON:
-        raise RuntimeError(f"{_ENV}=triton but triton does not import")
-    return "triton", f"{_ENV}=triton"
-
-
-# What select_backend's answer depends on, besides the tilelang import (cached on its own):
-# (raw SGLANG_MHC_BACKEND or None, device type, kernels cover the shape/dtype, triton imports).
-_DecisionKey = tuple[str | None, str, bool, bool]
-_decisions: dict[_DecisionKey, Backend] = {}
-
-
-def reset_backend_selection() -> None:
-    """Forget every backend decision and the tilelang import result (tests that change the
-    environment, ``sys.modules['tilelang']`` or ``_HAS_TRITON`` between calls)."""
-    _decisions.clear()
-    _tilelang_import_error.cache_clear()
-
-
-def _backend(residual: torch.Tensor) -> Backend:
-    # Three calls per layer per forward: after the first call of a key, only the key is built
-    # (no env validation, tilelang probe, reason formatting or log_once lock). The raw env value
-    # is the key, so a bad value is parsed (and raises) by select_backend on every call, uncached.
-    key = (
-        os.environ.get(_ENV),
-        residual.device.type,
-        mhc_tilelang.tilelang_supports(residual),
-        _HAS_TRITON,
-    )
-    backend = _decisions.get(key)
-    if backend is None:
-        backend, why = select_backend(residual)
-        log_once(logger, logging.INFO, f"mHC kernels: {backend} ({why})")
-        _decisions[key] = backend
-    return backend
+# ----------------------------------------------------------------------------- entry points
 
 
 def _mhc_pre_impl(
@@ -280,16 +222,17 @@ def _mhc_pre_impl(
     sinkhorn_iters: int,
     norm_weight: torch.Tensor | None,
     norm_eps: float | None,
+    backend: Backend = "torch",
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The pre (+ norm) on the chosen backend: the one body behind :func:`mhc_pre` and the torch
-    branch of :func:`mhc_fused_post_pre` (the name upstream's comments give the pre kernel)."""
-    backend = _backend(residual)
-    if backend == "torch":
+    """The pre (+ norm) on ``backend``: the one body behind :func:`mhc_pre` and the torch branch
+    of :func:`mhc_fused_post_pre` (the name upstream's comments give the pre kernel)."""
+    if _checked_backend(backend, residual) == "torch":
         return _pre_torch(
-            residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps
+            residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps, out
         )
     t, _hc, h = _check_shapes(residual, fn, _n_mix(residual))
-    out = _alloc_layer_input(t, h, residual.dtype, residual.device)
+    out = _layer_input(out, t, h, residual)
     kernel = mhc_tilelang.mhc_pre_tilelang if backend == "tilelang" else _mhc_pre_triton
     post, comb = kernel(
         residual,
@@ -317,11 +260,13 @@ def mhc_pre(
     sinkhorn_iters: int,
     norm_weight: torch.Tensor | None = None,
     norm_eps: float | None = None,
+    backend: Backend = "torch",
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """mHC pre (+ the sublayer's RMSNorm when ``norm_weight`` is given)
+    """mHC pre (+ the sublayer's RMSNorm when ``norm_weight`` is given) on ``backend``, the layer
+    input written into ``out`` when given
     -> (layer_input [T,H] residual dtype, post [T,hc] fp32, comb [T,hc,hc] fp32)."""
-    if norm_weight is not None:
-        _norm_eps(norm_eps)
+    check_norm_eps(norm_weight, norm_eps)
     return _mhc_pre_impl(
         residual,
         fn,
@@ -332,15 +277,24 @@ def mhc_pre(
         sinkhorn_iters=sinkhorn_iters,
         norm_weight=norm_weight,
         norm_eps=norm_eps,
+        backend=backend,
+        out=out,
     )
 
 
 def mhc_post(
-    x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    *,
+    backend: Literal["triton", "torch"] = "torch",
 ) -> torch.Tensor:
     """mHC post -> the new residual [T, hc, H] (ordinary allocation). No TileLang variant: it runs
-    once per forward (the other posts are fused into the next pre), so TileLang falls to Triton."""
-    if _backend(residual) != "torch" and _HAS_TRITON:
+    once per forward (the other posts are fused into the next pre)."""
+    if backend == "tilelang":
+        raise ValueError("the mHC post has no TileLang kernel: run it on 'triton' or 'torch'")
+    if _checked_backend(backend, residual) == "triton":
         return _mhc_post_triton(x, residual, post, comb)
     return hc_post_torch_impl(x, residual, post, comb)
 
@@ -359,15 +313,16 @@ def mhc_fused_post_pre(
     sinkhorn_iters: int,
     norm_weight: torch.Tensor | None = None,
     norm_eps: float | None = None,
+    backend: Backend = "torch",
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One sublayer's post fused with the next one's pre (+ norm):
-    -> (new_residual, layer_input, post_next, comb_next); equal to mhc_post then mhc_pre."""
-    if norm_weight is not None:
-        _norm_eps(norm_eps)
-    backend = _backend(residual)
-    if backend != "torch":
+    """One sublayer's post fused with the next one's pre (+ norm) on ``backend``, the layer input
+    written into ``out`` when given -> (new_residual, layer_input, post_next, comb_next); equal to
+    mhc_post then mhc_pre."""
+    check_norm_eps(norm_weight, norm_eps)
+    if _checked_backend(backend, residual) != "torch":
         t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
-        out = _alloc_layer_input(t, h, residual.dtype, residual.device)
+        out = _layer_input(out, t, h, residual)
         residual = residual.contiguous()
         new_residual = torch.empty_like(residual)  # an ordinary allocation, like every residual
         kernel = mhc_tilelang.mhc_fused_post_pre_tilelang if backend == "tilelang" else _launch_pre
@@ -399,6 +354,8 @@ def mhc_fused_post_pre(
         sinkhorn_iters=sinkhorn_iters,
         norm_weight=norm_weight,
         norm_eps=norm_eps,
+        backend="torch",
+        out=out,
     )
     return new_residual, y, post_next, comb_next
 
@@ -417,6 +374,11 @@ def mhc_head(
     return hc_head_torch_impl(residual, fn, scale, base, rms_eps=rms_eps, hc_eps=hc_eps)
 
 
+def _require_triton() -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("the triton mHC backend was asked for, but triton does not import")
+
+
 # ----------------------------------------------------------------------------- Triton
 #
 # Two kernels per call, no atomics (deterministic, graph-safe; the split count depends on T only):
@@ -429,10 +391,10 @@ def mhc_head(
 #     block and stays in L2.
 #  2. ``_pre_finalize_kernel``, one program per token: sums the splits, takes the RMS, computes
 #     pre / post / Sinkhorn comb on a 4x4 tile, then the weighted stream sum (and fused RMSNorm).
-# The kernels are written for hc = 4 (DeepSeek V4's hc_mult); other hc values take the torch path
-# (select_backend checks it with mhc_tilelang.tilelang_supports).
+# The kernels are written for hc = 4 (DeepSeek V4's hc_mult); the entry points refuse anything
+# else (``_checked_backend``, with mhc_tilelang.tilelang_supports): other hc values run on torch.
 
-if _HAS_TRITON:
+if HAS_TRITON:
 
     @triton.jit
     def _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, J: tl.constexpr):
@@ -753,6 +715,7 @@ def _launch_pre(
     norm_weight: torch.Tensor | None,
     norm_eps: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    _require_triton()
     t, hc, h = residual.shape
     dev = residual.device
     post = torch.empty(t, hc, dtype=torch.float32, device=dev)
@@ -856,6 +819,7 @@ def _mhc_post_triton(
     x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
 ) -> torch.Tensor:
     """Triton post -> new residual."""
+    _require_triton()
     residual = residual.contiguous()
     t, hc, h = residual.shape
     new_residual = torch.empty_like(residual)

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import pytest
 import torch
+
 from sglang.kernels.ops.layernorm import mhc as mhc_kernels
 from sglang.kernels.ops.layernorm import mhc_tilelang
 from sglang.srt.environ import EnvValueError, envs

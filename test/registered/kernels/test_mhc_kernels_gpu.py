@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from sglang.kernels.ops.layernorm import mhc as mhc_kernels
 from sglang.kernels.ops.layernorm import mhc_tilelang
 from sglang.srt.environ import envs

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 

@@ -17,8 +17,7 @@ from typing import Any, cast
 import pytest
 import torch
 
-from sglang.kernels.ops.layernorm import mhc as mhc_kernels
-from sglang.kernels.ops.layernorm import mhc_tilelang
+from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
 from sglang.srt.environ import EnvValueError, envs
 from sglang.srt.layers import dp_attention, mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
@@ -234,7 +233,7 @@ def test_tilelang_backend_routes_pre_and_fused_with_symmetric_layer_input(
         post_calls.append("post")
         return torch.empty_like(r)
 
-    monkeypatch.setattr(mhc_kernels, "_mhc_post_triton", fake_post)
+    monkeypatch.setattr(mhc_triton, "mhc_post_triton", fake_post)
 
     rec = _symmetric_recorder(monkeypatch)
     y, post, comb = mhc.mhc_pre(r, *p, **E)

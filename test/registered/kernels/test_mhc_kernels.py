@@ -394,6 +394,7 @@ _INTERP_SCRIPT = textwrap.dedent("""
     import contextlib
     import torch
     from sglang.kernels.ops.layernorm import mhc as mhc_kernels
+    from sglang.kernels.ops.layernorm import mhc_triton
     from sglang.srt.layers import dp_attention, mhc
     from sglang.srt.layers.layernorm import rms_norm
     from sglang.test.alloc_recorder import SymmetricScopeRecorder
@@ -412,10 +413,10 @@ _INTERP_SCRIPT = textwrap.dedent("""
              (2, 96, torch.bfloat16), (0, 64, torch.bfloat16)]
     # Each case with the finalize's row in registers (one pass), then looping over 1024-wide
     # blocks (the path of larger batches and of rows wider than _ONE_PASS_MAX_H).
-    one_pass_max_hs = (mhc_kernels._ONE_PASS_MAX_H, 0)
+    one_pass_max_hs = (mhc_triton._ONE_PASS_MAX_H, 0)
     for one_pass_max_h, (t, h, dtype) in [(m, c) for m in one_pass_max_hs for c in cases]:
-        mhc_kernels._ONE_PASS_MAX_H = one_pass_max_h
-        assert t <= mhc_kernels._ONE_PASS_MAX_T
+        mhc_triton._ONE_PASS_MAX_H = one_pass_max_h
+        assert t <= mhc_triton._ONE_PASS_MAX_T
         r = (torch.randn(t, 4, h, generator=gen) * 2).to(dtype)
         fn = torch.randn(24, 4 * h, generator=gen) * 0.05
         sc, b = torch.rand(3, generator=gen) + 0.25, torch.randn(24, generator=gen) * 0.5

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from sglang.kernels.ops.layernorm import mhc as mhc_kernels
-from sglang.kernels.ops.layernorm import mhc_tilelang
+from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
 from sglang.srt.environ import envs
 from sglang.srt.layers import dp_attention, mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
@@ -59,7 +59,7 @@ BACKENDS = [
 ]
 # The kernel entry points that write into a caller's ``out`` (for the guard-row check).
 _PRE_INTO: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
-    "triton": mhc_kernels._mhc_pre_triton,
+    "triton": mhc_triton.mhc_pre_triton,
     "tilelang": mhc_tilelang.mhc_pre_tilelang,
 }
 

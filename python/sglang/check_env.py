@@ -11,12 +11,12 @@ import sys
 
 import torch
 
-from sglang import __version__
 from sglang.srt.environ import Envs, EnvValueError
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
 from sglang.srt.layers.moe.sm_budget import _mega_moe_max_num_sms, mega_moe_sm_budget
 from sglang.srt.utils.device import device_sm_info
 from sglang.srt.utils.env_check import unknown_env_vars
+from sglang.version import __version__
 
 _NO_DEEP_GEMM_NARROWING = "no change (reserve 0, or no DeepGEMM MegaMoE here)"
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as tfm
 
-from sglang.kernels.ops.layernorm import mhc
+from sglang.srt.layers import mhc
 from sglang.srt.models import deepseek_v4
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file

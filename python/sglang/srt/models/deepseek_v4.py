@@ -31,7 +31,12 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from sglang.kernels.ops.layernorm.mhc import (
+from sglang.srt.layers.attention.dsv4_attention import AttnSegment, DeepseekV4Attention
+from sglang.srt.layers.attention.dsv4_static_decode import static_decode_attention
+from sglang.srt.layers.embedding import ReplicatedEmbedding
+from sglang.srt.layers.layernorm import RMSNorm, rms_norm
+from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
+from sglang.srt.layers.mhc import (
     hc_post_torch_impl,
     mhc_fused_post_pre,
     mhc_head,
@@ -39,11 +44,6 @@ from sglang.kernels.ops.layernorm.mhc import (
     mhc_pre,
     mhc_pre_torch,
 )
-from sglang.srt.layers.attention.dsv4_attention import AttnSegment, DeepseekV4Attention
-from sglang.srt.layers.attention.dsv4_static_decode import static_decode_attention
-from sglang.srt.layers.embedding import ReplicatedEmbedding
-from sglang.srt.layers.layernorm import RMSNorm, rms_norm
-from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.moe.layer import A2ABackend
 from sglang.srt.mem_cache.deepseek_v4_cache import (
     DeepseekV4RequestCache,
@@ -140,7 +140,12 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.attn_norm = RMSNorm(h, c.rms_norm_eps, device=device)
         self.ffn_norm = RMSNorm(h, c.rms_norm_eps, device=device)
         self.attn = DeepseekV4Attention(
-            c, layer_id, params_dtype=params_dtype, tp_rank=tp_rank, tp_size=tp_size, device=device
+            c.attention_config(layer_id),
+            layer_id,
+            params_dtype=params_dtype,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            device=device,
         )
         self.ffn = DeepseekV4MoE(
             c,

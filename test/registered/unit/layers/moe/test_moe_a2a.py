@@ -56,11 +56,14 @@ class _Reduces:
         return 2 * x  # "the other rank" holds the same partial sum
 
 
-def test_registry_names_both_backends_and_refuses_others() -> None:
-    assert {"none", "megamoe"} <= set(MOE_A2A_BACKENDS.names())
+def test_registry_names_the_backends_and_refuses_others() -> None:
+    assert {"none", "ep", "megamoe"} <= set(MOE_A2A_BACKENDS.names())
     with pytest.raises(ValueError, match="unknown MoE a2a backend 'deepep'.*megamoe"):
         FusedMoE(FusedMoEConfig(E, H, I, K, runner="torch", a2a_backend="deepep"))
-    with pytest.raises(ValueError, match="megamoe places whole experts: 8 experts over 3"):
+    with pytest.raises(
+        ValueError,
+        match="megamoe places whole experts on each rank: 8 experts do not divide over 3",
+    ):
         FusedMoE(FusedMoEConfig(E, H, I, K, runner="torch", a2a_backend="megamoe"), tp_size=3)
 
 

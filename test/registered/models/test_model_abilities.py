@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+
 from sglang.srt.default_model.generate import ensure_default_model
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.moe_runner.torch_runner import TorchMoERunner

@@ -24,7 +24,7 @@ from sglang.kernels.ops.moe.fused_moe import FusedMoeConfig, get_config
 from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig, tma_config_fits
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE
 
-logger = logging.getLogger("sglang.kernels.moe")
+logger = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 TMA_MIN_ROWS_PER_EXPERT = 64

@@ -22,6 +22,7 @@ from sglang.srt.layers.deep_gemm_adapter import has_entry_point, resolve_entry_p
 from sglang.srt.layers.moe import mega_moe_triton_backend as triton_backend
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner.base import moe_output_scope
+from sglang.srt.layers.moe.moe_runner.path_table import triton_mega_measured_slower
 from sglang.srt.layers.moe.sm_budget import (  # noqa: F401  (the seed's names, importable here)
     _configure_mega_moe_deep_gemm_num_sms,
     _mega_moe_max_num_sms,
@@ -216,7 +217,10 @@ def mega_moe_shape_reason(params: MegaMoEParams, arch: int) -> str | None:
                 f"its SM90 kernel has SwiGLU only, not {params.activation!r} (SiTU is SM100-only)"
             )
         if params.intermediate_hidden > SM90_MAX_INTERMEDIATE:
-            return f"its SM90 kernel takes intermediate <= {SM90_MAX_INTERMEDIATE}, not {params.intermediate_hidden}"
+            return (
+                f"its SM90 kernel takes intermediate <= {SM90_MAX_INTERMEDIATE}, "
+                f"not {params.intermediate_hidden}"
+            )
     return None
 
 
@@ -241,7 +245,10 @@ def mega_moe_unusable_reason(
         return f"its SM90 pre-dispatch takes bf16 activations, not {dtype}"
     cap = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()
     if num_tokens > cap:
-        return f"batch of {num_tokens} tokens exceeds SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK={cap}"
+        return (
+            f"batch of {num_tokens} tokens exceeds "
+            f"SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK={cap}"
+        )
     return None
 
 
@@ -351,6 +358,9 @@ def choose_mega_backend(
         x, local_weights, group_size, params.num_topk
     )
     if config is not None:
+        slower = triton_mega_measured_slower(x, local_weights, params)
+        if slower is not None:  # the user's MegaMoE, but not where it measured slower
+            return MegaBackendChoice("none", f"our Triton MegaMoE {slower}")
         return MegaBackendChoice("triton", reason, config)
     return MegaBackendChoice(
         "none", f"DeepGEMM's kernel: {reason}; our Triton kernel: {triton_reason}"

@@ -25,10 +25,10 @@ import triton
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_moe import REFERENCE_US, SHAPES, make_batch, make_weights
 from sglang.kernels.ops.moe.fused_moe import (
-    select_chunk_config,
     check_moe_inputs,
     fused_experts,
     get_config,
+    select_chunk_config,
 )
 from sglang.kernels.ops.moe.grouped_gemm_tma import TmaMoeConfig
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE
@@ -63,8 +63,8 @@ def measure(shape_key: str, m: int, w, kw: dict[str, object]):  # type: ignore[n
     def run(c: object) -> None:
         fused_experts(x, w.w13, w.w2, tw, ids, config=c, **kw)
 
-    ours = triton.testing.do_bench_cudagraph(lambda: run(None), rep=200) * 1e3
-    two = triton.testing.do_bench_cudagraph(lambda: run(old), rep=200) * 1e3
+    ours = triton.testing.do_bench_cudagraph(lambda: run(None), rep=100) * 1e3
+    two = triton.testing.do_bench_cudagraph(lambda: run(old), rep=100) * 1e3
     tflops = 6.0 * m * shape.top_k * shape.hidden * shape.inter / (ours * 1e-6) / 1e12
     dtype = "fp8" if w.w13.dtype == FP8_DTYPE else "bf16"
     return REFERENCE_US.get((shape_key, dtype, m)), two, ours, path, tflops

@@ -48,35 +48,40 @@ CANDIDATES: dict[str, list[tuple[int, list[TmaGemmTile], list[TmaGemmTile]]]] = 
     "bf16": [
         (
             128,
-            [T(128, 64, 16, 8, 3), T(128, 64, 16, 8, 4), T(64, 64, 16, 8, 4), T(64, 64, 16, 4, 4)],
             [
-                T(256, 64, 16, 8, 3),
                 T(128, 64, 16, 8, 4),
-                T(256, 64, 16, 8, 4),
-                T(128, 64, 16, 4, 4),
+                T(128, 64, 16, 8, 4, paired=True),
+                T(128, 64, 16, 8, 3, paired=True),
             ],
+            [T(256, 64, 16, 8, 3), T(256, 64, 16, 8, 4)],
         ),
         (
             64,
-            [T(128, 64, 16, 4, 4), T(64, 64, 16, 4, 4)],
-            [T(128, 64, 16, 4, 4), T(256, 64, 16, 4, 3)],
+            [
+                T(128, 64, 16, 4, 4),
+                T(128, 64, 16, 4, 4, paired=True),
+                T(128, 64, 16, 8, 4, paired=True),
+            ],
+            [T(256, 64, 16, 4, 3), T(256, 64, 16, 8, 3)],
         ),
     ],
+    # 128-row FP8 gate-up tiles spill (two accumulators plus the scaled K-block product):
+    # measured 2-4x slower than 64-row ones on the H200, so only 64 rows are swept.
     "fp8": [
         (
-            128,
-            [T(128, 128, 16, 8, 3), T(128, 128, 16, 8, 4), T(128, 64, 16, 8, 4)],
-            [T(128, 128, 16, 8, 3), T(128, 128, 16, 8, 4), T(256, 128, 16, 8, 3)],
-        ),
-        (
             64,
-            [T(128, 128, 32, 4, 3), T(128, 128, 32, 4, 4), T(128, 128, 32, 8, 4)],
-            [T(128, 128, 32, 4, 3), T(128, 128, 32, 4, 4), T(256, 128, 32, 8, 3)],
+            [
+                T(128, 128, 32, 8, 4),
+                T(128, 128, 32, 8, 4, paired=True),
+                T(128, 128, 32, 4, 4, paired=True),
+            ],
+            [T(256, 128, 32, 8, 3), T(256, 128, 32, 8, 4)],
         ),
     ],
 }
-# Each winner is also tried non-persistent and with warp specialisation (where it compiles).
-VARIANTS = ({"persistent": False}, {"warp_specialize": True})
+# Each winner is also tried with warp specialisation (where it compiles; a first sweep with
+# non-persistent variants too found them within 3% of the persistent ones).
+VARIANTS = ({"warp_specialize": True},)
 
 
 def variant(tile: TmaGemmTile, change: dict[str, bool]) -> TmaGemmTile:

@@ -35,10 +35,12 @@ def tma_configs(fp8: bool) -> list[Any]:
             C(128, T(128, 128, 16, 8, 3), T(128, 128, 16, 8, 3)),
             C(64, T(128, 128, 32, 4, 3, persistent=False), T(256, 128, 32, 8, 3)),
             C(64, T(256, 64, 8, 8, 3), T(128, 64, 8, 4, 4, persistent=False)),
+            C(64, T(128, 128, 32, 8, 4, paired=True), T(256, 128, 32, 8, 3)),
         ]
     return [
         C(128, T(128, 64, 16, 8, 4), T(256, 64, 16, 8, 3)),
         C(64, T(64, 64, 16, 4, 4, persistent=False), T(128, 64, 16, 4, 4)),
+        C(128, T(128, 64, 16, 8, 4, paired=True), T(256, 64, 16, 8, 3)),
     ]
 
 
@@ -111,6 +113,25 @@ def test_tma_path_matches_reference(name: str, fp8: bool, m: int) -> None:
             assert (out[m // 2] == 0).all(), "a fully masked token must be zero"
 
 
+@pytest.mark.parametrize(
+    "name,fp8,m", [("k3", True, 512), ("dsv4", False, 3000), ("dsv4", True, 8192)]
+)
+def test_tuned_dispatch_matches_reference(name: str, fp8: bool, m: int) -> None:
+    """``fused_experts`` as the engine calls it: the H200 table picks the kernel and tiles."""
+    from sglang.kernels.ops.moe.fused_moe import fused_experts, fused_experts_torch
+
+    _, _, _, _, activation, limit = SHAPES[name]
+    weights = expert_weights(name, fp8)
+    hidden, tw, ids = routing(m, name, seed=m, experts_used=None)
+    kw = dict(weights, activation=activation, swiglu_limit=limit)
+    want = fused_experts_torch(hidden, topk_weights=tw, topk_ids=ids, **kw)
+    out = torch.full_like(hidden, float("nan"))
+    fused_experts(hidden, topk_weights=tw, topk_ids=ids, out=out, **kw)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    assert rel_err(out, want) < (FP8_TOL if fp8 else BF16_TOL)
+
+
 def test_fused_quant_epilogue_equals_separate_quant() -> None:
     """The gate-up epilogue's FP8 intermediate equals quantising its bf16 activation output."""
     from sglang.kernels.ops.activation import ACT_SWIGLU
@@ -128,8 +149,20 @@ def test_fused_quant_epilogue_equals_separate_quant() -> None:
     q = torch.full((p, i), float("nan"), device="cuda").to(FP8_DTYPE)
     s = torch.full((p, i // 128), float("nan"), device="cuda")
     args = (x, xs, weights["w13"], weights["w13_scale"])
-    launch_gate_up_tma(*args, q, s, align, num_slots=300 * k, top_k=k, block_m=64, tile=tile,
-                       scale_block=128, act=ACT_SWIGLU, limit=1.0, num_sms=132)  # fmt: skip
+    launch_gate_up_tma(
+        *args,
+        q,
+        s,
+        align,
+        num_slots=300 * k,
+        top_k=k,
+        block_m=64,
+        tile=tile,
+        scale_block=128,
+        act=ACT_SWIGLU,
+        limit=1.0,
+        num_sms=132,
+    )
     used = int(align[2].item())
     deq = q[:used].float().view(used, -1, 128) * s[:used, :, None]
     assert torch.isfinite(deq).all()

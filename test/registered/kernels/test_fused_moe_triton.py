@@ -496,12 +496,13 @@ def _tiny_tma_configs() -> list[object]:
         TmaMoeConfig(
             32, TmaGemmTile(32, 16, 1, 4, 2, persistent=False), TmaGemmTile(16, 32, 4, 4, 2)
         ),
+        TmaMoeConfig(16, TmaGemmTile(16, 32, 2, 4, 2, paired=True), TmaGemmTile(32, 16, 2, 4, 2)),
     ]
 
 
 @interp_only
 @pytest.mark.parametrize("activation,limit", ACTS[1:])
-@pytest.mark.parametrize("cfg_index", [0, 1])
+@pytest.mark.parametrize("cfg_index", [0, 1, 2])
 def test_interp_tma_fused_experts_fp32(
     activation: str, limit: float | None, cfg_index: int
 ) -> None:

@@ -38,7 +38,8 @@ from sglang.kernels.ops.quant.fp8 import DEFAULT_EPS, FP8_DTYPE, quant_rows_fp8
 class TmaGemmTile:
     """One GEMM's launch: tile, swizzle group, warps, pipeline depth; ``persistent`` runs one
     program per SM looping over tiles (else one program a tile); ``warp_specialize`` asks
-    Triton for producer/consumer warps on the persistent loop."""
+    Triton for producer/consumer warps on the persistent loop; ``paired`` (gate-up) loads the
+    gate and up tiles as one 3-D block and runs one dot twice as wide."""
 
     block_n: int
     block_k: int
@@ -47,6 +48,7 @@ class TmaGemmTile:
     num_stages: int
     persistent: bool = True
     warp_specialize: bool = False
+    paired: bool = False  # gate-up only: gate and up tiles in one 3-D load and one wide dot
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,94 @@ def _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
     pid_m = first_m + (tile % per_group) % group_rows
     pid_n = (tile % per_group) // group_rows
     return pid_m, pid_n
+
+
+@triton.jit
+def _gate_up_split(
+    a_ptrs,
+    as_ptrs,
+    row_ok,
+    w_desc,
+    ws_base,
+    stride_wsn,
+    expert,
+    pid_n,
+    inter,
+    k_steps,
+    SCALE_BLOCK: tl.constexpr,
+    FP8: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # Gate and up tiles as two loads and two dots over a 2-D descriptor on w13 [E*2I, H].
+    gate_row = expert * (2 * inter) + pid_n * BLOCK_N
+    up_row = gate_row + inter
+    if FP8:
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        gs_ptrs = ws_base + (cols // SCALE_BLOCK) * stride_wsn
+        us_ptrs = ws_base + ((cols + inter) // SCALE_BLOCK) * stride_wsn
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(k_steps):
+        k0 = kb * BLOCK_K
+        a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
+        wg = w_desc.load([gate_row, k0])
+        wu = w_desc.load([up_row, k0])
+        if FP8:
+            ks = k0 // SCALE_BLOCK
+            a_s = tl.load(as_ptrs + ks, mask=row_ok, other=0.0)
+            g_s = tl.load(gs_ptrs + ks)
+            u_s = tl.load(us_ptrs + ks)
+            acc_g += tl.dot(a, wg.T) * (a_s[:, None] * g_s[None, :])
+            acc_u += tl.dot(a, wu.T) * (a_s[:, None] * u_s[None, :])
+        else:
+            acc_g = tl.dot(a, wg.T, acc_g)
+            acc_u = tl.dot(a, wu.T, acc_u)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _gate_up_paired(
+    a_ptrs,
+    as_ptrs,
+    row_ok,
+    w_desc,
+    ws_base,
+    stride_wsn,
+    expert,
+    pid_n,
+    inter,
+    k_steps,
+    SCALE_BLOCK: tl.constexpr,
+    FP8: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # Gate and up tiles in one load over a 3-D descriptor on w13 viewed [E*2, I, H] (block
+    # [2, BLOCK_N, BLOCK_K]) and one dot [BLOCK_M, 2*BLOCK_N]: the tensor cores see one wide
+    # tile, as a plain GEMM over the stacked gate-up rows would.
+    n0 = pid_n * BLOCK_N
+    if FP8:
+        j = tl.arange(0, 2 * BLOCK_N)
+        w_rows = tl.where(j < BLOCK_N, n0 + j, inter + n0 + j - BLOCK_N)
+        ws_ptrs = ws_base + (w_rows // SCALE_BLOCK) * stride_wsn
+    acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+    for kb in range(k_steps):
+        k0 = kb * BLOCK_K
+        a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
+        w = tl.reshape(w_desc.load([2 * expert, n0, k0]), (2 * BLOCK_N, BLOCK_K))
+        if FP8:
+            ks = k0 // SCALE_BLOCK
+            a_s = tl.load(as_ptrs + ks, mask=row_ok, other=0.0)
+            w_s = tl.load(ws_ptrs + ks)
+            acc += tl.dot(a, w.T) * (a_s[:, None] * w_s[None, :])
+        else:
+            acc = tl.dot(a, w.T, acc)
+    gate_up = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1))
+    acc_g, acc_u = tl.split(gate_up)
+    return acc_g, acc_u
 
 
 @triton.jit
@@ -101,6 +191,7 @@ def _gate_up_tma_kernel(
     GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
+    PAIRED: tl.constexpr,
 ):
     num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M  # only the used part of the sorted rows
     num_n_blocks = inter // BLOCK_N
@@ -117,31 +208,44 @@ def _gate_up_tma_kernel(
         row_ok = slot < num_slots
         a_row = (slot // top_k).to(tl.int64)
         a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :]
-        gate_row = expert * (2 * inter) + pid_n * BLOCK_N
-        up_row = gate_row + inter
-        if FP8:
-            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            ws_base = w_scale_ptr + expert.to(tl.int64) * stride_wse
-            gs_ptrs = ws_base + (cols // SCALE_BLOCK) * stride_wsn
-            us_ptrs = ws_base + ((cols + inter) // SCALE_BLOCK) * stride_wsn
-            as_ptrs = a_scale_ptr + a_row * stride_asm
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kb in range(k_steps):
-            k0 = kb * BLOCK_K
-            a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
-            wg = w_desc.load([gate_row, k0])
-            wu = w_desc.load([up_row, k0])
-            if FP8:
-                ks = k0 // SCALE_BLOCK
-                a_s = tl.load(as_ptrs + ks, mask=row_ok, other=0.0)
-                g_s = tl.load(gs_ptrs + ks)
-                u_s = tl.load(us_ptrs + ks)
-                acc_g += tl.dot(a, wg.T) * (a_s[:, None] * g_s[None, :])
-                acc_u += tl.dot(a, wu.T) * (a_s[:, None] * u_s[None, :])
-            else:
-                acc_g = tl.dot(a, wg.T, acc_g)
-                acc_u = tl.dot(a, wu.T, acc_u)
+        as_ptrs = a_scale_ptr + a_row * stride_asm
+        ws_base = w_scale_ptr + expert.to(tl.int64) * stride_wse
+        if PAIRED:
+            acc_g, acc_u = _gate_up_paired(
+                a_ptrs,
+                as_ptrs,
+                row_ok,
+                w_desc,
+                ws_base,
+                stride_wsn,
+                expert,
+                pid_n,
+                inter,
+                k_steps,
+                SCALE_BLOCK,
+                FP8,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+        else:
+            acc_g, acc_u = _gate_up_split(
+                a_ptrs,
+                as_ptrs,
+                row_ok,
+                w_desc,
+                ws_base,
+                stride_wsn,
+                expert,
+                pid_n,
+                inter,
+                k_steps,
+                SCALE_BLOCK,
+                FP8,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
         act = gated_act(acc_g, acc_u, limit, ACTIVATION, HAS_LIMIT)
         # Padding rows computed act(0, 0) = 0: they are written too, so the down GEMM reads
         # whole tiles (their products are never stored).
@@ -274,7 +378,12 @@ def launch_gate_up_tma(
     e, two_i, h = w13.shape
     inter = two_i // 2
     fp8 = w13.dtype == FP8_DTYPE
-    w_desc = TensorDescriptor.from_tensor(w13.view(e * two_i, h), [tile.block_n, tile.block_k])
+    if tile.paired:
+        w_desc = TensorDescriptor.from_tensor(
+            w13.view(e * 2, inter, h), [2, tile.block_n, tile.block_k]
+        )
+    else:
+        w_desc = TensorDescriptor.from_tensor(w13.view(e * two_i, h), [tile.block_n, tile.block_k])
     max_tiles = expert_ids.shape[0] * (inter // tile.block_n)
     programs = _num_programs(tile, max_tiles, num_sms)
     scale_a = a_scale if a_scale is not None else a
@@ -312,6 +421,7 @@ def launch_gate_up_tma(
         GROUP_M=tile.group_m,
         NUM_PROGRAMS=programs,
         WARP_SPECIALIZE=tile.warp_specialize,
+        PAIRED=tile.paired,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )

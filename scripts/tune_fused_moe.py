@@ -50,6 +50,7 @@ CANDIDATES: dict[str, list[tuple[int, list[TmaGemmTile], list[TmaGemmTile]]]] = 
             128,
             [
                 T(128, 64, 16, 8, 4),
+                T(128, 64, 16, 8, 3),
                 T(128, 64, 16, 8, 4, paired=True),
                 T(128, 64, 16, 8, 3, paired=True),
             ],

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +49,7 @@ def table_name(e: int, h: int, i: int, top_k: int, dtype: str, device_name: str)
 
 
 def tma_config_to_dict(cfg: TmaMoeConfig) -> dict[str, Any]:
-    def tile(t: TmaGemmTile) -> dict[str, Any]:
-        return {
-            "block_n": t.block_n,
-            "block_k": t.block_k,
-            "group_m": t.group_m,
-            "num_warps": t.num_warps,
-            "num_stages": t.num_stages,
-            "persistent": t.persistent,
-            "warp_specialize": t.warp_specialize,
-        }
-
-    return {"block_m": cfg.block_m, "gemm1": tile(cfg.gemm1), "gemm2": tile(cfg.gemm2)}
+    return {"block_m": cfg.block_m, "gemm1": asdict(cfg.gemm1), "gemm2": asdict(cfg.gemm2)}
 
 
 def tma_config_from_dict(d: dict[str, Any]) -> TmaMoeConfig:

@@ -65,6 +65,15 @@ def test_every_stored_table_loads_and_fits(monkeypatch: pytest.MonkeyPatch) -> N
                 assert tc.tma_config_from_dict(tc.tma_config_to_dict(cfg)) == cfg
 
 
+def test_config_dict_keeps_every_field() -> None:
+    cfg = TmaMoeConfig(
+        128,
+        TmaGemmTile(128, 64, 16, 8, 4, persistent=False, warp_specialize=True, paired=True),
+        TmaGemmTile(256, 64, 16, 8, 3),
+    )
+    assert tc.tma_config_from_dict(json.loads(json.dumps(tc.tma_config_to_dict(cfg)))) == cfg
+
+
 def test_select_reads_the_table_then_falls_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

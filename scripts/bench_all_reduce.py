@@ -16,6 +16,7 @@ import argparse
 import statistics
 
 import torch
+
 from sglang.test.multiprocess import run_distributed
 
 KiB, MiB = 1 << 10, 1 << 20

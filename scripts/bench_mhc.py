@@ -19,9 +19,10 @@ from collections.abc import Callable
 
 import torch
 import triton
+from tqdm import tqdm
+
 from sglang.kernels.ops.layernorm import mhc
 from sglang.srt.environ import envs
-from tqdm import tqdm
 
 HC = 4
 MIX: dict = {"rms_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20, "norm_eps": 1e-6}

@@ -9,6 +9,7 @@ Tests override a knob temporarily with ``with envs.NAME.override(value): ...``.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -137,7 +138,7 @@ class EnvFloat(EnvField[float]):
             value = float(raw.strip())
         except ValueError:
             raise self._fail(raw) from None
-        if value != value or (self.min_value is not None and value < self.min_value):
+        if math.isnan(value) or (self.min_value is not None and value < self.min_value):
             raise self._fail(raw)
         return value
 

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import pytest
 import torch
+
 from sglang.kernels.ops.layernorm import mhc, mhc_tilelang
 from sglang.srt.environ import EnvValueError, envs
 from sglang.test.alloc_recorder import SymmetricScopeRecorder

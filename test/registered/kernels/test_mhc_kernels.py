@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
+
 from sglang.kernels.ops.layernorm import mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-from torch import nn
 
 register_cpu_ci(est_time=40)
 

@@ -13,6 +13,7 @@ and greedy tokens must agree with fp32 at least 85% of the time.
 from __future__ import annotations
 
 import torch
+
 from sglang.srt.default_model.config import default_model_config
 from sglang.srt.default_model.generate import random_weights
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights

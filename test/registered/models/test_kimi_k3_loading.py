@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import save_file
+
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.quantization.mxfp4 import dequant_mxfp4, quant_mxfp4
 from sglang.srt.model_loader.kimi_k3_loader import WeightLoadError, load_kimi_k3, load_weights

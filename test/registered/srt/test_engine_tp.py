@@ -5,6 +5,7 @@ model's reason."""
 from __future__ import annotations
 
 import pytest
+
 from sglang import Engine
 from sglang.srt.managers.launcher import EngineStartupError
 from sglang.test.ci_register import register_cpu_ci

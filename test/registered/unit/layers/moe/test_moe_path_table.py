@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from sglang.kernels.ops.moe import tuned_configs as tc
 from sglang.kernels.ops.moe.fused_moe import FusedMoeConfig
 from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig, tma_config_fits

@@ -69,7 +69,7 @@ def _default_max_total_tokens(args: ServerArgs, runner: Any, context_length: int
     room = int(total * args.mem_fraction_static) - (total - free)
     chunk = args.chunked_prefill_size if args.chunked_prefill_size > 0 else context_length
     try:
-        shape = CacheShape.from_model_config(runner.model.config, runner.model.dtype.itemsize)
+        shape = CacheShape.from_model_config(runner.model.config, runner.dtype.itemsize)
     except AttributeError as exc:  # a model whose cache is not DeepSeek V4's window + entries
         logger.warning(
             f"no memory model for {runner.entry.architecture} ({exc}); --max-total-tokens "

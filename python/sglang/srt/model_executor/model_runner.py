@@ -24,6 +24,12 @@ from sglang.srt.model_executor.cuda_graph_runner import (
     graph_unavailable_reason,
 )
 from sglang.srt.model_executor.forward_plan import ForwardPlan
+from sglang.srt.model_executor.model_abilities import (
+    ServedModel,
+    SupportsStaticDecode,
+    moe_runners,
+    require_ability,
+)
 from sglang.srt.model_executor.model_registry import LoadOptions, find_model, read_model_config
 from sglang.srt.model_executor.slot_plan import plan_slot_pool
 from sglang.srt.server_args import ServerArgs
@@ -57,10 +63,11 @@ class ModelRunner:
         self.hf_config = read_model_config(args.model_path)
         self.entry = find_model(self.hf_config)
         started = time.perf_counter()
-        self.model = self.entry.load(
+        self.dtype = torch_dtype(args.dtype)
+        loaded = self.entry.load(
             args.model_path,
             LoadOptions(
-                dtype=torch_dtype(args.dtype),
+                dtype=self.dtype,
                 device=self.device,
                 tp_rank=tp_rank,
                 tp_size=tp_size,
@@ -68,9 +75,11 @@ class ModelRunner:
                 a2a_backend=args.moe_a2a_backend,
             ),
         )
+        self.model: ServedModel = require_ability(loaded, ServedModel)
         self.load_time_s = time.perf_counter() - started
         self.caches: dict[str, Any] = {}
-        self.pooled = False  # caches in the model's slot pool, decode through static_decode
+        # Set by init_decode when caches live in the model's slot pool (decode: static_decode).
+        self.static_model: SupportsStaticDecode | None = None
         self.graph_runner: CudaGraphRunner | None = None
         # Static decode without graphs: the sizes a batch pads to (those graphs would capture).
         self.static_sizes: list[int] = []
@@ -85,21 +94,22 @@ class ModelRunner:
     def max_position_embeddings(self) -> int:
         return int(self.model.config.max_position_embeddings)
 
+    @property
+    def pooled(self) -> bool:
+        """Caches live in the model's slot pool and decode runs through ``static_decode``."""
+        return self.static_model is not None
+
     def moe_runner_name(self) -> str:
         """The runner the MoE layers actually use (``auto`` resolved)."""
-        for module in self.model.modules():
-            runner = getattr(module, "runner", None)
-            if runner is not None and hasattr(runner, "run"):
-                return str(getattr(runner, "name", type(runner).__name__))
+        for runner in moe_runners(self.model):
+            return runner.name
         return self.args.moe_runner_backend
 
     def mega_moe_backend(self) -> str | None:
-        """With ``--moe-a2a-backend megamoe``: the kernel the MoE layers run, and why."""
-        from sglang.srt.layers.moe.layer import FusedMoE
-
-        for module in self.model.modules():
-            if isinstance(module, FusedMoE) and module.expert_parallel:
-                return module.mega_backend_summary(next(self.model.parameters()).dtype)
+        """The fused kernel the MoE layers' a2a backend runs (``--moe-a2a-backend megamoe``),
+        and why; None when the runner takes every batch."""
+        for layer in self.model.moe_layers():
+            return layer.mega_backend_summary(self.dtype)
         return None
 
     # --- decode setup --------------------------------------------------------------------------
@@ -120,17 +130,18 @@ class ModelRunner:
         reason = graph_unavailable_reason(
             self.model, self.device, disabled=self.args.disable_cuda_graph
         )
-        has_static = callable(getattr(self.model, "static_decode", None))
+        has_static = isinstance(self.model, SupportsStaticDecode)
         static_without_graphs |= envs.SGLANG_STATIC_DECODE_WITHOUT_GRAPHS.get()
         if reason is not None and not (static_without_graphs and has_static):
             return DecodeSetup(f"off ({reason})", max_running_requests)
+        static = require_ability(self.model, SupportsStaticDecode)
         plan = plan_slot_pool(
             context_length=context_length,
             max_total_tokens=max_total_tokens,
             max_running_requests=max_running_requests,
         )
-        pool = self.model.enable_slot_pool(plan.slots, plan.capacity)
-        self.pooled = True
+        pool = static.enable_slot_pool(plan.slots, plan.capacity)
+        self.static_model = static
         gib = pool.nbytes() / (1 << 30)
         slots = f"slot pool {plan.slots} x {plan.capacity} tokens, {gib:.2f} GiB"
         sizes = capture_batch_sizes(min(self.args.cuda_graph_max_bs or plan.slots, plan.slots))
@@ -140,7 +151,7 @@ class ModelRunner:
                 f"off ({reason}); static decode eager at the graph batch sizes, {slots}",
                 plan.slots,
             )
-        self.graph_runner = CudaGraphRunner(self.model, sizes, self.device)
+        self.graph_runner = CudaGraphRunner(static, sizes, self.device)
         self.graph_runner.capture()
         return DecodeSetup(f"{self.graph_runner.describe()}; {slots}", plan.slots)
 
@@ -148,18 +159,19 @@ class ModelRunner:
 
     def execute(self, plan: ForwardPlan) -> torch.Tensor | None:
         """Apply the plan's frees and new caches, run its rows; logits ``[T, V]`` or ``None``."""
+        static = self.static_model
         for rid in plan.free_rids:
             cache = self.caches.pop(rid, None)
-            if cache is not None and self.pooled:
-                self.model.free_pooled_cache(cache)
+            if cache is not None and static is not None:
+                static.free_pooled_cache(cache)
         for rid in plan.new_rids:
-            new = self.model.new_pooled_cache if self.pooled else self.model.new_request_cache
+            new = self.model.new_request_cache if static is None else static.new_pooled_cache
             self.caches[rid] = new()
         if not plan.has_forward:
             return None
         caches = [self.caches[rid] for rid in plan.rids]
-        if self.pooled and all(n == 1 for n in plan.seq_lens):
-            return self._decode_static(plan, caches)
+        if static is not None and all(n == 1 for n in plan.seq_lens):
+            return self._decode_static(static, plan, caches)
         positions = torch.cat(
             [
                 torch.arange(len(c), len(c) + n, dtype=torch.long)
@@ -173,7 +185,9 @@ class ModelRunner:
         batch = self.entry.make_batch(plan.seq_lens, caches)
         return self.model.forward(ids, positions, batch)
 
-    def _decode_static(self, plan: ForwardPlan, caches: list[Any]) -> torch.Tensor:
+    def _decode_static(
+        self, model: SupportsStaticDecode, plan: ForwardPlan, caches: list[Any]
+    ) -> torch.Tensor:
         """One token per request through the slot pool: a graph replay when one is captured
         for the batch size, else the static decode run eagerly."""
         ids = torch.tensor(plan.input_ids, dtype=torch.long)
@@ -182,8 +196,8 @@ class ModelRunner:
         graphs = self.graph_runner
         if graphs is not None:
             step = graphs.replay if graphs.can_run(len(caches)) else None
-            return self.model.decode_pooled(ids, caches, step=step)
-        return self.model.decode_pooled(ids, caches, pad_to=self._static_pad(len(caches)))
+            return model.decode_pooled(ids, caches, step=step)
+        return model.decode_pooled(ids, caches, pad_to=self._static_pad(len(caches)))
 
     def _static_pad(self, bs: int) -> int:
         """The rows a graph replay of ``bs`` would run (``bs`` itself above the largest size)."""

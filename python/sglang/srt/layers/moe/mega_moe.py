@@ -22,6 +22,7 @@ from sglang.srt.layers.deep_gemm_adapter import has_entry_point, resolve_entry_p
 from sglang.srt.layers.moe import mega_moe_triton_backend as triton_backend
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner.base import moe_output_scope
+from sglang.srt.layers.moe.moe_runner.path_table import triton_mega_measured_slower
 from sglang.srt.layers.moe.sm_budget import (  # noqa: F401  (the seed's names, importable here)
     _configure_mega_moe_deep_gemm_num_sms,
     _mega_moe_max_num_sms,
@@ -358,6 +359,9 @@ def choose_mega_backend(
     )
     if triton_reason is None:
         assert local_weights is not None
+        slower = triton_mega_measured_slower(x, local_weights, params)
+        if slower is not None:  # the user's MegaMoE, but not where it measured slower
+            return MegaBackendChoice("none", f"our Triton MegaMoE {slower}")
         config = triton_backend.triton_mega_config(x, local_weights, params.num_topk)
         return MegaBackendChoice("triton", reason, config)
     return MegaBackendChoice(

@@ -6,6 +6,7 @@ rank-dependent size reaches the symmetric pool."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -80,12 +81,22 @@ def test_row_slices_cover_the_rows_once(rows: int) -> None:
 
 
 class _StaticModel(torch.nn.Module):
+    """A static-decode model (the protocol's members, unused) with one MoE layer."""
+
+    slot_pool = None
+
     def __init__(self, a2a: str) -> None:
         super().__init__()
         self.moe = _layer(0, 1, a2a)
 
-    def static_decode(self) -> None:
-        """Present, so only the MoE decides."""
+    def moe_layers(self) -> Iterator[FusedMoE]:
+        yield self.moe
+
+    def enable_slot_pool(self, max_slots: int, capacity: int) -> None: ...
+    def new_pooled_cache(self) -> None: ...
+    def free_pooled_cache(self, cache: object) -> None: ...
+    def static_decode(self, *args: object) -> None: ...
+    def decode_pooled(self, *args: object, **kwargs: object) -> None: ...
 
 
 def test_ep_decode_is_not_captured() -> None:

@@ -80,16 +80,19 @@ def main() -> None:
             t_dg_full = triton.testing.do_bench_cudagraph(deep_gemm, rep=200)
         rows.append((m, err, t_two * 1e3, t_ours * 1e3, t_dg * 1e3, t_dg_full * 1e3))
     print(
-        f"\nDSv4 experts (E={shape.experts} top-{shape.top_k} H={shape.hidden} I={shape.inter}), FP8 128x128, "
+        f"\nDSv4 experts (E={shape.experts} top-{shape.top_k} H={shape.hidden} I={shape.inter}), "
+        "FP8 128x128, "
         f"SwiGLU clamp {limit}; DeepGEMM {status.version}; budget {budget} SMs"
     )
     print(
-        "| M | two-launch us | our MegaMoE us | DeepGEMM MegaMoE us | two/DG | ours/DG | DG rel diff | DG at 132 SMs us | 130 vs 132 |"
+        "| M | two-launch us | our MegaMoE us | DeepGEMM MegaMoE us | two/DG | ours/DG | DG rel "
+        "diff | DG at 132 SMs us | 130 vs 132 |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m, err, t_two, t_ours, t_dg, t_full in rows:
         print(
-            f"| {m} | {t_two:.1f} | {t_ours:.1f} | {t_dg:.1f} | {t_two / t_dg:.2f} | {t_ours / t_dg:.2f} | "
+            f"| {m} | {t_two:.1f} | {t_ours:.1f} | {t_dg:.1f} | {t_two / t_dg:.2f} | "
+            f"{t_ours / t_dg:.2f} | "
             f"{err:.3f} | {t_full:.1f} | {t_dg / t_full - 1:+.1%} |"
         )
 

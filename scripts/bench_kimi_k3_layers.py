@@ -161,7 +161,8 @@ def main() -> None:
         del model, moe, layer
         torch.cuda.empty_cache()
     print(
-        f"\nKimi K3 layers, hidden 7168, bf16, {args.experts} experts top-16 (latent 3584, inter 3072)"
+        f"\nKimi K3 layers, hidden 7168, bf16, {args.experts} experts top-16 (latent 3584, inter "
+        "3072)"
     )
     print(f"{'layer':<11} {'runner':<7} {'case':<16} {'ms':>9}")
     for layer_name, runner, case, ms in rows:

@@ -284,11 +284,13 @@ def main() -> None:
         batches = [int(b) for b in args.sweep.split(",")]
         srows = sweep_rows(args.shapes.split(","), batches, args.dtypes.split(","), device, budget)
         print(
-            f"\n{'shape':<5} {'dtype':<5} {'M':>4} {'variant':<24} {'same':>5} {'2-launch us':>11} {'mega us':>8} {'speedup':>7}"
+            f"\n{'shape':<5} {'dtype':<5} {'M':>4} {'variant':<24} {'same':>5} {'2-launch us':>11} "
+            f"{'mega us':>8} {'speedup':>7}"
         )
         for sk, d, m, name, same, t2, tm, ratio in srows:
             print(
-                f"{sk:<5} {d:<5} {m:>4} {name:<24} {same!s:>5} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x"
+                f"{sk:<5} {d:<5} {m:>4} {name:<24} {same!s:>5} {t2:>11.1f} {tm:>8.1f} "
+                f"{ratio:>6.2f}x"
             )
         return
     batches = [int(b) for b in args.batches.split(",")]
@@ -302,7 +304,8 @@ def main() -> None:
     )
     for s, d, m, cov, e2, em, t2, tm, ratio, frac in rows:
         print(
-            f"{s:<5} {d:<5} {m:>4} {cov!s:>7} {e2:>12.2e} {em:>9.2e} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x {frac:>8.0%}"
+            f"{s:<5} {d:<5} {m:>4} {cov!s:>7} {e2:>12.2e} {em:>9.2e} {t2:>11.1f} {tm:>8.1f} "
+            f"{ratio:>6.2f}x {frac:>8.0%}"
         )
 
     if args.budget_batches:
@@ -310,7 +313,8 @@ def main() -> None:
             [int(b) for b in args.budget_batches.split(",")], device, physical, budget
         )
         print(
-            f"\n{'dtype':<5} {'M':>4} {f'{physical} SMs us':>11} {f'{budget} SMs us':>11} {'cost':>7}"
+            f"\n{'dtype':<5} {'M':>4} {f'{physical} SMs us':>11} {f'{budget} SMs us':>11} "
+            f"{'cost':>7}"
         )
         for d, m, tf, tb, cost in brows:
             print(f"{d:<5} {m:>4} {tf:>11.1f} {tb:>11.1f} {cost:>+7.1%}")

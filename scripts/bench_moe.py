@@ -211,7 +211,8 @@ def main() -> None:
         del runner, weights  # free this shape's experts before the next
         torch.cuda.empty_cache()
     print(
-        "\n| shape | dtype | runner | mode | M | time us | GB/s | TFLOP/s | of roofline | ref us | ref/ours |"
+        "\n| shape | dtype | runner | mode | M | time us | GB/s | TFLOP/s | of roofline | ref us | "
+        "ref/ours |"
         "\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     )
     for shape_key, dtype, runner_name, mode, m, us, gbs, tflops, frac, ref in rows:

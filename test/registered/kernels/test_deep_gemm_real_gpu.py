@@ -200,7 +200,8 @@ def test_wrong_torch_wheel_is_refused_before_import(wrong_site: str) -> None:
     out = _probe_in(
         wrong_site,
         "import sys; from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status as s; "
-        "st = s(); print('USABLE', st.usable, st.reason); print('IMPORTED', 'deep_gemm' in sys.modules)",
+        "st = s(); print('USABLE', st.usable, st.reason); print('IMPORTED', 'deep_gemm' in "
+        "sys.modules)",
     )
     assert (
         "USABLE False" in out and "was built for torch 2.13" in out and "IMPORTED False" in out

@@ -37,7 +37,8 @@ register_cpu_ci(est_time=10)
 
 def export_checkpoint(model: KimiK3ForCausalLM, *, mxfp4: bool = True) -> dict[str, torch.Tensor]:
     """The model in the released wrapper's naming. Dense tensors keep their dtype (fp32 here, so a
-    reload is exact); routed experts become MXFP4; ``A_log`` is padded to ``[head_dim]`` as released."""
+    reload is exact); routed experts become MXFP4; ``A_log`` is padded to ``[head_dim]`` as
+    released."""
     out: dict[str, torch.Tensor] = {}
     c = model.config
     for name, p in model.named_parameters():

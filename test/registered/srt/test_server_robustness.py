@@ -209,7 +209,8 @@ def test_large_prompt_does_not_stall_others(server: ServerProcess, http: httpx.C
     assert max(gaps) < 1.5, max(gaps)
 
 
-# --- strict API ------------------------------------------------------------------------------------
+# --- strict API
+# ------------------------------------------------------------------------------------
 
 STRICT: list[tuple[str, dict[str, Any], int, str]] = [
     ("/v1/completions", {**COMP, "model": "gpt-4"}, 404, "gpt-4"),
@@ -265,7 +266,8 @@ def test_404_405_shape(http: httpx.Client) -> None:
     assert "GET" in _error(http.get("/generate"), 405)
 
 
-# --- implemented instead of ignored ----------------------------------------------------------------
+# --- implemented instead of ignored
+# ----------------------------------------------------------------
 
 
 def test_n_choices(client: openai.OpenAI, http: httpx.Client) -> None:

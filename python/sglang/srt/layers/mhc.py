@@ -4,9 +4,9 @@ backend and write into the ``out`` that this module hands them.
 
 Backend (``_backend``): CPU tensors take torch. CUDA tensors take, by ``SGLANG_MHC_BACKEND``
 (default ``auto``), Triton, else TileLang (``mhc_tilelang.py``) when ``tilelang`` imports, else
-torch. ``auto`` prefers Triton because it measured 1.2-1.9x faster than TileLang at every token
-count up to 512 on an H200 (``scripts/bench_mhc.py``, docs/performance.md); TileLang is faster
-only on 4096-token prefill chunks (by up to 18%), so it is an explicit choice. An explicit
+torch. ``auto`` prefers Triton because it measured faster than TileLang at every token count up
+to 512 on an H200 (``scripts/bench_mhc.py``; the table is in docs/performance.md); TileLang is
+faster only on 4096-token prefill chunks, so it is an explicit choice. An explicit
 ``tilelang`` / ``triton`` that cannot be honoured raises instead of silently running something
 else. The choice and its reason are logged once. TileLang covers pre and fused post+pre (the
 per-sublayer kernels); a lone post (once per forward) runs on Triton.

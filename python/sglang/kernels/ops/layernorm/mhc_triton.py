@@ -396,9 +396,9 @@ def mhc_fused_post_pre_triton(
     src = new_residual if fuse else residual
     has_norm = norm_weight is not None
     # Decode-sized batches finalise each row in registers in one pass (enough warps to keep about
-    # 64 fp32 values a thread): 7-11% faster per call at T <= 64 on an H200. From T = 512 the
-    # 4-warp loop over 1024-wide blocks was 0-4% faster (more programs resident), and it takes
-    # rows wider than _ONE_PASS_MAX_H (docs/performance.md, scripts/bench_mhc.py).
+    # 64 fp32 values a thread), which measured faster there on an H200; from T = 512 the 4-warp
+    # loop over 1024-wide blocks measured faster (more programs resident), and it takes rows
+    # wider than _ONE_PASS_MAX_H (numbers: docs/performance.md "One-pass finalize").
     one_pass = h <= _ONE_PASS_MAX_H and t <= _ONE_PASS_MAX_T
     block_h = triton.next_power_of_2(h) if one_pass else 1024
     _pre_finalize_kernel[(t,)](

@@ -34,6 +34,14 @@ logger = get_logger(__name__)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+def _local_gpu(tp_rank: int) -> int:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.cuda.current_device()
+    return tp_rank
+
+
 def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
@@ -51,8 +59,12 @@ class ModelRunner:
         assert args.model_path is not None and args.device is not None
         self.args = args
         self.tp_rank, self.tp_size = tp_rank, tp_size
+        # On CUDA the process's device was set from its local rank (several nodes: tp_rank is
+        # global) when torch.distributed started; one process without it uses cuda:tp_rank.
         self.device = (
-            torch.device("cuda", tp_rank) if args.device == "cuda" else torch.device("cpu")
+            torch.device("cuda", _local_gpu(tp_rank))
+            if args.device == "cuda"
+            else torch.device("cpu")
         )
         self.hf_config = read_model_config(args.model_path)
         self.entry = find_model(self.hf_config)

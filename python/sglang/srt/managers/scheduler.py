@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from sglang.srt.environ import envs
+from sglang.srt.managers.dp_schedule_policy import BALANCE_POLICY, DpSchedulePolicy
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchOutput,
@@ -84,17 +85,22 @@ class Scheduler:
         recv: Connection,
         send: Connection,
         heartbeat_s: float = _HEARTBEAT_S,
+        dp_size: int = 1,
     ) -> None:
         self.runner = runner
         self.heartbeat_s = heartbeat_s
         self.tp_group = tp_group
         self.context_length = context_length
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.policy = SchedulePolicy(
-            max_running_requests=max_running_requests,
-            max_total_tokens=max_total_tokens,
-            chunked_prefill_size=chunked_prefill_size,
-        )
+        budget = {
+            "max_running_requests": max_running_requests,
+            "max_total_tokens": max_total_tokens,
+            "chunked_prefill_size": chunked_prefill_size,
+        }
+        self.policy: SchedulePolicy | DpSchedulePolicy = SchedulePolicy(**budget)
+        if dp_size > 1:  # one policy per DP group (each group's ranks hold its own caches)
+            self.policy = DpSchedulePolicy(dp_size, **budget)
+            logger.info(f"DP attention: {dp_size} groups, requests balanced {BALANCE_POLICY}")
         self.recv_conn, self.send_conn = recv, send
         self.default_generator = make_generator(random_seed, runner.device)
         self.parent_pid = os.getppid()

@@ -132,6 +132,20 @@ def _default_max_total_tokens(args: ServerArgs, runner: Any, context_length: int
     )
 
 
+def check_dp_attention(args: ServerArgs) -> None:
+    """Before the load: a model that cannot serve DP attention fails with its reason."""
+    from sglang.srt.model_executor.model_registry import (
+        dp_attention_unsupported_reason,
+        find_model,
+        read_model_config,
+    )
+
+    assert args.model_path is not None
+    why = dp_attention_unsupported_reason(find_model(read_model_config(args.model_path)))
+    if why is not None:
+        raise RuntimeError(f"--enable-dp-attention --dp-size {args.dp_size}: {why}")
+
+
 def _layout(args: ServerArgs) -> str:
     """``TP=4`` or ``TP=4 DP=2 (attention TP=2) over 2 nodes`` for the startup log."""
     text = f"TP={args.tp_size}"
@@ -195,6 +209,8 @@ def run_scheduler_process(
         set_dp_attention_config(
             args.enable_dp_attention, dp_size=dp_size, attn_tp_size=tp_size // dp_size
         )
+        if args.enable_dp_attention:
+            check_dp_attention(args)
         runner = ModelRunner(args, tp_rank, tp_size)
         runner.warmup()
         context_length = min(
@@ -276,6 +292,7 @@ def run_scheduler_process(
                 recv=recv,
                 send=send,
                 heartbeat_s=_heartbeat_s(args),
+                dp_size=dp_size,
             ).run()
         else:
             run_follower(runner, tp_group)

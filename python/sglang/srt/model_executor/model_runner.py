@@ -159,7 +159,13 @@ class ModelRunner:
     # --- forward -------------------------------------------------------------------------------
 
     def execute(self, plan: ForwardPlan) -> torch.Tensor | None:
-        """Apply the plan's frees and new caches, run its rows; logits ``[T, V]`` or ``None``."""
+        """Apply the plan's frees and new caches, run its rows; logits ``[T, V]`` or ``None``.
+        A DP-attention plan runs this rank's group (``dp_step``): every group's logits on rank
+        0, ``None`` elsewhere."""
+        if plan.dp_plans:
+            from sglang.srt.model_executor.dp_step import execute_dp_plan
+
+            return execute_dp_plan(self, plan)
         for rid in plan.free_rids:
             cache = self.caches.pop(rid, None)
             if cache is not None and self.pooled:

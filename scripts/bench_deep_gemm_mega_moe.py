@@ -13,6 +13,7 @@ Usage: python scripts/bench_deep_gemm_mega_moe.py [--batches 1,2,4,...,512]
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
 import triton
@@ -52,25 +53,25 @@ def main() -> None:
         x, topk = make_batch(shape, m, device)
         kw = moe_args(shape, w, x, topk)
 
-        def deep_gemm() -> torch.Tensor:
-            return run_mega_routed_experts(
-                dg,
-                None,
-                x,
-                topk.topk_ids,
-                topk.topk_weights,
-                mega[0],
-                mega[1],
-                params,
-                device=device,
-            )
+        deep_gemm = partial(
+            run_mega_routed_experts,
+            dg,
+            None,
+            x,
+            topk.topk_ids,
+            topk.topk_weights,
+            mega[0],
+            mega[1],
+            params,
+            device=device,
+        )
 
         two = fused_experts(**kw)
         err = rel_err(deep_gemm(), two)  # also makes the buffer and compiles, outside the graphs
-        t_two = triton.testing.do_bench_cudagraph(lambda: fused_experts(**kw), rep=200)
+        t_two = triton.testing.do_bench_cudagraph(partial(fused_experts, **kw), rep=200)
         out = torch.empty_like(x)
         t_ours = triton.testing.do_bench_cudagraph(
-            lambda: mega_fused_experts(**kw, num_sms=budget, out=out), rep=200
+            partial(mega_fused_experts, **kw, num_sms=budget, out=out), rep=200
         )
         t_dg = triton.testing.do_bench_cudagraph(deep_gemm, rep=200)
         with RESERVE.override(0):

@@ -11,6 +11,7 @@ timings. Usage: python scripts/bench_kimi_k3_layers.py [--experts 128] [--runner
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from typing import Any
 
 import torch
@@ -134,7 +135,8 @@ def main() -> None:
         if runner == args.runners.split(",")[0]:  # KDA does not depend on the MoE runner
             kda = layer.self_attn
 
-            def kda_prefill() -> None:
+            def kda_prefill(kda=kda, x=x, model=model) -> None:
+                # a fresh state each call: a prefill starts from an empty cache
                 state = model.new_request_cache().layers[1]
                 kda(x, [KDASegment(0, args.prefill, state)])
 
@@ -148,15 +150,13 @@ def main() -> None:
                         "-",
                         f"decode bs={b}",
                         median_cuda_ms(
-                            lambda xb=xb, states=states: kda(
-                                xb, [KDASegment(i, 1, s) for i, s in enumerate(states)]
-                            )
+                            partial(kda, xb, [KDASegment(i, 1, s) for i, s in enumerate(states)])
                         ),
                     )
                 )
         for m in [args.prefill, *batches]:
             xm = x[:m]
-            rows.append(("latent MoE", runner, f"M={m}", median_cuda_ms(lambda xm=xm: moe(xm))))
+            rows.append(("latent MoE", runner, f"M={m}", median_cuda_ms(partial(moe, xm))))
         del model, moe, layer
         torch.cuda.empty_cache()
     print(

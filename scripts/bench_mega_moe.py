@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import torch
 import triton
@@ -54,18 +55,18 @@ def limit_of(shape: Shape) -> float | None:
 
 
 def moe_args(shape: Shape, w: ExpertWeights, x: torch.Tensor, topk: TopKOutput) -> dict:
-    return dict(
-        hidden=x,
-        w13=w.w13,
-        w2=w.w2,
-        topk_weights=topk.topk_weights,
-        topk_ids=topk.topk_ids,
-        activation=shape.activation,
-        swiglu_limit=limit_of(shape),
-        w13_scale=w.w13_scale,
-        w2_scale=w.w2_scale,
-        block_shape=(128, 128) if w.w13_scale is not None else None,
-    )
+    return {
+        "hidden": x,
+        "w13": w.w13,
+        "w2": w.w2,
+        "topk_weights": topk.topk_weights,
+        "topk_ids": topk.topk_ids,
+        "activation": shape.activation,
+        "swiglu_limit": limit_of(shape),
+        "w13_scale": w.w13_scale,
+        "w2_scale": w.w2_scale,
+        "block_shape": (128, 128) if w.w13_scale is not None else None,
+    }
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -90,9 +91,9 @@ def speed_rows(
         info[-1].check()
         covered = bool(torch.isfinite(out).all())
         err_mega, err_two = rel_err(out, want), rel_err(two, want)
-        t_two = triton.testing.do_bench_cudagraph(lambda: fused_experts(**args), rep=200)
+        t_two = triton.testing.do_bench_cudagraph(partial(fused_experts, **args), rep=200)
         t_mega = triton.testing.do_bench_cudagraph(
-            lambda: mega_fused_experts(**args, num_sms=budget, out=out), rep=200
+            partial(mega_fused_experts, **args, num_sms=budget, out=out), rep=200
         )
         info[-1].check()
         nbytes, _ = floor_terms(shape, m, topk, fp8)
@@ -140,7 +141,7 @@ def sweep_rows(
             for m in tqdm(batches, desc=f"sweep {shape_key} {dtype}"):
                 x, topk = make_batch(shape, m, device)
                 args = moe_args(shape, w, x, topk)
-                t_two = triton.testing.do_bench_cudagraph(lambda: fused_experts(**args), rep=100)
+                t_two = triton.testing.do_bench_cudagraph(partial(fused_experts, **args), rep=100)
                 shipped = get_mega_config(m, shape.experts, shape.top_k, dtype == "fp8")
                 want = mega_fused_experts(**args, num_sms=budget, config=shipped)
                 for name, make in SWEEP.items():
@@ -153,7 +154,7 @@ def sweep_rows(
                     info[-1].check()
                     same = torch.equal(out, want)
                     t = triton.testing.do_bench_cudagraph(
-                        lambda: mega_fused_experts(**args, num_sms=budget, out=out, config=cfg),
+                        partial(mega_fused_experts, **args, num_sms=budget, out=out, config=cfg),
                         rep=100,
                     )
                     rows.append((shape_key, dtype, m, name, same, t_two * 1e3, t * 1e3, t_two / t))
@@ -174,10 +175,10 @@ def budget_rows(
             args = moe_args(shape, w, x, topk)
             out = torch.empty_like(x)
             t_full = triton.testing.do_bench_cudagraph(
-                lambda: mega_fused_experts(**args, num_sms=physical, out=out), rep=300
+                partial(mega_fused_experts, **args, num_sms=physical, out=out), rep=300
             )
             t_budget = triton.testing.do_bench_cudagraph(
-                lambda: mega_fused_experts(**args, num_sms=budget, out=out), rep=300
+                partial(mega_fused_experts, **args, num_sms=budget, out=out), rep=300
             )
             rows.append((dtype, m, t_full * 1e3, t_budget * 1e3, t_budget / t_full - 1))
         del w

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import triton
@@ -184,9 +185,9 @@ def main() -> None:
                 x, topk = make_batch(shape, m, device)
                 if args.profile:
                     label = f"{shape_key} {dtype} {runner_name} M={m}"
-                    profile_rows(runner, lambda: runner.run(x, topk, weights), label)  # noqa: B023
+                    profile_rows(runner, partial(runner.run, x, topk, weights), label)
                     continue
-                ms, mode = time_ms(runner, lambda: runner.run(x, topk, weights))  # noqa: B023
+                ms, mode = time_ms(runner, partial(runner.run, x, topk, weights))
                 nbytes, flops = floor_terms(shape, m, topk, fp8)
                 peak = BF16_FLOPS * (2 if fp8 else 1)
                 floor_ms = max(nbytes / BW_BYTES_S, flops / peak) * 1e3

@@ -28,12 +28,17 @@ logger = get_logger(__name__)
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 DEVICE_CHOICES = ("cuda", "cpu")
-A2A_CHOICES = ("none", "megamoe")
 LOG_LEVEL_CHOICES = ("debug", "info", "warning", "error", "critical")
 
 
 class ServerArgsError(ValueError):
     """The options cannot work together (or on this machine); the message says what to change."""
+
+
+def moe_a2a_choices() -> tuple[str, ...]:
+    from sglang.srt.layers.moe.a2a import MOE_A2A_BACKENDS
+
+    return MOE_A2A_BACKENDS.names()
 
 
 def moe_runner_choices() -> tuple[str, ...]:
@@ -173,7 +178,7 @@ class ServerArgs:
             ("--dtype", self.dtype, DTYPE_CHOICES),
             ("--device", self.device, DEVICE_CHOICES),
             ("--log-level", self.log_level, LOG_LEVEL_CHOICES),
-            ("--moe-a2a-backend", self.moe_a2a_backend, A2A_CHOICES),
+            ("--moe-a2a-backend", self.moe_a2a_backend, moe_a2a_choices()),
             ("--moe-runner-backend", self.moe_runner_backend, moe_runner_choices()),
         ):
             _check(choice in choices, f"{choice_flag} must be one of {choices}, got {choice!r}")
@@ -305,9 +310,9 @@ class ServerArgs:
         from sglang.srt.layers.moe.moe_runner import MOE_RUNNERS, MoERunConfig
 
         runner = MOE_RUNNERS.create(self.moe_runner_backend, MoERunConfig())
-        ok, why = runner.is_available(torch.device(self.device or "cpu"))
+        why = runner.unavailable_reason(torch.device(self.device or "cpu"))
         _check(
-            ok,
+            why is None,
             f"--moe-runner-backend {self.moe_runner_backend} cannot run on {self.device}: {why}. "
             "Use --moe-runner-backend auto (torch on CPU, triton on CUDA)",
         )
@@ -474,7 +479,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "none: experts tensor-parallel with one all-reduce. megamoe: experts "
         "expert-parallel through DeepGEMM's fused MegaMoE kernel on a reserved-SM budget (falls "
         "back to the runner plus all-reduce where the kernel cannot run).",
-        A2A_CHOICES,
+        moe_a2a_choices(),
     )
     _add_bool(
         g,

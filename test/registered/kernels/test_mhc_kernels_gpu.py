@@ -31,7 +31,7 @@ from sglang.test.run import run_this_file
 register_cuda_ci(est_time=90)
 
 HC = 4
-E: dict[str, Any] = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
+E: dict[str, Any] = {"rms_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
 NORM_EPS = 1e-6
 BF16_ULP = 2.0**-7
 
@@ -130,7 +130,7 @@ def _assert_mix_close(
 def test_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> None:
     r, _, p, w = _inputs(t, h, seed=t * 31 + h + with_norm)
     _assert_backend(r, backend)
-    nkw: dict[str, Any] = dict(norm_weight=w if with_norm else None, norm_eps=NORM_EPS)
+    nkw: dict[str, Any] = {"norm_weight": w if with_norm else None, "norm_eps": NORM_EPS}
     _poison_allocator()
     y, post, comb = mhc.mhc_pre(r, *p, **E, **nkw)
     ry, rpost, rcomb = mhc._pre_torch(
@@ -155,7 +155,7 @@ def test_fused_post_pre_matches_torch(t: int, h: int, with_norm: bool, backend: 
         r, *p, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], None, None
     )
     nxt = (p[0].flip(0).contiguous(), p[1].flip(0).contiguous(), p[2].flip(0).contiguous())
-    nkw: dict[str, Any] = dict(norm_weight=w if with_norm else None, norm_eps=NORM_EPS)
+    nkw: dict[str, Any] = {"norm_weight": w if with_norm else None, "norm_eps": NORM_EPS}
     _poison_allocator()
     nr, y, post2, comb2 = mhc.mhc_fused_post_pre(x, r, post, comb, *nxt, **E, **nkw)
     _assert_bf16_close(nr, mhc.hc_post_torch_impl(x, r, post, comb), ulps=1)

@@ -87,7 +87,7 @@ def test_prefill_and_absorbed_decode_match_transformers(q_lora: int | None) -> N
 
 def test_output_gate_is_a_sigmoid_before_o_proj() -> None:
     _, gated = _pair(20, gate=True, seed=3)
-    tf, plain = _pair(20, gate=False, seed=3)
+    _, plain = _pair(20, gate=False, seed=3)
     assert gated.g_proj is not None
     x = torch.randn(6, H, generator=torch.Generator().manual_seed(4))
     captured: list[torch.Tensor] = []

@@ -91,9 +91,9 @@ def choose_layout(num_tokens: int, fp8: bool, capturing: bool) -> Layout:
 
 # --- 1. permute ----------------------------------------------------------------------------------
 # Each layout is an index: which token every row reads. The rows are then gathered in one pass
-# (index_select), after the T token rows were quantised once for FP8: a scatter of the
-# T*k routed rows measured 19% of a prefill MoE, the zero fill 3%, and quantising the permuted
-# rows instead of the tokens 7% (bench_moe.py --profile, DSv4 FP8 at 8192 tokens).
+# (index_select), after the T token rows were quantised once for FP8: a scatter of the T*k
+# routed rows, a zero fill and quantising k times as many rows were the largest non-GEMM costs
+# of a prefill MoE (the profile is in docs/performance.md, "DeepGEMM on the H200").
 
 
 def _expert_ranks(
@@ -276,11 +276,11 @@ class DeepGemmMoERunner(MoERunner):
             )
         return dg
 
-    def is_available(self, device: torch.device) -> tuple[bool, str]:
+    def unavailable_reason(self, device: torch.device) -> str | None:
         if self._dg is not None:
-            return True, ""
+            return None
         status = deep_gemm_status()
-        return status.usable, status.reason
+        return None if status.usable else status.reason
 
     def layout_for(self, num_tokens: int, fp8: bool) -> Layout:
         if self.layout != "auto":

@@ -1,17 +1,24 @@
 """Scheduling under DP attention without a model: requests balanced over the DP groups, one
 ForwardPlan with a sub-plan per group (an idle group's empty, still a step), rows and sampled
-rows indexing the groups' logits in group order, the padding mode from the token counts; and a
-model that cannot serve DP attention refused at startup with its reason."""
+rows indexing the groups' logits in group order, the padding mode from the token counts; and
+which models can serve DP attention (checked before the load)."""
 
 from __future__ import annotations
 
 import pytest
-from sglang.srt.layers.dp_attention import DpPaddingMode, choose_dp_padding
+
+from sglang.srt.layers.dp_attention import (
+    DpPaddingMode,
+    attention_tp,
+    choose_dp_padding,
+    set_dp_attention_config,
+)
 from sglang.srt.managers.dp_schedule_policy import DpSchedulePolicy
 from sglang.srt.managers.launcher import resolve_model_path
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.scheduler_process import check_dp_attention
 from sglang.srt.model_executor.forward_plan import ForwardPlan
+from sglang.srt.model_executor.model_registry import MODELS, dp_attention_unsupported_reason
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
@@ -48,7 +55,7 @@ def test_requests_balanced_and_one_plan_per_group() -> None:
         ("b", 7, 6),
     ]
     assert plan.sample_rows == (4, 6, 12)
-    assert plan.dp_padding == "max_len"  # 7 * 2 <= 2 * 13
+    assert plan.dp_padding == "max_len"  # 2 groups x 7 padded rows <= 1.5 x 13
     assert p.reserved == 9 + 10 + 6 and len(p.running) == 3
 
 
@@ -57,7 +64,7 @@ def test_idle_group_still_steps_and_frees_reach_their_group() -> None:
     a = _req("a", 40)
     p.add(a)
     first = p.next_step().plan
-    assert first.dp_num_tokens == (40, 0) and first.dp_padding == "max_len"
+    assert first.dp_num_tokens == (40, 0) and first.dp_padding == "sum_len"
     assert not first.dp_plans[1].has_forward and first.has_forward
     assert first.for_dp_rank(1).is_noop
     a.output_ids.append(1)
@@ -79,6 +86,9 @@ def test_abort_removes_from_its_group() -> None:
 
 def test_padding_choice() -> None:
     assert choose_dp_padding([3, 3]) is DpPaddingMode.MAX_LEN
+    assert choose_dp_padding([3, 2]) is DpPaddingMode.MAX_LEN  # 6 rows for 5
+    assert choose_dp_padding([4, 1]) is DpPaddingMode.SUM_LEN  # 8 rows for 5
+    assert choose_dp_padding([5, 0]) is DpPaddingMode.SUM_LEN  # an idle group
     assert choose_dp_padding([0, 0]) is DpPaddingMode.MAX_LEN
     assert choose_dp_padding([100, 1, 1, 1]) is DpPaddingMode.SUM_LEN
 
@@ -90,12 +100,20 @@ def test_dp_plan_checks() -> None:
         ForwardPlan(dp_padding="mean")
 
 
-def test_model_without_dp_support_is_refused_at_startup() -> None:
+def test_dp_attention_support_checked_before_load() -> None:
     # What every rank checks before it loads the model (in-process: a spawned pair costs 16 s).
     args = ServerArgs(device="cpu", tp_size=2, dp_size=2, enable_dp_attention=True).resolved()
     args.validate()
-    with pytest.raises(RuntimeError, match="--enable-dp-attention --dp-size 2: DeepseekV4"):
-        check_dp_attention(resolve_model_path(args))
+    check_dp_attention(resolve_model_path(args))  # DeepSeek V4 gathers around its MoE
+    kimi = next(m for m in MODELS if m.architecture == "KimiK3ForCausalLM")
+    why = dp_attention_unsupported_reason(kimi)
+    assert why is not None and "does not gather its tokens around the MoE" in why
+    set_dp_attention_config(True, dp_size=2, attn_tp_size=2)
+    try:
+        with pytest.raises(ValueError, match="attention TP = 1 for now"):
+            attention_tp(0, 4)
+    finally:
+        set_dp_attention_config(False)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import threading
 import time
 
 import httpx
+
 from sglang import Engine
 from sglang.srt.distributed.parallel_state import find_free_port
 from sglang.test.ci_register import register_cpu_ci

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from sglang.srt.server_args import ServerArgs, ServerArgsError, build_parser, parse_args
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file

@@ -77,6 +77,21 @@ def is_dp_attention_enabled() -> bool:
     return _config.enabled
 
 
+def attention_tp(tp_rank: int, tp_size: int) -> tuple[int, int]:
+    """The (rank, size) a model builds its attention with: within the attention-TP group under
+    DP attention (consecutive ranks form a group), the TP rank and size otherwise."""
+    if not _config.enabled:
+        return tp_rank, tp_size
+    if _config.attn_tp_size > 1:
+        # Row-parallel layers all-reduce over the TP group; an attention-TP group of its own
+        # needs them to take a group first.
+        raise ValueError(
+            f"DP attention runs attention TP = 1 for now (--dp-size = --tp-size), not "
+            f"{_config.attn_tp_size}"
+        )
+    return tp_rank % _config.attn_tp_size, _config.attn_tp_size
+
+
 class _DpGatheredBufferWrapper:
     """Per-forward sizes of the DP gathered buffers, as class-level state.
 
@@ -254,14 +269,13 @@ def get_dp_local_buffer(
 
 def choose_dp_padding(num_tokens: tuple[int, ...] | list[int]) -> DpPaddingMode:
     """Rank 0's choice for a step, from every DP group's token count: ``MAX_LEN`` (symmetric
-    allocations, the pool usable) when padding every group to the largest at most doubles the
-    gathered rows, else ``SUM_LEN`` (one long prefill beside short decodes)."""
+    allocations, the pool usable) when padding every group to the largest adds at most half
+    again the real rows (decode steps, balanced prefills), else ``SUM_LEN`` (an idle group, or
+    one long prefill beside short decodes)."""
     if not num_tokens:
         return DpPaddingMode.SUM_LEN
-    biggest, total = max(num_tokens), sum(num_tokens)
-    return (
-        DpPaddingMode.MAX_LEN if biggest * len(num_tokens) <= 2 * total else DpPaddingMode.SUM_LEN
-    )
+    padded, total = max(num_tokens) * len(num_tokens), sum(num_tokens)
+    return DpPaddingMode.MAX_LEN if 2 * padded <= 3 * total else DpPaddingMode.SUM_LEN
 
 
 def set_dp_state_for_step(
@@ -277,6 +291,19 @@ def set_dp_state_for_step(
     else:
         global_len = sum(num_tokens)
     set_dp_buffer_len(global_len, num_tokens[dp_rank], padding, num_tokens)
+
+
+def set_dp_state_for_warmup(num_tokens: int) -> None:
+    """Every rank runs the same warm-up forward: each DP group has ``num_tokens`` rows. No-op
+    with DP attention off."""
+    if is_dp_attention_enabled():
+        counts = (num_tokens,) * _config.dp_size
+        set_dp_state_for_step(counts, DpPaddingMode.MAX_LEN, get_attention_dp_rank())
+
+
+def reset_dp_state() -> None:
+    """Back to the pre-forward lengths and ``SUM_LEN`` (the safe default), metadata kept."""
+    set_dp_buffer_len(0, 0, DpPaddingMode.SUM_LEN, None)
 
 
 def _group_offset(num_tokens: tuple[int, ...], dp_rank: int) -> int:

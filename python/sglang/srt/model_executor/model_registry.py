@@ -90,7 +90,13 @@ def _kimi_k3_batch(seq_lens: Sequence[int], caches: Sequence[Any]) -> Any:
 
 
 MODELS: tuple[ModelEntry, ...] = (
-    ModelEntry("DeepseekV4ForCausalLM", ("deepseek_v4",), _load_deepseek_v4, _deepseek_v4_batch),
+    ModelEntry(
+        "DeepseekV4ForCausalLM",
+        ("deepseek_v4",),
+        _load_deepseek_v4,
+        _deepseek_v4_batch,
+        supports_dp_attention=True,
+    ),
     ModelEntry("KimiK3ForCausalLM", ("kimi_k3", "kimi_linear"), _load_kimi_k3, _kimi_k3_batch),
 )
 

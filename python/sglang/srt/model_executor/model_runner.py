@@ -212,14 +212,19 @@ class ModelRunner:
         """One prefill and one decode on a throw-away cache, identical on every rank: compiles
         kernels and settles allocator state before serving (and before symmetric-memory pool
         preallocation)."""
+        from sglang.srt.layers.dp_attention import reset_dp_state, set_dp_state_for_warmup
+
         n = min(num_tokens, self.max_position_embeddings - 1)
         cache = self.model.new_request_cache()
         ids = (torch.arange(n, dtype=torch.long) % self.vocab_size).to(self.device)
+        set_dp_state_for_warmup(n)  # DP attention: every group warms up with the same rows
         self.model.forward(
             ids, torch.arange(n, device=self.device), self.entry.make_batch([n], [cache])
         )
+        set_dp_state_for_warmup(1)
         self.model.forward(
             ids[:1], torch.tensor([n], device=self.device), self.entry.make_batch([1], [cache])
         )
+        reset_dp_state()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

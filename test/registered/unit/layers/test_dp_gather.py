@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file

@@ -129,6 +129,9 @@ class ModelRunner:
         (or ``SGLANG_STATIC_DECODE_WITHOUT_GRAPHS``) runs the static decode eagerly where graphs
         are unavailable, padded to the sizes graphs would capture, so that it is the exact A/B of
         a graph replay (tests on CPU; graphs == eager on the GPU)."""
+        if self.args.enable_dp_attention:  # padded static rows would break the planned sizes
+            why = "DP attention: the gathered sizes change every step; decode runs eagerly"
+            return DecodeSetup(f"off ({why})", max_running_requests)
         reason = graph_unavailable_reason(
             self.model, self.device, disabled=self.args.disable_cuda_graph
         )

@@ -269,6 +269,19 @@ class Envs:
         "pool's static decode eagerly, padded to the batch sizes graphs would capture: the exact "
         "A/B of a graph replay (same kernels, same shapes). Off: the per-request eager decode.",
     )
+    SGLANG_DIST_JOIN_TIMEOUT_S = EnvFloat(
+        300.0,
+        "Seconds the ranks of a multi-node launch (--nnodes > 1) wait for every node to join at "
+        "--dist-init-addr before each node fails with an error naming who is missing.",
+        min_value=1.0,
+    )
+    SGLANG_DIST_HEARTBEAT_S = EnvFloat(
+        30.0,
+        "Seconds between the empty plans an idle rank 0 broadcasts: a follower that dies (or a "
+        "node that goes away) is noticed within this long even when no request comes, and "
+        "followers never reach --dist-timeout while the server sits idle.",
+        min_value=0.1,
+    )
     SGLANG_SCHEDULER_IDLE_POLL_S = EnvFloat(
         0.5,
         "Seconds an idle scheduler (rank 0) waits for a new request before it checks that its "

@@ -40,6 +40,14 @@ logger = get_logger(__name__)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+def _local_gpu(tp_rank: int) -> int:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.cuda.current_device()
+    return tp_rank
+
+
 def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
@@ -57,8 +65,12 @@ class ModelRunner:
         assert args.model_path is not None and args.device is not None
         self.args = args
         self.tp_rank, self.tp_size = tp_rank, tp_size
+        # On CUDA the process's device was set from its local rank (several nodes: tp_rank is
+        # global) when torch.distributed started; one process without it uses cuda:tp_rank.
         self.device = (
-            torch.device("cuda", tp_rank) if args.device == "cuda" else torch.device("cpu")
+            torch.device("cuda", _local_gpu(tp_rank))
+            if args.device == "cuda"
+            else torch.device("cpu")
         )
         self.hf_config = read_model_config(args.model_path)
         self.entry = find_model(self.hf_config)
@@ -127,6 +139,9 @@ class ModelRunner:
         (or ``SGLANG_STATIC_DECODE_WITHOUT_GRAPHS``) runs the static decode eagerly where graphs
         are unavailable, padded to the sizes graphs would capture, so that it is the exact A/B of
         a graph replay (tests on CPU; graphs == eager on the GPU)."""
+        if self.args.enable_dp_attention:  # padded static rows would break the planned sizes
+            why = "DP attention: the gathered sizes change every step; decode runs eagerly"
+            return DecodeSetup(f"off ({why})", max_running_requests)
         reason = graph_unavailable_reason(
             self.model, self.device, disabled=self.args.disable_cuda_graph
         )
@@ -158,7 +173,13 @@ class ModelRunner:
     # --- forward -------------------------------------------------------------------------------
 
     def execute(self, plan: ForwardPlan) -> torch.Tensor | None:
-        """Apply the plan's frees and new caches, run its rows; logits ``[T, V]`` or ``None``."""
+        """Apply the plan's frees and new caches, run its rows; logits ``[T, V]`` or ``None``.
+        A DP-attention plan runs this rank's group (``dp_step``): every group's logits on rank
+        0, ``None`` elsewhere."""
+        if plan.dp_plans:
+            from sglang.srt.model_executor.dp_step import execute_dp_plan
+
+            return execute_dp_plan(self, plan)
         static = self.static_model
         for rid in plan.free_rids:
             cache = self.caches.pop(rid, None)
@@ -208,14 +229,19 @@ class ModelRunner:
         """One prefill and one decode on a throw-away cache, identical on every rank: compiles
         kernels and settles allocator state before serving (and before symmetric-memory pool
         preallocation)."""
+        from sglang.srt.layers.dp_attention import reset_dp_state, set_dp_state_for_warmup
+
         n = min(num_tokens, self.max_position_embeddings - 1)
         cache = self.model.new_request_cache()
         ids = (torch.arange(n, dtype=torch.long) % self.vocab_size).to(self.device)
+        set_dp_state_for_warmup(n)  # DP attention: every group warms up with the same rows
         self.model.forward(
             ids, torch.arange(n, device=self.device), self.entry.make_batch([n], [cache])
         )
+        set_dp_state_for_warmup(1)
         self.model.forward(
             ids[:1], torch.tensor([n], device=self.device), self.entry.make_batch([1], [cache])
         )
+        reset_dp_state()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

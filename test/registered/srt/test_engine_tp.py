@@ -1,6 +1,6 @@
 """Tensor parallel over gloo on CPU: two scheduler ranks (rank 0 broadcasts every plan) produce
-the same greedy tokens as one, with and without DP attention; a TP size the model cannot split
-fails at startup with the model's reason."""
+the same greedy tokens as one, with and without DP attention, and with DP attention plus EP; a
+TP size the model cannot split fails at startup with the model's reason."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sglang.srt.managers.launcher import EngineStartupError
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=50)
+register_cpu_ci(est_time=65)
 
 PROMPTS = ["Hello, my name is", "Mountains, rivers, forests", "def main():"]
 
@@ -60,6 +60,28 @@ def test_dp_attention_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> Non
         got = [r["output_ids"] for r in dp.generate(PROMPTS, PARAMS)]
         got_long = dp.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
     assert got == want and got_long == want_long
+
+
+def test_dp_attention_with_ep_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:
+    """DP=2 + EP=2: DP attention as above, and the experts expert-parallel over both ranks
+    (``--ep-size 2``: whole experts a rank, the gathered rows dispatched by all-to-all), again
+    with uneven groups and then an idle group."""
+    want, want_long = tp1
+    with Engine(
+        device="cpu",
+        tp_size=2,
+        dp_size=2,
+        enable_dp_attention=True,
+        ep_size=2,
+        random_seed=0,
+        log_level="warning",
+        chunked_prefill_size=128,
+    ) as dp:
+        got = [r["output_ids"] for r in dp.generate(PROMPTS, PARAMS)]
+        got_long = dp.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
+        args = dp.get_server_info()["server_args"]
+    assert got == want and got_long == want_long
+    assert (args["moe_a2a_backend"], args["ep_size"], args["dp_size"]) == ("ep", 2, 2)
 
 
 def test_unsplittable_tp_fails_at_startup() -> None:

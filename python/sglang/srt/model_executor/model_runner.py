@@ -26,6 +26,7 @@ from sglang.srt.model_executor.cuda_graph_runner import (
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_registry import LoadOptions, find_model, read_model_config
 from sglang.srt.model_executor.slot_plan import plan_slot_pool
+from sglang.srt.model_executor.warmup_plan import warmup_token_counts
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
@@ -191,15 +192,21 @@ class ModelRunner:
         return self.static_sizes[i] if i < len(self.static_sizes) else bs
 
     def warmup(self, num_tokens: int = 16) -> None:
-        """One prefill and one decode on a throw-away cache, identical on every rank: compiles
+        """Prefills and one decode on throw-away caches, identical on every rank: compiles
         kernels and settles allocator state before serving (and before symmetric-memory pool
-        preallocation)."""
-        n = min(num_tokens, self.max_position_embeddings - 1)
-        cache = self.model.new_request_cache()
-        ids = (torch.arange(n, dtype=torch.long) % self.vocab_size).to(self.device)
-        self.model.forward(
-            ids, torch.arange(n, device=self.device), self.entry.make_batch([n], [cache])
-        )
+        preallocation). On CUDA every token count of :func:`warmup_token_counts` up to the
+        prefill chunk is prefilled, so no Triton variant compiles inside a served request."""
+        limit = min(num_tokens, self.max_position_embeddings - 1)
+        counts = [limit]
+        if self.device.type == "cuda":
+            chunk = self.args.chunked_prefill_size or 0
+            longest = min(chunk if chunk > 0 else 8192, self.max_position_embeddings - 1)
+            counts = warmup_token_counts(max(longest, limit))
+        for n in counts:
+            cache = self.model.new_request_cache()
+            ids = (torch.arange(n, dtype=torch.long) % self.vocab_size).to(self.device)
+            batch = self.entry.make_batch([n], [cache])
+            self.model.forward(ids, torch.arange(n, device=self.device), batch)
         self.model.forward(
             ids[:1], torch.tensor([n], device=self.device), self.entry.make_batch([1], [cache])
         )

@@ -234,7 +234,10 @@ def dsv4_rows(
             )
             layer_ms = graph_ms(whole_layer, replays)
             if DEV == "cuda" and (bs, ctx) == (16, 8192):
-                print(kernel_table(whole_layer, f"{name} {case}"), flush=True)
+                try:
+                    print(kernel_table(whole_layer, f"{name} {case}"), flush=True)
+                except (RuntimeError, AttributeError) as e:  # extra; never lose the run to it
+                    print(f"kernel table failed: {e!r}")
             op_rows.append(OpRow(name, case, "= whole layer, one graph", layer_ms, total_b, bw))
             print("\n".join(r.line() for r in op_rows), flush=True)
             rows.extend(op_rows)

@@ -22,8 +22,28 @@ from sglang.srt.model_executor.warmup_plan import warmup_token_counts
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 
-# Batches of 256-token prompts (1..16 at once) and mixed steps (prompts plus decode rows).
-PROBE_TOKENS = (1, 16, 256, 257, 512, 768, 1024, 1280, 2048, 2056, 3072, 4096, 4104)
+# Batches of 256-token prompts (1..16 at once), mixed steps (prompts plus decode rows), and
+# counts off the warm-up grid.
+PROBE_TOKENS = (
+    1,
+    16,
+    256,
+    257,
+    300,
+    512,
+    768,
+    1000,
+    1024,
+    1280,
+    1500,
+    2048,
+    2056,
+    2500,
+    3072,
+    3500,
+    4000,
+    4095,
+)
 
 
 def _forward_s(model: DeepseekV4ForCausalLM, n: int) -> float:

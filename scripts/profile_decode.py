@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from sglang.kernels.ops.attention.indexer_scores import indexer_scores
+from sglang.kernels.ops.attention.sparse_decode_attention import sparse_decode_attention
+from sglang.srt.layers.attention import dsv4_static_decode
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
 from sglang.srt.layers.attention.dsv4_static_decode import sink_attention, static_decode_attention
 from sglang.srt.layers.attention.kda import KimiDeltaAttention, gated_rms_norm
@@ -46,7 +49,6 @@ from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from torch import nn
 
 GB = 1e9
-_POOL: Any = None
 DEV = "cuda"
 TINY: dict[str, Any] = {}  # --smoke: config overrides that make the models CPU-sized
 
@@ -74,7 +76,6 @@ class OpRow:
 
 def graph_ms(fn: Callable[[], object], replays: int) -> float:
     """Median per-replay milliseconds of ``fn`` captured in one CUDA graph."""
-    global _POOL
     if DEV == "cpu":  # --smoke: eager, one run
         import time
 
@@ -82,8 +83,6 @@ def graph_ms(fn: Callable[[], object], replays: int) -> float:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
-    if _POOL is None:
-        _POOL = torch.cuda.graph_pool_handle()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -91,7 +90,7 @@ def graph_ms(fn: Callable[[], object], replays: int) -> float:
         fn()  # compiles, settles the allocator
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=_POOL):
+    with torch.cuda.graph(graph):  # a private pool each: a shared one trips an allocator assert
         fn()
     graph.replay()
     torch.cuda.synchronize()
@@ -113,7 +112,7 @@ def kernel_table(fn: Callable[[], object], title: str, top: int = 14) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=_POOL):
+    with torch.cuda.graph(graph):
         fn()
     graph.replay()
     torch.cuda.synchronize()
@@ -228,17 +227,20 @@ def dsv4_rows(
             case = f"bs{bs} ctx{_ctx(ctx)}"
             ops, whole_layer = dsv4_ops(lay, bs, ctx, gen)
             op_rows = [OpRow(name, case, n, graph_ms(f, replays), b, bw) for n, f, b in ops]
-            total_b = sum(r.bytes_read for r in op_rows)
+            old = [r for r in op_rows if not r.op.startswith("  new")]
+            total_b = sum(r.bytes_read for r in old)
             op_rows.append(
-                OpRow(name, case, "= sum of the ops", sum(r.ms for r in op_rows), total_b, bw)
+                OpRow(name, case, "= sum of the ops", sum(r.ms for r in old), total_b, bw)
             )
+            before = graph_ms(torch_attention_layer(whole_layer), replays)
+            op_rows.append(OpRow(name, case, "= layer graph, torch attention", before, total_b, bw))
             layer_ms = graph_ms(whole_layer, replays)
             if DEV == "cuda" and (bs, ctx) == (16, 8192):
                 try:
                     print(kernel_table(whole_layer, f"{name} {case}"), flush=True)
                 except (RuntimeError, AttributeError) as e:  # extra; never lose the run to it
                     print(f"kernel table failed: {e!r}")
-            op_rows.append(OpRow(name, case, "= whole layer, one graph", layer_ms, total_b, bw))
+            op_rows.append(OpRow(name, case, "= layer graph, kernels", layer_ms, total_b, bw))
             print("\n".join(r.line() for r in op_rows), flush=True)
             rows.extend(op_rows)
         model.slot_pool = None
@@ -333,6 +335,14 @@ def dsv4_ops(
             ),
         ]
         top, ok = idx.top_entries(iq, iw, idx_store.entries[slots], visible)
+        k = min(cfg.index_topk, idx_store.entries.shape[1])
+
+        def kernel_scores() -> torch.Tensor:
+            sc = indexer_scores(iq, iw, idx_store.entries, slots, visible, idx.head_dim**-0.5)
+            return torch.sort(sc, dim=-1, descending=True, stable=True).indices[:, :k]
+
+        picks = kernel_scores()
+        ops.append(("  new: indexer scores kernel + sort", kernel_scores, ops[-1][2]))
 
         def attend() -> torch.Tensor:
             wk, wv = window_keys()
@@ -342,10 +352,20 @@ def dsv4_ops(
 
         sel = min(cfg.index_topk, ctx // ratio)
         att_bytes = (live_win + sel) * bs * d * 2.0 + tensor_bytes(p.q)
+
+    def kernel_attend() -> torch.Tensor:
+        extra: dict[str, Any] = {"entries": comp_store.entries, "ratio": ratio}
+        if attn.indexer is not None:
+            extra["picks"] = picks
+        return sparse_decode_attention(
+            p.q, ring, slots, positions, attn.attn_sink, attn.scale, **extra
+        )
+
     o = attend()
     experts = distinct_experts(cfg.n_routed_experts, cfg.num_experts_per_tok, bs)
     ops += [
         ("attention (window+entries+sink)", attend, att_bytes),
+        ("  new: sparse attention kernel", kernel_attend, att_bytes),
         (
             "output: inv rope, wo_a, wo_b",
             lambda: attn.output(o, p, torch.bfloat16),
@@ -364,6 +384,20 @@ def dsv4_ops(
         _post_then_pre(moe(y, ids), r, po, co, layer.hc_attn(), mix)
 
     return ops, whole_layer
+
+
+def torch_attention_layer(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with the static decode's torch attention path (the layer before the kernels)."""
+
+    def run() -> object:
+        real = dsv4_static_decode.use_sparse_kernels
+        dsv4_static_decode.use_sparse_kernels = lambda *a: False  # type: ignore[assignment]
+        try:
+            return fn()
+        finally:
+            dsv4_static_decode.use_sparse_kernels = real
+
+    return run
 
 
 def _ctx(ctx: int) -> str:

@@ -48,8 +48,7 @@ class KVCompressor(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [T, H]`` -> fp32 ``(kv, score)``, each ``[T, coff*D]`` (fp32 accumulation and output:
         the pooling softmax is sensitive to rounded scores)."""
-        xf = x.float()
-        return xf @ self.wkv.weight.float().t(), xf @ self.wgate.weight.float().t()
+        return _fp32_matmul(x, self.wkv.weight), _fp32_matmul(x, self.wgate.weight)
 
     def append(
         self,
@@ -100,3 +99,15 @@ class KVCompressor(nn.Module):
         normed = self.norm(pooled)
         cos, sin = rotary.cos_sin(blocks * self.ratio)
         return apply_interleaved_rope(normed, cos, sin).to(dtype)
+
+
+def _fp32_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight^T`` with fp32 output. On CUDA, half-precision operands go to one GEMM with
+    fp32 accumulation and output (the products are exact in fp32, as in the upcast product)
+    instead of upcasting the whole weight every call (a 2x-sized copy read and written per
+    decode step). Elsewhere the operands are upcast."""
+    if x.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32).view(
+            *x.shape[:-1], weight.shape[0]
+        )
+    return x.float() @ weight.float().t()

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-_EMPTY = -1.0e30  # the running max of a slice with no live key (finite: no inf - inf)
+_EMPTY = tl.constexpr(-1.0e30)  # the running max of a slice with no live key (finite: no inf - inf)
 _TARGET_PROGRAMS = 264  # two waves of the H200's 132 SMs
 
 

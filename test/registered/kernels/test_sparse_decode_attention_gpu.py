@@ -130,7 +130,7 @@ def test_model_static_decode_kernels_match_torch_path(monkeypatch: pytest.Monkey
     )
     load_weights(model, random_weights(raw, seed=3), progress=False)
     model.eval()
-    model.enable_slot_pool(max_slots=8, capacity=512)
+    model.enable_slot_pool(max_slots=12, capacity=512)  # two caches per length
     lengths = (3, 30, 31, 100, 127, 250)  # before, at and past the window (32) and block edges
     gen = torch.Generator().manual_seed(5)
     seqs = [torch.randint(0, vocab, (n + 1,), generator=gen).cuda() for n in lengths]

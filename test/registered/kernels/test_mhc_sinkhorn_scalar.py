@@ -1,8 +1,8 @@
 """The per-thread-scalar Sinkhorn (an experiment, not wired into mHC) and its tile baseline
 against the torch reference: random comb logits (scale 3, so the softmax is far from uniform),
 fp32 -> max abs error 1e-6 (entries lie in [0, 1]; only exp and division rounding differ), token
-counts across a block edge, 8 steps (20 on the GPU bench). On the GPU directly; on CPU in Triton's interpreter (a subprocess:
-the interpreter is chosen when the kernels are defined)."""
+counts across a block edge, 8 steps (20 in the GPU bench). On the GPU directly; on CPU in
+Triton's interpreter (a subprocess: the interpreter is chosen when the kernels are defined)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Callable
 
 import torch
+
 from sglang.kernels.ops.layernorm.mhc import _sinkhorn
 from sglang.kernels.ops.layernorm.mhc_sinkhorn_scalar import sinkhorn_scalar, sinkhorn_tile
 

@@ -17,6 +17,7 @@ import argparse
 import time
 
 import torch
+
 from bench_serving_h200 import model_config
 from sglang.srt.model_executor.warmup_plan import warmup_token_counts
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
+
 from sglang.kernels.ops.attention.indexer_scores import indexer_scores
 from sglang.kernels.ops.attention.sparse_decode_attention import sparse_decode_attention
 from sglang.srt.layers.attention import dsv4_static_decode
@@ -46,7 +48,6 @@ from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
-from torch import nn
 
 GB = 1e9
 DEV = "cuda"

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 import torch
+
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.kernels.ops.attention.indexer_scores import indexer_scores
 from sglang.kernels.ops.attention.sparse_decode_attention import sparse_decode_attention
 from sglang.srt.layers.attention import dsv4_static_decode

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from sglang.srt.mem_cache.block_admission import admit, block_concurrency, slot_concurrency
 from sglang.srt.mem_cache.block_pool import BlockPool, BlockPoolExhausted, RequestBlocks
 from sglang.test.ci_register import register_cpu_ci

@@ -47,7 +47,7 @@ def test_scalar_and_tile_sinkhorn_match_torch() -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert proc.returncode == 0 and "SINKHORN_OK" in proc.stdout, proc.stdout + proc.stderr
 

@@ -16,6 +16,7 @@ import argparse
 import statistics
 
 import torch
+
 from sglang.test.multiprocess import run_distributed
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -96,7 +97,8 @@ def main() -> None:
         env={"NCCL_NVLS_ENABLE": "0"},
     )
     print(
-        f"\nworld size {args.world_size}, bf16 in-place all-reduce, graph replay, us per (write + all-reduce)"
+        f"\nworld size {args.world_size}, bf16 in-place all-reduce, graph replay, us per (write + "
+        "all-reduce)"
     )
     print(f"{'size':>10} {'regular us':>11} {'symmetric us':>13} {'symm/regular':>13}")
     for i, (nbytes, _, _) in enumerate(results[0]):

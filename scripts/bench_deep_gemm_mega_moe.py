@@ -13,9 +13,12 @@ Usage: python scripts/bench_deep_gemm_mega_moe.py [--batches 1,2,4,...,512]
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
 import triton
+from tqdm import tqdm
+
 from bench_mega_moe import moe_args, rel_err
 from bench_moe import SHAPES, make_batch, make_weights
 from sglang.kernels.ops.moe.fused_moe import fused_experts
@@ -25,7 +28,6 @@ from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
 from sglang.srt.layers.moe.mega_moe import MegaMoEParams, run_mega_routed_experts
 from sglang.srt.layers.moe.mega_moe_weights import build_mega_moe_experts_weights
 from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
-from tqdm import tqdm
 
 RESERVE = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS
 
@@ -52,25 +54,25 @@ def main() -> None:
         x, topk = make_batch(shape, m, device)
         kw = moe_args(shape, w, x, topk)
 
-        def deep_gemm() -> torch.Tensor:
-            return run_mega_routed_experts(
-                dg,
-                None,
-                x,
-                topk.topk_ids,
-                topk.topk_weights,
-                mega[0],
-                mega[1],
-                params,
-                device=device,
-            )
+        deep_gemm = partial(
+            run_mega_routed_experts,
+            dg,
+            None,
+            x,
+            topk.topk_ids,
+            topk.topk_weights,
+            mega[0],
+            mega[1],
+            params,
+            device=device,
+        )
 
         two = fused_experts(**kw)
         err = rel_err(deep_gemm(), two)  # also makes the buffer and compiles, outside the graphs
-        t_two = triton.testing.do_bench_cudagraph(lambda: fused_experts(**kw), rep=200)
+        t_two = triton.testing.do_bench_cudagraph(partial(fused_experts, **kw), rep=200)
         out = torch.empty_like(x)
         t_ours = triton.testing.do_bench_cudagraph(
-            lambda: mega_fused_experts(**kw, num_sms=budget, out=out), rep=200
+            partial(mega_fused_experts, **kw, num_sms=budget, out=out), rep=200
         )
         t_dg = triton.testing.do_bench_cudagraph(deep_gemm, rep=200)
         with RESERVE.override(0):
@@ -78,16 +80,19 @@ def main() -> None:
             t_dg_full = triton.testing.do_bench_cudagraph(deep_gemm, rep=200)
         rows.append((m, err, t_two * 1e3, t_ours * 1e3, t_dg * 1e3, t_dg_full * 1e3))
     print(
-        f"\nDSv4 experts (E={shape.experts} top-{shape.top_k} H={shape.hidden} I={shape.inter}), FP8 128x128, "
+        f"\nDSv4 experts (E={shape.experts} top-{shape.top_k} H={shape.hidden} I={shape.inter}), "
+        "FP8 128x128, "
         f"SwiGLU clamp {limit}; DeepGEMM {status.version}; budget {budget} SMs"
     )
     print(
-        "| M | two-launch us | our MegaMoE us | DeepGEMM MegaMoE us | two/DG | ours/DG | DG rel diff | DG at 132 SMs us | 130 vs 132 |"
+        "| M | two-launch us | our MegaMoE us | DeepGEMM MegaMoE us | two/DG | ours/DG | DG rel "
+        "diff | DG at 132 SMs us | 130 vs 132 |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m, err, t_two, t_ours, t_dg, t_full in rows:
         print(
-            f"| {m} | {t_two:.1f} | {t_ours:.1f} | {t_dg:.1f} | {t_two / t_dg:.2f} | {t_ours / t_dg:.2f} | "
+            f"| {m} | {t_two:.1f} | {t_ours:.1f} | {t_dg:.1f} | {t_two / t_dg:.2f} | "
+            f"{t_ours / t_dg:.2f} | "
             f"{err:.3f} | {t_full:.1f} | {t_dg / t_full - 1:+.1%} |"
         )
 

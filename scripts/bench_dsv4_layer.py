@@ -9,14 +9,16 @@ Usage: python scripts/bench_dsv4_layer.py [--runners torch,triton] [--prefill 10
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
+from tqdm import tqdm
+
 from sglang.srt.default_model.generate import random_weights
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.utils.cuda_timing import median_cuda_ms
-from tqdm import tqdm
 
 LAYER = {
     "architectures": ["DeepseekV4ForCausalLM"],
@@ -78,7 +80,7 @@ def main() -> None:
         ids = torch.randint(0, LAYER["vocab_size"], (args.prefill,), generator=gen).cuda()
         pos = torch.arange(args.prefill, device="cuda")
         rows.append(
-            (runner, f"prefill {args.prefill}", median_cuda_ms(lambda: model(ids, pos), repeats=5))
+            (runner, f"prefill {args.prefill}", median_cuda_ms(partial(model, ids, pos), repeats=5))
         )
         for b in (int(x) for x in args.batch.split(",")):
             caches = [model.new_request_cache() for _ in range(b)]
@@ -90,7 +92,7 @@ def main() -> None:
                 (
                     runner,
                     f"decode bs={b}",
-                    median_cuda_ms(lambda: model.decode(tok, caches), repeats=9),
+                    median_cuda_ms(partial(model.decode, tok, caches), repeats=9),
                 )
             )
         del model

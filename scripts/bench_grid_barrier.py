@@ -11,10 +11,11 @@ import argparse
 import statistics
 
 import torch
+from tqdm import tqdm
+
 from sglang.kernels.ops.grid_barrier import barrier_occupancy, run_trial
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
-from tqdm import tqdm
 
 
 def main() -> None:

@@ -11,16 +11,18 @@ timings. Usage: python scripts/bench_kimi_k3_layers.py [--experts 128] [--runner
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from typing import Any
 
 import torch
+from tqdm import tqdm
+
 from sglang.srt.layers.attention.kda import KDASegment
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.srt.utils.cuda_timing import median_cuda_ms
-from tqdm import tqdm
 
 
 def k3_config(experts: int) -> dict[str, Any]:
@@ -134,7 +136,8 @@ def main() -> None:
         if runner == args.runners.split(",")[0]:  # KDA does not depend on the MoE runner
             kda = layer.self_attn
 
-            def kda_prefill() -> None:
+            def kda_prefill(kda=kda, x=x, model=model) -> None:
+                # a fresh state each call: a prefill starts from an empty cache
                 state = model.new_request_cache().layers[1]
                 kda(x, [KDASegment(0, args.prefill, state)])
 
@@ -148,19 +151,18 @@ def main() -> None:
                         "-",
                         f"decode bs={b}",
                         median_cuda_ms(
-                            lambda xb=xb, states=states: kda(
-                                xb, [KDASegment(i, 1, s) for i, s in enumerate(states)]
-                            )
+                            partial(kda, xb, [KDASegment(i, 1, s) for i, s in enumerate(states)])
                         ),
                     )
                 )
         for m in [args.prefill, *batches]:
             xm = x[:m]
-            rows.append(("latent MoE", runner, f"M={m}", median_cuda_ms(lambda xm=xm: moe(xm))))
+            rows.append(("latent MoE", runner, f"M={m}", median_cuda_ms(partial(moe, xm))))
         del model, moe, layer
         torch.cuda.empty_cache()
     print(
-        f"\nKimi K3 layers, hidden 7168, bf16, {args.experts} experts top-16 (latent 3584, inter 3072)"
+        f"\nKimi K3 layers, hidden 7168, bf16, {args.experts} experts top-16 (latent 3584, inter "
+        "3072)"
     )
     print(f"{'layer':<11} {'runner':<7} {'case':<16} {'ms':>9}")
     for layer_name, runner, case, ms in rows:

@@ -25,9 +25,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import torch
 import triton
+from tqdm import tqdm
+
 from bench_moe import SHAPES, Shape, floor_terms, make_batch, make_weights
 from sglang.kernels.ops.grid_barrier import resident_ctas_per_sm
 from sglang.kernels.ops.moe.fused_moe import fused_experts, fused_experts_torch
@@ -43,7 +46,6 @@ from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.test.sm_holder import cupy_available, hold_sms
-from tqdm import tqdm
 
 READ_BW = 4.19e12  # pure-read streaming rate measured on these H200s (performance_targets.md)
 SWIGLU_LIMIT = 10.0
@@ -54,18 +56,18 @@ def limit_of(shape: Shape) -> float | None:
 
 
 def moe_args(shape: Shape, w: ExpertWeights, x: torch.Tensor, topk: TopKOutput) -> dict:
-    return dict(
-        hidden=x,
-        w13=w.w13,
-        w2=w.w2,
-        topk_weights=topk.topk_weights,
-        topk_ids=topk.topk_ids,
-        activation=shape.activation,
-        swiglu_limit=limit_of(shape),
-        w13_scale=w.w13_scale,
-        w2_scale=w.w2_scale,
-        block_shape=(128, 128) if w.w13_scale is not None else None,
-    )
+    return {
+        "hidden": x,
+        "w13": w.w13,
+        "w2": w.w2,
+        "topk_weights": topk.topk_weights,
+        "topk_ids": topk.topk_ids,
+        "activation": shape.activation,
+        "swiglu_limit": limit_of(shape),
+        "w13_scale": w.w13_scale,
+        "w2_scale": w.w2_scale,
+        "block_shape": (128, 128) if w.w13_scale is not None else None,
+    }
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -90,9 +92,9 @@ def speed_rows(
         info[-1].check()
         covered = bool(torch.isfinite(out).all())
         err_mega, err_two = rel_err(out, want), rel_err(two, want)
-        t_two = triton.testing.do_bench_cudagraph(lambda: fused_experts(**args), rep=200)
+        t_two = triton.testing.do_bench_cudagraph(partial(fused_experts, **args), rep=200)
         t_mega = triton.testing.do_bench_cudagraph(
-            lambda: mega_fused_experts(**args, num_sms=budget, out=out), rep=200
+            partial(mega_fused_experts, **args, num_sms=budget, out=out), rep=200
         )
         info[-1].check()
         nbytes, _ = floor_terms(shape, m, topk, fp8)
@@ -140,7 +142,7 @@ def sweep_rows(
             for m in tqdm(batches, desc=f"sweep {shape_key} {dtype}"):
                 x, topk = make_batch(shape, m, device)
                 args = moe_args(shape, w, x, topk)
-                t_two = triton.testing.do_bench_cudagraph(lambda: fused_experts(**args), rep=100)
+                t_two = triton.testing.do_bench_cudagraph(partial(fused_experts, **args), rep=100)
                 shipped = get_mega_config(m, shape.experts, shape.top_k, dtype == "fp8")
                 want = mega_fused_experts(**args, num_sms=budget, config=shipped)
                 for name, make in SWEEP.items():
@@ -153,7 +155,7 @@ def sweep_rows(
                     info[-1].check()
                     same = torch.equal(out, want)
                     t = triton.testing.do_bench_cudagraph(
-                        lambda: mega_fused_experts(**args, num_sms=budget, out=out, config=cfg),
+                        partial(mega_fused_experts, **args, num_sms=budget, out=out, config=cfg),
                         rep=100,
                     )
                     rows.append((shape_key, dtype, m, name, same, t_two * 1e3, t * 1e3, t_two / t))
@@ -174,10 +176,10 @@ def budget_rows(
             args = moe_args(shape, w, x, topk)
             out = torch.empty_like(x)
             t_full = triton.testing.do_bench_cudagraph(
-                lambda: mega_fused_experts(**args, num_sms=physical, out=out), rep=300
+                partial(mega_fused_experts, **args, num_sms=physical, out=out), rep=300
             )
             t_budget = triton.testing.do_bench_cudagraph(
-                lambda: mega_fused_experts(**args, num_sms=budget, out=out), rep=300
+                partial(mega_fused_experts, **args, num_sms=budget, out=out), rep=300
             )
             rows.append((dtype, m, t_full * 1e3, t_budget * 1e3, t_budget / t_full - 1))
         del w
@@ -282,11 +284,13 @@ def main() -> None:
         batches = [int(b) for b in args.sweep.split(",")]
         srows = sweep_rows(args.shapes.split(","), batches, args.dtypes.split(","), device, budget)
         print(
-            f"\n{'shape':<5} {'dtype':<5} {'M':>4} {'variant':<24} {'same':>5} {'2-launch us':>11} {'mega us':>8} {'speedup':>7}"
+            f"\n{'shape':<5} {'dtype':<5} {'M':>4} {'variant':<24} {'same':>5} {'2-launch us':>11} "
+            f"{'mega us':>8} {'speedup':>7}"
         )
         for sk, d, m, name, same, t2, tm, ratio in srows:
             print(
-                f"{sk:<5} {d:<5} {m:>4} {name:<24} {same!s:>5} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x"
+                f"{sk:<5} {d:<5} {m:>4} {name:<24} {same!s:>5} {t2:>11.1f} {tm:>8.1f} "
+                f"{ratio:>6.2f}x"
             )
         return
     batches = [int(b) for b in args.batches.split(",")]
@@ -300,7 +304,8 @@ def main() -> None:
     )
     for s, d, m, cov, e2, em, t2, tm, ratio, frac in rows:
         print(
-            f"{s:<5} {d:<5} {m:>4} {cov!s:>7} {e2:>12.2e} {em:>9.2e} {t2:>11.1f} {tm:>8.1f} {ratio:>6.2f}x {frac:>8.0%}"
+            f"{s:<5} {d:<5} {m:>4} {cov!s:>7} {e2:>12.2e} {em:>9.2e} {t2:>11.1f} {tm:>8.1f} "
+            f"{ratio:>6.2f}x {frac:>8.0%}"
         )
 
     if args.budget_batches:
@@ -308,7 +313,8 @@ def main() -> None:
             [int(b) for b in args.budget_batches.split(",")], device, physical, budget
         )
         print(
-            f"\n{'dtype':<5} {'M':>4} {f'{physical} SMs us':>11} {f'{budget} SMs us':>11} {'cost':>7}"
+            f"\n{'dtype':<5} {'M':>4} {f'{physical} SMs us':>11} {f'{budget} SMs us':>11} "
+            f"{'cost':>7}"
         )
         for d, m, tf, tb, cost in brows:
             print(f"{d:<5} {m:>4} {tf:>11.1f} {tb:>11.1f} {cost:>+7.1%}")

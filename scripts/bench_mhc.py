@@ -1,4 +1,4 @@
-"""mHC kernels per backend (torch reference, Triton, TileLang when it imports) at DeepSeek V4 widths.
+"""mHC kernels per backend (torch reference, Triton, TileLang when it imports), DeepSeek V4 widths.
 
 For each hidden size and token count, times ``mhc_pre`` (with the fused RMSNorm) and
 ``mhc_fused_post_pre`` (one sublayer's post and the next one's pre) under CUDA-graph replay, and
@@ -19,9 +19,10 @@ from collections.abc import Callable
 
 import torch
 import triton
-from sglang.kernels.ops.layernorm import mhc
-from sglang.srt.environ import envs
 from tqdm import tqdm
+
+from sglang.srt.environ import envs
+from sglang.srt.layers import mhc
 
 HC = 4
 MIX: dict = {"rms_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20, "norm_eps": 1e-6}
@@ -105,7 +106,8 @@ def profile_rows(backend: str, hidden: list[int], tokens: list[int], calls: int 
                     ]
                     total = sum(e.self_device_time_total for e in kernels) / calls
                     print(
-                        f"\n{backend} {op} H={h} T={t}: graph replay {replay:.1f} us, kernels {total:.1f} us"
+                        f"\n{backend} {op} H={h} T={t}: graph replay {replay:.1f} us, "
+                        f"kernels {total:.1f} us"
                     )
                     for e in sorted(kernels, key=lambda e: -e.self_device_time_total):
                         per_call = e.self_device_time_total / calls

@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import triton
+from tqdm import tqdm
+
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner import MoERunConfig, MoERunner, create_moe_runner
 from sglang.srt.layers.moe.moe_runner.deep_gemm import DeepGemmMoERunner
 from sglang.srt.layers.moe.topk import TopKOutput
-from tqdm import tqdm
 
 BW_BYTES_S = 4.3e12
 BF16_FLOPS = 790e12
@@ -184,9 +186,9 @@ def main() -> None:
                 x, topk = make_batch(shape, m, device)
                 if args.profile:
                     label = f"{shape_key} {dtype} {runner_name} M={m}"
-                    profile_rows(runner, lambda: runner.run(x, topk, weights), label)  # noqa: B023
+                    profile_rows(runner, partial(runner.run, x, topk, weights), label)
                     continue
-                ms, mode = time_ms(runner, lambda: runner.run(x, topk, weights))  # noqa: B023
+                ms, mode = time_ms(runner, partial(runner.run, x, topk, weights))
                 nbytes, flops = floor_terms(shape, m, topk, fp8)
                 peak = BF16_FLOPS * (2 if fp8 else 1)
                 floor_ms = max(nbytes / BW_BYTES_S, flops / peak) * 1e3
@@ -209,7 +211,8 @@ def main() -> None:
         del runner, weights  # free this shape's experts before the next
         torch.cuda.empty_cache()
     print(
-        "\n| shape | dtype | runner | mode | M | time us | GB/s | TFLOP/s | of roofline | ref us | ref/ours |"
+        "\n| shape | dtype | runner | mode | M | time us | GB/s | TFLOP/s | of roofline | ref us | "
+        "ref/ours |"
         "\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     )
     for shape_key, dtype, runner_name, mode, m, us, gbs, tflops, frac, ref in rows:

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
+
 from sglang.bench_serving import build_parser, run_benchmark
 from sglang.srt.default_model.generate import parameter_shapes
 

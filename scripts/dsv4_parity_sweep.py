@@ -19,6 +19,7 @@ import sys
 import time
 
 import torch
+
 from sglang.test.dsv4_parity import ALL_MIXES, CaseResult, format_table, random_case, run_case
 
 

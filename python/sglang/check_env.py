@@ -11,12 +11,14 @@ import sys
 
 import torch
 
-from sglang import __version__
 from sglang.srt.environ import Envs, EnvValueError
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
 from sglang.srt.layers.moe.sm_budget import _mega_moe_max_num_sms, mega_moe_sm_budget
 from sglang.srt.utils.device import device_sm_info
 from sglang.srt.utils.env_check import unknown_env_vars
+from sglang.version import __version__
+
+_NO_DEEP_GEMM_NARROWING = "no change (reserve 0, or no DeepGEMM MegaMoE here)"
 
 
 def _optional_version(name: str) -> str:
@@ -36,7 +38,10 @@ def _mega_moe_summary(deep_gemm_usable: bool) -> str:
         )
     arch = device_sm_info().arch if torch.cuda.is_available() else 0
     if arch >= 100:
-        return "DeepGEMM's fp8_fp4_mega_moe for MXFP4 experts (SwiGLU and SiTU); our Triton kernel otherwise"
+        return (
+            "DeepGEMM's fp8_fp4_mega_moe for MXFP4 experts (SwiGLU and SiTU); "
+            "our Triton kernel otherwise"
+        )
     return (
         "DeepGEMM's fp8_mega_moe for FP8 128x128 experts with SwiGLU and intermediate <= 4096 "
         "(DeepSeek V4); our Triton kernel for SiTU (Kimi K3: DeepGEMM's is SM100-only), bf16 "
@@ -75,9 +80,9 @@ def main() -> int:
         except EnvValueError:
             budget = dg_budget = None
         print(
-            f"  cuda:{index} {torch.cuda.get_device_name(index)} sm_{info.arch}, {info.num_sms} SMs; "
-            f"whole-grid MoE budget {budget}; DeepGEMM MegaMoE narrowed to "
-            f"{dg_budget if dg_budget is not None else 'no change (reserve 0, or no DeepGEMM MegaMoE here)'}"
+            f"  cuda:{index} {torch.cuda.get_device_name(index)} sm_{info.arch}, "
+            f"{info.num_sms} SMs; whole-grid MoE budget {budget}; DeepGEMM MegaMoE narrowed to "
+            f"{dg_budget if dg_budget is not None else _NO_DEEP_GEMM_NARROWING}"
         )
     return 0 if ok else 1
 

@@ -1,7 +1,8 @@
 """``python -m sglang.launch_server [flags]``: serve a model over HTTP (see ``--help``).
 
 Without ``--model-path`` it serves the built-in default model: a tiny random-weight DeepSeek V4
-that produces gibberish and exists to exercise the engine.
+that produces gibberish and exists to exercise the engine. With ``--nnodes N`` run it once per
+node; node 0 serves HTTP, the others (``--node-rank`` > 0) run only their scheduler ranks.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sglang.srt.managers.tokenizer import TokenizerLoadError
 
     try:
+        if args.node_rank > 0:  # no HTTP here: this node runs its scheduler ranks only
+            from sglang.srt.managers.worker_node import run_worker_node
+
+            return run_worker_node(args)
         return launch_server(args)
     except (ServerArgsError, TokenizerLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -9,6 +9,7 @@ Tests override a knob temporarily with ``with envs.NAME.override(value): ...``.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -137,7 +138,7 @@ class EnvFloat(EnvField[float]):
             value = float(raw.strip())
         except ValueError:
             raise self._fail(raw) from None
-        if value != value or (self.min_value is not None and value < self.min_value):
+        if math.isnan(value) or (self.min_value is not None and value < self.min_value):
             raise self._fail(raw)
         return value
 
@@ -267,6 +268,19 @@ class Envs:
         "When CUDA graphs are off (--disable-cuda-graph, or no CUDA), decode through the slot "
         "pool's static decode eagerly, padded to the batch sizes graphs would capture: the exact "
         "A/B of a graph replay (same kernels, same shapes). Off: the per-request eager decode.",
+    )
+    SGLANG_DIST_JOIN_TIMEOUT_S = EnvFloat(
+        300.0,
+        "Seconds the ranks of a multi-node launch (--nnodes > 1) wait for every node to join at "
+        "--dist-init-addr before each node fails with an error naming who is missing.",
+        min_value=1.0,
+    )
+    SGLANG_DIST_HEARTBEAT_S = EnvFloat(
+        30.0,
+        "Seconds between the empty plans an idle rank 0 broadcasts: a follower that dies (or a "
+        "node that goes away) is noticed within this long even when no request comes, and "
+        "followers never reach --dist-timeout while the server sits idle.",
+        min_value=0.1,
     )
     SGLANG_SCHEDULER_IDLE_POLL_S = EnvFloat(
         0.5,

@@ -28,12 +28,17 @@ logger = get_logger(__name__)
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 DEVICE_CHOICES = ("cuda", "cpu")
-A2A_CHOICES = ("none", "megamoe")
 LOG_LEVEL_CHOICES = ("debug", "info", "warning", "error", "critical")
 
 
 class ServerArgsError(ValueError):
     """The options cannot work together (or on this machine); the message says what to change."""
+
+
+def moe_a2a_choices() -> tuple[str, ...]:
+    from sglang.srt.layers.moe.a2a import MOE_A2A_BACKENDS
+
+    return MOE_A2A_BACKENDS.names()
 
 
 def moe_runner_choices() -> tuple[str, ...]:
@@ -54,7 +59,14 @@ class ServerArgs:
     dtype: str = "auto"
     device: str | None = None
     tp_size: int = 1
+    dp_size: int = 1
+    enable_dp_attention: bool = False
     random_seed: int | None = None
+    # --- multi-node (one launch per node; node 0 serves HTTP)
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # host:port of node 0's rendezvous
+    dist_timeout: float | None = None  # seconds a collective waits for a peer; None: 2 hours
     # --- MoE and communication
     moe_runner_backend: str = "auto"
     moe_a2a_backend: str = "none"
@@ -77,6 +89,27 @@ class ServerArgs:
     shutdown_timeout: float = 30.0
 
     # --- derived ------------------------------------------------------------------------------
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tp_size // max(1, self.nnodes)
+
+    @property
+    def local_ranks(self) -> range:
+        """The TP ranks this node's launcher starts (all of them on one node)."""
+        n = self.ranks_per_node
+        return range(self.node_rank * n, (self.node_rank + 1) * n)
+
+    @property
+    def attn_tp_size(self) -> int:
+        """Ranks that split one DP group's attention (the whole TP group without DP)."""
+        return self.tp_size // max(1, self.dp_size)
+
+    def dist_init_host_port(self) -> tuple[str, int]:
+        """``--dist-init-addr`` split into host and port (validated by :meth:`validate`)."""
+        assert self.dist_init_addr is not None
+        host, port = parse_dist_init_addr(self.dist_init_addr)
+        return host, port
 
     @property
     def chunked_prefill_enabled(self) -> bool:
@@ -145,7 +178,7 @@ class ServerArgs:
             ("--dtype", self.dtype, DTYPE_CHOICES),
             ("--device", self.device, DEVICE_CHOICES),
             ("--log-level", self.log_level, LOG_LEVEL_CHOICES),
-            ("--moe-a2a-backend", self.moe_a2a_backend, A2A_CHOICES),
+            ("--moe-a2a-backend", self.moe_a2a_backend, moe_a2a_choices()),
             ("--moe-runner-backend", self.moe_runner_backend, moe_runner_choices()),
         ):
             _check(choice in choices, f"{choice_flag} must be one of {choices}, got {choice!r}")
@@ -195,8 +228,53 @@ class ServerArgs:
                 os.path.isdir(self.tokenizer_path),
                 f"--tokenizer-path {self.tokenizer_path!r} is not a directory",
             )
+        self._validate_parallel()
         self._validate_device(torch)
         self._validate_moe()
+
+    def _validate_parallel(self) -> None:
+        _check(self.dp_size >= 1, f"--dp-size must be >= 1, got {self.dp_size}")
+        _check(
+            self.dp_size == 1 or self.enable_dp_attention,
+            f"--dp-size {self.dp_size} needs --enable-dp-attention: data parallelism here is DP "
+            "attention (each DP group attends over its own requests, the MoE spans all ranks); "
+            "for independent replicas start one server per replica",
+        )
+        _check(
+            not self.enable_dp_attention or self.dp_size > 1,
+            "--enable-dp-attention needs --dp-size > 1 (the number of DP attention groups); "
+            f"got --dp-size {self.dp_size}",
+        )
+        _check(
+            self.tp_size % self.dp_size == 0,
+            f"--dp-size {self.dp_size} must divide --tp-size {self.tp_size} (each DP group "
+            "attends with tp/dp ranks)",
+        )
+        _check(self.nnodes >= 1, f"--nnodes must be >= 1, got {self.nnodes}")
+        _check(
+            0 <= self.node_rank < self.nnodes,
+            f"--node-rank must be in [0, --nnodes {self.nnodes}), got {self.node_rank}",
+        )
+        _check(
+            self.tp_size % self.nnodes == 0,
+            f"--tp-size {self.tp_size} must be divisible by --nnodes {self.nnodes} (every node "
+            "runs the same number of ranks)",
+        )
+        _check(
+            self.nnodes == 1 or self.dist_init_addr is not None,
+            f"--nnodes {self.nnodes} needs --dist-init-addr HOST:PORT (node 0's address, the "
+            "same on every node)",
+        )
+        if self.dist_init_addr is not None:
+            try:
+                parse_dist_init_addr(self.dist_init_addr)
+            except ValueError as exc:
+                raise ServerArgsError(f"--dist-init-addr {self.dist_init_addr!r}: {exc}") from None
+        _check(
+            self.dist_timeout is None
+            or (math.isfinite(self.dist_timeout) and self.dist_timeout > 0),
+            f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}",
+        )
 
     def _validate_device(self, torch: Any) -> None:
         if self.device == "cpu":
@@ -212,9 +290,11 @@ class ServerArgs:
             "out to pick the CPU automatically)",
         )
         gpus = torch.cuda.device_count()
+        need = self.ranks_per_node
+        where = "" if self.nnodes == 1 else f" on each of the {self.nnodes} nodes"
         _check(
-            self.tp_size <= gpus,
-            f"--tp-size {self.tp_size} needs {self.tp_size} GPUs but {gpus} are visible; lower "
+            need <= gpus,
+            f"--tp-size {self.tp_size} needs {need} GPUs{where} but {gpus} are visible; lower "
             "--tp-size or make more GPUs visible (CUDA_VISIBLE_DEVICES)",
         )
         if self.dtype == "float32" and self.moe_runner_backend == "deep_gemm":
@@ -230,12 +310,23 @@ class ServerArgs:
         from sglang.srt.layers.moe.moe_runner import MOE_RUNNERS, MoERunConfig
 
         runner = MOE_RUNNERS.create(self.moe_runner_backend, MoERunConfig())
-        ok, why = runner.is_available(torch.device(self.device or "cpu"))
+        why = runner.unavailable_reason(torch.device(self.device or "cpu"))
         _check(
-            ok,
+            why is None,
             f"--moe-runner-backend {self.moe_runner_backend} cannot run on {self.device}: {why}. "
             "Use --moe-runner-backend auto (torch on CPU, triton on CUDA)",
         )
+
+
+def parse_dist_init_addr(addr: str) -> tuple[str, int]:
+    """``host:port`` (``[v6addr]:port`` for IPv6) -> ``(host, port)``; ValueError says why not."""
+    host, sep, port_text = addr.rpartition(":")
+    if not sep or not host:
+        raise ValueError("expected HOST:PORT, e.g. 10.0.0.1:5000")
+    host = host.removeprefix("[").removesuffix("]")
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"the port must be a number in 1..65535, got {port_text!r}")
+    return host, int(port_text)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -322,11 +413,56 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="Tensor-parallel ranks: one scheduler/model worker process each (NCCL on GPU, gloo "
         "on CPU); rank 0 schedules and broadcasts every batch.",
     )
+    g.add_argument(
+        "--dp-size",
+        "--dp",
+        dest="dp_size",
+        type=int,
+        default=ServerArgs().dp_size,
+        help="DP attention groups (needs --enable-dp-attention; must divide --tp-size): each group "
+        "attends over its own requests with tp/dp ranks, the MoE still spans every rank.",
+    )
+    _add_bool(
+        g,
+        "--enable-dp-attention",
+        "Data-parallel attention over --dp-size groups (tokens are gathered across groups "
+        "before the MoE and scattered back after it).",
+    )
     _add_option(
         g,
         "--random-seed",
         int,
         "Seed of the sampler for requests that give no seed. Default: random.",
+    )
+    g = parser.add_argument_group("multi-node")
+    _add_option(
+        g,
+        "--nnodes",
+        int,
+        "Nodes the TP ranks span (--tp-size / --nnodes ranks each). Run one launch_server per "
+        "node with the same flags and its own --node-rank; node 0 serves HTTP.",
+    )
+    _add_option(
+        g,
+        "--node-rank",
+        int,
+        "This node's index in [0, --nnodes). Nodes > 0 run only their scheduler ranks and wait "
+        "for node 0 to shut them down.",
+    )
+    _add_option(
+        g,
+        "--dist-init-addr",
+        str,
+        "HOST:PORT of node 0 where the ranks rendezvous (torch.distributed's TCP store; the "
+        "same value on every node). Nodes that do not all join within "
+        "SGLANG_DIST_JOIN_TIMEOUT_S fail with an error.",
+    )
+    _add_option(
+        g,
+        "--dist-timeout",
+        float,
+        "Seconds a collective waits for a peer before it fails (default 7200: long enough for "
+        "first-use kernel compilation). Also bounds how long an idle follower waits for node 0.",
     )
     g = parser.add_argument_group("MoE and communication")
     _add_option(
@@ -343,7 +479,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "none: experts tensor-parallel with one all-reduce. megamoe: experts "
         "expert-parallel through DeepGEMM's fused MegaMoE kernel on a reserved-SM budget (falls "
         "back to the runner plus all-reduce where the kernel cannot run).",
-        A2A_CHOICES,
+        moe_a2a_choices(),
     )
     _add_bool(
         g,

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sglang.srt.environ import envs
-from sglang.srt.layers.moe import layer as moe_layer_mod
 from sglang.srt.layers.moe import mega_moe, sm_budget
+from sglang.srt.layers.moe.a2a import base as a2a_base
+from sglang.srt.layers.moe.a2a import mega_moe_a2a
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.mega_moe_weights import (
     MegaWeights,
@@ -78,24 +79,24 @@ def install_fake_mega_moe(
     monkeypatch: pytest.MonkeyPatch, *, cap: int, all_reduce_modules: Sequence[ModuleType] = ()
 ) -> MegaMoERecorder:
     """A fake DeepGEMM on a 132-SM sm_100 device, MegaMoE buffers of ``cap`` rows a rank, the
-    pre-dispatch spied on, and ``tensor_model_parallel_all_reduce`` recorded in FusedMoE and in
-    ``all_reduce_modules``."""
+    pre-dispatch spied on, and ``tensor_model_parallel_all_reduce`` recorded in the a2a combine
+    (the one MoE all-reduce) and in ``all_reduce_modules``."""
     monkeypatch.setenv(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.name, str(cap))
     monkeypatch.delenv(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.name, raising=False)
     mega_moe.clear_mega_moe_symm_buffers()
     dg = FakeDeepGemmGemms(num_sms=_NUM_SMS)
     rec = MegaMoERecorder(dg)
-    monkeypatch.setattr(moe_layer_mod, "get_deep_gemm", lambda: dg)
+    monkeypatch.setattr(mega_moe_a2a, "get_deep_gemm", lambda: dg)
     # the loaders' post-load MegaMoE weight build sees the same fake
     monkeypatch.setattr(mega_moe_prep, "get_deep_gemm", lambda: dg)
-    monkeypatch.setattr(moe_layer_mod, "get_tp_group_or_none", lambda: "ep-group")
+    monkeypatch.setattr(mega_moe_a2a, "get_tp_group_or_none", lambda: "ep-group")
     blackwell = lambda device=None: DeviceSMInfo(0, _NUM_SMS, (10, 0))
     monkeypatch.setattr(mega_moe, "device_sm_info", blackwell)
     monkeypatch.setattr(sm_budget, "device_sm_info", blackwell)
     monkeypatch.setattr(
         mega_moe, "mega_moe_pre_dispatch", rec.pre_dispatch(mega_moe.mega_moe_pre_dispatch)
     )
-    for mod in (moe_layer_mod, *all_reduce_modules):
+    for mod in (a2a_base, *all_reduce_modules):
         monkeypatch.setattr(mod, "tensor_model_parallel_all_reduce", rec.all_reduce)
     return rec
 

@@ -35,7 +35,7 @@ extern "C" __global__ void hold_sm(unsigned long long hold_ns, int* started) {
 def cupy_available() -> bool:
     try:
         import cupy  # noqa: F401
-    except Exception:
+    except (ImportError, OSError, RuntimeError):  # not installed, or no CUDA runtime
         return False
     return True
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
@@ -224,7 +225,8 @@ def test_reserve_keeps_the_kernel_off_a_side_stream_holder(
                     rows.append((reserve, held, stalls, times[len(times) // 2], times[-1]))
     with capsys.disabled():
         print(
-            f"\nSM90 fp8_mega_moe through _run_mega_routed, side-stream holder {HOLD_MS:.0f} ms, {LAUNCHES} launches"
+            f"\nSM90 fp8_mega_moe through _run_mega_routed, side-stream holder {HOLD_MS:.0f} ms, "
+            f"{LAUNCHES} launches"
         )
         print("| reserve | SMs held | launches that waited | median ms | max ms |")
         for reserve, held, stalls, med, worst in rows:

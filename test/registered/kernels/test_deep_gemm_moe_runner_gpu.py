@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 

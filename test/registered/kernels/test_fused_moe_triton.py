@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
@@ -486,6 +487,36 @@ def test_interp_fused_experts_fp8(
     assert got.data_ptr() == out.data_ptr() and torch.isfinite(out).all()
     # fp32 sums in another order can tip an intermediate across an fp8 rounding boundary.
     assert rel_err(out, want) < 2e-3
+
+
+def _tiny_tma_configs() -> list[object]:
+    from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig
+
+    return [
+        TmaMoeConfig(16, TmaGemmTile(16, 32, 2, 4, 2), TmaGemmTile(32, 16, 2, 4, 2)),
+        TmaMoeConfig(
+            32, TmaGemmTile(32, 16, 1, 4, 2, persistent=False), TmaGemmTile(16, 32, 4, 4, 2)
+        ),
+        TmaMoeConfig(16, TmaGemmTile(16, 32, 2, 4, 2, paired=True), TmaGemmTile(32, 16, 2, 4, 2)),
+    ]
+
+
+@interp_only
+@pytest.mark.parametrize("cfg_index", [0, 1, 2])
+def test_interp_tma_fused_experts_fp32(cfg_index: int) -> None:
+    """The Hopper prefill kernels (tensor descriptors, persistent tile loop, sorted intermediate)
+    on fp32 under the interpreter: 13 tokens, 5 experts (some empty), non-multiple row counts."""
+    import sglang.kernels.ops.moe.fused_moe as fm
+
+    activation, limit = ACTS[cfg_index]  # one activation a config keeps the subprocess short
+    moe = make_moe(13, 5, 2, 64, 32, torch.float32, fp8=False, seed=40 + cfg_index)
+    moe["topk_ids"][moe["topk_ids"] == 4] = 3  # expert 4 gets no rows
+    want = fm.fused_experts_torch(**moe, activation=activation, swiglu_limit=limit)
+    out = torch.full_like(want, float("nan"))
+    cfg = _tiny_tma_configs()[cfg_index]
+    fm.fused_experts(**moe, activation=activation, swiglu_limit=limit, out=out, config=cfg)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, want) < 1e-5
 
 
 if __name__ == "__main__":

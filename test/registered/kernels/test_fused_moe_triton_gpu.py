@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 

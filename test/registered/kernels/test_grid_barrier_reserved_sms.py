@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 from sglang.test.ci_register import register_cuda_ci

@@ -21,9 +21,10 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_fused_moe_triton import ACTS, make_moe, rel_err
+
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-from test_fused_moe_triton import ACTS, make_moe, rel_err
 
 if TYPE_CHECKING:
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoEConfig
@@ -125,7 +126,8 @@ def test_interp_mega_fp8(activation: str, limit: float | None) -> None:
         **moe, activation=activation, swiglu_limit=limit, num_sms=3, out=out, config=cfg
     )
     assert torch.isfinite(out).all()
-    # Loose: the interpreter's fp8 cast halves some values (module docstring); the GPU test is exact.
+    # Loose: the interpreter's fp8 cast halves some values (module docstring); the GPU test is
+    # exact.
     assert rel_err(out, want) < 0.2
 
 
@@ -199,14 +201,14 @@ def test_config_by_rows_per_expert() -> None:
 def test_backend_choice_names_why_each_kernel_is_unusable(caplog: pytest.LogCaptureFixture) -> None:
     from sglang.srt.layers.moe.expert_weights import ExpertWeights
     from sglang.srt.layers.moe.mega_moe import MegaMoEParams, try_run_mega_routed
-    from sglang.srt.layers.moe.mega_moe_triton_backend import triton_mega_config
+    from sglang.srt.layers.moe.mega_moe_triton_backend import triton_mega_unavailable_reason
     from sglang.srt.utils import log as log_utils
 
     moe = make_moe(3, 4, 2, 128, 128, torch.bfloat16, fp8=False)
     w = ExpertWeights(moe["w13"], moe["w2"])
     x = moe["hidden"]
-    assert "CUDA" in (triton_mega_config(x, w, 1, 2)[1] or "")
-    assert "no expert weights" in (triton_mega_config(x, None, 1, 2)[1] or "")
+    assert "CUDA" in (triton_mega_unavailable_reason(x, w, 1, 2) or "")
+    assert "no expert weights" in (triton_mega_unavailable_reason(x, None, 1, 2) or "")
 
     class TwoRanks:
         world_size = 2

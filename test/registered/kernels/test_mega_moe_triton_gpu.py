@@ -16,9 +16,6 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sglang.test.ci_register import register_cuda_ci
-from sglang.test.run import run_this_file
-from sglang.test.sm_holder import cupy_available, hold_sms
 from test_fused_moe_triton_gpu import (
     ACTIVATIONS,
     BF16_TOL,
@@ -30,6 +27,10 @@ from test_fused_moe_triton_gpu import (
     rel_err,
     routing,
 )
+
+from sglang.test.ci_register import register_cuda_ci
+from sglang.test.run import run_this_file
+from sglang.test.sm_holder import cupy_available, hold_sms
 
 register_cuda_ci(est_time=300)
 

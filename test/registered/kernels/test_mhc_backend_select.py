@@ -1,7 +1,8 @@
 """Which mHC backend a call takes (SGLANG_MHC_BACKEND, whether tilelang / triton import, CPU vs
-CUDA), the one-time log line, the routing of pre / fused post+pre to the TileLang functions with the
-symmetric-pool rule intact, all on CPU with a fake ``tilelang`` module and stand-in CUDA tensors;
-and, where tilelang and nvcc are installed, that the TileLang kernels lower and compile for sm_90a."""
+CUDA), the one-time log line, the routing of pre / fused post+pre to the TileLang functions with
+the symmetric-pool rule intact, all on CPU with a fake ``tilelang`` module and stand-in CUDA
+tensors; and, where tilelang and nvcc are installed, that the TileLang kernels lower and compile
+for sm_90a."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from typing import Any, cast
 
 import pytest
 import torch
-from sglang.kernels.ops.layernorm import mhc, mhc_tilelang
+
+from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
 from sglang.srt.environ import EnvValueError, envs
+from sglang.srt.layers import dp_attention, mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
@@ -140,8 +143,8 @@ def test_choice_is_logged_once(
 
 
 def test_decision_is_cached_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    """_backend decides once per (env value, device, supported, triton) key; a new key decides again,
-    and reset_backend_selection forgets every decision."""
+    """_backend decides once per (env value, device, supported, triton) key; a new key decides
+    again, and reset_backend_selection forgets every decision."""
     _no_tilelang(monkeypatch)
     assert mhc._backend(_cuda_residual()) == "triton"
     calls: list[str] = []
@@ -173,9 +176,9 @@ def test_tilelang_is_imported_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _symmetric_recorder(monkeypatch: pytest.MonkeyPatch) -> SymmetricScopeRecorder:
     rec = SymmetricScopeRecorder()
-    monkeypatch.setattr(mhc, "use_symmetric_memory", rec)
-    monkeypatch.setattr(mhc, "is_allocation_symmetric", lambda: True)
-    monkeypatch.setattr(mhc, "get_tp_group_or_none", lambda: None)
+    monkeypatch.setattr(dp_attention, "use_symmetric_memory", rec)
+    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: True)
+    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: None)
     return rec
 
 
@@ -183,7 +186,8 @@ def test_tilelang_backend_routes_pre_and_fused_with_symmetric_layer_input(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With the TileLang backend chosen, mhc_pre / mhc_fused_post_pre call the TileLang functions
-    with ``out`` allocated in the symmetric scope (and nothing else there); mhc_post takes Triton."""
+    with ``out`` allocated in the symmetric scope (and nothing else there); mhc_post takes
+    Triton."""
     t, h = 3, 64
     gen = torch.Generator().manual_seed(0)
     r = torch.randn(t, 4, h, generator=gen).bfloat16()
@@ -229,7 +233,7 @@ def test_tilelang_backend_routes_pre_and_fused_with_symmetric_layer_input(
         post_calls.append("post")
         return torch.empty_like(r)
 
-    monkeypatch.setattr(mhc, "_mhc_post_triton", fake_post)
+    monkeypatch.setattr(mhc_triton, "mhc_post_triton", fake_post)
 
     rec = _symmetric_recorder(monkeypatch)
     y, post, comb = mhc.mhc_pre(r, *p, **E)

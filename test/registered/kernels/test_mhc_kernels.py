@@ -16,11 +16,13 @@ from typing import Any
 
 import pytest
 import torch
-from sglang.kernels.ops.layernorm import mhc
+from torch import nn
+
+from sglang.kernels.ops.layernorm import mhc as mhc_kernels
+from sglang.srt.layers import dp_attention, mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-from torch import nn
 
 register_cpu_ci(est_time=40)
 
@@ -33,10 +35,10 @@ RMS_EPS, HC_EPS, NORM_EPS, ITERS = 1e-5, 1e-4, 1e-6, 20  # distinct values, so a
 def _single_process(monkeypatch: pytest.MonkeyPatch) -> None:
     # Single process: no TP group, the pool off.
     monkeypatch.setattr(
-        mhc, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
+        dp_attention, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
     )
-    monkeypatch.setattr(mhc, "is_allocation_symmetric", lambda: False)
-    monkeypatch.setattr(mhc, "get_tp_group_or_none", lambda: None)
+    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: False)
+    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: None)
 
 
 def _params(
@@ -285,13 +287,13 @@ def test_pre_entry_points_share_mhc_pre_impl(monkeypatch: pytest.MonkeyPatch) ->
     w = torch.rand(h, generator=gen) + 0.5
     kw: dict[str, Any] = {"rms_eps": RMS_EPS, "hc_eps": HC_EPS, "sinkhorn_iters": ITERS}
     calls: list[torch.Tensor] = []
-    real = mhc._mhc_pre_impl
+    real = mhc_kernels._mhc_pre_impl
 
     def spy(residual: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         calls.append(residual)
         return real(residual, *args, **kwargs)
 
-    monkeypatch.setattr(mhc, "_mhc_pre_impl", spy)
+    monkeypatch.setattr(mhc_kernels, "_mhc_pre_impl", spy)
     y, post, comb = mhc.mhc_pre(r, *p, **kw)
     assert len(calls) == 1 and calls[0] is r
     y64, post64, comb64 = _ref64_pre(r, *p)
@@ -341,9 +343,9 @@ _SENTINEL_GROUP = object()
 
 def _record(monkeypatch: pytest.MonkeyPatch, symmetric: bool) -> SymmetricScopeRecorder:
     rec = SymmetricScopeRecorder()
-    monkeypatch.setattr(mhc, "use_symmetric_memory", rec)
-    monkeypatch.setattr(mhc, "is_allocation_symmetric", lambda: symmetric)
-    monkeypatch.setattr(mhc, "get_tp_group_or_none", lambda: _SENTINEL_GROUP)
+    monkeypatch.setattr(dp_attention, "use_symmetric_memory", rec)
+    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: symmetric)
+    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: _SENTINEL_GROUP)
     return rec
 
 
@@ -391,12 +393,14 @@ def test_only_layer_input_is_symmetric(monkeypatch: pytest.MonkeyPatch, with_nor
 _INTERP_SCRIPT = textwrap.dedent("""
     import contextlib
     import torch
-    from sglang.kernels.ops.layernorm import mhc
+    from sglang.kernels.ops.layernorm import mhc as mhc_kernels
+    from sglang.kernels.ops.layernorm import mhc_triton
+    from sglang.srt.layers import dp_attention, mhc
     from sglang.srt.layers.layernorm import rms_norm
     from sglang.test.alloc_recorder import SymmetricScopeRecorder
 
-    mhc.is_allocation_symmetric = lambda: True
-    mhc.get_tp_group_or_none = lambda: None
+    dp_attention.is_allocation_symmetric = lambda: True
+    dp_attention.get_tp_group_or_none = lambda: None
     mhc._backend = lambda residual: "triton"  # CPU tensors through the Triton path
     E = dict(rms_eps=1e-5, hc_eps=1e-4, sinkhorn_iters=20)
 
@@ -409,9 +413,10 @@ _INTERP_SCRIPT = textwrap.dedent("""
              (2, 96, torch.bfloat16), (0, 64, torch.bfloat16)]
     # Each case with the finalize's row in registers (one pass), then looping over 1024-wide
     # blocks (the path of larger batches and of rows wider than _ONE_PASS_MAX_H).
-    for one_pass_max_h, (t, h, dtype) in [(m, c) for m in (mhc._ONE_PASS_MAX_H, 0) for c in cases]:
-        mhc._ONE_PASS_MAX_H = one_pass_max_h
-        assert t <= mhc._ONE_PASS_MAX_T
+    one_pass_max_hs = (mhc_triton._ONE_PASS_MAX_H, 0)
+    for one_pass_max_h, (t, h, dtype) in [(m, c) for m in one_pass_max_hs for c in cases]:
+        mhc_triton._ONE_PASS_MAX_H = one_pass_max_h
+        assert t <= mhc_triton._ONE_PASS_MAX_T
         r = (torch.randn(t, 4, h, generator=gen) * 2).to(dtype)
         fn = torch.randn(24, 4 * h, generator=gen) * 0.05
         sc, b = torch.rand(3, generator=gen) + 0.25, torch.randn(24, generator=gen) * 0.5
@@ -423,11 +428,11 @@ _INTERP_SCRIPT = textwrap.dedent("""
         for nw in (None, torch.rand(h, generator=gen) + 0.5):
             nkw = dict(norm_weight=nw, norm_eps=1e-6)
             rec = SymmetricScopeRecorder()
-            mhc.use_symmetric_memory = rec
+            dp_attention.use_symmetric_memory = rec
             y, post, comb = mhc.mhc_pre(r, fn, sc, b, **E, **nkw)
             if t:
                 assert rec.allocated == [y.untyped_storage().data_ptr()], rec.allocated
-            ry, rpost, rcomb = mhc._pre_torch(r, fn, sc, b, 1e-5, 1e-4, 20, nw, 1e-6)
+            ry, rpost, rcomb = mhc_kernels._pre_torch(r, fn, sc, b, 1e-5, 1e-4, 20, nw, 1e-6)
             close(post, rpost, 2e-6)
             close(comb, rcomb, 2e-6)
             close(y, ry, 1e-5, ulp)
@@ -443,13 +448,13 @@ _INTERP_SCRIPT = textwrap.dedent("""
             close(r2, mhc.hc_post_torch_impl(x, r, post, comb), 1e-5, ulp)
 
             rec = SymmetricScopeRecorder()
-            mhc.use_symmetric_memory = rec
+            dp_attention.use_symmetric_memory = rec
             fr, fy, fpost, fcomb = mhc.mhc_fused_post_pre(x, r, post, comb, fn, sc, b, **E, **nkw)
             if t:
                 assert rec.allocated == [fy.untyped_storage().data_ptr()], rec.allocated
             assert torch.equal(fr, r2)  # same post code in both kernels
             # The next pre reads the (rounded) new residual: compare with torch on that residual.
-            ry, rpost, rcomb = mhc._pre_torch(fr, fn, sc, b, 1e-5, 1e-4, 20, nw, 1e-6)
+            ry, rpost, rcomb = mhc_kernels._pre_torch(fr, fn, sc, b, 1e-5, 1e-4, 20, nw, 1e-6)
             close(fpost, rpost, 2e-6)
             close(fcomb, rcomb, 2e-6)
             close(fy, ry, 1e-5, ulp)

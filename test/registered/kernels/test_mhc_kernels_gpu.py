@@ -22,8 +22,11 @@ from typing import Any
 
 import pytest
 import torch
-from sglang.kernels.ops.layernorm import mhc, mhc_tilelang
+
+from sglang.kernels.ops.layernorm import mhc as mhc_kernels
+from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
 from sglang.srt.environ import envs
+from sglang.srt.layers import dp_attention, mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
@@ -31,7 +34,7 @@ from sglang.test.run import run_this_file
 register_cuda_ci(est_time=90)
 
 HC = 4
-E: dict[str, Any] = dict(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
+E: dict[str, Any] = {"rms_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
 NORM_EPS = 1e-6
 BF16_ULP = 2.0**-7
 
@@ -56,7 +59,7 @@ BACKENDS = [
 ]
 # The kernel entry points that write into a caller's ``out`` (for the guard-row check).
 _PRE_INTO: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
-    "triton": mhc._mhc_pre_triton,
+    "triton": mhc_triton.mhc_pre_triton,
     "tilelang": mhc_tilelang.mhc_pre_tilelang,
 }
 
@@ -74,10 +77,10 @@ def _assert_backend(residual: torch.Tensor, backend: str) -> None:
 @pytest.fixture(autouse=True)
 def _single_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(
-        mhc, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
+        dp_attention, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
     )
-    monkeypatch.setattr(mhc, "is_allocation_symmetric", lambda: False)
-    monkeypatch.setattr(mhc, "get_tp_group_or_none", lambda: None)
+    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: False)
+    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: None)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # the torch reference must be true fp32
     yield
@@ -130,10 +133,10 @@ def _assert_mix_close(
 def test_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> None:
     r, _, p, w = _inputs(t, h, seed=t * 31 + h + with_norm)
     _assert_backend(r, backend)
-    nkw: dict[str, Any] = dict(norm_weight=w if with_norm else None, norm_eps=NORM_EPS)
+    nkw: dict[str, Any] = {"norm_weight": w if with_norm else None, "norm_eps": NORM_EPS}
     _poison_allocator()
     y, post, comb = mhc.mhc_pre(r, *p, **E, **nkw)
-    ry, rpost, rcomb = mhc._pre_torch(
+    ry, rpost, rcomb = mhc_kernels._pre_torch(
         r, *p, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], nkw["norm_weight"], NORM_EPS
     )
     _assert_mix_close(post, comb, rpost, rcomb)
@@ -151,16 +154,16 @@ def test_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> Non
 def test_fused_post_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> None:
     r, x, p, w = _inputs(t, h, seed=t * 17 + h + with_norm)
     _assert_backend(r, backend)
-    _, post, comb = mhc._pre_torch(
+    _, post, comb = mhc_kernels._pre_torch(
         r, *p, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], None, None
     )
     nxt = (p[0].flip(0).contiguous(), p[1].flip(0).contiguous(), p[2].flip(0).contiguous())
-    nkw: dict[str, Any] = dict(norm_weight=w if with_norm else None, norm_eps=NORM_EPS)
+    nkw: dict[str, Any] = {"norm_weight": w if with_norm else None, "norm_eps": NORM_EPS}
     _poison_allocator()
     nr, y, post2, comb2 = mhc.mhc_fused_post_pre(x, r, post, comb, *nxt, **E, **nkw)
     _assert_bf16_close(nr, mhc.hc_post_torch_impl(x, r, post, comb), ulps=1)
     # The next pre reads the stored new residual: compare with torch on that same residual.
-    ry, rpost, rcomb = mhc._pre_torch(
+    ry, rpost, rcomb = mhc_kernels._pre_torch(
         nr, *nxt, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], nkw["norm_weight"], NORM_EPS
     )
     _assert_mix_close(post2, comb2, rpost, rcomb)
@@ -202,12 +205,12 @@ def test_kernel_path_puts_only_layer_input_in_symmetric_scope(
     r, x, p, w = _inputs(7, 4096, seed=4)
     _assert_backend(r, backend)
     group = object()
-    monkeypatch.setattr(mhc, "is_allocation_symmetric", lambda: True)
-    monkeypatch.setattr(mhc, "get_tp_group_or_none", lambda: group)
-    _, post, comb = mhc._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)  # before recording
+    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: True)
+    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: group)
+    _, post, comb = mhc_kernels._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)  # before recording
     for fused in (False, True):
         rec = SymmetricScopeRecorder()
-        monkeypatch.setattr(mhc, "use_symmetric_memory", rec)
+        monkeypatch.setattr(dp_attention, "use_symmetric_memory", rec)
         if fused:
             nr, y, post2, comb2 = mhc.mhc_fused_post_pre(
                 x, r, post, comb, *p, **E, norm_weight=w, norm_eps=NORM_EPS
@@ -225,7 +228,7 @@ def test_fused_post_pre_replays_in_cuda_graph(backend: str) -> None:
     t, h = 7, 7168
     r, x, p, w = _inputs(t, h, seed=5)
     _assert_backend(r, backend)
-    _, post, comb = mhc._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)
+    _, post, comb = mhc_kernels._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)
     kw: dict[str, Any] = dict(**E, norm_weight=w, norm_eps=NORM_EPS)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

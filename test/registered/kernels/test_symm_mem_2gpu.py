@@ -18,10 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
+
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
-from torch.profiler import ProfilerActivity, profile
 
 register_cuda_ci(est_time=180, num_gpus=2)
 

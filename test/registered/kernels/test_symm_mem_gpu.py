@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from sglang.srt.distributed.device_communicators.pynccl_library import (
     SYMM_MEM_MIN_NCCL_VERSION,
     NcclError,

@@ -7,12 +7,13 @@ import logging
 from typing import Any
 
 import torch
+from transformers import DeepseekV4Config
+from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
+
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.test.dsv4_parity import randomize_  # one randomiser for the tests and the parity sweep
-from transformers import DeepseekV4Config
-from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
 
 # transformers warns that the tiny YaRN factor disagrees with max_position_embeddings; irrelevant.
 logging.getLogger("transformers").setLevel(logging.ERROR)

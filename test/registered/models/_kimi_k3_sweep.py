@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from test_kimi_k3_model import reference_logits
 from test_kimi_k3_tiny import CONFIG_A, make_model
+
+from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 
 KDA_CHUNK = 64
 # fp32 rounding here is larger than DeepSeek V4's: the chunked and the recurrent KDA sum in other

@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dsv4_testing import CONFIG_A, CONFIG_B, our_model, reference_model, rel_err, token_ids
+
 from sglang.srt.mem_cache.growable_rows import GrowableRows
 from sglang.srt.mem_cache.window_ring import WindowRing
 from sglang.srt.models.deepseek_v4 import DeepseekV4Batch, DeepseekV4ForCausalLM

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.srt.default_model.config import default_model_config
 from sglang.srt.default_model.generate import random_weights
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner

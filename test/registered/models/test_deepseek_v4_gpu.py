@@ -13,6 +13,7 @@ and greedy tokens must agree with fp32 at least 85% of the time.
 from __future__ import annotations
 
 import torch
+
 from sglang.srt.default_model.config import default_model_config
 from sglang.srt.default_model.generate import random_weights
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
@@ -59,7 +60,8 @@ def test_cuda_matches_cpu_reference() -> None:
     noise, err = _mean_rel(bf16_ref, ref), _mean_rel(bf16, ref)
     agree = float((bf16.argmax(-1) == ref.argmax(-1)).float().mean())
     print(
-        f"bf16 mean error vs fp32: torch runner {noise:.4f}, triton runner {err:.4f}; agree {agree:.3f}"
+        f"bf16 mean error vs fp32: torch runner {noise:.4f}, triton runner {err:.4f}; agree "
+        f"{agree:.3f}"
     )
     assert err < 1.5 * noise + 0.01, (err, noise)
     assert agree > 0.85, agree

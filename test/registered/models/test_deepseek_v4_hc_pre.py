@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 import torch
-from sglang.kernels.ops.layernorm import mhc
+from transformers.models.deepseek_v4 import modeling_deepseek_v4 as tfm
+
+from sglang.srt.layers import mhc
 from sglang.srt.models import deepseek_v4
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-from transformers.models.deepseek_v4 import modeling_deepseek_v4 as tfm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dsv4_testing import CONFIG_B, our_model, reference_model, token_ids

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dsv4_testing import CONFIG_A, our_model, reference_model, rel_err, token_ids
+
 from sglang.kernels.ops.quant.fp8 import block_dequant_fp8
 from sglang.srt.layers.quantization.mxfp4 import dequant_mxfp4, quant_mxfp4
 from sglang.srt.model_loader.deepseek_v4_loader import (

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.models import deepseek_v4_moe as dsv4_moe_mod
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
@@ -91,7 +91,7 @@ def _moe(layer_id: int, a2a: str, tp_rank: int = 0, tp_size: int = 1) -> Deepsee
 
 @pytest.fixture
 def rec(monkeypatch: pytest.MonkeyPatch) -> MegaMoERecorder:
-    return install_fake_mega_moe(monkeypatch, cap=CAP, all_reduce_modules=[dsv4_moe_mod])
+    return install_fake_mega_moe(monkeypatch, cap=CAP)
 
 
 def _inputs(t: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

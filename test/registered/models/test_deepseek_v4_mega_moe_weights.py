@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 import torch
+
 from sglang.srt.layers.quantization.mxfp4 import quant_mxfp4
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
-from sglang.srt.models import deepseek_v4_moe as dsv4_moe_mod
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.test.ci_register import register_cpu_ci
@@ -101,7 +101,7 @@ def test_mega_path_with_built_weights_matches_normal_path(
     ids = token_ids(12, overrides["vocab_size"], seed=8)
     normal = _model(overrides, ckpt, "none")
 
-    rec = install_fake_mega_moe(monkeypatch, cap=32, all_reduce_modules=[dsv4_moe_mod])
+    rec = install_fake_mega_moe(monkeypatch, cap=32)
     monkeypatch.setattr(logging.getLogger("sglang"), "propagate", True)  # caplog hooks the root
     with caplog.at_level(logging.INFO, logger="sglang"):
         mega = _model(overrides, ckpt, "megamoe")
@@ -152,7 +152,7 @@ def test_bf16_experts_keep_the_normal_path_with_one_warning(
 ) -> None:
     overrides = {**CONFIG_C, **MEGA_SHAPES}
     state = reference_model(overrides, seed=3).state_dict()  # stacked fp32 experts: no mega layout
-    install_fake_mega_moe(monkeypatch, cap=32, all_reduce_modules=[dsv4_moe_mod])
+    install_fake_mega_moe(monkeypatch, cap=32)
     monkeypatch.setattr(logging.getLogger("sglang"), "propagate", True)
     with caplog.at_level(logging.WARNING, logger="sglang"):
         model = _model(overrides, state, "megamoe")

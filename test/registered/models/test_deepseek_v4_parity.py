@@ -32,6 +32,7 @@ from _dsv4_testing import (
     rel_err,
     token_ids,
 )
+
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 

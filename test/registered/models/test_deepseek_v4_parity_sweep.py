@@ -18,6 +18,7 @@ compressor's RoPE position is caught.
 from __future__ import annotations
 
 import pytest
+
 from sglang.srt.layers.attention import dsv4_compressor
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_parity import ALL_MIXES, SweepCase, random_case, run_case

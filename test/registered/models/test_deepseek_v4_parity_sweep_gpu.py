@@ -17,6 +17,7 @@ import os
 
 import pytest
 import torch
+
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.dsv4_parity import ALL_MIXES, random_case, run_case
 from sglang.test.run import run_this_file

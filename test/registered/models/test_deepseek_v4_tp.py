@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dsv4_testing import CONFIG_A, reference_model, rel_err, token_ids
+
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file

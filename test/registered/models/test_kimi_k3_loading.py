@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import save_file
+
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.quantization.mxfp4 import dequant_mxfp4, quant_mxfp4
 from sglang.srt.model_loader.kimi_k3_loader import WeightLoadError, load_kimi_k3, load_weights
@@ -36,7 +37,8 @@ register_cpu_ci(est_time=10)
 
 def export_checkpoint(model: KimiK3ForCausalLM, *, mxfp4: bool = True) -> dict[str, torch.Tensor]:
     """The model in the released wrapper's naming. Dense tensors keep their dtype (fp32 here, so a
-    reload is exact); routed experts become MXFP4; ``A_log`` is padded to ``[head_dim]`` as released."""
+    reload is exact); routed experts become MXFP4; ``A_log`` is padded to ``[head_dim]`` as
+    released."""
     out: dict[str, torch.Tensor] = {}
     c = model.config
     for name, p in model.named_parameters():

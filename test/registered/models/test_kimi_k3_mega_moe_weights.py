@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from sglang.srt.model_loader.kimi_k3_loader import load_weights
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM, _forward_mega_experts
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE

@@ -9,14 +9,15 @@ import logging
 
 import pytest
 import torch
+from torch import nn
+from transformers import KimiLinearConfig
+from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
+
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention, MLANoPEConfig, MLASegment
 from sglang.srt.mem_cache.growable_rows import GrowableRows
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-from torch import nn
-from transformers import KimiLinearConfig
-from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
 
 register_cpu_ci(est_time=3)
 
@@ -87,7 +88,7 @@ def test_prefill_and_absorbed_decode_match_transformers(q_lora: int | None) -> N
 
 def test_output_gate_is_a_sigmoid_before_o_proj() -> None:
     _, gated = _pair(20, gate=True, seed=3)
-    tf, plain = _pair(20, gate=False, seed=3)
+    _, plain = _pair(20, gate=False, seed=3)
     assert gated.g_proj is not None
     x = torch.randn(6, H, generator=torch.Generator().manual_seed(4))
     captured: list[torch.Tensor] = []

@@ -17,11 +17,12 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers.models.kimi_linear import modeling_kimi_linear as tf_kimi
+
 from sglang.srt.models.kimi_k3 import KimiK3Batch, KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-from transformers.models.kimi_linear import modeling_kimi_linear as tf_kimi
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_kimi_k3_moe import mlp_reference, moe_reference, rms_reference

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-from sglang.srt.layers.moe import layer as moe_layer_mod
+
+from sglang.srt.layers.moe.a2a import base as a2a_base
 from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
 from sglang.srt.models.kimi_k3 import _forward_mega_experts
 from sglang.srt.models.kimi_k3_config import ConfigError
@@ -145,7 +146,7 @@ def test_tp_normal_path_reduces_the_latent_sum_before_its_norm(
         calls.append(x.clone())
         return x
 
-    monkeypatch.setattr(moe_layer_mod, "tensor_model_parallel_all_reduce", record)
+    monkeypatch.setattr(a2a_base, "tensor_model_parallel_all_reduce", record)
     monkeypatch.setattr(linear_mod, "tensor_model_parallel_all_reduce", record)
     c = config(CONFIG_A)
     x = _x(7, c.hidden_size, seed=8)

@@ -12,6 +12,7 @@ import os
 import sys
 
 import pytest
+
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from sglang.srt.layers.moe import expert_weights as expert_weights_mod
 from sglang.srt.layers.moe.expert_weights import expert_weights_from_checkpoint
 from sglang.srt.layers.moe.layer import FusedMoE

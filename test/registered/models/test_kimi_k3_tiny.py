@@ -7,13 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
+
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-from torch import nn
 
 register_cpu_ci(est_time=3)
 

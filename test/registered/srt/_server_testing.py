@@ -11,6 +11,7 @@ import tempfile
 import time
 
 import httpx
+
 from sglang.srt.distributed.parallel_state import find_free_port
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from sglang.srt.entrypoints.json_body import JSONBodyError, parse_json
 from sglang.srt.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
 from sglang.srt.environ import envs

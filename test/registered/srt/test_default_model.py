@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import torch
+
 from sglang.srt.default_model.generate import ensure_default_model
 from sglang.srt.managers.tokenizer import load_tokenizer
 from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4

@@ -64,10 +64,10 @@ def test_stop_string_cuts_and_holds_back() -> None:
 def test_chat_templates() -> None:
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     own = _tok().apply_chat_template(msgs)
-    assert (
-        own
-        == "<|begin_of_text|><|system|>be brief<|end_of_text|><|user|>hi<|end_of_text|><|assistant|>"
+    want = (
+        "<|begin_of_text|><|system|>be brief<|end_of_text|><|user|>hi<|end_of_text|><|assistant|>"
     )
+    assert own == want
     plain = _tok(with_template=False)
     assert plain.chat_template == FALLBACK_CHAT_TEMPLATE and not plain.has_own_chat_template
     text = plain.apply_chat_template(msgs)

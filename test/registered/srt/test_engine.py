@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from sglang import Engine
 from sglang.srt.managers.tokenizer_manager import RequestError
 from sglang.test.ci_register import register_cpu_ci

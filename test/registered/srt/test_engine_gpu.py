@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang import Engine
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from sglang import Engine
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_parity import reference_model as tied_reference_model

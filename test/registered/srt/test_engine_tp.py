@@ -1,26 +1,37 @@
 """Tensor parallel over gloo on CPU: two scheduler ranks (rank 0 broadcasts every plan) produce
-the same greedy tokens as one; a TP size the model cannot split fails at startup with the
-model's reason."""
+the same greedy tokens as one, with and without DP attention; a TP size the model cannot split
+fails at startup with the model's reason."""
 
 from __future__ import annotations
 
 import pytest
+
 from sglang import Engine
 from sglang.srt.managers.launcher import EngineStartupError
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=35)
+register_cpu_ci(est_time=50)
 
 PROMPTS = ["Hello, my name is", "Mountains, rivers, forests", "def main():"]
 
 
-def test_tp2_matches_tp1() -> None:
-    params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
-    tok_ids = list(range(5, 205))  # a 200-token prompt: chunked over two steps
+PARAMS = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+LONG_IDS = list(range(5, 205))  # a 200-token prompt: chunked over two steps
+
+
+@pytest.fixture(scope="module")
+def tp1() -> tuple[list[list[int]], list[int]]:
+    """TP=1's greedy tokens for PROMPTS, and for LONG_IDS alone."""
     with Engine(device="cpu", random_seed=0, log_level="warning", chunked_prefill_size=128) as one:
-        want = [r["output_ids"] for r in one.generate(PROMPTS, params)]
-        want_long = one.generate(input_ids=tok_ids, sampling_params=params)["output_ids"]
+        want = [r["output_ids"] for r in one.generate(PROMPTS, PARAMS)]
+        want_long = one.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
+    return want, want_long
+
+
+def test_tp2_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:
+    want, want_long = tp1
+    params, tok_ids = PARAMS, LONG_IDS
     with Engine(
         device="cpu", tp_size=2, random_seed=0, log_level="warning", chunked_prefill_size=128
     ) as two:
@@ -30,6 +41,25 @@ def test_tp2_matches_tp1() -> None:
     assert got == want and got_long == want_long
     assert info["server_args"]["tp_size"] == 2
     assert info["scheduler"]["num_active_caches"] == 0
+
+
+def test_dp_attention_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:
+    """TP=2 with DP attention over 2 groups (attention TP=1, the MoE over both ranks, tokens
+    gathered around it): three prompts split 2 + 1 over the groups (uneven lengths), then the
+    long prompt alone (the other group idle, its steps run empty)."""
+    want, want_long = tp1
+    with Engine(
+        device="cpu",
+        tp_size=2,
+        dp_size=2,
+        enable_dp_attention=True,
+        random_seed=0,
+        log_level="warning",
+        chunked_prefill_size=128,
+    ) as dp:
+        got = [r["output_ids"] for r in dp.generate(PROMPTS, PARAMS)]
+        got_long = dp.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
+    assert got == want and got_long == want_long
 
 
 def test_unsplittable_tp_fails_at_startup() -> None:

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import torch
 from fastapi import FastAPI, Request
+
 from sglang.srt.entrypoints.middleware import GuardMiddleware
 from sglang.srt.managers import scheduler as scheduler_module
 from sglang.srt.managers.io_struct import (

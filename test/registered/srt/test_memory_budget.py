@@ -4,6 +4,7 @@ the fixed window and workspace costs, the cap, and an actionable error when noth
 from __future__ import annotations
 
 import pytest
+
 from sglang.srt.model_executor.memory_budget import (
     CacheShape,
     MemoryBudgetError,

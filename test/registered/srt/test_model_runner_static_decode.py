@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.srt.default_model.generate import ensure_default_model
 from sglang.srt.model_executor.cuda_graph_runner import capture_batch_sizes
 from sglang.srt.model_executor.forward_plan import ForwardPlan

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.srt.sampling.penalties import apply_penalties_
 from sglang.srt.sampling.sampler import SamplingRow, make_generator, sample
 from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from sglang.srt.server_args import ServerArgs, ServerArgsError, build_parser, parse_args
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
@@ -36,6 +37,12 @@ FLAGS = (
     "--skip-tokenizer-init",
     "--log-level",
     "--random-seed",
+    "--dp-size",
+    "--enable-dp-attention",
+    "--nnodes",
+    "--node-rank",
+    "--dist-init-addr",
+    "--dist-timeout",
 )
 
 
@@ -83,12 +90,31 @@ def test_parse_and_defaults() -> None:
         ({"max_total_tokens": 0}, "--max-total-tokens must be >= 1"),
         ({"model_path": "/nonexistent/model"}, "omit --model-path"),
         ({"moe_a2a_backend": "deepep"}, "--moe-a2a-backend"),
+        ({"tp_size": 2, "dp_size": 2}, "--dp-size 2 needs --enable-dp-attention"),
+        ({"enable_dp_attention": True}, "--enable-dp-attention needs --dp-size > 1"),
+        ({"tp_size": 4, "dp_size": 3, "enable_dp_attention": True}, "--dp-size 3 must divide"),
+        ({"dp_size": 0}, "--dp-size must be >= 1"),
+        ({"nnodes": 2, "node_rank": 2, "tp_size": 2, "dist_init_addr": "h:1"}, "--node-rank"),
+        ({"nnodes": 2, "tp_size": 3, "dist_init_addr": "h:1"}, "divisible by --nnodes 2"),
+        ({"nnodes": 2, "tp_size": 2}, "--nnodes 2 needs --dist-init-addr"),
+        ({"dist_init_addr": "nohost"}, "--dist-init-addr 'nohost': expected HOST:PORT"),
+        ({"dist_init_addr": "h:99999"}, "port must be a number in 1..65535"),
+        ({"dist_timeout": 0.0}, "--dist-timeout must be > 0"),
     ],
 )
 def test_invalid_combinations(kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(ServerArgsError) as info:
         ServerArgs(**kwargs).resolved().validate()  # type: ignore[arg-type]
     assert needle in str(info.value), str(info.value)
+
+
+def test_multi_node_layout() -> None:
+    args = parse_args(
+        ["--tp", "4", "--dp", "2", "--enable-dp-attention", "--nnodes", "2", "--node-rank", "1"]
+        + ["--dist-init-addr", "[::1]:5000"]
+    )
+    assert list(args.local_ranks) == [2, 3] and args.attn_tp_size == 2
+    assert args.dist_init_host_port() == ("::1", 5000)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

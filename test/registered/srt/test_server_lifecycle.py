@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 

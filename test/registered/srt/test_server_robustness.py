@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
@@ -208,7 +209,8 @@ def test_large_prompt_does_not_stall_others(server: ServerProcess, http: httpx.C
     assert max(gaps) < 1.5, max(gaps)
 
 
-# --- strict API ------------------------------------------------------------------------------------
+# --- strict API
+# ------------------------------------------------------------------------------------
 
 STRICT: list[tuple[str, dict[str, Any], int, str]] = [
     ("/v1/completions", {**COMP, "model": "gpt-4"}, 404, "gpt-4"),
@@ -264,7 +266,8 @@ def test_404_405_shape(http: httpx.Client) -> None:
     assert "GET" in _error(http.get("/generate"), 405)
 
 
-# --- implemented instead of ignored ----------------------------------------------------------------
+# --- implemented instead of ignored
+# ----------------------------------------------------------------
 
 
 def test_n_choices(client: openai.OpenAI, http: httpx.Client) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from sglang.srt.environ import EnvBool, EnvFloat, EnvInt, Envs, EnvStr, EnvValueError, envs
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file

@@ -1,4 +1,10 @@
-"""Process groups: the world group and the tensor-parallel (TP) group.
+"""Process groups: the world group, the tensor-parallel (TP) group and, under DP attention, the
+attention-TP group.
+
+With ``--enable-dp-attention --dp-size D`` the TP group of ``T`` ranks is cut into ``D``
+consecutive attention-TP groups of ``T / D`` ranks: a DP group attends over its own requests with
+its attention-TP group, and the MoE still spans the whole TP group. Without DP attention the
+attention-TP group is the TP group itself.
 
 A :class:`GroupCoordinator` wraps one set of ranks with a device group (NCCL on GPU, gloo on
 CPU), a gloo CPU group (object broadcasts, barriers, the NCCL unique id), and optionally a pynccl
@@ -45,6 +51,7 @@ class GroupCoordinator:
         *,
         use_pynccl: bool = False,
         group_name: str = "group",
+        timeout: timedelta | None = None,
     ) -> None:
         self.unique_name = group_name
         self.rank = dist.get_rank()
@@ -52,9 +59,14 @@ class GroupCoordinator:
         self.backend = backend
         self.device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
         mine: tuple[list[int], ProcessGroup, ProcessGroup] | None = None
+        timeout = timeout if timeout is not None else _group_timeout
         for ranks in group_ranks:
-            device_group = dist.new_group(ranks, backend=backend)
-            cpu_group = device_group if backend == "gloo" else dist.new_group(ranks, backend="gloo")
+            device_group = dist.new_group(ranks, backend=backend, timeout=timeout)
+            cpu_group = (
+                device_group
+                if backend == "gloo"
+                else dist.new_group(ranks, backend="gloo", timeout=timeout)
+            )
             if self.rank in ranks:
                 mine = (list(ranks), device_group, cpu_group)
         if mine is None:
@@ -132,6 +144,14 @@ class GroupCoordinator:
         dist.all_gather_object(out, obj, group=self.cpu_group)
         return out
 
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every rank's ``obj`` on group rank ``dst`` (in group rank order); None elsewhere."""
+        if self.world_size == 1:
+            return [obj]
+        out: list[Any] | None = [None] * self.world_size if self.rank_in_group == dst else None
+        dist.gather_object(obj, out, dst=self.ranks[dst], group=self.cpu_group)
+        return out
+
     def barrier(self) -> None:
         """A CPU barrier over gloo (never enqueues GPU work)."""
         if self.world_size > 1:
@@ -155,6 +175,10 @@ class GroupCoordinator:
 
 _WORLD: GroupCoordinator | None = None
 _TP: GroupCoordinator | None = None
+_ATTN_TP: GroupCoordinator | None = None  # the TP group itself without DP attention
+_ATTN_DP_SIZE = 1
+# How long a collective of the groups built here waits for a peer (None: torch's default).
+_group_timeout: timedelta | None = None
 
 
 def find_free_port() -> int:
@@ -175,15 +199,21 @@ def init_distributed_environment(
     init_method: str | None = None,
     local_rank: int = -1,
     timeout: timedelta | None = None,
+    group_timeout: timedelta | None = None,
 ) -> GroupCoordinator:
     """Start torch.distributed (if not started) and build the world group.
+
+    ``timeout`` bounds the rendezvous (every rank must join within it); ``group_timeout``, when
+    given, is how long a collective of the groups built afterwards waits for a peer (``timeout``
+    otherwise), so a short join bound need not cut a long first-use compilation short.
 
     ``backend`` None means nccl when CUDA is available, else gloo. ``init_method`` None means
     ``env://`` (MASTER_ADDR/MASTER_PORT), except for a single process, which gets a free local
     TCP port. ``local_rank`` -1 means ``rank`` (one node). With nccl the process's current CUDA
     device becomes ``cuda:local_rank``."""
-    global _WORLD
+    global _WORLD, _group_timeout
     backend = backend or default_backend()
+    _group_timeout = group_timeout if group_timeout is not None else timeout
     if local_rank < 0:
         local_rank = rank
     if not dist.is_initialized():
@@ -218,22 +248,29 @@ def get_world_group() -> GroupCoordinator:
 
 
 def initialize_model_parallel(
-    tensor_model_parallel_size: int = 1, *, use_pynccl: bool | None = None
+    tensor_model_parallel_size: int = 1,
+    *,
+    use_pynccl: bool | None = None,
+    attention_dp_size: int = 1,
 ) -> GroupCoordinator:
-    """Split the world into consecutive TP groups of ``tensor_model_parallel_size`` ranks.
+    """Split the world into consecutive TP groups of ``tensor_model_parallel_size`` ranks, and
+    each TP group into ``attention_dp_size`` consecutive attention-TP groups (DP attention).
 
     ``use_pynccl`` None: on when symmetric memory is enabled, the backend is nccl and the
     group has more than one rank. True forces a communicator (even a one-rank one)."""
-    global _TP
+    global _TP, _ATTN_TP, _ATTN_DP_SIZE
     world = get_world_group()
     size = tensor_model_parallel_size
     total = dist.get_world_size()
     if size < 1 or total % size:
         raise ValueError(f"world size {total} is not divisible by TP size {size}")
+    if attention_dp_size < 1 or size % attention_dp_size:
+        raise ValueError(f"TP size {size} is not divisible by DP size {attention_dp_size}")
     if _TP is not None:
-        if _TP.world_size != size:
+        if _TP.world_size != size or _ATTN_DP_SIZE != attention_dp_size:
             raise RuntimeError(
-                f"model parallel is already initialized with TP={_TP.world_size}, not {size}"
+                f"model parallel is already initialized with TP={_TP.world_size}, "
+                f"DP={_ATTN_DP_SIZE}, not TP={size}, DP={attention_dp_size}"
             )
         return _TP
     if use_pynccl is None:
@@ -242,6 +279,15 @@ def initialize_model_parallel(
     _TP = GroupCoordinator(
         groups, world.local_rank, world.backend, use_pynccl=use_pynccl, group_name="tp"
     )
+    _ATTN_DP_SIZE = attention_dp_size
+    if attention_dp_size == 1:
+        _ATTN_TP = _TP
+    else:
+        attn = size // attention_dp_size
+        attn_groups = [list(range(i, i + attn)) for i in range(0, total, attn)]
+        _ATTN_TP = GroupCoordinator(
+            attn_groups, world.local_rank, world.backend, group_name="attn_tp"
+        )
     return _TP
 
 
@@ -270,6 +316,22 @@ def get_tensor_model_parallel_rank() -> int:
     return get_tp_group().rank_in_group
 
 
+def get_attn_tp_group() -> GroupCoordinator:
+    """The ranks that split this rank's attention: its DP group (the TP group without DP)."""
+    if _ATTN_TP is None:
+        raise RuntimeError("the attention-TP group is not initialized; initialize_model_parallel()")
+    return _ATTN_TP
+
+
+def get_attention_dp_size() -> int:
+    return _ATTN_DP_SIZE
+
+
+def get_attention_dp_rank() -> int:
+    """Which DP attention group this rank belongs to (0 without DP attention)."""
+    return get_tp_group().rank_in_group // get_attn_tp_group().world_size
+
+
 def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
     """``get_tp_group().all_reduce(x)``: use the returned tensor."""
     return get_tp_group().all_reduce(x)
@@ -277,8 +339,11 @@ def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
 
 def destroy_model_parallel() -> None:
     """Tear down the TP group: its windows, its pynccl communicator, its torch groups."""
-    global _TP
+    global _TP, _ATTN_TP, _ATTN_DP_SIZE
     tp, _TP = _TP, None
+    attn, _ATTN_TP, _ATTN_DP_SIZE = _ATTN_TP, None, 1
+    if attn is not None and attn is not tp:
+        attn.destroy()
     if tp is not None:
         tp.destroy()
 

@@ -25,7 +25,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sglang import __version__
 from sglang.srt.entrypoints.errors import error_response
 from sglang.srt.entrypoints.json_body import JSONBodyError, parse_json
 from sglang.srt.entrypoints.middleware import GuardMiddleware
@@ -49,6 +48,7 @@ from sglang.srt.managers.tokenizer_manager import (
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, ServerArgsError
 from sglang.srt.utils.log import get_logger
+from sglang.version import __version__
 
 logger = get_logger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sglang.srt.managers.launcher import SchedulerHandle, launch_schedulers, resolve_model_path
 from sglang.srt.managers.tokenizer_manager import TokenizerManager, load_server_tokenizer
-from sglang.srt.server_args import ServerArgs
+from sglang.srt.server_args import ServerArgs, ServerArgsError
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,11 @@ def start_engine(
     runs on the validated options before anything loads (the server checks its port there)."""
     args = args.resolved()
     args.validate()
+    if args.node_rank > 0:
+        raise ServerArgsError(
+            f"--node-rank {args.node_rank}: only node 0 runs the engine's front end (HTTP or "
+            "Engine); start the other nodes with python -m sglang.launch_server and the same flags"
+        )
     if preflight is not None:
         preflight(args)
     args = resolve_model_path(args)

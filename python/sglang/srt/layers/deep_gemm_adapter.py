@@ -42,6 +42,10 @@ DEEP_GEMM_SM_LOCK = threading.RLock()
 
 # Compute capabilities (major*10+minor) that DeepGEMM ships kernels for.
 _SUPPORTED_ARCHS = (90, 100, 103)
+# How a wheel built for another torch (or CUDA) fails on import or on its first GEMM: a missing
+# symbol (ImportError/OSError), or the C++ side's checks on garbled shapes (RuntimeError,
+# AssertionError, or the ValueError/TypeError that tvm-ffi maps its errors to).
+_LOAD_ERRORS = (ImportError, OSError, RuntimeError, AssertionError, ValueError, TypeError)
 DISTRIBUTION = "sgl-deep-gemm"
 
 # sgl-deep-gemm releases (first, last) -> the torch (major, minor) range their _C.so was built
@@ -163,7 +167,7 @@ def self_check(module: Any, device: torch.device | None = None) -> str | None:
     try:
         resolve_entry_point(module, "bf16_masked")(a, b, d, masked_m, 32)
         torch.cuda.synchronize(dev)
-    except Exception as exc:  # garbled tensors surface as assertion errors from the C++ side
+    except _LOAD_ERRORS as exc:  # garbled tensors surface as assertion errors from the C++ side
         return f"its self-check GEMM failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     ref = torch.einsum("emk,enk->emn", a.float(), b.float())
     for e, m in enumerate((64, 3)):
@@ -187,7 +191,7 @@ def _probe(
         return DeepGemmStatus(
             False, f"not installed (pip install {suggested_release(torch.__version__)})"
         )
-    except Exception as exc:  # a wheel built for another torch fails here in many ways
+    except _LOAD_ERRORS as exc:  # a wheel built for another torch fails here in many ways
         return DeepGemmStatus(False, f"failed to load: {type(exc).__name__}: {exc}", None, release)
     version = str(getattr(module, "__version__", None) or release or "unknown")
     for attr in ("get_num_sms", "set_num_sms"):

@@ -10,6 +10,15 @@ ranks, computed from the all-gathered token counts):
 
 Only under ``MAX_LEN`` (or with DP attention off) may an allocation go to the NCCL symmetric
 pool, whose registration is collective and needs identical allocations on all ranks.
+
+The hook the MoE side calls around a block that spans every rank (both per step, on every rank,
+after :func:`set_dp_state_for_step` has run from the step's plan):
+
+* :func:`dp_gather` ``(local [n_g, ...]) -> gathered [global_len, ...]``: every DP group's tokens,
+  in group order (``MAX_LEN``: group ``g`` at rows ``g * max``, padding rows zero; ``SUM_LEN``:
+  packed). Collective over the TP group.
+* :func:`dp_scatter` ``(gathered) -> local``: this group's rows back (a slice, no collective;
+  the MoE output is complete on every rank after its own all-reduce).
 """
 
 from __future__ import annotations
@@ -20,7 +29,12 @@ from enum import Enum
 
 import torch
 
-from sglang.srt.distributed.parallel_state import get_tp_group_or_none
+from sglang.srt.distributed.parallel_state import (
+    get_attention_dp_rank,
+    get_attn_tp_group,
+    get_tp_group,
+    get_tp_group_or_none,
+)
 from sglang.srt.distributed.symm_mem.allocator import use_symmetric_memory
 
 
@@ -61,6 +75,21 @@ def get_dp_attention_config() -> DpAttentionConfig:
 
 def is_dp_attention_enabled() -> bool:
     return _config.enabled
+
+
+def attention_tp(tp_rank: int, tp_size: int) -> tuple[int, int]:
+    """The (rank, size) a model builds its attention with: within the attention-TP group under
+    DP attention (consecutive ranks form a group), the TP rank and size otherwise."""
+    if not _config.enabled:
+        return tp_rank, tp_size
+    if _config.attn_tp_size > 1:
+        # Row-parallel layers all-reduce over the TP group; an attention-TP group of its own
+        # needs them to take a group first.
+        raise ValueError(
+            f"DP attention runs attention TP = 1 for now (--dp-size = --tp-size), not "
+            f"{_config.attn_tp_size}"
+        )
+    return tp_rank % _config.attn_tp_size, _config.attn_tp_size
 
 
 class _DpGatheredBufferWrapper:
@@ -233,3 +262,104 @@ def get_dp_local_buffer(
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     return _DpGatheredBufferWrapper.get_local_dp_buffer(hidden_size, dtype, device)
+
+
+# --- per step, from the plan ----------------------------------------------------------------
+
+
+def choose_dp_padding(num_tokens: tuple[int, ...] | list[int]) -> DpPaddingMode:
+    """Rank 0's choice for a step, from every DP group's token count: ``MAX_LEN`` (symmetric
+    allocations, the pool usable) when padding every group to the largest adds at most half
+    again the real rows (decode steps, balanced prefills), else ``SUM_LEN`` (an idle group, or
+    one long prefill beside short decodes)."""
+    if not num_tokens:
+        return DpPaddingMode.SUM_LEN
+    padded, total = max(num_tokens) * len(num_tokens), sum(num_tokens)
+    return DpPaddingMode.MAX_LEN if 2 * padded <= 3 * total else DpPaddingMode.SUM_LEN
+
+
+def set_dp_state_for_step(
+    num_tokens: tuple[int, ...], padding: DpPaddingMode, dp_rank: int
+) -> None:
+    """Every rank, before its forward: the gathered and local lengths of this step."""
+    if not num_tokens:
+        raise ValueError("a DP step needs every group's token count")
+    if not 0 <= dp_rank < len(num_tokens):
+        raise ValueError(f"DP rank {dp_rank} outside {len(num_tokens)} groups")
+    if padding.is_max_len():
+        global_len = max(num_tokens) * len(num_tokens)
+    else:
+        global_len = sum(num_tokens)
+    set_dp_buffer_len(global_len, num_tokens[dp_rank], padding, num_tokens)
+
+
+def set_dp_state_for_warmup(num_tokens: int) -> None:
+    """Every rank runs the same warm-up forward: each DP group has ``num_tokens`` rows. No-op
+    with DP attention off."""
+    if is_dp_attention_enabled():
+        counts = (num_tokens,) * _config.dp_size
+        set_dp_state_for_step(counts, DpPaddingMode.MAX_LEN, get_attention_dp_rank())
+
+
+def reset_dp_state() -> None:
+    """Back to the pre-forward lengths and ``SUM_LEN`` (the safe default), metadata kept."""
+    set_dp_buffer_len(0, 0, DpPaddingMode.SUM_LEN, None)
+
+
+def _group_offset(num_tokens: tuple[int, ...], dp_rank: int) -> int:
+    if is_dp_max_padding():
+        return dp_rank * max(num_tokens)
+    return sum(num_tokens[:dp_rank])
+
+
+def _step_tokens() -> tuple[int, ...]:
+    counts = _DpGatheredBufferWrapper.get_global_num_tokens()
+    if counts is None:
+        raise RuntimeError(
+            "dp_gather/dp_scatter before the step's DP state is set (set_dp_state_for_step)"
+        )
+    return counts
+
+
+def dp_gather(local: torch.Tensor) -> torch.Tensor:
+    """This DP group's rows ``[n_g, ...]`` -> all groups' rows ``[global_len, ...]`` on every rank
+    (see the module docstring for the layout). The identity with DP attention off. The result is
+    allocated in :func:`symmetric_output_scope` (the pool only under ``MAX_LEN``)."""
+    if not is_dp_attention_enabled():
+        return local
+    counts = _step_tokens()
+    dp_rank = get_attention_dp_rank()
+    if local.shape[0] != counts[dp_rank]:
+        raise ValueError(
+            f"DP group {dp_rank} has {local.shape[0]} rows but the step planned {counts[dp_rank]}"
+        )
+    tp, attn = get_tp_group(), get_attn_tp_group().world_size
+    biggest = max(counts)
+    padded = local.new_zeros((biggest, *local.shape[1:]))
+    padded[: local.shape[0]] = local
+    # Every rank sends its group's rows; the ranks of one group hold the same rows, so the first
+    # rank of each group (attention-TP rank 0) is the one kept.
+    every = tp.all_gather(padded, dim=0).view(len(counts), attn, biggest, *local.shape[1:])
+    leaders = every[:, 0]
+    with symmetric_output_scope():
+        out = torch.empty(
+            (_DpGatheredBufferWrapper.get_global_dp_buffer_len(), *local.shape[1:]),
+            dtype=local.dtype,
+            device=local.device,
+        )
+    if is_dp_max_padding():
+        out.copy_(leaders.reshape(out.shape))
+    else:
+        torch.cat([leaders[g, :n] for g, n in enumerate(counts)], out=out)
+    return out
+
+
+def dp_scatter(gathered: torch.Tensor) -> torch.Tensor:
+    """All groups' rows -> this group's rows (a view of ``gathered``). The identity with DP
+    attention off."""
+    if not is_dp_attention_enabled():
+        return gathered
+    counts = _step_tokens()
+    dp_rank = get_attention_dp_rank()
+    start = _group_offset(counts, dp_rank)
+    return gathered[start : start + counts[dp_rank]]

@@ -9,14 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# The maths lives with the kernels (their torch references use it too); layers import it from here.
+from sglang.kernels.ops.layernorm.rms_norm import rms_norm
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim, fp32 maths, result in x's dtype."""
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight.float()
-    return y.to(x.dtype)
+__all__ = ["RMSNorm", "rms_norm", "unweighted_rms_norm"]
 
 
 def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

@@ -34,7 +34,8 @@ class YarnScaling:
             raise ValueError(f"YaRN factor must be > 0, got {self.factor}")
         if self.original_max_position_embeddings <= 0:
             raise ValueError(
-                f"YaRN original_max_position_embeddings must be > 0, got {self.original_max_position_embeddings}"
+                "YaRN original_max_position_embeddings must be > 0, got "
+                f"{self.original_max_position_embeddings}"
             )
 
 

@@ -93,6 +93,14 @@ class ReqError:
 
 
 @dataclass
+class SchedulerFailed:
+    """Rank 0 lost another rank (a collective failed: a rank or a whole node died, or the network
+    went away) and is exiting; the front end fails every request with this message."""
+
+    message: str
+
+
+@dataclass
 class SchedulerStats:
     req_id: int
     num_running_reqs: int

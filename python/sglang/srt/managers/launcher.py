@@ -1,8 +1,10 @@
-"""Start the scheduler processes (one per TP rank) and wait until every rank is ready.
+"""Start the scheduler processes (one per TP rank of this node) and wait until they are ready.
 
 Layout (as in the reference engines): this process keeps the HTTP server and the tokenizer
 manager; each TP rank is a spawned process; rank 0 talks to this process over two one-way pipes
-(requests down, outputs up) and broadcasts batch plans to the other ranks over gloo.
+(requests down, outputs up) and broadcasts batch plans to the other ranks over gloo. With
+``--nnodes N`` every node's launcher starts its ``tp / N`` ranks; only node 0 has rank 0, the
+pipes and this front end (the other nodes run :mod:`worker_node`).
 """
 
 from __future__ import annotations
@@ -90,28 +92,38 @@ def resolve_model_path(args: ServerArgs) -> ServerArgs:
     )
 
 
-def launch_schedulers(args: ServerArgs) -> SchedulerHandle:
-    """``args`` must be resolved, validated and have a model path."""
+def rendezvous(args: ServerArgs) -> tuple[str, str | None]:
+    """torch.distributed's init method, and the temporary directory behind it (None for TCP)."""
+    if args.dist_init_addr is not None:
+        host, port = args.dist_init_host_port()
+        return f"tcp://{f'[{host}]' if ':' in host else host}:{port}", None
+    # One node: rendezvous through a file, not a TCP port: a port picked here could be taken by
+    # another process before rank 0 binds it (seconds later, after the spawn).
+    rendezvous_dir = tempfile.mkdtemp(prefix="sglang-dist-")
+    return f"file://{os.path.join(rendezvous_dir, 'store')}", rendezvous_dir
+
+
+def spawn_ranks(
+    args: ServerArgs,
+    init_method: str,
+    status: Any,
+    recv: Connection | None = None,
+    send: Connection | None = None,
+) -> list[Any]:
+    """Start this node's TP ranks (``args.local_ranks``); rank 0, if here, gets the pipes."""
     from sglang.srt.managers.scheduler_process import run_scheduler_process
 
     ctx = mp.get_context("spawn")
-    down_recv, down_send = ctx.Pipe(duplex=False)
-    up_recv, up_send = ctx.Pipe(duplex=False)
-    status: Any = ctx.Queue()
-    # Rendezvous through a file, not a TCP port: a port picked here could be taken by another
-    # process before rank 0 binds it (seconds later, after the spawn).
-    rendezvous_dir = tempfile.mkdtemp(prefix="sglang-dist-")
-    init_method = f"file://{os.path.join(rendezvous_dir, 'store')}"
     procs = []
-    for rank in range(args.tp_size):
+    for rank in args.local_ranks:
         p = ctx.Process(
             target=run_scheduler_process,
             args=(
                 args,
                 rank,
                 init_method,
-                down_recv if rank == 0 else None,
-                up_send if rank == 0 else None,
+                recv if rank == 0 else None,
+                send if rank == 0 else None,
                 status,
             ),
             name=f"sglang-scheduler-tp{rank}",
@@ -119,6 +131,18 @@ def launch_schedulers(args: ServerArgs) -> SchedulerHandle:
         )
         p.start()
         procs.append(p)
+    return procs
+
+
+def launch_schedulers(args: ServerArgs) -> SchedulerHandle:
+    """``args`` must be resolved, validated and have a model path; this node must be node 0."""
+    assert args.node_rank == 0, "nodes > 0 start their ranks through worker_node"
+    ctx = mp.get_context("spawn")
+    down_recv, down_send = ctx.Pipe(duplex=False)
+    up_recv, up_send = ctx.Pipe(duplex=False)
+    status: Any = ctx.Queue()
+    init_method, rendezvous_dir = rendezvous(args)
+    procs = spawn_ranks(args, init_method, status, down_recv, up_send)
     # Our copies of the child's ends: closing them lets EOF reach whoever is left.
     down_recv.close()
     up_send.close()
@@ -135,7 +159,12 @@ def launch_schedulers(args: ServerArgs) -> SchedulerHandle:
     # to the interpreter's exit); this hook runs before it and kills what is left.
     atexit.register(handle.shutdown, 2.0)
     try:
-        handle.model_info = _wait_ready(procs, status, envs.SGLANG_STARTUP_TIMEOUT_S.get())
+        ready = wait_ready(
+            procs, list(args.local_ranks), status, envs.SGLANG_STARTUP_TIMEOUT_S.get()
+        )
+        info = ready[0]
+        assert info is not None  # rank 0 reports the model it loaded
+        handle.model_info = info
     except BaseException:
         handle.shutdown(timeout_s=1.0)
         raise
@@ -167,24 +196,28 @@ def _startup_error(
     return EngineStartupError("; ".join(parts) + " (--log-level debug shows the traceback)")
 
 
-def _wait_ready(procs: list[Any], status: Any, timeout_s: float) -> ModelInfo:
+def wait_ready(
+    procs: list[Any], ranks: list[int], status: Any, timeout_s: float
+) -> dict[int, ModelInfo | None]:
+    """Each rank's report (rank 0's carries the :class:`ModelInfo`); ``procs[i]`` is rank
+    ``ranks[i]``. Raises :class:`EngineStartupError` for a failed, dead or late rank."""
     ready: dict[int, ModelInfo | None] = {}
     deadline = time.monotonic() + timeout_s
     while len(ready) < len(procs):
         if time.monotonic() > deadline:
             raise EngineStartupError(
-                f"scheduler ranks {sorted(set(range(len(procs))) - set(ready))} were not ready "
+                f"scheduler ranks {sorted(set(ranks) - set(ready))} were not ready "
                 f"after {timeout_s:.0f}s (SGLANG_STARTUP_TIMEOUT_S)"
             )
         try:
             kind, rank, *payload = status.get(timeout=0.2)
         except queue.Empty:
-            dead = [i for i, p in enumerate(procs) if not p.is_alive() and i not in ready]
+            dead = [r for r, p in zip(ranks, procs) if not p.is_alive() and r not in ready]
             if dead:
                 try:  # its report may still be in flight
                     kind, rank, *payload = status.get(timeout=2.0)
                 except queue.Empty:
-                    codes = {i: procs[i].exitcode for i in dead}
+                    codes = {r: procs[ranks.index(r)].exitcode for r in dead}
                     raise EngineStartupError(
                         f"scheduler ranks died during startup (exit codes {codes})"
                     ) from None
@@ -193,6 +226,4 @@ def _wait_ready(procs: list[Any], status: Any, timeout_s: float) -> ModelInfo:
         if kind == "error":
             raise _startup_error((rank, payload[0], payload[1]), status, procs)
         ready[rank] = payload[0]
-    info = ready[0]
-    assert info is not None
-    return info
+    return ready

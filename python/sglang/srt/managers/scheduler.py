@@ -9,6 +9,7 @@ is replicated), and sends the new tokens up. Followers only receive plans and ru
 from __future__ import annotations
 
 import os
+import re
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -16,12 +17,14 @@ from typing import Any
 import torch
 
 from sglang.srt.environ import envs
+from sglang.srt.managers.dp_schedule_policy import BALANCE_POLICY, DpSchedulePolicy
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchOutput,
     FinishReason,
     ReqError,
     ReqOutput,
+    SchedulerFailed,
     SchedulerStats,
     ShutdownReq,
     StatsReq,
@@ -36,9 +39,35 @@ from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
 
-# An idle leader broadcasts an empty plan this often, so followers blocked in the broadcast never
-# reach the process group's timeout however long the server sits idle.
+# An idle leader broadcasts an empty plan this often (SGLANG_DIST_HEARTBEAT_S), so followers
+# blocked in the broadcast never reach the process group's timeout however long the server sits
+# idle, and a follower (or a node) that went away is noticed even when no request comes.
 _HEARTBEAT_S = 30.0
+
+
+class LostPeerError(RuntimeError):
+    """A collective with the other ranks failed: a rank or a node died, or the network failed."""
+
+
+def is_transport_failure(exc: BaseException) -> bool:
+    """A collective failed because a peer went away (not a bug of this rank's forward)."""
+    import torch.distributed as dist
+
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc)
+    return "gloo/transport" in text or "by peer" in text or "NCCL communicator was aborted" in text
+
+
+def _lost_peer(what: str, exc: BaseException) -> LostPeerError:
+    # gloo's text: "[.../pair.cc:553] Connection closed by peer [ip]:port. This is typically..."
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    reason = re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0].rstrip(".")
+    return LostPeerError(
+        f"{what} lost contact with the other scheduler ranks ({reason}); a rank or a node died "
+        "or the network between the nodes failed"
+    )
 
 
 class Scheduler:
@@ -55,16 +84,23 @@ class Scheduler:
         random_seed: int,
         recv: Connection,
         send: Connection,
+        heartbeat_s: float = _HEARTBEAT_S,
+        dp_size: int = 1,
     ) -> None:
         self.runner = runner
+        self.heartbeat_s = heartbeat_s
         self.tp_group = tp_group
         self.context_length = context_length
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.policy = SchedulePolicy(
-            max_running_requests=max_running_requests,
-            max_total_tokens=max_total_tokens,
-            chunked_prefill_size=chunked_prefill_size,
-        )
+        budget = {
+            "max_running_requests": max_running_requests,
+            "max_total_tokens": max_total_tokens,
+            "chunked_prefill_size": chunked_prefill_size,
+        }
+        self.policy: SchedulePolicy | DpSchedulePolicy = SchedulePolicy(**budget)
+        if dp_size > 1:  # one policy per DP group (each group's ranks hold its own caches)
+            self.policy = DpSchedulePolicy(dp_size, **budget)
+            logger.info(f"DP attention: {dp_size} groups, requests balanced {BALANCE_POLICY}")
         self.recv_conn, self.send_conn = recv, send
         self.default_generator = make_generator(random_seed, runner.device)
         self.parent_pid = os.getppid()
@@ -166,7 +202,10 @@ class Scheduler:
 
     def _broadcast(self, plan: ForwardPlan) -> None:
         if self.tp_group.world_size > 1:
-            self.tp_group.broadcast_object(plan, src=0)
+            try:
+                self.tp_group.broadcast_object(plan, src=0)
+            except RuntimeError as exc:  # gloo names the peer that went away
+                raise _lost_peer("rank 0", exc) from exc
 
     def _run_step(self, step: Step) -> None:
         self._broadcast(step.plan)
@@ -174,12 +213,18 @@ class Scheduler:
         try:
             logits = self.runner.execute(step.plan)
         except Exception as exc:  # a failed forward must not take the server down
-            logger.exception("forward failed; aborting the requests of this batch")
+            lost = _lost_peer("rank 0", exc) if is_transport_failure(exc) else None
+            if lost is None:
+                logger.exception("forward failed; aborting the requests of this batch")
+            why = str(lost) if lost is not None else f"internal error: {exc}"
             for row in step.rows:
                 if row.req.finish is None:
-                    row.req.finish = FinishReason("abort", message=f"internal error: {exc}")
+                    row.req.finish = FinishReason("abort", message=why)
                     self.policy.release(row.req)
                     self.outputs.append(self._output(row.req, [], [], []))
+            if lost is not None:  # a collective inside the forward: the engine cannot go on
+                self._flush()
+                raise lost from exc
             return
         self.num_steps += 1
         if logits is not None:
@@ -342,6 +387,7 @@ class Scheduler:
 
     def run(self) -> None:
         last_broadcast = time.monotonic()
+        lost = False
         try:
             while not self.stopping:
                 for msg in self._recv_all(block=not self.policy.has_work()):
@@ -354,22 +400,40 @@ class Scheduler:
                     last_broadcast = time.monotonic()
                 elif (
                     self.tp_group.world_size > 1
-                    and time.monotonic() - last_broadcast > _HEARTBEAT_S
+                    and time.monotonic() - last_broadcast > self.heartbeat_s
                 ):
                     self._broadcast(ForwardPlan())
                     last_broadcast = time.monotonic()
                 self._flush()
         except (BrokenPipeError, EOFError):
             logger.info("the tokenizer manager went away; shutting down")
+        except LostPeerError as exc:
+            logger.error(f"{exc}; failing every request and exiting")
+            try:  # the front end fails the requests with this reason, not just an exit code
+                self.send_conn.send(SchedulerFailed(str(exc)))
+            except (OSError, ValueError):
+                pass
+            lost = True
+            raise
         finally:
-            self._broadcast(ForwardPlan(shutdown=True))
+            if not lost:  # after a lost peer this broadcast would only fail again
+                self._broadcast(ForwardPlan(shutdown=True))
 
 
 def run_follower(runner: ModelRunner, tp_group: Any) -> None:
-    """Ranks > 0: apply every plan rank 0 broadcasts until it says shut down."""
+    """Ranks > 0: apply every plan rank 0 broadcasts until it says shut down. A rank 0 that went
+    away (its node died) fails the broadcast at once, a silent one within the group's timeout
+    (rank 0 sends a heartbeat well inside it); a launcher that went away ends this rank too."""
+    parent = os.getppid()
     while True:
-        plan: ForwardPlan = tp_group.broadcast_object(None, src=0)
+        try:
+            plan: ForwardPlan = tp_group.broadcast_object(None, src=0)
+        except RuntimeError as exc:
+            raise _lost_peer(f"rank {tp_group.rank}", exc) from exc
         if plan.shutdown:
+            return
+        if os.getppid() != parent:
+            logger.error(f"rank {tp_group.rank}: its launcher exited; stopping")
             return
         try:
             runner.execute(plan)

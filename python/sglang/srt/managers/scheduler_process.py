@@ -21,13 +21,60 @@ import torch
 
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import ModelInfo
+from sglang.srt.managers.scheduler import LostPeerError
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
 
-# Long enough for first-use kernel compilation on one rank while the others wait in a collective.
+# Long enough for first-use kernel compilation on one rank while the others wait in a collective
+# (--dist-timeout overrides it).
 _PROCESS_GROUP_TIMEOUT = timedelta(hours=2)
+
+
+def _group_timeout(args: ServerArgs) -> timedelta:
+    if args.dist_timeout is None:
+        return _PROCESS_GROUP_TIMEOUT
+    return timedelta(seconds=args.dist_timeout)
+
+
+def _heartbeat_s(args: ServerArgs) -> float:
+    """Idle rank 0 broadcasts at least this often: well inside the followers' group timeout."""
+    return min(envs.SGLANG_DIST_HEARTBEAT_S.get(), _group_timeout(args).total_seconds() / 3)
+
+
+def _init_distributed(args: ServerArgs, tp_rank: int, init_method: str, backend: str) -> None:
+    """Join the other ranks. One node: the launcher's file store. Several: node 0's TCP store at
+    --dist-init-addr, within SGLANG_DIST_JOIN_TIMEOUT_S, so a node that never comes (or a node 0
+    that is not there) fails every node that did with an error saying so, never a hang."""
+    from sglang.srt.distributed import parallel_state as ps
+
+    local_rank = tp_rank - args.local_ranks.start
+    if args.nnodes == 1:
+        join = _group_timeout(args)
+    else:
+        join = timedelta(seconds=envs.SGLANG_DIST_JOIN_TIMEOUT_S.get())
+    try:
+        ps.init_distributed_environment(
+            args.tp_size,
+            tp_rank,
+            backend=backend,
+            init_method=init_method,
+            local_rank=local_rank,
+            timeout=join,
+            group_timeout=_group_timeout(args),
+        )
+    except Exception as exc:
+        if args.nnodes == 1:
+            raise
+        text = str(exc).strip()
+        reason = (text.splitlines()[0] if text else type(exc).__name__).rstrip(".")
+        raise RuntimeError(
+            f"node {args.node_rank} of --nnodes {args.nnodes}: the ranks did not all join at "
+            f"--dist-init-addr {args.dist_init_addr} within {join.total_seconds():.0f}s "
+            f"(SGLANG_DIST_JOIN_TIMEOUT_S): {reason}. Start launch_server on every node with "
+            f"the same --tp-size/--nnodes/--dist-init-addr and its own --node-rank"
+        ) from None
 
 
 def _eos_token_ids(model_path: str, hf_config: dict[str, Any]) -> list[int]:
@@ -69,7 +116,7 @@ def _default_max_total_tokens(args: ServerArgs, runner: Any, context_length: int
     room = int(total * args.mem_fraction_static) - (total - free)
     chunk = args.chunked_prefill_size if args.chunked_prefill_size > 0 else context_length
     try:
-        shape = CacheShape.from_model_config(runner.model.config, runner.model.dtype.itemsize)
+        shape = CacheShape.from_model_config(runner.model.config, runner.dtype.itemsize)
     except AttributeError as exc:  # a model whose cache is not DeepSeek V4's window + entries
         logger.warning(
             f"no memory model for {runner.entry.architecture} ({exc}); --max-total-tokens "
@@ -83,6 +130,30 @@ def _default_max_total_tokens(args: ServerArgs, runner: Any, context_length: int
         chunked_prefill_size=chunk,
         context_length=context_length,
     )
+
+
+def check_dp_attention(args: ServerArgs) -> None:
+    """Before the load: a model that cannot serve DP attention fails with its reason."""
+    from sglang.srt.model_executor.model_registry import (
+        dp_attention_unsupported_reason,
+        find_model,
+        read_model_config,
+    )
+
+    assert args.model_path is not None
+    why = dp_attention_unsupported_reason(find_model(read_model_config(args.model_path)))
+    if why is not None:
+        raise RuntimeError(f"--enable-dp-attention --dp-size {args.dp_size}: {why}")
+
+
+def _layout(args: ServerArgs) -> str:
+    """``TP=4`` or ``TP=4 DP=2 (attention TP=2) over 2 nodes`` for the startup log."""
+    text = f"TP={args.tp_size}"
+    if args.enable_dp_attention:
+        text += f" DP={args.dp_size} (attention TP={args.attn_tp_size})"
+    if args.nnodes > 1:
+        text += f" over {args.nnodes} nodes at {args.dist_init_addr}"
+    return text
 
 
 def _symm_mem_state(args: ServerArgs, tp_size: int) -> str:
@@ -114,6 +185,7 @@ def run_scheduler_process(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.getLogger("sglang").setLevel(args.log_level.upper())
     tp_size = args.tp_size
+    dp_size = args.dp_size if args.enable_dp_attention else 1
     started = False
     try:
         from sglang.srt.distributed import parallel_state as ps
@@ -121,6 +193,7 @@ def run_scheduler_process(
             prealloc_symmetric_memory_pool,
             set_symmetric_memory_enabled,
         )
+        from sglang.srt.layers.dp_attention import set_dp_attention_config
         from sglang.srt.managers.scheduler import Scheduler, run_follower
         from sglang.srt.model_executor.model_runner import ModelRunner
 
@@ -128,18 +201,16 @@ def run_scheduler_process(
         torch.manual_seed(args.random_seed)
         on_gpu = args.device == "cuda"
         if not on_gpu:
-            torch.set_num_threads(_cpu_threads(tp_size))
+            torch.set_num_threads(_cpu_threads(len(args.local_ranks)))
         if args.enable_symm_mem:
             set_symmetric_memory_enabled(True)  # before NCCL's first init
-        ps.init_distributed_environment(
-            tp_size,
-            tp_rank,
-            backend="nccl" if on_gpu else "gloo",
-            init_method=init_method,
-            local_rank=tp_rank,
-            timeout=_PROCESS_GROUP_TIMEOUT,
+        _init_distributed(args, tp_rank, init_method, "nccl" if on_gpu else "gloo")
+        tp_group = ps.initialize_model_parallel(tp_size, attention_dp_size=dp_size)
+        set_dp_attention_config(
+            args.enable_dp_attention, dp_size=dp_size, attn_tp_size=tp_size // dp_size
         )
-        tp_group = ps.initialize_model_parallel(tp_size)
+        if args.enable_dp_attention:
+            check_dp_attention(args)
         runner = ModelRunner(args, tp_rank, tp_size)
         runner.warmup()
         context_length = min(
@@ -179,7 +250,7 @@ def run_scheduler_process(
         if tp_rank == 0:
             logger.info(
                 f"ready: {runner.entry.architecture} from {args.model_path} on {args.device} "
-                f"(TP={tp_size}, {args.dtype}, loaded in {runner.load_time_s:.1f}s); "
+                f"({_layout(args)}, {args.dtype}, loaded in {runner.load_time_s:.1f}s); "
                 f"MoE runner: {moe_runner} (requested {args.moe_runner_backend}), "
                 f"a2a: {args.moe_a2a_backend}; MegaMoE SM budget: "
                 f"{sm_budget if sm_budget is not None else 'n/a (no CUDA device)'}; "
@@ -220,10 +291,18 @@ def run_scheduler_process(
                 random_seed=args.random_seed,
                 recv=recv,
                 send=send,
+                heartbeat_s=_heartbeat_s(args),
+                dp_size=dp_size,
             ).run()
         else:
             run_follower(runner, tp_group)
         ps.destroy_distributed_environment()
+    except LostPeerError as exc:  # logged where it was seen; no traceback for a dead peer
+        if not started:
+            status.put(("error", tp_rank, str(exc), traceback.format_exc()))
+        elif tp_rank != 0:
+            logger.error(f"{exc}; exiting")
+        sys.exit(1)
     except BaseException as exc:  # report everything, KeyboardInterrupt included
         if not started:
             # The launcher prints one message for all ranks (the traceback once, at debug level);

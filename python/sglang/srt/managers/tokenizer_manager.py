@@ -32,6 +32,7 @@ from sglang.srt.managers.io_struct import (
     FinishReason,
     ReqError,
     ReqOutput,
+    SchedulerFailed,
     SchedulerStats,
     StatsReq,
     TokenizedGenerateReq,
@@ -171,6 +172,7 @@ class TokenizerManager:
         self.scheduler_alive = True
         self.draining = False  # shutting down: no new requests
         self.fatal_error: str | None = None  # why a scheduler rank died
+        self.peer_failure: str | None = None  # rank 0's word on a rank it lost (maybe remote)
         # Called once (on the event loop) when a rank dies; the HTTP server stops itself.
         self.on_fatal: Callable[[str], None] | None = None
         self._closing = False
@@ -276,6 +278,8 @@ class TokenizerManager:
             else:
                 how = f"exited with code {code}"
             parts.append(f"scheduler rank {rank} (pid {p.pid}) {how}")
+        if self.peer_failure is not None:
+            parts.append(self.peer_failure)
         return "; ".join(parts) or "the scheduler closed its pipe"
 
     def _watch_ranks(self) -> None:
@@ -326,6 +330,8 @@ class TokenizerManager:
             if state is not None and state.finish is None:
                 state.error = RequestError(msg.message, msg.status_code)
                 state.event.set()
+        elif isinstance(msg, SchedulerFailed):  # rank 0 lost a (maybe remote) rank; it exits
+            self.peer_failure = msg.message  # next, with the exit codes, in the reason
         elif isinstance(msg, SchedulerStats):
             fut = self._stats_waiters.pop(msg.req_id, None)
             if fut is not None and not fut.done():

@@ -21,12 +21,16 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from sglang.srt.distributed.device_communicators.pynccl_allocator import set_graph_pool_id
-from sglang.srt.layers.moe.moe_runner import MoERunner
+from sglang.srt.model_executor.model_abilities import (
+    ServedModel,
+    SupportsStaticDecode,
+    moe_runners,
+    require_ability,
+)
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
@@ -44,7 +48,7 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
 
 
 def graph_unavailable_reason(
-    model: torch.nn.Module, device: torch.device, *, disabled: bool
+    model: ServedModel, device: torch.device, *, disabled: bool
 ) -> str | None:
     """Why decode cannot run in CUDA graphs with this model and these options (``None``: it
     can)."""
@@ -52,23 +56,22 @@ def graph_unavailable_reason(
         return "disabled by --disable-cuda-graph"
     if device.type != "cuda":
         return f"runs on {device.type}, not CUDA"
-    if not callable(getattr(model, "static_decode", None)):
+    if not isinstance(model, SupportsStaticDecode):
         return f"{type(model).__name__} has no static decode; decode runs eagerly"
     # No a2a backend check: the MegaMoE path is capture-safe (our Triton kernel reads its status
     # back only outside capture), and its fallback is the runner's path (checked below).
-    for module in model.modules():
-        runner = getattr(module, "runner", None)
-        if isinstance(runner, MoERunner) and not runner.capture_safe:
+    for runner in moe_runners(model):
+        if not runner.capture_safe:
             return runner.capture_unsafe_reason
     return None
 
 
 class CudaGraphRunner:
-    def __init__(self, model: Any, batch_sizes: Sequence[int], device: torch.device) -> None:
-        pool = model.slot_pool
+    def __init__(self, model: object, batch_sizes: Sequence[int], device: torch.device) -> None:
+        self.model = require_ability(model, SupportsStaticDecode)
+        pool = self.model.slot_pool
         if pool is None:
             raise RuntimeError("capture needs the model's slot pool (enable_slot_pool)")
-        self.model = model
         self.device = device
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_bs = self.batch_sizes[-1]

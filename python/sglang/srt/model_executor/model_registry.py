@@ -33,6 +33,20 @@ class ModelEntry:
     model_types: tuple[str, ...]
     load: Callable[[str, LoadOptions], Any]
     make_batch: Callable[[Sequence[int], Sequence[Any]], Any]
+    # DP attention: the model gathers its tokens around the MoE (layers/dp_attention's dp_gather
+    # and dp_scatter), shards attention over the attention-TP group and has forward_idle().
+    supports_dp_attention: bool = False
+
+
+def dp_attention_unsupported_reason(entry: ModelEntry) -> str | None:
+    """None when ``entry`` can serve with --enable-dp-attention; otherwise why not."""
+    if entry.supports_dp_attention:
+        return None
+    return (
+        f"{entry.architecture} does not gather its tokens around the MoE yet (the engine side "
+        "of DP attention is ready: scheduling, plans, process groups); serve it with "
+        "--tp-size alone"
+    )
 
 
 def _loader_kwargs(opts: LoadOptions) -> dict[str, Any]:
@@ -76,7 +90,13 @@ def _kimi_k3_batch(seq_lens: Sequence[int], caches: Sequence[Any]) -> Any:
 
 
 MODELS: tuple[ModelEntry, ...] = (
-    ModelEntry("DeepseekV4ForCausalLM", ("deepseek_v4",), _load_deepseek_v4, _deepseek_v4_batch),
+    ModelEntry(
+        "DeepseekV4ForCausalLM",
+        ("deepseek_v4",),
+        _load_deepseek_v4,
+        _deepseek_v4_batch,
+        supports_dp_attention=True,
+    ),
     ModelEntry("KimiK3ForCausalLM", ("kimi_k3", "kimi_linear"), _load_kimi_k3, _kimi_k3_batch),
 )
 

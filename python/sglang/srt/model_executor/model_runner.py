@@ -24,6 +24,12 @@ from sglang.srt.model_executor.cuda_graph_runner import (
     graph_unavailable_reason,
 )
 from sglang.srt.model_executor.forward_plan import ForwardPlan
+from sglang.srt.model_executor.model_abilities import (
+    ServedModel,
+    SupportsStaticDecode,
+    moe_runners,
+    require_ability,
+)
 from sglang.srt.model_executor.model_registry import LoadOptions, find_model, read_model_config
 from sglang.srt.model_executor.slot_plan import plan_slot_pool
 from sglang.srt.model_executor.warmup_plan import warmup_token_counts
@@ -33,6 +39,14 @@ from sglang.srt.utils.log import get_logger
 logger = get_logger(__name__)
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _local_gpu(tp_rank: int) -> int:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.cuda.current_device()
+    return tp_rank
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -52,16 +66,21 @@ class ModelRunner:
         assert args.model_path is not None and args.device is not None
         self.args = args
         self.tp_rank, self.tp_size = tp_rank, tp_size
+        # On CUDA the process's device was set from its local rank (several nodes: tp_rank is
+        # global) when torch.distributed started; one process without it uses cuda:tp_rank.
         self.device = (
-            torch.device("cuda", tp_rank) if args.device == "cuda" else torch.device("cpu")
+            torch.device("cuda", _local_gpu(tp_rank))
+            if args.device == "cuda"
+            else torch.device("cpu")
         )
         self.hf_config = read_model_config(args.model_path)
         self.entry = find_model(self.hf_config)
         started = time.perf_counter()
-        self.model = self.entry.load(
+        self.dtype = torch_dtype(args.dtype)
+        loaded = self.entry.load(
             args.model_path,
             LoadOptions(
-                dtype=torch_dtype(args.dtype),
+                dtype=self.dtype,
                 device=self.device,
                 tp_rank=tp_rank,
                 tp_size=tp_size,
@@ -69,9 +88,11 @@ class ModelRunner:
                 a2a_backend=args.moe_a2a_backend,
             ),
         )
+        self.model: ServedModel = require_ability(loaded, ServedModel)
         self.load_time_s = time.perf_counter() - started
         self.caches: dict[str, Any] = {}
-        self.pooled = False  # caches in the model's slot pool, decode through static_decode
+        # Set by init_decode when caches live in the model's slot pool (decode: static_decode).
+        self.static_model: SupportsStaticDecode | None = None
         self.graph_runner: CudaGraphRunner | None = None
         # Static decode without graphs: the sizes a batch pads to (those graphs would capture).
         self.static_sizes: list[int] = []
@@ -86,21 +107,22 @@ class ModelRunner:
     def max_position_embeddings(self) -> int:
         return int(self.model.config.max_position_embeddings)
 
+    @property
+    def pooled(self) -> bool:
+        """Caches live in the model's slot pool and decode runs through ``static_decode``."""
+        return self.static_model is not None
+
     def moe_runner_name(self) -> str:
         """The runner the MoE layers actually use (``auto`` resolved)."""
-        for module in self.model.modules():
-            runner = getattr(module, "runner", None)
-            if runner is not None and hasattr(runner, "run"):
-                return str(getattr(runner, "name", type(runner).__name__))
+        for runner in moe_runners(self.model):
+            return runner.name
         return self.args.moe_runner_backend
 
     def mega_moe_backend(self) -> str | None:
-        """With ``--moe-a2a-backend megamoe``: the kernel the MoE layers run, and why."""
-        from sglang.srt.layers.moe.layer import FusedMoE
-
-        for module in self.model.modules():
-            if isinstance(module, FusedMoE) and module.expert_parallel:
-                return module.mega_backend_summary(next(self.model.parameters()).dtype)
+        """The fused kernel the MoE layers' a2a backend runs (``--moe-a2a-backend megamoe``),
+        and why; None when the runner takes every batch."""
+        for layer in self.model.moe_layers():
+            return layer.mega_backend_summary(self.dtype)
         return None
 
     # --- decode setup --------------------------------------------------------------------------
@@ -118,20 +140,24 @@ class ModelRunner:
         (or ``SGLANG_STATIC_DECODE_WITHOUT_GRAPHS``) runs the static decode eagerly where graphs
         are unavailable, padded to the sizes graphs would capture, so that it is the exact A/B of
         a graph replay (tests on CPU; graphs == eager on the GPU)."""
+        if self.args.enable_dp_attention:  # padded static rows would break the planned sizes
+            why = "DP attention: the gathered sizes change every step; decode runs eagerly"
+            return DecodeSetup(f"off ({why})", max_running_requests)
         reason = graph_unavailable_reason(
             self.model, self.device, disabled=self.args.disable_cuda_graph
         )
-        has_static = callable(getattr(self.model, "static_decode", None))
+        has_static = isinstance(self.model, SupportsStaticDecode)
         static_without_graphs |= envs.SGLANG_STATIC_DECODE_WITHOUT_GRAPHS.get()
         if reason is not None and not (static_without_graphs and has_static):
             return DecodeSetup(f"off ({reason})", max_running_requests)
+        static = require_ability(self.model, SupportsStaticDecode)
         plan = plan_slot_pool(
             context_length=context_length,
             max_total_tokens=max_total_tokens,
             max_running_requests=max_running_requests,
         )
-        pool = self.model.enable_slot_pool(plan.slots, plan.capacity)
-        self.pooled = True
+        pool = static.enable_slot_pool(plan.slots, plan.capacity)
+        self.static_model = static
         gib = pool.nbytes() / (1 << 30)
         slots = f"slot pool {plan.slots} x {plan.capacity} tokens, {gib:.2f} GiB"
         sizes = capture_batch_sizes(min(self.args.cuda_graph_max_bs or plan.slots, plan.slots))
@@ -141,26 +167,33 @@ class ModelRunner:
                 f"off ({reason}); static decode eager at the graph batch sizes, {slots}",
                 plan.slots,
             )
-        self.graph_runner = CudaGraphRunner(self.model, sizes, self.device)
+        self.graph_runner = CudaGraphRunner(static, sizes, self.device)
         self.graph_runner.capture()
         return DecodeSetup(f"{self.graph_runner.describe()}; {slots}", plan.slots)
 
     # --- forward -------------------------------------------------------------------------------
 
     def execute(self, plan: ForwardPlan) -> torch.Tensor | None:
-        """Apply the plan's frees and new caches, run its rows; logits ``[T, V]`` or ``None``."""
+        """Apply the plan's frees and new caches, run its rows; logits ``[T, V]`` or ``None``.
+        A DP-attention plan runs this rank's group (``dp_step``): every group's logits on rank
+        0, ``None`` elsewhere."""
+        if plan.dp_plans:
+            from sglang.srt.model_executor.dp_step import execute_dp_plan
+
+            return execute_dp_plan(self, plan)
+        static = self.static_model
         for rid in plan.free_rids:
             cache = self.caches.pop(rid, None)
-            if cache is not None and self.pooled:
-                self.model.free_pooled_cache(cache)
+            if cache is not None and static is not None:
+                static.free_pooled_cache(cache)
         for rid in plan.new_rids:
-            new = self.model.new_pooled_cache if self.pooled else self.model.new_request_cache
+            new = self.model.new_request_cache if static is None else static.new_pooled_cache
             self.caches[rid] = new()
         if not plan.has_forward:
             return None
         caches = [self.caches[rid] for rid in plan.rids]
-        if self.pooled and all(n == 1 for n in plan.seq_lens):
-            return self._decode_static(plan, caches)
+        if static is not None and all(n == 1 for n in plan.seq_lens):
+            return self._decode_static(static, plan, caches)
         positions = torch.cat(
             [
                 torch.arange(len(c), len(c) + n, dtype=torch.long)
@@ -174,7 +207,9 @@ class ModelRunner:
         batch = self.entry.make_batch(plan.seq_lens, caches)
         return self.model.forward(ids, positions, batch)
 
-    def _decode_static(self, plan: ForwardPlan, caches: list[Any]) -> torch.Tensor:
+    def _decode_static(
+        self, model: SupportsStaticDecode, plan: ForwardPlan, caches: list[Any]
+    ) -> torch.Tensor:
         """One token per request through the slot pool: a graph replay when one is captured
         for the batch size, else the static decode run eagerly."""
         ids = torch.tensor(plan.input_ids, dtype=torch.long)
@@ -183,8 +218,8 @@ class ModelRunner:
         graphs = self.graph_runner
         if graphs is not None:
             step = graphs.replay if graphs.can_run(len(caches)) else None
-            return self.model.decode_pooled(ids, caches, step=step)
-        return self.model.decode_pooled(ids, caches, pad_to=self._static_pad(len(caches)))
+            return model.decode_pooled(ids, caches, step=step)
+        return model.decode_pooled(ids, caches, pad_to=self._static_pad(len(caches)))
 
     def _static_pad(self, bs: int) -> int:
         """The rows a graph replay of ``bs`` would run (``bs`` itself above the largest size)."""
@@ -196,6 +231,8 @@ class ModelRunner:
         kernels and settles allocator state before serving (and before symmetric-memory pool
         preallocation). On CUDA every token count of :func:`warmup_token_counts` up to the
         prefill chunk is prefilled, so no Triton variant compiles inside a served request."""
+        from sglang.srt.layers.dp_attention import reset_dp_state, set_dp_state_for_warmup
+
         limit = min(num_tokens, self.max_position_embeddings - 1)
         counts = [limit]
         if self.device.type == "cuda":
@@ -205,10 +242,13 @@ class ModelRunner:
         for n in counts:
             cache = self.model.new_request_cache()
             ids = (torch.arange(n, dtype=torch.long) % self.vocab_size).to(self.device)
+            set_dp_state_for_warmup(n)  # DP attention: every group warms up with the same rows
             batch = self.entry.make_batch([n], [cache])
             self.model.forward(ids, torch.arange(n, device=self.device), batch)
+        set_dp_state_for_warmup(1)
         self.model.forward(
             ids[:1], torch.tensor([n], device=self.device), self.entry.make_batch([1], [cache])
         )
+        reset_dp_state()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -7,13 +7,14 @@ any number of tokens) and ``decode`` (one token for each of many requests) are s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
 
+from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.mem_cache.request_cache import RequestCache
 
 CacheT = TypeVar("CacheT", bound=RequestCache[Any])
@@ -85,6 +86,12 @@ class CachedCausalLM(nn.Module, Generic[CacheT]):
 
     def new_request_cache(self) -> CacheT:
         raise NotImplementedError
+
+    def moe_layers(self) -> Iterator[FusedMoE]:
+        """The routed-expert layers, in module order (how the executor reaches their runners)."""
+        for module in self.modules():
+            if isinstance(module, FusedMoE):
+                yield module
 
     def _checked_batch(self, input_ids: Tensor, positions: Tensor, batch: BatchT | None) -> BatchT:
         """``batch`` once checked against the rows; without one, the rows are one whole request

@@ -31,7 +31,13 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from sglang.kernels.ops.layernorm.mhc import (
+from sglang.srt.layers.attention.dsv4_attention import AttnSegment, DeepseekV4Attention
+from sglang.srt.layers.attention.dsv4_static_decode import static_decode_attention
+from sglang.srt.layers.dp_attention import attention_tp, dp_gather, dp_scatter
+from sglang.srt.layers.embedding import ReplicatedEmbedding
+from sglang.srt.layers.layernorm import RMSNorm, rms_norm
+from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
+from sglang.srt.layers.mhc import (
     hc_post_torch_impl,
     mhc_fused_post_pre,
     mhc_head,
@@ -39,11 +45,6 @@ from sglang.kernels.ops.layernorm.mhc import (
     mhc_pre,
     mhc_pre_torch,
 )
-from sglang.srt.layers.attention.dsv4_attention import AttnSegment, DeepseekV4Attention
-from sglang.srt.layers.attention.dsv4_static_decode import static_decode_attention
-from sglang.srt.layers.embedding import ReplicatedEmbedding
-from sglang.srt.layers.layernorm import RMSNorm, rms_norm
-from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.moe.layer import A2ABackend
 from sglang.srt.mem_cache.deepseek_v4_cache import (
     DeepseekV4RequestCache,
@@ -139,8 +140,15 @@ class DeepseekV4DecoderLayer(nn.Module):
         n_mix = (2 + hc) * hc  # [pre(hc) | post(hc) | comb(hc*hc)]
         self.attn_norm = RMSNorm(h, c.rms_norm_eps, device=device)
         self.ffn_norm = RMSNorm(h, c.rms_norm_eps, device=device)
+        # DP attention: attention is split over the attention-TP group, the MoE over all ranks.
+        attn_rank, attn_size = attention_tp(tp_rank, tp_size)
         self.attn = DeepseekV4Attention(
-            c, layer_id, params_dtype=params_dtype, tp_rank=tp_rank, tp_size=tp_size, device=device
+            c.attention_config(layer_id),
+            layer_id,
+            params_dtype=params_dtype,
+            tp_rank=attn_rank,
+            tp_size=attn_size,
+            device=device,
         )
         self.ffn = DeepseekV4MoE(
             c,
@@ -330,6 +338,18 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
             cache.mark_layers_stale()
         return logits
 
+    @torch.no_grad()
+    def forward_idle(self) -> torch.Tensor:
+        """DP attention, this rank's group has no rows this step: join every MoE block's gather
+        and collectives with zero rows (the other groups' tokens run through it); logits
+        ``[0, V]``."""
+        c = self.config
+        x = torch.empty(0, c.hidden_size, dtype=self.dtype, device=self.device)
+        moe_ids = dp_gather(torch.empty(0, dtype=torch.long, device=self.device))
+        for layer in self.decoder_layers:
+            dp_scatter(layer.ffn(dp_gather(x), moe_ids))
+        return torch.empty(0, c.vocab_size, dtype=torch.float32, device=self.device)
+
     def _run_layers(self, input_ids: torch.Tensor, attend: AttendFn) -> torch.Tensor:
         """Embedding, every layer (``attend(i, layer, x)`` is the attention), mHC head, logits."""
         c = self.config
@@ -346,10 +366,11 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
 
         layers = self.decoder_layers
         x, post, comb = _hc_pre(residual, layers[0].hc_attn(), mix)
+        moe_ids = dp_gather(input_ids)  # DP attention: the MoE sees every group's tokens
         for i, layer in enumerate(layers):
             a = attend(i, layer, x)
             residual, x, post, comb = _post_then_pre(a, residual, post, comb, layer.hc_ffn(), mix)
-            m = layer.ffn(x, input_ids)
+            m = dp_scatter(layer.ffn(dp_gather(x), moe_ids))  # identities without DP attention
             if i + 1 < len(layers):
                 residual, x, post, comb = _post_then_pre(
                     m, residual, post, comb, layers[i + 1].hc_attn(), mix

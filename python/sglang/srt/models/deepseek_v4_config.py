@@ -6,20 +6,19 @@ Two spellings exist for the same facts:
 - release / legacy: ``compress_ratios`` (one int per layer, 0/4/128, possibly with extra entries
   for the MTP layer), ``num_hash_layers``, ``qk_rope_head_dim``, ``rope_scaling`` (YaRN for the
   compressed layers), ``compress_rope_theta``;
-- transformers: ``layer_types`` + ``compress_rates``, ``mlp_layer_types``, ``partial_rotary_factor``,
-  ``rope_parameters = {"main": ..., "compress": ...}``.
+- transformers: ``layer_types`` + ``compress_rates``, ``mlp_layer_types``,
+  ``partial_rotary_factor``, ``rope_parameters = {"main": ..., "compress": ...}``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from sglang.srt.layers.attention.dsv4_attention_config import AttnType, DeepseekV4AttentionConfig
 from sglang.srt.layers.rotary_embedding import RopeSpec, YarnScaling
 from sglang.srt.models.config_common import ConfigError, JsonModelConfig, required
-
-AttnType = Literal["sliding", "csa", "hca"]
 
 _LAYER_TYPE_NAMES: dict[str, AttnType] = {
     "sliding_attention": "sliding",
@@ -87,15 +86,18 @@ class DeepseekV4ModelConfig(JsonModelConfig):
             raise ConfigError(f"head_dim {self.head_dim} must exceed rope dim {self.rope_head_dim}")
         if (self.num_attention_heads * self.head_dim) % self.o_groups:
             raise ConfigError(
-                f"{self.num_attention_heads} heads x {self.head_dim} not divisible by o_groups {self.o_groups}"
+                f"{self.num_attention_heads} heads x {self.head_dim} not divisible by "
+                f"o_groups {self.o_groups}"
             )
         if self.num_attention_heads % self.o_groups:
             raise ConfigError(
-                f"num_attention_heads {self.num_attention_heads} not divisible by o_groups {self.o_groups}"
+                f"num_attention_heads {self.num_attention_heads} not divisible by "
+                f"o_groups {self.o_groups}"
             )
         if self.num_experts_per_tok > self.n_routed_experts:
             raise ConfigError(
-                f"num_experts_per_tok {self.num_experts_per_tok} > n_routed_experts {self.n_routed_experts}"
+                f"num_experts_per_tok {self.num_experts_per_tok} > "
+                f"n_routed_experts {self.n_routed_experts}"
             )
         if self.sliding_window < 1:
             raise ConfigError(f"sliding_window must be >= 1, got {self.sliding_window}")
@@ -116,6 +118,26 @@ class DeepseekV4ModelConfig(JsonModelConfig):
 
     def rope_for_layer(self, layer: int) -> RopeSpec:
         return self.main_rope if self.attn_types[layer] == "sliding" else self.compress_rope
+
+    def attention_config(self, layer: int) -> DeepseekV4AttentionConfig:
+        """What layer ``layer``'s attention is built from."""
+        return DeepseekV4AttentionConfig(
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            head_dim=self.head_dim,
+            q_lora_rank=self.q_lora_rank,
+            o_lora_rank=self.o_lora_rank,
+            o_groups=self.o_groups,
+            sliding_window=self.sliding_window,
+            kind=self.attn_types[layer],
+            compress_ratio=self.compress_ratios[layer],
+            rope=self.rope_for_layer(layer),
+            index_n_heads=self.index_n_heads,
+            index_head_dim=self.index_head_dim,
+            index_topk=self.index_topk,
+            q_head_norm=self.q_head_norm,
+            rms_norm_eps=self.rms_norm_eps,
+        )
 
     # --- parsing -------------------------------------------------------------------------------
 

@@ -4,12 +4,13 @@ experts through :class:`FusedMoE`, one shared expert, ``routed_scaling_factor``.
 ``out = routed_scaling_factor * sum_k w_k E_k(x) + shared(x)``; the scaling is folded into the
 top-k weights, so every expert backend (and the MegaMoE kernel) sees final weights.
 
-Reductions (all before the caller's mHC post):
+Reductions (all before the caller's mHC post) are the a2a backend's combine, never this block's:
 - ``a2a_backend="none"``: experts and shared expert are tensor-parallel over the intermediate dim;
-  routed and shared partial sums are added and all-reduced once.
+  the shared partial sum is handed to the combine, which adds it in place into the routed partial
+  sum and all-reduces the two once.
 - ``a2a_backend="megamoe"``: experts are expert-parallel and FusedMoE returns this rank's rows fully
-  combined (the MegaMoE kernel combines over the group; its fallback all-reduces itself), so the
-  shared expert is replicated (full weights, local rows) and no all-reduce follows.
+  combined (the MegaMoE kernel combines over the group; its fallback's combine all-reduces), so
+  the shared expert is replicated (full weights, local rows) and added after the combine.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
 from sglang.srt.layers.linear import WeightShapeError, fp32_param
 from sglang.srt.layers.mlp import gated_mlp_forward, gated_mlp_projections
 from sglang.srt.layers.moe.layer import A2ABackend, FusedMoE, FusedMoEConfig
@@ -112,7 +112,6 @@ class DeepseekV4MoE(nn.Module):
         self.layer_id = layer_id
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.is_hash = c.hash_layers[layer_id]
-        self.expert_parallel = a2a_backend == "megamoe"
         self.gate = MoEGate(
             c.hidden_size,
             c.n_routed_experts,
@@ -138,17 +137,15 @@ class DeepseekV4MoE(nn.Module):
                 swiglu_limit=c.swiglu_limit,
                 runner=moe_runner,
                 a2a_backend=a2a_backend,
-                # Expert-parallel output is complete (or reduced by FusedMoE's fallback); the
-                # tensor-parallel partial sum is reduced here together with the shared expert.
-                reduce_results=self.expert_parallel,
             ),
             tp_rank=tp_rank,
             tp_size=tp_size,
             device=device,
         )
+        self.expert_parallel = self.experts.expert_parallel
         self.shared_experts: SharedExpertMLP | None = None
         if c.n_shared_experts:
-            shared_tp = (0, 1) if self.expert_parallel else (tp_rank, tp_size)
+            shared_tp = self.experts.a2a.shared_expert_tp
             self.shared_experts = SharedExpertMLP(
                 c.hidden_size,
                 c.moe_intermediate_size * c.n_shared_experts,
@@ -172,21 +169,15 @@ class DeepseekV4MoE(nn.Module):
         shared = self.shared_experts(x) if self.shared_experts is not None else None
         if self.expert_parallel:
             return self._run_mega_routed(x, input_ids, shared)
-        out = self.experts(x, self.route(x, input_ids))
-        if shared is not None:
-            # In place: ``out`` is the runner's final output, allocated in the symmetric pool
-            # when --enable-symm-mem is on; ``out + shared`` would hand NCCL a non-pool tensor.
-            out += shared
-        if self.tp_size > 1:
-            out = tensor_model_parallel_all_reduce(out)
-        return out
+        # The shared partial sum joins the routed one before the combine's single all-reduce.
+        return self.experts(x, self.route(x, input_ids), shared=shared)
 
     def _run_mega_routed(
         self, x: torch.Tensor, input_ids: torch.Tensor, shared: torch.Tensor | None
     ) -> torch.Tensor:
-        """Expert-parallel path: FusedMoE runs the MegaMoE kernel (pre-dispatch into DeepGEMM's
-        symmetric buffer, kernel on the reserved-SM budget) and returns combined rows, or falls
-        back to its own runner plus all-reduce. The replicated shared expert is added on top; no
-        further reduction."""
+        """Expert-parallel path: FusedMoE's megamoe backend runs the MegaMoE kernel (pre-dispatch
+        into DeepGEMM's symmetric buffer, kernel on the reserved-SM budget) and returns combined
+        rows, or runs the runner on this rank's experts and its combine all-reduces them. The
+        replicated shared expert is added after the combine; no further reduction."""
         out = self.experts.forward_mega(x, self.route(x, input_ids))
         return out if shared is None else out + shared

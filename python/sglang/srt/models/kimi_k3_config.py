@@ -93,7 +93,8 @@ class KimiK3Config(JsonModelConfig):
                 raise ConfigError("MoE layers need num_experts and moe_intermediate_size")
             if not 1 <= self.num_experts_per_token <= self.num_experts:
                 raise ConfigError(
-                    f"num_experts_per_token {self.num_experts_per_token} must be in [1, {self.num_experts}]"
+                    f"num_experts_per_token {self.num_experts_per_token} must be in [1, "
+                    f"{self.num_experts}]"
                 )
         if self.moe_layer_freq < 1:
             raise ConfigError(f"moe_layer_freq must be >= 1, got {self.moe_layer_freq}")
@@ -245,7 +246,8 @@ def _check_situ(d: Mapping[str, Any], act: str) -> None:
     linear_beta = d.get("activation_situ_linear_beta")
     if (beta, None if linear_beta is None else float(linear_beta)) != (SITU_BETA, SITU_LINEAR_BETA):
         raise ConfigError(
-            f"SiTU with beta={beta}, linear_beta={linear_beta} is not supported; the kernels implement "
+            f"SiTU with beta={beta}, linear_beta={linear_beta} is not supported; the kernels "
+            "implement "
             f"beta={SITU_BETA}, linear_beta={SITU_LINEAR_BETA}"
         )
 

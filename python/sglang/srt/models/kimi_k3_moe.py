@@ -10,9 +10,10 @@ Without ``routed_expert_hidden_size`` the experts run on ``x`` and their sum is 
 
 Reductions:
 - normal path (``a2a_backend="none"``): experts are tensor-parallel over their intermediate dim,
-  so each rank holds a *partial* latent sum; FusedMoE all-reduces it **before** the RMSNorm
-  (norm(sum) != sum of norms). The up projection is replicated. Shared experts are
-  tensor-parallel and reduce on their own.
+  so each rank holds a *partial* latent sum; FusedMoE's a2a combine all-reduces it **before** the
+  RMSNorm (norm(sum) != sum of norms), so no shared output joins that reduce. The up projection
+  is replicated. Shared experts are tensor-parallel and reduce on their own (their down
+  projection's row-parallel all-reduce).
 - MegaMoE (``a2a_backend="megamoe"``, same :meth:`KimiK3MoE.forward`): experts are
   expert-parallel and the kernel returns combined latent rows, so no all-reduce precedes the norm;
   shared experts are replicated.
@@ -78,17 +79,17 @@ class KimiK3MoE(nn.Module):
     ) -> None:
         super().__init__()
         c = config
-        self.expert_parallel = a2a_backend == "megamoe"
         # The model's MegaMoE call site (kimi_k3._forward_mega_experts), given by the model so
         # this block does not import it.
         self.mega_experts = mega_experts
         self.latent = c.routed_expert_hidden_size
         activation = c.moe_activation
-        if self.expert_parallel:
+        if a2a_backend == "megamoe":  # the MegaMoE kernel's shape rules, before any allocation
             _check_mega_shapes(c)
             if mega_experts is None:
                 raise ValueError(
-                    "KimiK3MoE with a2a 'megamoe' needs its MegaMoE call (kimi_k3._forward_mega_experts)"
+                    "KimiK3MoE with a2a 'megamoe' needs its MegaMoE call "
+                    "(kimi_k3._forward_mega_experts)"
                 )
         rep: dict[str, Any] = {"params_dtype": params_dtype, "device": device}
         self.gate = KimiK3Router(
@@ -122,17 +123,15 @@ class KimiK3MoE(nn.Module):
                 activation=activation,
                 runner=moe_runner,
                 a2a_backend=a2a_backend,
-                # Normal path: the partial latent sum is reduced inside, before our norm. MegaMoE:
-                # the kernel output is combined; its runner fallback reduces inside too.
-                reduce_results=True,
             ),
             tp_rank=tp_rank,
             tp_size=tp_size,
             device=device,
         )
+        self.expert_parallel = self.experts.expert_parallel
         self.shared_experts: KimiK3MLP | None = None
         if c.num_shared_experts:
-            shared_tp = (0, 1) if self.expert_parallel else (tp_rank, tp_size)
+            shared_tp = self.experts.a2a.shared_expert_tp
             self.shared_experts = KimiK3MLP(
                 c.hidden_size,
                 c.moe_intermediate_size * c.num_shared_experts,
@@ -182,7 +181,8 @@ class KimiK3MoE(nn.Module):
 
 def _check_mega_shapes(c: KimiK3Config) -> None:
     if c.hidden_act != "situ":
-        # the kernel bakes in SiTU with beta=4, linear_beta=25 (the config parser accepts only those)
+        # the kernel bakes in SiTU with beta=4, linear_beta=25 (the config parser accepts only
+        # those)
         raise ConfigError(
             f"the Kimi K3 MegaMoE path needs hidden_act 'situ' (beta={SITU_BETA}, "
             f"linear_beta={SITU_LINEAR_BETA}), got {c.hidden_act!r}"
@@ -190,6 +190,7 @@ def _check_mega_shapes(c: KimiK3Config) -> None:
     width = c.hidden_size if c.routed_expert_hidden_size is None else c.routed_expert_hidden_size
     if width % _MEGA_LATENT_MULTIPLE or c.moe_intermediate_size % _MEGA_INTERMEDIATE_MULTIPLE:
         raise ConfigError(
-            f"MegaMoE needs the expert input width ({width}) divisible by {_MEGA_LATENT_MULTIPLE} and "
+            f"MegaMoE needs the expert input width ({width}) divisible by "
+            f"{_MEGA_LATENT_MULTIPLE} and "
             f"moe_intermediate_size ({c.moe_intermediate_size}) by {_MEGA_INTERMEDIATE_MULTIPLE}"
         )

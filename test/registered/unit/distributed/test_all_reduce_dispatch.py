@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+
 from sglang.srt.distributed import all_reduce_dispatch as ard
 from sglang.srt.distributed.all_reduce_dispatch import AllReducePath, KiB, MiB
 from sglang.srt.distributed.symm_mem import allocator as pa

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+
 from sglang.srt.distributed import parallel_state as ps
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import DistributedTestError, run_distributed

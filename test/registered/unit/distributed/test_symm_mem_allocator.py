@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from sglang.srt.distributed.device_communicators import pynccl_library as nl
 from sglang.srt.distributed.symm_mem import allocator as pa
 from sglang.srt.distributed.symm_mem.alloc_shim import (

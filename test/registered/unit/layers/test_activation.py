@@ -9,6 +9,7 @@ import types
 import numpy as np
 import pytest
 import torch
+
 from sglang.srt.layers import activation as act_mod
 from sglang.srt.layers.activation import ACTIVATIONS, act_and_mul, situ_torch, swiglu_torch
 from sglang.test.ci_register import register_cpu_ci

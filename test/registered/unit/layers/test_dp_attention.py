@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from sglang.srt.layers import dp_attention as dpa
 from sglang.srt.layers.dp_attention import (
     DpPaddingMode,

@@ -15,6 +15,13 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
+from transformers import DynamicCache, KimiLinearConfig
+from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
+from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextLinearAttention
+from transformers.models.kimi_linear import modeling_kimi_linear as tf_kimi
+from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearDeltaAttention
+
 from sglang.srt.layers import linear as linear_mod
 from sglang.srt.layers.attention.kda import KDAConfig, KDASegment, KimiDeltaAttention
 from sglang.srt.layers.attention.kda_chunk import kda_chunked
@@ -24,12 +31,6 @@ from sglang.srt.layers.linear import WeightShapeError
 from sglang.srt.mem_cache.kimi_k3_cache import KDAState
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-from torch import nn
-from transformers import DynamicCache, KimiLinearConfig
-from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
-from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextLinearAttention
-from transformers.models.kimi_linear import modeling_kimi_linear as tf_kimi
-from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearDeltaAttention
 
 register_cpu_ci(est_time=5)
 

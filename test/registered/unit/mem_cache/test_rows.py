@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.srt.mem_cache.fixed_rows import FixedRows
 from sglang.srt.mem_cache.growable_rows import GrowableRows
 from sglang.test.ci_register import register_cpu_ci

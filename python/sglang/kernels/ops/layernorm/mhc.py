@@ -12,70 +12,44 @@ Shapes: the residual is ``[T, hc, H]`` (hc = hc_mult streams), a sublayer works 
   the *old* stream k), fp32 maths, one cast to the residual dtype.
 * head: like pre with only the sigmoid weights (no post/comb, no Sinkhorn).
 
-Backends (``_backend``): CPU tensors take torch. CUDA tensors take, by ``SGLANG_MHC_BACKEND``
-(default ``auto``), Triton, else TileLang (``mhc_tilelang.py``) when ``tilelang`` imports, else
-torch. ``auto`` prefers Triton because it measured 1.2-1.9x faster than TileLang at every token
-count up to 512 on an H200 (``scripts/bench_mhc.py``, docs/performance.md); TileLang is faster
-only on 4096-token prefill chunks (by up to 18%), so it is an explicit choice. An explicit
-``tilelang`` / ``triton`` that cannot be honoured raises instead of silently running something
-else. The choice and its reason are logged once. TileLang covers pre and fused
-post+pre (the per-sublayer kernels); a lone post (once per forward) runs on Triton.
+Backends: every entry point runs the ``backend`` it is given (``torch`` here, ``triton`` from
+``mhc_triton.py``, ``tilelang`` from ``mhc_tilelang.py``; default torch) and chooses none itself:
+the caller decides which one a call takes. The Triton and TileLang kernels are written for CUDA
+tensors with hc = 4 (``mhc_tilelang.tilelang_supports``); torch takes any hc and device.
+TileLang covers pre and fused post+pre (the per-sublayer kernels); a lone post (once per forward)
+has only Triton and torch.
 
-Symmetric memory: ``layer_input`` feeds the MoE, whose in-place runner then hands the same storage
-to the TP all-reduce, so it (and only it: not post, comb or the residual) is allocated inside
-``use_symmetric_memory``. Intermediates are made outside that scope because the pool never shrinks.
+Memory: the layer input (the ``[T, H]`` output of pre and of fused post+pre) goes into ``out`` when
+the caller passes one (its own allocation, e.g. from a pool that a collective reads) and is
+allocated with the default allocator only when ``out`` is None. Everything else (post, comb, the
+new residual, the workspaces) is always an ordinary allocation, made by the kernels.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
-from contextlib import AbstractContextManager
 from typing import Literal
 
 import torch
 
-from sglang.kernels.ops.layernorm import mhc_tilelang
+from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
 
 # The shared constants live in mhc_tilelang, which never imports this module (this one imports it).
-# NMIX_PAD (24 mixes padded to 32) is also the Triton kernels' mix width: a power of two.
-from sglang.kernels.ops.layernorm.mhc_tilelang import NMIX_PAD, POST_MULT
-from sglang.srt.distributed.device_communicators.pynccl_allocator import use_symmetric_memory
-from sglang.srt.distributed.parallel_state import get_tp_group_or_none
-from sglang.srt.environ import envs
-from sglang.srt.layers.dp_attention import is_allocation_symmetric
-from sglang.srt.layers.layernorm import rms_norm
-from sglang.srt.utils.log import get_logger, log_once
-
-try:  # Triton is optional here: without it every call takes the torch path
-    import triton
-    import triton.language as tl
-
-    _HAS_TRITON = True
-except ImportError:  # pragma: no cover - Triton missing
-    _HAS_TRITON = False
+from sglang.kernels.ops.layernorm.mhc_tilelang import POST_MULT
+from sglang.kernels.ops.layernorm.rms_norm import rms_norm
 
 Backend = Literal["tilelang", "triton", "torch"]
-_ENV = "SGLANG_MHC_BACKEND"
-
-logger = get_logger(__name__)
-
-
-def _layer_input_scope() -> AbstractContextManager[object]:
-    # Names looked up at call time, so tests can monkeypatch them on this module.
-    return use_symmetric_memory(get_tp_group_or_none(), disabled=not is_allocation_symmetric())
-
-
-def _alloc_layer_input(t: int, h: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The only allocation made in the symmetric pool."""
-    with _layer_input_scope():
-        return torch.empty(t, h, dtype=dtype, device=device)
+BACKENDS: tuple[Backend, ...] = ("tilelang", "triton", "torch")
 
 
 def _n_mix(residual: torch.Tensor) -> int:
     hc = residual.shape[1] if residual.dim() == 3 else 0
     return (2 + hc) * hc
+
+
+def check_norm_eps(norm_weight: torch.Tensor | None, norm_eps: float | None) -> None:
+    """A fused RMSNorm (``norm_weight`` given) needs its ``norm_eps``."""
+    if norm_weight is not None:
+        _norm_eps(norm_eps)
 
 
 def _norm_eps(norm_eps: float | None) -> float:
@@ -91,6 +65,41 @@ def _check_shapes(residual: torch.Tensor, fn: torch.Tensor, n_mix: int) -> tuple
     if fn.shape != (n_mix, hc * h):
         raise ValueError(f"fn must be [{n_mix}, {hc * h}], got {tuple(fn.shape)}")
     return t, hc, h
+
+
+def layer_input_shape(residual: torch.Tensor, fn: torch.Tensor) -> tuple[int, int]:
+    """``(T, H)`` of the layer input that pre / fused post+pre make from ``residual`` and ``fn``
+    (raises on inconsistent shapes): what a caller allocates as ``out``."""
+    t, _hc, h = _check_shapes(residual, fn, _n_mix(residual))
+    return t, h
+
+
+def _checked_backend(backend: str, residual: torch.Tensor) -> Backend:
+    if backend not in BACKENDS:
+        raise ValueError(f"mHC backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "torch" and not mhc_tilelang.tilelang_supports(residual):
+        raise ValueError(
+            f"the {backend} mHC kernels are written for a residual [T, 4, H] of a kernel dtype, "
+            f"got {tuple(residual.shape)} {residual.dtype}"
+        )
+    return backend  # type: ignore[return-value]
+
+
+def _layer_input(out: torch.Tensor | None, t: int, h: int, residual: torch.Tensor) -> torch.Tensor:
+    """``out`` checked against the layer input it must hold, or a fresh ordinary one."""
+    if out is None:
+        return torch.empty(t, h, dtype=residual.dtype, device=residual.device)
+    if (
+        out.shape != (t, h)
+        or out.dtype != residual.dtype
+        or out.device != residual.device
+        or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"out must be a contiguous [{t}, {h}] {residual.dtype} tensor on {residual.device}, "
+            f"got {tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+    return out
 
 
 # ----------------------------------------------------------------------------- torch reference
@@ -133,8 +142,10 @@ def _pre_torch(
     sinkhorn_iters: int,
     norm_weight: torch.Tensor | None,
     norm_eps: float | None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
+    out = _layer_input(out, t, h, residual)
     pre, post, comb = _split_mixes(
         _rms_mixes(residual, fn, rms_eps), scale, base, hc, hc_eps, sinkhorn_iters
     )
@@ -142,7 +153,6 @@ def _pre_torch(
     if norm_weight is not None:
         # Same as the separate RMSNorm on the stored (rounded) layer input.
         y = rms_norm(y, norm_weight, _norm_eps(norm_eps))
-    out = _alloc_layer_input(t, h, residual.dtype, residual.device)
     out.copy_(y)
     return out, post, comb
 
@@ -156,9 +166,10 @@ def mhc_pre_torch(
     rms_eps: float,
     hc_eps: float,
     sinkhorn_iters: int,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Torch mHC pre: (layer_input [T,H] residual dtype, post [T,hc] fp32, comb [T,hc,hc] fp32)."""
-    return _pre_torch(residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, None, None)
+    return _pre_torch(residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, None, None, out)
 
 
 def hc_post_torch_impl(
@@ -189,84 +200,7 @@ def hc_head_torch_impl(
     return (w.unsqueeze(-1) * residual.float()).sum(dim=1).to(residual.dtype)
 
 
-# ----------------------------------------------------------------------------- dispatch
-
-
-@functools.lru_cache(maxsize=1)
-def _tilelang_import_error() -> str | None:
-    """None when ``tilelang`` imports, else why not. Tried once, on the first CUDA call: the import
-    takes seconds and CPU-only processes never need it."""
-    try:
-        import tilelang  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - a broken install raises more than ImportError
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def _tilelang_version() -> str:
-    import tilelang
-
-    return str(getattr(tilelang, "__version__", "unknown"))
-
-
-def select_backend(residual: torch.Tensor) -> tuple[Backend, str]:
-    """(backend, why) for a call on ``residual``. Reads ``SGLANG_MHC_BACKEND`` on every call, so a
-    test or launcher can change it; raises when an explicit kernel backend cannot be used on CUDA.
-    Uncached (the exact reason for this residual); the per-call path goes through ``_backend``."""
-    requested = envs.SGLANG_MHC_BACKEND.get()
-    if not residual.is_cuda:
-        return "torch", f"tensors on {residual.device.type}: the kernels are CUDA-only"
-    # tilelang_supports (hc = 4, a kernel dtype) also covers what the Triton kernels need.
-    if not mhc_tilelang.tilelang_supports(residual):
-        return "torch", (
-            f"residual {tuple(residual.shape)} {residual.dtype}: the kernels are written for hc=4"
-        )
-    if requested == "torch":
-        return "torch", f"{_ENV}=torch"
-    if requested == "auto" and _HAS_TRITON:
-        return "triton", f"{_ENV}=auto: Triton, measured faster than TileLang up to 512 tokens"
-    if requested in ("auto", "tilelang"):
-        error = _tilelang_import_error()
-        if error is None:
-            why = ", triton does not import," if requested == "auto" else ","
-            return "tilelang", f"{_ENV}={requested}{why} tilelang {_tilelang_version()} imports"
-        if requested == "tilelang":
-            raise RuntimeError(f"{_ENV}=tilelang but tilelang does not import ({error})")
-        return "torch", f"{_ENV}=auto, neither triton nor tilelang ({error}) imports"
-    if not _HAS_TRITON:
-        raise RuntimeError(f"{_ENV}=triton but triton does not import")
-    return "triton", f"{_ENV}=triton"
-
-
-# What select_backend's answer depends on, besides the tilelang import (cached on its own):
-# (raw SGLANG_MHC_BACKEND or None, device type, kernels cover the shape/dtype, triton imports).
-_DecisionKey = tuple[str | None, str, bool, bool]
-_decisions: dict[_DecisionKey, Backend] = {}
-
-
-def reset_backend_selection() -> None:
-    """Forget every backend decision and the tilelang import result (tests that change the
-    environment, ``sys.modules['tilelang']`` or ``_HAS_TRITON`` between calls)."""
-    _decisions.clear()
-    _tilelang_import_error.cache_clear()
-
-
-def _backend(residual: torch.Tensor) -> Backend:
-    # Three calls per layer per forward: after the first call of a key, only the key is built
-    # (no env validation, tilelang probe, reason formatting or log_once lock). The raw env value
-    # is the key, so a bad value is parsed (and raises) by select_backend on every call, uncached.
-    key = (
-        os.environ.get(_ENV),
-        residual.device.type,
-        mhc_tilelang.tilelang_supports(residual),
-        _HAS_TRITON,
-    )
-    backend = _decisions.get(key)
-    if backend is None:
-        backend, why = select_backend(residual)
-        log_once(logger, logging.INFO, f"mHC kernels: {backend} ({why})")
-        _decisions[key] = backend
-    return backend
+# ----------------------------------------------------------------------------- entry points
 
 
 def _mhc_pre_impl(
@@ -280,17 +214,18 @@ def _mhc_pre_impl(
     sinkhorn_iters: int,
     norm_weight: torch.Tensor | None,
     norm_eps: float | None,
+    backend: Backend = "torch",
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The pre (+ norm) on the chosen backend: the one body behind :func:`mhc_pre` and the torch
-    branch of :func:`mhc_fused_post_pre` (the name upstream's comments give the pre kernel)."""
-    backend = _backend(residual)
-    if backend == "torch":
+    """The pre (+ norm) on ``backend``: the one body behind :func:`mhc_pre` and the torch branch
+    of :func:`mhc_fused_post_pre` (the name upstream's comments give the pre kernel)."""
+    if _checked_backend(backend, residual) == "torch":
         return _pre_torch(
-            residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps
+            residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps, out
         )
     t, _hc, h = _check_shapes(residual, fn, _n_mix(residual))
-    out = _alloc_layer_input(t, h, residual.dtype, residual.device)
-    kernel = mhc_tilelang.mhc_pre_tilelang if backend == "tilelang" else _mhc_pre_triton
+    out = _layer_input(out, t, h, residual)
+    kernel = mhc_tilelang.mhc_pre_tilelang if backend == "tilelang" else mhc_triton.mhc_pre_triton
     post, comb = kernel(
         residual,
         fn,
@@ -317,11 +252,13 @@ def mhc_pre(
     sinkhorn_iters: int,
     norm_weight: torch.Tensor | None = None,
     norm_eps: float | None = None,
+    backend: Backend = "torch",
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """mHC pre (+ the sublayer's RMSNorm when ``norm_weight`` is given)
+    """mHC pre (+ the sublayer's RMSNorm when ``norm_weight`` is given) on ``backend``, the layer
+    input written into ``out`` when given
     -> (layer_input [T,H] residual dtype, post [T,hc] fp32, comb [T,hc,hc] fp32)."""
-    if norm_weight is not None:
-        _norm_eps(norm_eps)
+    check_norm_eps(norm_weight, norm_eps)
     return _mhc_pre_impl(
         residual,
         fn,
@@ -332,16 +269,25 @@ def mhc_pre(
         sinkhorn_iters=sinkhorn_iters,
         norm_weight=norm_weight,
         norm_eps=norm_eps,
+        backend=backend,
+        out=out,
     )
 
 
 def mhc_post(
-    x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    *,
+    backend: Literal["triton", "torch"] = "torch",
 ) -> torch.Tensor:
     """mHC post -> the new residual [T, hc, H] (ordinary allocation). No TileLang variant: it runs
-    once per forward (the other posts are fused into the next pre), so TileLang falls to Triton."""
-    if _backend(residual) != "torch" and _HAS_TRITON:
-        return _mhc_post_triton(x, residual, post, comb)
+    once per forward (the other posts are fused into the next pre)."""
+    if backend == "tilelang":
+        raise ValueError("the mHC post has no TileLang kernel: run it on 'triton' or 'torch'")
+    if _checked_backend(backend, residual) == "triton":
+        return mhc_triton.mhc_post_triton(x, residual, post, comb)
     return hc_post_torch_impl(x, residual, post, comb)
 
 
@@ -359,18 +305,23 @@ def mhc_fused_post_pre(
     sinkhorn_iters: int,
     norm_weight: torch.Tensor | None = None,
     norm_eps: float | None = None,
+    backend: Backend = "torch",
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One sublayer's post fused with the next one's pre (+ norm):
-    -> (new_residual, layer_input, post_next, comb_next); equal to mhc_post then mhc_pre."""
-    if norm_weight is not None:
-        _norm_eps(norm_eps)
-    backend = _backend(residual)
-    if backend != "torch":
+    """One sublayer's post fused with the next one's pre (+ norm) on ``backend``, the layer input
+    written into ``out`` when given -> (new_residual, layer_input, post_next, comb_next); equal to
+    mhc_post then mhc_pre."""
+    check_norm_eps(norm_weight, norm_eps)
+    if _checked_backend(backend, residual) != "torch":
         t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
-        out = _alloc_layer_input(t, h, residual.dtype, residual.device)
+        out = _layer_input(out, t, h, residual)
         residual = residual.contiguous()
         new_residual = torch.empty_like(residual)  # an ordinary allocation, like every residual
-        kernel = mhc_tilelang.mhc_fused_post_pre_tilelang if backend == "tilelang" else _launch_pre
+        kernel = (
+            mhc_tilelang.mhc_fused_post_pre_tilelang
+            if backend == "tilelang"
+            else mhc_triton.mhc_fused_post_pre_triton
+        )
         post_next, comb_next = kernel(
             residual,
             x.contiguous(),
@@ -399,6 +350,8 @@ def mhc_fused_post_pre(
         sinkhorn_iters=sinkhorn_iters,
         norm_weight=norm_weight,
         norm_eps=norm_eps,
+        backend="torch",
+        out=out,
     )
     return new_residual, y, post_next, comb_next
 
@@ -415,463 +368,3 @@ def mhc_head(
     """Final hyper-connection head (no Sinkhorn) -> [T, H]. Torch on every device: it runs once per
     forward, and its output is no collective input, so it is an ordinary allocation."""
     return hc_head_torch_impl(residual, fn, scale, base, rms_eps=rms_eps, hc_eps=hc_eps)
-
-
-# ----------------------------------------------------------------------------- Triton
-#
-# Two kernels per call, no atomics (deterministic, graph-safe; the split count depends on T only):
-#  1. ``_mix_partial_kernel``, grid (token blocks, H splits): for its [BLOCK_T tokens, H chunk]
-#     tile it optionally applies the previous sublayer's post (writing the new residual, rounded to
-#     its dtype, and mixing *that* rounded value, exactly as an unfused post then pre would), then
-#     accumulates the partial ``R_flat @ fn^T`` (tf32x3 tensor-core dot, ~fp32 accuracy) and the
-#     partial sum of squares. Splitting over H gives enough programs at decode sizes (T = 1
-#     still fills the GPU); ``fn`` ([24, 4H] fp32, 2.75 MB at H = 7168) is read once per token
-#     block and stays in L2.
-#  2. ``_pre_finalize_kernel``, one program per token: sums the splits, takes the RMS, computes
-#     pre / post / Sinkhorn comb on a 4x4 tile, then the weighted stream sum (and fused RMSNorm).
-# The kernels are written for hc = 4 (DeepSeek V4's hc_mult); other hc values take the torch path
-# (select_backend checks it with mhc_tilelang.tilelang_supports).
-
-if _HAS_TRITON:
-
-    @triton.jit
-    def _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, J: tl.constexpr):
-        # New stream J: post_J * x + sum_k comb[k, J] * R_k (comb row k = old stream k).
-        p = tl.load(post_ptr + offs_t * 4 + J, mask=mask_t, other=0.0).to(tl.float32)
-        c0 = tl.load(comb_ptr + offs_t * 16 + 0 * 4 + J, mask=mask_t, other=0.0).to(tl.float32)
-        c1 = tl.load(comb_ptr + offs_t * 16 + 1 * 4 + J, mask=mask_t, other=0.0).to(tl.float32)
-        c2 = tl.load(comb_ptr + offs_t * 16 + 2 * 4 + J, mask=mask_t, other=0.0).to(tl.float32)
-        c3 = tl.load(comb_ptr + offs_t * 16 + 3 * 4 + J, mask=mask_t, other=0.0).to(tl.float32)
-        return (
-            p[:, None] * xv
-            + c0[:, None] * r0
-            + c1[:, None] * r1
-            + c2[:, None] * r2
-            + c3[:, None] * r3
-        )
-
-    @triton.jit
-    def _mix_dot(
-        acc,
-        r,
-        fn_ptr,
-        offs_d,
-        mask_d,
-        offs_m,
-        mask_m,
-        K,
-        S: tl.constexpr,
-        H,
-        PRECISION: tl.constexpr,
-    ):
-        # acc[t, m] += sum_d r[t, d] * fn[m, S*H + d]
-        w = tl.load(
-            fn_ptr + offs_m[None, :] * K + S * H + offs_d[:, None],
-            mask=mask_d[:, None] & mask_m[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        return tl.dot(r, w, acc, input_precision=PRECISION)
-
-    @triton.jit
-    def _mix_partial_kernel(
-        res_ptr,
-        x_ptr,
-        post_ptr,
-        comb_ptr,
-        new_res_ptr,
-        fn_ptr,
-        part_ptr,
-        sq_ptr,
-        T,
-        H,
-        CHUNK,
-        FUSE_POST: tl.constexpr,
-        NMIX: tl.constexpr,
-        NMIX_PAD: tl.constexpr,
-        BLOCK_T: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        PRECISION: tl.constexpr,
-    ):
-        pid_t = tl.program_id(0)
-        pid_s = tl.program_id(1)
-        K = 4 * H
-        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-        mask_t = offs_t < T
-        offs_m = tl.arange(0, NMIX_PAD)
-        mask_m = offs_m < NMIX
-        row = offs_t.to(tl.int64)[:, None] * K
-        acc = tl.zeros([BLOCK_T, NMIX_PAD], dtype=tl.float32)
-        sq = tl.zeros([BLOCK_T], dtype=tl.float32)
-        d_start = pid_s * CHUNK
-        for d0 in range(d_start, d_start + CHUNK, BLOCK_D):
-            offs_d = d0 + tl.arange(0, BLOCK_D)
-            mask_d = offs_d < H
-            m2 = mask_t[:, None] & mask_d[None, :]
-            ptrs = row + offs_d[None, :]
-            r0 = tl.load(res_ptr + ptrs, mask=m2, other=0.0).to(tl.float32)
-            r1 = tl.load(res_ptr + ptrs + H, mask=m2, other=0.0).to(tl.float32)
-            r2 = tl.load(res_ptr + ptrs + 2 * H, mask=m2, other=0.0).to(tl.float32)
-            r3 = tl.load(res_ptr + ptrs + 3 * H, mask=m2, other=0.0).to(tl.float32)
-            if FUSE_POST:
-                out_ty = new_res_ptr.dtype.element_ty
-                xv = tl.load(
-                    x_ptr + offs_t.to(tl.int64)[:, None] * H + offs_d[None, :], mask=m2, other=0.0
-                )
-                xv = xv.to(tl.float32)
-                n0 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 0).to(
-                    out_ty
-                )
-                n1 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 1).to(
-                    out_ty
-                )
-                n2 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 2).to(
-                    out_ty
-                )
-                n3 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 3).to(
-                    out_ty
-                )
-                tl.store(new_res_ptr + ptrs, n0, mask=m2)
-                tl.store(new_res_ptr + ptrs + H, n1, mask=m2)
-                tl.store(new_res_ptr + ptrs + 2 * H, n2, mask=m2)
-                tl.store(new_res_ptr + ptrs + 3 * H, n3, mask=m2)
-                # Mix the stored (rounded) values, as the unfused pre would read them back.
-                r0 = n0.to(tl.float32)
-                r1 = n1.to(tl.float32)
-                r2 = n2.to(tl.float32)
-                r3 = n3.to(tl.float32)
-            acc = _mix_dot(acc, r0, fn_ptr, offs_d, mask_d, offs_m, mask_m, K, 0, H, PRECISION)
-            acc = _mix_dot(acc, r1, fn_ptr, offs_d, mask_d, offs_m, mask_m, K, 1, H, PRECISION)
-            acc = _mix_dot(acc, r2, fn_ptr, offs_d, mask_d, offs_m, mask_m, K, 2, H, PRECISION)
-            acc = _mix_dot(acc, r3, fn_ptr, offs_d, mask_d, offs_m, mask_m, K, 3, H, PRECISION)
-            sq += tl.sum(r0 * r0 + r1 * r1 + r2 * r2 + r3 * r3, axis=1)
-        out_row = (pid_s * T + offs_t).to(tl.int64)
-        tl.store(
-            part_ptr + out_row[:, None] * NMIX_PAD + offs_m[None, :], acc, mask=mask_t[:, None]
-        )
-        tl.store(sq_ptr + out_row, sq, mask=mask_t)
-
-    @triton.jit
-    def _pre_finalize_kernel(
-        part_ptr,
-        sq_ptr,
-        res_ptr,
-        scale_ptr,
-        base_ptr,
-        norm_w_ptr,
-        out_ptr,
-        post_ptr,
-        comb_ptr,
-        T,
-        H,
-        n_splits,
-        rms_eps,
-        hc_eps,
-        norm_eps,
-        sinkhorn_iters,
-        HAS_NORM: tl.constexpr,
-        NMIX_PAD: tl.constexpr,
-        SPLIT_BLOCK: tl.constexpr,
-        BLOCK_H: tl.constexpr,
-        ONE_PASS: tl.constexpr,
-    ):
-        t = tl.program_id(0).to(tl.int64)
-        i = tl.arange(0, 4)
-        ij = i[:, None] * 4 + i[None, :]
-        pre_m = tl.zeros([4], dtype=tl.float32)
-        post_m = tl.zeros([4], dtype=tl.float32)
-        comb_m = tl.zeros([4, 4], dtype=tl.float32)
-        ss = tl.zeros([1], dtype=tl.float32)
-        # Sum the partials a tile of splits at a time (a serial per-split loop is latency bound).
-        sp = tl.arange(0, SPLIT_BLOCK)
-        for s0 in range(0, n_splits, SPLIT_BLOCK):
-            srow = s0 + sp
-            smask = srow < n_splits
-            rows = (srow.to(tl.int64) * T + t) * NMIX_PAD
-            pre_m += tl.sum(
-                tl.load(part_ptr + rows[:, None] + i[None, :], mask=smask[:, None], other=0.0),
-                axis=0,
-            )
-            post_m += tl.sum(
-                tl.load(part_ptr + rows[:, None] + 4 + i[None, :], mask=smask[:, None], other=0.0),
-                axis=0,
-            )
-            comb_m += tl.sum(
-                tl.load(
-                    part_ptr + rows[:, None, None] + 8 + ij[None, :, :],
-                    mask=smask[:, None, None],
-                    other=0.0,
-                ),
-                axis=0,
-            )
-            ss += tl.sum(tl.load(sq_ptr + srow.to(tl.int64) * T + t, mask=smask, other=0.0), axis=0)
-        r = tl.sum(1.0 / tl.sqrt(ss / (4 * H) + rms_eps), axis=0)  # scalar
-        sc_pre = tl.load(scale_ptr)
-        sc_post = tl.load(scale_ptr + 1)
-        sc_comb = tl.load(scale_ptr + 2)
-        pre = tl.sigmoid(pre_m * r * sc_pre + tl.load(base_ptr + i)) + hc_eps
-        post = 2.0 * tl.sigmoid(post_m * r * sc_post + tl.load(base_ptr + 4 + i))
-        c = comb_m * r * sc_comb + tl.load(base_ptr + 8 + ij)
-        c = tl.exp(c - tl.max(c, axis=1)[:, None])
-        c = c / tl.sum(c, axis=1)[:, None] + hc_eps
-        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
-        for _ in range(sinkhorn_iters - 1):
-            c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
-            c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
-        tl.store(post_ptr + t * 4 + i, post)
-        tl.store(comb_ptr + t * 16 + ij, c)
-
-        out_ty = out_ptr.dtype.element_ty
-        if ONE_PASS:
-            # The whole row in registers: every load in flight at once and no re-read for the
-            # norm (a token's row is 4*H values; BLOCK_H >= H).
-            offs = tl.arange(0, BLOCK_H)
-            mask = offs < H
-            rb = tl.load(
-                res_ptr + t * 4 * H + i[:, None] * H + offs[None, :], mask=mask[None, :], other=0.0
-            )
-            y = tl.sum(pre[:, None] * rb.to(tl.float32), axis=0).to(out_ty)
-            if HAS_NORM:
-                # RMSNorm of the rounded sum, like a separate norm would see it.
-                yf = y.to(tl.float32)
-                rn = 1.0 / tl.sqrt(tl.sum(yf * yf, axis=0) / H + norm_eps)
-                w = tl.load(norm_w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                y = (yf * rn * w).to(out_ty)
-            tl.store(out_ptr + t * H + offs, y, mask=mask)
-        else:
-            ysq = tl.zeros([BLOCK_H], dtype=tl.float32)
-            for h0 in range(0, H, BLOCK_H):
-                offs = h0 + tl.arange(0, BLOCK_H)
-                mask = offs < H
-                rb = tl.load(
-                    res_ptr + t * 4 * H + i[:, None] * H + offs[None, :],
-                    mask=mask[None, :],
-                    other=0.0,
-                )
-                y = tl.sum(pre[:, None] * rb.to(tl.float32), axis=0).to(out_ty)
-                tl.store(out_ptr + t * H + offs, y, mask=mask)
-                if HAS_NORM:
-                    yf = y.to(tl.float32)
-                    ysq += yf * yf
-            if HAS_NORM:
-                # RMSNorm of the stored (rounded) sum, like a separate norm would see it; the second
-                # pass re-reads this program's own stores, hence the barrier.
-                rn = 1.0 / tl.sqrt(tl.sum(ysq, axis=0) / H + norm_eps)
-                tl.debug_barrier()
-                for h0 in range(0, H, BLOCK_H):
-                    offs = h0 + tl.arange(0, BLOCK_H)
-                    mask = offs < H
-                    y = tl.load(out_ptr + t * H + offs, mask=mask, other=0.0).to(tl.float32)
-                    w = tl.load(norm_w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                    tl.store(out_ptr + t * H + offs, (y * rn * w).to(out_ty), mask=mask)
-
-    @triton.jit
-    def _post_kernel(
-        res_ptr,
-        x_ptr,
-        post_ptr,
-        comb_ptr,
-        new_res_ptr,
-        T,
-        H,
-        BLOCK_T: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-    ):
-        offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        mask_t = offs_t < T
-        m2 = mask_t[:, None] & (offs_d < H)[None, :]
-        ptrs = offs_t.to(tl.int64)[:, None] * (4 * H) + offs_d[None, :]
-        r0 = tl.load(res_ptr + ptrs, mask=m2, other=0.0).to(tl.float32)
-        r1 = tl.load(res_ptr + ptrs + H, mask=m2, other=0.0).to(tl.float32)
-        r2 = tl.load(res_ptr + ptrs + 2 * H, mask=m2, other=0.0).to(tl.float32)
-        r3 = tl.load(res_ptr + ptrs + 3 * H, mask=m2, other=0.0).to(tl.float32)
-        xv = tl.load(x_ptr + offs_t.to(tl.int64)[:, None] * H + offs_d[None, :], mask=m2, other=0.0)
-        xv = xv.to(tl.float32)
-        out_ty = new_res_ptr.dtype.element_ty
-        tl.store(
-            new_res_ptr + ptrs,
-            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 0).to(out_ty),
-            mask=m2,
-        )
-        tl.store(
-            new_res_ptr + ptrs + H,
-            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 1).to(out_ty),
-            mask=m2,
-        )
-        tl.store(
-            new_res_ptr + ptrs + 2 * H,
-            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 2).to(out_ty),
-            mask=m2,
-        )
-        tl.store(
-            new_res_ptr + ptrs + 3 * H,
-            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 3).to(out_ty),
-            mask=m2,
-        )
-
-
-_ONE_PASS_MAX_H = 8192
-_ONE_PASS_MAX_T = 256
-_TARGET_PROGRAMS = 256  # ~2 per SM on an H200: enough splits that small T still fills the GPU
-
-
-def _partial_config(t: int, h: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_T, BLOCK_D, num_warps, CHUNK, n_splits) for the split-over-H mix kernel.
-
-    Bigger token blocks for bigger T cut the number of times ``fn`` is re-read from L2."""
-    if t <= 256:
-        block_t, block_d, warps = 16, 64, 4
-    elif t <= 2048:
-        block_t, block_d, warps = 32, 64, 4
-    else:
-        block_t, block_d, warps = 64, 64, 8
-    n_tb = triton.cdiv(t, block_t)
-    want = triton.cdiv(_TARGET_PROGRAMS, n_tb)
-    chunk = max(block_d, triton.cdiv(triton.cdiv(h, want), block_d) * block_d)
-    return block_t, block_d, warps, chunk, triton.cdiv(h, chunk)
-
-
-def _dot_precision(device: torch.device) -> str:
-    # tf32x3: three tf32 MMAs, ~fp32 accuracy (plain tf32 would cost ~1e-3 in the mixes).
-    return "tf32x3" if device.type == "cuda" else "ieee"
-
-
-def _launch_pre(
-    residual: torch.Tensor,
-    x: torch.Tensor | None,
-    post_prev: torch.Tensor | None,
-    comb_prev: torch.Tensor | None,
-    new_residual: torch.Tensor | None,
-    fn: torch.Tensor,
-    scale: torch.Tensor,
-    base: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None,
-    norm_eps: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    t, hc, h = residual.shape
-    dev = residual.device
-    post = torch.empty(t, hc, dtype=torch.float32, device=dev)
-    comb = torch.empty(t, hc, hc, dtype=torch.float32, device=dev)
-    if t == 0:
-        return post, comb
-    fuse = x is not None
-    block_t, block_d, warps, chunk, n_splits = _partial_config(t, h)
-    part = torch.empty(n_splits, t, NMIX_PAD, dtype=torch.float32, device=dev)
-    sq = torch.empty(n_splits, t, dtype=torch.float32, device=dev)
-    fn = fn.float().contiguous()
-    _mix_partial_kernel[(triton.cdiv(t, block_t), n_splits)](
-        residual,
-        x if fuse else residual,
-        post_prev if fuse else fn,
-        comb_prev if fuse else fn,
-        new_residual if fuse else residual,
-        fn,
-        part,
-        sq,
-        t,
-        h,
-        chunk,
-        FUSE_POST=fuse,
-        NMIX=(2 + hc) * hc,
-        NMIX_PAD=NMIX_PAD,
-        BLOCK_T=block_t,
-        BLOCK_D=block_d,
-        PRECISION=_dot_precision(dev),
-        num_warps=warps,
-        num_stages=2,  # the H loop is short at decode sizes; 3 stages would double shared memory
-    )
-    src = new_residual if fuse else residual
-    has_norm = norm_weight is not None
-    # Decode-sized batches finalise each row in registers in one pass (enough warps to keep about
-    # 64 fp32 values a thread): 7-11% faster per call at T <= 64 on an H200. From T = 512 the
-    # 4-warp loop over 1024-wide blocks was 0-4% faster (more programs resident), and it takes
-    # rows wider than _ONE_PASS_MAX_H (docs/performance.md, scripts/bench_mhc.py).
-    one_pass = h <= _ONE_PASS_MAX_H and t <= _ONE_PASS_MAX_T
-    block_h = triton.next_power_of_2(h) if one_pass else 1024
-    _pre_finalize_kernel[(t,)](
-        part,
-        sq,
-        src,
-        scale.float().contiguous(),
-        base.float().contiguous(),
-        norm_weight.contiguous() if has_norm else fn,
-        out,
-        post,
-        comb,
-        t,
-        h,
-        n_splits,
-        float(rms_eps),
-        float(hc_eps),
-        float(norm_eps if has_norm else 0.0),
-        int(sinkhorn_iters),
-        HAS_NORM=has_norm,
-        NMIX_PAD=NMIX_PAD,
-        SPLIT_BLOCK=min(32, max(2, triton.next_power_of_2(n_splits))),
-        BLOCK_H=block_h,
-        ONE_PASS=one_pass,
-        num_warps=max(4, min(16, block_h // 512)) if one_pass else 4,
-    )
-    return post, comb
-
-
-def _mhc_pre_triton(
-    residual: torch.Tensor,
-    fn: torch.Tensor,
-    scale: torch.Tensor,
-    base: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None = None,
-    norm_eps: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton pre into ``out`` [T, H]; returns (post, comb)."""
-    return _launch_pre(
-        residual.contiguous(),
-        None,
-        None,
-        None,
-        None,
-        fn,
-        scale,
-        base,
-        out,
-        rms_eps=rms_eps,
-        hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters,
-        norm_weight=norm_weight,
-        norm_eps=norm_eps,
-    )
-
-
-def _mhc_post_triton(
-    x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
-) -> torch.Tensor:
-    """Triton post -> new residual."""
-    residual = residual.contiguous()
-    t, hc, h = residual.shape
-    new_residual = torch.empty_like(residual)
-    if t == 0:
-        return new_residual
-    block_t, block_d = 4, 512
-    _post_kernel[(triton.cdiv(t, block_t), triton.cdiv(h, block_d))](
-        residual,
-        x.contiguous(),
-        post.reshape(t, hc).float().contiguous(),
-        comb.reshape(t, hc, hc).float().contiguous(),
-        new_residual,
-        t,
-        h,
-        BLOCK_T=block_t,
-        BLOCK_D=block_d,
-        num_warps=4,
-    )
-    return new_residual

@@ -1,6 +1,6 @@
 """TileLang variant of the mHC pre and fused post+pre kernels (DeepSeek V4, hc = 4).
 
-Same inputs, outputs and maths as the Triton kernels in ``mhc.py`` (see its docstring for the
+Same inputs, outputs and maths as the Triton kernels in ``mhc_triton.py`` (see ``mhc.py`` for the
 formulas); the caller allocates ``out`` (the layer input, in the symmetric pool when enabled), and
 this module allocates only ordinary tensors: post, comb, the new residual and the workspace.
 
@@ -20,8 +20,8 @@ Two kernels per call, no atomics (deterministic, CUDA-graph safe):
    and, when given, the fused RMSNorm of the *rounded* sum (as a separate norm would see it).
 
 ``T`` (tokens) and the split count are runtime sizes, so a kernel is compiled once per
-(hidden size, dtype, fused?, tile config) or (hidden size, dtype, weight dtype, norm?) and reused for
-every batch size: a compile takes seconds and decode batch sizes change every step.
+(hidden size, dtype, fused?, tile config) or (hidden size, dtype, weight dtype, norm?) and reused
+for every batch size: a compile takes seconds and decode batch sizes change every step.
 
 ``tilelang`` is imported only inside the builders, so importing this module never needs it.
 """
@@ -498,7 +498,8 @@ def mhc_fused_post_pre_tilelang(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TileLang post (into ``new_residual``) + next pre (layer input into ``out``)
     -> (post_next, comb_next). Inputs as ``mhc.mhc_fused_post_pre`` prepares them: contiguous,
-    post [T, hc] and comb [T, hc, hc] fp32 (the same arguments as the Triton ``_launch_pre``)."""
+    post [T, hc] and comb [T, hc, hc] fp32 (the same arguments as
+    ``mhc_triton.mhc_fused_post_pre_triton``)."""
     return _launch(
         residual,
         (x, post, comb, new_residual),

@@ -26,6 +26,8 @@ import triton.language as tl
 
 from sglang.kernels.ops.activation import act_and_mul_reference, activation_code, gated_act
 from sglang.kernels.ops.moe.align import moe_align_block_size
+from sglang.kernels.ops.moe.fused_moe_tma import run_tma_chunk
+from sglang.kernels.ops.moe.grouped_gemm_tma import TmaMoeConfig
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE, block_dequant_fp8, per_token_group_quant_fp8
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 
@@ -589,6 +591,25 @@ def _launch_sum(
     )
 
 
+def select_chunk_config(
+    n_tok: int, p: MoEProblem, dtype: torch.dtype, device: torch.device
+) -> FusedMoeConfig | TmaMoeConfig:
+    from sglang.kernels.ops.moe.tuned_configs import select_moe_config  # imports this module
+
+    if p.fp8 and p.block[0] != p.block[1]:
+        return get_config(n_tok, p.num_experts, p.hidden, p.inter, dtype, top_k=p.top_k)
+    return select_moe_config(
+        n_tok,
+        p.num_experts,
+        p.hidden,
+        p.inter,
+        dtype,
+        top_k=p.top_k,
+        device=device,
+        scale_block=p.block[1],
+    )
+
+
 def fused_experts(
     hidden: torch.Tensor,
     w13: torch.Tensor,
@@ -603,7 +624,7 @@ def fused_experts(
     block_shape: tuple[int, int] | list[int] | None = None,
     inplace: bool = False,
     out: torch.Tensor | None = None,
-    config: FusedMoeConfig | None = None,
+    config: FusedMoeConfig | TmaMoeConfig | None = None,
 ) -> torch.Tensor:
     """Routed experts: ``out[t] = sum_s topk_weights[t, s] * E_{topk_ids[t, s]}(hidden[t])`` with
     ``E_e(x) = w2[e] @ act(w13[e, :I] @ x, w13[e, I:] @ x)``.
@@ -620,7 +641,9 @@ def fused_experts(
       * else: a new ``torch.empty_like(hidden)`` is returned.
     Only the intermediate caches are allocated here, with ``torch.empty`` on the default
     allocator. Off CUDA (and without ``TRITON_INTERPRET=1``) this runs :func:`fused_experts_torch`.
-    ``config`` overrides :func:`get_config` (tuning, tests)."""
+    The kernel and tiles per chunk come from the tuned tables (``tuned_configs.py``): the
+    two-launch kernels below, or at prefill sizes the Hopper TMA kernels (``fused_moe_tma.py``).
+    ``config`` overrides that choice (tuning, tests)."""
     if not triton_can_run(hidden):
         return fused_experts_torch(
             hidden,
@@ -652,21 +675,39 @@ def fused_experts(
     chunk = min(p.tokens, CHUNK_TOKENS)
     max_slots = chunk * p.top_k
     dev, dt = hidden.device, hidden.dtype
-    inter_cache = torch.empty((max_slots, p.inter), dtype=dt, device=dev)
+    inter_cache: torch.Tensor | None = None  # the two-launch path's only
     down_cache = torch.empty((max_slots, p.hidden), dtype=dt, device=dev)
     for start in range(0, p.tokens, chunk):
         end = min(start + chunk, p.tokens)
         n_tok = end - start
         num_slots = n_tok * p.top_k
-        cfg = config or get_config(
-            n_tok, p.num_experts, p.hidden, p.inter, w13.dtype, top_k=p.top_k
-        )
+        cfg = config or select_chunk_config(n_tok, p, w13.dtype, hidden.device)
         chunk_ids = ids[start:end]
+        if isinstance(cfg, TmaMoeConfig):
+            down = down_cache[:num_slots]
+            run_tma_chunk(
+                hidden[start:end],
+                chunk_ids,
+                weights[start:end],
+                w13,
+                w2,
+                w13_scale,
+                w2_scale,
+                down,
+                cfg=cfg,
+                scale_block=p.block[1],
+                act=act,
+                limit=swiglu_limit,
+            )
+            _launch_sum(down, chunk_ids, result[start:end], p)
+            continue
         align = moe_align_block_size(chunk_ids, cfg.block_m, p.num_experts)
         x = hidden[start:end]
         x_scale = None
         if p.fp8:
             x, x_scale = per_token_group_quant_fp8(x, p.block[1])
+        if inter_cache is None:
+            inter_cache = torch.empty((max_slots, p.inter), dtype=dt, device=dev)
         inter = inter_cache[:num_slots]
         _launch_gemm1(
             x, x_scale, w13, w13_scale, inter, align, p, num_slots, cfg, act, swiglu_limit

@@ -616,7 +616,8 @@ def raise_if_timed_out(ws: Workspace, grid: int, timeout_ms: float) -> None:
         f"Triton MegaMoE: {what} for more than {timeout_ms:g} ms on a grid of {grid} CTAs (the "
         f"MegaMoE SM budget, set by SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS). Another stream "
         "is holding SMs; raise SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS, or the wait timeout "
-        "SGLANG_MEGA_MOE_WAIT_TIMEOUT_MS if the GPU is just slow. The output of this call is invalid."
+        "SGLANG_MEGA_MOE_WAIT_TIMEOUT_MS if the GPU is just slow. The output of this call is "
+        "invalid."
     )
 
 
@@ -754,7 +755,8 @@ def mega_fused_experts(
     if (launch_grid, cfg) not in _logged_launches:  # once per shape, off the per-call path
         _logged_launches.add((launch_grid, cfg))
         logger.info(
-            f"Triton MegaMoE: one persistent launch of {launch_grid} CTAs on a {num_sms}-SM budget (tiles {cfg})"
+            f"Triton MegaMoE: one persistent launch of {launch_grid} CTAs on a {num_sms}-SM budget "
+            f"(tiles {cfg})"
         )
     return result
 
@@ -769,7 +771,8 @@ def unsupported_reason(
         return f"hidden size {hidden} must be a multiple of {cfg.block_n2} and {cfg.block_k}"
     if fp8 and (block != (128, 128) or cfg.block_k != 128 or 128 % cfg.block_n1):
         return (
-            f"FP8 needs 128x128 weight blocks, block_k 128 and block_n1 dividing 128 (phase-1 tiles "
+            "FP8 needs 128x128 weight blocks, block_k 128 and block_n1 dividing 128 (phase-1 "
+            "tiles "
             f"make up whole activation groups), got {block}, {cfg.block_k} and {cfg.block_n1}"
         )
     return None

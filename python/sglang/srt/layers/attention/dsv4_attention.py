@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sglang.srt.layers.attention.dsv4_attention_config import DeepseekV4AttentionConfig
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.attention.dsv4_core import dsv4_attention
 from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
@@ -35,7 +36,6 @@ from sglang.srt.layers.linear import (
 )
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
 from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4LayerCache
-from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class AttnSegment:
 class DeepseekV4Attention(nn.Module):
     def __init__(
         self,
-        config: DeepseekV4ModelConfig,
+        config: DeepseekV4AttentionConfig,
         layer_id: int,
         *,
         params_dtype: torch.dtype,
@@ -85,8 +85,8 @@ class DeepseekV4Attention(nn.Module):
         self.n_local_heads = per_rank(c.num_attention_heads, tp_size, "attention heads")
         self.n_local_groups = per_rank(c.o_groups, tp_size, "output groups")
         self.layer_id = layer_id
-        self.kind = c.attn_types[layer_id]
-        self.ratio = c.compress_ratios[layer_id]
+        self.kind = c.kind
+        self.ratio = c.compress_ratio
         self.head_dim = c.head_dim
         self.o_lora_rank = c.o_lora_rank
         self.window = c.sliding_window
@@ -120,7 +120,7 @@ class DeepseekV4Attention(nn.Module):
         self.attn_sink = dim0_sharded_param(
             (c.num_attention_heads,), tp_rank=tp_rank, tp_size=tp_size, device=device
         )
-        self.rotary = InterleavedRotaryEmbedding(c.rope_for_layer(layer_id), device=device)
+        self.rotary = InterleavedRotaryEmbedding(c.rope, device=device)
 
         self.compressor: KVCompressor | None = None
         self.indexer: LightningIndexer | None = None

@@ -74,7 +74,8 @@ class KDASegment:
 
 
 def gated_rms_norm(o: Tensor, weight: Tensor, gate: Tensor, eps: float) -> Tensor:
-    """``rmsnorm(o) * weight * sigmoid(gate)`` over the last dim, fp32 maths, result in o's dtype."""
+    """``rmsnorm(o) * weight * sigmoid(gate)`` over the last dim, fp32 maths, result in o's
+    dtype."""
     of = o.float()
     y = of * torch.rsqrt(of.square().mean(-1, keepdim=True) + eps) * weight.float()
     return (y * torch.sigmoid(gate.float())).to(o.dtype)

@@ -21,7 +21,8 @@ def causal_conv_prefill(x: Tensor, weight: Tensor, state: Tensor) -> tuple[Tenso
     c, width = weight.shape
     if x.dim() != 2 or x.shape[1] != c or state.shape != (width - 1, c):
         raise ValueError(
-            f"conv input {tuple(x.shape)} / state {tuple(state.shape)} do not fit weight {tuple(weight.shape)}"
+            f"conv input {tuple(x.shape)} / state {tuple(state.shape)} do not fit weight "
+            f"{tuple(weight.shape)}"
         )
     window = torch.cat([state.to(weight.dtype), x.to(weight.dtype)], dim=0)  # [W-1+T, C]
     y = F.conv1d(window.t().unsqueeze(0), weight.unsqueeze(1), groups=c)[0].t()  # [T, C]
@@ -35,7 +36,8 @@ def causal_conv_decode(x: Tensor, weight: Tensor, states: Tensor) -> tuple[Tenso
     c, width = weight.shape
     if x.dim() != 2 or x.shape[1] != c or states.shape != (x.shape[0], width - 1, c):
         raise ValueError(
-            f"conv input {tuple(x.shape)} / states {tuple(states.shape)} do not fit weight {tuple(weight.shape)}"
+            f"conv input {tuple(x.shape)} / states {tuple(states.shape)} do not fit weight "
+            f"{tuple(weight.shape)}"
         )
     window = torch.cat(
         [states.to(weight.dtype), x.to(weight.dtype).unsqueeze(1)], dim=1

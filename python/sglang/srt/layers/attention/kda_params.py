@@ -60,13 +60,15 @@ def a_log_param(
         )
         if flat.dim() != 1 or flat.shape[0] < num_heads:
             raise WeightShapeError(
-                f"expected shape ({num_heads},), (1, 1, {num_heads}, 1) or a longer vector, got {tuple(full.shape)}"
+                f"expected shape ({num_heads},), (1, 1, {num_heads}, 1) or a longer vector, got "
+                f"{tuple(full.shape)}"
             )
         if flat.shape[0] > num_heads:
             log_once(
                 logger,
                 logging.INFO,
-                f"A_log has {flat.shape[0]} entries for {num_heads} KDA heads: using the first {num_heads}, per head",
+                f"A_log has {flat.shape[0]} entries for {num_heads} KDA heads: using the first "
+                f"{num_heads}, per head",
             )
             flat = flat[:num_heads]
         with torch.no_grad():

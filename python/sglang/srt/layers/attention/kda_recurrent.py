@@ -20,7 +20,8 @@ def kda_recurrent(
 ) -> tuple[Tensor, Tensor]:
     """Run the recurrence over ``T`` tokens.
 
-    Shapes: ``q, k, g [B, T, H, K]``, ``v [B, T, H, V]``, ``beta [B, T, H]``, ``state [B, H, V, K]``.
+    Shapes: ``q, k, g [B, T, H, K]``, ``v [B, T, H, V]``, ``beta [B, T, H]``,
+    ``state [B, H, V, K]``.
     Returns ``(o [B, T, H, V], final state [B, H, V, K])`` in fp32; ``state`` is not modified."""
     b, t, h, dk = k.shape
     dv = v.shape[-1]

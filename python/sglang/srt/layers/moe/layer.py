@@ -1,51 +1,30 @@
-"""The fused-MoE layer: routed-expert weights, the runner that computes them, the MegaMoE path,
-and the tensor-parallel reduction of the result.
+"""The fused-MoE layer: routed-expert weights, the runner that computes them and the a2a backend
+(``--moe-a2a-backend``) that places them, dispatches rows to them and combines their outputs.
 
-Parallel layouts:
-- normal path (``moe_a2a_backend="none"``): experts tensor-parallel, each rank holds every expert's
-  slice of the intermediate dimension; the partial sums are all-reduced;
-- ``moe_a2a_backend="megamoe"``: experts expert-parallel (``E / tp`` whole experts a rank); the
-  MegaMoE kernel dispatches and combines over the group itself, so no all-reduce follows. When the
-  kernel cannot take a batch, the same local experts run through the runner on ids remapped to
-  this rank (others masked with -1) and the partial sums are all-reduced.
+``forward`` is the same for every backend: dispatch -> runner -> combine (routing is the
+model's). Where the experts sit and which all-reduce runs, if any, is the backend's
+(:mod:`sglang.srt.layers.moe.a2a`).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from sglang.srt.distributed.parallel_state import (
-    get_tp_group_or_none,
-    tensor_model_parallel_all_reduce,
-)
-from sglang.srt.layers.deep_gemm_adapter import get_deep_gemm
+from sglang.srt.layers.moe.a2a import MoEA2ABackend, RankExperts, create_a2a_backend
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.layers.moe.mega_moe import MegaMoEParams, choose_mega_backend, try_run_mega_routed
+from sglang.srt.layers.moe.fused_moe_config import A2ABackend, FusedMoEConfig
+from sglang.srt.layers.moe.mega_moe import MegaMoEParams
+from sglang.srt.layers.moe.mega_moe_weights import MegaWeights
 from sglang.srt.layers.moe.moe_runner import MoERunConfig, MoERunner, create_moe_runner
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.utils.log import get_logger, log_once
 
 logger = get_logger(__name__)
 
-A2ABackend = Literal["none", "megamoe"]
-
-
-@dataclass(frozen=True)
-class FusedMoEConfig:
-    num_experts: int
-    hidden_size: int
-    intermediate_size: int
-    top_k: int
-    activation: str = "swiglu"
-    swiglu_limit: float | None = None
-    runner: str = "auto"
-    a2a_backend: A2ABackend = "none"
-    reduce_results: bool = True
+__all__ = ["A2ABackend", "FusedMoE", "FusedMoEConfig", "resolve_runner_name"]
 
 
 def resolve_runner_name(name: str, device: torch.device) -> str:
@@ -65,26 +44,21 @@ class FusedMoE(nn.Module):
         device: torch.device | str = "cpu",
     ) -> None:
         super().__init__()
-        if config.a2a_backend not in ("none", "megamoe"):
-            raise ValueError(
-                f"unknown MoE a2a backend {config.a2a_backend!r}; expected 'none' or 'megamoe'"
-            )
-        if config.a2a_backend == "megamoe" and config.num_experts % tp_size:
-            raise ValueError(
-                f"megamoe places whole experts: {config.num_experts} experts over {tp_size} ranks"
-            )
         self.config = config
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.device = torch.device(device)
+        self.a2a: MoEA2ABackend = create_a2a_backend(
+            config, tp_rank=tp_rank, tp_size=tp_size, device=self.device
+        )
         name = resolve_runner_name(config.runner, self.device)
         self.runner: MoERunner = create_moe_runner(
             name, MoERunConfig(config.activation, config.swiglu_limit)
         )
-        ok, why = self.runner.is_available(self.device)
-        if not ok:
+        why = self.runner.unavailable_reason(self.device)
+        if why is not None:
             raise ValueError(f"--moe-runner-backend {name} cannot run here: {why}")
         self.weights: ExpertWeights | None = None
-        self.mega_weights: Any = None
+        self.mega_weights: MegaWeights | None = None
         c = config
         # What the MegaMoE kernels are told about this layer (fixed by the config).
         self.mega_params = MegaMoEParams(
@@ -98,28 +72,15 @@ class FusedMoE(nn.Module):
 
     @property
     def expert_parallel(self) -> bool:
-        return self.config.a2a_backend == "megamoe"
+        return self.a2a.places_whole_experts
 
     @property
     def local_experts(self) -> range:
-        if not self.expert_parallel:
-            return range(self.config.num_experts)
-        per_rank = self.config.num_experts // self.tp_size
-        return range(self.tp_rank * per_rank, (self.tp_rank + 1) * per_rank)
+        return self.a2a.local_experts
 
     @property
     def local_intermediate(self) -> range:
-        """The intermediate rows (of gate, and of up) this rank keeps: all of them when expert
-        parallel, else its tensor-parallel slice."""
-        inter = self.config.intermediate_size
-        if self.expert_parallel or self.tp_size == 1:
-            return range(inter)
-        if inter % self.tp_size:
-            raise ValueError(
-                f"intermediate size {inter} is not divisible by tp size {self.tp_size}"
-            )
-        part = inter // self.tp_size
-        return range(self.tp_rank * part, (self.tp_rank + 1) * part)
+        return self.a2a.local_intermediate
 
     def load_weights(self, full: ExpertWeights) -> None:
         """Take the full (all experts, unsharded) weights and keep this rank's part."""
@@ -154,68 +115,40 @@ class FusedMoE(nn.Module):
             )
         )
 
-    def set_mega_weights(self, mega_weights: Any) -> None:
+    def set_mega_weights(self, mega_weights: MegaWeights | None) -> None:
         """DeepGEMM-layout weights ((l1, l1_sf), (l2, l2_sf)) for the MegaMoE kernel."""
         self.mega_weights = mega_weights
 
-    def _local_topk(self, topk: TopKOutput) -> TopKOutput:
-        """Remap global expert ids to this rank's experts; the others become -1 (skipped)."""
-        r = self.local_experts
-        ids = topk.topk_ids
-        mine = (ids >= r.start) & (ids < r.stop)
-        local = torch.where(mine, ids - r.start, torch.full_like(ids, -1))
-        return TopKOutput(torch.where(mine, topk.topk_weights, 0.0), local)
+    def _rank_experts(self, caller: str) -> RankExperts:
+        if self.weights is None:
+            raise RuntimeError(f"FusedMoE.{caller} before load_weights")
+        return RankExperts(self.weights, self.mega_weights, self.mega_params)
 
     def forward(
-        self, hidden: torch.Tensor, topk: TopKOutput, *, inplace: bool = False
+        self, hidden: torch.Tensor, topk: TopKOutput, *, shared: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if self.expert_parallel:
-            return self.forward_mega(hidden, topk)
-        if self.weights is None:
-            raise RuntimeError("FusedMoE.forward before load_weights")
-        return self._forward_runner(hidden, topk, inplace)
+        """``hidden [T, H]`` routed by ``topk`` -> complete ``[T, H]`` rows (reduced over the
+        TP group where the backend's placement needs it), plus ``shared``: the shared expert's
+        output on these rows, sharded as ``self.a2a.shared_expert_tp`` says."""
+        experts = self._rank_experts("forward")
+        dispatched = self.a2a.dispatch(hidden, topk, experts)
+        routed = dispatched.combined
+        if routed is None:  # no fused kernel took the rows: the runner computes them
+            routed = self.runner.run(dispatched.hidden, dispatched.topk, experts.weights)
+        return self.a2a.combine(routed, dispatched, shared=shared)
 
     def forward_mega(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
-        """The MegaMoE path: DeepGEMM's kernel (buffer set-up and pre-dispatch outside the
-        reserved-SM context, only the kernel inside it) or our Triton kernel; combined rows over
-        the expert-parallel group. Where neither can take the batch, the local experts run through
-        the runner on remapped ids and the partial sums are all-reduced."""
-        if self.weights is None:
-            raise RuntimeError("FusedMoE.forward_mega before load_weights")
-        y = try_run_mega_routed(
-            get_deep_gemm(),
-            get_tp_group_or_none(),
-            hidden,
-            topk.topk_ids,
-            topk.topk_weights,
-            self.mega_weights,
-            self.mega_params,
-            device=self.device if self.device.type == "cuda" else None,
-            local_weights=self.weights,
-        )
-        if y is not None:
-            return y
-        return self._forward_runner(hidden, self._local_topk(topk), False)
+        """The models' MegaMoE call sites (``deepseek_v4_moe._run_mega_routed``,
+        ``kimi_k3._forward_mega_experts``): :meth:`forward` on an expert-parallel layer, the
+        routed rows combined over the group, the replicated shared expert left to the caller.
+        Refuses a tensor-parallel layer, whose output would be a partial sum."""
+        if not self.expert_parallel:
+            raise RuntimeError(
+                f"FusedMoE.forward_mega on a layer with a2a backend {self.a2a.name!r}, which "
+                "does not place whole experts"
+            )
+        return self.forward(hidden, topk)
 
-    def mega_backend_summary(self, dtype: torch.dtype) -> str:
-        """Which MegaMoE kernel this layer's decode-sized batches take, and why (startup log)."""
-        x = torch.empty(1, self.config.hidden_size, dtype=dtype, device=self.device)
-        choice = choose_mega_backend(
-            get_deep_gemm(),
-            get_tp_group_or_none(),
-            x,
-            self.mega_weights,
-            self.mega_params,
-            device=self.device if self.device.type == "cuda" else None,
-            local_weights=self.weights,
-        )
-        return choice.describe()
-
-    def _forward_runner(
-        self, hidden: torch.Tensor, topk: TopKOutput, inplace: bool
-    ) -> torch.Tensor:
-        assert self.weights is not None
-        out = self.runner.run(hidden, topk, self.weights, inplace=inplace)
-        if self.config.reduce_results and self.tp_size > 1:
-            out = tensor_model_parallel_all_reduce(out)
-        return out
+    def mega_backend_summary(self, dtype: torch.dtype) -> str | None:
+        """Which fused kernel this layer's decode-sized batches take, and why (startup log)."""
+        return self.a2a.kernel_summary(self._rank_experts("mega_backend_summary"), dtype)

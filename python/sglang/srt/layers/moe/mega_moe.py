@@ -22,6 +22,7 @@ from sglang.srt.layers.deep_gemm_adapter import has_entry_point, resolve_entry_p
 from sglang.srt.layers.moe import mega_moe_triton_backend as triton_backend
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner.base import moe_output_scope
+from sglang.srt.layers.moe.moe_runner.path_table import triton_mega_measured_slower
 from sglang.srt.layers.moe.sm_budget import (  # noqa: F401  (the seed's names, importable here)
     _configure_mega_moe_deep_gemm_num_sms,
     _mega_moe_max_num_sms,
@@ -216,7 +217,10 @@ def mega_moe_shape_reason(params: MegaMoEParams, arch: int) -> str | None:
                 f"its SM90 kernel has SwiGLU only, not {params.activation!r} (SiTU is SM100-only)"
             )
         if params.intermediate_hidden > SM90_MAX_INTERMEDIATE:
-            return f"its SM90 kernel takes intermediate <= {SM90_MAX_INTERMEDIATE}, not {params.intermediate_hidden}"
+            return (
+                f"its SM90 kernel takes intermediate <= {SM90_MAX_INTERMEDIATE}, "
+                f"not {params.intermediate_hidden}"
+            )
     return None
 
 
@@ -241,7 +245,10 @@ def mega_moe_unusable_reason(
         return f"its SM90 pre-dispatch takes bf16 activations, not {dtype}"
     cap = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()
     if num_tokens > cap:
-        return f"batch of {num_tokens} tokens exceeds SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK={cap}"
+        return (
+            f"batch of {num_tokens} tokens exceeds "
+            f"SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK={cap}"
+        )
     return None
 
 
@@ -347,10 +354,15 @@ def choose_mega_backend(
     if reason is None:
         return MegaBackendChoice("deep_gemm", f"{mega_moe_kernel_name(arch)} (sm_{arch})")
     group_size = int(getattr(group, "world_size", 1)) if group is not None else 1
-    config, triton_reason = triton_backend.triton_mega_config(
+    triton_reason = triton_backend.triton_mega_unavailable_reason(
         x, local_weights, group_size, params.num_topk
     )
-    if config is not None:
+    if triton_reason is None:
+        assert local_weights is not None
+        slower = triton_mega_measured_slower(x, local_weights, params)
+        if slower is not None:  # the user's MegaMoE, but not where it measured slower
+            return MegaBackendChoice("none", f"our Triton MegaMoE {slower}")
+        config = triton_backend.triton_mega_config(x, local_weights, params.num_topk)
         return MegaBackendChoice("triton", reason, config)
     return MegaBackendChoice(
         "none", f"DeepGEMM's kernel: {reason}; our Triton kernel: {triton_reason}"

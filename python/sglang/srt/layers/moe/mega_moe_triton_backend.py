@@ -31,37 +31,41 @@ logger = get_logger(__name__)
 _launches = itertools.count(1)
 
 
-def triton_mega_config(
+def triton_mega_unavailable_reason(
     x: torch.Tensor, weights: ExpertWeights | None, group_size: int, top_k: int
-) -> tuple[MegaMoEConfig | None, str | None]:
-    """The kernel's tiles for this call, or why our Triton MegaMoE cannot take it:
-    ``(config, None)`` or ``(None, reason)``."""
+) -> str | None:
+    """Why our Triton MegaMoE cannot take this call (None: it can, with
+    :func:`triton_mega_config`'s tiles)."""
     if weights is None:
-        return None, "the layer has no expert weights"
+        return "the layer has no expert weights"
     if not x.is_cuda:
-        return None, "the Triton MegaMoE kernel needs a CUDA device"
+        return "the Triton MegaMoE kernel needs a CUDA device"
     if group_size > 1:
         return (
-            None,
-            f"the Triton MegaMoE kernel runs on one GPU and this expert-parallel group has {group_size} ranks",
+            "the Triton MegaMoE kernel runs on one GPU and this expert-parallel group has "
+            f"{group_size} ranks"
         )
     if weights.w13.dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
         return (
-            None,
-            f"expert weights of dtype {weights.w13.dtype} (bf16, fp16 or FP8 128x128 blocks supported)",
+            f"expert weights of dtype {weights.w13.dtype} (bf16, fp16 or FP8 128x128 blocks "
+            "supported)"
         )
-    from sglang.kernels.ops.moe.mega_moe_triton import (
-        fit_config,
-        get_mega_config,
-        unsupported_reason,
-    )
+    from sglang.kernels.ops.moe.mega_moe_triton import unsupported_reason
+
+    fp8 = weights.w13.dtype == torch.float8_e4m3fn
+    _, two_i, h = weights.w13.shape
+    block = tuple(weights.block_shape or (128, 128))
+    cfg = triton_mega_config(x, weights, top_k)
+    return unsupported_reason(h, two_i // 2, fp8, (int(block[0]), int(block[1])), cfg)
+
+
+def triton_mega_config(x: torch.Tensor, weights: ExpertWeights, top_k: int) -> MegaMoEConfig:
+    """The kernel's tiles for this call (check :func:`triton_mega_unavailable_reason` first)."""
+    from sglang.kernels.ops.moe.mega_moe_triton import fit_config, get_mega_config
 
     fp8 = weights.w13.dtype == torch.float8_e4m3fn
     e, two_i, h = weights.w13.shape
-    cfg = fit_config(get_mega_config(x.shape[0], e, top_k, fp8), h, two_i // 2, fp8)
-    block = tuple(weights.block_shape or (128, 128))
-    reason = unsupported_reason(h, two_i // 2, fp8, (int(block[0]), int(block[1])), cfg)
-    return (None, reason) if reason is not None else (cfg, None)
+    return fit_config(get_mega_config(x.shape[0], e, top_k, fp8), h, two_i // 2, fp8)
 
 
 def run_triton_mega_routed(

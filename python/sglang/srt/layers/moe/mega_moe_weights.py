@@ -79,7 +79,8 @@ def _same_strides_copy(t: Tensor, value: Tensor) -> Tensor:
 
 
 def interleave_gate_up(t: Tensor, granule: int = INTERLEAVE_ROWS) -> Tensor:
-    """``[E, 2I, ...]`` with rows ``[gate | up]`` -> rows ``[g0..g7, u0..u7, g8..g15, u8..u15, ...]``."""
+    """``[E, 2I, ...]`` with rows ``[gate | up]`` -> rows
+    ``[g0..g7, u0..u7, g8..g15, u8..u15, ...]``."""
     e, n, *rest = t.shape
     if n % (2 * granule):
         raise MegaMoEWeightError(
@@ -142,7 +143,8 @@ def ue8m0_bytes(scale: Tensor, what: str) -> Tensor:
             raise MegaMoEWeightError(f"{what}: fp32 MXFP4 scales must be positive powers of two")
         return (exponent.to(torch.int32) - 1 + UE8M0_BIAS).clamp(0, 255).to(torch.uint8)
     raise MegaMoEWeightError(
-        f"{what}: MXFP4 scales must be UE8M0 bytes (uint8 / float8_e8m0fnu) or fp32, got {scale.dtype}"
+        f"{what}: MXFP4 scales must be UE8M0 bytes (uint8 / float8_e8m0fnu) or fp32, got "
+        f"{scale.dtype}"
     )
 
 
@@ -187,7 +189,8 @@ def _transform_sf(
     want = (num_groups, mn, k // (MXFP4_GROUP * SF_PER_INT32))
     _require(
         out.dtype == torch.int32 and tuple(out.shape) == want,
-        f"deep_gemm.transform_sf_into_required_layout gave {out.dtype} {tuple(out.shape)} for {what}, "
+        f"deep_gemm.transform_sf_into_required_layout gave {out.dtype} {tuple(out.shape)} for "
+        f"{what}, "
         f"expected int32 {want}",
     )
     return out
@@ -202,7 +205,8 @@ def _build_mxfp4(deep_gemm: Any, w13: Tensor, w2: Tensor, s13: Tensor, s2: Tenso
     )
     _require(
         tuple(w2.shape) == (e, hidden, inter // 2),
-        f"MXFP4 w2 has shape {tuple(w2.shape)}; w13 {tuple(w13.shape)} needs {(e, hidden, inter // 2)}",
+        f"MXFP4 w2 has shape {tuple(w2.shape)}; w13 {tuple(w13.shape)} needs "
+        f"{(e, hidden, inter // 2)}",
     )
     for name, s, want in (
         ("w13_scale", s13, (e, two_i, hidden // MXFP4_GROUP)),
@@ -263,7 +267,8 @@ def build_mega_moe_experts_weights(
     whose ``transform_sf_into_required_layout`` lays out MXFP4 scales."""
     if w13.dim() != 3 or w2.dim() != 3:
         raise MegaMoEWeightError(
-            f"expert weights must be stacked [E, rows, cols], got w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
+            f"expert weights must be stacked [E, rows, cols], got w13 {tuple(w13.shape)}, w2 "
+            f"{tuple(w2.shape)}"
         )
     if w13.dtype in MXFP4_DTYPES:
         fmt = "MXFP4"

@@ -3,10 +3,10 @@
 A whole-grid kernel (one CTA per SM behind a software grid barrier) stalls, or fails with
 "grid sync timeout", when another stream holds even one SM: some CTAs never become resident.
 DeepGEMM's MegaMoE kernels are such launches on every architecture they exist for:
-``fp8_fp4_mega_moe`` on Blackwell, and ``fp8_mega_moe`` on Hopper (measured on an H200 with
-sgl-deep-gemm 0.1.5.post1: at 132 SMs it waited out a one-SM side-stream kernel in 9 launches of
-10, at 130 in none; docs/reserved_sms.md). So that one kernel call runs on fewer SMs than the GPU
-has, and every other DeepGEMM call keeps the original count.
+``fp8_fp4_mega_moe`` on Blackwell, and ``fp8_mega_moe`` on Hopper (on an H200 it waits out a
+one-SM side-stream kernel at 132 SMs and not at 130; the measurement is in docs/reserved_sms.md
+and docs/performance.md). So that one kernel call runs on fewer SMs than the GPU has, and every
+other DeepGEMM call keeps the original count.
 
 A leaf module: the DeepGEMM MegaMoE path, our Triton MegaMoE, ``check_env`` and the scheduler all
 read the budget here. The budget starts from the *physical* SM count (device properties), never

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 MXFP4_GROUP = 32
-# Packed FP4 bytes may arrive as uint8 or int8 (checkpoints and DeepGEMM differ); both mean the same bits.
+# Packed FP4 bytes may arrive as uint8 or int8 (checkpoints and DeepGEMM differ): the same bits.
 MXFP4_DTYPES = (torch.uint8, torch.int8)
 # A UE8M0 byte ``s`` is the power of two ``2 ** (s - UE8M0_BIAS)``.
 UE8M0_BIAS = 127

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.srt.layers.moe.expert_weights import (
     ExpertWeights,

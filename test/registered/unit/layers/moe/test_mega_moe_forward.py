@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe import mega_moe, sm_budget
 from sglang.srt.layers.moe.mega_moe import MegaMoEParams, mega_moe_pre_dispatch, try_run_mega_routed

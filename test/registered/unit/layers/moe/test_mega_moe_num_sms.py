@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from sglang.srt.environ import EnvValueError, envs
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_call_guard
 from sglang.srt.layers.moe import mega_moe, sm_budget
@@ -107,10 +108,12 @@ def test_nested_contexts_restore_in_order() -> None:
 
 def test_restored_when_body_raises() -> None:
     dg = FakeDeepGemm(num_sms=132)
-    with pytest.raises(RuntimeError, match="kernel failed"):
-        with _configure_mega_moe_deep_gemm_num_sms(dg):
-            assert dg.get_num_sms() == 130
-            raise RuntimeError("kernel failed")
+    with (
+        pytest.raises(RuntimeError, match="kernel failed"),
+        _configure_mega_moe_deep_gemm_num_sms(dg),
+    ):
+        assert dg.get_num_sms() == 130
+        raise RuntimeError("kernel failed")
     assert dg.get_num_sms() == 132
 
 
@@ -146,9 +149,12 @@ def test_bad_env_value_is_named_and_leaves_count_alone(monkeypatch: pytest.Monke
     dg = FakeDeepGemm(num_sms=132)
     for raw in ("abc", "-3", "1.5"):
         monkeypatch.setenv(RESERVED.name, raw)
-        with pytest.raises(
-            EnvValueError, match=f"SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS={raw!r}"
-        ), _configure_mega_moe_deep_gemm_num_sms(dg):
+        with (
+            pytest.raises(
+                EnvValueError, match=f"SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS={raw!r}"
+            ),
+            _configure_mega_moe_deep_gemm_num_sms(dg),
+        ):
             pass
     assert dg.calls == [] and dg.get_num_sms() == 132
 
@@ -187,15 +193,15 @@ def test_two_threads_do_not_see_each_others_value() -> None:
     assert dg.get_num_sms() == 132
 
 
-BUFFER_ARGS = dict(
-    num_experts=256,
-    num_max_tokens_per_rank=1024,
-    num_topk=8,
-    hidden=7168,
-    intermediate_hidden=2048,
-    activation="swiglu",
-    mma_type="fp8xfp4",
-)
+BUFFER_ARGS = {
+    "num_experts": 256,
+    "num_max_tokens_per_rank": 1024,
+    "num_topk": 8,
+    "hidden": 7168,
+    "intermediate_hidden": 2048,
+    "activation": "swiglu",
+    "mma_type": "fp8xfp4",
+}
 
 
 def test_buffer_is_keyed_by_layout_only_and_made_on_the_original_count() -> None:

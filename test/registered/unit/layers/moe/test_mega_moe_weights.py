@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
 from sglang.srt.layers.moe.mega_moe_weights import (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
 from sglang.srt.layers.moe.topk import TopKConfig, select_experts
@@ -38,11 +39,13 @@ def _forward(tp_rank: int, tp_size: int, a2a: str, reduce: bool = True) -> torch
         swiglu_limit=0.5,
         runner="torch",
         a2a_backend=a2a,
-        reduce_results=reduce,
-    )  # type: ignore[arg-type]
+    )
     layer = FusedMoE(config, tp_rank=tp_rank, tp_size=tp_size)
     layer.load_weights(weights)
     topk = select_experts(logits, TopKConfig(K, "sqrtsoftplus"))
+    if not reduce:  # the runner's shard alone, before the a2a combine reduces it
+        assert layer.weights is not None
+        return layer.runner.run(x, topk, layer.weights)
     return layer(x, topk)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.kernels.ops.moe.fused_moe import fused_experts_torch
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.srt.layers import dp_attention as dpa

@@ -9,6 +9,7 @@ from dataclasses import FrozenInstanceError
 import numpy as np
 import pytest
 import torch
+
 from sglang.srt.layers.moe.topk import (
     TopKConfig,
     TopKOutput,

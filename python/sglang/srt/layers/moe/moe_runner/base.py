@@ -77,9 +77,9 @@ class MoERunner(ABC):
         """Combined routed-expert output ``[T, H]`` (top-k weights applied, summed over k).
         With ``inplace`` the result is written into ``hidden`` and ``hidden`` is returned."""
 
-    def is_available(self, device: torch.device) -> tuple[bool, str]:
-        """Whether this runner can run on ``device``, and why not."""
-        return True, ""
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        """Why this runner cannot run on ``device`` (None: it can)."""
+        return None
 
     def _run_fused(
         self,

@@ -39,6 +39,12 @@ from sglang.srt.layers.deep_gemm_adapter import (
 )
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner.base import MoERunConfig, MoERunner, allocate_moe_output
+from sglang.srt.layers.moe.moe_runner.path_table import (
+    MoeShape,
+    fastest_path,
+    log_choice,
+    shape_of,
+)
 from sglang.srt.layers.moe.topk import TopKOutput
 
 Layout = Literal["contiguous", "masked", "triton"]
@@ -89,11 +95,30 @@ def choose_layout(num_tokens: int, fp8: bool, capturing: bool) -> Layout:
     return layout
 
 
+_LAYOUT_OF_PATH: dict[str, Layout] = {
+    "triton": "triton",
+    "deep_gemm_contiguous": "contiguous",
+    "deep_gemm_masked": "masked",
+}
+
+
+def measured_layout(shape: MoeShape, fp8: bool, num_tokens: int, capturing: bool) -> Layout | None:
+    """The fastest measured of Triton and the two DeepGEMM layouts at this size (contiguous not
+    under capture), logged once per choice; None where the shape was not measured."""
+    candidates = [p for p in _LAYOUT_OF_PATH if not (capturing and p == "deep_gemm_contiguous")]
+    dtype = "fp8" if fp8 else "bf16"
+    picked = fastest_path(shape, dtype, num_tokens, candidates)
+    if picked is None:
+        return None
+    log_choice(f"deep_gemm runner {dtype} E={shape.experts} H={shape.hidden}", picked[1])
+    return _LAYOUT_OF_PATH[picked[0]]
+
+
 # --- 1. permute ----------------------------------------------------------------------------------
 # Each layout is an index: which token every row reads. The rows are then gathered in one pass
-# (index_select), after the T token rows were quantised once for FP8: a scatter of the
-# T*k routed rows measured 19% of a prefill MoE, the zero fill 3%, and quantising the permuted
-# rows instead of the tokens 7% (bench_moe.py --profile, DSv4 FP8 at 8192 tokens).
+# (index_select), after the T token rows were quantised once for FP8: a scatter of the T*k
+# routed rows, a zero fill and quantising k times as many rows were the largest non-GEMM costs
+# of a prefill MoE (the profile is in docs/performance.md, "DeepGEMM on the H200").
 
 
 def _expert_ranks(
@@ -276,16 +301,22 @@ class DeepGemmMoERunner(MoERunner):
             )
         return dg
 
-    def is_available(self, device: torch.device) -> tuple[bool, str]:
+    def unavailable_reason(self, device: torch.device) -> str | None:
         if self._dg is not None:
-            return True, ""
+            return None
         status = deep_gemm_status()
-        return status.usable, status.reason
+        return None if status.usable else status.reason
 
-    def layout_for(self, num_tokens: int, fp8: bool) -> Layout:
+    def layout_for(self, num_tokens: int, fp8: bool, shape: MoeShape | None = None) -> Layout:
+        """The forced layout, else the fastest measured one for ``shape`` (``path_table``), else
+        :func:`choose_layout`'s token-count rule."""
         if self.layout != "auto":
             return self.layout
         capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        if shape is not None:
+            measured = measured_layout(shape, fp8, num_tokens, capturing)
+            if measured is not None:
+                return measured
         return choose_layout(num_tokens, fp8, capturing)
 
     def run(
@@ -301,7 +332,7 @@ class DeepGemmMoERunner(MoERunner):
             raise ValueError(
                 f"the deep_gemm runner takes 128x128 FP8 weight blocks, not {weights.block_shape}"
             )
-        layout = self.layout_for(hidden.shape[0], fp8)
+        layout = self.layout_for(hidden.shape[0], fp8, shape_of(weights, topk.topk_ids.shape[1]))
         if layout == "triton":
             from sglang.kernels.ops.moe.fused_moe import fused_experts
 

@@ -22,10 +22,10 @@ class TritonMoERunner(MoERunner):
     # Fixed-size alignment (no host read of the routing), shape-only tile choice.
     capture_safe = True
 
-    def is_available(self, device: torch.device) -> tuple[bool, str]:
+    def unavailable_reason(self, device: torch.device) -> str | None:
         if device.type != "cuda":
-            return False, "the triton MoE runner needs a CUDA device"
-        return True, ""
+            return "the triton MoE runner needs a CUDA device"
+        return None
 
     def run(
         self,

@@ -1,0 +1,483 @@
+"""Hopper grouped GEMMs for prefill-sized MoE: TMA weight loads, a persistent expert-ordered grid,
+and a gate-up epilogue that writes the FP8 intermediate itself.
+
+Both kernels walk the tiles of the expert-sorted rows (``moe_align_block_size``):
+
+* gate-up: ``A`` rows are gathered by token (pointer loads), the gate and up weight tiles come
+  through one tensor descriptor over ``w13`` viewed as ``[E*2I, H]``. The epilogue applies the
+  gated activation and writes the intermediate in *sorted* row order ``[P, I]`` (row = position in
+  ``sorted_token_ids``), so the down GEMM reads its ``A`` as plain contiguous tiles. With FP8 the
+  epilogue also quantises each row's 128-column groups (the ``quant_rows_fp8`` rule of the
+  activation quantiser, on the bf16-rounded values) and writes the e4m3 tile and its scales:
+  no separate requantisation pass.
+* down: ``A`` (the sorted intermediate) and ``w2`` viewed as ``[E*H, I]`` both through tensor
+  descriptors; the epilogue multiplies each row by its top-k weight and scatters it to its
+  (token, slot) row.
+
+Tile order: ``GROUP_M`` consecutive row tiles (rows of one expert, or of neighbouring experts)
+for each column tile before the next, so the weight tile a wave reads is shared by the row tiles
+running at the same time and is fetched from HBM about once. With ``NUM_PROGRAMS`` below the tile
+count the grid is persistent: each program loops over tiles ``pid, pid + NUM_PROGRAMS, ...``.
+FP8 scales are applied per K block (``BLOCK_K`` divides the 128-wide scale block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from sglang.kernels.ops.activation import gated_act
+from sglang.kernels.ops.quant.fp8 import DEFAULT_EPS, FP8_DTYPE, quant_rows_fp8
+
+
+@dataclass(frozen=True)
+class TmaGemmTile:
+    """One GEMM's launch: tile, swizzle group, warps, pipeline depth; ``persistent`` runs one
+    program per SM looping over tiles (else one program a tile); ``warp_specialize`` asks
+    Triton for producer/consumer warps on the persistent loop; ``paired`` (gate-up) loads the
+    gate and up tiles as one 3-D block and runs one dot twice as wide."""
+
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    persistent: bool = True
+    warp_specialize: bool = False
+    paired: bool = False  # gate-up only: gate and up tiles in one 3-D load and one wide dot
+
+
+@dataclass(frozen=True)
+class TmaMoeConfig:
+    """``block_m`` is shared: it is the alignment of the sorted rows both GEMMs walk."""
+
+    block_m: int
+    gemm1: TmaGemmTile
+    gemm2: TmaGemmTile
+
+
+@triton.jit
+def _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
+    per_group = GROUP_M * num_n_blocks
+    first_m = (tile // per_group) * GROUP_M
+    group_rows = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % group_rows
+    pid_n = (tile % per_group) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _gate_up_split(
+    a_ptrs,
+    as_ptrs,
+    row_ok,
+    w_desc,
+    ws_base,
+    stride_wsn,
+    expert,
+    pid_n,
+    inter,
+    k_steps,
+    SCALE_BLOCK: tl.constexpr,
+    FP8: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # Gate and up tiles as two loads and two dots over a 2-D descriptor on w13 [E*2I, H].
+    gate_row = expert * (2 * inter) + pid_n * BLOCK_N
+    up_row = gate_row + inter
+    if FP8:
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        gs_ptrs = ws_base + (cols // SCALE_BLOCK) * stride_wsn
+        us_ptrs = ws_base + ((cols + inter) // SCALE_BLOCK) * stride_wsn
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(k_steps):
+        k0 = kb * BLOCK_K
+        a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
+        wg = w_desc.load([gate_row, k0])
+        wu = w_desc.load([up_row, k0])
+        if FP8:
+            ks = k0 // SCALE_BLOCK
+            a_s = tl.load(as_ptrs + ks, mask=row_ok, other=0.0)
+            g_s = tl.load(gs_ptrs + ks)
+            u_s = tl.load(us_ptrs + ks)
+            acc_g += tl.dot(a, wg.T) * (a_s[:, None] * g_s[None, :])
+            acc_u += tl.dot(a, wu.T) * (a_s[:, None] * u_s[None, :])
+        else:
+            acc_g = tl.dot(a, wg.T, acc_g)
+            acc_u = tl.dot(a, wu.T, acc_u)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _gate_up_paired(
+    a_ptrs,
+    as_ptrs,
+    row_ok,
+    w_desc,
+    ws_base,
+    stride_wsn,
+    expert,
+    pid_n,
+    inter,
+    k_steps,
+    SCALE_BLOCK: tl.constexpr,
+    FP8: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # Gate and up tiles in one load over a 3-D descriptor on w13 viewed [E*2, I, H] (block
+    # [2, BLOCK_N, BLOCK_K]) and one dot [BLOCK_M, 2*BLOCK_N]: the tensor cores see one wide
+    # tile, as a plain GEMM over the stacked gate-up rows would.
+    n0 = pid_n * BLOCK_N
+    if FP8:
+        j = tl.arange(0, 2 * BLOCK_N)
+        w_rows = tl.where(j < BLOCK_N, n0 + j, inter + n0 + j - BLOCK_N)
+        ws_ptrs = ws_base + (w_rows // SCALE_BLOCK) * stride_wsn
+    acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+    for kb in range(k_steps):
+        k0 = kb * BLOCK_K
+        a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
+        w = tl.reshape(w_desc.load([2 * expert, n0, k0]), (2 * BLOCK_N, BLOCK_K))
+        if FP8:
+            ks = k0 // SCALE_BLOCK
+            a_s = tl.load(as_ptrs + ks, mask=row_ok, other=0.0)
+            w_s = tl.load(ws_ptrs + ks)
+            acc += tl.dot(a, w.T) * (a_s[:, None] * w_s[None, :])
+        else:
+            acc = tl.dot(a, w.T, acc)
+    gate_up = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1))
+    acc_g, acc_u = tl.split(gate_up)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _gate_up_tma_kernel(
+    a_ptr,
+    a_scale_ptr,
+    w_desc,
+    w_scale_ptr,
+    out_ptr,
+    out_scale_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    ntpp_ptr,
+    num_slots,
+    inter,
+    k_dim,
+    top_k,
+    stride_am,
+    stride_asm,
+    stride_wse,
+    stride_wsn,
+    stride_om,
+    stride_osm,
+    limit,
+    eps,
+    SCALE_BLOCK: tl.constexpr,
+    FP8: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_LIMIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    PAIRED: tl.constexpr,
+):
+    num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M  # only the used part of the sorted rows
+    num_n_blocks = inter // BLOCK_N
+    num_tiles = num_m_blocks * num_n_blocks
+    k_steps = k_dim // BLOCK_K
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile in tl.range(
+        tl.program_id(0), num_tiles, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE
+    ):
+        pid_m, pid_n = _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
+        expert = tl.load(expert_ids_ptr + pid_m)
+        pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        slot = tl.load(sorted_ids_ptr + pos)
+        row_ok = slot < num_slots
+        a_row = (slot // top_k).to(tl.int64)
+        a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :]
+        as_ptrs = a_scale_ptr + a_row * stride_asm
+        ws_base = w_scale_ptr + expert.to(tl.int64) * stride_wse
+        if PAIRED:
+            acc_g, acc_u = _gate_up_paired(
+                a_ptrs,
+                as_ptrs,
+                row_ok,
+                w_desc,
+                ws_base,
+                stride_wsn,
+                expert,
+                pid_n,
+                inter,
+                k_steps,
+                SCALE_BLOCK,
+                FP8,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+        else:
+            acc_g, acc_u = _gate_up_split(
+                a_ptrs,
+                as_ptrs,
+                row_ok,
+                w_desc,
+                ws_base,
+                stride_wsn,
+                expert,
+                pid_n,
+                inter,
+                k_steps,
+                SCALE_BLOCK,
+                FP8,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+        act = gated_act(acc_g, acc_u, limit, ACTIVATION, HAS_LIMIT)
+        # Padding rows computed act(0, 0) = 0: they are written too, so the down GEMM reads
+        # whole tiles (their products are never stored).
+        out_rows = pos.to(tl.int64)
+        out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        out_ptrs = out_ptr + out_rows[:, None] * stride_om + out_cols[None, :]
+        if FP8:
+            # The bf16 rounding the unfused path stores, then that path's per-128 quantisation.
+            h = act.to(tl.bfloat16).to(tl.float32)
+            groups: tl.constexpr = BLOCK_N // SCALE_BLOCK
+            q, s = quant_rows_fp8(tl.reshape(h, (BLOCK_M * groups, SCALE_BLOCK)), eps)
+            tl.store(out_ptrs, tl.reshape(q, (BLOCK_M, BLOCK_N)).to(out_ptr.dtype.element_ty))
+            g_idx = pid_n * groups + tl.arange(0, groups)
+            s_ptrs = out_scale_ptr + out_rows[:, None] * stride_osm + g_idx[None, :]
+            tl.store(s_ptrs, tl.reshape(s, (BLOCK_M, groups)))
+        else:
+            tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _down_tma_kernel(
+    a_desc,
+    a_scale_ptr,
+    w_desc,
+    w_scale_ptr,
+    out_ptr,
+    topk_weights_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    ntpp_ptr,
+    num_slots,
+    n_cols,
+    k_dim,
+    stride_asm,
+    stride_wse,
+    stride_wsn,
+    stride_om,
+    SCALE_BLOCK: tl.constexpr,
+    FP8: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+):
+    num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M
+    num_n_blocks = n_cols // BLOCK_N
+    num_tiles = num_m_blocks * num_n_blocks
+    k_steps = k_dim // BLOCK_K
+    for tile in tl.range(
+        tl.program_id(0), num_tiles, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE
+    ):
+        pid_m, pid_n = _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
+        expert = tl.load(expert_ids_ptr + pid_m)
+        row0 = pid_m * BLOCK_M
+        w_row = expert * n_cols + pid_n * BLOCK_N
+        if FP8:
+            pos = row0 + tl.arange(0, BLOCK_M)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            as_ptrs = a_scale_ptr + pos.to(tl.int64) * stride_asm
+            ws_ptrs = (
+                w_scale_ptr + expert.to(tl.int64) * stride_wse + (cols // SCALE_BLOCK) * stride_wsn
+            )
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(k_steps):
+            k0 = kb * BLOCK_K
+            a = a_desc.load([row0, k0])
+            w = w_desc.load([w_row, k0])
+            if FP8:
+                ks = k0 // SCALE_BLOCK
+                a_s = tl.load(as_ptrs + ks)
+                w_s = tl.load(ws_ptrs + ks)
+                acc += tl.dot(a, w.T) * (a_s[:, None] * w_s[None, :])
+            else:
+                acc = tl.dot(a, w.T, acc)
+        slot = tl.load(sorted_ids_ptr + row0 + tl.arange(0, BLOCK_M))
+        row_ok = slot < num_slots
+        weight = tl.load(topk_weights_ptr + slot, mask=row_ok, other=0.0)
+        acc = acc * weight[:, None]
+        out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        out_ptrs = out_ptr + slot.to(tl.int64)[:, None] * stride_om + out_cols[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------
+
+
+def tma_config_fits(cfg: TmaMoeConfig, hidden: int, inter: int, fp8: bool, scale_block: int) -> str:
+    """Why ``cfg`` cannot run these shapes ('' when it can): the kernels take whole tiles."""
+    g1, g2 = cfg.gemm1, cfg.gemm2
+    if inter % g1.block_n or hidden % g1.block_k:
+        return f"gate-up tile {g1.block_n}x{g1.block_k} does not divide I={inter}, H={hidden}"
+    if hidden % g2.block_n or inter % g2.block_k:
+        return f"down tile {g2.block_n}x{g2.block_k} does not divide H={hidden}, I={inter}"
+    if fp8:
+        if scale_block % g1.block_k or scale_block % g2.block_k:
+            return f"K blocks {g1.block_k}/{g2.block_k} must divide the scale block {scale_block}"
+        if g1.block_n % scale_block:
+            return f"the fused quantiser needs gate-up block_n a multiple of {scale_block}"
+    return ""
+
+
+def _num_programs(tile: TmaGemmTile, max_tiles: int, num_sms: int) -> int:
+    return max(1, min(max_tiles, num_sms) if tile.persistent else max_tiles)
+
+
+def launch_gate_up_tma(
+    a: torch.Tensor,
+    a_scale: torch.Tensor | None,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    out: torch.Tensor,
+    out_scale: torch.Tensor | None,
+    align: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    *,
+    num_slots: int,
+    top_k: int,
+    block_m: int,
+    tile: TmaGemmTile,
+    scale_block: int,
+    act: int,
+    limit: float | None,
+    num_sms: int,
+) -> None:
+    """``out`` [P, I] in sorted row order (bf16, or e4m3 with ``out_scale`` [P, I/128] fp32)."""
+    sorted_ids, expert_ids, ntpp = align
+    e, two_i, h = w13.shape
+    inter = two_i // 2
+    fp8 = w13.dtype == FP8_DTYPE
+    if tile.paired:
+        w_desc = TensorDescriptor.from_tensor(
+            w13.view(e * 2, inter, h), [2, tile.block_n, tile.block_k]
+        )
+    else:
+        w_desc = TensorDescriptor.from_tensor(w13.view(e * two_i, h), [tile.block_n, tile.block_k])
+    max_tiles = expert_ids.shape[0] * (inter // tile.block_n)
+    programs = _num_programs(tile, max_tiles, num_sms)
+    scale_a = a_scale if a_scale is not None else a
+    scale_w = w13_scale if w13_scale is not None else a
+    scale_o = out_scale if out_scale is not None else out
+    _gate_up_tma_kernel[(programs,)](
+        a,
+        scale_a,
+        w_desc,
+        scale_w,
+        out,
+        scale_o,
+        sorted_ids,
+        expert_ids,
+        ntpp,
+        num_slots,
+        inter,
+        h,
+        top_k,
+        a.stride(0),
+        scale_a.stride(0) if fp8 else 0,
+        scale_w.stride(0) if fp8 else 0,
+        scale_w.stride(1) if fp8 else 0,
+        out.stride(0),
+        scale_o.stride(0) if fp8 else 0,
+        float(limit or 0.0),
+        DEFAULT_EPS,
+        SCALE_BLOCK=scale_block,
+        FP8=fp8,
+        ACTIVATION=act,
+        HAS_LIMIT=limit is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k,
+        GROUP_M=tile.group_m,
+        NUM_PROGRAMS=programs,
+        WARP_SPECIALIZE=tile.warp_specialize,
+        PAIRED=tile.paired,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+    )
+
+
+def launch_down_tma(
+    a: torch.Tensor,
+    a_scale: torch.Tensor | None,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor | None,
+    out: torch.Tensor,
+    topk_weights: torch.Tensor,
+    align: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    *,
+    num_slots: int,
+    block_m: int,
+    tile: TmaGemmTile,
+    scale_block: int,
+    num_sms: int,
+) -> None:
+    """``a`` [P, I] sorted (from :func:`launch_gate_up_tma`) -> ``out`` [S, H] by (token, slot)
+    row, each row times its top-k weight (fp32 ``topk_weights`` flattened [S])."""
+    sorted_ids, expert_ids, ntpp = align
+    e, h, inter = w2.shape
+    fp8 = w2.dtype == FP8_DTYPE
+    a_desc = TensorDescriptor.from_tensor(a, [block_m, tile.block_k])
+    w_desc = TensorDescriptor.from_tensor(w2.view(e * h, inter), [tile.block_n, tile.block_k])
+    max_tiles = expert_ids.shape[0] * (h // tile.block_n)
+    programs = _num_programs(tile, max_tiles, num_sms)
+    scale_a = a_scale if a_scale is not None else a
+    scale_w = w2_scale if w2_scale is not None else a
+    _down_tma_kernel[(programs,)](
+        a_desc,
+        scale_a,
+        w_desc,
+        scale_w,
+        out,
+        topk_weights,
+        sorted_ids,
+        expert_ids,
+        ntpp,
+        num_slots,
+        h,
+        inter,
+        scale_a.stride(0) if fp8 else 0,
+        scale_w.stride(0) if fp8 else 0,
+        scale_w.stride(1) if fp8 else 0,
+        out.stride(0),
+        SCALE_BLOCK=scale_block,
+        FP8=fp8,
+        BLOCK_M=block_m,
+        BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k,
+        GROUP_M=tile.group_m,
+        NUM_PROGRAMS=programs,
+        WARP_SPECIALIZE=tile.warp_specialize,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+    )

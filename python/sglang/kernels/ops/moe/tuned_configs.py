@@ -1,0 +1,131 @@
+"""Per-device fused-MoE config tables, written by ``scripts/tune_fused_moe.py``, and the lookup.
+
+A table is one JSON file in ``configs/`` per (expert shape, weight dtype, device), named
+``E{E}_H{H}_I{I}_top{k}_{dtype}_{device}.json`` (the device name with spaces as ``_``, as
+``torch.cuda.get_device_name`` gives it). It lists M buckets (token counts); each names the
+kernel that measured fastest there, ``two_launch`` (``fused_moe.py``, its own ``get_config``) or
+``tma`` (``grouped_gemm_tma.py``) with the tiles that won. A call of M tokens takes the bucket with
+the largest ``m <= M`` (the smallest bucket below that). Without a table: the TMA kernels with
+:data:`DEFAULT_TMA_CONFIGS` once an expert averages :data:`TMA_MIN_ROWS_PER_EXPERT` rows (prefill,
+compute-bound), the two-launch path below (decode, weight-streaming).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sglang.kernels.ops.moe.fused_moe import FusedMoeConfig, get_config
+from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig, tma_config_fits
+from sglang.kernels.ops.quant.fp8 import FP8_DTYPE
+
+logger = logging.getLogger(__name__)
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+TMA_MIN_ROWS_PER_EXPERT = 32
+# The H200 sweep's winners at 8192 tokens (DeepSeek V4 shape), for shapes without a table.
+DEFAULT_TMA_CONFIGS = {
+    "bf16": TmaMoeConfig(128, TmaGemmTile(128, 64, 16, 8, 4), TmaGemmTile(256, 64, 16, 8, 3)),
+    "fp8": TmaMoeConfig(64, TmaGemmTile(128, 128, 32, 8, 4), TmaGemmTile(256, 128, 32, 8, 3)),
+}
+
+MoeKernelConfig = FusedMoeConfig | TmaMoeConfig
+
+
+def dtype_key(dtype: torch.dtype) -> str:
+    if dtype == FP8_DTYPE:
+        return "fp8"
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
+def table_name(e: int, h: int, i: int, top_k: int, dtype: str, device_name: str) -> str:
+    return f"E{e}_H{h}_I{i}_top{top_k}_{dtype}_{device_name.replace(' ', '_')}.json"
+
+
+def tma_config_to_dict(cfg: TmaMoeConfig) -> dict[str, Any]:
+    return {"block_m": cfg.block_m, "gemm1": asdict(cfg.gemm1), "gemm2": asdict(cfg.gemm2)}
+
+
+def tma_config_from_dict(d: dict[str, Any]) -> TmaMoeConfig:
+    return TmaMoeConfig(int(d["block_m"]), TmaGemmTile(**d["gemm1"]), TmaGemmTile(**d["gemm2"]))
+
+
+@functools.cache
+def load_table(name: str) -> tuple[tuple[int, str, TmaMoeConfig | None], ...] | None:
+    """The buckets of table ``name`` sorted by M, or None when there is no such file."""
+    path = CONFIG_DIR / name
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    buckets = []
+    for b in data["buckets"]:
+        cfg = tma_config_from_dict(b["config"]) if b["kernel"] == "tma" else None
+        buckets.append((int(b["m"]), str(b["kernel"]), cfg))
+    return tuple(sorted(buckets, key=lambda b: b[0]))
+
+
+def pick_bucket(
+    buckets: tuple[tuple[int, str, TmaMoeConfig | None], ...], m: int
+) -> tuple[int, str, TmaMoeConfig | None]:
+    below = [b for b in buckets if b[0] <= m]
+    return below[-1] if below else buckets[0]
+
+
+def _device_name(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_name(device)
+
+
+def _tma_capable(device: torch.device) -> bool:
+    # Tensor descriptors need Hopper's copy engine; the interpreter (CPU tensors) emulates them.
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@functools.cache
+def _log_choice(name: str, m_bucket: int, what: str) -> None:
+    logger.info("fused MoE %s, M bucket %d: %s", name, m_bucket, what)
+
+
+def select_moe_config(
+    m: int,
+    e: int,
+    h: int,
+    i: int,
+    dtype: torch.dtype,
+    *,
+    top_k: int,
+    device: torch.device,
+    scale_block: int = 128,
+) -> MoeKernelConfig:
+    """The kernel and tiles for ``m`` tokens: the tuned table's bucket, else the default rule.
+    A TMA config that cannot run here (shape, GPU older than Hopper) falls back to two-launch."""
+    key = dtype_key(dtype)
+    fp8 = key == "fp8"
+    dev_name = _device_name(device)
+    name = table_name(e, h, i, top_k, key, dev_name) if dev_name else ""
+    buckets = load_table(name) if name else None
+    cfg: TmaMoeConfig | None
+    if buckets:
+        m_bucket, kernel, cfg = pick_bucket(buckets, m)
+        source = f"table {name}"
+    else:
+        m_bucket = 0  # one log line per choice
+        rows = m * top_k / max(e, 1)
+        cfg = DEFAULT_TMA_CONFIGS.get(key) if rows >= TMA_MIN_ROWS_PER_EXPERT else None
+        kernel, source = ("tma" if cfg else "two_launch"), "default rule (no table)"
+    if (
+        cfg is not None
+        and _tma_capable(device)
+        and not tma_config_fits(cfg, h, i, fp8, scale_block)
+    ):
+        _log_choice(name or "untuned", m_bucket, f"{kernel} {cfg} ({source})")
+        return cfg
+    _log_choice(name or "untuned", m_bucket, f"two_launch ({source})")
+    return get_config(m, e, h, i, dtype, top_k=top_k)

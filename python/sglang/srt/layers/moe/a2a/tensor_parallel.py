@@ -1,0 +1,38 @@
+"""``--moe-a2a-backend none``: tensor-parallel experts. Every rank holds each expert's slice of
+the intermediate dim and runs all routed rows; the partial sums (with the shared expert's
+partial sum added in place) are all-reduced once."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.layers.moe.a2a.base import (
+    DispatchOutput,
+    MoEA2ABackend,
+    RankExperts,
+    reduce_partial_sums,
+)
+from sglang.srt.layers.moe.topk import TopKOutput
+
+
+class TensorParallelA2A(MoEA2ABackend):
+    name = "none"
+
+    def dispatch(
+        self, hidden: torch.Tensor, topk: TopKOutput, experts: RankExperts
+    ) -> DispatchOutput:
+        return DispatchOutput(hidden, topk)  # every rank computes every row: nothing moves
+
+    def combine(
+        self,
+        routed_out: torch.Tensor,
+        dispatched: DispatchOutput,
+        *,
+        shared: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if shared is not None:
+            # In place: ``routed_out`` is the runner's final output, allocated in the symmetric
+            # pool when --enable-symm-mem is on; ``routed_out + shared`` would hand NCCL a
+            # non-pool tensor.
+            routed_out += shared
+        return reduce_partial_sums(routed_out, self.tp_size)

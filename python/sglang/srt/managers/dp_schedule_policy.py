@@ -1,0 +1,102 @@
+"""Scheduling under DP attention: one :class:`SchedulePolicy` per DP group behind the same
+interface, so rank 0's scheduler loop does not branch on DP.
+
+A new request goes to the least-loaded group (fewest requests, then fewest reserved tokens, then
+the lowest index) and stays there: its cache lives on that group's ranks. Every group has the
+whole per-rank budget (``--max-total-tokens``, ``--max-running-requests``), since its ranks hold
+only its own caches. A step is every group's step at once: one :class:`ForwardPlan` whose
+``dp_plans`` are the groups' plans (an idle group's is empty, and it still runs the step) and
+whose padding mode is chosen from the groups' token counts. Rows and ``sample_rows`` index the
+groups' logits concatenated in group order, which is what the gather to rank 0 produces.
+"""
+
+from __future__ import annotations
+
+from sglang.srt.layers.dp_attention import choose_dp_padding
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.schedule_policy import SchedulePolicy, Step, StepRow
+from sglang.srt.model_executor.forward_plan import ForwardPlan
+
+BALANCE_POLICY = "least-loaded (fewest requests, then fewest reserved tokens)"
+
+
+class DpSchedulePolicy:
+    def __init__(
+        self,
+        dp_size: int,
+        *,
+        max_running_requests: int,
+        max_total_tokens: int,
+        chunked_prefill_size: int,
+    ) -> None:
+        if dp_size < 2:
+            raise ValueError(f"DP scheduling needs at least 2 groups, got {dp_size}")
+        self.groups = [
+            SchedulePolicy(
+                max_running_requests=max_running_requests,
+                max_total_tokens=max_total_tokens,
+                chunked_prefill_size=chunked_prefill_size,
+            )
+            for _ in range(dp_size)
+        ]
+        self.max_total_tokens = max_total_tokens
+        self.group_of: dict[str, int] = {}
+
+    # --- what the scheduler reads ----------------------------------------------------------------
+
+    @property
+    def running(self) -> list[Req]:
+        return [req for g in self.groups for req in g.running]
+
+    @property
+    def waiting(self) -> list[Req]:
+        return [req for g in self.groups for req in g.waiting]
+
+    @property
+    def reserved(self) -> int:
+        return sum(g.reserved for g in self.groups)
+
+    def has_work(self) -> bool:
+        return any(g.has_work() for g in self.groups)
+
+    # --- queue changes -------------------------------------------------------------------------
+
+    def can_ever_fit(self, req: Req) -> bool:
+        return self.groups[0].can_ever_fit(req)
+
+    def pick_group(self) -> int:
+        def load(i: int) -> tuple[int, int, int]:
+            g = self.groups[i]
+            queued = sum(r.reserved_tokens for r in g.waiting)
+            return (len(g.running) + len(g.waiting), g.reserved + queued, i)
+
+        return min(range(len(self.groups)), key=load)
+
+    def add(self, req: Req) -> None:
+        group = self.pick_group()
+        self.group_of[req.rid] = group
+        self.groups[group].add(req)
+
+    def remove(self, rid: str) -> Req | None:
+        group = self.group_of.pop(rid, None)
+        return None if group is None else self.groups[group].remove(rid)
+
+    def release(self, req: Req) -> None:
+        self.groups[self.group_of.pop(req.rid)].release(req)
+
+    # --- the next step -------------------------------------------------------------------------
+
+    def next_step(self) -> Step:
+        steps = [g.next_step() for g in self.groups]
+        rows: list[StepRow] = []
+        sample_rows: list[int] = []
+        offset = 0
+        for step in steps:
+            for r in step.rows:
+                rows.append(StepRow(r.req, offset + r.start, r.length, r.prompt_pos, r.sample))
+            sample_rows.extend(offset + i for i in step.plan.sample_rows)
+            offset += step.plan.num_tokens
+        plans = tuple(s.plan for s in steps)
+        padding = choose_dp_padding([p.num_tokens for p in plans])
+        plan = ForwardPlan(dp_plans=plans, sample_rows=tuple(sample_rows), dp_padding=padding.value)
+        return Step(plan, rows)

@@ -1,0 +1,121 @@
+"""What the executor needs of a model, declared: every served model is a :class:`ServedModel`;
+the static decode (slot pool + CUDA-graph body) is the optional :class:`SupportsStaticDecode`.
+
+Models implement these structurally (no import of this file). The executor checks them with
+``isinstance`` and, where an ability is required, :func:`require_ability` names what is missing,
+instead of probing attributes one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
+
+import torch
+
+from sglang.srt.layers.moe.layer import FusedMoE
+from sglang.srt.layers.moe.moe_runner import MoERunner
+
+# One static decode step: (input_ids, positions, slots) [bs] -> logits [bs, V].
+StaticStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ServedModelConfig(Protocol):
+    vocab_size: int
+    max_position_embeddings: int
+
+
+class SlotPool(Protocol):
+    scratch_slot: int
+
+    def nbytes(self) -> int: ...
+
+
+@runtime_checkable
+class ServedModel(Protocol):
+    """The batch API every served model has (see ``model_registry``), and its MoE layers."""
+
+    @property
+    def config(self) -> ServedModelConfig: ...
+
+    def new_request_cache(self) -> object: ...
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: object
+    ) -> torch.Tensor: ...
+
+    def moe_layers(self) -> Iterator[FusedMoE]:
+        """The model's routed-expert layers (the declared way to reach their runners)."""
+        ...
+
+
+@runtime_checkable
+class SupportsSlotPool(Protocol):
+    """Request caches in slots of a preallocated pool."""
+
+    @property
+    def slot_pool(self) -> SlotPool | None: ...
+
+    def enable_slot_pool(self, max_slots: int, capacity: int) -> SlotPool: ...
+
+    def new_pooled_cache(self) -> object: ...
+
+    def free_pooled_cache(self, cache: object) -> None: ...
+
+
+@runtime_checkable
+class SupportsStaticDecode(SupportsSlotPool, Protocol):
+    """One decode token per pooled request with fixed shapes and no host sync (the body of a
+    decode CUDA graph), and the eager decode through it."""
+
+    def static_decode(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor: ...
+
+    def decode_pooled(
+        self,
+        input_ids: torch.Tensor,
+        caches: Sequence[object],
+        *,
+        pad_to: int | None = None,
+        step: StaticStep | None = None,
+    ) -> torch.Tensor: ...
+
+
+AbilityT = TypeVar("AbilityT")
+
+
+def missing_ability_reason(model: object, ability: type) -> str | None:
+    """Why ``model`` is not an ``ability`` (None: it is): the members it lacks, by name."""
+    if isinstance(model, ability):
+        return None
+    missing = [m for m in sorted(_protocol_members(ability)) if not hasattr(model, m)]
+    return (
+        f"{type(model).__name__} does not implement {ability.__name__} "
+        f"(missing: {', '.join(missing)})"
+    )
+
+
+def require_ability(model: object, ability: type[AbilityT]) -> AbilityT:
+    """``model`` as an ``ability``, or a TypeError naming the ability and what is missing."""
+    why = missing_ability_reason(model, ability)
+    if why is not None:
+        raise TypeError(why)
+    return model  # type: ignore[return-value]
+
+
+def _protocol_members(ability: type) -> set[str]:
+    """The public members a Protocol and its Protocol bases declare."""
+    names: set[str] = set()
+    for base in ability.__mro__:
+        if base is object or base is Protocol or not getattr(base, "_is_protocol", False):
+            continue
+        names |= {n for n in vars(base) if not n.startswith("_")}
+        names |= set(getattr(base, "__annotations__", {}))
+    return names
+
+
+def moe_runners(model: ServedModel) -> Iterator[MoERunner]:
+    """The runner of every MoE layer of ``model``, through its declared ``moe_layers()``."""
+    for layer in model.moe_layers():
+        yield layer.runner

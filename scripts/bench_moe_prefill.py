@@ -1,0 +1,119 @@
+"""Fused MoE at prefill sizes: ours (the tuned dispatch) against the reference and the targets.
+
+For DeepSeek V4 (E=256 top-6 H=4096 I=2048) and Kimi K3 (E=384 top-16 H=3584 I=3072) experts, bf16
+and FP8 128x128, at M = 128, 512, 2048, 8192 tokens: CUDA-graph replay times of
+``fused_experts`` as the engine calls it (the per-device table picks two-launch or the TMA kernels)
+and of the two-launch path forced (``get_config``), next to the reference (SGLang 0.5.23's Triton
+fused MoE with its best H200 configs, ``shared/design/performance_targets.md``). The bf16 and fp8
+``torch.matmul`` / ``torch._scaled_mm`` rates (8192^3) are measured in the same run, and each case
+prints its share of them. Targets (issue 18): >= 1.2x the reference at M >= 2048, >= 0.97x at
+M <= 512, >= 70% of the bf16 matmul rate at M = 8192 (bf16).
+
+Usage: python scripts/bench_moe_prefill.py [--shapes dsv4,k3] [--dtypes bf16,fp8]
+       [--batches 128,512,2048,8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_moe import REFERENCE_US, SHAPES, make_batch, make_weights
+from sglang.kernels.ops.moe.fused_moe import (
+    check_moe_inputs,
+    fused_experts,
+    get_config,
+    select_chunk_config,
+)
+from sglang.kernels.ops.moe.grouped_gemm_tma import TmaMoeConfig
+from sglang.kernels.ops.quant.fp8 import FP8_DTYPE
+
+
+def matmul_tflops(fp8: bool) -> float:
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    if fp8:
+        qa, qb = a.to(FP8_DTYPE), b.to(FP8_DTYPE).t().contiguous().t()
+        one = torch.ones((), device="cuda")
+        ms = triton.testing.do_bench(
+            lambda: torch._scaled_mm(qa, qb, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+            rep=200,
+        )
+    else:
+        ms = triton.testing.do_bench(lambda: a @ b, rep=200)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def measure(shape_key: str, m: int, w, kw: dict[str, object]):  # type: ignore[no-untyped-def]
+    """(reference us, two-launch us, ours us, our path, our TFLOP/s) at ``m`` tokens."""
+    shape, dev = SHAPES[shape_key], torch.device("cuda")
+    x, topk = make_batch(shape, m, dev)
+    ids, tw = topk.topk_ids, topk.topk_weights
+    p = check_moe_inputs(x, w.w13, w.w2, tw, ids, w.w13_scale, w.w2_scale, None, None)
+    cfg = select_chunk_config(m, p, w.w13.dtype, dev)
+    path = "tma" if isinstance(cfg, TmaMoeConfig) else "two-launch"
+    old = get_config(m, p.num_experts, p.hidden, p.inter, w.w13.dtype, top_k=p.top_k)
+
+    def run(c: object) -> None:
+        fused_experts(x, w.w13, w.w2, tw, ids, config=c, **kw)
+
+    ours = triton.testing.do_bench_cudagraph(lambda: run(None), rep=100) * 1e3
+    two = triton.testing.do_bench_cudagraph(lambda: run(old), rep=100) * 1e3
+    tflops = 6.0 * m * shape.top_k * shape.hidden * shape.inter / (ours * 1e-6) / 1e12
+    dtype = "fp8" if w.w13.dtype == FP8_DTYPE else "bf16"
+    return REFERENCE_US.get((shape_key, dtype, m)), two, ours, path, tflops
+
+
+def target_of(m: int) -> float:
+    return 1.2 if m >= 2048 else 0.97
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shapes", default="dsv4,k3")
+    parser.add_argument("--dtypes", default="bf16,fp8")
+    parser.add_argument("--batches", default="128,512,2048,8192")
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    rates = {"bf16": matmul_tflops(False), "fp8": matmul_tflops(True)}
+    print(f"matmul 8192^3: bf16 {rates['bf16']:.0f} TFLOP/s, fp8 {rates['fp8']:.0f} TFLOP/s")
+    rows = []
+    for shape_key in args.shapes.split(","):
+        shape = SHAPES[shape_key]
+        limit = 10.0 if shape.activation == "swiglu" else None
+        for dtype in args.dtypes.split(","):
+            w = make_weights(shape, dtype == "fp8", dev)
+            kw = {
+                "w13_scale": w.w13_scale,
+                "w2_scale": w.w2_scale,
+                "block_shape": w.block_shape,
+                "activation": shape.activation,
+                "swiglu_limit": limit,
+            }
+            for m in [int(b) for b in args.batches.split(",")]:
+                rows.append((shape_key, dtype, m, *measure(shape_key, m, w, kw), rates[dtype]))
+            del w
+            torch.cuda.empty_cache()
+    print(
+        "\n| shape | dtype | M | reference us | two-launch us | ours us | path | ref/ours | target "
+        "| TFLOP/s | of bf16 matmul | of own-dtype matmul |"
+        "\n|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
+    )
+    for shape_key, dtype, m, ref, two, ours, path, tflops, rate in rows:
+        ratio = f"{ref / ours:.2f}" if ref else "-"
+        met = "" if not ref else (" ok" if ref / ours >= target_of(m) else " **no**")
+        print(
+            f"| {shape_key} | {dtype} | {m} | {ref or '-'} | {two:.0f} | {ours:.0f} | {path} | "
+            f"{ratio} | {target_of(m)}x{met} | {tflops:.0f} | {tflops / rates['bf16']:.0%} | "
+            f"{tflops / rate:.0%} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,8 @@ the 896 experts, top-16, so that it fits), one NoPE MLA layer (64 heads, latent 
 absorbed decode over a context of random latent rows), the AttnRes reads over an 8-block bank.
 Small caches stay in L2 across replays, so ops far under 1 MB read may look faster than HBM.
 
+It turns SGLANG_DSV4_LENGTH_AWARE_DECODE on (the kernels it measures are off by default).
+
 Usage: python scripts/profile_decode.py [--models dsv4,k3] [--batch 1,16,64]
        [--context 1024,8192,32768] [--json OUT.json]
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -584,6 +587,7 @@ def header() -> str:
 
 
 def main() -> None:
+    os.environ.setdefault("SGLANG_DSV4_LENGTH_AWARE_DECODE", "1")
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default="dsv4,k3")
     parser.add_argument("--ratios", default="4,128")

@@ -144,6 +144,7 @@ def test_model_static_decode_kernels_match_torch_path(monkeypatch: pytest.Monkey
     # differences through the random layers (20 steps drifted to a mean relative error of 0.09).
     ids = torch.stack([seq[n] for seq, n in zip(seqs, lengths)])
     calls: list[bool] = []
+    monkeypatch.setenv("SGLANG_DSV4_LENGTH_AWARE_DECODE", "1")
     real = dsv4_static_decode.use_sparse_kernels
     monkeypatch.setattr(
         dsv4_static_decode, "use_sparse_kernels", lambda *a: calls.append(real(*a)) or real(*a)

@@ -6,7 +6,8 @@ last rope dims (the layer's compressed-rope), and per-head weights
 ``index_head_dim`` (its own entries, aligned with the attention compressor's).
 Score of entry ``s`` for a query: ``sum_h w_h * relu(q_h . k_s) * index_head_dim^-0.5``; the query
 keeps the ``index_topk`` best of its *visible* entries (``s < (p+1) // ratio``), all of them when
-fewer are visible; ties go to the earlier entry. Exact for any context length: no cap, scores are computed in query chunks.
+fewer are visible; ties go to the earlier entry. Exact for any context length: no cap, scores are
+computed in query chunks.
 
 (SGLang additionally applies a Hadamard rotation to q and k before an FP8 cast; the rotation is
 orthogonal, so without the FP8 cast it leaves every score unchanged and is omitted here.)

@@ -11,10 +11,11 @@ Per row (request ``slots[i]`` at ``positions[i]``; padding rows use the pool's s
 - one softmax over [window rows | chosen entries | sink], as :func:`dsv4_attention`.
 The eager path is the reference; only summation order differs.
 
-On CUDA with a bf16/fp16 pool the indexer scores and the attention run as length-aware Triton
-kernels (:mod:`sglang.kernels.ops.attention`): they read only the live window rows, the visible
-indexer keys and the chosen entries, in place in the pool. Elsewhere the torch path below runs
-(all ring rows and all entries, gathered, under masks); the GPU tests hold the two equal.
+With ``SGLANG_DSV4_LENGTH_AWARE_DECODE=1``, on CUDA with a bf16/fp16 pool, the indexer scores
+and the attention run as length-aware Triton kernels (:mod:`sglang.kernels.ops.attention`): they
+read only the live window rows, the visible indexer keys and the chosen entries, in place in the
+pool. Elsewhere the torch path below runs (all ring rows and all entries, gathered, under masks);
+the GPU tests hold the two equal.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sglang.kernels.ops.attention.sparse_decode_attention import (
     sparse_decode_attention,
 )
 from sglang.kernels.ops.triton_dispatch import triton_can_run
+from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
 
@@ -77,7 +79,10 @@ def static_decode_attention(
 
 def use_sparse_kernels(attn: DeepseekV4Attention, ring: torch.Tensor) -> bool:
     """The length-aware kernels take half-precision pools (their dots are bf16/fp16 MMAs with
-    fp32 accumulation; fp32 operands would run as tf32) with power-of-two row widths."""
+    fp32 accumulation; fp32 operands would run as tf32) with power-of-two row widths, when
+    ``SGLANG_DSV4_LENGTH_AWARE_DECODE`` turns them on."""
+    if not envs.SGLANG_DSV4_LENGTH_AWARE_DECODE.get():
+        return False
     if not triton_can_run(ring) or ring.dtype not in (torch.bfloat16, torch.float16):
         return False
     idx_dim = attn.indexer.head_dim if attn.indexer is not None else 16

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from sglang.srt.environ import envs
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_executor.cuda_graph_runner import (
     CudaGraphRunner,
     capture_batch_sizes,
@@ -30,9 +31,10 @@ from sglang.srt.model_executor.model_abilities import (
     moe_runners,
     require_ability,
 )
-from sglang.srt.model_executor.model_registry import LoadOptions, find_model, read_model_config
+from sglang.srt.model_executor.model_registry import find_model, read_model_config
 from sglang.srt.model_executor.slot_plan import plan_slot_pool
 from sglang.srt.model_executor.warmup_plan import warmup_token_counts
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
@@ -77,17 +79,15 @@ class ModelRunner:
         self.entry = find_model(self.hf_config)
         started = time.perf_counter()
         self.dtype = torch_dtype(args.dtype)
-        loaded = self.entry.load(
-            args.model_path,
-            LoadOptions(
-                dtype=self.dtype,
-                device=self.device,
-                tp_rank=tp_rank,
-                tp_size=tp_size,
-                moe_runner=args.moe_runner_backend,
-                a2a_backend=args.moe_a2a_backend,
-            ),
+        spec = LayerBuildSpec(
+            dtype=self.dtype,
+            device=self.device,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            moe_runner=args.moe_runner_backend,
+            a2a_backend=args.moe_a2a_backend,
         )
+        loaded = self.entry.load(args.model_path, spec, LoadOptions(progress=tp_rank == 0))
         self.model: ServedModel = require_ability(loaded, ServedModel)
         self.load_time_s = time.perf_counter() - started
         self.caches: dict[str, Any] = {}

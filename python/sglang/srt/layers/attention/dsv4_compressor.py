@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
@@ -31,19 +32,18 @@ class KVCompressor(nn.Module):
         hidden_size: int,
         dim: int,
         ratio: int,
+        spec: LayerBuildSpec,
         *,
         overlap: bool,
         rms_eps: float,
-        params_dtype: torch.dtype,
-        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self.dim, self.ratio, self.overlap = dim, ratio, overlap
         width = (2 if overlap else 1) * dim
-        self.wkv = ReplicatedLinear(hidden_size, width, params_dtype=params_dtype, device=device)
-        self.wgate = ReplicatedLinear(hidden_size, width, params_dtype=params_dtype, device=device)
-        self.ape = fp32_param(ratio, width, device=device)
-        self.norm = RMSNorm(dim, rms_eps, device=device)
+        self.wkv = ReplicatedLinear(hidden_size, width, spec)
+        self.wgate = ReplicatedLinear(hidden_size, width, spec)
+        self.ape = fp32_param(ratio, width, device=spec.device)
+        self.norm = RMSNorm(dim, rms_eps, device=spec.device)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [T, H]`` -> fp32 ``(kv, score)``, each ``[T, coff*D]`` (fp32 accumulation and output:

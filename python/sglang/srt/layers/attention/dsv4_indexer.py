@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.rotary_embedding import apply_interleaved_rope
 
@@ -29,6 +30,7 @@ _QUERY_CHUNK = 256
 class LightningIndexer(nn.Module):
     def __init__(
         self,
+        spec: LayerBuildSpec,
         *,
         hidden_size: int,
         q_lora_rank: int,
@@ -37,25 +39,13 @@ class LightningIndexer(nn.Module):
         ratio: int,
         topk: int,
         rms_eps: float,
-        params_dtype: torch.dtype,
-        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self.n_heads, self.head_dim, self.ratio, self.topk = n_heads, head_dim, ratio, topk
-        self.wq_b = ReplicatedLinear(
-            q_lora_rank, n_heads * head_dim, params_dtype=params_dtype, device=device
-        )
-        self.weights_proj = ReplicatedLinear(
-            hidden_size, n_heads, params_dtype=params_dtype, device=device
-        )
+        self.wq_b = ReplicatedLinear(q_lora_rank, n_heads * head_dim, spec)
+        self.weights_proj = ReplicatedLinear(hidden_size, n_heads, spec)
         self.compressor = KVCompressor(
-            hidden_size,
-            head_dim,
-            ratio,
-            overlap=True,
-            rms_eps=rms_eps,
-            params_dtype=params_dtype,
-            device=device,
+            hidden_size, head_dim, ratio, spec, overlap=True, rms_eps=rms_eps
         )
 
     def queries(

@@ -127,14 +127,10 @@ def load_checkpoint(
 
 
 def load_model_dir(
-    model_dir: str | os.PathLike[str],
-    build: Callable[[str | os.PathLike[str]], ModelT],
-    load: Callable[[ModelT, WeightSource, LoadOptions], None],
-    opts: LoadOptions,
+    model: ModelT, model_dir: str | os.PathLike[str], rules: CheckpointRules, opts: LoadOptions
 ) -> ModelT:
-    """``build(model_dir)`` (config.json -> this rank's empty shard), filled by ``load`` from the
-    directory's safetensors, in eval mode."""
-    model = build(model_dir)
+    """``model`` (this rank's empty shard) filled from the safetensors in ``model_dir``, in eval
+    mode."""
     with SafetensorsWeightSource(model_dir) as source:
-        load(model, source, opts)
+        load_checkpoint(model, source, rules, opts)
     return model.eval()

@@ -104,8 +104,5 @@ def load_deepseek_v4(
     opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
 ) -> DeepseekV4ForCausalLM:
     """config.json + safetensors in ``model_dir`` -> a ready model (this rank's shard)."""
-
-    def build(path: str | os.PathLike[str]) -> DeepseekV4ForCausalLM:
-        return DeepseekV4ForCausalLM(DeepseekV4ModelConfig.from_json_file(path), spec)
-
-    return load_model_dir(model_dir, build, load_weights, opts)
+    model = DeepseekV4ForCausalLM(DeepseekV4ModelConfig.from_json_file(model_dir), spec)
+    return load_model_dir(model, model_dir, checkpoint_rules(model), opts)

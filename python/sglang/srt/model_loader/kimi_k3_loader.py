@@ -101,8 +101,5 @@ def load_kimi_k3(
     opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
 ) -> KimiK3ForCausalLM:
     """config.json + safetensors in ``model_dir`` -> a ready model (this rank's shard)."""
-
-    def build(path: str | os.PathLike[str]) -> KimiK3ForCausalLM:
-        return KimiK3ForCausalLM(KimiK3Config.from_json_file(path), spec)
-
-    return load_model_dir(model_dir, build, load_weights, opts)
+    model = KimiK3ForCausalLM(KimiK3Config.from_json_file(model_dir), spec)
+    return load_model_dir(model, model_dir, checkpoint_rules(model), opts)

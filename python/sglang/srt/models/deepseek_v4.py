@@ -122,12 +122,7 @@ def _post_then_pre(
 
 
 class DeepseekV4DecoderLayer(nn.Module):
-    def __init__(
-        self,
-        config: DeepseekV4ModelConfig,
-        layer_id: int,
-        spec: LayerBuildSpec,
-    ) -> None:
+    def __init__(self, config: DeepseekV4ModelConfig, layer_id: int, spec: LayerBuildSpec) -> None:
         super().__init__()
         c = config
         hc, h = c.hc_mult, c.hidden_size

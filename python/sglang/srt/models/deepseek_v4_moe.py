@@ -86,12 +86,7 @@ class MoEGate(LinearRouter):
 
 
 class DeepseekV4MoE(nn.Module):
-    def __init__(
-        self,
-        config: DeepseekV4ModelConfig,
-        layer_id: int,
-        spec: LayerBuildSpec,
-    ) -> None:
+    def __init__(self, config: DeepseekV4ModelConfig, layer_id: int, spec: LayerBuildSpec) -> None:
         super().__init__()
         c = config
         self.layer_id = layer_id

@@ -70,10 +70,7 @@ class AttnSegment:
 
 class DeepseekV4Attention(nn.Module):
     def __init__(
-        self,
-        config: DeepseekV4AttentionConfig,
-        layer_id: int,
-        spec: LayerBuildSpec,
+        self, config: DeepseekV4AttentionConfig, layer_id: int, spec: LayerBuildSpec
     ) -> None:
         super().__init__()
         c = config

@@ -21,7 +21,7 @@ from torch import nn
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import WeightShapeError, fp32_param
 from sglang.srt.layers.mlp import gated_mlp_forward, gated_mlp_projections
-from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
+from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.router import LinearRouter
 from sglang.srt.layers.moe.topk import TopKConfig, TopKOutput, hash_select_experts, select_experts
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
@@ -106,29 +106,22 @@ class DeepseekV4MoE(nn.Module):
             routed_scaling_factor=c.routed_scaling_factor,
             apply_routed_scaling=True,
         )
-        self.experts = FusedMoE(
-            FusedMoEConfig(
-                num_experts=c.n_routed_experts,
-                hidden_size=c.hidden_size,
-                intermediate_size=c.moe_intermediate_size,
-                top_k=c.num_experts_per_tok,
-                activation="swiglu",
-                swiglu_limit=c.swiglu_limit,
-                runner=spec.moe_runner,
-                a2a_backend=spec.a2a_backend,
-            ),
-            tp_rank=spec.tp_rank,
-            tp_size=spec.tp_size,
-            device=spec.device,
+        self.experts = FusedMoE.from_spec(
+            spec,
+            num_experts=c.n_routed_experts,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.moe_intermediate_size,
+            top_k=c.num_experts_per_tok,
+            activation="swiglu",
+            swiglu_limit=c.swiglu_limit,
         )
         self.expert_parallel = self.experts.expert_parallel
         self.shared_experts: SharedExpertMLP | None = None
         if c.n_shared_experts:
-            shared_spec = spec.with_tp(*self.experts.a2a.shared_expert_tp)
             self.shared_experts = SharedExpertMLP(
                 c.hidden_size,
                 c.moe_intermediate_size * c.n_shared_experts,
-                shared_spec,
+                self.experts.shared_expert_spec(spec),
                 swiglu_limit=c.swiglu_limit,
             )
 

@@ -29,7 +29,7 @@ from sglang.srt.layers.activation import SITU_BETA, SITU_LINEAR_BETA
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
-from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
+from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.router import LinearRouter
 from sglang.srt.layers.moe.topk import TopKConfig, TopKOutput, select_experts
 from sglang.srt.models.kimi_k3_config import ConfigError, KimiK3Config
@@ -106,28 +106,21 @@ class KimiK3MoE(nn.Module):
             self.routed_expert_up_proj = ReplicatedLinear(self.latent, c.hidden_size, spec)
             if c.latent_moe_use_norm:
                 self.routed_expert_norm = RMSNorm(self.latent, c.rms_norm_eps, device=spec.device)
-        self.experts = FusedMoE(
-            FusedMoEConfig(
-                num_experts=c.num_experts,
-                hidden_size=expert_hidden,
-                intermediate_size=c.moe_intermediate_size,
-                top_k=c.num_experts_per_token,
-                activation=activation,
-                runner=spec.moe_runner,
-                a2a_backend=spec.a2a_backend,
-            ),
-            tp_rank=spec.tp_rank,
-            tp_size=spec.tp_size,
-            device=spec.device,
+        self.experts = FusedMoE.from_spec(
+            spec,
+            num_experts=c.num_experts,
+            hidden_size=expert_hidden,
+            intermediate_size=c.moe_intermediate_size,
+            top_k=c.num_experts_per_token,
+            activation=activation,
         )
         self.expert_parallel = self.experts.expert_parallel
         self.shared_experts: KimiK3MLP | None = None
         if c.num_shared_experts:
-            shared_spec = spec.with_tp(*self.experts.a2a.shared_expert_tp)
             self.shared_experts = KimiK3MLP(
                 c.hidden_size,
                 c.moe_intermediate_size * c.num_shared_experts,
-                shared_spec,
+                self.experts.shared_expert_spec(spec),
                 activation=activation,
             )
 

@@ -91,9 +91,10 @@ def moe_reference(moe: KimiK3MoE, x: torch.Tensor, *, rsf: float, eps: float) ->
 
 
 def _moe(raw: dict[str, Any], seed: int, **kw: Any) -> KimiK3MoE:
-    if kw.get("a2a_backend") == "megamoe":
-        kw["mega_experts"] = _forward_mega_experts  # the model's MegaMoE call site
-    moe = KimiK3MoE(config(raw), LayerBuildSpec(dtype=torch.float32, moe_runner="torch", **kw))
+    # the model's MegaMoE call site
+    mega = _forward_mega_experts if kw.get("a2a_backend") == "megamoe" else None
+    spec = LayerBuildSpec(dtype=torch.float32, moe_runner="torch", **kw)
+    moe = KimiK3MoE(config(raw), spec, mega_experts=mega)
     randomize_(moe, seed)
     moe.experts.load_weights(random_experts(moe, seed))
     return moe

@@ -15,7 +15,9 @@ import torch
 from tqdm import tqdm
 
 from sglang.srt.default_model.generate import random_weights
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.utils.cuda_timing import median_cuda_ms
@@ -71,11 +73,9 @@ def main() -> None:
     for runner in tqdm(args.runners.split(","), desc="runners"):
         model = DeepseekV4ForCausalLM(
             DeepseekV4ModelConfig.from_dict(LAYER),
-            dtype=torch.bfloat16,
-            device="cuda",
-            moe_runner=runner,
+            LayerBuildSpec(dtype=torch.bfloat16, device="cuda", moe_runner=runner),
         )
-        load_weights(model, weights, progress=False)
+        load_weights(model, weights, LoadOptions(progress=False))
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, LAYER["vocab_size"], (args.prefill,), generator=gen).cuda()
         pos = torch.arange(args.prefill, device="cuda")

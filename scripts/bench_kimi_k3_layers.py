@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from sglang.srt.layers.attention.kda import KDASegment
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
@@ -99,7 +100,9 @@ def main() -> None:
     config = KimiK3Config.from_dict(k3_config(args.experts))
     rows: list[tuple[str, str, str, float]] = []
     for runner in tqdm(args.runners.split(","), desc="runners"):
-        model = KimiK3ForCausalLM(config, dtype=torch.bfloat16, device="cuda", moe_runner=runner)
+        model = KimiK3ForCausalLM(
+            config, LayerBuildSpec(dtype=torch.bfloat16, device="cuda", moe_runner=runner)
+        )
         gen = torch.Generator("cuda").manual_seed(0)
         randomize_(model, gen)
         layer = model.decoder_layers[1]

@@ -242,7 +242,8 @@ def print_table(
         )
 
     print(
-        f"\nDeepSeek V4-architecture model, {INPUT_LEN} in / {OUTPUT_LEN} out, bf16, triton MoE, TP={tp_size}"
+        f"\nDeepSeek V4-architecture model, {INPUT_LEN} in / {OUTPUT_LEN} out, bf16, triton MoE, "
+        f"TP={tp_size}"
     )
     print("| mode, conc.      | TTFT ms   | TPOT ms   | out tok/s  | total tok/s |")
     print("|------------------|----------:|----------:|-----------:|------------:|")

@@ -263,6 +263,13 @@ class Envs:
         "for the HTTP process and the rest split over the TP ranks (at most 16 each).",
         min_value=0,
     )
+    SGLANG_DSV4_LENGTH_AWARE_DECODE = EnvBool(
+        False,
+        "DeepSeek V4 static decode through the length-aware Triton kernels (attention over the "
+        "live window rows and chosen entries only, indexer scores over the visible keys) for "
+        "bf16/fp16 pools on CUDA. Off by default until the graph == eager test passes with them "
+        "on the GPU (docs/performance.md); the kernel tests against the torch path pass.",
+    )
     SGLANG_STATIC_DECODE_WITHOUT_GRAPHS = EnvBool(
         False,
         "When CUDA graphs are off (--disable-cuda-graph, or no CUDA), decode through the slot "

@@ -32,8 +32,10 @@ import torch
 from transformers import DeepseekV4Config
 from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 
@@ -270,8 +272,12 @@ def our_model(
 ) -> DeepseekV4ForCausalLM:
     """Ours from ``cfg`` itself (not from the reference's adjusted config) with its weights."""
     config = DeepseekV4ModelConfig.from_hf_config(DeepseekV4Config(**cfg))
-    model = DeepseekV4ForCausalLM(config, dtype=torch.float32, device=device, moe_runner=moe_runner)
-    load_weights(model, {k: v.to(device) for k, v in hf.state_dict().items()}, progress=False)
+    model = DeepseekV4ForCausalLM(
+        config, LayerBuildSpec(dtype=torch.float32, device=device, moe_runner=moe_runner)
+    )
+    load_weights(
+        model, {k: v.to(device) for k, v in hf.state_dict().items()}, LoadOptions(progress=False)
+    )
     return model.eval()
 
 

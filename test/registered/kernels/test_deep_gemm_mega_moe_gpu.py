@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
@@ -73,10 +74,9 @@ def _layer(dg, *, hidden: int, inter: int, experts: int, top_k: int, seed: int):
     moe = DeepseekV4MoE(
         config,
         1,
-        params_dtype=torch.bfloat16,
-        moe_runner="triton",
-        a2a_backend="megamoe",
-        device="cuda",
+        LayerBuildSpec(
+            dtype=torch.bfloat16, moe_runner="triton", a2a_backend="megamoe", device="cuda"
+        ),
     )
     gen = torch.Generator(device="cuda").manual_seed(seed)
     with torch.no_grad():

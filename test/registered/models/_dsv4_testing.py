@@ -10,7 +10,9 @@ import torch
 from transformers import DeepseekV4Config
 from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.test.dsv4_parity import randomize_  # one randomiser for the tests and the parity sweep
@@ -112,9 +114,10 @@ def our_model(
     hf: HFDeepseekV4, dtype: torch.dtype = torch.float32, **kwargs: Any
 ) -> DeepseekV4ForCausalLM:
     model = DeepseekV4ForCausalLM(
-        DeepseekV4ModelConfig.from_hf_config(hf.config), dtype=dtype, moe_runner="torch", **kwargs
+        DeepseekV4ModelConfig.from_hf_config(hf.config),
+        LayerBuildSpec(dtype=dtype, moe_runner="torch", **kwargs),
     )
-    load_weights(model, hf.state_dict(), progress=False)
+    load_weights(model, hf.state_dict(), LoadOptions(progress=False))
     return model.eval()
 
 

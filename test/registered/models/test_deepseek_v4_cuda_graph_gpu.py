@@ -18,8 +18,10 @@ import torch
 
 from sglang.srt.default_model.config import default_model_config
 from sglang.srt.default_model.generate import random_weights
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.test.ci_register import register_cuda_ci
@@ -38,12 +40,11 @@ def _model(a2a_backend: str = "none") -> DeepseekV4ForCausalLM:
     raw = default_model_config(VOCAB, 0, 1)
     model = DeepseekV4ForCausalLM(
         DeepseekV4ModelConfig.from_dict(raw),
-        dtype=torch.bfloat16,
-        device="cuda",
-        moe_runner="triton",
-        a2a_backend=a2a_backend,
+        LayerBuildSpec(
+            dtype=torch.bfloat16, device="cuda", moe_runner="triton", a2a_backend=a2a_backend
+        ),
     )
-    load_weights(model, random_weights(raw, seed=7), progress=False)
+    load_weights(model, random_weights(raw, seed=7), LoadOptions(progress=False))
     model.eval()
     model.enable_slot_pool(max_slots=3 * len(LENGTHS), capacity=512)
     return model

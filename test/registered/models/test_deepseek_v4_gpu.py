@@ -16,7 +16,9 @@ import torch
 
 from sglang.srt.default_model.config import default_model_config
 from sglang.srt.default_model.generate import random_weights
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4Batch, DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.test.ci_register import register_cuda_ci
@@ -30,9 +32,10 @@ VOCAB = 512
 def _model(device: str, dtype: torch.dtype, runner: str) -> DeepseekV4ForCausalLM:
     raw = default_model_config(VOCAB, 0, 1)
     model = DeepseekV4ForCausalLM(
-        DeepseekV4ModelConfig.from_dict(raw), dtype=dtype, device=device, moe_runner=runner
+        DeepseekV4ModelConfig.from_dict(raw),
+        LayerBuildSpec(dtype=dtype, device=device, moe_runner=runner),
     )
-    load_weights(model, random_weights(raw, seed=7), progress=False)
+    load_weights(model, random_weights(raw, seed=7), LoadOptions(progress=False))
     return model.eval()
 
 

@@ -18,12 +18,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dsv4_testing import CONFIG_A, our_model, reference_model, rel_err, token_ids
 
 from sglang.kernels.ops.quant.fp8 import block_dequant_fp8
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.quantization.mxfp4 import dequant_mxfp4, quant_mxfp4
 from sglang.srt.model_loader.deepseek_v4_loader import (
     WeightLoadError,
     load_deepseek_v4,
     load_weights,
 )
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.test.ci_register import register_cpu_ci
@@ -146,16 +148,21 @@ def _quantised_release(tensors: dict[str, torch.Tensor], experts: str) -> tuple[
 
 def _from_tensors(config: dict, tensors: dict[str, torch.Tensor]) -> DeepseekV4ForCausalLM:
     model = DeepseekV4ForCausalLM(
-        DeepseekV4ModelConfig.from_dict(config), dtype=torch.float32, moe_runner="torch"
+        DeepseekV4ModelConfig.from_dict(config),
+        LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),
     )
-    load_weights(model, tensors, progress=False)
+    load_weights(model, tensors, LoadOptions(progress=False))
     return model
 
 
 def test_save_pretrained_dir_loads_to_the_same_logits(
     saved_dir: Path, expected: torch.Tensor
 ) -> None:
-    model = load_deepseek_v4(saved_dir, dtype=torch.float32, moe_runner="torch", progress=False)
+    model = load_deepseek_v4(
+        saved_dir,
+        LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),
+        LoadOptions(progress=False),
+    )
     assert torch.equal(_logits(model), expected)
 
 
@@ -179,7 +186,9 @@ def test_release_naming_with_mtp_and_shards(
     monkeypatch.setattr(logging.getLogger("sglang"), "propagate", True)  # caplog hooks the root
     with caplog.at_level(logging.INFO, logger="sglang"):
         model = load_deepseek_v4(
-            tmp_path / "release", dtype=torch.float32, moe_runner="torch", progress=False
+            tmp_path / "release",
+            LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),
+            LoadOptions(progress=False),
         )
     assert any("skipping 2 MTP tensors" in r.getMessage() for r in caplog.records)
     assert torch.equal(_logits(model), expected)
@@ -191,7 +200,9 @@ def test_fp8_dense_and_mxfp4_experts(hf, saved_dir: Path, tmp_path: Path) -> Non
     assert quant["layers.1.ffn.experts.0.w1.weight"].dtype == torch.uint8
     _write(tmp_path / "q", quant, _release_config(hf))
     model = load_deepseek_v4(
-        tmp_path / "q", dtype=torch.float32, moe_runner="torch", progress=False
+        tmp_path / "q",
+        LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),
+        LoadOptions(progress=False),
     )
     # Both formats dequantise exactly, so the model equals one built from the dequantised values.
     assert torch.equal(_logits(model), _logits(_from_tensors(_release_config(hf), dequant)))
@@ -215,7 +226,9 @@ def test_fp8_experts_stay_fp8(tmp_path: Path) -> None:
     release_config = dict(_release_config(hf), **wide)
     _write(tmp_path / "q8", quant, release_config, shards=1)
     model = load_deepseek_v4(
-        tmp_path / "q8", dtype=torch.float32, moe_runner="torch", progress=False
+        tmp_path / "q8",
+        LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),
+        LoadOptions(progress=False),
     )
     w = model.layers[1].ffn.experts.weights
     assert w is not None and w.is_fp8
@@ -263,7 +276,11 @@ def test_bad_checkpoints_name_the_tensor(
         tensors[name] = torch.zeros(2)
     _write(tmp_path / "bad", tensors, _release_config(hf), shards=1)
     with pytest.raises(WeightLoadError, match=message):
-        load_deepseek_v4(tmp_path / "bad", dtype=torch.float32, moe_runner="torch", progress=False)
+        load_deepseek_v4(
+            tmp_path / "bad",
+            LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),
+            LoadOptions(progress=False),
+        )
 
 
 if __name__ == "__main__":

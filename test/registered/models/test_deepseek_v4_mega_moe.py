@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
@@ -76,11 +77,13 @@ def _moe(layer_id: int, a2a: str, tp_rank: int = 0, tp_size: int = 1) -> Deepsee
     moe = DeepseekV4MoE(
         _config(),
         layer_id,
-        params_dtype=torch.float32,
-        tp_rank=tp_rank,
-        tp_size=tp_size,
-        moe_runner="torch",
-        a2a_backend=a2a,  # type: ignore[arg-type]
+        LayerBuildSpec(
+            dtype=torch.float32,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            moe_runner="torch",
+            a2a_backend=a2a,
+        ),
     )
     _fill(moe, seed=layer_id)
     moe.experts.load_weights(_experts(seed=layer_id))
@@ -137,7 +140,8 @@ def test_fallback_runs_local_experts_and_reduces_once(rec: MegaMoERecorder) -> N
 
 def test_model_forward_takes_the_mega_path_in_every_layer(rec: MegaMoERecorder) -> None:
     model = DeepseekV4ForCausalLM(
-        _config(layers=2), dtype=torch.float32, moe_runner="torch", a2a_backend="megamoe"
+        _config(layers=2),
+        LayerBuildSpec(dtype=torch.float32, moe_runner="torch", a2a_backend="megamoe"),
     )
     _fill(model, seed=3)
     for i, layer in enumerate(model.layers):

@@ -37,6 +37,9 @@ from sglang.test.run import run_this_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dsv4_testing import CONFIG_A, CONFIG_C, reference_model, rel_err, token_ids
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.model_loader.load_options import LoadOptions
+
 register_cpu_ci(est_time=10)
 
 # MegaMoE tiles hidden and the expert width by 128.
@@ -71,11 +74,9 @@ def _model(
 ) -> DeepseekV4ForCausalLM:
     model = DeepseekV4ForCausalLM(
         DeepseekV4ModelConfig.from_dict({**overrides, "model_type": "deepseek_v4"}),
-        dtype=torch.float32,
-        moe_runner="torch",
-        a2a_backend=a2a,  # type: ignore[arg-type]
+        LayerBuildSpec(dtype=torch.float32, moe_runner="torch", a2a_backend=a2a),
     )
-    load_weights(model, ckpt, progress=False)
+    load_weights(model, ckpt, LoadOptions(progress=False))
     return model.eval()
 
 

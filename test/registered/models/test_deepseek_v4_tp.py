@@ -15,6 +15,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dsv4_testing import CONFIG_A, reference_model, rel_err, token_ids
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
@@ -29,12 +31,10 @@ def _load(model_dir: str, rank: int, world: int, a2a: str):  # type: ignore[no-u
 
     return load_deepseek_v4(
         model_dir,
-        dtype=torch.float32,
-        tp_rank=rank,
-        tp_size=world,
-        moe_runner="torch",
-        a2a_backend=a2a,
-        progress=False,  # type: ignore[arg-type]
+        LayerBuildSpec(
+            dtype=torch.float32, tp_rank=rank, tp_size=world, moe_runner="torch", a2a_backend=a2a
+        ),
+        LoadOptions(progress=False),
     )
 
 

@@ -32,6 +32,9 @@ from sglang.test.run import run_this_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, config, make_model, tokens
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.model_loader.load_options import LoadOptions
+
 register_cpu_ci(est_time=10)
 
 
@@ -85,7 +88,9 @@ def _mxfp4_rounded(model: KimiK3ForCausalLM) -> None:
 
 
 def _fresh(raw: dict[str, Any], **kw: Any) -> KimiK3ForCausalLM:
-    return KimiK3ForCausalLM(config(raw), dtype=torch.float32, moe_runner="torch", **kw)
+    return KimiK3ForCausalLM(
+        config(raw), LayerBuildSpec(dtype=torch.float32, moe_runner="torch", **kw)
+    )
 
 
 # --- names and config ---------------------------------------------------------------------------
@@ -176,7 +181,7 @@ def test_released_naming_with_mxfp4_experts_loads_exactly(
     model = _fresh(CONFIG_A)
     logging.getLogger("sglang").propagate = True
     with caplog.at_level(logging.INFO, logger="sglang"):
-        load_weights(model, ckpt, progress=False)
+        load_weights(model, ckpt, LoadOptions(progress=False))
     assert any("skipping 2 vision" in r.getMessage() for r in caplog.records)
     attn = model.decoder_layers[0].self_attn
     for p in (attn.A_log, attn.dt_bias, attn.q_conv1d.weight, attn.o_norm.weight):  # type: ignore[union-attr]
@@ -198,7 +203,7 @@ def test_errors_name_the_tensor(source_model: KimiK3ForCausalLM) -> None:
                 del bad[k]
             else:
                 bad[k] = v
-        load_weights(_fresh(CONFIG_A), bad, progress=False, **kw)
+        load_weights(_fresh(CONFIG_A), bad, LoadOptions(progress=False, **kw))
 
     q = "language_model.model.layers.1.self_attn.q_proj.weight"
     with pytest.raises(
@@ -244,7 +249,11 @@ def test_directory_round_trip_with_bf16_experts(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(
         json.dumps({"model_type": "kimi_k3", "text_config": CONFIG_B})
     )
-    model = load_kimi_k3(tmp_path, dtype=torch.float32, moe_runner="torch", progress=False)
+    model = load_kimi_k3(
+        tmp_path,
+        LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),
+        LoadOptions(progress=False),
+    )
     ids = tokens(9, seed=6)
     torch.testing.assert_close(
         model(ids, torch.arange(9)), src(ids, torch.arange(9)), rtol=0, atol=0
@@ -262,7 +271,7 @@ def test_mega_weight_builder_gets_this_ranks_raw_experts(source_model: KimiK3For
         return ("mega", layer_id)
 
     model = _fresh(mega, tp_rank=1, tp_size=2, a2a_backend="megamoe")
-    load_weights(model, ckpt, progress=False, mega_weight_builder=builder)
+    load_weights(model, ckpt, LoadOptions(progress=False, mega_weight_builder=builder))
     assert sorted(got) == list(range(1, 8))
     raw = got[2]
     pre = "language_model.model.layers.2.block_sparse_moe.experts"
@@ -293,13 +302,15 @@ def _rank_logits(
     for a2a in ("none", "megamoe"):
         model = load_kimi_k3(
             model_dir,
-            dtype=torch.float32,
-            tp_rank=rank,
-            tp_size=world,
-            moe_runner="torch",
-            a2a_backend=a2a,
-            progress=False,
-        )  # type: ignore[arg-type]
+            LayerBuildSpec(
+                dtype=torch.float32,
+                tp_rank=rank,
+                tp_size=world,
+                moe_runner="torch",
+                a2a_backend=a2a,
+            ),
+            LoadOptions(progress=False),
+        )
         out[a2a] = model(ids, torch.arange(ids.shape[0]))
     cache = model.new_request_cache()
     steps = [model.prefill(ids[:9], cache)] + [

@@ -27,6 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A, config, make_model, random_experts, randomize_, tokens
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.model_loader.load_options import LoadOptions
+
 register_cpu_ci(est_time=10)
 
 # MegaMoE's shapes: latent a multiple of 512, expert width a multiple of 128.
@@ -60,9 +63,7 @@ def test_latent_moe_block_mega_path_equals_normal_path(monkeypatch: pytest.Monke
         mega = _forward_mega_experts if a2a == "megamoe" else None
         blocks[a2a] = KimiK3MoE(
             config(MEGA),
-            params_dtype=torch.float32,
-            moe_runner="torch",
-            a2a_backend=a2a,  # type: ignore[arg-type]
+            LayerBuildSpec(dtype=torch.float32, moe_runner="torch", a2a_backend=a2a),
             mega_experts=mega,
         )
         randomize_(blocks[a2a], seed=4)
@@ -88,9 +89,9 @@ def test_loader_builds_mega_weights_and_logits_match(monkeypatch: pytest.MonkeyP
 
     def loaded(a2a: str) -> KimiK3ForCausalLM:
         model = KimiK3ForCausalLM(
-            config(MEGA), dtype=torch.float32, moe_runner="torch", a2a_backend=a2a
-        )  # type: ignore[arg-type]
-        load_weights(model, ckpt, progress=False)
+            config(MEGA), LayerBuildSpec(dtype=torch.float32, moe_runner="torch", a2a_backend=a2a)
+        )
+        load_weights(model, ckpt, LoadOptions(progress=False))
         return model.eval()
 
     normal = loaded("none")

@@ -14,6 +14,7 @@ from transformers import KimiLinearConfig
 from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
 
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention, MLANoPEConfig, MLASegment
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.mem_cache.growable_rows import GrowableRows
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 from sglang.test.ci_register import register_cpu_ci
@@ -44,7 +45,7 @@ def _pair(q_lora: int | None, gate: bool, seed: int) -> tuple[nn.Module, MLANoPE
     tf = KimiLinearAttention(cfg, 0).eval()
     ours = MLANoPEAttention(
         MLANoPEConfig(H, HEADS, q_lora, KV_LORA, NOPE, ROPE, V, EPS, output_gate=gate),
-        params_dtype=torch.float32,
+        LayerBuildSpec(dtype=torch.float32),
     )
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -31,6 +31,8 @@ from sglang.test.run import run_this_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, CONFIG_C, config, random_experts, randomize_
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
+
 register_cpu_ci(est_time=5)
 
 
@@ -89,9 +91,10 @@ def moe_reference(moe: KimiK3MoE, x: torch.Tensor, *, rsf: float, eps: float) ->
 
 
 def _moe(raw: dict[str, Any], seed: int, **kw: Any) -> KimiK3MoE:
-    if kw.get("a2a_backend") == "megamoe":
-        kw["mega_experts"] = _forward_mega_experts  # the model's MegaMoE call site
-    moe = KimiK3MoE(config(raw), params_dtype=torch.float32, moe_runner="torch", **kw)
+    # the model's MegaMoE call site
+    mega = _forward_mega_experts if kw.get("a2a_backend") == "megamoe" else None
+    spec = LayerBuildSpec(dtype=torch.float32, moe_runner="torch", **kw)
+    moe = KimiK3MoE(config(raw), spec, mega_experts=mega)
     randomize_(moe, seed)
     moe.experts.load_weights(random_experts(moe, seed))
     return moe
@@ -121,7 +124,7 @@ def test_moe_block_equals_hand_written_reference(raw: dict[str, Any]) -> None:
 
 def test_bf16_moe_block_is_close_to_reference() -> None:
     moe = _moe(CONFIG_A, seed=3)
-    moe_bf16 = KimiK3MoE(config(CONFIG_A), params_dtype=torch.bfloat16, moe_runner="torch")
+    moe_bf16 = KimiK3MoE(config(CONFIG_A), LayerBuildSpec(dtype=torch.bfloat16, moe_runner="torch"))
     moe_bf16.load_state_dict(moe.state_dict())
     moe_bf16.experts.load_weights(random_experts(moe, seed=3, dtype=torch.bfloat16))
     x = _x(9, 64, seed=4)
@@ -156,7 +159,9 @@ def test_tp_normal_path_reduces_the_latent_sum_before_its_norm(
     partials: list[list[torch.Tensor]] = []
     for rank in range(2):
         calls.clear()
-        moe = KimiK3MoE(c, params_dtype=torch.float32, moe_runner="torch", tp_rank=rank, tp_size=2)
+        moe = KimiK3MoE(
+            c, LayerBuildSpec(dtype=torch.float32, moe_runner="torch", tp_rank=rank, tp_size=2)
+        )
         full = dict(whole.named_parameters())
         for name, p in moe.named_parameters():
             loader = getattr(p, "weight_loader", None)
@@ -269,7 +274,7 @@ def test_model_wires_its_mega_call_site_and_it_runs_situ(rec: MegaMoERecorder) -
     from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 
     model = KimiK3ForCausalLM(
-        config(MEGA), dtype=torch.float32, moe_runner="torch", a2a_backend="megamoe"
+        config(MEGA), LayerBuildSpec(dtype=torch.float32, moe_runner="torch", a2a_backend="megamoe")
     )
     blocks = [layer.mlp for layer in model.decoder_layers if isinstance(layer.mlp, KimiK3MoE)]
     assert blocks and all(b.mega_experts is _forward_mega_experts for b in blocks)
@@ -286,13 +291,13 @@ def test_model_wires_its_mega_call_site_and_it_runs_situ(rec: MegaMoERecorder) -
 def test_mega_rejects_unsupported_shapes() -> None:
     with pytest.raises(ConfigError, match="divisible by 512"):
         KimiK3MoE(
-            config(CONFIG_A), params_dtype=torch.float32, moe_runner="torch", a2a_backend="megamoe"
+            config(CONFIG_A),
+            LayerBuildSpec(dtype=torch.float32, moe_runner="torch", a2a_backend="megamoe"),
         )
     with pytest.raises(ConfigError, match="hidden_act 'situ'"):
         KimiK3MoE(
             config({**MEGA, "hidden_act": "silu"}),
-            params_dtype=torch.float32,
-            a2a_backend="megamoe",
+            LayerBuildSpec(dtype=torch.float32, a2a_backend="megamoe"),
         )
 
 

@@ -30,6 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A, config, make_model
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.model_loader.load_options import LoadOptions
+
 register_cpu_ci(est_time=10)
 
 # MegaMoE-shaped (latent 512, width 128) so the expert-parallel layout can be built too; a TP=2
@@ -91,13 +94,11 @@ def test_shard_first_equals_dequantise_then_shard(
     monkeypatch.setattr(expert_weights_mod, "dequant_mxfp4", spy)
     model = KimiK3ForCausalLM(
         config(RAW),
-        dtype=torch.float32,
-        moe_runner="torch",
-        tp_rank=rank,
-        tp_size=size,
-        a2a_backend=a2a,
-    )  # type: ignore[arg-type]
-    load_weights(model, ckpt, progress=False)
+        LayerBuildSpec(
+            dtype=torch.float32, moe_runner="torch", tp_rank=rank, tp_size=size, a2a_backend=a2a
+        ),
+    )
+    load_weights(model, ckpt, LoadOptions(progress=False))
     monkeypatch.setattr(expert_weights_mod, "dequant_mxfp4", real)
 
     moe_layers = [
@@ -126,13 +127,14 @@ def test_mxfp4_slice_must_cover_whole_scale_groups() -> None:
     # intermediate 32 over 2 ranks: 16 columns of w2 a rank, half a 32-value scale group
     ckpt = export_checkpoint(make_model(CONFIG_A, seed=1))
     model = KimiK3ForCausalLM(
-        config(CONFIG_A), dtype=torch.float32, moe_runner="torch", tp_rank=1, tp_size=2
+        config(CONFIG_A),
+        LayerBuildSpec(dtype=torch.float32, moe_runner="torch", tp_rank=1, tp_size=2),
     )
     with pytest.raises(
         WeightLoadError,
         match=r"mxfp4 experts need this rank's intermediate slice \(16 of 32\) divisible by 32",
     ):
-        load_weights(model, ckpt, progress=False)
+        load_weights(model, ckpt, LoadOptions(progress=False))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
@@ -152,7 +153,7 @@ def random_experts(moe: KimiK3MoE, seed: int, dtype: torch.dtype = torch.float32
 def make_model(
     raw: dict[str, Any], *, seed: int = 0, dtype: torch.dtype = torch.float32, **kw: Any
 ) -> KimiK3ForCausalLM:
-    model = KimiK3ForCausalLM(config(raw), dtype=dtype, moe_runner="torch", **kw)
+    model = KimiK3ForCausalLM(config(raw), LayerBuildSpec(dtype=dtype, moe_runner="torch", **kw))
     randomize_(model, seed)
     for layer in model.decoder_layers:
         if isinstance(layer.mlp, KimiK3MoE):
@@ -180,7 +181,9 @@ def test_configs_parse_as_intended() -> None:
 
 
 def test_randomisation_touches_every_parameter() -> None:
-    fresh = KimiK3ForCausalLM(config(CONFIG_A), dtype=torch.float32, moe_runner="torch")
+    fresh = KimiK3ForCausalLM(
+        config(CONFIG_A), LayerBuildSpec(dtype=torch.float32, moe_runner="torch")
+    )
     # A sentinel first: uninitialised parameters may reuse freed memory that an earlier test's
     # identical randomisation filled, and would then compare equal after randomize_.
     with torch.no_grad():

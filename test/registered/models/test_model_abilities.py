@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from sglang.srt.default_model.generate import ensure_default_model
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.moe_runner.torch_runner import TorchMoERunner
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_unavailable_reason
@@ -43,11 +44,13 @@ CUDA = torch.device("cuda")  # graph_unavailable_reason only reads the type
 
 def _dsv4() -> DeepseekV4ForCausalLM:
     cfg = DeepseekV4ModelConfig.from_dict({**DSV4_CONFIG, "model_type": "deepseek_v4"})
-    return DeepseekV4ForCausalLM(cfg, dtype=torch.float32, moe_runner="torch")
+    return DeepseekV4ForCausalLM(cfg, LayerBuildSpec(dtype=torch.float32, moe_runner="torch"))
 
 
 def _kimi() -> KimiK3ForCausalLM:
-    return KimiK3ForCausalLM(kimi_config(KIMI_CONFIG), dtype=torch.float32, moe_runner="torch")
+    return KimiK3ForCausalLM(
+        kimi_config(KIMI_CONFIG), LayerBuildSpec(dtype=torch.float32, moe_runner="torch")
+    )
 
 
 def test_the_three_models_declare_their_abilities() -> None:

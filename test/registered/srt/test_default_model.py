@@ -12,8 +12,10 @@ from pathlib import Path
 import torch
 
 from sglang.srt.default_model.generate import ensure_default_model
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.managers.tokenizer import load_tokenizer
 from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
@@ -45,7 +47,9 @@ def test_checkpoint_and_tokenizer(tmp_path: Path) -> None:
     tok = load_tokenizer(path)
     assert tok.vocab_size == config["vocab_size"]
     assert tok.eos_token_id == config["eos_token_id"] and tok.has_own_chat_template
-    model = load_deepseek_v4(path, dtype=torch.float32, moe_runner="torch", progress=False)
+    model = load_deepseek_v4(
+        path, LayerBuildSpec(dtype=torch.float32, moe_runner="torch"), LoadOptions(progress=False)
+    )
     ids = torch.tensor(tok.encode("The quick brown fox " * 40))  # > 128 tokens: a ratio-128 entry
     logits = model(ids, torch.arange(ids.shape[0]))
     assert logits.shape == (ids.shape[0], config["vocab_size"])

@@ -28,6 +28,7 @@ from sglang.srt.default_model.tokenizer import (
     tokenizer_config,
 )
 from sglang.srt.environ import envs
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
@@ -65,7 +66,9 @@ def parameter_shapes(config: dict[str, object]) -> dict[str, tuple[int, ...]]:
     from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 
     cfg = DeepseekV4ModelConfig.from_dict(config)
-    model = DeepseekV4ForCausalLM(cfg, dtype=torch.float32, device="meta", moe_runner="torch")
+    model = DeepseekV4ForCausalLM(
+        cfg, LayerBuildSpec(dtype=torch.float32, device="meta", moe_runner="torch")
+    )
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     shapes.update(_expert_shapes(config))
     return shapes

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
+from sglang.srt.layers.build_spec import LayerBuildSpec
 
 
 class WeightShapeError(ValueError):
@@ -74,11 +75,10 @@ def fp32_param(*shape: int, device: torch.device | str | None) -> nn.Parameter:
     return frozen_param(torch.zeros(*shape, dtype=torch.float32, device=device))
 
 
-def dim0_sharded_param(
-    full_shape: tuple[int, ...], *, tp_rank: int, tp_size: int, device: torch.device | str | None
-) -> nn.Parameter:
+def dim0_sharded_param(full_shape: tuple[int, ...], spec: LayerBuildSpec) -> nn.Parameter:
     """An fp32 parameter holding this rank's ``1/tp`` of dim 0 (per-head vectors such as
     attention sinks, conv weights, ``dt_bias``); the loader takes the full tensor."""
+    tp_rank, tp_size = spec.tp_rank, spec.tp_size
     if full_shape[0] % tp_size:
         raise ValueError(
             f"dim 0 of {full_shape} is not divisible by the tensor-parallel size {tp_size}"
@@ -91,26 +91,25 @@ def dim0_sharded_param(
         with torch.no_grad():
             param.copy_(tp_slice(full, 0, tp_rank, tp_size).to(param.dtype))
 
-    return frozen_param(torch.zeros(local, dtype=torch.float32, device=device), load)
+    return frozen_param(torch.zeros(local, dtype=torch.float32, device=spec.device), load)
 
 
 class LinearBase(nn.Module):
-    """``y = x @ W^T`` with ``W`` of shape ``[out_local, in_local]`` in ``params_dtype``."""
+    """``y = x @ W^T`` with ``W`` of shape ``[out_local, in_local]`` in ``spec.dtype``."""
 
     def __init__(
         self,
         in_features: int,
         out_features: int,
+        spec: LayerBuildSpec,
         *,
         in_local: int,
         out_local: int,
-        params_dtype: torch.dtype,
-        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.in_local, self.out_local = in_local, out_local
-        weight = torch.empty(out_local, in_local, dtype=params_dtype, device=device)
+        weight = torch.empty(out_local, in_local, dtype=spec.dtype, device=spec.device)
         self.weight = frozen_param(weight, self._load)
 
     @property
@@ -133,27 +132,16 @@ class LinearBase(nn.Module):
         return F.linear(x, self.weight)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, local=({self.out_local}, {self.in_local})"
+        local = f"({self.out_local}, {self.in_local})"
+        return f"in={self.in_features}, out={self.out_features}, local={local}"
 
 
 class ReplicatedLinear(LinearBase):
-    """Full weight on every rank."""
+    """Full weight on every rank (the spec's tensor-parallel place is ignored)."""
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        *,
-        params_dtype: torch.dtype,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, spec: LayerBuildSpec) -> None:
         super().__init__(
-            in_features,
-            out_features,
-            in_local=in_features,
-            out_local=out_features,
-            params_dtype=params_dtype,
-            device=device,
+            in_features, out_features, spec, in_local=in_features, out_local=out_features
         )
 
 
@@ -163,30 +151,14 @@ class _TensorParallelLinear(LinearBase):
 
     split_dim: int
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        *,
-        params_dtype: torch.dtype,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, spec: LayerBuildSpec) -> None:
         in_local, out_local = in_features, out_features
         if self.split_dim == 0:
-            out_local = per_rank(out_features, tp_size, "output features")
+            out_local = per_rank(out_features, spec.tp_size, "output features")
         else:
-            in_local = per_rank(in_features, tp_size, "input features")
-        super().__init__(
-            in_features,
-            out_features,
-            in_local=in_local,
-            out_local=out_local,
-            params_dtype=params_dtype,
-            device=device,
-        )
-        self.tp_rank, self.tp_size = tp_rank, tp_size
+            in_local = per_rank(in_features, spec.tp_size, "input features")
+        super().__init__(in_features, out_features, spec, in_local=in_local, out_local=out_local)
+        self.tp_rank, self.tp_size = spec.tp_rank, spec.tp_size
 
     def _shard(self, full: torch.Tensor) -> torch.Tensor:
         return tp_slice(full, self.split_dim, self.tp_rank, self.tp_size)
@@ -208,21 +180,11 @@ class RowParallelLinear(_TensorParallelLinear):
         self,
         in_features: int,
         out_features: int,
+        spec: LayerBuildSpec,
         *,
-        params_dtype: torch.dtype,
-        tp_rank: int = 0,
-        tp_size: int = 1,
         reduce_results: bool = True,
-        device: torch.device | str | None = None,
     ) -> None:
-        super().__init__(
-            in_features,
-            out_features,
-            params_dtype=params_dtype,
-            tp_rank=tp_rank,
-            tp_size=tp_size,
-            device=device,
-        )
+        super().__init__(in_features, out_features, spec)
         self.reduce_results = reduce_results
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

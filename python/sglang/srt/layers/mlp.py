@@ -7,36 +7,26 @@ vs ``gate_proj``/``up_proj``/``down_proj``), and builds and runs the projections
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from sglang.srt.layers.activation import Activation, act_and_mul
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 
 
 def gated_mlp_projections(
     hidden_size: int,
     intermediate_size: int,
+    spec: LayerBuildSpec,
     *,
     reduce_results: bool,
-    params_dtype: torch.dtype,
-    tp_rank: int = 0,
-    tp_size: int = 1,
-    device: torch.device | str | None = None,
 ) -> tuple[ColumnParallelLinear, ColumnParallelLinear, RowParallelLinear]:
     """``(gate, up, down)``; ``reduce_results=False`` leaves down's all-reduce to the caller."""
-    col: dict[str, Any] = {
-        "params_dtype": params_dtype,
-        "tp_rank": tp_rank,
-        "tp_size": tp_size,
-        "device": device,
-    }
     return (
-        ColumnParallelLinear(hidden_size, intermediate_size, **col),
-        ColumnParallelLinear(hidden_size, intermediate_size, **col),
-        RowParallelLinear(intermediate_size, hidden_size, reduce_results=reduce_results, **col),
+        ColumnParallelLinear(hidden_size, intermediate_size, spec),
+        ColumnParallelLinear(hidden_size, intermediate_size, spec),
+        RowParallelLinear(intermediate_size, hidden_size, spec, reduce_results=reduce_results),
     )
 
 

@@ -1,6 +1,8 @@
 """Architectures this engine serves: config.json ``architectures`` / ``model_type`` -> loader.
 
-A loader builds this rank's shard of the model from a checkpoint directory. Every model served
+A loader builds this rank's shard of the model from a checkpoint directory, as the
+:class:`LayerBuildSpec` says, and reads the checkpoint as the :class:`LoadOptions` say. Every model
+served
 here exposes the same batch API: ``new_request_cache()`` and
 ``forward(input_ids [T], positions [T], batch)`` -> fp32 logits ``[T, V]``, with ``batch`` made by
 ``make_batch(seq_lens, caches)``.
@@ -14,24 +16,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    dtype: torch.dtype
-    device: torch.device
-    tp_rank: int
-    tp_size: int
-    moe_runner: str
-    a2a_backend: str
+from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.model_loader.load_options import LoadOptions
 
 
 @dataclass(frozen=True)
 class ModelEntry:
     architecture: str
     model_types: tuple[str, ...]
-    load: Callable[[str, LoadOptions], Any]
+    load: Callable[[str, LayerBuildSpec, LoadOptions], Any]
     make_batch: Callable[[Sequence[int], Sequence[Any]], Any]
     # DP attention: the model gathers its tokens around the MoE (layers/dp_attention's dp_gather
     # and dp_scatter), shards attention over the attention-TP group and has forward_idle().
@@ -49,26 +42,13 @@ def dp_attention_unsupported_reason(entry: ModelEntry) -> str | None:
     )
 
 
-def _loader_kwargs(opts: LoadOptions) -> dict[str, Any]:
-    """The keyword arguments every ``load_<model>(path, ...)`` function takes from the options."""
-    return {
-        "dtype": opts.dtype,
-        "device": opts.device,
-        "tp_rank": opts.tp_rank,
-        "tp_size": opts.tp_size,
-        "moe_runner": opts.moe_runner,
-        "a2a_backend": opts.a2a_backend,
-        "progress": opts.tp_rank == 0,
-    }
-
-
 # Loaders and batch classes are imported on first use: importing this registry stays cheap.
 
 
-def _load_deepseek_v4(path: str, opts: LoadOptions) -> Any:
+def _load_deepseek_v4(path: str, spec: LayerBuildSpec, opts: LoadOptions) -> Any:
     from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
 
-    return load_deepseek_v4(path, **_loader_kwargs(opts))
+    return load_deepseek_v4(path, spec, opts)
 
 
 def _deepseek_v4_batch(seq_lens: Sequence[int], caches: Sequence[Any]) -> Any:
@@ -77,10 +57,10 @@ def _deepseek_v4_batch(seq_lens: Sequence[int], caches: Sequence[Any]) -> Any:
     return DeepseekV4Batch(list(seq_lens), list(caches))
 
 
-def _load_kimi_k3(path: str, opts: LoadOptions) -> Any:
+def _load_kimi_k3(path: str, spec: LayerBuildSpec, opts: LoadOptions) -> Any:
     from sglang.srt.model_loader.kimi_k3_loader import load_kimi_k3
 
-    return load_kimi_k3(path, **_loader_kwargs(opts))
+    return load_kimi_k3(path, spec, opts)
 
 
 def _kimi_k3_batch(seq_lens: Sequence[int], caches: Sequence[Any]) -> Any:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from sglang.srt.environ import envs
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_executor.cuda_graph_runner import (
     CudaGraphRunner,
     capture_batch_sizes,
@@ -30,8 +31,10 @@ from sglang.srt.model_executor.model_abilities import (
     moe_runners,
     require_ability,
 )
-from sglang.srt.model_executor.model_registry import LoadOptions, find_model, read_model_config
+from sglang.srt.model_executor.model_registry import find_model, read_model_config
 from sglang.srt.model_executor.slot_plan import plan_slot_pool
+from sglang.srt.model_executor.warmup_plan import warmup_token_counts
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
@@ -76,17 +79,15 @@ class ModelRunner:
         self.entry = find_model(self.hf_config)
         started = time.perf_counter()
         self.dtype = torch_dtype(args.dtype)
-        loaded = self.entry.load(
-            args.model_path,
-            LoadOptions(
-                dtype=self.dtype,
-                device=self.device,
-                tp_rank=tp_rank,
-                tp_size=tp_size,
-                moe_runner=args.moe_runner_backend,
-                a2a_backend=args.moe_a2a_backend,
-            ),
+        spec = LayerBuildSpec(
+            dtype=self.dtype,
+            device=self.device,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            moe_runner=args.moe_runner_backend,
+            a2a_backend=args.moe_a2a_backend,
         )
+        loaded = self.entry.load(args.model_path, spec, LoadOptions(progress=tp_rank == 0))
         self.model: ServedModel = require_ability(loaded, ServedModel)
         self.load_time_s = time.perf_counter() - started
         self.caches: dict[str, Any] = {}
@@ -226,18 +227,24 @@ class ModelRunner:
         return self.static_sizes[i] if i < len(self.static_sizes) else bs
 
     def warmup(self, num_tokens: int = 16) -> None:
-        """One prefill and one decode on a throw-away cache, identical on every rank: compiles
+        """Prefills and one decode on throw-away caches, identical on every rank: compiles
         kernels and settles allocator state before serving (and before symmetric-memory pool
-        preallocation)."""
+        preallocation). On CUDA every token count of :func:`warmup_token_counts` up to the
+        prefill chunk is prefilled, so no Triton variant compiles inside a served request."""
         from sglang.srt.layers.dp_attention import reset_dp_state, set_dp_state_for_warmup
 
-        n = min(num_tokens, self.max_position_embeddings - 1)
-        cache = self.model.new_request_cache()
-        ids = (torch.arange(n, dtype=torch.long) % self.vocab_size).to(self.device)
-        set_dp_state_for_warmup(n)  # DP attention: every group warms up with the same rows
-        self.model.forward(
-            ids, torch.arange(n, device=self.device), self.entry.make_batch([n], [cache])
-        )
+        limit = min(num_tokens, self.max_position_embeddings - 1)
+        counts = [limit]
+        if self.device.type == "cuda":
+            chunk = self.args.chunked_prefill_size or 0
+            longest = min(chunk if chunk > 0 else 8192, self.max_position_embeddings - 1)
+            counts = warmup_token_counts(max(longest, limit))
+        for n in counts:
+            cache = self.model.new_request_cache()
+            ids = (torch.arange(n, dtype=torch.long) % self.vocab_size).to(self.device)
+            set_dp_state_for_warmup(n)  # DP attention: every group warms up with the same rows
+            batch = self.entry.make_batch([n], [cache])
+            self.model.forward(ids, torch.arange(n, device=self.device), batch)
         set_dp_state_for_warmup(1)
         self.model.forward(
             ids[:1], torch.tensor([n], device=self.device), self.entry.make_batch([1], [cache])

@@ -22,42 +22,23 @@ import os
 from collections.abc import Mapping
 
 import torch
-from tqdm.auto import tqdm
 
 from sglang.kernels.ops.quant.fp8 import block_dequant_fp8
+from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import FP8_BLOCK, WeightFormat
-from sglang.srt.layers.moe.layer import A2ABackend
-from sglang.srt.model_loader.checkpoint_index import CheckpointIndex as _Index
-from sglang.srt.model_loader.checkpoint_index import WeightLoadError
+from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
+from sglang.srt.model_loader.checkpoint_loop import CheckpointRules, load_checkpoint, load_model_dir
 from sglang.srt.model_loader.deepseek_v4_names import canonical_name
-from sglang.srt.model_loader.expert_loading import FP8_DTYPES, load_layer_experts
-from sglang.srt.model_loader.mega_moe_prep import (
-    MegaWeightBuilder,
-    log_mega_weights_built,
-    resolve_mega_weight_builder,
-)
-from sglang.srt.model_loader.weight_source import (
-    SafetensorsWeightSource,
-    WeightSource,
-    as_weight_source,
-)
+from sglang.srt.model_loader.expert_loading import FP8_DTYPES
+from sglang.srt.model_loader.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
+from sglang.srt.model_loader.weight_source import WeightSource, as_weight_source
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
-from sglang.srt.utils.log import get_logger
 
-logger = get_logger(__name__)
-
-
-def _build_index(source: WeightSource) -> _Index:
-    index, skipped = _Index.build(source, canonical_name)
-    if skipped:
-        logger.info(
-            f"skipping {len(skipped)} MTP tensors (mtp.*): the multi-token-prediction layer is not loaded"
-        )
-    return index
+__all__ = ["WeightLoadError", "checkpoint_rules", "load_deepseek_v4", "load_weights"]
 
 
-def _dense(index: _Index, canon: str) -> torch.Tensor:
+def _dense(index: CheckpointIndex, canon: str) -> torch.Tensor:
     """A dense weight, FP8 block-dequantised to fp32 when it ships FP8."""
     w = index.get(canon)
     if w.dtype in FP8_DTYPES:
@@ -81,83 +62,47 @@ def _scale_suffixes(fmt: WeightFormat) -> tuple[str, ...]:
     return (".scale",)
 
 
+def _skip_reason(name: str) -> str:
+    # canonical_name skips only the MTP layer
+    return "MTP tensors (mtp.*): the multi-token-prediction layer is not loaded"
+
+
+def checkpoint_rules(model: DeepseekV4ForCausalLM) -> CheckpointRules:
+    """DeepSeek V4's checkpoint: release names, FP8 dense weights, hash-routing tables."""
+    return CheckpointRules(
+        model_name="DeepSeek V4",
+        canonical_name=canonical_name,
+        skip_reason=_skip_reason,
+        names_hint="names after mapping to the release naming",
+        dense=_dense,
+        scale_suffixes=_scale_suffixes,
+        tied=("head.weight", "embed.weight") if model.config.tie_word_embeddings else None,
+        # The hash layers' token -> experts tables are integer buffers, not parameters.
+        extra_tensors={
+            f"layers.{i}.ffn.gate.tid2eid": layer.ffn.gate.load_tid2eid
+            for i, layer in enumerate(model.decoder_layers)
+            if layer.ffn.is_hash
+        },
+    )
+
+
 def load_weights(
     model: DeepseekV4ForCausalLM,
     source: WeightSource | Mapping[str, torch.Tensor],
-    *,
-    strict: bool = True,
-    progress: bool = True,
-    mega_weight_builder: MegaWeightBuilder | None = None,
+    opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
 ) -> None:
     """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping).
 
-    Expert-parallel (MegaMoE) layers also get their MegaMoE weights from ``mega_weight_builder``
-    (default: DeepGEMM's layout when DeepGEMM is usable)."""
-    index = _build_index(as_weight_source(source))
-    if model.config.tie_word_embeddings:
-        index.tie("head.weight", "embed.weight")
-    params = dict(model.named_parameters())
-    hash_tables = {
-        f"layers.{i}.ffn.gate.tid2eid": layer.ffn.gate
-        for i, layer in enumerate(model.decoder_layers)
-        if layer.ffn.is_hash
-    }
-    index.require(list(params) + list(hash_tables), "names after mapping to the release naming")
-    steps = len(params) + len(hash_tables) + len(model.layers)
-    experts = [layer.ffn.experts for layer in model.decoder_layers]
-    mega_weight_builder = resolve_mega_weight_builder(mega_weight_builder, model.device, experts)
-    built = 0
-    with tqdm(
-        total=steps, desc="Loading DeepSeek V4 weights", disable=not progress, unit="tensor"
-    ) as bar:
-        for name, param in params.items():
-            index.load_param(name, param, _dense(index, name))
-            bar.update()
-        for name, gate in hash_tables.items():
-            with index.naming(name):
-                gate.load_tid2eid(index.get(name))
-            bar.update()
-        for i, layer_experts in enumerate(experts):
-            built += load_layer_experts(
-                index,
-                layer_experts,
-                f"layers.{i}.ffn.experts",
-                layer_id=i,
-                scale_suffixes=_scale_suffixes,
-                dtype=model.dtype,
-                mega_weight_builder=mega_weight_builder,
-            )
-            bar.update()
-    index.check_all_used(strict=strict, logger=logger)
-    log_mega_weights_built("DeepSeek V4", built, len(model.layers))
+    Expert-parallel (MegaMoE) layers also get their MegaMoE weights from
+    ``opts.mega_weight_builder`` (default: DeepGEMM's layout when DeepGEMM is usable)."""
+    load_checkpoint(model, as_weight_source(source), checkpoint_rules(model), opts)
 
 
 def load_deepseek_v4(
     model_dir: str | os.PathLike[str],
-    *,
-    dtype: torch.dtype = torch.bfloat16,
-    device: torch.device | str = "cpu",
-    tp_rank: int = 0,
-    tp_size: int = 1,
-    moe_runner: str = "auto",
-    a2a_backend: A2ABackend = "none",
-    strict: bool = True,
-    progress: bool = True,
-    mega_weight_builder: MegaWeightBuilder | None = None,
+    spec: LayerBuildSpec = DEFAULT_BUILD_SPEC,
+    opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
 ) -> DeepseekV4ForCausalLM:
     """config.json + safetensors in ``model_dir`` -> a ready model (this rank's shard)."""
-    config = DeepseekV4ModelConfig.from_json_file(model_dir)
-    model = DeepseekV4ForCausalLM(
-        config,
-        dtype=dtype,
-        device=device,
-        tp_rank=tp_rank,
-        tp_size=tp_size,
-        moe_runner=moe_runner,
-        a2a_backend=a2a_backend,
-    )
-    with SafetensorsWeightSource(model_dir) as source:
-        load_weights(
-            model, source, strict=strict, progress=progress, mega_weight_builder=mega_weight_builder
-        )
-    return model.eval()
+    model = DeepseekV4ForCausalLM(DeepseekV4ModelConfig.from_json_file(model_dir), spec)
+    return load_model_dir(model, model_dir, checkpoint_rules(model), opts)

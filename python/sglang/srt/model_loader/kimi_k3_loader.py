@@ -23,56 +23,27 @@ import os
 from collections.abc import Mapping
 
 import torch
-from tqdm.auto import tqdm
 
+from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import WeightFormat
-from sglang.srt.layers.moe.layer import A2ABackend
-from sglang.srt.model_loader.checkpoint_index import CheckpointIndex as _Index
-from sglang.srt.model_loader.checkpoint_index import WeightLoadError
-from sglang.srt.model_loader.expert_loading import FP8_DTYPES, load_layer_experts
+from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
+from sglang.srt.model_loader.checkpoint_loop import CheckpointRules, load_checkpoint, load_model_dir
+from sglang.srt.model_loader.expert_loading import FP8_DTYPES
 from sglang.srt.model_loader.kimi_k3_names import canonical_name, layer_of
-from sglang.srt.model_loader.mega_moe_prep import (
-    MegaWeightBuilder,
-    log_mega_weights_built,
-    resolve_mega_weight_builder,
-)
-from sglang.srt.model_loader.weight_source import (
-    SafetensorsWeightSource,
-    WeightSource,
-    as_weight_source,
-)
+from sglang.srt.model_loader.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
+from sglang.srt.model_loader.weight_source import WeightSource, as_weight_source
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
-from sglang.srt.models.kimi_k3_moe import KimiK3MoE
-from sglang.srt.utils.log import get_logger
 
-logger = get_logger(__name__)
+__all__ = ["WeightLoadError", "checkpoint_rules", "load_kimi_k3", "load_weights"]
 
 
-def _build_index(source: WeightSource, num_layers: int) -> _Index:
-    def in_model(name: str) -> str | None:
-        canon = canonical_name(name)
-        layer = None if canon is None else layer_of(canon)
-        return None if layer is not None and layer >= num_layers else canon
-
-    index, skipped = _Index.build(source, in_model)
-    # The two reasons to skip, told apart for the log: no text-model name, or a layer past ours.
-    skipped_vision = sum(canonical_name(name) is None for name in skipped)
-    skipped_layers = len(skipped) - skipped_vision
-    if skipped_vision:
-        logger.info(f"skipping {skipped_vision} vision tower / projector tensors: text-only model")
-    if skipped_layers:
-        logger.info(
-            f"skipping {skipped_layers} tensors of layers >= num_hidden_layers={num_layers} (e.g. MTP)"
-        )
-    return index
-
-
-def _dense(index: _Index, canon: str) -> torch.Tensor:
+def _dense(index: CheckpointIndex, canon: str) -> torch.Tensor:
     tensor = index.get(canon)
     if not tensor.dtype.is_floating_point or tensor.dtype in FP8_DTYPES:
         raise WeightLoadError(
-            f"tensor {index.ckpt_name(canon)!r} is {tensor.dtype}: only the routed experts may be quantised"
+            f"tensor {index.ckpt_name(canon)!r} is {tensor.dtype}: "
+            "only the routed experts may be quantised"
         )
     return tensor
 
@@ -84,85 +55,51 @@ def _scale_suffixes(fmt: WeightFormat) -> tuple[str, ...]:
     return (".weight_scale_inv", ".weight_scale")
 
 
+def checkpoint_rules(model: KimiK3ForCausalLM) -> CheckpointRules:
+    """Kimi K3's checkpoint: the multimodal wrapper's names, text layers only, quantised experts
+    only."""
+    c = model.config
+    num_layers = c.num_hidden_layers
+
+    def in_model(name: str) -> str | None:
+        canon = canonical_name(name)
+        layer = None if canon is None else layer_of(canon)
+        return None if layer is not None and layer >= num_layers else canon
+
+    def skip_reason(name: str) -> str:
+        # The two reasons to skip, told apart for the log: no text-model name, or a layer past ours.
+        if canonical_name(name) is None:
+            return "vision tower / projector tensors: text-only model"
+        return f"tensors of layers >= num_hidden_layers={num_layers} (e.g. MTP)"
+
+    return CheckpointRules(
+        model_name="Kimi K3",
+        canonical_name=in_model,
+        skip_reason=skip_reason,
+        names_hint=(
+            "model names; the checkpoint may spell them language_model.model.layers.N..., with "
+            "block_sparse_moe for mlp"
+        ),
+        dense=_dense,
+        scale_suffixes=_scale_suffixes,
+        tied=("lm_head.weight", "model.embed_tokens.weight") if c.tie_word_embeddings else None,
+    )
+
+
 def load_weights(
     model: KimiK3ForCausalLM,
     source: WeightSource | Mapping[str, torch.Tensor],
-    *,
-    strict: bool = True,
-    progress: bool = True,
-    mega_weight_builder: MegaWeightBuilder | None = None,
+    opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
 ) -> None:
     """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping)."""
-    c = model.config
-    index = _build_index(as_weight_source(source), c.num_hidden_layers)
-    if c.tie_word_embeddings:
-        index.tie("lm_head.weight", "model.embed_tokens.weight")
-    params = dict(model.named_parameters())
-    index.require(
-        params,
-        "model names; the checkpoint may spell them language_model.model.layers.N..., with "
-        "block_sparse_moe for mlp",
-    )
-    # (layer id, its routed experts) for the MoE layers; the dense layers have none.
-    moe_layers = [
-        (i, layer.mlp.experts)
-        for i, layer in enumerate(model.decoder_layers)
-        if isinstance(layer.mlp, KimiK3MoE)
-    ]
-    mega_weight_builder = resolve_mega_weight_builder(
-        mega_weight_builder, model.device, (experts for _, experts in moe_layers)
-    )
-    built = 0
-    with tqdm(
-        total=len(params) + len(moe_layers),
-        desc="Loading Kimi K3 weights",
-        disable=not progress,
-        unit="tensor",
-    ) as bar:
-        for name, param in params.items():
-            index.load_param(name, param, _dense(index, name))
-            bar.update()
-        for i, experts in moe_layers:
-            built += load_layer_experts(
-                index,
-                experts,
-                f"model.layers.{i}.mlp.experts",
-                layer_id=i,
-                scale_suffixes=_scale_suffixes,
-                dtype=model.dtype,
-                mega_weight_builder=mega_weight_builder,
-            )
-            bar.update()
-    index.check_all_used(strict=strict, logger=logger)
-    log_mega_weights_built("Kimi K3", built, len(moe_layers))
+    load_checkpoint(model, as_weight_source(source), checkpoint_rules(model), opts)
 
 
 def load_kimi_k3(
     model_dir: str | os.PathLike[str],
-    *,
-    dtype: torch.dtype = torch.bfloat16,
-    device: torch.device | str = "cpu",
-    tp_rank: int = 0,
-    tp_size: int = 1,
-    moe_runner: str = "auto",
-    a2a_backend: A2ABackend = "none",
-    strict: bool = True,
-    progress: bool = True,
-    mega_weight_builder: MegaWeightBuilder | None = None,
+    spec: LayerBuildSpec = DEFAULT_BUILD_SPEC,
+    opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
 ) -> KimiK3ForCausalLM:
     """config.json + safetensors in ``model_dir`` -> a ready model (this rank's shard)."""
-    config = KimiK3Config.from_json_file(model_dir)
-    model = KimiK3ForCausalLM(
-        config,
-        dtype=dtype,
-        device=device,
-        tp_rank=tp_rank,
-        tp_size=tp_size,
-        moe_runner=moe_runner,
-        a2a_backend=a2a_backend,
-    )
-    with SafetensorsWeightSource(model_dir) as source:
-        load_weights(
-            model, source, strict=strict, progress=progress, mega_weight_builder=mega_weight_builder
-        )
-    return model.eval()
+    model = KimiK3ForCausalLM(KimiK3Config.from_json_file(model_dir), spec)
+    return load_model_dir(model, model_dir, checkpoint_rules(model), opts)

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 import torch
 from torch import Tensor, nn
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.mem_cache.request_cache import RequestCache
 
@@ -72,17 +73,29 @@ def check_batch(input_ids: Tensor, positions: Tensor, batch: RequestBatch[Any]) 
 class CachedCausalLM(nn.Module, Generic[CacheT]):
     """Base of a model whose ``forward(input_ids, positions, batch=None)`` returns logits
     ``[T, V]`` for a :class:`RequestBatch`; subclasses set ``batch_type`` and implement
-    ``new_request_cache``."""
+    ``new_request_cache``. ``spec`` is how this rank built the layers."""
 
     batch_type: ClassVar[type[RequestBatch[Any]]]
 
-    def __init__(
-        self, *, dtype: torch.dtype, device: torch.device | str, tp_rank: int, tp_size: int
-    ) -> None:
+    def __init__(self, spec: LayerBuildSpec) -> None:
         super().__init__()
-        self.dtype = dtype
-        self.device = torch.device(device)
-        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.spec = spec
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.spec.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.spec.device
+
+    @property
+    def tp_rank(self) -> int:
+        return self.spec.tp_rank
+
+    @property
+    def tp_size(self) -> int:
+        return self.spec.tp_size
 
     def new_request_cache(self) -> CacheT:
         raise NotImplementedError

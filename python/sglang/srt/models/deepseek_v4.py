@@ -33,6 +33,7 @@ from torch import nn
 
 from sglang.srt.layers.attention.dsv4_attention import AttnSegment, DeepseekV4Attention
 from sglang.srt.layers.attention.dsv4_static_decode import static_decode_attention
+from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
 from sglang.srt.layers.dp_attention import attention_tp, dp_gather, dp_scatter
 from sglang.srt.layers.embedding import ReplicatedEmbedding
 from sglang.srt.layers.layernorm import RMSNorm, rms_norm
@@ -45,7 +46,6 @@ from sglang.srt.layers.mhc import (
     mhc_pre,
     mhc_pre_torch,
 )
-from sglang.srt.layers.moe.layer import A2ABackend
 from sglang.srt.mem_cache.deepseek_v4_cache import (
     DeepseekV4RequestCache,
     new_request_cache,
@@ -122,44 +122,18 @@ def _post_then_pre(
 
 
 class DeepseekV4DecoderLayer(nn.Module):
-    def __init__(
-        self,
-        config: DeepseekV4ModelConfig,
-        layer_id: int,
-        *,
-        params_dtype: torch.dtype,
-        tp_rank: int,
-        tp_size: int,
-        moe_runner: str,
-        a2a_backend: A2ABackend,
-        device: torch.device | str,
-    ) -> None:
+    def __init__(self, config: DeepseekV4ModelConfig, layer_id: int, spec: LayerBuildSpec) -> None:
         super().__init__()
         c = config
         hc, h = c.hc_mult, c.hidden_size
         n_mix = (2 + hc) * hc  # [pre(hc) | post(hc) | comb(hc*hc)]
+        device = spec.device
         self.attn_norm = RMSNorm(h, c.rms_norm_eps, device=device)
         self.ffn_norm = RMSNorm(h, c.rms_norm_eps, device=device)
         # DP attention: attention is split over the attention-TP group, the MoE over all ranks.
-        attn_rank, attn_size = attention_tp(tp_rank, tp_size)
-        self.attn = DeepseekV4Attention(
-            c.attention_config(layer_id),
-            layer_id,
-            params_dtype=params_dtype,
-            tp_rank=attn_rank,
-            tp_size=attn_size,
-            device=device,
-        )
-        self.ffn = DeepseekV4MoE(
-            c,
-            layer_id,
-            params_dtype=params_dtype,
-            tp_rank=tp_rank,
-            tp_size=tp_size,
-            moe_runner=moe_runner,
-            a2a_backend=a2a_backend,
-            device=device,
-        )
+        attn_spec = spec.with_tp(*attention_tp(spec.tp_rank, spec.tp_size))
+        self.attn = DeepseekV4Attention(c.attention_config(layer_id), layer_id, attn_spec)
+        self.ffn = DeepseekV4MoE(c, layer_id, spec)
         self.hc_attn_fn = fp32_param(n_mix, hc * h, device=device)
         self.hc_attn_base = fp32_param(n_mix, device=device)
         self.hc_attn_scale = fp32_param(3, device=device)
@@ -179,39 +153,22 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
     batch_type = DeepseekV4Batch
 
     def __init__(
-        self,
-        config: DeepseekV4ModelConfig,
-        *,
-        dtype: torch.dtype = torch.bfloat16,
-        device: torch.device | str = "cpu",
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        moe_runner: str = "auto",
-        a2a_backend: A2ABackend = "none",
+        self, config: DeepseekV4ModelConfig, spec: LayerBuildSpec = DEFAULT_BUILD_SPEC
     ) -> None:
-        super().__init__(dtype=dtype, device=device, tp_rank=tp_rank, tp_size=tp_size)
+        super().__init__(spec)
         c = config
         self.config = c
+        device = spec.device
         # Embedding and LM head are replicated (the vocab-parallel split is a memory optimisation).
-        self.embed = ReplicatedEmbedding(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+        self.embed = ReplicatedEmbedding(c.vocab_size, c.hidden_size, spec)
         self.layers: nn.ModuleList = nn.ModuleList(
-            DeepseekV4DecoderLayer(
-                c,
-                i,
-                params_dtype=dtype,
-                tp_rank=tp_rank,
-                tp_size=tp_size,
-                moe_runner=moe_runner,
-                a2a_backend=a2a_backend,
-                device=device,
-            )
-            for i in range(c.num_hidden_layers)
+            DeepseekV4DecoderLayer(c, i, spec) for i in range(c.num_hidden_layers)
         )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device=device)
         self.hc_head_fn = fp32_param(c.hc_mult, c.hc_mult * c.hidden_size, device=device)
         self.hc_head_base = fp32_param(c.hc_mult, device=device)
         self.hc_head_scale = fp32_param(1, device=device)
-        self.head = ReplicatedLinear(c.hidden_size, c.vocab_size, params_dtype=dtype, device=device)
+        self.head = ReplicatedLinear(c.hidden_size, c.vocab_size, spec)
         self.slot_pool: DeepseekV4SlotPool | None = None  # see enable_slot_pool
 
     @property

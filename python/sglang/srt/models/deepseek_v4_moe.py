@@ -19,9 +19,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import WeightShapeError, fp32_param
 from sglang.srt.layers.mlp import gated_mlp_forward, gated_mlp_projections
-from sglang.srt.layers.moe.layer import A2ABackend, FusedMoE, FusedMoEConfig
+from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.router import LinearRouter
 from sglang.srt.layers.moe.topk import TopKConfig, TopKOutput, hash_select_experts, select_experts
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
@@ -35,22 +36,13 @@ class SharedExpertMLP(nn.Module):
         self,
         hidden_size: int,
         intermediate_size: int,
+        spec: LayerBuildSpec,
         *,
         swiglu_limit: float | None,
-        params_dtype: torch.dtype,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self.w1, self.w3, self.w2 = gated_mlp_projections(
-            hidden_size,
-            intermediate_size,
-            reduce_results=False,
-            params_dtype=params_dtype,
-            tp_rank=tp_rank,
-            tp_size=tp_size,
-            device=device,
+            hidden_size, intermediate_size, spec, reduce_results=False
         )
         self.swiglu_limit = swiglu_limit
 
@@ -70,19 +62,18 @@ class MoEGate(LinearRouter):
         self,
         hidden_size: int,
         num_experts: int,
+        spec: LayerBuildSpec,
         *,
         hash_vocab: int | None,
         top_k: int,
-        params_dtype: torch.dtype,
-        device: torch.device | str | None = None,
     ) -> None:
-        super().__init__(hidden_size, num_experts, params_dtype=params_dtype, device=device)
+        super().__init__(hidden_size, num_experts, spec)
         self.is_hash = hash_vocab is not None
         self.bias: nn.Parameter | None = None
         if hash_vocab is None:
-            self.bias = fp32_param(num_experts, device=device)
+            self.bias = fp32_param(num_experts, device=spec.device)
         else:
-            table = torch.zeros(hash_vocab, top_k, dtype=torch.int32, device=device)
+            table = torch.zeros(hash_vocab, top_k, dtype=torch.int32, device=spec.device)
             self.register_buffer("tid2eid", table)
 
     def load_tid2eid(self, full: torch.Tensor) -> None:
@@ -96,30 +87,18 @@ class MoEGate(LinearRouter):
 
 
 class DeepseekV4MoE(nn.Module):
-    def __init__(
-        self,
-        config: DeepseekV4ModelConfig,
-        layer_id: int,
-        *,
-        params_dtype: torch.dtype,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        moe_runner: str = "auto",
-        a2a_backend: A2ABackend = "none",
-        device: torch.device | str = "cpu",
-    ) -> None:
+    def __init__(self, config: DeepseekV4ModelConfig, layer_id: int, spec: LayerBuildSpec) -> None:
         super().__init__()
         c = config
         self.layer_id = layer_id
-        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.tp_rank, self.tp_size = spec.tp_rank, spec.tp_size
         self.is_hash = c.hash_layers[layer_id]
         self.gate = MoEGate(
             c.hidden_size,
             c.n_routed_experts,
+            spec,
             hash_vocab=c.vocab_size if self.is_hash else None,
             top_k=c.num_experts_per_tok,
-            params_dtype=params_dtype,
-            device=device,
         )
         self.topk_config = TopKConfig(
             top_k=c.num_experts_per_tok,
@@ -128,33 +107,23 @@ class DeepseekV4MoE(nn.Module):
             routed_scaling_factor=c.routed_scaling_factor,
             apply_routed_scaling=True,
         )
-        self.experts = FusedMoE(
-            FusedMoEConfig(
-                num_experts=c.n_routed_experts,
-                hidden_size=c.hidden_size,
-                intermediate_size=c.moe_intermediate_size,
-                top_k=c.num_experts_per_tok,
-                activation="swiglu",
-                swiglu_limit=c.swiglu_limit,
-                runner=moe_runner,
-                a2a_backend=a2a_backend,
-            ),
-            tp_rank=tp_rank,
-            tp_size=tp_size,
-            device=device,
+        self.experts = FusedMoE.from_spec(
+            spec,
+            num_experts=c.n_routed_experts,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.moe_intermediate_size,
+            top_k=c.num_experts_per_tok,
+            activation="swiglu",
+            swiglu_limit=c.swiglu_limit,
         )
         self.expert_parallel = self.experts.expert_parallel
         self.shared_experts: SharedExpertMLP | None = None
         if c.n_shared_experts:
-            shared_tp = self.experts.a2a.shared_expert_tp
             self.shared_experts = SharedExpertMLP(
                 c.hidden_size,
                 c.moe_intermediate_size * c.n_shared_experts,
+                self.experts.shared_expert_spec(spec),
                 swiglu_limit=c.swiglu_limit,
-                params_dtype=params_dtype,
-                tp_rank=shared_tp[0],
-                tp_size=shared_tp[1],
-                device=device,
             )
 
     def route(self, x: torch.Tensor, input_ids: torch.Tensor) -> TopKOutput:

@@ -23,7 +23,7 @@ requests (KDA stacks the decode rows into one recurrent step).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -31,10 +31,11 @@ from torch import Tensor, nn
 from sglang.srt.layers.attention.kda import KDAConfig, KDASegment, KimiDeltaAttention
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention, MLANoPEConfig, MLASegment
 from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
+from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
 from sglang.srt.layers.embedding import ReplicatedEmbedding
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.moe.layer import A2ABackend, FusedMoE
+from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.mem_cache.kimi_k3_cache import (
     KDAState,
@@ -74,25 +75,14 @@ class KimiK3DecoderLayer(nn.Module):
         self,
         config: KimiK3Config,
         layer_id: int,
-        *,
-        params_dtype: torch.dtype,
-        tp_rank: int,
-        tp_size: int,
-        moe_runner: str,
-        a2a_backend: A2ABackend,
-        device: torch.device | str,
+        spec: LayerBuildSpec,
     ) -> None:
         super().__init__()
         c = config
         h = c.hidden_size
+        device = spec.device
         self.layer_id = layer_id
         self.is_kda = c.is_kda(layer_id)
-        tp: dict[str, Any] = {
-            "params_dtype": params_dtype,
-            "tp_rank": tp_rank,
-            "tp_size": tp_size,
-            "device": device,
-        }
         self.self_attn: KimiDeltaAttention | MLANoPEAttention
         if self.is_kda:
             kda = KDAConfig(
@@ -103,7 +93,7 @@ class KimiK3DecoderLayer(nn.Module):
                 gate_lower_bound=c.kda_gate_lower_bound,
                 full_rank_gate=c.kda_full_rank_gate,
             )
-            self.self_attn = KimiDeltaAttention(kda, **tp)
+            self.self_attn = KimiDeltaAttention(kda, spec)
         else:
             mla = MLANoPEConfig(
                 hidden_size=h,
@@ -116,24 +106,21 @@ class KimiK3DecoderLayer(nn.Module):
                 rms_norm_eps=c.rms_norm_eps,
                 output_gate=c.mla_use_output_gate,
             )
-            self.self_attn = MLANoPEAttention(mla, **tp)
+            self.self_attn = MLANoPEAttention(mla, spec)
         self.mlp: KimiK3MoE | KimiK3MLP
         if c.is_moe(layer_id):
-            mega = _forward_mega_experts if a2a_backend == "megamoe" else None
-            self.mlp = KimiK3MoE(
-                c, moe_runner=moe_runner, a2a_backend=a2a_backend, mega_experts=mega, **tp
-            )
+            mega = _forward_mega_experts if spec.a2a_backend == "megamoe" else None
+            self.mlp = KimiK3MoE(c, spec, mega_experts=mega)
         else:
-            self.mlp = KimiK3MLP(h, c.intermediate_size, activation=c.moe_activation, **tp)
+            self.mlp = KimiK3MLP(h, c.intermediate_size, spec, activation=c.moe_activation)
         self.input_layernorm = RMSNorm(h, c.rms_norm_eps, device=device)
         self.post_attention_layernorm = RMSNorm(h, c.rms_norm_eps, device=device)
         self.has_attn_res = c.attn_res_block_size is not None
         if self.has_attn_res:
-            rep: dict[str, Any] = {"params_dtype": params_dtype, "device": device}
             self.self_attention_res_norm = RMSNorm(h, c.rms_norm_eps, device=device)
-            self.self_attention_res_proj = ReplicatedLinear(h, 1, **rep)
+            self.self_attention_res_proj = ReplicatedLinear(h, 1, spec)
             self.mlp_res_norm = RMSNorm(h, c.rms_norm_eps, device=device)
-            self.mlp_res_proj = ReplicatedLinear(h, 1, **rep)
+            self.mlp_res_proj = ReplicatedLinear(h, 1, spec)
 
     def attention(self, x: Tensor, starts: Sequence[int], batch: KimiK3Batch) -> Tensor:
         i = self.layer_id
@@ -153,61 +140,30 @@ class KimiK3DecoderLayer(nn.Module):
 class KimiK3Model(nn.Module):
     """Embedding, decoder layers and the final norm (plus the final AttnRes read site)."""
 
-    def __init__(
-        self,
-        config: KimiK3Config,
-        *,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        **layer_kw: Any,
-    ) -> None:
+    def __init__(self, config: KimiK3Config, spec: LayerBuildSpec) -> None:
         super().__init__()
         c = config
-        self.embed_tokens = ReplicatedEmbedding(
-            c.vocab_size, c.hidden_size, dtype=dtype, device=device
-        )
+        device = spec.device
+        self.embed_tokens = ReplicatedEmbedding(c.vocab_size, c.hidden_size, spec)
         self.layers = nn.ModuleList(
-            KimiK3DecoderLayer(c, i, params_dtype=dtype, device=device, **layer_kw)
-            for i in range(c.num_hidden_layers)
+            KimiK3DecoderLayer(c, i, spec) for i in range(c.num_hidden_layers)
         )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device=device)
         if c.attn_res_block_size is not None:
             self.output_attn_res_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device=device)
-            self.output_attn_res_proj = ReplicatedLinear(
-                c.hidden_size, 1, params_dtype=dtype, device=device
-            )
+            self.output_attn_res_proj = ReplicatedLinear(c.hidden_size, 1, spec)
 
 
 class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
     batch_type = KimiK3Batch
 
-    def __init__(
-        self,
-        config: KimiK3Config,
-        *,
-        dtype: torch.dtype = torch.bfloat16,
-        device: torch.device | str = "cpu",
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        moe_runner: str = "auto",
-        a2a_backend: A2ABackend = "none",
-    ) -> None:
-        super().__init__(dtype=dtype, device=device, tp_rank=tp_rank, tp_size=tp_size)
+    def __init__(self, config: KimiK3Config, spec: LayerBuildSpec = DEFAULT_BUILD_SPEC) -> None:
+        super().__init__(spec)
         c = config
         self.config = c
-        self.model = KimiK3Model(
-            c,
-            dtype=dtype,
-            device=device,
-            tp_rank=tp_rank,
-            tp_size=tp_size,
-            moe_runner=moe_runner,
-            a2a_backend=a2a_backend,
-        )
+        self.model = KimiK3Model(c, spec)
         # Replicated (the vocab-parallel split is a memory optimisation).
-        self.lm_head = ReplicatedLinear(
-            c.hidden_size, c.vocab_size, params_dtype=dtype, device=device
-        )
+        self.lm_head = ReplicatedLinear(c.hidden_size, c.vocab_size, spec)
 
     @property
     def decoder_layers(self) -> list[KimiK3DecoderLayer]:

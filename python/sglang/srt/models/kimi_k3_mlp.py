@@ -7,10 +7,10 @@ parallelism, ``tp_size=1``, has nothing to reduce).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from sglang.srt.layers.activation import Activation
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.mlp import gated_mlp_forward, gated_mlp_projections
 
 
@@ -19,22 +19,13 @@ class KimiK3MLP(nn.Module):
         self,
         hidden_size: int,
         intermediate_size: int,
+        spec: LayerBuildSpec,
         *,
         activation: Activation,
-        params_dtype: torch.dtype,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = gated_mlp_projections(
-            hidden_size,
-            intermediate_size,
-            reduce_results=True,
-            params_dtype=params_dtype,
-            tp_rank=tp_rank,
-            tp_size=tp_size,
-            device=device,
+            hidden_size, intermediate_size, spec, reduce_results=True
         )
         self.activation: Activation = activation
 

@@ -22,15 +22,14 @@ Reductions:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from sglang.srt.layers.activation import SITU_BETA, SITU_LINEAR_BETA
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
-from sglang.srt.layers.moe.layer import A2ABackend, FusedMoE, FusedMoEConfig
+from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.router import LinearRouter
 from sglang.srt.layers.moe.topk import TopKConfig, TopKOutput, select_experts
 from sglang.srt.models.kimi_k3_config import ConfigError, KimiK3Config
@@ -53,28 +52,22 @@ class KimiK3Router(LinearRouter):
         self,
         hidden_size: int,
         num_experts: int,
+        spec: LayerBuildSpec,
         *,
         with_bias: bool,
-        params_dtype: torch.dtype,
-        device: torch.device | str | None = None,
     ) -> None:
-        super().__init__(hidden_size, num_experts, params_dtype=params_dtype, device=device)
+        super().__init__(hidden_size, num_experts, spec)
         self.e_score_correction_bias: nn.Parameter | None = None
         if with_bias:
-            self.e_score_correction_bias = fp32_param(num_experts, device=device)
+            self.e_score_correction_bias = fp32_param(num_experts, device=spec.device)
 
 
 class KimiK3MoE(nn.Module):
     def __init__(
         self,
         config: KimiK3Config,
+        spec: LayerBuildSpec,
         *,
-        params_dtype: torch.dtype,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        moe_runner: str = "auto",
-        a2a_backend: A2ABackend = "none",
-        device: torch.device | str = "cpu",
         mega_experts: MegaExpertsCall | None = None,
     ) -> None:
         super().__init__()
@@ -84,16 +77,15 @@ class KimiK3MoE(nn.Module):
         self.mega_experts = mega_experts
         self.latent = c.routed_expert_hidden_size
         activation = c.moe_activation
-        if a2a_backend == "megamoe":  # the MegaMoE kernel's shape rules, before any allocation
+        if spec.a2a_backend == "megamoe":  # the MegaMoE kernel's shape rules, before any allocation
             _check_mega_shapes(c)
             if mega_experts is None:
                 raise ValueError(
                     "KimiK3MoE with a2a 'megamoe' needs its MegaMoE call "
                     "(kimi_k3._forward_mega_experts)"
                 )
-        rep: dict[str, Any] = {"params_dtype": params_dtype, "device": device}
         self.gate = KimiK3Router(
-            c.hidden_size, c.num_experts, with_bias=c.use_correction_bias, **rep
+            c.hidden_size, c.num_experts, spec, with_bias=c.use_correction_bias
         )
         self.topk_config = TopKConfig(
             top_k=c.num_experts_per_token,
@@ -110,36 +102,26 @@ class KimiK3MoE(nn.Module):
         self.routed_expert_up_proj: ReplicatedLinear | None = None
         self.routed_expert_norm: RMSNorm | None = None
         if self.latent is not None:
-            self.routed_expert_down_proj = ReplicatedLinear(c.hidden_size, self.latent, **rep)
-            self.routed_expert_up_proj = ReplicatedLinear(self.latent, c.hidden_size, **rep)
+            self.routed_expert_down_proj = ReplicatedLinear(c.hidden_size, self.latent, spec)
+            self.routed_expert_up_proj = ReplicatedLinear(self.latent, c.hidden_size, spec)
             if c.latent_moe_use_norm:
-                self.routed_expert_norm = RMSNorm(self.latent, c.rms_norm_eps, device=device)
-        self.experts = FusedMoE(
-            FusedMoEConfig(
-                num_experts=c.num_experts,
-                hidden_size=expert_hidden,
-                intermediate_size=c.moe_intermediate_size,
-                top_k=c.num_experts_per_token,
-                activation=activation,
-                runner=moe_runner,
-                a2a_backend=a2a_backend,
-            ),
-            tp_rank=tp_rank,
-            tp_size=tp_size,
-            device=device,
+                self.routed_expert_norm = RMSNorm(self.latent, c.rms_norm_eps, device=spec.device)
+        self.experts = FusedMoE.from_spec(
+            spec,
+            num_experts=c.num_experts,
+            hidden_size=expert_hidden,
+            intermediate_size=c.moe_intermediate_size,
+            top_k=c.num_experts_per_token,
+            activation=activation,
         )
         self.expert_parallel = self.experts.expert_parallel
         self.shared_experts: KimiK3MLP | None = None
         if c.num_shared_experts:
-            shared_tp = self.experts.a2a.shared_expert_tp
             self.shared_experts = KimiK3MLP(
                 c.hidden_size,
                 c.moe_intermediate_size * c.num_shared_experts,
+                self.experts.shared_expert_spec(spec),
                 activation=activation,
-                params_dtype=params_dtype,
-                tp_rank=shared_tp[0],
-                tp_size=shared_tp[1],
-                device=device,
             )
 
     def route(self, x: Tensor) -> TopKOutput:

@@ -27,6 +27,7 @@ from sglang.srt.layers.attention.kda import KDAConfig, KDASegment, KimiDeltaAtte
 from sglang.srt.layers.attention.kda_chunk import kda_chunked
 from sglang.srt.layers.attention.kda_gate import kda_forget_gate, l2norm
 from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import WeightShapeError
 from sglang.srt.mem_cache.kimi_k3_cache import KDAState
 from sglang.test.ci_register import register_cpu_ci
@@ -125,7 +126,7 @@ def _ours_from(
         gate_lower_bound=-5.0 if safe else None,
         full_rank_gate=full_rank,
     )
-    ours = KimiDeltaAttention(cfg, params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
+    ours = KimiDeltaAttention(cfg, LayerBuildSpec(dtype=dtype, tp_rank=tp_rank, tp_size=tp_size))
     sd = {k: v.detach().clone() for k, v in tf.state_dict().items()}
     conv_q, conv_k, conv_v = sd.pop("conv1d.weight").chunk(3, dim=0)
     tensors = {
@@ -306,7 +307,9 @@ def test_mixed_batch_equals_each_request_alone() -> None:
 
 
 def test_a_log_accepts_release_shapes() -> None:
-    layer = KimiDeltaAttention(KDAConfig(HIDDEN, HEADS, HEAD_DIM), params_dtype=torch.float32)
+    layer = KimiDeltaAttention(
+        KDAConfig(HIDDEN, HEADS, HEAD_DIM), LayerBuildSpec(dtype=torch.float32)
+    )
     load = layer.A_log.weight_loader  # type: ignore[attr-defined]
     ref = torch.arange(HEADS, dtype=torch.float32)
     for full in (

@@ -17,7 +17,6 @@ column-parallel, ``wo_b`` row-parallel); the KV head, compressor and indexer are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +25,7 @@ from sglang.srt.layers.attention.dsv4_attention_config import DeepseekV4Attentio
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.attention.dsv4_core import dsv4_attention
 from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm, unweighted_rms_norm
 from sglang.srt.layers.linear import (
     ColumnParallelLinear,
@@ -70,20 +70,13 @@ class AttnSegment:
 
 class DeepseekV4Attention(nn.Module):
     def __init__(
-        self,
-        config: DeepseekV4AttentionConfig,
-        layer_id: int,
-        *,
-        params_dtype: torch.dtype,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        device: torch.device | str | None = None,
+        self, config: DeepseekV4AttentionConfig, layer_id: int, spec: LayerBuildSpec
     ) -> None:
         super().__init__()
         c = config
         # Checked before any layer is built so an unsplittable TP size names the heads or groups.
-        self.n_local_heads = per_rank(c.num_attention_heads, tp_size, "attention heads")
-        self.n_local_groups = per_rank(c.o_groups, tp_size, "output groups")
+        self.n_local_heads = per_rank(c.num_attention_heads, spec.tp_size, "attention heads")
+        self.n_local_groups = per_rank(c.o_groups, spec.tp_size, "output groups")
         self.layer_id = layer_id
         self.kind = c.kind
         self.ratio = c.compress_ratio
@@ -93,43 +86,32 @@ class DeepseekV4Attention(nn.Module):
         self.q_head_norm = c.q_head_norm
         self.eps = c.rms_norm_eps
         self.scale = c.head_dim**-0.5
-        self.tp_rank, self.tp_size = tp_rank, tp_size
-        dt: dict[str, Any] = {"params_dtype": params_dtype, "device": device}
+        self.tp_rank, self.tp_size = spec.tp_rank, spec.tp_size
+        device = spec.device
         h = c.hidden_size
 
-        self.wq_a = ReplicatedLinear(h, c.q_lora_rank, **dt)
+        self.wq_a = ReplicatedLinear(h, c.q_lora_rank, spec)
         self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, device=device)
-        self.wq_b = ColumnParallelLinear(
-            c.q_lora_rank,
-            c.num_attention_heads * c.head_dim,
-            tp_rank=tp_rank,
-            tp_size=tp_size,
-            **dt,
-        )
-        self.wkv = ReplicatedLinear(h, c.head_dim, **dt)
+        self.wq_b = ColumnParallelLinear(c.q_lora_rank, c.num_attention_heads * c.head_dim, spec)
+        self.wkv = ReplicatedLinear(h, c.head_dim, spec)
         self.kv_norm = RMSNorm(c.head_dim, c.rms_norm_eps, device=device)
         group_in = c.num_attention_heads * c.head_dim // c.o_groups
         # wo_a is block-diagonal: group g maps its heads' outputs [group_in] to o_lora_rank rows
         # g*R .. g*R+R-1; splitting its rows by rank hands each rank its own groups.
-        self.wo_a = ColumnParallelLinear(
-            group_in, c.o_groups * c.o_lora_rank, tp_rank=tp_rank, tp_size=tp_size, **dt
-        )
-        self.wo_b = RowParallelLinear(
-            c.o_groups * c.o_lora_rank, h, tp_rank=tp_rank, tp_size=tp_size, **dt
-        )
-        self.attn_sink = dim0_sharded_param(
-            (c.num_attention_heads,), tp_rank=tp_rank, tp_size=tp_size, device=device
-        )
+        self.wo_a = ColumnParallelLinear(group_in, c.o_groups * c.o_lora_rank, spec)
+        self.wo_b = RowParallelLinear(c.o_groups * c.o_lora_rank, h, spec)
+        self.attn_sink = dim0_sharded_param((c.num_attention_heads,), spec)
         self.rotary = InterleavedRotaryEmbedding(c.rope, device=device)
 
         self.compressor: KVCompressor | None = None
         self.indexer: LightningIndexer | None = None
         if self.kind != "sliding":
             self.compressor = KVCompressor(
-                h, c.head_dim, self.ratio, overlap=self.kind == "csa", rms_eps=c.rms_norm_eps, **dt
+                h, c.head_dim, self.ratio, spec, overlap=self.kind == "csa", rms_eps=c.rms_norm_eps
             )
         if self.kind == "csa":
             self.indexer = LightningIndexer(
+                spec,
                 hidden_size=h,
                 q_lora_rank=c.q_lora_rank,
                 n_heads=c.index_n_heads,
@@ -137,7 +119,6 @@ class DeepseekV4Attention(nn.Module):
                 ratio=self.ratio,
                 topk=c.index_topk,
                 rms_eps=c.rms_norm_eps,
-                **dt,
             )
 
     def forward(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
@@ -31,25 +32,23 @@ class KVCompressor(nn.Module):
         hidden_size: int,
         dim: int,
         ratio: int,
+        spec: LayerBuildSpec,
         *,
         overlap: bool,
         rms_eps: float,
-        params_dtype: torch.dtype,
-        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self.dim, self.ratio, self.overlap = dim, ratio, overlap
         width = (2 if overlap else 1) * dim
-        self.wkv = ReplicatedLinear(hidden_size, width, params_dtype=params_dtype, device=device)
-        self.wgate = ReplicatedLinear(hidden_size, width, params_dtype=params_dtype, device=device)
-        self.ape = fp32_param(ratio, width, device=device)
-        self.norm = RMSNorm(dim, rms_eps, device=device)
+        self.wkv = ReplicatedLinear(hidden_size, width, spec)
+        self.wgate = ReplicatedLinear(hidden_size, width, spec)
+        self.ape = fp32_param(ratio, width, device=spec.device)
+        self.norm = RMSNorm(dim, rms_eps, device=spec.device)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [T, H]`` -> fp32 ``(kv, score)``, each ``[T, coff*D]`` (fp32 accumulation and output:
         the pooling softmax is sensitive to rounded scores)."""
-        xf = x.float()
-        return xf @ self.wkv.weight.float().t(), xf @ self.wgate.weight.float().t()
+        return _fp32_matmul(x, self.wkv.weight), _fp32_matmul(x, self.wgate.weight)
 
     def append(
         self,
@@ -100,3 +99,15 @@ class KVCompressor(nn.Module):
         normed = self.norm(pooled)
         cos, sin = rotary.cos_sin(blocks * self.ratio)
         return apply_interleaved_rope(normed, cos, sin).to(dtype)
+
+
+def _fp32_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight^T`` with fp32 output. On CUDA, half-precision operands go to one GEMM with
+    fp32 accumulation and output (the products are exact in fp32, as in the upcast product)
+    instead of upcasting the whole weight every call (a 2x-sized copy read and written per
+    decode step). Elsewhere the operands are upcast."""
+    if x.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32).view(
+            *x.shape[:-1], weight.shape[0]
+        )
+    return x.float() @ weight.float().t()

@@ -6,7 +6,8 @@ last rope dims (the layer's compressed-rope), and per-head weights
 ``index_head_dim`` (its own entries, aligned with the attention compressor's).
 Score of entry ``s`` for a query: ``sum_h w_h * relu(q_h . k_s) * index_head_dim^-0.5``; the query
 keeps the ``index_topk`` best of its *visible* entries (``s < (p+1) // ratio``), all of them when
-fewer are visible; ties go to the earlier entry. Exact for any context length: no cap, scores are computed in query chunks.
+fewer are visible; ties go to the earlier entry. Exact for any context length: no cap, scores are
+computed in query chunks.
 
 (SGLang additionally applies a Hadamard rotation to q and k before an FP8 cast; the rotation is
 orthogonal, so without the FP8 cast it leaves every score unchanged and is omitted here.)
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.rotary_embedding import apply_interleaved_rope
 
@@ -28,6 +30,7 @@ _QUERY_CHUNK = 256
 class LightningIndexer(nn.Module):
     def __init__(
         self,
+        spec: LayerBuildSpec,
         *,
         hidden_size: int,
         q_lora_rank: int,
@@ -36,25 +39,13 @@ class LightningIndexer(nn.Module):
         ratio: int,
         topk: int,
         rms_eps: float,
-        params_dtype: torch.dtype,
-        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self.n_heads, self.head_dim, self.ratio, self.topk = n_heads, head_dim, ratio, topk
-        self.wq_b = ReplicatedLinear(
-            q_lora_rank, n_heads * head_dim, params_dtype=params_dtype, device=device
-        )
-        self.weights_proj = ReplicatedLinear(
-            hidden_size, n_heads, params_dtype=params_dtype, device=device
-        )
+        self.wq_b = ReplicatedLinear(q_lora_rank, n_heads * head_dim, spec)
+        self.weights_proj = ReplicatedLinear(hidden_size, n_heads, spec)
         self.compressor = KVCompressor(
-            hidden_size,
-            head_dim,
-            ratio,
-            overlap=True,
-            rms_eps=rms_eps,
-            params_dtype=params_dtype,
-            device=device,
+            hidden_size, head_dim, ratio, spec, overlap=True, rms_eps=rms_eps
         )
 
     def queries(

@@ -10,6 +10,12 @@ Per row (request ``slots[i]`` at ``positions[i]``; padding rows use the pool's s
   a fixed ``k``, picks past the visible count masked out);
 - one softmax over [window rows | chosen entries | sink], as :func:`dsv4_attention`.
 The eager path is the reference; only summation order differs.
+
+With ``SGLANG_DSV4_LENGTH_AWARE_DECODE=1``, on CUDA with a bf16/fp16 pool, the indexer scores
+and the attention run as length-aware Triton kernels (:mod:`sglang.kernels.ops.attention`): they
+read only the live window rows, the visible indexer keys and the chosen entries, in place in the
+pool. Elsewhere the torch path below runs (all ring rows and all entries, gathered, under masks);
+the GPU tests hold the two equal.
 """
 
 from __future__ import annotations
@@ -18,11 +24,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sglang.kernels.ops.attention.indexer_scores import indexer_scores
+from sglang.kernels.ops.attention.sparse_decode_attention import (
+    kernel_head_dim_ok,
+    sparse_decode_attention,
+)
+from sglang.kernels.ops.triton_dispatch import triton_can_run
+from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
 
 if TYPE_CHECKING:
-    from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention
+    from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention, Projected
 
 
 def sink_attention(
@@ -51,6 +64,82 @@ def static_decode_attention(
     ring = store.window
     width = ring.shape[1]
     ring[slots, positions % width] = p.kv.to(ring.dtype)
+    if attn.compressor is not None:
+        comp = store.compressor
+        assert comp is not None
+        compress_decode_step(
+            attn.compressor, comp, *attn.compressor.project(x), positions, slots, attn.rotary
+        )
+    if use_sparse_kernels(attn, ring):
+        o = _kernel_attention(attn, x, p, positions, slots, store)
+    else:
+        o = _torch_attention(attn, x, p, positions, slots, store)
+    return attn.output(o, p, x.dtype)
+
+
+def use_sparse_kernels(attn: DeepseekV4Attention, ring: torch.Tensor) -> bool:
+    """The length-aware kernels take half-precision pools (their dots are bf16/fp16 MMAs with
+    fp32 accumulation; fp32 operands would run as tf32) with power-of-two row widths, when
+    ``SGLANG_DSV4_LENGTH_AWARE_DECODE`` turns them on."""
+    if not envs.SGLANG_DSV4_LENGTH_AWARE_DECODE.get():
+        return False
+    if not triton_can_run(ring) or ring.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    idx_dim = attn.indexer.head_dim if attn.indexer is not None else 16
+    return kernel_head_dim_ok(attn.head_dim) and kernel_head_dim_ok(idx_dim)
+
+
+def _kernel_attention(
+    attn: DeepseekV4Attention,
+    x: torch.Tensor,
+    p: Projected,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    store: LayerSlots,
+) -> torch.Tensor:
+    q = p.q.to(store.window.dtype)
+    if attn.compressor is None:
+        return sparse_decode_attention(
+            q, store.window, slots, positions, attn.attn_sink, attn.scale
+        )
+    comp = store.compressor
+    assert comp is not None
+    picks = None
+    if attn.indexer is not None:
+        idx_store = store.indexer
+        assert idx_store is not None
+        ic = attn.indexer.compressor
+        compress_decode_step(ic, idx_store, *ic.project(x), positions, slots, attn.rotary)
+        iq, iw = attn.indexer.queries(p.q_lora, x, p.cos, p.sin)
+        visible = torch.div(positions + 1, attn.ratio, rounding_mode="floor")
+        scale = attn.indexer.head_dim**-0.5
+        scores = indexer_scores(iq.to(q.dtype), iw, idx_store.entries, slots, visible, scale)
+        # The same stable sort as the torch scoring: visible entries first, ties to the earlier.
+        k = min(attn.indexer.topk, scores.shape[1])
+        picks = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+    return sparse_decode_attention(
+        q,
+        store.window,
+        slots,
+        positions,
+        attn.attn_sink,
+        attn.scale,
+        entries=comp.entries,
+        ratio=attn.ratio,
+        picks=picks,
+    )
+
+
+def _torch_attention(
+    attn: DeepseekV4Attention,
+    x: torch.Tensor,
+    p: Projected,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    store: LayerSlots,
+) -> torch.Tensor:
+    ring = store.window
+    width = ring.shape[1]
     rows = torch.arange(width, device=x.device)
     win_pos = positions[:, None] - (positions[:, None] - rows[None, :]) % width
     keys, valid = [ring[slots]], [win_pos >= 0]
@@ -58,9 +147,6 @@ def static_decode_attention(
     if attn.compressor is not None:
         comp = store.compressor
         assert comp is not None
-        compress_decode_step(
-            attn.compressor, comp, *attn.compressor.project(x), positions, slots, attn.rotary
-        )
         visible = torch.div(positions + 1, attn.ratio, rounding_mode="floor")
         if attn.indexer is None:
             entries = comp.entries[slots]  # ratio 128: few entries, all candidates
@@ -78,7 +164,6 @@ def static_decode_attention(
             keys.append(comp.entries[slots[:, None], top])
             valid.append(ok.gather(1, top))
 
-    o = sink_attention(
+    return sink_attention(
         p.q, torch.cat(keys, dim=1), torch.cat(valid, dim=1), attn.attn_sink, attn.scale
     )
-    return attn.output(o, p, x.dtype)

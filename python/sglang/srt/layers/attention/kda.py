@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +31,7 @@ from sglang.srt.layers.attention.kda_conv import causal_conv_decode, causal_conv
 from sglang.srt.layers.attention.kda_gate import kda_beta, kda_forget_gate, l2norm
 from sglang.srt.layers.attention.kda_params import ShortConvWeight, a_log_param
 from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     ColumnParallelLinear,
@@ -82,52 +82,33 @@ def gated_rms_norm(o: Tensor, weight: Tensor, gate: Tensor, eps: float) -> Tenso
 
 
 class KimiDeltaAttention(nn.Module):
-    def __init__(
-        self,
-        config: KDAConfig,
-        *,
-        params_dtype: torch.dtype,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, config: KDAConfig, spec: LayerBuildSpec) -> None:
         super().__init__()
         c = config
         self.config = c
-        self.local_heads = per_rank(c.num_heads, tp_size, "KDA heads")
+        self.local_heads = per_rank(c.num_heads, spec.tp_size, "KDA heads")
         width = c.num_heads * c.head_dim
-        col: dict[str, Any] = {
-            "params_dtype": params_dtype,
-            "tp_rank": tp_rank,
-            "tp_size": tp_size,
-            "device": device,
-        }
-        shard: dict[str, Any] = {"tp_rank": tp_rank, "tp_size": tp_size, "device": device}
-        self.q_proj = ColumnParallelLinear(c.hidden_size, width, **col)
-        self.k_proj = ColumnParallelLinear(c.hidden_size, width, **col)
-        self.v_proj = ColumnParallelLinear(c.hidden_size, width, **col)
-        self.q_conv1d = ShortConvWeight(width, c.conv_size, **shard)
-        self.k_conv1d = ShortConvWeight(width, c.conv_size, **shard)
-        self.v_conv1d = ShortConvWeight(width, c.conv_size, **shard)
-        self.f_a_proj = ReplicatedLinear(
-            c.hidden_size, c.head_dim, params_dtype=params_dtype, device=device
-        )
-        self.f_b_proj = ColumnParallelLinear(c.head_dim, width, **col)
-        self.b_proj = ColumnParallelLinear(c.hidden_size, c.num_heads, **col)
+        self.q_proj = ColumnParallelLinear(c.hidden_size, width, spec)
+        self.k_proj = ColumnParallelLinear(c.hidden_size, width, spec)
+        self.v_proj = ColumnParallelLinear(c.hidden_size, width, spec)
+        self.q_conv1d = ShortConvWeight(width, c.conv_size, spec)
+        self.k_conv1d = ShortConvWeight(width, c.conv_size, spec)
+        self.v_conv1d = ShortConvWeight(width, c.conv_size, spec)
+        self.f_a_proj = ReplicatedLinear(c.hidden_size, c.head_dim, spec)
+        self.f_b_proj = ColumnParallelLinear(c.head_dim, width, spec)
+        self.b_proj = ColumnParallelLinear(c.hidden_size, c.num_heads, spec)
         self.g_proj: ColumnParallelLinear | None = None
         self.g_a_proj: ReplicatedLinear | None = None
         self.g_b_proj: ColumnParallelLinear | None = None
         if c.full_rank_gate:
-            self.g_proj = ColumnParallelLinear(c.hidden_size, width, **col)
+            self.g_proj = ColumnParallelLinear(c.hidden_size, width, spec)
         else:
-            self.g_a_proj = ReplicatedLinear(
-                c.hidden_size, c.head_dim, params_dtype=params_dtype, device=device
-            )
-            self.g_b_proj = ColumnParallelLinear(c.head_dim, width, **col)
-        self.A_log = a_log_param(c.num_heads, **shard)
-        self.dt_bias = dim0_sharded_param((width,), **shard)
-        self.o_norm = RMSNorm(c.head_dim, c.o_norm_eps, device=device)
-        self.o_proj = RowParallelLinear(width, c.hidden_size, **col)
+            self.g_a_proj = ReplicatedLinear(c.hidden_size, c.head_dim, spec)
+            self.g_b_proj = ColumnParallelLinear(c.head_dim, width, spec)
+        self.A_log = a_log_param(c.num_heads, spec)
+        self.dt_bias = dim0_sharded_param((width,), spec)
+        self.o_norm = RMSNorm(c.head_dim, c.o_norm_eps, device=spec.device)
+        self.o_proj = RowParallelLinear(width, c.hidden_size, spec)
 
     @property
     def local_width(self) -> int:

@@ -12,6 +12,7 @@ import logging
 import torch
 from torch import nn
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import (
     WeightShapeError,
     dim0_sharded_param,
@@ -28,28 +29,17 @@ class ShortConvWeight(nn.Module):
     """One depthwise conv's weight, ``[C, 1, W]`` in the checkpoint (``q_conv1d.weight`` ...),
     kept as this rank's ``[C_local, 1, W]``."""
 
-    def __init__(
-        self,
-        channels: int,
-        width: int,
-        *,
-        tp_rank: int,
-        tp_size: int,
-        device: torch.device | str | None,
-    ) -> None:
+    def __init__(self, channels: int, width: int, spec: LayerBuildSpec) -> None:
         super().__init__()
-        self.weight = dim0_sharded_param(
-            (channels, 1, width), tp_rank=tp_rank, tp_size=tp_size, device=device
-        )
+        self.weight = dim0_sharded_param((channels, 1, width), spec)
 
 
-def a_log_param(
-    num_heads: int, *, tp_rank: int, tp_size: int, device: torch.device | str | None
-) -> nn.Parameter:
+def a_log_param(num_heads: int, spec: LayerBuildSpec) -> nn.Parameter:
     """Per-head ``A_log`` (this rank's heads). Accepted checkpoint shapes: ``[H]``,
     ``[1, 1, H, 1]`` (Kimi Linear / fla), and a longer vector ``[N > H]``: the released K3
     checkpoint stores ``[head_dim]`` for 96 heads and SGLang uses its first ``H`` entries per head
     (open question 1 of the design notes); we do the same and say so once."""
+    tp_rank, tp_size = spec.tp_rank, spec.tp_size
     local_heads = per_rank(num_heads, tp_size, "KDA heads")
 
     def load(param: nn.Parameter, full: torch.Tensor) -> None:
@@ -74,4 +64,4 @@ def a_log_param(
         with torch.no_grad():
             param.copy_(tp_slice(flat, 0, tp_rank, tp_size).to(param.dtype))
 
-    return frozen_param(torch.zeros(local_heads, dtype=torch.float32, device=device), load)
+    return frozen_param(torch.zeros(local_heads, dtype=torch.float32, device=spec.device), load)

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     ColumnParallelLinear,
@@ -68,50 +68,36 @@ class MLASegment:
 
 
 class MLANoPEAttention(nn.Module):
-    def __init__(
-        self,
-        config: MLANoPEConfig,
-        *,
-        params_dtype: torch.dtype,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, config: MLANoPEConfig, spec: LayerBuildSpec) -> None:
         super().__init__()
         c = config
         self.config = c
-        self.local_heads = per_rank(c.num_heads, tp_size, "MLA heads")
+        self.local_heads = per_rank(c.num_heads, spec.tp_size, "MLA heads")
         self.scale = c.qk_head_dim**-0.5
-        col: dict[str, Any] = {
-            "params_dtype": params_dtype,
-            "tp_rank": tp_rank,
-            "tp_size": tp_size,
-            "device": device,
-        }
-        rep: dict[str, Any] = {"params_dtype": params_dtype, "device": device}
+        device = spec.device
         self.q_proj: ColumnParallelLinear | None = None
         self.q_a_proj: ReplicatedLinear | None = None
         self.q_a_layernorm: RMSNorm | None = None
         self.q_b_proj: ColumnParallelLinear | None = None
         if c.q_lora_rank is None:
-            self.q_proj = ColumnParallelLinear(c.hidden_size, c.num_heads * c.qk_head_dim, **col)
+            self.q_proj = ColumnParallelLinear(c.hidden_size, c.num_heads * c.qk_head_dim, spec)
         else:
-            self.q_a_proj = ReplicatedLinear(c.hidden_size, c.q_lora_rank, **rep)
+            self.q_a_proj = ReplicatedLinear(c.hidden_size, c.q_lora_rank, spec)
             self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, device=device)
-            self.q_b_proj = ColumnParallelLinear(c.q_lora_rank, c.num_heads * c.qk_head_dim, **col)
+            self.q_b_proj = ColumnParallelLinear(c.q_lora_rank, c.num_heads * c.qk_head_dim, spec)
         self.kv_a_proj_with_mqa = ReplicatedLinear(
-            c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim, **rep
+            c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim, spec
         )
         self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps, device=device)
         self.kv_b_proj = ColumnParallelLinear(
-            c.kv_lora_rank, c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), **col
+            c.kv_lora_rank, c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), spec
         )
         self.g_proj = (
-            ColumnParallelLinear(c.hidden_size, c.num_heads * c.v_head_dim, **col)
+            ColumnParallelLinear(c.hidden_size, c.num_heads * c.v_head_dim, spec)
             if c.output_gate
             else None
         )
-        self.o_proj = RowParallelLinear(c.num_heads * c.v_head_dim, c.hidden_size, **col)
+        self.o_proj = RowParallelLinear(c.num_heads * c.v_head_dim, c.hidden_size, spec)
 
     def _queries(self, x: Tensor) -> Tensor:
         if self.q_proj is not None:
@@ -126,7 +112,8 @@ class MLANoPEAttention(nn.Module):
         return q.view(x.shape[0], self.local_heads, self.config.qk_head_dim)
 
     def latents(self, x: Tensor) -> Tensor:
-        """The cache rows of ``x``: ``[T, kv_lora_rank + rope]`` = normed ``c_kv`` | raw ``k_pe``."""
+        """The cache rows of ``x``: ``[T, kv_lora_rank + rope]`` = normed ``c_kv`` | raw
+        ``k_pe``."""
         c = self.config
         ckv, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
         return torch.cat([self.kv_a_layernorm(ckv), k_pe], dim=-1)
@@ -174,7 +161,8 @@ class MLANoPEAttention(nn.Module):
         return self.o_proj(o)
 
     def _attend_expanded(self, q: Tensor, kv: Tensor, prefix: int) -> Tensor:
-        """``q [n, h, qk]`` for positions ``prefix ..``, over ``kv [S, L + rope]`` -> ``[n, h, v]``."""
+        """``q [n, h, qk]`` for positions ``prefix ..``, over ``kv [S, L + rope]`` ->
+        ``[n, h, v]``."""
         c = self.config
         n, s = q.shape[0], kv.shape[0]
         ckv, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)

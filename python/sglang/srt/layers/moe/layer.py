@@ -13,6 +13,7 @@ import logging
 import torch
 from torch import nn
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.a2a import MoEA2ABackend, RankExperts, create_a2a_backend
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.fused_moe_config import A2ABackend, FusedMoEConfig
@@ -69,6 +70,36 @@ class FusedMoE(nn.Module):
             logging.INFO,
             f"MoE runner: {name} (requested {config.runner}), a2a: {config.a2a_backend}",
         )
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: LayerBuildSpec,
+        *,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        top_k: int,
+        activation: str,
+        swiglu_limit: float | None = None,
+    ) -> FusedMoE:
+        """A model's routed experts of these shapes; the runner, the a2a backend and this rank's
+        place come from ``spec``."""
+        config = FusedMoEConfig(
+            num_experts=num_experts,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            top_k=top_k,
+            activation=activation,
+            swiglu_limit=swiglu_limit,
+            runner=spec.moe_runner,
+            a2a_backend=spec.a2a_backend,
+        )
+        return cls(config, tp_rank=spec.tp_rank, tp_size=spec.tp_size, device=spec.device)
+
+    def shared_expert_spec(self, spec: LayerBuildSpec) -> LayerBuildSpec:
+        """``spec`` at the place the a2a backend gives the block's shared experts."""
+        return spec.with_tp(*self.a2a.shared_expert_tp)
 
     @property
     def expert_parallel(self) -> bool:

@@ -11,21 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import frozen_param
 
 
 class LinearRouter(nn.Module):
-    def __init__(
-        self,
-        hidden_size: int,
-        num_experts: int,
-        *,
-        params_dtype: torch.dtype,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, hidden_size: int, num_experts: int, spec: LayerBuildSpec) -> None:
         super().__init__()
         self.weight = frozen_param(
-            torch.empty(num_experts, hidden_size, dtype=params_dtype, device=device)
+            torch.empty(num_experts, hidden_size, dtype=spec.dtype, device=spec.device)
         )
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:

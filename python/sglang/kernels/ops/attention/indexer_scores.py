@@ -1,0 +1,93 @@
+"""Length-aware scores of DeepSeek V4's lightning indexer at decode: one query token per request
+against only its visible indexer keys, read in place from the slot pool.
+
+``score[b, n] = sum_h w[b, h] * relu(q[b, h] . keys[slots[b], n]) * scale`` for the request's
+visible entries ``n < visible[b]``, ``-inf`` for the rest of the ``C`` columns (so a stable sort
+of a row puts the visible entries first, exactly as the torch scoring does). Blocks past the
+visible count only write ``-inf``; nothing is gathered into a copy. bf16 operands, fp32
+accumulation (the products are exact; only the summation order differs from fp32 torch).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _scores_kernel(
+    q_ptr,
+    w_ptr,
+    keys_ptr,
+    slots_ptr,
+    visible_ptr,
+    out_ptr,
+    n_cols,
+    key_slot_stride,
+    heads,
+    scale,
+    HEADS_PAD: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    nb = tl.program_id(1)
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    vis = tl.load(visible_ptr + b)
+    score = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    if nb * BLOCK_N < vis:
+        slot = tl.load(slots_ptr + b).to(tl.int64)
+        h = tl.arange(0, HEADS_PAD)
+        h_ok = h < heads  # padded to 16 rows at least (the dot's smallest M)
+        cols = tl.arange(0, D)
+        q = tl.load(
+            q_ptr + (b * heads + h)[:, None] * D + cols[None, :], mask=h_ok[:, None], other=0.0
+        )  # [HEADS_PAD, D]
+        live = n < vis
+        k = tl.load(
+            keys_ptr + slot * key_slot_stride + n.to(tl.int64)[:, None] * D + cols[None, :],
+            mask=live[:, None],
+            other=0.0,
+        )
+        dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * scale  # [HEADS, BLOCK_N]
+        w = tl.load(w_ptr + b * heads + h, mask=h_ok, other=0.0)
+        score = tl.where(live, tl.sum(dots * w[:, None], axis=0), float("-inf"))
+    tl.store(out_ptr + b * n_cols + n, score, mask=n < n_cols)
+
+
+def indexer_scores(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    keys: torch.Tensor,
+    slots: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``q [bs, heads, d]`` (bf16), fp32 head weights ``w [bs, heads]``, the pool's indexer keys
+    ``[S, C, d]``, ``slots`` / ``visible [bs]`` -> fp32 ``[bs, C]``."""
+    bs, heads, d = q.shape
+    n_cols = keys.shape[1]
+    out = torch.empty(bs, n_cols, dtype=torch.float32, device=q.device)
+    if bs == 0 or n_cols == 0:
+        return out
+    if keys.stride(1) != d or keys.stride(2) != 1:
+        raise ValueError("indexer keys must be contiguous rows")
+    block_n = 64
+    _scores_kernel[(bs, triton.cdiv(n_cols, block_n))](
+        q.contiguous(),
+        w.float().contiguous(),
+        keys,
+        slots,
+        visible,
+        out,
+        n_cols,
+        keys.stride(0),
+        heads,
+        float(scale),
+        HEADS_PAD=max(16, triton.next_power_of_2(heads)),
+        D=d,
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,239 @@
+"""Length-aware decode attention for DeepSeek V4's static decode: one query token per request over
+its live window rows, its chosen compressed entries and a per-head sink, in one softmax.
+
+Per request ``b`` (cache slot ``slots[b]`` at position ``p = positions[b]``):
+- window: ring rows ``0 .. min(p + 1, W) - 1`` (row ``r`` holds position ``r`` while ``p < W``,
+  and every row is live from then on);
+- entries: with ``picks [bs, K]`` the first ``min(K, (p + 1) // ratio)`` picks (the indexer's
+  stable top-k puts every visible entry before the invisible ones), else entries
+  ``0 .. (p + 1) // ratio - 1``;
+- the sink: an extra logit per head whose value row is zero.
+K = V (one shared KV head). Only those rows are read; nothing is gathered into a copy.
+
+Flash-decoding in two launches, both with shapes fixed by the batch (CUDA-graph safe; lengths
+are read from device memory): the split kernel walks a slice of the request's key list for ``G``
+heads at a time (``tl.dot`` over bf16 keys, fp32 accumulation; the probabilities enter the
+value product as a bf16 high part plus a bf16 low part, about fp32 accuracy), the combine kernel
+merges the slices and the sink. Slices past the live length exit after writing their max.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_EMPTY = tl.constexpr(-1.0e30)  # the running max of a slice with no live key (finite: no inf - inf)
+_TARGET_PROGRAMS = 264  # two waves of the H200's 132 SMs
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr,
+    ring_ptr,
+    ent_ptr,
+    picks_ptr,
+    slots_ptr,
+    pos_ptr,
+    part_o_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    heads,
+    window,
+    ring_slot_stride,
+    ent_slot_stride,
+    n_picks,
+    picks_stride,
+    ratio,
+    keys_per_split,
+    n_splits,
+    scale,
+    D: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_ENTRIES: tl.constexpr,
+    INDEXED: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hg = tl.program_id(1)
+    sp = tl.program_id(2)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    p = tl.load(pos_ptr + b).to(tl.int64)
+    n_win = tl.minimum(p + 1, window)
+    n_ent = 0
+    if HAS_ENTRIES:
+        n_ent = (p + 1) // ratio
+        if INDEXED:
+            n_ent = tl.minimum(n_ent, n_picks)
+    n_total = n_win + n_ent
+    start = sp * keys_per_split
+    end = tl.minimum(start + keys_per_split, n_total)
+    h = hg * G + tl.arange(0, G)
+    h_ok = h < heads  # fewer heads than G: the tile is padded (a dot needs 16 rows)
+    cols = tl.arange(0, D)
+    row = (b * heads + h) * n_splits + sp  # [G] partial rows
+    m = tl.full([G], _EMPTY, tl.float32)
+    if start < end:
+        q = tl.load(
+            q_ptr + (b * heads + h)[:, None] * D + cols[None, :], mask=h_ok[:, None], other=0.0
+        )  # [G, D]
+        l_sum = tl.zeros([G], tl.float32)
+        acc = tl.zeros([G, D], tl.float32)
+        ring_base = ring_ptr + slot * ring_slot_stride
+        ent_base = ent_ptr + slot * ent_slot_stride
+        for j0 in range(start, end, BLOCK_N):
+            j = j0 + tl.arange(0, BLOCK_N)
+            live = j < end
+            in_win = live & (j < n_win)
+            in_ent = live & (j >= n_win)
+            e = (j - n_win).to(tl.int64)
+            if INDEXED:
+                e = tl.load(picks_ptr + b * picks_stride + e, mask=in_ent, other=0).to(tl.int64)
+            k = tl.load(
+                ring_base + j.to(tl.int64)[:, None] * D + cols[None, :],
+                mask=in_win[:, None],
+                other=0.0,
+            )
+            if HAS_ENTRIES:
+                k += tl.load(
+                    ent_base + e[:, None] * D + cols[None, :], mask=in_ent[:, None], other=0.0
+                )
+            s = tl.dot(q, tl.trans(k)) * scale  # [G, BLOCK_N] fp32
+            s = tl.where(live[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp(m - m_new)
+            prob = tl.exp(s - m_new[:, None])
+            l_sum = l_sum * alpha + tl.sum(prob, axis=1)
+            hi = prob.to(k.dtype)
+            lo = (prob - hi.to(tl.float32)).to(k.dtype)
+            acc = acc * alpha[:, None] + tl.dot(hi, k) + tl.dot(lo, k)
+            m = m_new
+        tl.store(part_l_ptr + row, l_sum, mask=h_ok)
+        tl.store(part_o_ptr + row[:, None] * D + cols[None, :], acc, mask=h_ok[:, None])
+    tl.store(part_m_ptr + row, m, mask=h_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    part_o_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    sink_ptr,
+    out_ptr,
+    heads,
+    n_splits,
+    D: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, SPLITS)
+    cols = tl.arange(0, D)
+    base = (b * heads + h) * n_splits
+    m = tl.load(part_m_ptr + base + s, mask=s < n_splits, other=_EMPTY)
+    used = m > _EMPTY * 0.5
+    sink = tl.load(sink_ptr + h).to(tl.float32)
+    top = tl.maximum(tl.max(m, axis=0), sink)
+    w = tl.where(used, tl.exp(m - top), 0.0)
+    lsum = tl.load(part_l_ptr + base + s, mask=used, other=0.0)
+    o = tl.load(part_o_ptr + (base + s)[:, None] * D + cols[None, :], mask=used[:, None], other=0.0)
+    denom = tl.sum(w * lsum, axis=0) + tl.exp(sink - top)
+    tl.store(out_ptr + (b * heads + h) * D + cols, tl.sum(w[:, None] * o, axis=0) / denom)
+
+
+def kernel_head_dim_ok(d: int) -> bool:
+    """Row widths the kernels take: powers of two from 16 (the dot's smallest K)."""
+    return d >= 16 and d & (d - 1) == 0
+
+
+def _split_plan(bs: int, head_groups: int, max_keys: int, block_n: int) -> tuple[int, int]:
+    """(splits a request's key list is cut into, keys per split): enough programs for two waves,
+    no split shorter than one key block."""
+    blocks = triton.cdiv(max_keys, block_n)
+    want = triton.cdiv(_TARGET_PROGRAMS, max(bs * head_groups, 1))
+    splits = max(1, min(want, blocks, 64))
+    per_split = triton.cdiv(blocks, splits) * block_n
+    return triton.cdiv(max_keys, per_split), per_split
+
+
+def sparse_decode_attention(
+    q: torch.Tensor,
+    ring: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    sink: torch.Tensor,
+    scale: float,
+    *,
+    entries: torch.Tensor | None = None,
+    ratio: int = 0,
+    picks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``q [bs, heads, D]`` (bf16) of requests in ``slots [bs]`` at ``positions [bs]``, the pool's
+    window ring ``[S, W, D]``, its compressed ``entries [S, C, D]`` (ratio ``ratio``) and, for
+    indexed layers, the chosen entry ids ``picks [bs, K]`` best first -> fp32 ``[bs, heads, D]``."""
+    bs, heads, d = q.shape
+    out = torch.empty(bs, heads, d, dtype=torch.float32, device=q.device)
+    if bs == 0:
+        return out
+    if not kernel_head_dim_ok(d) or ring.shape[-1] != d:
+        raise ValueError(f"head dim {d} must be a power of two >= 16 and match the ring's")
+    for t in (ring, entries):
+        if t is not None and (t.stride(2) != 1 or t.stride(1) != d):
+            raise ValueError("the ring and the entries must be contiguous rows")
+    if picks is not None and picks.stride(1) != 1:
+        picks = picks.contiguous()
+    group = 16  # heads a program takes (the dot's smallest M; fewer heads are padded)
+    n_groups = triton.cdiv(heads, group)
+    block_n = 32
+    window = ring.shape[1]
+    has_entries = entries is not None
+    indexed = picks is not None
+    n_picks = picks.shape[1] if picks is not None else 0
+    n_entry_max = 0 if entries is None else (n_picks if indexed else entries.shape[1])
+    n_splits, per_split = _split_plan(bs, n_groups, window + n_entry_max, block_n)
+    part_o = torch.empty(bs * heads * n_splits, d, dtype=torch.float32, device=q.device)
+    part_m = torch.empty(bs * heads * n_splits, dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    ent = entries if entries is not None else ring
+    q = q.contiguous()
+    _split_kernel[(bs, n_groups, n_splits)](
+        q,
+        ring,
+        ent,
+        picks if picks is not None else slots,
+        slots,
+        positions,
+        part_o,
+        part_m,
+        part_l,
+        heads,
+        window,
+        ring.stride(0),
+        ent.stride(0),
+        n_picks,
+        picks.stride(0) if picks is not None else 0,
+        max(ratio, 1),
+        per_split,
+        n_splits,
+        float(scale),
+        D=d,
+        G=group,
+        BLOCK_N=block_n,
+        HAS_ENTRIES=has_entries,
+        INDEXED=indexed,
+        num_warps=4,
+        num_stages=2,
+    )
+    _combine_kernel[(bs, heads)](
+        part_o,
+        part_m,
+        part_l,
+        sink,
+        out,
+        heads,
+        n_splits,
+        D=d,
+        SPLITS=max(2, triton.next_power_of_2(n_splits)),
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,47 @@
+"""How this rank builds its layers: one frozen value handed from the model down to every layer.
+
+Every layer needs the same few facts (parameter dtype, device, this rank's place in the
+tensor-parallel group, and for MoE blocks the runner and all-to-all backend names); passing them as
+one typed object keeps constructors short and lets a new fact reach every layer without touching
+each signature on the way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class LayerBuildSpec:
+    """``dtype`` is the dtype of the weights that run in the model dtype (fp32 parameters such as
+    router biases stay fp32 whatever it is). ``moe_runner`` is a ``--moe-runner-backend`` name and
+    ``a2a_backend`` a ``--moe-a2a-backend`` name; the MoE layer checks both."""
+
+    dtype: torch.dtype = torch.bfloat16
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    tp_rank: int = 0
+    tp_size: int = 1
+    moe_runner: str = "auto"
+    a2a_backend: str = "none"
+
+    def __post_init__(self) -> None:
+        # Callers may name the device as a string ("cuda:1"); layers compare torch.devices.
+        object.__setattr__(self, "device", torch.device(self.device))
+        if not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError(f"tp_rank {self.tp_rank} is outside a group of {self.tp_size} ranks")
+
+    def with_tp(self, tp_rank: int, tp_size: int) -> LayerBuildSpec:
+        """The same spec at another tensor-parallel place, e.g. the shared experts' under an
+        expert-parallel backend (``(0, 1)``: replicated)."""
+        return dataclasses.replace(self, tp_rank=tp_rank, tp_size=tp_size)
+
+    def replicated(self) -> LayerBuildSpec:
+        """The same spec for a layer every rank holds whole (a group of one)."""
+        return self.with_tp(0, 1)
+
+
+# What a model is built with when the caller says nothing: bf16 on the CPU, one rank.
+DEFAULT_BUILD_SPEC = LayerBuildSpec()

@@ -1,0 +1,654 @@
+"""Per-op GPU time of one decode layer under CUDA-graph replay, against the bytes each op must read.
+
+Each op of the layer (the same calls the static decode makes, on the same tensors) is captured in
+its own CUDA graph and replayed ``--replays`` times between two events; the whole layer is
+captured once more as one graph. An op's roofline is the bytes it must read (weights, plus the
+cache rows a live-length-aware kernel would touch: live window rows, visible indexer keys, the
+selected compressed entries) over ``--bandwidth`` (4.2 TB/s, the H200's HBM3e). ``x roof`` is
+measured time over that roofline; the layer row also shows the sum of its ops.
+
+DeepSeek V4: the wide bench model's layer (hidden 4096, 256 experts top-6 + shared, 64 heads of
+512, window 128, indexer 64x128 top-512), ratio 4 (with the indexer) and ratio 128, each request
+at ``context - 1 - (i % 7)`` tokens in a slot pool filled with random rows.
+Kimi K3: one KDA layer (96 heads of 128, the recurrent decode step) with the latent MoE (128 of
+the 896 experts, top-16, so that it fits), one NoPE MLA layer (64 heads, latent 512 + 64, the
+absorbed decode over a context of random latent rows), the AttnRes reads over an 8-block bank.
+Small caches stay in L2 across replays, so ops far under 1 MB read may look faster than HBM.
+
+It turns SGLANG_DSV4_LENGTH_AWARE_DECODE on (the kernels it measures are off by default).
+
+Usage: python scripts/profile_decode.py [--models dsv4,k3] [--batch 1,16,64]
+       [--context 1024,8192,32768] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from sglang.kernels.ops.attention.indexer_scores import indexer_scores
+from sglang.kernels.ops.attention.sparse_decode_attention import sparse_decode_attention
+from sglang.srt.layers.attention import dsv4_static_decode
+from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
+from sglang.srt.layers.attention.dsv4_static_decode import sink_attention, static_decode_attention
+from sglang.srt.layers.attention.kda import KimiDeltaAttention, gated_rms_norm
+from sglang.srt.layers.attention.kda_conv import causal_conv_decode
+from sglang.srt.layers.attention.kda_gate import kda_beta, kda_forget_gate
+from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
+from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
+from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
+from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM, _hc_pre, _post_then_pre
+from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+from sglang.srt.models.kimi_k3_config import KimiK3Config
+from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+
+GB = 1e9
+DEV = "cuda"
+TINY: dict[str, Any] = {}  # --smoke: config overrides that make the models CPU-sized
+
+
+@dataclass(frozen=True)
+class OpRow:
+    model: str
+    case: str
+    op: str
+    ms: float
+    bytes_read: float
+    bandwidth: float
+
+    @property
+    def roof_ms(self) -> float:
+        return self.bytes_read / self.bandwidth * 1e3
+
+    def line(self) -> str:
+        ratio = self.ms / self.roof_ms if self.roof_ms > 0 else float("nan")
+        return (
+            f"{self.model:<10} {self.case:<16} {self.op:<34} {self.ms * 1e3:>9.1f} "
+            f"{self.bytes_read / 1e6:>10.2f} {self.roof_ms * 1e3:>9.1f} {ratio:>7.1f}"
+        )
+
+
+def graph_ms(fn: Callable[[], object], replays: int) -> float:
+    """Median per-replay milliseconds of ``fn`` captured in one CUDA graph."""
+    if DEV == "cpu":  # --smoke: eager, one run
+        import time
+
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()  # compiles, settles the allocator
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # a private pool each: a shared one trips an allocator assert
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / replays)
+    del graph
+    return statistics.median(times)
+
+
+def kernel_table(fn: Callable[[], object], title: str, top: int = 14) -> str:
+    """The kernels of one graph replay of ``fn`` by device time (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    reps = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in events) / reps
+    lines = [f"kernels of one replay, {title}: {total:.1f} us in {len(events)} kinds"]
+    for e in events[:top]:
+        us = e.device_time_total / reps
+        lines.append(f"  {us:>8.1f} us  x{e.count // reps:<3} {e.key[:90]}")
+    return "\n".join(lines)
+
+
+def param_bytes(*modules: nn.Module | torch.Tensor | None) -> float:
+    total = 0
+    for m in modules:
+        if m is None:
+            continue
+        tensors = [m] if isinstance(m, torch.Tensor) else list(m.parameters())
+        total += sum(t.numel() * t.element_size() for t in tensors)
+    return float(total)
+
+
+def tensor_bytes(*ts: torch.Tensor) -> float:
+    return float(sum(t.numel() * t.element_size() for t in ts))
+
+
+@torch.no_grad()
+def randomize_(model: nn.Module, gen: torch.Generator) -> None:
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            p.copy_(
+                torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32)
+                * p.shape[-1] ** -0.5
+            )
+        elif name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.copy_(torch.randn(p.shape, generator=gen, device=p.device) * 0.1)
+
+
+def load_random_experts(experts: Any, gen: torch.Generator) -> float:
+    """Random bf16 expert weights into a FusedMoE; returns the bytes of one expert."""
+    c = experts.config
+    w13 = torch.randn(
+        c.num_experts, 2 * c.intermediate_size, c.hidden_size, generator=gen, device=DEV
+    ).to(torch.bfloat16) * (c.hidden_size**-0.5)
+    w2 = torch.randn(
+        c.num_experts, c.hidden_size, c.intermediate_size, generator=gen, device=DEV
+    ).to(torch.bfloat16) * (c.intermediate_size**-0.5)
+    experts.load_weights(ExpertWeights(w13, w2))
+    return float(3 * c.intermediate_size * c.hidden_size * 2)
+
+
+def distinct_experts(num: int, top_k: int, bs: int) -> float:
+    """Expected number of distinct experts ``bs`` tokens route to (uniform routing)."""
+    return num * (1.0 - (1.0 - top_k / num) ** bs)
+
+
+# --- DeepSeek V4 ------------------------------------------------------------------------------
+
+
+def dsv4_config(ratio: int, max_pos: int) -> dict[str, Any]:
+    from bench_dsv4_layer import LAYER  # the bench model's layer (scripts/ is on sys.path)
+
+    cfg = {**LAYER, "compress_ratios": [ratio], "max_position_embeddings": max_pos}
+    return {**cfg, **TINY.get("dsv4", {})}
+
+
+@dataclass(frozen=True)
+class Dsv4Layer:
+    """The profiled DeepSeek V4 layer and what every case shares."""
+
+    model: DeepseekV4ForCausalLM
+    cfg: DeepseekV4ModelConfig
+    mix: dict[str, Any]
+    expert_bytes: float
+
+
+Op = tuple[str, Callable[[], object], float]  # (name, the op, bytes it must read)
+
+
+def dsv4_rows(
+    ratio: int, batches: list[int], contexts: list[int], replays: int, bw: float
+) -> list[OpRow]:
+    cfg = DeepseekV4ModelConfig.from_dict(dsv4_config(ratio, max(contexts) + 64))
+    model = DeepseekV4ForCausalLM(
+        cfg, dtype=torch.bfloat16, device=DEV, moe_runner="triton" if DEV == "cuda" else "torch"
+    )
+    gen = torch.Generator(DEV).manual_seed(0)
+    randomize_(model, gen)
+    mix: dict[str, Any] = {
+        "rms_eps": cfg.rms_norm_eps,
+        "hc_eps": cfg.hc_eps,
+        "sinkhorn_iters": cfg.hc_sinkhorn_iters,
+        "norm_eps": cfg.rms_norm_eps,
+    }
+    lay = Dsv4Layer(model, cfg, mix, load_random_experts(model.decoder_layers[0].ffn.experts, gen))
+    rows: list[OpRow] = []
+    name = f"dsv4 r{ratio}"
+    for ctx in contexts:
+        pool = model.enable_slot_pool(max(batches), ctx + 8)
+        with torch.no_grad():
+            for t in (pool.layers[0].window, *_compressor_tensors(pool.layers[0])):
+                t.copy_(torch.randn(t.shape, generator=gen, device=DEV).to(t.dtype))
+        for bs in batches:
+            case = f"bs{bs} ctx{_ctx(ctx)}"
+            ops, whole_layer = dsv4_ops(lay, bs, ctx, gen)
+            op_rows = [OpRow(name, case, n, graph_ms(f, replays), b, bw) for n, f, b in ops]
+            old = [r for r in op_rows if not r.op.startswith("  new")]
+            total_b = sum(r.bytes_read for r in old)
+            op_rows.append(
+                OpRow(name, case, "= sum of the ops", sum(r.ms for r in old), total_b, bw)
+            )
+            before = graph_ms(torch_attention_layer(whole_layer), replays)
+            op_rows.append(OpRow(name, case, "= layer graph, torch attention", before, total_b, bw))
+            layer_ms = graph_ms(whole_layer, replays)
+            if DEV == "cuda" and (bs, ctx) == (16, 8192):
+                try:
+                    print(kernel_table(whole_layer, f"{name} {case}"), flush=True)
+                except (RuntimeError, AttributeError) as e:  # extra; never lose the run to it
+                    print(f"kernel table failed: {e!r}")
+            op_rows.append(OpRow(name, case, "= layer graph, kernels", layer_ms, total_b, bw))
+            print("\n".join(r.line() for r in op_rows), flush=True)
+            rows.extend(op_rows)
+        model.slot_pool = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+@torch.no_grad()
+def dsv4_ops(
+    lay: Dsv4Layer, bs: int, ctx: int, gen: torch.Generator
+) -> tuple[list[Op], Callable[[], object]]:
+    """The layer's decode ops for ``bs`` requests near ``ctx`` tokens, and the whole layer."""
+    cfg, mix, model = lay.cfg, lay.mix, lay.model
+    layer = model.decoder_layers[0]
+    attn, moe = layer.attn, layer.ffn
+    assert model.slot_pool is not None
+    store = model.slot_pool.layers[0]
+    ratio, h, d = attn.ratio, cfg.hidden_size, cfg.head_dim
+    ids = torch.randint(0, cfg.vocab_size, (bs,), generator=gen, device=DEV)
+    positions = ctx - 1 - torch.arange(bs, device=DEV) % 7
+    slots = torch.arange(bs, device=DEV)
+    residual = torch.randn(bs, cfg.hc_mult, h, generator=gen, device=DEV).to(torch.bfloat16)
+    x, post, comb = _hc_pre(residual, layer.hc_attn(), mix)
+    p = attn.project(x, positions)
+    a_out = torch.randn(bs, h, generator=gen, device=DEV).to(torch.bfloat16)
+    live_win = min(ctx, cfg.sliding_window)
+    ring = store.window
+    width = ring.shape[1]
+    comp, comp_store = attn.compressor, store.compressor
+    assert comp is not None and comp_store is not None
+    visible = torch.div(positions + 1, ratio, rounding_mode="floor")
+    n_vis = (ctx // ratio) * bs
+
+    def mhc() -> None:
+        _post_then_pre(a_out, residual, post, comb, layer.hc_ffn(), mix)
+        _post_then_pre(a_out, residual, post, comb, layer.hc_attn(), mix)
+
+    def ring_write() -> None:
+        ring[slots, positions % width] = p.kv.to(ring.dtype)
+
+    def compress() -> None:
+        compress_decode_step(comp, comp_store, *comp.project(x), positions, slots, attn.rotary)
+
+    def window_keys() -> tuple[torch.Tensor, torch.Tensor]:
+        rws = torch.arange(width, device=DEV)
+        wp = positions[:, None] - (positions[:, None] - rws[None, :]) % width
+        return ring[slots], wp >= 0
+
+    pend = tensor_bytes(comp_store.pending_kv[0], comp_store.pending_score[0])
+    ops: list[Op] = [
+        ("mHC post+pre x2", mhc, 2 * tensor_bytes(residual, a_out, layer.hc_attn_fn, residual, x)),
+        (
+            "q/kv proj + norms + rope",
+            lambda: attn.project(x, positions),
+            param_bytes(attn.wq_a, attn.q_norm, attn.wq_b, attn.wkv, attn.kv_norm),
+        ),
+        ("window ring write", ring_write, bs * d * 2.0),
+        ("compressor proj + update", compress, param_bytes(comp) + bs * pend),
+    ]
+    if attn.indexer is None:
+
+        def attend() -> torch.Tensor:
+            entries = comp_store.entries[slots]
+            ent = torch.arange(entries.shape[1], device=DEV)
+            wk, wv = window_keys()
+            keys = torch.cat([wk, entries], 1)
+            valid = torch.cat([wv, ent[None, :] < visible[:, None]], 1)
+            return sink_attention(p.q, keys, valid, attn.attn_sink, attn.scale)
+
+        att_bytes = (live_win * bs + n_vis) * d * 2.0 + tensor_bytes(p.q)
+    else:
+        idx, idx_store = attn.indexer, store.indexer
+        assert idx_store is not None
+        ic = idx.compressor
+
+        def idx_compress() -> None:
+            compress_decode_step(ic, idx_store, *ic.project(x), positions, slots, attn.rotary)
+
+        iq, iw = idx.queries(p.q_lora, x, p.cos, p.sin)
+        ipend = tensor_bytes(idx_store.pending_kv[0], idx_store.pending_score[0])
+        ops += [
+            ("indexer compressor proj + update", idx_compress, param_bytes(ic) + bs * ipend),
+            (
+                "indexer queries",
+                lambda: idx.queries(p.q_lora, x, p.cos, p.sin),
+                param_bytes(idx.wq_b, idx.weights_proj),
+            ),
+            (
+                "indexer scores + top-k",
+                lambda: idx.top_entries(iq, iw, idx_store.entries[slots], visible),
+                n_vis * cfg.index_head_dim * 2.0,
+            ),
+        ]
+        top, ok = idx.top_entries(iq, iw, idx_store.entries[slots], visible)
+        k = min(cfg.index_topk, idx_store.entries.shape[1])
+
+        def kernel_scores() -> torch.Tensor:
+            sc = indexer_scores(iq, iw, idx_store.entries, slots, visible, idx.head_dim**-0.5)
+            return torch.sort(sc, dim=-1, descending=True, stable=True).indices[:, :k]
+
+        picks = kernel_scores()
+        ops.append(("  new: indexer scores kernel + sort", kernel_scores, ops[-1][2]))
+
+        def attend() -> torch.Tensor:
+            wk, wv = window_keys()
+            keys = torch.cat([wk, comp_store.entries[slots[:, None], top]], 1)
+            valid = torch.cat([wv, ok.gather(1, top)], 1)
+            return sink_attention(p.q, keys, valid, attn.attn_sink, attn.scale)
+
+        sel = min(cfg.index_topk, ctx // ratio)
+        att_bytes = (live_win + sel) * bs * d * 2.0 + tensor_bytes(p.q)
+
+    def kernel_attend() -> torch.Tensor:
+        extra: dict[str, Any] = {"entries": comp_store.entries, "ratio": ratio}
+        if attn.indexer is not None:
+            extra["picks"] = picks
+        return sparse_decode_attention(
+            p.q, ring, slots, positions, attn.attn_sink, attn.scale, **extra
+        )
+
+    o = attend()
+    experts = distinct_experts(cfg.n_routed_experts, cfg.num_experts_per_tok, bs)
+    ops += [
+        ("attention (window+entries+sink)", attend, att_bytes),
+        ("  new: sparse attention kernel", kernel_attend, att_bytes),
+        (
+            "output: inv rope, wo_a, wo_b",
+            lambda: attn.output(o, p, torch.bfloat16),
+            param_bytes(attn.wo_a, attn.wo_b),
+        ),
+        (
+            "MoE (router, experts, shared)",
+            lambda: moe(x, ids),
+            param_bytes(moe.gate, moe.shared_experts) + lay.expert_bytes * experts,
+        ),
+    ]
+
+    def whole_layer() -> None:
+        a = static_decode_attention(attn, x, positions, slots, store)
+        r, y, po, co = _post_then_pre(a, residual, post, comb, layer.hc_ffn(), mix)
+        _post_then_pre(moe(y, ids), r, po, co, layer.hc_attn(), mix)
+
+    return ops, whole_layer
+
+
+def torch_attention_layer(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with the static decode's torch attention path (the layer before the kernels)."""
+
+    def run() -> object:
+        real = dsv4_static_decode.use_sparse_kernels
+        dsv4_static_decode.use_sparse_kernels = lambda *a: False  # type: ignore[assignment]
+        try:
+            return fn()
+        finally:
+            dsv4_static_decode.use_sparse_kernels = real
+
+    return run
+
+
+def _ctx(ctx: int) -> str:
+    return f"{ctx // 1024}k" if ctx % 1024 == 0 else str(ctx)
+
+
+def _compressor_tensors(store: Any) -> list[torch.Tensor]:
+    out = []
+    for comp in (store.compressor, store.indexer):
+        if comp is None:
+            continue
+        out += [comp.entries, comp.pending_kv, comp.pending_score]
+        out += [t for t in (comp.prev_kv, comp.prev_score) if t is not None]
+    return out
+
+
+# --- Kimi K3 ----------------------------------------------------------------------------------
+
+
+def k3_config(experts: int) -> dict[str, Any]:
+    from bench_kimi_k3_layers import k3_config as bench_config
+
+    cfg = bench_config(experts)
+    cfg["linear_attn_config"] = {**cfg["linear_attn_config"], "kda_layers": [1]}
+    cfg["linear_attn_config"]["full_attn_layers"] = [2]
+    cfg["attn_res_block_size"] = 2  # AttnRes on, so its reads are profiled
+    tiny = TINY.get("k3", {})
+    cfg["linear_attn_config"] = {**cfg["linear_attn_config"], **tiny.pop("linear", {})}
+    return {**cfg, **tiny}
+
+
+def k3_rows(
+    batches: list[int], contexts: list[int], replays: int, bw: float, experts: int
+) -> list[OpRow]:
+    cfg = KimiK3Config.from_dict(k3_config(experts))
+    model = KimiK3ForCausalLM(
+        cfg, dtype=torch.bfloat16, device=DEV, moe_runner="triton" if DEV == "cuda" else "torch"
+    )
+    gen = torch.Generator(DEV).manual_seed(0)
+    randomize_(model, gen)
+    moe = model.decoder_layers[1].mlp
+    assert isinstance(moe, KimiK3MoE)
+    expert_bytes = load_random_experts(moe.experts, gen)
+    rows: list[OpRow] = []
+    for bs in batches:
+        x = (torch.randn(bs, cfg.hidden_size, generator=gen, device=DEV) * 0.5).to(torch.bfloat16)
+        ops = k3_kda_ops(model, x, gen)
+        moe_bytes = param_bytes(moe) + expert_bytes * distinct_experts(
+            cfg.num_experts, cfg.num_experts_per_token, bs
+        )
+        ops.append(("latent MoE", _bind(moe, x), moe_bytes))
+        ops.append(k3_attn_res_op(model, x, gen))
+        k_rows = [OpRow("k3 kda", f"bs{bs}", n, graph_ms(f, replays), b, bw) for n, f, b in ops]
+        rows += k_rows
+        # A layer: its attention, the MoE and two AttnRes reads.
+        rows.append(_k3_layer_row("k3 kda", f"bs{bs}", k_rows, bw))
+        for ctx in contexts:
+            case = f"bs{bs} ctx{_ctx(ctx)}"
+            m_rows = [
+                OpRow("k3 mla", case, n, graph_ms(f, replays), b, bw)
+                for n, f, b in k3_mla_ops(model, x, ctx, gen)
+            ]
+            rows += m_rows
+            rows.append(_k3_layer_row("k3 mla", case, [*m_rows, *k_rows[-2:]], bw))
+            print("\n".join(r.line() for r in m_rows + rows[-1:]), flush=True)
+        print("\n".join(r.line() for r in k_rows), flush=True)
+    return rows
+
+
+def _bind(fn: Callable[[torch.Tensor], object], x: torch.Tensor) -> Callable[[], object]:
+    return lambda: fn(x)
+
+
+def _k3_layer_row(model: str, case: str, parts: list[OpRow], bw: float) -> OpRow:
+    """Sum of a K3 layer's ops, the AttnRes read (the last part) counted twice."""
+    ms = sum(r.ms for r in parts) + parts[-1].ms
+    read = sum(r.bytes_read for r in parts) + parts[-1].bytes_read
+    return OpRow(model, case, "= layer (sum, 2 AttnRes reads)", ms, read, bw)
+
+
+@torch.no_grad()
+def k3_kda_ops(model: KimiK3ForCausalLM, x: torch.Tensor, gen: torch.Generator) -> list[Op]:
+    """One KDA layer's decode ops (the model's recurrent step, per-row states stacked)."""
+    kda = model.decoder_layers[0].self_attn
+    assert isinstance(kda, KimiDeltaAttention)
+    kc = kda.config
+    bs, heads, dh = x.shape[0], kda.local_heads, kc.head_dim
+    conv_states = torch.randn(bs, kc.conv_size - 1, 3 * heads * dh, generator=gen, device=DEV).to(
+        torch.bfloat16
+    )
+    rec = torch.randn(bs, heads, dh, dh, generator=gen, device=DEV) * 0.1
+    weight = kda.conv_weight()
+
+    def kda_proj() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        mixed = torch.cat([kda.q_proj(x), kda.k_proj(x), kda.v_proj(x)], dim=-1)
+        gate_in = kda.f_b_proj(kda.f_a_proj(x)).float() + kda.dt_bias
+        g = kda_forget_gate(gate_in.view(bs, heads, dh), kda.A_log, kc.gate_lower_bound)
+        return mixed, g, kda_beta(kda.b_proj(x))
+
+    mixed, g, beta = kda_proj()
+
+    def kda_step() -> tuple[torch.Tensor, torch.Tensor]:
+        conv_out, _ = causal_conv_decode(mixed, weight, conv_states)
+        q, k, v = kda._split_qkv(conv_out)
+        one = (t.unsqueeze(1) for t in (q, k, v, g, beta))
+        return kda_recurrent(*one, rec)
+
+    core = kda_step()[0][:, 0]
+
+    def kda_out() -> torch.Tensor:
+        gate = kda.output_gate(x).view(bs, heads, dh)
+        out = gated_rms_norm(core.to(x.dtype), kda.o_norm.weight, gate, kc.o_norm_eps)
+        return kda.o_proj(out.reshape(bs, heads * dh))
+
+    proj = (kda.q_proj, kda.k_proj, kda.v_proj, kda.f_a_proj, kda.f_b_proj, kda.b_proj)
+    gates = (kda.g_proj, kda.g_a_proj, kda.g_b_proj, kda.o_norm, kda.o_proj)
+    return [
+        ("KDA q/k/v/gate/beta proj", kda_proj, param_bytes(*proj)),
+        (
+            "KDA conv + recurrent step",
+            kda_step,
+            2 * tensor_bytes(rec, conv_states) + param_bytes(weight),
+        ),
+        ("KDA out gate + norm + o_proj", kda_out, param_bytes(*gates)),
+    ]
+
+
+@torch.no_grad()
+def k3_attn_res_op(model: KimiK3ForCausalLM, x: torch.Tensor, gen: torch.Generator) -> Op:
+    layer = model.decoder_layers[1]
+    score = attn_res_score_vector(layer.self_attention_res_norm, layer.self_attention_res_proj)
+    bank = [torch.randn(x.shape, generator=gen, device=DEV).to(x.dtype) for _ in range(8)]
+    eps = model.config.rms_norm_eps
+
+    def res_read() -> torch.Tensor:
+        st = AttnResState(x)
+        st.bank = list(bank)
+        return st.read(score, eps, layer.input_layernorm)
+
+    return ("AttnRes read (8-block bank)", res_read, 9 * tensor_bytes(x))
+
+
+@torch.no_grad()
+def k3_mla_ops(
+    model: KimiK3ForCausalLM, x: torch.Tensor, ctx: int, gen: torch.Generator
+) -> list[Op]:
+    """One NoPE MLA layer's decode ops; the absorbed attention per request, as the model runs."""
+    mla = model.decoder_layers[1].self_attn
+    assert isinstance(mla, MLANoPEAttention)
+    mc = mla.config
+    bs = x.shape[0]
+    lat = mc.kv_lora_rank + mc.qk_rope_head_dim
+    kv = (torch.randn(bs, ctx, lat, generator=gen, device=DEV) * 0.5).to(torch.bfloat16)
+    q = mla._queries(x)
+    o = torch.randn(bs, mla.local_heads * mc.v_head_dim, generator=gen, device=DEV).to(x.dtype)
+
+    def absorbed() -> list[torch.Tensor]:
+        wk, wv = (w.float() for w in mla._kv_b_per_head())
+        return [mla._attend_absorbed(q[i : i + 1], kv[i], wk, wv) for i in range(bs)]
+
+    def mla_out() -> torch.Tensor:
+        gate = mla.g_proj
+        return mla.o_proj(o * torch.sigmoid(gate(x).float()).to(o.dtype) if gate else o)
+
+    q_mods = (mla.q_proj, mla.q_a_proj, mla.q_a_layernorm, mla.q_b_proj)
+    kv_mods = (mla.kv_a_proj_with_mqa, mla.kv_a_layernorm)
+    return [
+        (
+            "MLA q + latent proj",
+            lambda: (mla._queries(x), mla.latents(x)),
+            param_bytes(*q_mods, *kv_mods),
+        ),
+        ("MLA absorbed attention", absorbed, tensor_bytes(kv) + param_bytes(mla.kv_b_proj)),
+        ("MLA out gate + o_proj", mla_out, param_bytes(mla.g_proj, mla.o_proj)),
+    ]
+
+
+def header() -> str:
+    return (
+        f"{'model':<10} {'case':<16} {'op':<34} {'us':>9} {'MB read':>10} {'roof us':>9} "
+        f"{'x roof':>7}"
+    )
+
+
+def main() -> None:
+    os.environ.setdefault("SGLANG_DSV4_LENGTH_AWARE_DECODE", "1")
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="dsv4,k3")
+    parser.add_argument("--ratios", default="4,128")
+    parser.add_argument("--batch", default="1,16,64")
+    parser.add_argument("--context", default="1024,8192,32768")
+    parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s")
+    parser.add_argument("--k3-experts", type=int, default=128)
+    parser.add_argument("--json", default="")
+    parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU, eager")
+    args = parser.parse_args()
+    if args.smoke:
+        global DEV
+        DEV = "cpu"
+        TINY["dsv4"] = {
+            "hidden_size": 256,
+            "num_attention_heads": 8,
+            "head_dim": 64,
+            "qk_rope_head_dim": 16,
+            "q_lora_rank": 64,
+            "o_groups": 2,
+            "o_lora_rank": 64,
+            "n_routed_experts": 8,
+            "moe_intermediate_size": 64,
+            "index_n_heads": 4,
+            "index_head_dim": 32,
+            "index_topk": 16,
+            "sliding_window": 16,
+        }
+        TINY["k3"] = {
+            "hidden_size": 256,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "q_lora_rank": 64,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "moe_intermediate_size": 64,
+            "routed_expert_hidden_size": 128,
+            "num_experts_per_token": 2,
+            "linear": {"num_heads": 4, "head_dim": 16},
+        }
+    batches = [int(b) for b in args.batch.split(",")]
+    contexts = [int(c) for c in args.context.split(",")]
+    rows: list[OpRow] = []
+    print(header(), flush=True)
+    models = args.models.split(",")
+    if "dsv4" in models:
+        for ratio in (int(r) for r in args.ratios.split(",")):
+            rows += dsv4_rows(ratio, batches, contexts, args.replays, args.bandwidth)
+    if "k3" in models:
+        rows += k3_rows(batches, contexts, args.replays, args.bandwidth, args.k3_experts)
+    print("\n" + header())
+    for r in rows:
+        print(r.line())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{**r.__dict__, "roof_ms": r.roof_ms} for r in rows], f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

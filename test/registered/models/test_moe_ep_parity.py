@@ -20,7 +20,9 @@ from test_kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
 from test_kimi_k3_tiny import config as kimi_config
 from test_kimi_k3_tiny import make_model
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.layer import FusedMoE
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
@@ -57,33 +59,24 @@ def _experts_held(model: Any) -> set[int]:
     return {len(m.local_experts) for m in model.modules() if isinstance(m, FusedMoE)}
 
 
+def _spec(rank: int, world: int, a2a: str) -> LayerBuildSpec:
+    return LayerBuildSpec(
+        dtype=torch.float32, tp_rank=rank, tp_size=world, moe_runner="torch", a2a_backend=a2a
+    )
+
+
 def _load_dsv4(path: str, rank: int, world: int, a2a: str) -> Any:
     from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
 
-    return load_deepseek_v4(
-        path,
-        dtype=torch.float32,
-        tp_rank=rank,
-        tp_size=world,
-        moe_runner="torch",
-        a2a_backend=a2a,
-        progress=False,  # type: ignore[arg-type]
-    )
+    return load_deepseek_v4(path, _spec(rank, world, a2a), LoadOptions(progress=False))
 
 
 def _load_kimi(ckpt: dict[str, torch.Tensor], rank: int, world: int, a2a: str) -> Any:
     from sglang.srt.model_loader.kimi_k3_loader import load_weights
     from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 
-    model = KimiK3ForCausalLM(
-        kimi_config(KIMI_CONFIG),
-        dtype=torch.float32,
-        tp_rank=rank,
-        tp_size=world,
-        moe_runner="torch",
-        a2a_backend=a2a,
-    )
-    load_weights(model, ckpt, progress=False)
+    model = KimiK3ForCausalLM(kimi_config(KIMI_CONFIG), _spec(rank, world, a2a))
+    load_weights(model, ckpt, LoadOptions(progress=False))
     return model
 
 

@@ -104,7 +104,8 @@ class CheckpointIndex:
         """Tensors nothing asked for: an error when ``strict``, else a warning."""
         left = sorted(set(self.by_canon) - self.used)
         if left:
-            msg = f"checkpoint has {len(left)} tensor(s) the model does not use, e.g. {[self.ckpt_name(n) for n in left[:5]]}"
+            examples = [self.ckpt_name(n) for n in left[:5]]
+            msg = f"checkpoint has {len(left)} tensor(s) the model does not use, e.g. {examples}"
             if strict:
                 raise WeightLoadError(msg)
             logger.warning(msg)

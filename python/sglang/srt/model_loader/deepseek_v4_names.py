@@ -7,7 +7,8 @@ The model's names are the official release names (``layers.L.attn.wq_a.weight``,
   except ``model.embed_tokens.weight``, ``head.weight``, ``model.hc_head.hc_{fn,base,scale}`` and
   the attention's KV norm written as ``attn.norm.weight``;
 - transformers' in-memory names (``model.layers.L.self_attn.q_a_proj.weight``,
-  ``mlp.experts.gate_up_proj`` ...), e.g. a raw ``state_dict()``; FP8 scales as ``weight_scale_inv``.
+  ``mlp.experts.gate_up_proj`` ...), e.g. a raw ``state_dict()``; FP8 scales as
+  ``weight_scale_inv``.
 ``mtp.*`` (the multi-token-prediction layer) maps to ``None``: it is not part of this model.
 """
 

@@ -111,7 +111,8 @@ def _expert_scale(
             # UE8M0 bytes are kept as such for MXFP4 (its dequant reads them raw)
             return scale if fmt is WeightFormat.MXFP4 else scale.float()
     raise WeightLoadError(
-        f"{fmt.value} expert tensor {index.ckpt_name(weight_name)!r} has no scale ({' or '.join(base + s for s in suffixes)})"
+        f"{fmt.value} expert tensor {index.ckpt_name(weight_name)!r} has no scale "
+        f"({' or '.join(base + s for s in suffixes)})"
     )
 
 
@@ -120,7 +121,8 @@ def _stacked_part(index: CheckpointIndex, prefix: str, shard: ExpertShard) -> Ch
     w13, w2 = index.get(f"{prefix}.gate_up_proj"), index.get(f"{prefix}.down_proj")
     if expert_format(w13) is not WeightFormat.BF16:
         raise WeightLoadError(
-            f"stacked expert tensors {index.ckpt_name(prefix + '.gate_up_proj')!r} are only supported unquantised"
+            f"stacked expert tensors {index.ckpt_name(prefix + '.gate_up_proj')!r} are only "
+            "supported unquantised"
         )
     e = slice(shard.experts.start, shard.experts.stop)
     w13, w2 = w13[e], w2[e]
@@ -170,7 +172,8 @@ def read_experts(
             if fmt is None:
                 fmt = this
                 if fmt is WeightFormat.FP8 and inter % FP8_BLOCK[0]:
-                    # gate and up are stacked on rows, so their 128-row scale blocks must not straddle
+                    # gate and up are stacked on rows, so their 128-row scale blocks must not
+                    # straddle
                     raise WeightLoadError(
                         f"layer {layer_id}: FP8 experts need moe_intermediate_size "
                         f"({inter}) divisible by {FP8_BLOCK[0]}"
@@ -178,21 +181,24 @@ def read_experts(
                 _check_shardable(fmt, shard, layer_id)
             if this is not fmt:
                 raise WeightLoadError(
-                    f"tensor {index.ckpt_name(name)!r} is {t.dtype}; the layer's experts are {fmt.value}"
+                    f"tensor {index.ckpt_name(name)!r} is {t.dtype}; the layer's experts are "
+                    f"{fmt.value}"
                 )
             # Two FP4 values a byte: the packed K dim is halved.
             pack = _COLS_PER_ELEMENT[fmt]
             rows, cols = (hidden, inter) if w == "w2" else (inter, hidden)
             if tuple(t.shape) != (rows, cols // pack):
                 raise WeightLoadError(
-                    f"tensor {index.ckpt_name(name)!r}: expected shape {(rows, cols // pack)}, got {tuple(t.shape)}"
+                    f"tensor {index.ckpt_name(name)!r}: expected shape {(rows, cols // pack)}, got "
+                    f"{tuple(t.shape)}"
                 )
             per[w].append(_shard_expert_tensor(t, w, fmt, shard, is_scale=False))
             if fmt is not WeightFormat.BF16:
                 s = _expert_scale(index, name, fmt, scale_suffixes(fmt))
                 if fmt is WeightFormat.MXFP4 and tuple(s.shape) != (rows, cols // MXFP4_GROUP):
                     raise WeightLoadError(
-                        f"scale of {index.ckpt_name(name)!r}: expected shape {(rows, cols // MXFP4_GROUP)}, "
+                        f"scale of {index.ckpt_name(name)!r}: expected shape "
+                        f"{(rows, cols // MXFP4_GROUP)}, "
                         f"got {tuple(s.shape)}"
                     )
                 scales[w].append(_shard_expert_tensor(s, w, fmt, shard, is_scale=True))

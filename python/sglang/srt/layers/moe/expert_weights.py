@@ -40,7 +40,8 @@ class ExpertWeights:
         e, two_i, h = self.w13.shape
         if self.w2.shape != (e, h, two_i // 2) or two_i % 2:
             raise ValueError(
-                f"expert weights disagree: w13 {tuple(self.w13.shape)} needs w2 {(e, h, two_i // 2)}, "
+                f"expert weights disagree: w13 {tuple(self.w13.shape)} needs w2 "
+                f"{(e, h, two_i // 2)}, "
                 f"got {tuple(self.w2.shape)}"
             )
         if self.is_fp8:
@@ -92,7 +93,8 @@ class ExpertWeights:
         part = inter // tp_size
         if self.is_fp8 and part % FP8_BLOCK[0]:
             raise ValueError(
-                f"FP8 experts need intermediate/tp ({inter}/{tp_size}={part}) divisible by {FP8_BLOCK[0]}"
+                f"FP8 experts need intermediate/tp ({inter}/{tp_size}={part}) divisible by "
+                f"{FP8_BLOCK[0]}"
             )
         lo, hi = tp_rank * part, (tp_rank + 1) * part
         w13 = torch.cat([self.w13[:, lo:hi], self.w13[:, inter + lo : inter + hi]], dim=1)
@@ -148,6 +150,7 @@ def stack_expert_tensors(
     ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` (works for packed and scale tensors alike)."""
     if not (len(gate) == len(up) == len(down)) or not gate:
         raise ValueError(
-            f"need the same non-zero number of gate/up/down tensors, got {len(gate)}/{len(up)}/{len(down)}"
+            "need the same non-zero number of gate/up/down tensors, got "
+            f"{len(gate)}/{len(up)}/{len(down)}"
         )
     return torch.stack([torch.cat([g, u], dim=0) for g, u in zip(gate, up)]), torch.stack(down)

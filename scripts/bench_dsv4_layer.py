@@ -21,45 +21,9 @@ from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.utils.cuda_timing import median_cuda_ms
+from sglang.test.wide_dsv4 import wide_dsv4_config
 
-LAYER = {
-    "architectures": ["DeepseekV4ForCausalLM"],
-    "model_type": "deepseek_v4",
-    "vocab_size": 4096,
-    "hidden_size": 4096,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 1,
-    "head_dim": 512,
-    "qk_rope_head_dim": 64,
-    "q_lora_rank": 1024,
-    "o_groups": 8,
-    "o_lora_rank": 1024,
-    "n_routed_experts": 256,
-    "num_experts_per_tok": 6,
-    "n_shared_experts": 1,
-    "moe_intermediate_size": 2048,
-    "routed_scaling_factor": 1.5,
-    "scoring_func": "sqrtsoftplus",
-    "norm_topk_prob": True,
-    "swiglu_limit": 10.0,
-    "index_n_heads": 64,
-    "index_head_dim": 128,
-    "index_topk": 512,
-    "sliding_window": 128,
-    "compress_ratios": [4],
-    "num_hash_layers": 0,
-    "hc_mult": 4,
-    "hc_sinkhorn_iters": 20,
-    "hc_eps": 1e-6,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "compress_rope_theta": 160000.0,
-    "max_position_embeddings": 65536,
-    "tie_word_embeddings": False,
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-}
+LAYER = wide_dsv4_config([4])
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ from safetensors.torch import save_file
 
 from sglang.bench_serving import build_parser, run_benchmark
 from sglang.srt.default_model.generate import parameter_shapes
+from sglang.test.wide_dsv4 import wide_dsv4_config
 
 CONCURRENCY = (1, 8, 32)
 INPUT_LEN, OUTPUT_LEN = 256, 128
@@ -47,45 +48,7 @@ STARTUP_TIMEOUT_S = 300
 
 def model_config(layers: int) -> dict[str, Any]:
     ratios = [(4, 128)[i % 2] for i in range(layers)]
-    return {
-        "architectures": ["DeepseekV4ForCausalLM"],
-        "model_type": "deepseek_v4",
-        "torch_dtype": "bfloat16",
-        "vocab_size": 4096,
-        "hidden_size": 4096,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 1,
-        "head_dim": 512,
-        "qk_rope_head_dim": 64,
-        "q_lora_rank": 1024,
-        "o_groups": 8,
-        "o_lora_rank": 1024,
-        "n_routed_experts": 256,
-        "num_experts_per_tok": 6,
-        "n_shared_experts": 1,
-        "moe_intermediate_size": 2048,
-        "routed_scaling_factor": 1.5,
-        "scoring_func": "sqrtsoftplus",
-        "norm_topk_prob": True,
-        "swiglu_limit": 10.0,
-        "index_n_heads": 64,
-        "index_head_dim": 128,
-        "index_topk": 512,
-        "sliding_window": 128,
-        "compress_ratios": ratios,
-        "num_hash_layers": 1,
-        "hc_mult": 4,
-        "hc_sinkhorn_iters": 20,
-        "hc_eps": 1e-6,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "compress_rope_theta": 160000.0,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": False,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-    }
+    return wide_dsv4_config(ratios, num_hash_layers=1, max_positions=4096)
 
 
 def _random(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:

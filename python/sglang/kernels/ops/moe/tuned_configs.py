@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from sglang.kernels.ops.moe.fused_moe import FusedMoeConfig, get_config
 from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig, tma_config_fits
+from sglang.kernels.ops.moe.two_launch_config import FusedMoeConfig, get_config
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,11 @@ from sglang.srt.layers.deep_gemm_adapter import has_entry_point, resolve_entry_p
 from sglang.srt.layers.moe import mega_moe_triton_backend as triton_backend
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner.base import moe_output_scope
-from sglang.srt.layers.moe.moe_runner.path_table import triton_mega_measured_slower
+from sglang.srt.layers.moe.moe_runner.path_table import (
+    MoeShape,
+    dtype_key,
+    mega_moe_measured_slower,
+)
 from sglang.srt.layers.moe.sm_budget import (  # noqa: F401  (the seed's names, importable here)
     _configure_mega_moe_deep_gemm_num_sms,
     _mega_moe_max_num_sms,
@@ -419,3 +423,13 @@ def try_run_mega_routed(
         swiglu_limit=params.activation_clamp,
         config=choice.triton_config,
     )
+
+
+def triton_mega_measured_slower(
+    x: torch.Tensor, local_weights: ExpertWeights | None, params: MegaMoEParams
+) -> str | None:
+    """:func:`mega_moe_measured_slower` for our Triton MegaMoE on ``x``'s batch (one GPU)."""
+    if local_weights is None:
+        return None
+    shape = MoeShape(params.num_experts, params.num_topk, params.hidden, params.intermediate_hidden)
+    return mega_moe_measured_slower(shape, dtype_key(local_weights.w13.dtype), int(x.shape[0]))

@@ -26,7 +26,6 @@ from sglang.srt.utils.log import get_logger, log_once
 
 if TYPE_CHECKING:
     from sglang.srt.layers.moe.expert_weights import ExpertWeights
-    from sglang.srt.layers.moe.mega_moe import MegaMoEParams
 
 logger = get_logger(__name__)
 
@@ -150,16 +149,6 @@ def dtype_key(dtype: torch.dtype) -> str:
 
 def shape_of(weights: ExpertWeights, top_k: int) -> MoeShape:
     return MoeShape(weights.num_experts, top_k, weights.hidden_size, weights.intermediate_size)
-
-
-def triton_mega_measured_slower(
-    x: torch.Tensor, local_weights: ExpertWeights | None, params: MegaMoEParams
-) -> str | None:
-    """:func:`mega_moe_measured_slower` for our Triton MegaMoE on ``x``'s batch (one GPU)."""
-    if local_weights is None:
-        return None
-    shape = MoeShape(params.num_experts, params.num_topk, params.hidden, params.intermediate_hidden)
-    return mega_moe_measured_slower(shape, dtype_key(local_weights.w13.dtype), int(x.shape[0]))
 
 
 def log_choice(what: str, why: str) -> None:

@@ -19,11 +19,13 @@ import torch
 
 from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.layers.dp_attention import reset_dp_state, set_dp_state_for_warmup
 from sglang.srt.model_executor.cuda_graph_runner import (
     CudaGraphRunner,
     capture_batch_sizes,
     graph_unavailable_reason,
 )
+from sglang.srt.model_executor.dp_step import execute_dp_plan
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_abilities import (
     ServedModel,
@@ -178,8 +180,6 @@ class ModelRunner:
         A DP-attention plan runs this rank's group (``dp_step``): every group's logits on rank
         0, ``None`` elsewhere."""
         if plan.dp_plans:
-            from sglang.srt.model_executor.dp_step import execute_dp_plan
-
             return execute_dp_plan(self, plan)
         static = self.static_model
         for rid in plan.free_rids:
@@ -231,8 +231,6 @@ class ModelRunner:
         kernels and settles allocator state before serving (and before symmetric-memory pool
         preallocation). On CUDA every token count of :func:`warmup_token_counts` up to the
         prefill chunk is prefilled, so no Triton variant compiles inside a served request."""
-        from sglang.srt.layers.dp_attention import reset_dp_state, set_dp_state_for_warmup
-
         limit = min(num_tokens, self.max_position_embeddings - 1)
         counts = [limit]
         if self.device.type == "cuda":

@@ -14,8 +14,9 @@ The eager path is the reference; only summation order differs.
 With ``SGLANG_DSV4_LENGTH_AWARE_DECODE=1``, on CUDA with a bf16/fp16 pool, the indexer scores
 and the attention run as length-aware Triton kernels (:mod:`sglang.kernels.ops.attention`): they
 read only the live window rows, the visible indexer keys and the chosen entries, in place in the
-pool. Elsewhere the torch path below runs (all ring rows and all entries, gathered, under masks);
-the GPU tests hold the two equal.
+pool. Elsewhere the torch path below runs (all ring rows and all entries, gathered, under masks).
+Each kernel matched this torch path in its H200 tests; the whole-model comparison and the graph
+== eager test with the kernels on have not passed on the GPU yet, hence the opt-in.
 """
 
 from __future__ import annotations

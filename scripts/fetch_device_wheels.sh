@@ -14,6 +14,7 @@ mkdir -p .whl/wrong
 get .whl sgl-deep-gemm==0.1.5.post1 apache-tvm-ffi==0.1.11 \
   fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.13.4 pydantic_core==2.46.4 \
   annotated-types==0.7.0 typing-inspection==0.4.2 openai==3.57.0 distro==1.9.0 jiter==0.19.0 sniffio==1.3.1 \
+  opentelemetry-api==1.45.2 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 \
   transformers==5.23.0
 get .whl/wrong sgl-deep-gemm==0.1.5.post2
 ls -la .whl .whl/wrong

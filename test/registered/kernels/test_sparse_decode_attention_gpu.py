@@ -120,16 +120,18 @@ def test_compressor_projection_fp32_output_matches_upcast() -> None:
 def test_model_static_decode_kernels_match_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang.srt.default_model.config import default_model_config
     from sglang.srt.default_model.generate import random_weights
+    from sglang.srt.layers.build_spec import LayerBuildSpec
     from sglang.srt.model_loader.deepseek_v4_loader import load_weights
+    from sglang.srt.model_loader.load_options import LoadOptions
     from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
     from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 
     vocab = 512
     raw = default_model_config(vocab, 0, 1)
     model = DeepseekV4ForCausalLM(
-        DeepseekV4ModelConfig.from_dict(raw), dtype=torch.bfloat16, device="cuda"
+        DeepseekV4ModelConfig.from_dict(raw), LayerBuildSpec(dtype=torch.bfloat16, device="cuda")
     )
-    load_weights(model, random_weights(raw, seed=3), progress=False)
+    load_weights(model, random_weights(raw, seed=3), LoadOptions(progress=False))
     model.eval()
     model.enable_slot_pool(max_slots=12, capacity=512)  # two caches per length
     lengths = (3, 30, 31, 100, 127, 250)  # before, at and past the window (32) and block edges

@@ -109,7 +109,7 @@ def load_kimi(raw: dict[str, Any], ckpt: dict[str, torch.Tensor], rank: int, wor
 
 
 def _run_recorded(model: Any, vocab: int, dp_rank: int) -> dict[str, Any]:
-    """:func:`_greedy` with the recording fake in place of the pool: per step, how many storages
+    """:func:`greedy` with the recording fake in place of the pool: per step, how many storages
     were created in enabled (pool) scopes."""
     from sglang.srt.layers import dp_attention as dpa
     from sglang.test.alloc_recorder import SymmetricScopeRecorder
@@ -161,4 +161,9 @@ def run_rank(
         "dsv4_heads": {m.attn.n_local_heads for m in dsv4.decoder_layers},
         # KDA and MLA heads of this rank (the config has as many of each)
         "kimi_heads": {layer.self_attn.local_heads for layer in kimi.decoder_layers},
+        # the attention output projections this rank loaded (its attention-TP slice)
+        "attn_weights": [
+            dsv4.decoder_layers[0].attn.wo_b.weight.clone(),
+            *(layer.self_attn.o_proj.weight.clone() for layer in kimi.decoder_layers),
+        ],
     }

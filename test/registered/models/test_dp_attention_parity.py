@@ -30,7 +30,7 @@ from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=60)
+register_cpu_ci(est_time=80)
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,14 @@ def _check(world: int, ref: dict[str, Any]) -> None:
                 assert symmetric == (mode == "max_len")
                 # the gathered buffer and every MoE output go to the pool only when symmetric
                 assert (pooled > 0) == symmetric, (rank, name, mode, pooled)
+    # Attention weights are sharded over the attention-TP group: rank r holds slice r % (T/D),
+    # the same in every DP group, and the slices of one group differ.
+    for rank, got in enumerate(results):
+        twin = results[rank % attn_tp]["attn_weights"]
+        assert all(torch.equal(a, b) for a, b in zip(got["attn_weights"], twin, strict=True))
+        if attn_tp > 1 and rank % attn_tp:
+            first = results[rank - rank % attn_tp]["attn_weights"]
+            assert not any(torch.equal(a, b) for a, b in zip(got["attn_weights"], first))
     for name in ("dsv4", "kimi"):
         # the tokens are not trivially constant
         assert len({t for grp in want[name]["tokens"] for row in grp for t in row}) > 2

@@ -5,10 +5,14 @@ which models can serve DP attention (checked before the load)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.dp_attention import (
     DpPaddingMode,
+    attention_spec,
     attention_tp,
     choose_dp_padding,
     set_dp_attention_config,
@@ -105,13 +109,25 @@ def test_dp_attention_support_checked_before_load() -> None:
     args = ServerArgs(device="cpu", tp_size=2, dp_size=2, enable_dp_attention=True).resolved()
     args.validate()
     check_dp_attention(resolve_model_path(args))  # DeepSeek V4 gathers around its MoE
-    kimi = next(m for m in MODELS if m.architecture == "KimiK3ForCausalLM")
-    why = dp_attention_unsupported_reason(kimi)
+    assert all(dp_attention_unsupported_reason(m) is None for m in MODELS)  # DSv4 and Kimi K3
+    other = dataclasses.replace(MODELS[0], supports_dp_attention=False)
+    why = dp_attention_unsupported_reason(other)
     assert why is not None and "does not gather its tokens around the MoE" in why
+
+
+def test_attention_place_within_its_dp_group() -> None:
+    """TP=4, DP=2: attention TP=2, ranks (0, 1) and (2, 3) each one group; the attention spec
+    names the attention-TP group its row-parallel layers reduce over."""
+    spec = LayerBuildSpec(tp_rank=3, tp_size=4)
+    assert attention_spec(spec) is spec  # DP attention off: the TP place itself
     set_dp_attention_config(True, dp_size=2, attn_tp_size=2)
     try:
-        with pytest.raises(ValueError, match="attention TP = 1 for now"):
-            attention_tp(0, 4)
+        assert [attention_tp(r, 4) for r in range(4)] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+        attn = attention_spec(spec)
+        assert (attn.tp_rank, attn.tp_size, attn.tp_group) == (1, 2, "attn_tp")
+        assert attn.replicated().tp_size == 1
+        with pytest.raises(ValueError, match="built for TP size 8"):
+            attention_tp(0, 8)
     finally:
         set_dp_attention_config(False)
 

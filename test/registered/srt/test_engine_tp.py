@@ -1,6 +1,7 @@
 """Tensor parallel over gloo on CPU: two scheduler ranks (rank 0 broadcasts every plan) produce
-the same greedy tokens as one, with and without DP attention, and with DP attention plus EP; a
-TP size the model cannot split fails at startup with the model's reason."""
+the same greedy tokens as one, with and without DP attention, and with DP attention plus EP; four
+ranks with DP attention over two groups of two (attention TP=2) too; a TP size the model cannot
+split fails at startup with the model's reason."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sglang.srt.managers.launcher import EngineStartupError
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=65)
+register_cpu_ci(est_time=85)
 
 PROMPTS = ["Hello, my name is", "Mountains, rivers, forests", "def main():"]
 
@@ -60,6 +61,27 @@ def test_dp_attention_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> Non
         got = [r["output_ids"] for r in dp.generate(PROMPTS, PARAMS)]
         got_long = dp.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
     assert got == want and got_long == want_long
+
+
+def test_dp_attention_tp2_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:
+    """TP=4 with DP attention over 2 groups of 2 ranks (attention TP=2: heads split and
+    all-reduced within each group, the MoE over all four ranks): uneven groups, then the long
+    prompt with the other group idle."""
+    want, want_long = tp1
+    with Engine(
+        device="cpu",
+        tp_size=4,
+        dp_size=2,
+        enable_dp_attention=True,
+        random_seed=0,
+        log_level="warning",
+        chunked_prefill_size=128,
+    ) as dp:
+        got = [r["output_ids"] for r in dp.generate(PROMPTS, PARAMS)]
+        got_long = dp.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
+        args = dp.get_server_info()["server_args"]
+    assert got == want and got_long == want_long
+    assert (args["tp_size"], args["dp_size"], args["enable_dp_attention"]) == (4, 2, True)
 
 
 def test_dp_attention_with_ep_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:

@@ -337,6 +337,12 @@ def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
     return get_tp_group().all_reduce(x)
 
 
+def attention_tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """``get_attn_tp_group().all_reduce(x)`` (the TP group itself without DP attention): use the
+    returned tensor."""
+    return get_attn_tp_group().all_reduce(x)
+
+
 def destroy_model_parallel() -> None:
     """Tear down the TP group: its windows, its pynccl communicator, its torch groups."""
     global _TP, _ATTN_TP, _ATTN_DP_SIZE

@@ -16,7 +16,8 @@ after :func:`set_dp_state_for_step` has run from the step's plan):
 
 * :func:`dp_gather` ``(local [n_g, ...]) -> gathered [global_len, ...]``: every DP group's tokens,
   in group order (``MAX_LEN``: group ``g`` at rows ``g * max``, padding rows zero; ``SUM_LEN``:
-  packed). Collective over the TP group.
+  packed). One all-gather over the TP group, to which each attention-TP rank of a group sends its
+  share of the group's rows (each group's tokens travel once).
 * :func:`dp_scatter` ``(gathered) -> local``: this group's rows back (a slice, no collective;
   the MoE output is complete on every rank after its own all-reduce).
 """
@@ -36,6 +37,7 @@ from sglang.srt.distributed.parallel_state import (
     get_tp_group_or_none,
 )
 from sglang.srt.distributed.symm_mem.allocator import use_symmetric_memory
+from sglang.srt.layers.build_spec import LayerBuildSpec
 
 
 class DpPaddingMode(Enum):
@@ -82,14 +84,22 @@ def attention_tp(tp_rank: int, tp_size: int) -> tuple[int, int]:
     DP attention (consecutive ranks form a group), the TP rank and size otherwise."""
     if not _config.enabled:
         return tp_rank, tp_size
-    if _config.attn_tp_size > 1:
-        # Row-parallel layers all-reduce over the TP group; an attention-TP group of its own
-        # needs them to take a group first.
+    attn = _config.attn_tp_size
+    if attn * _config.dp_size != tp_size:
         raise ValueError(
-            f"DP attention runs attention TP = 1 for now (--dp-size = --tp-size), not "
-            f"{_config.attn_tp_size}"
+            f"DP attention is set up for {_config.dp_size} groups of {attn} ranks, but the model "
+            f"is built for TP size {tp_size}"
         )
-    return tp_rank % _config.attn_tp_size, _config.attn_tp_size
+    return tp_rank % attn, attn
+
+
+def attention_spec(spec: LayerBuildSpec) -> LayerBuildSpec:
+    """``spec`` for a model's attention layers: its place in the attention-TP group, whose
+    row-parallel layers then all-reduce over that group (and whose loaders take that group's
+    slice of the checkpoint); ``spec`` itself with DP attention off."""
+    if not _config.enabled:
+        return spec
+    return spec.with_tp(*attention_tp(spec.tp_rank, spec.tp_size), tp_group="attn_tp")
 
 
 class _DpGatheredBufferWrapper:
@@ -333,14 +343,17 @@ def dp_gather(local: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"DP group {dp_rank} has {local.shape[0]} rows but the step planned {counts[dp_rank]}"
         )
-    tp, attn = get_tp_group(), get_attn_tp_group().world_size
-    biggest = max(counts)
-    padded = local.new_zeros((biggest, *local.shape[1:]))
+    attn = get_attn_tp_group()
+    # The ranks of one group hold the same rows (attention ends in its all-reduce), so each sends
+    # only its 1/attn-TP share of them: every group's rows cross the wire once, not once a rank.
+    chunk = -(-max(counts) // attn.world_size)
+    padded = local.new_zeros((chunk * attn.world_size, *local.shape[1:]))
     padded[: local.shape[0]] = local
-    # Every rank sends its group's rows; the ranks of one group hold the same rows, so the first
-    # rank of each group (attention-TP rank 0) is the one kept.
-    every = tp.all_gather(padded, dim=0).view(len(counts), attn, biggest, *local.shape[1:])
-    leaders = every[:, 0]
+    share = padded[attn.rank_in_group * chunk : (attn.rank_in_group + 1) * chunk]
+    # TP rank order is (group, attention-TP rank): the shares concatenate into each group's rows.
+    every = get_tp_group().all_gather(share, dim=0)
+    rows = every.view(len(counts), chunk * attn.world_size, *local.shape[1:])
+    biggest = max(counts)
     with symmetric_output_scope():
         out = torch.empty(
             (_DpGatheredBufferWrapper.get_global_dp_buffer_len(), *local.shape[1:]),
@@ -348,9 +361,9 @@ def dp_gather(local: torch.Tensor) -> torch.Tensor:
             device=local.device,
         )
     if is_dp_max_padding():
-        out.copy_(leaders.reshape(out.shape))
+        out.copy_(rows[:, :biggest].reshape(out.shape))
     else:
-        torch.cat([leaders[g, :n] for g, n in enumerate(counts)], out=out)
+        torch.cat([rows[g, :n] for g, n in enumerate(counts)], out=out)
     return out
 
 

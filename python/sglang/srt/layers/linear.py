@@ -15,7 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
+from sglang.srt.distributed.parallel_state import (
+    attention_tp_all_reduce,
+    tensor_model_parallel_all_reduce,
+)
 from sglang.srt.layers.build_spec import LayerBuildSpec
 
 
@@ -171,8 +174,9 @@ class ColumnParallelLinear(_TensorParallelLinear):
 
 
 class RowParallelLinear(_TensorParallelLinear):
-    """Input features split across ranks; the partial products are summed over the TP group
-    unless ``reduce_results`` is False (the caller then owes the all-reduce)."""
+    """Input features split across ranks; the partial products are summed over the spec's group
+    (the TP group, or the attention-TP group for attention under DP attention) unless
+    ``reduce_results`` is False (the caller then owes the all-reduce)."""
 
     split_dim = 1
 
@@ -186,9 +190,13 @@ class RowParallelLinear(_TensorParallelLinear):
     ) -> None:
         super().__init__(in_features, out_features, spec)
         self.reduce_results = reduce_results
+        self.tp_group = spec.tp_group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
         if self.reduce_results and self.tp_size > 1:
-            y = tensor_model_parallel_all_reduce(y)
+            if self.tp_group == "attn_tp":
+                y = attention_tp_all_reduce(y)
+            else:
+                y = tensor_model_parallel_all_reduce(y)
         return y

@@ -77,7 +77,13 @@ MODELS: tuple[ModelEntry, ...] = (
         _deepseek_v4_batch,
         supports_dp_attention=True,
     ),
-    ModelEntry("KimiK3ForCausalLM", ("kimi_k3", "kimi_linear"), _load_kimi_k3, _kimi_k3_batch),
+    ModelEntry(
+        "KimiK3ForCausalLM",
+        ("kimi_k3", "kimi_linear"),
+        _load_kimi_k3,
+        _kimi_k3_batch,
+        supports_dp_attention=True,
+    ),
 )
 
 

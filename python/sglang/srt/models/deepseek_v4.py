@@ -34,7 +34,7 @@ from torch import nn
 from sglang.srt.layers.attention.dsv4_attention import AttnSegment, DeepseekV4Attention
 from sglang.srt.layers.attention.dsv4_static_decode import static_decode_attention
 from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
-from sglang.srt.layers.dp_attention import attention_tp, dp_gather, dp_scatter
+from sglang.srt.layers.dp_attention import attention_spec, dp_gather, dp_scatter
 from sglang.srt.layers.embedding import ReplicatedEmbedding
 from sglang.srt.layers.layernorm import RMSNorm, rms_norm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
@@ -130,9 +130,11 @@ class DeepseekV4DecoderLayer(nn.Module):
         device = spec.device
         self.attn_norm = RMSNorm(h, c.rms_norm_eps, device=device)
         self.ffn_norm = RMSNorm(h, c.rms_norm_eps, device=device)
-        # DP attention: attention is split over the attention-TP group, the MoE over all ranks.
-        attn_spec = spec.with_tp(*attention_tp(spec.tp_rank, spec.tp_size))
-        self.attn = DeepseekV4Attention(c.attention_config(layer_id), layer_id, attn_spec)
+        # DP attention: attention is split (and all-reduced) over the attention-TP group, the MoE
+        # over all ranks.
+        self.attn = DeepseekV4Attention(
+            c.attention_config(layer_id), layer_id, attention_spec(spec)
+        )
         self.ffn = DeepseekV4MoE(c, layer_id, spec)
         self.hc_attn_fn = fp32_param(n_mix, hc * h, device=device)
         self.hc_attn_base = fp32_param(n_mix, device=device)

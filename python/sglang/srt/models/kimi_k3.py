@@ -32,6 +32,7 @@ from sglang.srt.layers.attention.kda import KDAConfig, KDASegment, KimiDeltaAtte
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention, MLANoPEConfig, MLASegment
 from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
 from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
+from sglang.srt.layers.dp_attention import attention_spec, dp_gather, dp_scatter
 from sglang.srt.layers.embedding import ReplicatedEmbedding
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear
@@ -83,6 +84,9 @@ class KimiK3DecoderLayer(nn.Module):
         device = spec.device
         self.layer_id = layer_id
         self.is_kda = c.is_kda(layer_id)
+        # DP attention: KDA and MLA are split (and all-reduced) over the attention-TP group; the
+        # FFN (MoE or dense) spans all ranks on every group's gathered rows.
+        attn_spec = attention_spec(spec)
         self.self_attn: KimiDeltaAttention | MLANoPEAttention
         if self.is_kda:
             kda = KDAConfig(
@@ -93,7 +97,7 @@ class KimiK3DecoderLayer(nn.Module):
                 gate_lower_bound=c.kda_gate_lower_bound,
                 full_rank_gate=c.kda_full_rank_gate,
             )
-            self.self_attn = KimiDeltaAttention(kda, spec)
+            self.self_attn = KimiDeltaAttention(kda, attn_spec)
         else:
             mla = MLANoPEConfig(
                 hidden_size=h,
@@ -106,7 +110,7 @@ class KimiK3DecoderLayer(nn.Module):
                 rms_norm_eps=c.rms_norm_eps,
                 output_gate=c.mla_use_output_gate,
             )
-            self.self_attn = MLANoPEAttention(mla, spec)
+            self.self_attn = MLANoPEAttention(mla, attn_spec)
         self.mlp: KimiK3MoE | KimiK3MLP
         if c.is_moe(layer_id):
             mega = _forward_mega_experts if spec.a2a_backend == "megamoe" else None
@@ -121,6 +125,11 @@ class KimiK3DecoderLayer(nn.Module):
             self.self_attention_res_proj = ReplicatedLinear(h, 1, spec)
             self.mlp_res_norm = RMSNorm(h, c.rms_norm_eps, device=device)
             self.mlp_res_proj = ReplicatedLinear(h, 1, spec)
+
+    def ffn(self, x: Tensor) -> Tensor:
+        """The MoE or dense MLP on this group's rows ``x``: under DP attention every group's rows
+        are gathered before it and this group's taken back after (identities otherwise)."""
+        return dp_scatter(self.mlp(dp_gather(x)))
 
     def attention(self, x: Tensor, starts: Sequence[int], batch: KimiK3Batch) -> Tensor:
         i = self.layer_id
@@ -162,6 +171,8 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         c = config
         self.config = c
         self.model = KimiK3Model(c, spec)
+        # The ranks attention (and so each request's KDA state) is split over.
+        self.attn_tp_size = attention_spec(spec).tp_size
         # Replicated (the vocab-parallel split is a memory optimisation).
         self.lm_head = ReplicatedLinear(c.hidden_size, c.vocab_size, spec)
 
@@ -176,7 +187,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         c = self.config
         return new_request_cache(
             layer_kinds=c.layer_kinds,
-            kda_heads=c.kda_num_heads // self.tp_size,
+            kda_heads=c.kda_num_heads // self.attn_tp_size,
             kda_head_dim=c.kda_head_dim,
             conv_size=c.kda_conv_size,
             mla_latent_dim=c.mla_latent_dim,
@@ -215,7 +226,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
                     state.write_bank()
                 state.add(layer.attention(x, starts, batch))
                 mlp_score = attn_res_score_vector(layer.mlp_res_norm, layer.mlp_res_proj)
-                state.add(layer.mlp(state.read(mlp_score, eps, layer.post_attention_layernorm)))
+                state.add(layer.ffn(state.read(mlp_score, eps, layer.post_attention_layernorm)))
             out_score = attn_res_score_vector(
                 self.model.output_attn_res_norm, self.model.output_attn_res_proj
             )
@@ -224,10 +235,21 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         logits = self.lm_head(y).float()
         return logits if c.logit_scale == 1.0 else logits * c.logit_scale
 
+    @torch.no_grad()
+    def forward_idle(self) -> Tensor:
+        """DP attention, this rank's group has no rows this step: join every FFN's gather and
+        collectives with zero rows (the other groups' tokens run through it); logits ``[0, V]``.
+        Attention and AttnRes are per group, so an idle group skips them."""
+        c = self.config
+        x = torch.empty(0, c.hidden_size, dtype=self.dtype, device=self.device)
+        for layer in self.decoder_layers:
+            layer.ffn(x)
+        return torch.empty(0, c.vocab_size, dtype=torch.float32, device=self.device)
+
     def _plain_residual_layers(
         self, h: Tensor, starts: Sequence[int], batch: KimiK3Batch
     ) -> Tensor:
         for layer in self.decoder_layers:
             h = h + layer.attention(layer.input_layernorm(h), starts, batch)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + layer.ffn(layer.post_attention_layernorm(h))
         return self.model.norm(h)

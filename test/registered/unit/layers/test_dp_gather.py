@@ -1,6 +1,7 @@
 """DP attention over gloo on 4 ranks (TP=4, DP=2, attention TP=2): the process groups, the hook
 the MoE side calls (dp_gather / dp_scatter) in both padding modes with mixed lengths and an idle
-group, is_allocation_symmetric per step, and every group's logits reaching rank 0."""
+group (each attention-TP rank sending only its share of the group's rows),
+is_allocation_symmetric per step, and every group's logits reaching rank 0."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ register_cpu_ci(est_time=15)
 
 H = 3
 CASES = [((2, 5), "sum_len"), ((2, 5), "max_len"), ((4, 0), "max_len"), ((0, 3), "sum_len")]
+# (odd maxima: a group's rows do not split evenly over its two ranks, so the share is padded)
 
 
 def _rows(group: int, n: int) -> torch.Tensor:
@@ -37,12 +39,23 @@ def _rank(rank: int, world_size: int) -> dict[str, Any]:
         "cases": [],
     }
     g = out["dp_rank"]
+    tp = ps.get_tp_group()
+    real_all_gather = tp.all_gather
+    sent: list[int] = []
+
+    def recording_all_gather(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        sent.append(x.shape[0])
+        return real_all_gather(x, dim)
+
+    tp.all_gather = recording_all_gather  # type: ignore[method-assign]
     for counts, padding in CASES:
         dpa.set_dp_state_for_step(counts, dpa.DpPaddingMode(padding), g)
         local = _rows(g, counts[g])
         gathered = dpa.dp_gather(local)
         back = dpa.dp_scatter(gathered)
         out["cases"].append((gathered, torch.equal(back, local), dpa.is_allocation_symmetric()))
+    tp.all_gather = real_all_gather  # type: ignore[method-assign]
+    out["sent"] = sent
     logits = torch.full((counts[g], 4), float(g)) if counts[g] else None
     out["logits"] = gather_dp_logits(logits, torch.device("cpu"))
     dpa.set_dp_attention_config(False)
@@ -72,6 +85,10 @@ def test_dp_gather_scatter_on_four_ranks() -> None:
             assert torch.equal(gathered, want), (counts, padding, gathered)
             assert scattered_back
             assert symmetric == (padding == "max_len")
+    # One all-gather a case, and each rank of a group sends half its group's (padded) rows: every
+    # group's rows travel once, not once per attention-TP rank.
+    for r in results:
+        assert r["sent"] == [-(-max(counts) // 2) for counts, _ in CASES]
     # The last case: group 0 idle, group 1 with 3 rows; only rank 0 receives.
     assert torch.equal(results[0]["logits"], torch.full((3, 4), 1.0))
     assert all(r["logits"] is None for r in results[1:])

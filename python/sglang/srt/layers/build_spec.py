@@ -18,7 +18,8 @@ import torch
 class LayerBuildSpec:
     """``dtype`` is the dtype of the weights that run in the model dtype (fp32 parameters such as
     router biases stay fp32 whatever it is). ``moe_runner`` is a ``--moe-runner-backend`` name and
-    ``a2a_backend`` a ``--moe-a2a-backend`` name; the MoE layer checks both."""
+    ``a2a_backend`` a ``--moe-a2a-backend`` name; the MoE layer checks both. ``moe_ep_size`` is
+    ``--ep-size`` (None: the a2a backend's default)."""
 
     dtype: torch.dtype = torch.bfloat16
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -26,6 +27,7 @@ class LayerBuildSpec:
     tp_size: int = 1
     moe_runner: str = "auto"
     a2a_backend: str = "none"
+    moe_ep_size: int | None = None
 
     def __post_init__(self) -> None:
         # Callers may name the device as a string ("cuda:1"); layers compare torch.devices.

@@ -148,8 +148,13 @@ def check_dp_attention(args: ServerArgs) -> None:
 
 
 def _layout(args: ServerArgs) -> str:
-    """``TP=4`` or ``TP=4 DP=2 (attention TP=2) over 2 nodes`` for the startup log."""
+    """``TP=4``, ``TP=4 EP=2 (experts sliced over 2 ranks)`` or ``TP=4 DP=2 (attention TP=2) over
+    2 nodes`` for the startup log."""
     text = f"TP={args.tp_size}"
+    if args.ep_size > 1:
+        text += f" EP={args.ep_size}"
+        if args.ep_size < args.tp_size:
+            text += f" (experts sliced over {args.tp_size // args.ep_size} ranks)"
     if args.enable_dp_attention:
         text += f" DP={args.dp_size} (attention TP={args.attn_tp_size})"
     if args.nnodes > 1:

@@ -121,6 +121,8 @@ def _rank(
 ) -> dict[str, Any]:
     from sglang.srt.distributed import parallel_state as ps
 
+    # One thread a rank: more ranks than cores, and every collective waits for the slowest.
+    torch.set_num_threads(1)
     ps.initialize_model_parallel(world)
     dsv4 = _load_dsv4(dsv4_path, rank, world, "ep", ep_size)
     kimi = _load_kimi(CONFIGS[world][1], kimi_ckpt, rank, world, "ep", ep_size)

@@ -53,6 +53,8 @@ def _inputs(rows: int) -> tuple[torch.Tensor, TopKOutput]:
 def _rank(rank: int, world: int, ep_size: int) -> list[torch.Tensor]:
     from sglang.srt.distributed import parallel_state as ps
 
+    # One thread a rank: more ranks than cores, and every collective waits for the slowest.
+    torch.set_num_threads(1)
     ps.initialize_model_parallel(world)
     layer = _layer(rank, world, "ep", ep_size)
     moe_tp = world // ep_size

@@ -125,6 +125,8 @@ class FusedMoE(nn.Module):
         want = (c.num_experts, 2 * c.intermediate_size, c.hidden_size)
         if tuple(full.w13.shape) != want:
             raise ValueError(f"MoE w13 has shape {tuple(full.w13.shape)}, expected {want}")
+        # This rank's experts (all of them under TP), then its slice of each over the ranks
+        # that share them (the TP group under TP, the MoE-TP group under EP, none when whole).
         r = self.local_experts
         part = ExpertWeights(
             full.w13[r.start : r.stop],

@@ -132,10 +132,6 @@ class MoEA2ABackend(ABC):
         return range(self.moe_tp_rank * part, (self.moe_tp_rank + 1) * part)
 
     @property
-    def whole_experts(self) -> bool:
-        return self.moe_tp_size == 1
-
-    @property
     def shared_expert_tp(self) -> tuple[int, int]:
         """``(tp_rank, tp_size)`` for the model's shared expert: its TP slice when the combine
         reduces partial sums over the TP group, replicated ``(0, 1)`` under expert parallelism

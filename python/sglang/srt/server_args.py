@@ -340,21 +340,28 @@ def resolve_expert_parallel(a2a: str, ep_size: int, tp_size: int) -> tuple[str, 
 
 def expert_parallel_error(args: ServerArgs) -> str | None:
     """Why ``--ep-size`` cannot work with the other flags (None: it can). Call on resolved args.
-    The expert-parallel group is the whole TP group: experts split over some ranks and each
-    expert's intermediate dim over the others (ep < tp) is not supported."""
+    ``E`` divides ``T``: each rank holds ``num_experts / E`` experts, each TP-sliced over the
+    ``T / E`` ranks that share them (whole when ``E == T``). Only the ``ep`` backend splits the
+    experts over part of the group (``E < T``); MegaMoE's fused kernel needs ``E == T``."""
     e, t = args.ep_size, args.tp_size
     if e < 1:
         return f"--ep-size must be >= 1, got {e}"
-    if e > 1 and e != t:
-        return (
-            f"--ep-size {e} must equal --tp-size {t} (or be 1): the expert-parallel group is the "
-            "whole TP group, each rank holding num_experts / ep_size whole experts; experts split "
-            "over part of the group with TP-sliced experts inside it are not supported"
-        )
     if e > 1 and args.moe_a2a_backend not in ("ep", "megamoe"):
         return (
             f"--ep-size {e} needs an expert-parallel --moe-a2a-backend (ep or megamoe), "
             f"got {args.moe_a2a_backend!r}"
+        )
+    if t % e:
+        return (
+            f"--ep-size {e} must divide --tp-size {t}: each rank holds num_experts / ep_size "
+            "experts, each sliced over the tp_size / ep_size ranks that share them"
+        )
+    if e < t and args.moe_a2a_backend == "megamoe":
+        return (
+            f"--moe-a2a-backend megamoe needs --ep-size equal to --tp-size {t}, got {e}: the "
+            "MegaMoE kernel dispatches, computes and combines whole experts over the whole TP "
+            "group in one fused call and cannot reduce TP-sliced experts over part of it; use "
+            "--moe-a2a-backend ep (the default with --ep-size) for --ep-size < --tp-size"
         )
     return None
 
@@ -528,9 +535,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         g,
         "--ep-size",
         int,
-        "Expert-parallel ranks: 1 (experts tensor-parallel) or --tp-size (each rank holds "
-        "num_experts / ep_size whole experts and loads only those; selects --moe-a2a-backend ep "
-        "unless megamoe is named). docs/parallelism.md.",
+        "Expert-parallel ranks E, dividing --tp-size T: 1 (experts tensor-parallel), T (each "
+        "rank holds num_experts / E whole experts) or between (num_experts / E experts a rank, "
+        "each TP-sliced over the T / E ranks that share them). Each rank loads only its part. "
+        "Selects --moe-a2a-backend ep unless megamoe (E = T only) is named. "
+        "docs/expert_parallelism.md.",
     )
     _add_bool(
         g,

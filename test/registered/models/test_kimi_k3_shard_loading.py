@@ -1,8 +1,8 @@
 """Kimi K3's routed experts are cut to this rank's part *as stored* (packed MXFP4 bytes and UE8M0
 scales) and only that part is dequantised: the loaded weights are bit-identical to dequantising
 the whole stacked tensor and then sharding (the previous behaviour), for tensor-parallel slices
-and expert-parallel (MegaMoE) ranks alike, and the dequantiser never sees more than one rank's
-part."""
+expert-parallel (MegaMoE) ranks and ranks of ``--tp-size 4 --ep-size 2`` (half the experts, half
+of each) alike, and the dequantiser never sees more than one rank's part."""
 
 from __future__ import annotations
 
@@ -36,9 +36,23 @@ from sglang.srt.model_loader.load_options import LoadOptions
 register_cpu_ci(est_time=10)
 
 # MegaMoE-shaped (latent 512, width 128) so the expert-parallel layout can be built too; a TP=2
-# slice (64 rows) is two whole MXFP4 scale groups.
-RAW: dict[str, Any] = {**CONFIG_A, "routed_expert_hidden_size": 512, "moe_intermediate_size": 128}
-LAYOUTS = [(0, 1, "none"), (0, 2, "none"), (1, 2, "none"), (1, 2, "megamoe")]
+# slice (64 rows) is two whole MXFP4 scale groups. Four attention heads, so TP=4 builds.
+RAW: dict[str, Any] = {
+    **CONFIG_A,
+    "routed_expert_hidden_size": 512,
+    "moe_intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "linear_attn_config": {**CONFIG_A["linear_attn_config"], "num_heads": 4},
+}
+# (rank, tp size, a2a backend, ep size)
+LAYOUTS = [
+    (0, 1, "none", 1),
+    (0, 2, "none", 1),
+    (1, 2, "none", 1),
+    (1, 2, "megamoe", 2),
+    (3, 4, "ep", 2),
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +74,7 @@ def _previous_way(ckpt: dict[str, torch.Tensor], layer_id: int, experts: FusedMo
         inter=c.intermediate_size,
         scale_suffixes=lambda f: (".weight_scale",),
     )
-    ref = FusedMoE(c, tp_rank=experts.tp_rank, tp_size=experts.tp_size)
+    ref = FusedMoE(c, tp_rank=experts.tp_rank, tp_size=experts.tp_size)  # c carries the ep size
     ref.load_weights(
         expert_weights_from_checkpoint(
             full.fmt, full.w13, full.w2, full.w13_scale, full.w2_scale, dtype=torch.float32
@@ -71,7 +85,9 @@ def _previous_way(ckpt: dict[str, torch.Tensor], layer_id: int, experts: FusedMo
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "bf16"])
 @pytest.mark.parametrize(
-    ("rank", "size", "a2a"), LAYOUTS, ids=["tp1", "tp2-r0", "tp2-r1", "ep2-r1"]
+    ("rank", "size", "a2a", "ep"),
+    LAYOUTS,
+    ids=["tp1", "tp2-r0", "tp2-r1", "ep2-r1", "tp4-ep2-r3"],
 )
 def test_shard_first_equals_dequantise_then_shard(
     checkpoints: dict[str, dict[str, torch.Tensor]],
@@ -80,6 +96,7 @@ def test_shard_first_equals_dequantise_then_shard(
     rank: int,
     size: int,
     a2a: str,
+    ep: int,
 ) -> None:
     ckpt = checkpoints[fmt]
     seen: list[tuple[int, ...]] = []
@@ -95,7 +112,12 @@ def test_shard_first_equals_dequantise_then_shard(
     model = KimiK3ForCausalLM(
         config(RAW),
         LayerBuildSpec(
-            dtype=torch.float32, moe_runner="torch", tp_rank=rank, tp_size=size, a2a_backend=a2a
+            dtype=torch.float32,
+            moe_runner="torch",
+            tp_rank=rank,
+            tp_size=size,
+            a2a_backend=a2a,
+            moe_ep_size=ep,
         ),
     )
     load_weights(model, ckpt, LoadOptions(progress=False))
@@ -106,8 +128,7 @@ def test_shard_first_equals_dequantise_then_shard(
         for i, layer in enumerate(model.decoder_layers)
         if isinstance(layer.mlp, KimiK3MoE)
     ]
-    e_local = 8 if a2a == "none" else 8 // size
-    i_local = 128 // size if a2a == "none" else 128
+    e_local, i_local = 8 // ep, 128 // (size // ep)
     h = RAW["routed_expert_hidden_size"]
     if fmt == "mxfp4":
         # only this rank's part ever reaches the dequantiser: w13 then w2, once a layer

@@ -1,7 +1,12 @@
-"""TP=2 + EP=2 (``--moe-a2a-backend ep``: two CPU ranks over gloo, whole experts a rank, rows
-moved by all-to-all) gives TP=1's greedy tokens on both models' tiny configs, fp32 with the
-torch runner: a batched prefill of prompts of mixed lengths (one of a single token), then
-batched greedy decode steps. Each rank holds and loads only its experts."""
+"""Expert parallelism (``--moe-a2a-backend ep``, CPU ranks over gloo, rows moved by all-to-all)
+gives TP=1's greedy tokens on both models' tiny configs, fp32 with the torch runner: a batched
+prefill of prompts of mixed lengths (one of a single token), then batched greedy decode steps.
+
+- TP=2 + EP=2: whole experts a rank;
+- TP=4 + EP=2: half the experts a rank, each expert's intermediate dim sliced over the two ranks
+  that hold it (their partial sums reduced over that pair).
+
+Each rank holds and loads only its experts, and only its slice of them."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +33,17 @@ from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=25)
+register_cpu_ci(est_time=70)
+
+# TP=4 splits attention four ways: the tiny configs with four heads (and output groups).
+DSV4_TP4 = dict(DSV4_CONFIG, o_groups=4)
+KIMI_TP4 = dict(
+    KIMI_CONFIG,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    linear_attn_config=dict(KIMI_CONFIG["linear_attn_config"], num_heads=4),
+)
+CONFIGS = {2: (DSV4_CONFIG, KIMI_CONFIG), 4: (DSV4_TP4, KIMI_TP4)}
 
 LENGTHS = (9, 1, 17, 4)
 STEPS = 4
@@ -55,63 +71,98 @@ def _greedy(model: Any, prompts: list[torch.Tensor]) -> list[list[int]]:
     return out
 
 
-def _experts_held(model: Any) -> set[int]:
-    return {len(m.local_experts) for m in model.modules() if isinstance(m, FusedMoE)}
+def _held(model: Any) -> set[tuple[int, int, int]]:
+    """(experts, intermediate rows, w13 rows loaded) of every MoE layer of this rank."""
+    held = set()
+    for m in model.modules():
+        if isinstance(m, FusedMoE):
+            assert m.weights is not None
+            rows = m.weights.w13.shape[0], m.weights.w13.shape[1] // 2
+            assert rows == (len(m.local_experts), len(m.local_intermediate))
+            held.add((m.local_experts.start, m.local_intermediate.start, *rows))
+    return held
 
 
-def _spec(rank: int, world: int, a2a: str) -> LayerBuildSpec:
+def _spec(rank: int, world: int, a2a: str, ep_size: int | None) -> LayerBuildSpec:
     return LayerBuildSpec(
-        dtype=torch.float32, tp_rank=rank, tp_size=world, moe_runner="torch", a2a_backend=a2a
+        dtype=torch.float32,
+        tp_rank=rank,
+        tp_size=world,
+        moe_runner="torch",
+        a2a_backend=a2a,
+        moe_ep_size=ep_size,
     )
 
 
-def _load_dsv4(path: str, rank: int, world: int, a2a: str) -> Any:
+def _load_dsv4(path: str, rank: int, world: int, a2a: str, ep_size: int | None = None) -> Any:
     from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
 
-    return load_deepseek_v4(path, _spec(rank, world, a2a), LoadOptions(progress=False))
+    return load_deepseek_v4(path, _spec(rank, world, a2a, ep_size), LoadOptions(progress=False))
 
 
-def _load_kimi(ckpt: dict[str, torch.Tensor], rank: int, world: int, a2a: str) -> Any:
+def _load_kimi(
+    cfg: dict[str, Any],
+    ckpt: dict[str, torch.Tensor],
+    rank: int,
+    world: int,
+    a2a: str,
+    ep_size: int | None = None,
+) -> Any:
     from sglang.srt.model_loader.kimi_k3_loader import load_weights
     from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 
-    model = KimiK3ForCausalLM(kimi_config(KIMI_CONFIG), _spec(rank, world, a2a))
+    model = KimiK3ForCausalLM(kimi_config(cfg), _spec(rank, world, a2a, ep_size))
     load_weights(model, ckpt, LoadOptions(progress=False))
     return model
 
 
 def _rank(
-    rank: int, world: int, dsv4_path: str, kimi_ckpt: dict[str, torch.Tensor]
+    rank: int, world: int, ep_size: int, dsv4_path: str, kimi_ckpt: dict[str, torch.Tensor]
 ) -> dict[str, Any]:
     from sglang.srt.distributed import parallel_state as ps
 
+    # One thread a rank: more ranks than cores, and every collective waits for the slowest.
+    torch.set_num_threads(1)
     ps.initialize_model_parallel(world)
-    dsv4 = _load_dsv4(dsv4_path, rank, world, "ep")
-    kimi = _load_kimi(kimi_ckpt, rank, world, "ep")
+    dsv4 = _load_dsv4(dsv4_path, rank, world, "ep", ep_size)
+    kimi = _load_kimi(CONFIGS[world][1], kimi_ckpt, rank, world, "ep", ep_size)
     return {
         "dsv4": _greedy(dsv4, _prompts(DSV4_CONFIG["vocab_size"])),
         "kimi": _greedy(kimi, _prompts(KIMI_CONFIG["vocab_size"])),
-        "held": (_experts_held(dsv4), _experts_held(kimi)),
+        "held": (_held(dsv4), _held(kimi)),
     }
 
 
-def test_tp2_ep2_greedy_tokens_equal_tp1(tmp_path: Path) -> None:
-    reference_model(DSV4_CONFIG, seed=21).save_pretrained(tmp_path)
-    kimi_ckpt = export_checkpoint(make_model(KIMI_CONFIG, seed=22), mxfp4=False)
+def _placement(rank: int, world: int, ep_size: int, experts: int, inter: int) -> set[tuple]:
+    """What rank ``rank`` must hold: its EP rank's experts, its MoE-TP rank's slice of each."""
+    moe_tp = world // ep_size
+    e, i = experts // ep_size, inter // moe_tp
+    return {((rank // moe_tp) * e, (rank % moe_tp) * i, e, i)}
+
+
+@pytest.mark.parametrize(("world", "ep_size"), [(2, 2), (4, 2)])
+def test_ep_greedy_tokens_equal_tp1(tmp_path: Path, world: int, ep_size: int) -> None:
+    dsv4_cfg, kimi_cfg = CONFIGS[world]
+    reference_model(dsv4_cfg, seed=21).save_pretrained(tmp_path)
+    kimi_ckpt = export_checkpoint(make_model(kimi_cfg, seed=22), mxfp4=False)
     want = {
         "dsv4": _greedy(
             _load_dsv4(str(tmp_path), 0, 1, "none"), _prompts(DSV4_CONFIG["vocab_size"])
         ),
-        "kimi": _greedy(_load_kimi(kimi_ckpt, 0, 1, "none"), _prompts(KIMI_CONFIG["vocab_size"])),
+        "kimi": _greedy(
+            _load_kimi(kimi_cfg, kimi_ckpt, 0, 1, "none"), _prompts(KIMI_CONFIG["vocab_size"])
+        ),
     }
-    for rank, got in enumerate(run_distributed(_rank, 2, str(tmp_path), kimi_ckpt, timeout_s=300)):
+    results = run_distributed(_rank, world, ep_size, str(tmp_path), kimi_ckpt, timeout_s=300)
+    for rank, got in enumerate(results):
         assert got["dsv4"] == want["dsv4"], (rank, got["dsv4"], want["dsv4"])
         assert got["kimi"] == want["kimi"], (rank, got["kimi"], want["kimi"])
-        # half of each model's experts on each rank
+        dsv4 = (DSV4_CONFIG["n_routed_experts"], DSV4_CONFIG["moe_intermediate_size"])
+        kimi = (KIMI_CONFIG["num_experts"], KIMI_CONFIG["moe_intermediate_size"])
         assert got["held"] == (
-            {DSV4_CONFIG["n_routed_experts"] // 2},
-            {KIMI_CONFIG["num_experts"] // 2},
-        )
+            _placement(rank, world, ep_size, *dsv4),
+            _placement(rank, world, ep_size, *kimi),
+        ), rank
     # the tokens are not trivially constant
     assert len({t for row in want["dsv4"] for t in row}) > 2
 

@@ -1,7 +1,8 @@
 """Two "nodes" on one machine: two ``launch_server`` processes over loopback (gloo on CPU), each
 running one of the two TP ranks, node 0 serving HTTP.
 
-- they serve the greedy tokens of TP=1;
+- they serve the greedy tokens of TP=1, and every rank samples with node 0's seed (each node is
+  given its own ``--random-seed``; node 1's rank logs the one it uses);
 - node 1 killed mid-request: the request fails with a JSON 500 naming the lost contact, and
   node 0 exits non-zero within seconds;
 - node 1 never started: node 0 fails to start within the join timeout, saying who is missing.
@@ -32,6 +33,10 @@ PROMPTS = ["Hello, my name is", "def main():"]
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
+# Each node resolves its own seed; node 0's must win on every rank.
+SEEDS = {0: 11, 1: 22}
+
+
 def _node_flags(addr: str, node_rank: int) -> list[str]:
     return [
         "--device",
@@ -39,7 +44,7 @@ def _node_flags(addr: str, node_rank: int) -> list[str]:
         "--tp-size",
         "2",
         "--random-seed",
-        "0",
+        str(SEEDS[node_rank]),
         "--nnodes",
         "2",
         "--node-rank",
@@ -86,6 +91,8 @@ def test_two_nodes_serve_tp1_tokens_and_report_a_lost_node() -> None:
             for p in PROMPTS
         ]
         assert got == want
+        info = httpx.get(base + "/get_server_info", timeout=30).json()
+        assert info["server_args"]["random_seed"] == SEEDS[0]
         long_body = {"text": "x", "sampling_params": {**GREEDY, "max_new_tokens": 3000}}
         result: dict[str, httpx.Response] = {}
         req = threading.Thread(
@@ -114,6 +121,11 @@ def test_two_nodes_serve_tp1_tokens_and_report_a_lost_node() -> None:
         if node1.poll() is None:
             os.killpg(node1.pid, signal.SIGKILL)
         node1.wait(timeout=10)
+    assert node1.stdout is not None
+    node1_logs = node1.stdout.read()
+    assert f"sampling seed {SEEDS[0]} (node 0's; this node resolved {SEEDS[1]})" in node1_logs, (
+        node1_logs
+    )
 
 
 def test_node_that_never_joins_fails_node0_within_the_bound() -> None:

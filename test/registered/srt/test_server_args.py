@@ -91,8 +91,12 @@ def test_parse_and_defaults() -> None:
         ({"max_total_tokens": 0}, "--max-total-tokens must be >= 1"),
         ({"model_path": "/nonexistent/model"}, "omit --model-path"),
         ({"moe_a2a_backend": "deepep"}, "--moe-a2a-backend"),
-        ({"tp_size": 4, "ep_size": 2}, "--ep-size 2 must equal --tp-size 4"),
-        ({"tp_size": 1, "ep_size": 2}, "--ep-size 2 must equal --tp-size 1"),
+        ({"tp_size": 4, "ep_size": 3}, "--ep-size 3 must divide --tp-size 4"),
+        ({"tp_size": 1, "ep_size": 2}, "--ep-size 2 must divide --tp-size 1"),
+        (
+            {"tp_size": 4, "ep_size": 2, "moe_a2a_backend": "megamoe"},
+            "megamoe needs --ep-size equal to --tp-size 4, got 2",
+        ),
         ({"ep_size": 0}, "--ep-size must be >= 1"),
         ({"tp_size": 2, "dp_size": 2}, "--dp-size 2 needs --enable-dp-attention"),
         ({"enable_dp_attention": True}, "--enable-dp-attention needs --dp-size > 1"),
@@ -119,6 +123,8 @@ def test_invalid_combinations(kwargs: dict[str, object], needle: str) -> None:
         ("none", 1, 2, ("none", 1)),  # TP without --ep-size stays tensor parallel
         ("none", 2, 2, ("ep", 2)),  # --ep-size selects the all-to-all backend
         ("ep", 1, 2, ("ep", 2)),  # a named ep spans the TP group
+        ("none", 2, 4, ("ep", 2)),  # experts over 2 ranks, each TP-sliced over 2 (E < T)
+        ("ep", 2, 8, ("ep", 2)),
         ("ep", 1, 1, ("none", 1)),  # ep on one rank is the plain layer
         ("megamoe", 2, 2, ("megamoe", 2)),
         ("megamoe", 1, 2, ("megamoe", 2)),

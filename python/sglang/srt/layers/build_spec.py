@@ -25,7 +25,7 @@ class LayerBuildSpec:
     router biases stay fp32 whatever it is). ``moe_runner`` is a ``--moe-runner-backend`` name and
     ``a2a_backend`` a ``--moe-a2a-backend`` name; the MoE layer checks both. ``tp_group`` names
     the group ``(tp_rank, tp_size)`` are a place in (``"attn_tp"`` for attention under DP
-    attention)."""
+    attention). ``moe_ep_size`` is ``--ep-size`` (None: the a2a backend's default)."""
 
     dtype: torch.dtype = torch.bfloat16
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -34,6 +34,7 @@ class LayerBuildSpec:
     moe_runner: str = "auto"
     a2a_backend: str = "none"
     tp_group: TpGroupName = "tp"
+    moe_ep_size: int | None = None
 
     def __post_init__(self) -> None:
         # Callers may name the device as a string ("cuda:1"); layers compare torch.devices.

@@ -8,6 +8,7 @@ preallocated and the decode CUDA graphs captured, and only then is the symmetric
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -147,8 +148,13 @@ def check_dp_attention(args: ServerArgs) -> None:
 
 
 def _layout(args: ServerArgs) -> str:
-    """``TP=4`` or ``TP=4 DP=2 (attention TP=2) over 2 nodes`` for the startup log."""
+    """``TP=4``, ``TP=4 EP=2 (experts sliced over 2 ranks)`` or ``TP=4 DP=2 (attention TP=2) over
+    2 nodes`` for the startup log."""
     text = f"TP={args.tp_size}"
+    if args.ep_size > 1:
+        text += f" EP={args.ep_size}"
+        if args.ep_size < args.tp_size:
+            text += f" (experts sliced over {args.tp_size // args.ep_size} ranks)"
     if args.enable_dp_attention:
         text += f" DP={args.dp_size} (attention TP={args.attn_tp_size})"
     if args.nnodes > 1:
@@ -168,6 +174,21 @@ def _sm_budget(device: torch.device) -> int | None:
     from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 
     return mega_moe_sm_budget(device)
+
+
+def _share_seed(args: ServerArgs, tp_rank: int) -> ServerArgs:
+    """``args`` with rank 0's seed. Every node resolves its own ``--random-seed`` (random when
+    omitted), so on ``--nnodes N`` the nodes would disagree; node 0's is the one every rank
+    uses (one object broadcast over the world group's gloo group at startup)."""
+    from sglang.srt.distributed.parallel_state import get_world_group
+
+    seed = get_world_group().broadcast_object(args.random_seed, src=0)
+    if args.nnodes > 1 and tp_rank == args.local_ranks.start and args.node_rank > 0:
+        logger.info(
+            f"node {args.node_rank} of {args.nnodes}: sampling seed {seed} (node 0's; this "
+            f"node resolved {args.random_seed})"
+        )
+    return dataclasses.replace(args, random_seed=seed)
 
 
 def run_scheduler_process(
@@ -197,14 +218,15 @@ def run_scheduler_process(
         from sglang.srt.managers.scheduler import Scheduler, run_follower
         from sglang.srt.model_executor.model_runner import ModelRunner
 
-        assert args.random_seed is not None
-        torch.manual_seed(args.random_seed)
         on_gpu = args.device == "cuda"
         if not on_gpu:
             torch.set_num_threads(_cpu_threads(len(args.local_ranks)))
         if args.enable_symm_mem:
             set_symmetric_memory_enabled(True)  # before NCCL's first init
         _init_distributed(args, tp_rank, init_method, "nccl" if on_gpu else "gloo")
+        args = _share_seed(args, tp_rank)
+        assert args.random_seed is not None
+        torch.manual_seed(args.random_seed)
         tp_group = ps.initialize_model_parallel(tp_size, attention_dp_size=dp_size)
         set_dp_attention_config(
             args.enable_dp_attention, dp_size=dp_size, attn_tp_size=tp_size // dp_size

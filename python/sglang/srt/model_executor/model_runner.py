@@ -88,6 +88,7 @@ class ModelRunner:
             tp_size=tp_size,
             moe_runner=args.moe_runner_backend,
             a2a_backend=args.moe_a2a_backend,
+            moe_ep_size=args.ep_size,
         )
         loaded = self.entry.load(args.model_path, spec, LoadOptions(progress=tp_rank == 0))
         self.model: ServedModel = require_ability(loaded, ServedModel)

@@ -1,4 +1,5 @@
-"""What one fused-MoE layer is: its expert shapes, activation, runner and a2a backend names."""
+"""What one fused-MoE layer is: its expert shapes, activation, runner and a2a backend names, and
+how many expert-parallel ranks the backend spreads the experts over."""
 
 from __future__ import annotations
 
@@ -18,3 +19,6 @@ class FusedMoEConfig:
     swiglu_limit: float | None = None
     runner: str = "auto"
     a2a_backend: A2ABackend = "none"
+    # Expert-parallel ranks (``--ep-size``); None: the backend's own (the whole TP group for an
+    # expert-parallel backend, 1 for ``none``).
+    ep_size: int | None = None

@@ -94,6 +94,7 @@ class FusedMoE(nn.Module):
             swiglu_limit=swiglu_limit,
             runner=spec.moe_runner,
             a2a_backend=spec.a2a_backend,
+            ep_size=spec.moe_ep_size,
         )
         return cls(config, tp_rank=spec.tp_rank, tp_size=spec.tp_size, device=spec.device)
 
@@ -103,7 +104,7 @@ class FusedMoE(nn.Module):
 
     @property
     def expert_parallel(self) -> bool:
-        return self.a2a.places_whole_experts
+        return self.a2a.expert_parallel
 
     @property
     def uses_mega_weights(self) -> bool:
@@ -124,16 +125,15 @@ class FusedMoE(nn.Module):
         want = (c.num_experts, 2 * c.intermediate_size, c.hidden_size)
         if tuple(full.w13.shape) != want:
             raise ValueError(f"MoE w13 has shape {tuple(full.w13.shape)}, expected {want}")
-        if self.expert_parallel:
-            r = self.local_experts
-            part = ExpertWeights(
-                full.w13[r.start : r.stop],
-                full.w2[r.start : r.stop],
-                None if full.w13_scale is None else full.w13_scale[r.start : r.stop],
-                None if full.w2_scale is None else full.w2_scale[r.start : r.stop],
-            )
-        else:
-            part = full.shard(self.tp_rank, self.tp_size)
+        # This rank's experts (all of them under TP), then its slice of each over the ranks
+        # that share them (the TP group under TP, the MoE-TP group under EP, none when whole).
+        r = self.local_experts
+        part = ExpertWeights(
+            full.w13[r.start : r.stop],
+            full.w2[r.start : r.stop],
+            None if full.w13_scale is None else full.w13_scale[r.start : r.stop],
+            None if full.w2_scale is None else full.w2_scale[r.start : r.stop],
+        ).shard(self.a2a.moe_tp_rank, self.a2a.moe_tp_size)
         self.load_local_weights(part)
 
     def load_local_weights(self, part: ExpertWeights) -> None:

@@ -53,10 +53,19 @@ def reduce_partial_sums(out: torch.Tensor, tp_size: int) -> torch.Tensor:
 
 
 class MoEA2ABackend(ABC):
+    """Where one layer's experts sit on this rank, for ``ep_size`` expert-parallel ranks in a TP
+    group of ``tp_size``: TP rank ``r`` is EP rank ``r // moe_tp_size`` (which experts:
+    ``num_experts / ep_size`` of them) and MoE-TP rank ``r % moe_tp_size`` (which slice of each
+    expert's intermediate dim), ``moe_tp_size = tp_size / ep_size``. Tensor parallel is
+    ``ep_size == 1``; whole experts a rank is ``ep_size == tp_size``."""
+
     name: ClassVar[str]
-    # True: whole experts a rank (``E / tp`` each, expert parallel); False: every expert's slice
-    # of the intermediate dim (tensor parallel).
-    places_whole_experts: ClassVar[bool] = False
+    # True: expert parallel (``ep_size`` defaults to the TP size; the combine returns complete
+    # rows and the shared expert is replicated); False: tensor parallel (``ep_size`` is 1).
+    expert_parallel: ClassVar[bool] = False
+    # Why this backend cannot split the experts over part of the group with TP-sliced experts
+    # inside it (``ep_size < tp_size``); None: it can.
+    partial_ep_unsupported: ClassVar[str | None] = "it places whole experts on each rank"
     # True: the loader builds DeepGEMM MegaMoE weights for this backend's fused kernel.
     uses_mega_weights: ClassVar[bool] = False
     # Why a decode step through this backend cannot be captured in a CUDA graph (None: it can).
@@ -65,43 +74,69 @@ class MoEA2ABackend(ABC):
     def __init__(
         self, config: FusedMoEConfig, *, tp_rank: int, tp_size: int, device: torch.device
     ) -> None:
-        if self.places_whole_experts and config.num_experts % tp_size:
-            raise ValueError(
-                f"--moe-a2a-backend {self.name} places whole experts on each rank: "
-                f"{config.num_experts} experts do not divide over {tp_size} ranks "
-                "(--ep-size / --tp-size)"
-            )
         self.config = config
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.device = device
+        default = tp_size if self.expert_parallel else 1
+        self.ep_size = config.ep_size if config.ep_size is not None else default
+        why = self._placement_error()
+        if why is not None:
+            raise ValueError(f"--moe-a2a-backend {self.name} {why}")
+        self.moe_tp_size = tp_size // self.ep_size
+        self.ep_rank, self.moe_tp_rank = divmod(tp_rank, self.moe_tp_size)
+
+    def _placement_error(self) -> str | None:
+        e, t, n = self.ep_size, self.tp_size, self.config.num_experts
+        if not self.expert_parallel:
+            return None if e == 1 else f"is tensor parallel: its ep size must be 1, got {e}"
+        if e < 1 or t % e:
+            return f"needs --ep-size ({e}) to divide --tp-size ({t})"
+        if e < t and self.partial_ep_unsupported is not None:
+            return (
+                f"needs --ep-size equal to --tp-size {t} (or 1), got {e}: "
+                f"{self.partial_ep_unsupported}"
+            )
+        inter = self.config.intermediate_size
+        if inter % (t // e):
+            return (
+                f"slices each expert over tp_size / ep_size = {t // e} ranks: intermediate size "
+                f"{inter} is not divisible by {t // e}"
+            )
+        if n % e:
+            what = "whole experts" if e == t else "num_experts / ep_size experts"
+            return (
+                f"places {what} on each rank: {n} experts do not divide over {e} ranks "
+                "(--ep-size / --tp-size)"
+            )
+        return None
 
     @property
     def local_experts(self) -> range:
         """The global ids of the experts whose weights this rank holds."""
-        if not self.places_whole_experts:
-            return range(self.config.num_experts)
-        per_rank = self.config.num_experts // self.tp_size
-        return range(self.tp_rank * per_rank, (self.tp_rank + 1) * per_rank)
+        per_rank = self.config.num_experts // self.ep_size
+        return range(self.ep_rank * per_rank, (self.ep_rank + 1) * per_rank)
 
     @property
     def local_intermediate(self) -> range:
-        """The intermediate rows (of gate, and of up) this rank keeps: all of them with whole
-        experts, else its tensor-parallel slice."""
-        inter = self.config.intermediate_size
-        if self.places_whole_experts or self.tp_size == 1:
+        """The intermediate rows (of gate, and of up) this rank keeps of each of its experts:
+        its slice over the ``moe_tp_size`` ranks that share them (all rows for whole experts)."""
+        inter, m = self.config.intermediate_size, self.moe_tp_size
+        if m == 1:
             return range(inter)
-        if inter % self.tp_size:
+        if inter % m:
             raise ValueError(
-                f"intermediate size {inter} is not divisible by tp size {self.tp_size}"
+                f"intermediate size {inter} is not divisible by the {m} ranks that slice each "
+                f"expert (tp size {self.tp_size} / ep size {self.ep_size})"
             )
-        part = inter // self.tp_size
-        return range(self.tp_rank * part, (self.tp_rank + 1) * part)
+        part = inter // m
+        return range(self.moe_tp_rank * part, (self.moe_tp_rank + 1) * part)
 
     @property
     def shared_expert_tp(self) -> tuple[int, int]:
         """``(tp_rank, tp_size)`` for the model's shared expert: its TP slice when the combine
-        reduces partial sums, replicated ``(0, 1)`` with whole experts (no reduce to join)."""
-        return (0, 1) if self.places_whole_experts else (self.tp_rank, self.tp_size)
+        reduces partial sums over the TP group, replicated ``(0, 1)`` under expert parallelism
+        (no TP-wide reduce to join)."""
+        return (0, 1) if self.expert_parallel else (self.tp_rank, self.tp_size)
 
     @abstractmethod
     def dispatch(

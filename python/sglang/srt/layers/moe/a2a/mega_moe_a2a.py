@@ -22,7 +22,12 @@ from sglang.srt.layers.moe.topk import TopKOutput
 
 class MegaMoEA2A(MoEA2ABackend):
     name = "megamoe"
-    places_whole_experts = True
+    expert_parallel = True
+    partial_ep_unsupported = (
+        "the MegaMoE kernel dispatches, computes and combines whole experts over the whole TP "
+        "group in one fused call, with no reduce of TP-sliced experts' partial sums over part "
+        "of the group; use --moe-a2a-backend ep for --ep-size < --tp-size"
+    )
     uses_mega_weights = True
 
     @property

@@ -38,6 +38,8 @@ register_cuda_ci(est_time=60)
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-4
+# fp32 maths on both sides of the model-level check, a few dozen keys a row: ~1e-7 measured.
+LAYER_TOL = 1e-5
 
 
 def _pool(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
@@ -231,7 +233,7 @@ def test_model_static_decode_kernels_match_torch_path(monkeypatch: pytest.Monkey
     want = model.decode_pooled(ids, slow).clone()
     print("per-layer max row error of the kernels:", errors)
     assert sorted(errors) == list(range(len(model.decoder_layers)))
-    assert max(errors.values()) < TOL, errors
+    assert max(errors.values()) < LAYER_TOL, errors
     # End to end, the kernels feeding the next layer: bf16 roundings of the attention output flip
     # where the fp32 sums differ in the last bits, and the random layers amplify them (a 1e-6
     # relative perturbation of the torch path's output moves these logits by 0.002-0.011 mean,

@@ -5,15 +5,15 @@ static path they replace, on random bf16 pools and many lengths.
   against ``sink_attention`` over the gathered rows under the position masks, at positions before,
   across and far past the window and the block boundaries, with padded heads (8) and the bench
   width (64 heads of 512): fp32 maths both sides, bf16 products exact, the probabilities split
-  into two bf16 parts -> relative error ~1e-6; bound 1e-4. Outputs are checked finite (the
-  kernel writes into an empty tensor).
+  into three bf16 parts (exact) -> only the summation order differs; bound 1e-4. Outputs are
+  checked finite (the kernel writes into an empty tensor).
 - ``indexer_scores`` against the torch scoring: the same ``-inf`` pattern (only visible entries
   scored), values to 1e-4 of the largest.
 - The compressor's bf16 GEMM with fp32 output against the upcast product (1e-5).
 - Both kernels captured in one CUDA graph and replayed at other positions: bit-identical to
   eager calls (the per-request lengths are read from device memory).
 - The model's static decode (one step from prefilled caches, lengths 3..250): per layer, on
-  identical inputs, the kernels' attention output against the torch path's (< 1e-4 per row; the
+  identical inputs, the kernels' attention output against the torch path's (< 1e-6 per row; the
   indexer update they share is identical); end to end with the kernels feeding forward, logits
   to the bf16 incremental-decode bound 0.05 (mean relative) and greedy tokens equal on all rows
   but at most one. End to end is loose because of bf16 roundings, not the kernels: a 1e-6
@@ -38,8 +38,10 @@ register_cuda_ci(est_time=60)
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-4
-# fp32 maths on both sides of the model-level check, a few dozen keys a row: ~1e-7 measured.
-LAYER_TOL = 1e-5
+# The model-level check, per layer on identical inputs (a few dozen keys a row): fp32 maths on
+# both sides, ~1.5e-7 expected (emulated); the two-part probability split it replaced measured
+# 1.3-1.8e-6 on the H200, so this bound catches that rounding coming back.
+LAYER_TOL = 1e-6
 
 
 def _pool(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:

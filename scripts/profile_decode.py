@@ -45,6 +45,7 @@ from sglang.srt.layers.attention.kda_gate import kda_beta, kda_forget_gate
 from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
 from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM, _hc_pre, _post_then_pre
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
@@ -184,6 +185,13 @@ def distinct_experts(num: int, top_k: int, bs: int) -> float:
 # --- DeepSeek V4 ------------------------------------------------------------------------------
 
 
+def _spec() -> LayerBuildSpec:
+    """bf16 on ``DEV``, the Triton MoE runner on CUDA."""
+    return LayerBuildSpec(
+        dtype=torch.bfloat16, device=DEV, moe_runner="triton" if DEV == "cuda" else "torch"
+    )
+
+
 def dsv4_config(ratio: int, max_pos: int) -> dict[str, Any]:
     from bench_dsv4_layer import LAYER  # the bench model's layer (scripts/ is on sys.path)
 
@@ -208,9 +216,7 @@ def dsv4_rows(
     ratio: int, batches: list[int], contexts: list[int], replays: int, bw: float
 ) -> list[OpRow]:
     cfg = DeepseekV4ModelConfig.from_dict(dsv4_config(ratio, max(contexts) + 64))
-    model = DeepseekV4ForCausalLM(
-        cfg, dtype=torch.bfloat16, device=DEV, moe_runner="triton" if DEV == "cuda" else "torch"
-    )
+    model = DeepseekV4ForCausalLM(cfg, _spec())
     gen = torch.Generator(DEV).manual_seed(0)
     randomize_(model, gen)
     mix: dict[str, Any] = {
@@ -437,9 +443,7 @@ def k3_rows(
     batches: list[int], contexts: list[int], replays: int, bw: float, experts: int
 ) -> list[OpRow]:
     cfg = KimiK3Config.from_dict(k3_config(experts))
-    model = KimiK3ForCausalLM(
-        cfg, dtype=torch.bfloat16, device=DEV, moe_runner="triton" if DEV == "cuda" else "torch"
-    )
+    model = KimiK3ForCausalLM(cfg, _spec())
     gen = torch.Generator(DEV).manual_seed(0)
     randomize_(model, gen)
     moe = model.decoder_layers[1].mlp

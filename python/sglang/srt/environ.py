@@ -267,8 +267,8 @@ class Envs:
         False,
         "DeepSeek V4 static decode through the length-aware Triton kernels (attention over the "
         "live window rows and chosen entries only, indexer scores over the visible keys) for "
-        "bf16/fp16 pools on CUDA. Off by default until the graph == eager test passes with them "
-        "on the GPU (docs/performance.md); the kernel tests against the torch path pass.",
+        "bf16/fp16 pools on CUDA. Off by default until test_deepseek_v4_cuda_graph_gpu.py passes "
+        "with them on the GPU (docs/performance.md); the kernel tests against the torch path pass.",
     )
     SGLANG_STATIC_DECODE_WITHOUT_GRAPHS = EnvBool(
         False,

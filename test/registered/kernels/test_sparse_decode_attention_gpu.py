@@ -5,14 +5,19 @@ static path they replace, on random bf16 pools and many lengths.
   against ``sink_attention`` over the gathered rows under the position masks, at positions before,
   across and far past the window and the block boundaries, with padded heads (8) and the bench
   width (64 heads of 512): fp32 maths both sides, bf16 products exact, the probabilities split
-  into two bf16 parts -> relative error ~1e-6; bound 1e-4. Outputs are checked finite (the
-  kernel writes into an empty tensor).
+  into three bf16 parts (exact) -> only the summation order differs; bound 1e-4. Outputs are
+  checked finite (the kernel writes into an empty tensor).
 - ``indexer_scores`` against the torch scoring: the same ``-inf`` pattern (only visible entries
   scored), values to 1e-4 of the largest.
 - The compressor's bf16 GEMM with fp32 output against the upcast product (1e-5).
-- The model's static decode with the kernels against the same decode with the torch path
-  (separate slots, same prompts, one step): logits to a mean relative error 1e-2 (bf16 layers
-  after the attention), greedy tokens equal on all rows but at most one (a near-tie).
+- Both kernels captured in one CUDA graph and replayed at other positions: bit-identical to
+  eager calls (the per-request lengths are read from device memory).
+- The model's static decode (one step from prefilled caches, lengths 3..250): per layer, on
+  identical inputs, the kernels' attention output against the torch path's (< 1e-6 per row; the
+  indexer update they share is identical); end to end with the kernels feeding forward, logits
+  to the bf16 incremental-decode bound 0.05 (mean relative) and greedy tokens equal on all rows
+  but at most one. End to end is loose because of bf16 roundings, not the kernels: a 1e-6
+  perturbation of the torch path alone moves these logits by up to 0.011.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import torch
 from sglang.kernels.ops.attention.indexer_scores import indexer_scores
 from sglang.kernels.ops.attention.sparse_decode_attention import sparse_decode_attention
 from sglang.srt.layers.attention import dsv4_static_decode
+from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention, Projected
 from sglang.srt.layers.attention.dsv4_static_decode import sink_attention
+from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
@@ -31,6 +38,10 @@ register_cuda_ci(est_time=60)
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-4
+# The model-level check, per layer on identical inputs (a few dozen keys a row): fp32 maths on
+# both sides, ~1.5e-7 expected (emulated); the two-part probability split it replaced measured
+# 1.3-1.8e-6 on the H200, so this bound catches that rounding coming back.
+LAYER_TOL = 1e-6
 
 
 def _pool(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
@@ -117,6 +128,56 @@ def test_compressor_projection_fp32_output_matches_upcast() -> None:
         assert _rel(got, ref) < 1e-5, _rel(got, ref)
 
 
+def test_kernels_in_a_cuda_graph_read_the_live_lengths() -> None:
+    """Captured once, replayed at other positions: the lengths come from device memory, so each
+    replay equals an eager call at its positions, bit for bit (same kernels, same launch)."""
+    g = torch.Generator("cuda").manual_seed(21)
+    heads, dim, window, ratio, topk, slots_total = 8, 64, 32, 4, 8, 6
+    n_ent = 1024 // ratio + 1
+    ring = _pool((slots_total, window, dim), g)
+    entries = _pool((slots_total, n_ent, dim), g)
+    keys = _pool((slots_total, n_ent, 32), g)
+    q = _pool((4, heads, dim), g)
+    iq = _pool((4, 4, 32), g)
+    iw = torch.randn(4, 4, generator=g, device="cuda")
+    sink = torch.randn(heads, generator=g, device="cuda")
+    slots = torch.tensor([3, 0, 5, 1], device="cuda")
+    positions = torch.zeros(4, dtype=torch.long, device="cuda")
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        visible = torch.div(positions + 1, ratio, rounding_mode="floor")
+        scores = indexer_scores(iq, iw, keys, slots, visible, 32**-0.5)
+        picks = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :topk]
+        out = sparse_decode_attention(
+            q, ring, slots, positions, sink, dim**-0.5, entries=entries, ratio=ratio, picks=picks
+        )
+        return scores, out
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compiles outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = step()
+    torch.cuda.current_stream().wait_stream(stream)
+    for pos in ([0, 1, 2, 3], [31, 32, 33, 100], [1023, 5, 64, 700], [7, 7, 7, 7]):
+        positions.copy_(torch.tensor(pos))
+        graph.replay()
+        want = step()
+        for got, ref in zip(captured, want):
+            assert torch.equal(got, ref), pos
+
+
+def _indexer_state(store: LayerSlots) -> list[torch.Tensor]:
+    """The tensors the attention call itself writes: the indexer compressor's slot state."""
+    idx = store.indexer
+    if idx is None:
+        return []
+    parts = (idx.entries, idx.pending_kv, idx.pending_score, idx.prev_kv, idx.prev_score)
+    return [t for t in parts if t is not None]
+
+
 def test_model_static_decode_kernels_match_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang.srt.default_model.config import default_model_config
     from sglang.srt.default_model.generate import random_weights
@@ -142,22 +203,50 @@ def test_model_static_decode_kernels_match_torch_path(monkeypatch: pytest.Monkey
     for seq, n, a, b in zip(seqs, lengths, fast, slow):
         model.prefill(seq[:n], a)
         model.prefill(seq[:n], b)
-    # One step from identical caches: a longer run would compound bf16 rounding of summation-order
-    # differences through the random layers (20 steps drifted to a mean relative error of 0.09).
     ids = torch.stack([seq[n] for seq, n in zip(seqs, lengths)])
-    calls: list[bool] = []
     monkeypatch.setenv("SGLANG_DSV4_LENGTH_AWARE_DECODE", "1")
-    real = dsv4_static_decode.use_sparse_kernels
-    monkeypatch.setattr(
-        dsv4_static_decode, "use_sparse_kernels", lambda *a: calls.append(real(*a)) or real(*a)
-    )
-    got = model.decode_pooled(ids, fast).clone()
-    monkeypatch.setattr(dsv4_static_decode, "use_sparse_kernels", lambda *a: False)
-    want = model.decode_pooled(ids, slow)
-    assert calls and all(calls), "the kernels must have run"
+    kernel, torch_path = dsv4_static_decode._kernel_attention, dsv4_static_decode._torch_attention
+    errors: dict[int, float] = {}
+
+    def both(
+        attn: DeepseekV4Attention,
+        x: torch.Tensor,
+        p: Projected,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        store: LayerSlots,
+    ) -> torch.Tensor:
+        assert dsv4_static_decode.use_sparse_kernels(attn, store.window), "kernels must run"
+        state = _indexer_state(store)
+        before = [t.clone() for t in state]
+        got = kernel(attn, x, p, positions, slots, store)
+        after = [t.clone() for t in state]
+        for t, b in zip(state, before):
+            t.copy_(b)
+        want = torch_path(attn, x, p, positions, slots, store)
+        assert all(torch.equal(t, a) for t, a in zip(state, after)), "same indexer update"
+        assert torch.isfinite(got).all()
+        per_row = (got - want).norm(dim=(1, 2)) / want.norm(dim=(1, 2))
+        errors[attn.layer_id] = float(per_row.max())
+        return want  # the next layer sees the torch path's output: identical inputs throughout
+
+    # Per layer on identical inputs: the kernels against the torch path, as the kernel tests.
+    monkeypatch.setattr(dsv4_static_decode, "_kernel_attention", both)
+    want = model.decode_pooled(ids, slow).clone()
+    print("per-layer max row error of the kernels:", errors)
+    assert sorted(errors) == list(range(len(model.decoder_layers)))
+    assert max(errors.values()) < LAYER_TOL, errors
+    # End to end, the kernels feeding the next layer: bf16 roundings of the attention output flip
+    # where the fp32 sums differ in the last bits, and the random layers amplify them (a 1e-6
+    # relative perturbation of the torch path's output moves these logits by 0.002-0.011 mean,
+    # one row by 0.05, in one step: scripts/dsv4_decode_noise_floor.py), so this is the bf16
+    # incremental-decode bound of the graph test; the check above is the strict one.
+    monkeypatch.setattr(dsv4_static_decode, "_kernel_attention", kernel)
+    got = model.decode_pooled(ids, fast)
     assert torch.isfinite(got).all()
     rel = float((got - want).abs().mean() / want.abs().mean())
-    assert rel < 1e-2, rel
+    print(f"end to end: mean relative logit error {rel:.4f}")
+    assert rel < 0.05, rel
     assert int((got.argmax(-1) == want.argmax(-1)).sum()) >= len(lengths) - 1
 
 

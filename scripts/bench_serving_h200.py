@@ -3,7 +3,9 @@ by ``launch_server`` with one feature on and off, loaded by our ``bench_serving`
 
 ``--compare graphs`` (default): with and without decode CUDA graphs. ``--compare symm-mem
 --tp-size N``: with and without ``--enable-symm-mem`` at TP=N (both with graphs), e.g. issue 7's
-``--compare symm-mem --tp-size 8 --concurrency 1,8,64``.
+``--compare symm-mem --tp-size 8 --concurrency 1,8,64``. ``--compare baseline --baseline DIR``:
+this tree against another checkout of the repo at ``DIR`` (its ``python/`` first on the second
+server's PYTHONPATH), same flags, both with graphs: a slowdown check in one run.
 
 Model (random weights, bf16, generated on the GPU into ``--model-dir`` on first use, ~13 GB a
 layer): hidden 4096, 256 routed experts top-6 (intermediate 2048) + one shared expert, 64 heads of
@@ -113,6 +115,7 @@ class Comparison:
 COMPARISONS = {
     "graphs": Comparison("CUDA graphs:", "graphs", "eager", (), ("--disable-cuda-graph",)),
     "symm-mem": Comparison("symmetric memory:", "symm-mem", "regular", ("--enable-symm-mem",), ()),
+    "baseline": Comparison("CUDA graphs:", "this tree", "baseline", (), ()),
 }
 
 
@@ -124,8 +127,13 @@ def serve_and_bench(
     label: str,
     concurrency: list[int],
     log: Path,
+    python_dir: Path | None = None,
 ) -> dict[int, Any]:
+    """Start one server (its package from ``python_dir`` when given), bench every concurrency."""
     top = max(concurrency)
+    env = dict(os.environ)
+    if python_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(python_dir), env.get("PYTHONPATH", "")])
     cmd = [
         sys.executable,
         "-m",
@@ -147,7 +155,9 @@ def serve_and_bench(
     ]
     started = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
     try:
         while not _healthy(port):
             if proc.poll() is not None or time.perf_counter() - started > STARTUP_TIMEOUT_S:
@@ -242,7 +252,12 @@ def main() -> None:
     parser.add_argument("--keep-model", action="store_true", help="Keep the generated weights.")
     parser.add_argument("--port", type=int, default=30111)
     parser.add_argument("--log-dir", default=os.environ.get("OUT", "/tmp"))
+    parser.add_argument("--baseline", type=Path, help="--compare baseline: the other checkout")
     args = parser.parse_args()
+    if (args.compare == "baseline") != (args.baseline is not None):
+        parser.error("--compare baseline and --baseline DIR go together")
+    if args.baseline is not None and not (args.baseline / "python" / "sglang").is_dir():
+        parser.error(f"--baseline {args.baseline}: no python/sglang package there")
     if args.compare == "symm-mem" and args.tp_size < 2:
         parser.error("--compare symm-mem needs --tp-size 2 or more (TP=1 has no all-reduce)")
     cmp = COMPARISONS[args.compare]
@@ -256,11 +271,22 @@ def main() -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
         runs = []
-        for label, extra in ((cmp.on_label, cmp.on_args), (cmp.off_label, cmp.off_args)):
-            log = log_dir / f"bench_server_{label}.log"
+        baseline_python = args.baseline / "python" if args.baseline is not None else None
+        for label, extra, python_dir in (
+            (cmp.on_label, cmp.on_args, None),
+            (cmp.off_label, cmp.off_args, baseline_python),
+        ):
+            log = log_dir / f"bench_server_{label.replace(' ', '_')}.log"
             runs.append(
                 serve_and_bench(
-                    model_dir, args.port, [*tp, *extra], cmp.fact, label, concurrency, log
+                    model_dir,
+                    args.port,
+                    [*tp, *extra],
+                    cmp.fact,
+                    label,
+                    concurrency,
+                    log,
+                    python_dir,
                 )
             )
         on, off = runs

@@ -10,8 +10,9 @@ scores, which the pooling softmax weighs 0 -- exactly "no previous block".
 
 Every pending / previous buffer has a fixed shape, so the state can live in a slot of the static
 pool (:class:`CompressorStorage` views, entries paged in the pool's blocks; the static decode
-updates them in place with masks) or in its own tensors (a plain per-request cache). Host counters (pending rows, entries) are the eager
-path's; the static decode keeps them right through :meth:`sync_to`.
+updates them in place with masks) or in its own tensors (a plain per-request cache). Host
+counters (pending rows, entries) are the eager path's; the static decode keeps them right through
+:meth:`sync_to`.
 """
 
 from __future__ import annotations

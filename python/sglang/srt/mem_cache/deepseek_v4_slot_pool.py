@@ -133,7 +133,10 @@ class DeepseekV4SlotPool:
         device: torch.device | str = "cpu",
         num_blocks: int | None = None,
         block_tokens: int | None = None,
+        total_tokens: int | None = None,
     ) -> None:
+        """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
+        request's) size the block pool; neither: every slot can hold a whole-capacity request."""
         if max_slots < 1 or capacity < 1:
             raise ValueError(f"slot pool needs >= 1 slot and token, got {max_slots}, {capacity}")
         dev = torch.device(device)
@@ -147,9 +150,12 @@ class DeepseekV4SlotPool:
             raise ValueError(
                 f"block_tokens {self.block_tokens} is not a multiple of the compress ratios {bad}"
             )
-        # Default: every slot can hold a whole-capacity request (the unpaged memory).
         blocks_per_slot = -(-capacity // self.block_tokens)
-        self.block_pool = BlockPool(num_blocks or max_slots * blocks_per_slot, self.block_tokens)
+        if num_blocks is None:
+            num_blocks = max_slots * blocks_per_slot  # the unpaged memory
+            if total_tokens is not None:
+                num_blocks = max(blocks_per_slot, total_tokens // self.block_tokens)
+        self.block_pool = BlockPool(num_blocks, self.block_tokens)
         self.blocks = PagedBlockTable(self.block_pool, rows=rows, max_tokens=capacity, device=dev)
         nb, bt = self.block_pool.num_blocks, self.block_tokens
         self.layers: list[LayerSlots] = []

@@ -15,6 +15,7 @@ import torch
 
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.moe_runner import MoERunner
+from sglang.srt.mem_cache.block_pool import BlockPool
 
 # One static decode step: (input_ids, positions, slots) [bs] -> logits [bs, V].
 StaticStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -27,6 +28,7 @@ class ServedModelConfig(Protocol):
 
 class SlotPool(Protocol):
     scratch_slot: int
+    block_pool: BlockPool  # the paged state's blocks (the scheduler admits by them)
 
     def nbytes(self) -> int: ...
 
@@ -56,7 +58,15 @@ class SupportsSlotPool(Protocol):
     @property
     def slot_pool(self) -> SlotPool | None: ...
 
-    def enable_slot_pool(self, max_slots: int, capacity: int) -> SlotPool: ...
+    def enable_slot_pool(
+        self,
+        max_slots: int,
+        capacity: int,
+        *,
+        num_blocks: int | None = None,
+        block_tokens: int | None = None,
+        total_tokens: int | None = None,
+    ) -> SlotPool: ...
 
     def new_pooled_cache(self) -> object: ...
 

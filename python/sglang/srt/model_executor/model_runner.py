@@ -2,9 +2,10 @@
 
 Caches are per-request objects held in a dict keyed by request id. By default each owns its
 tensors and dropping the entry frees them. After :meth:`ModelRunner.init_decode` chose the static
-decode (CUDA graphs), caches live in slots of the model's preallocated pool instead: freeing a
-request returns its slot, prefill chunks run eagerly into the slot, and decode-only steps replay
-a captured graph (padded to the next captured size). All ranks apply the same plan, so their
+decode (CUDA graphs), caches live in slots of the model's preallocated pool instead, their
+growing state in its blocks: freeing a request returns its slot and blocks, prefill chunks run
+eagerly into the slot (taking the blocks they fill), and decode-only steps replay a captured
+graph (padded to the next captured size). All ranks apply the same plan, so their
 dicts hold the same keys, slots and lengths.
 """
 
@@ -63,6 +64,10 @@ class DecodeSetup:
 
     cuda_graph: str  # "on (...)" or "off (why)"
     max_running_requests: int  # the pool's slot count caps it when the static decode is on
+    # Admission granularity: a request reserves whole blocks of this many tokens (1: no paging),
+    # out of ``max_total_tokens`` (the pool's blocks when paged).
+    block_tokens: int = 1
+    max_total_tokens: int | None = None
 
 
 class ModelRunner:
@@ -158,20 +163,29 @@ class ModelRunner:
             max_total_tokens=max_total_tokens,
             max_running_requests=max_running_requests,
         )
-        pool = static.enable_slot_pool(plan.slots, plan.capacity)
+        pool = static.enable_slot_pool(plan.slots, plan.capacity, total_tokens=plan.total_tokens)
         self.static_model = static
         gib = pool.nbytes() / (1 << 30)
-        slots = f"slot pool {plan.slots} x {plan.capacity} tokens, {gib:.2f} GiB"
+        blocks = pool.block_pool
+        slots = (
+            f"slot pool {plan.slots} slots of up to {plan.capacity} tokens, paged in "
+            f"{blocks.num_blocks} blocks of {blocks.block_tokens} tokens, {gib:.2f} GiB"
+        )
+        paged = {
+            "block_tokens": blocks.block_tokens,
+            "max_total_tokens": blocks.num_blocks * blocks.block_tokens,
+        }
         sizes = capture_batch_sizes(min(self.args.cuda_graph_max_bs or plan.slots, plan.slots))
         if reason is not None:
             self.static_sizes = sizes
             return DecodeSetup(
                 f"off ({reason}); static decode eager at the graph batch sizes, {slots}",
                 plan.slots,
+                **paged,
             )
         self.graph_runner = CudaGraphRunner(static, sizes, self.device)
         self.graph_runner.capture()
-        return DecodeSetup(f"{self.graph_runner.describe()}; {slots}", plan.slots)
+        return DecodeSetup(f"{self.graph_runner.describe()}; {slots}", plan.slots, **paged)
 
     # --- forward -------------------------------------------------------------------------------
 

@@ -199,11 +199,12 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         *,
         num_blocks: int | None = None,
         block_tokens: int | None = None,
+        total_tokens: int | None = None,
     ) -> DeepseekV4SlotPool:
         """Preallocate the static cache: ``max_slots`` requests of up to ``capacity`` tokens each,
-        their compressed entries in ``num_blocks`` blocks of ``block_tokens`` tokens shared by all
-        (default: enough for every slot at full capacity). The static decode and CUDA graphs need
-        it. Replaces any earlier pool."""
+        their compressed entries in blocks of ``block_tokens`` tokens shared by all: ``num_blocks``
+        of them, or ``total_tokens`` worth (default: enough for every slot at full capacity). The
+        static decode and CUDA graphs need it. Replaces any earlier pool."""
         c = self.config
         self.slot_pool = DeepseekV4SlotPool(
             attn_types=c.attn_types,
@@ -217,6 +218,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
             device=self.device,
             num_blocks=num_blocks,
             block_tokens=block_tokens,
+            total_tokens=total_tokens,
         )
         return self.slot_pool
 

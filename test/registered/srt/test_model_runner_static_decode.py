@@ -2,8 +2,8 @@
 per-request path: the same plans (chunked prefill, mixed prefill + decode steps, decode-only
 steps, frees and new requests reusing freed slots and blocks) give the same logits in fp32
 (tolerance 1e-4 of the largest |logit|; only summation order differs). Also: the startup
-decision's wording, the slot plan, and the captured batch sizes. The graph replay itself is tested on the GPU
-(test/registered/models/test_deepseek_v4_cuda_graph_gpu.py)."""
+decision's wording, the slot plan, and the captured batch sizes. The graph replay itself is
+tested on the GPU (test/registered/models/test_deepseek_v4_cuda_graph_gpu.py)."""
 
 from __future__ import annotations
 

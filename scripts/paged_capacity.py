@@ -6,7 +6,7 @@ The memory left for the cache is what the server computes (``memory_budget``): t
 window rings of ``--max-running-requests``; ``max_total_tokens`` is that over the bytes a cached
 token costs. Before (the unpaged slot pool): every slot reserved a whole context, so
 ``min(max running, total // context length)`` requests ran whatever their length
-(``slot_plan.whole_context_slots``). After (the paged pool the server runs now): the entries live
+(``block_admission.slot_concurrency``). After (the paged pool the server runs now): the entries live
 in ``total // block`` blocks and a request reserves ``ceil((prompt + max new) / block)`` of them
 (``SchedulePolicy`` with ``block_tokens``), so ``min(max running, total // that)`` run
 (``block_admission.block_concurrency``). Model: ``bench_serving_h200.model_config(--layers)`` (the
@@ -23,9 +23,8 @@ import math
 
 from bench_serving_h200 import model_config
 from sglang.srt.default_model.generate import parameter_shapes
-from sglang.srt.mem_cache.block_admission import block_concurrency
+from sglang.srt.mem_cache.block_admission import block_concurrency, slot_concurrency
 from sglang.srt.model_executor.memory_budget import CacheShape, max_total_tokens_for_memory
-from sglang.srt.model_executor.slot_plan import whole_context_slots
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 
 
@@ -64,9 +63,7 @@ def main() -> None:
             chunked_prefill_size=args.chunk,
             context_length=ctx,
         )
-        before = whole_context_slots(
-            context_length=ctx, max_total_tokens=total, max_running=args.max_running
-        )
+        before = slot_concurrency(total, ctx, args.max_running)
         for req in (int(r) for r in args.request_tokens.split(",")):
             if req > ctx:
                 continue

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from sglang.srt.default_model.generate import ensure_default_model
+from sglang.srt.mem_cache.block_admission import slot_concurrency
 from sglang.srt.model_executor.cuda_graph_runner import capture_batch_sizes
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.model_executor.slot_plan import plan_slot_pool, whole_context_slots
+from sglang.srt.model_executor.slot_plan import plan_slot_pool
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
@@ -91,10 +92,10 @@ def test_slot_plan_and_batch_sizes() -> None:
     # Paged: slots no longer cost a whole context each; the token budget is shared by blocks.
     small = plan_slot_pool(context_length=4096, max_total_tokens=9000, max_running_requests=32)
     assert (small.slots, small.capacity, small.total_tokens) == (32, 4096, 9000)
-    assert whole_context_slots(context_length=4096, max_total_tokens=9000, max_running=32) == 2
+    assert slot_concurrency(9000, 4096, 32) == 2
     tiny = plan_slot_pool(context_length=4096, max_total_tokens=300, max_running_requests=8)
     assert (tiny.slots, tiny.capacity) == (8, 300)
-    assert whole_context_slots(context_length=4096, max_total_tokens=300, max_running=8) == 1
+    assert slot_concurrency(300, 4096, 8) == 1
     assert capture_batch_sizes(1) == [1]
     assert capture_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
     assert capture_batch_sizes(48) == [1, 2, 4, 8, 16, 24, 32, 40, 48]

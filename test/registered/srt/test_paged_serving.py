@@ -16,8 +16,8 @@ import torch
 from sglang.srt.default_model.generate import ensure_default_model
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import SchedulePolicy
+from sglang.srt.mem_cache.block_admission import slot_concurrency
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.model_executor.slot_plan import whole_context_slots
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
@@ -71,7 +71,7 @@ def test_admission_by_blocks_through_the_runner() -> None:
             if len(row.req.output_ids) == row.req.max_new_tokens:
                 policy.release(row.req)
     print(f"{steps} steps, at most {most} running, paged vs eager rel max err {worst:.2e}")
-    assert whole_context_slots(context_length=CONTEXT, max_total_tokens=BUDGET, max_running=8) == 1
+    assert slot_concurrency(BUDGET, CONTEXT, 8) == 1
     assert most == 4  # one block each: the pool's 4 blocks, not 1 whole-context slot
     assert worst < 1e-4
     pool = paged.model.slot_pool

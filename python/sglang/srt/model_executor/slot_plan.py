@@ -32,9 +32,3 @@ def plan_slot_pool(
         )
     capacity = min(context_length, max_total_tokens)
     return SlotPlan(slots=max_running_requests, capacity=capacity, total_tokens=max_total_tokens)
-
-
-def whole_context_slots(*, context_length: int, max_total_tokens: int, max_running: int) -> int:
-    """What an unpaged pool (one whole context reserved per slot) could run at once."""
-    capacity = min(context_length, max_total_tokens)
-    return min(max_running, max(1, max_total_tokens // capacity))

@@ -7,26 +7,40 @@ that span block edges, then decoded across more edges, against per-request cache
 match row for row. A finished request's row and blocks are reused (the former owner's rows stay
 invisible: the new request matches a full forward), a reservation the pool cannot meet fails
 whole, and every block is back at the end. Tolerance: 1e-4 of the largest |logit|.
+Through the model runner and the scheduler's policy (a saved tiny checkpoint): with
+--max-total-tokens the runner pages the latents and the policy admits by blocks (2 requests at
+once where whole-context slots would run 1), logits equal the unpaged runner's, no block leaks;
+without it caches stay per request and the startup line says how to page them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_tiny import CONFIG_A, make_model, tokens
+from test_kimi_k3_loading import export_checkpoint
+from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, make_model, tokens
 
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.schedule_policy import SchedulePolicy
+from sglang.srt.mem_cache.block_admission import slot_concurrency
 from sglang.srt.mem_cache.block_pool import BlockPoolExhausted
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 from sglang.srt.mem_cache.paged_rows import PagedRows
+from sglang.srt.model_executor.model_runner import DecodeSetup, ModelRunner
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=8)
+register_cpu_ci(est_time=20)
 
 TOL = 1e-4
 BLOCK = 8
@@ -93,6 +107,57 @@ def test_reused_row_and_blocks_hide_the_former_owner() -> None:
     assert _rel(torch.cat(out), full) < TOL
     model.free_paged_cache(cache)
     assert pool.block_pool.num_free == 3 and pool.num_free == 1
+
+
+def _runner(path: Path, total: int | None) -> tuple[ModelRunner, DecodeSetup]:
+    args = ServerArgs(
+        model_path=str(path), device="cpu", random_seed=0, max_total_tokens=total
+    ).resolved()
+    runner = ModelRunner(args, 0, 1)
+    setup = runner.init_decode(
+        context_length=512, max_total_tokens=total or 512 * 4, max_running_requests=4
+    )
+    return runner, setup
+
+
+def test_runner_pages_latents_and_admits_by_blocks(tmp_path: Path) -> None:
+    src = make_model(CONFIG_B, seed=73)
+    save_file(
+        {k: v.contiguous() for k, v in export_checkpoint(src, mxfp4=False).items()},
+        str(tmp_path / "model.safetensors"),
+    )
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "kimi_k3", "text_config": CONFIG_B})
+    )
+    paged, setup = _runner(tmp_path, 512)
+    eager, plain = _runner(tmp_path, None)
+    assert plain.block_tokens == 1 and eager.paged_model is None
+    assert plain.cuda_graph.endswith("caches per request (set --max-total-tokens to page them)")
+    assert paged.paged_model is not None and "caches paged in 2 blocks of 256" in setup.cuda_graph
+    assert (setup.block_tokens, setup.max_total_tokens) == (256, 512)
+    policy = SchedulePolicy(
+        max_running_requests=4, max_total_tokens=512, chunked_prefill_size=64, block_tokens=256
+    )
+    for i in range(4):
+        policy.add(Req(f"r{i}", tokens(9 + i, seed=100 + i).tolist(), SamplingParams(), 6))
+    most, worst = 0, 0.0
+    while policy.has_work():
+        step = policy.next_step()
+        got, want = paged.execute(step.plan), eager.execute(step.plan)
+        most = max(most, len(policy.running))
+        if got is None or want is None:
+            assert got is None and want is None
+            continue
+        worst = max(worst, _rel(got, want))
+        picks = got[list(step.plan.sample_rows)].argmax(dim=-1).tolist()
+        for row, token in zip([r for r in step.rows if r.sample], picks):
+            row.req.output_ids.append(int(token))
+            if len(row.req.output_ids) == row.req.max_new_tokens:
+                policy.release(row.req)
+    assert slot_concurrency(512, 512, 4) == 1 and most == 2 and worst < TOL
+    pool = paged.paged_model.latent_pool
+    assert pool is not None and pool.block_pool.num_free == pool.block_pool.num_blocks
+    assert not paged.caches
 
 
 if __name__ == "__main__":

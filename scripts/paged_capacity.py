@@ -1,13 +1,18 @@
-"""Max concurrent requests at a given live length on one GPU: whole-context slots (today's slot
-pool) against cache blocks, from the server's own memory budget (no GPU needed).
+"""Max concurrent requests on one GPU before (whole-context slots) and after (paged blocks), from
+the server's own memory budget (no GPU needed): one table.
 
 The memory left for the cache is what the server computes (``memory_budget``): the
 ``--mem-fraction-static`` share of the GPU minus the weights, minus the step workspace and the
 window rings of ``--max-running-requests``; ``max_total_tokens`` is that over the bytes a cached
-token costs. Slots: ``min(max running, total // context length)`` (``plan_slot_pool``). Blocks:
-``min(max running, total // (request tokens rounded up to blocks))`` (``block_admission``).
-Model: ``bench_serving_h200.model_config(--layers)`` (the wide DSv4 bench model), bf16.
-Usage: python scripts/paged_capacity.py [--layers 4] [--request-tokens 8192] [--gpu-gib 139.8]
+token costs. Before (the unpaged slot pool): every slot reserved a whole context, so
+``min(max running, total // context length)`` requests ran whatever their length
+(``block_admission.slot_concurrency``). After (the paged pool the server runs now): the entries live
+in ``total // block`` blocks and a request reserves ``ceil((prompt + max new) / block)`` of them
+(``SchedulePolicy`` with ``block_tokens``), so ``min(max running, total // that)`` run
+(``block_admission.block_concurrency``). Model: ``bench_serving_h200.model_config(--layers)`` (the
+wide DSv4 bench model), bf16.
+Usage: PYTHONPATH=python:scripts python scripts/paged_capacity.py [--layers 4]
+       [--request-tokens 1024,8192] [--contexts 8192,16384,65536] [--gpu-gib 139.8]
        [--room-gib G] (a cache room instead of the GPU minus the bench model's weights)
 """
 
@@ -26,7 +31,7 @@ from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--request-tokens", type=int, default=8192)
+    parser.add_argument("--request-tokens", default="1024,8192", help="live lengths (prompt+new)")
     parser.add_argument("--contexts", default="8192,16384,65536")
     parser.add_argument("--gpu-gib", type=float, default=139.8)
     parser.add_argument("--mem-fraction", type=float, default=0.85)
@@ -42,10 +47,12 @@ def main() -> None:
         weights, room = 0, int(args.room_gib * (1 << 30))
     print(
         f"{args.layers}-layer bench model: weights {weights / 2**30:.1f} GiB, cache room "
-        f"{room / 2**30:.1f} GiB, requests of {args.request_tokens} tokens, blocks of "
-        f"{args.block_tokens}, max running {args.max_running}"
+        f"{room / 2**30:.1f} GiB, blocks of {args.block_tokens} tokens, "
+        f"max running {args.max_running}"
     )
-    print(f"{'context length':>15} {'total tokens':>13} {'slots':>6} {'blocks':>7}")
+    head = ("context length", "request tokens", "total tokens", "before (slots)", "after (blocks)")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---:|" * len(head))
     for ctx in (int(c) for c in args.contexts.split(",")):
         raw_ctx = {**raw, "max_position_embeddings": max(ctx, raw["max_position_embeddings"])}
         shape = CacheShape.from_model_config(DeepseekV4ModelConfig.from_dict(raw_ctx), 2)
@@ -56,9 +63,12 @@ def main() -> None:
             chunked_prefill_size=args.chunk,
             context_length=ctx,
         )
-        slots = slot_concurrency(total, ctx, args.max_running)
-        blocks = block_concurrency(total, args.request_tokens, args.block_tokens, args.max_running)
-        print(f"{ctx:>15} {total:>13} {slots:>6} {blocks:>7}")
+        before = slot_concurrency(total, ctx, args.max_running)
+        for req in (int(r) for r in args.request_tokens.split(",")):
+            if req > ctx:
+                continue
+            after = block_concurrency(total, req, args.block_tokens, args.max_running)
+            print(f"| {ctx} | {req} | {total} | {before} | {after} |")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
 from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.mem_cache.paged_index import gather_slot_rows
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM, _hc_pre, _post_then_pre
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
@@ -230,6 +231,8 @@ def dsv4_rows(
     name = f"dsv4 r{ratio}"
     for ctx in contexts:
         pool = model.enable_slot_pool(max(batches), ctx + 8)
+        for slot in range(max(batches)):  # every slot holds the blocks of a ctx-token request
+            pool.reserve(slot, ctx + 8)
         with torch.no_grad():
             for t in (pool.layers[0].window, *_compressor_tensors(pool.layers[0])):
                 t.copy_(torch.randn(t.shape, generator=gen, device=DEV).to(t.dtype))
@@ -268,6 +271,7 @@ def dsv4_ops(
     attn, moe = layer.attn, layer.ffn
     assert model.slot_pool is not None
     store = model.slot_pool.layers[0]
+    table = model.slot_pool.blocks.table
     ratio, h, d = attn.ratio, cfg.hidden_size, cfg.head_dim
     ids = torch.randint(0, cfg.vocab_size, (bs,), generator=gen, device=DEV)
     positions = ctx - 1 - torch.arange(bs, device=DEV) % 7
@@ -292,7 +296,9 @@ def dsv4_ops(
         ring[slots, positions % width] = p.kv.to(ring.dtype)
 
     def compress() -> None:
-        compress_decode_step(comp, comp_store, *comp.project(x), positions, slots, attn.rotary)
+        compress_decode_step(
+            comp, comp_store, *comp.project(x), positions, slots, table, attn.rotary
+        )
 
     def window_keys() -> tuple[torch.Tensor, torch.Tensor]:
         rws = torch.arange(width, device=DEV)
@@ -313,7 +319,7 @@ def dsv4_ops(
     if attn.indexer is None:
 
         def attend() -> torch.Tensor:
-            entries = comp_store.entries[slots]
+            entries = gather_slot_rows(comp_store.entries, table, slots)
             ent = torch.arange(entries.shape[1], device=DEV)
             wk, wv = window_keys()
             keys = torch.cat([wk, entries], 1)
@@ -327,7 +333,9 @@ def dsv4_ops(
         ic = idx.compressor
 
         def idx_compress() -> None:
-            compress_decode_step(ic, idx_store, *ic.project(x), positions, slots, attn.rotary)
+            compress_decode_step(
+                ic, idx_store, *ic.project(x), positions, slots, table, attn.rotary
+            )
 
         iq, iw = idx.queries(p.q_lora, x, p.cos, p.sin)
         ipend = tensor_bytes(idx_store.pending_kv[0], idx_store.pending_score[0])
@@ -340,15 +348,19 @@ def dsv4_ops(
             ),
             (
                 "indexer scores + top-k",
-                lambda: idx.top_entries(iq, iw, idx_store.entries[slots], visible),
+                lambda: idx.top_entries(
+                    iq, iw, gather_slot_rows(idx_store.entries, table, slots), visible
+                ),
                 n_vis * cfg.index_head_dim * 2.0,
             ),
         ]
-        top, ok = idx.top_entries(iq, iw, idx_store.entries[slots], visible)
-        k = min(cfg.index_topk, idx_store.entries.shape[1])
+        idx_keys = gather_slot_rows(idx_store.entries, table, slots)
+        top, ok = idx.top_entries(iq, iw, idx_keys, visible)
+        k = min(cfg.index_topk, idx_keys.shape[1])
 
         def kernel_scores() -> torch.Tensor:
-            sc = indexer_scores(iq, iw, idx_store.entries, slots, visible, idx.head_dim**-0.5)
+            keys = gather_slot_rows(idx_store.entries, table, slots)  # the kernel reads [bs, C, D]
+            sc = indexer_scores(iq, iw, keys, slots, visible, idx.head_dim**-0.5)
             return torch.sort(sc, dim=-1, descending=True, stable=True).indices[:, :k]
 
         picks = kernel_scores()
@@ -356,7 +368,8 @@ def dsv4_ops(
 
         def attend() -> torch.Tensor:
             wk, wv = window_keys()
-            keys = torch.cat([wk, comp_store.entries[slots[:, None], top]], 1)
+            ent = gather_slot_rows(comp_store.entries, table, slots)
+            keys = torch.cat([wk, ent[slots[:, None], top]], 1)
             valid = torch.cat([wv, ok.gather(1, top)], 1)
             return sink_attention(p.q, keys, valid, attn.attn_sink, attn.scale)
 
@@ -364,7 +377,8 @@ def dsv4_ops(
         att_bytes = (live_win + sel) * bs * d * 2.0 + tensor_bytes(p.q)
 
     def kernel_attend() -> torch.Tensor:
-        extra: dict[str, Any] = {"entries": comp_store.entries, "ratio": ratio}
+        ent = gather_slot_rows(comp_store.entries, table, slots)  # slots = 0 .. bs-1 here
+        extra: dict[str, Any] = {"entries": ent, "ratio": ratio}
         if attn.indexer is not None:
             extra["picks"] = picks
         return sparse_decode_attention(
@@ -389,7 +403,7 @@ def dsv4_ops(
     ]
 
     def whole_layer() -> None:
-        a = static_decode_attention(attn, x, positions, slots, store)
+        a = static_decode_attention(attn, x, positions, slots, store, table)
         r, y, po, co = _post_then_pre(a, residual, post, comb, layer.hc_ffn(), mix)
         _post_then_pre(moe(y, ids), r, po, co, layer.hc_attn(), mix)
 

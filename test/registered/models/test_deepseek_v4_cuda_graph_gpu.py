@@ -9,6 +9,8 @@
   summation order differs before bf16 rounding, so the bound is the one the bf16 GPU tests use
   for incremental decoding (mean relative error < 0.05) and greedy tokens agree >= 95%.
 - Capture refuses nothing it needs: no host sync in the captured step (capture would raise).
+- The pool is paged (blocks of 128 tokens): replays read blocks added between them, and a reused
+  slot's reused blocks hide the former owner's rows.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ def _model(a2a_backend: str = "none") -> DeepseekV4ForCausalLM:
     )
     load_weights(model, random_weights(raw, seed=7), LoadOptions(progress=False))
     model.eval()
-    model.enable_slot_pool(max_slots=3 * len(LENGTHS), capacity=512)
+    # Blocks of 128 tokens: decoding crosses block edges (100 -> 140, 230 -> 270), so the graphs
+    # must read blocks the table gained between replays.
+    model.enable_slot_pool(max_slots=3 * len(LENGTHS), capacity=512, block_tokens=128)
     return model
 
 
@@ -132,6 +136,8 @@ def test_replay_after_slot_reuse_and_padding_rows() -> None:
         assert _mean_rel(got, ref) < 0.05
     for layer, snap in zip(pool.layers, snapshot):
         assert torch.equal(layer.window[others], snap)
+    model.free_pooled_cache(reused)
+    assert pool.block_pool.num_free == pool.block_pool.num_blocks  # no block leaked
 
 
 if __name__ == "__main__":

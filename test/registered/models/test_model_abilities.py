@@ -18,6 +18,7 @@ from sglang.srt.layers.moe.moe_runner.torch_runner import TorchMoERunner
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_unavailable_reason
 from sglang.srt.model_executor.model_abilities import (
     ServedModel,
+    SupportsPagedCache,
     SupportsSlotPool,
     SupportsStaticDecode,
     missing_ability_reason,
@@ -64,6 +65,7 @@ def test_the_three_models_declare_their_abilities() -> None:
         assert isinstance(model, SupportsStaticDecode) and isinstance(model, SupportsSlotPool)
     assert not isinstance(kimi, SupportsStaticDecode)
     assert not isinstance(kimi, SupportsSlotPool)
+    assert isinstance(kimi, SupportsPagedCache) and not isinstance(dsv4, SupportsPagedCache)
     # moe_layers: every FusedMoE, in order, and only those
     for model in (dsv4, kimi):
         layers = list(model.moe_layers())

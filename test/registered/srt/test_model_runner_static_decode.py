@@ -1,9 +1,9 @@
 """The model runner with the static decode (slot pool), run eagerly on CPU, against the default
 per-request path: the same plans (chunked prefill, mixed prefill + decode steps, decode-only
-steps, frees and new requests reusing freed slots) give the same logits in fp32 (tolerance 1e-4
-of the largest |logit|; only summation order differs). Also: the startup decision's wording, the
-slot plan, and the captured batch sizes. The graph replay itself is tested on the GPU
-(test/registered/models/test_deepseek_v4_cuda_graph_gpu.py)."""
+steps, frees and new requests reusing freed slots and blocks) give the same logits in fp32
+(tolerance 1e-4 of the largest |logit|; only summation order differs). Also: the startup
+decision's wording, the slot plan, and the captured batch sizes. The graph replay itself is
+tested on the GPU (test/registered/models/test_deepseek_v4_cuda_graph_gpu.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from sglang.srt.default_model.generate import ensure_default_model
+from sglang.srt.mem_cache.block_admission import slot_concurrency
 from sglang.srt.model_executor.cuda_graph_runner import capture_batch_sizes
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -34,7 +35,12 @@ def _runner(static: bool) -> ModelRunner:
         static_without_graphs=static,
     )
     if static:
-        assert runner.pooled and setup.max_running_requests == 3  # 1200 // 400 slots
+        # Paged: every running request gets a slot (whole contexts would fit 1200 // 400 = 3),
+        # and admission is by the pool's whole blocks.
+        assert runner.pooled and setup.max_running_requests == 4
+        pool = runner.model.slot_pool
+        assert pool is not None and setup.block_tokens == pool.block_pool.block_tokens > 1
+        assert setup.max_total_tokens == pool.block_pool.num_blocks * setup.block_tokens <= 1200
         assert setup.cuda_graph.startswith(
             "off (runs on cpu, not CUDA); static decode eager at the graph batch sizes"
         )
@@ -74,6 +80,8 @@ def test_static_runner_matches_eager_runner() -> None:
     print(f"static vs eager runner: rel max err {worst:.2e}")
     assert worst < TOL
     assert pool is not None and pool.num_free == pool.max_slots and not static.caches
+    blocks = pool.block_pool
+    assert blocks.num_free == blocks.num_blocks  # every block back after the requests finished
 
 
 def test_slot_plan_and_batch_sizes() -> None:
@@ -81,10 +89,13 @@ def test_slot_plan_and_batch_sizes() -> None:
         plan_slot_pool(context_length=4096, max_total_tokens=10**6, max_running_requests=32).slots
         == 32
     )
+    # Paged: slots no longer cost a whole context each; the token budget is shared by blocks.
     small = plan_slot_pool(context_length=4096, max_total_tokens=9000, max_running_requests=32)
-    assert (small.slots, small.capacity) == (2, 4096)
+    assert (small.slots, small.capacity, small.total_tokens) == (32, 4096, 9000)
+    assert slot_concurrency(9000, 4096, 32) == 2
     tiny = plan_slot_pool(context_length=4096, max_total_tokens=300, max_running_requests=8)
-    assert (tiny.slots, tiny.capacity) == (1, 300)
+    assert (tiny.slots, tiny.capacity) == (8, 300)
+    assert slot_concurrency(300, 4096, 8) == 1
     assert capture_batch_sizes(1) == [1]
     assert capture_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
     assert capture_batch_sizes(48) == [1, 2, 4, 8, 16, 24, 32, 40, 48]

@@ -1,11 +1,14 @@
 """The scheduling policy without a model: decode rows first, chunked prefill within the step
-budget, admission under --max-running-requests and --max-total-tokens (queue, not crash), and
-reservations returned on finish or abort with the caches freed in the next plan."""
+budget, admission under --max-running-requests and --max-total-tokens (queue, not crash), by
+whole cache blocks when the cache is paged, and reservations returned on finish or abort with the
+caches freed in the next plan."""
 
 from __future__ import annotations
 
+import pytest
+
 from sglang.srt.managers.schedule_batch import Req
-from sglang.srt.managers.schedule_policy import SchedulePolicy
+from sglang.srt.managers.schedule_policy import SchedulePolicy, Step
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
@@ -82,6 +85,49 @@ def test_max_new_tokens_zero_is_not_sampled() -> None:
     p.add(_req("z", 5, max_new=0))
     s = p.next_step()
     assert not s.rows[0].sample and s.plan.sample_rows == ()
+
+
+def _step(p: SchedulePolicy) -> Step:
+    """The next step, with a token sampled for every row that samples (as the scheduler does)."""
+    step = p.next_step()
+    for row in step.rows:
+        if row.sample:
+            row.req.output_ids.append(1)
+    return step
+
+
+def test_admission_by_blocks_runs_more_short_requests_than_whole_context_slots() -> None:
+    # 8 blocks of 256 tokens; with 2048-token contexts whole-context slots would run 1 request.
+    p = SchedulePolicy(
+        max_running_requests=16, max_total_tokens=2048, chunked_prefill_size=4096, block_tokens=256
+    )
+    short = [_req(f"s{i}", 100, 50) for i in range(8)]  # 150 tokens: 1 block each
+    for r in short:
+        p.add(r)
+    late, long = _req("late", 100, 50), _req("long", 500, 100)  # 3 blocks
+    p.add(long)
+    p.add(late)
+    s = _step(p)
+    assert s.plan.new_rids == tuple(r.rid for r in short) and p.reserved == 2048
+    # Full: the long request queues (first come first served: "late" waits behind it).
+    assert list(p.waiting) == [long, late] and _step(p).plan.new_rids == ()
+    p.release(short[0])
+    assert _step(p).plan.new_rids == ()  # 1 block free, the head needs 3
+    p.release(short[1])
+    p.release(short[2])
+    s = _step(p)
+    assert s.plan.new_rids == ("long",) and s.plan.free_rids == ("s1", "s2")
+    assert p.reserved == 2048 and list(p.waiting) == [late]
+    for r in short[3:]:
+        p.release(r)
+    p.release(long)
+    assert p.reserved == 0 and _step(p).plan.new_rids == ("late",) and p.reserved == 256
+    # A reservation rounds up to whole blocks, so one that exceeds the pool can never fit.
+    assert p.can_ever_fit(_req("edge", 2000, 48)) and not p.can_ever_fit(_req("over", 2000, 49))
+    with pytest.raises(ValueError, match="block_tokens"):
+        SchedulePolicy(
+            max_running_requests=1, max_total_tokens=1, chunked_prefill_size=1, block_tokens=0
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,12 @@ Each step takes, in order:
    ``--max-total-tokens``, and the prefill budget lasts. The head of the queue that does not fit
    blocks the rest (no starvation of long requests by short ones).
 
+With paged caches (``block_tokens > 1``: the static decode's block pool) a reservation is whole
+blocks, ``ceil((prompt + max new) / block_tokens)`` of them, and ``max_total_tokens`` is the pool's
+blocks: admission by free blocks. A request reserves every block it can ever fill, so a running
+request never runs out of blocks mid-decode (no retraction is needed; a request that does not
+fit waits in the queue until finished ones return theirs).
+
 Finished and aborted requests return their reservation at once; their caches are dropped on every
 rank with the next plan.
 """
@@ -43,10 +49,18 @@ class Step:
 
 class SchedulePolicy:
     def __init__(
-        self, *, max_running_requests: int, max_total_tokens: int, chunked_prefill_size: int
+        self,
+        *,
+        max_running_requests: int,
+        max_total_tokens: int,
+        chunked_prefill_size: int,
+        block_tokens: int = 1,
     ) -> None:
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         self.max_running = max_running_requests
         self.max_total_tokens = max_total_tokens
+        self.block_tokens = block_tokens
         # <= 0: no chunking (whole prompts, however long).
         self.chunk = chunked_prefill_size if chunked_prefill_size > 0 else None
         self.waiting: deque[Req] = deque()
@@ -57,8 +71,13 @@ class SchedulePolicy:
 
     # --- queue changes -------------------------------------------------------------------------
 
+    def reservation(self, req: Req) -> int:
+        """The tokens ``req`` holds from admission to finish: whole blocks when paged."""
+        b = self.block_tokens
+        return -(-req.reserved_tokens // b) * b
+
     def can_ever_fit(self, req: Req) -> bool:
-        return req.reserved_tokens <= self.max_total_tokens
+        return self.reservation(req) <= self.max_total_tokens
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
@@ -78,7 +97,7 @@ class SchedulePolicy:
     def release(self, req: Req) -> None:
         """A running request is finished: return its reservation, drop its cache next step."""
         self.running.remove(req)
-        self.reserved -= req.reserved_tokens
+        self.reserved -= self.reservation(req)
         self.pending_free.append(req.rid)
 
     def has_work(self) -> bool:
@@ -108,11 +127,11 @@ class SchedulePolicy:
         new_rids: list[str] = []
         while self.waiting and len(self.running) < self.max_running and budget > 0:
             req = self.waiting[0]
-            if self.reserved + req.reserved_tokens > self.max_total_tokens:
+            if self.reserved + self.reservation(req) > self.max_total_tokens:
                 break
             self.waiting.popleft()
             self.running.append(req)
-            self.reserved += req.reserved_tokens
+            self.reserved += self.reservation(req)
             new_rids.append(req.rid)
             budget -= self._take_chunk(req, budget, take)
         free, self.pending_free = self.pending_free, []

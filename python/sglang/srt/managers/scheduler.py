@@ -86,6 +86,7 @@ class Scheduler:
         send: Connection,
         heartbeat_s: float = _HEARTBEAT_S,
         dp_size: int = 1,
+        block_tokens: int = 1,
     ) -> None:
         self.runner = runner
         self.heartbeat_s = heartbeat_s
@@ -97,7 +98,16 @@ class Scheduler:
             "max_total_tokens": max_total_tokens,
             "chunked_prefill_size": chunked_prefill_size,
         }
-        self.policy: SchedulePolicy | DpSchedulePolicy = SchedulePolicy(**budget)
+        self.policy: SchedulePolicy | DpSchedulePolicy = SchedulePolicy(
+            **budget, block_tokens=block_tokens
+        )
+        if block_tokens > 1:
+            logger.info(
+                f"admission by cache blocks: {max_total_tokens // block_tokens} blocks of "
+                f"{block_tokens} tokens; a request reserves ceil((prompt + max_new_tokens) / "
+                f"{block_tokens}) blocks and waits in the queue when they are not free (running "
+                "requests never run out mid-decode, so none is retracted)"
+            )
         if dp_size > 1:  # one policy per DP group (each group's ranks hold its own caches)
             self.policy = DpSchedulePolicy(dp_size, **budget)
             logger.info(f"DP attention: {dp_size} groups, requests balanced {BALANCE_POLICY}")

@@ -256,6 +256,8 @@ def run_scheduler_process(
         if args.enable_symm_mem and on_gpu and tp_size > 1:
             prealloc_symmetric_memory_pool(tp_group)
         max_running = decode.max_running_requests
+        # Paged: the pool's whole blocks are the token budget the scheduler admits by.
+        budget = decode.max_total_tokens or budget
         if max_running < args.max_running_requests and tp_rank == 0:
             logger.warning(
                 f"--max-running-requests {args.max_running_requests} lowered to {max_running}: "
@@ -315,6 +317,7 @@ def run_scheduler_process(
                 send=send,
                 heartbeat_s=_heartbeat_s(args),
                 dp_size=dp_size,
+                block_tokens=decode.block_tokens,
             ).run()
         else:
             run_follower(runner, tp_group)

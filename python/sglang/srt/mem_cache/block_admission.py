@@ -1,7 +1,8 @@
 """Admission by free blocks: how many requests of a given live length a block pool can run, and
-whether the next one fits, against the slot pool's whole-context reservation.
+whether the next one fits, against the unpaged slot pool's whole-context reservation (what the
+server did before its pool was paged; ``scripts/paged_capacity.py`` prints both).
 
-With slots, every running request reserves ``capacity`` tokens (the context length), so
+With slots, every running request reserved ``capacity`` tokens (the context length), so
 ``slots = total_tokens // capacity`` however short the requests are. With blocks, a request
 reserves ``ceil((prompt + max new tokens) / block) * block`` tokens, so the same memory runs
 ``total_tokens // that`` requests (both capped by ``--max-running-requests``).
@@ -13,7 +14,7 @@ from sglang.srt.mem_cache.block_pool import BlockPool
 
 
 def slot_concurrency(total_tokens: int, context_length: int, max_running: int) -> int:
-    """Requests the slot pool runs at once (:func:`plan_slot_pool`'s count)."""
+    """Requests an unpaged slot pool (one whole context a slot) runs at once."""
     capacity = min(context_length, total_tokens)
     return min(max_running, max(1, total_tokens // capacity))
 

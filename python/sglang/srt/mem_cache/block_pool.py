@@ -7,8 +7,8 @@ slots. Allocation is all or nothing: a request that cannot get its blocks gets n
 caller (the scheduler) waits for blocks to come back instead of failing. Lowest free block first,
 so reuse stays predictable.
 
-Block-table storage for the kernels (a ``[max_requests, max_blocks]`` int32 tensor read in place
-of slot offsets) is the next step; this module is the allocator and its accounting.
+This module is the allocator and its accounting; :class:`PagedBlockTable`
+(``paged_block_table.py``) mirrors the tables in device memory for the readers.
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ tokens through their first channel half, so the last complete block's first halv
 ``ape`` added) are kept in ``prev_*``; before block 0 completes they are zero rows with ``-inf``
 scores, which the pooling softmax weighs 0 -- exactly "no previous block".
 
-Every buffer has a fixed shape, so the state can live in a slot of the static pool
-(:class:`CompressorStorage` views; the static decode updates them in place with masks) or in its
-own tensors (a plain per-request cache). Host counters (pending rows, entries) are the eager
-path's; the static decode keeps them right through :meth:`sync_to`.
+Every pending / previous buffer has a fixed shape, so the state can live in a slot of the static
+pool (:class:`CompressorStorage` views, entries paged in the pool's blocks; the static decode
+updates them in place with masks) or in its own tensors (a plain per-request cache). Host
+counters (pending rows, entries) are the eager path's; the static decode keeps them right through
+:meth:`sync_to`.
 """
 
 from __future__ import annotations
@@ -20,17 +21,17 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang.srt.mem_cache.fixed_rows import FixedRows
 from sglang.srt.mem_cache.growable_rows import GrowableRows
 
 
 @dataclass(frozen=True)
 class CompressorStorage:
-    """One request's compressor buffers: ``entries [C, D]`` (entry dtype), ``pending_kv`` /
+    """One request's compressor buffers: ``entries`` (rows ``[n, D]`` of the entry dtype, paged in
+    the pool's blocks), ``pending_kv`` /
     ``pending_score [ratio, coff*D]`` fp32, ``prev_kv`` / ``prev_score [ratio, D]`` fp32 (overlap
     only, else ``None``)."""
 
-    entries: torch.Tensor
+    entries: GrowableRows
     pending_kv: torch.Tensor
     pending_score: torch.Tensor
     prev_kv: torch.Tensor | None
@@ -58,7 +59,7 @@ class CompressorState:
             raise ValueError(f"compress ratio must be >= 1, got {ratio}")
         self.ratio, self.dim, self.overlap = ratio, dim, overlap
         width = (2 if overlap else 1) * dim
-        self.entries: GrowableRows | FixedRows
+        self.entries: GrowableRows
         if storage is None:
             f32 = torch.float32
             self._pending_kv = torch.zeros(ratio, width, dtype=f32, device=device)
@@ -73,7 +74,7 @@ class CompressorState:
         else:
             self._pending_kv, self._pending_score = storage.pending_kv, storage.pending_score
             self.prev_kv, self.prev_score = storage.prev_kv, storage.prev_score
-            self.entries = FixedRows(storage.entries)
+            self.entries = storage.entries
         self.num_pending = 0
 
     @property

@@ -6,8 +6,8 @@ A request's cache also counts its tokens, so a forward can check that the positi
 continue the cache (the compressors' blocks are aligned to absolute positions).
 
 A cache either owns its tensors (:func:`new_request_cache`, the eager reference) or views one slot
-of a :class:`DeepseekV4SlotPool` (:func:`slot_request_cache`), which the static (CUDA-graph)
-decode also reads and writes; the eager attention treats both alike.
+of a :class:`DeepseekV4SlotPool` and its blocks (:func:`slot_request_cache`), which the static
+(CUDA-graph) decode also reads and writes; the eager attention treats both alike.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def slot_request_cache(pool: DeepseekV4SlotPool, slot: int) -> DeepseekV4Request
                 dim=c.entries.shape[-1],
                 overlap=c.overlap,
                 entry_dtype=c.entries.dtype,
-                storage=c.storage(slot),
+                storage=c.storage(slot, pool.blocks),
             )
         if store.indexer is not None:
             c = store.indexer
@@ -109,7 +109,7 @@ def slot_request_cache(pool: DeepseekV4SlotPool, slot: int) -> DeepseekV4Request
                 dim=c.entries.shape[-1],
                 overlap=True,
                 entry_dtype=c.entries.dtype,
-                storage=c.storage(slot),
+                storage=c.storage(slot, pool.blocks),
             )
         layers.append(DeepseekV4LayerCache(ring, comp, idx))
     cache = DeepseekV4RequestCache(layers)

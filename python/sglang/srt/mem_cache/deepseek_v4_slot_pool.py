@@ -1,26 +1,38 @@
-"""The static-capacity cache of DeepSeek V4: every running request owns one *slot* of
-preallocated per-layer tensors, so a decode step has fixed shapes and a CUDA graph can capture it.
+"""The preallocated, paged cache of DeepSeek V4: every running request owns one *slot* (a row of
+its fixed-size state) and the blocks of a shared pool its live length needs, so a decode step has
+fixed shapes (a CUDA graph can capture it) while memory follows live tokens.
 
-Per layer (``S = max_slots + 1`` rows; the last slot is scratch, where a padded batch's padding
-rows write, so they never touch a real request):
-- ``window [S, W, D]``: the sliding-window ring, row ``p % W`` holds position ``p``;
-- per compressor (ratio 4 / 128; plus the ratio-4 indexer's own): ``entries [S, C, D]`` with
-  ``C = capacity // ratio + 1``, ``pending_kv`` / ``pending_score [S, ratio, coff*D]`` fp32 and,
-  with overlapping windows, ``prev_kv`` / ``prev_score [S, ratio, D]`` fp32.
+Per slot (``S = max_slots + 1`` rows; the last slot is scratch, where a padded batch's padding
+rows write, so they never touch a real request), per layer, the fixed-size state:
+- ``window [S, W, D]``: the sliding-window ring, row ``p % W`` holds position ``p`` (``W`` rows
+  whatever the length, so it stays a per-slot row, like Kimi K3's KDA state);
+- per compressor (ratio 4 / 128; plus the ratio-4 indexer's own): ``pending_kv`` /
+  ``pending_score [S, ratio, coff*D]`` fp32 and, with overlapping windows, ``prev_kv`` /
+  ``prev_score [S, ratio, D]`` fp32.
+Paged, per compressor: ``entries [num_blocks + 1, B // ratio, D]``, where a block of ``B`` tokens
+(``block_tokens``, a multiple of every ratio) holds those tokens' entries. One block table
+(:class:`PagedBlockTable`, ``[S, ceil(capacity / B)]`` on the device) serves every layer: a
+request's block ``i`` holds its entries of tokens ``i * B ..`` in every compressor. The extra
+block is the null block that unused table entries (and the scratch slot) point to.
 
-The eager path reaches a slot through views (:func:`slot_request_cache`), the static decode
-through the whole tensors indexed by a device tensor of slots: both write the same storage, so a
-request prefilled eagerly decodes in a graph with no copy. Lengths are the callers' (host counts
-for the eager path, device positions for the static decode).
+The eager path reaches a slot through views and :class:`PagedRows` (:func:`slot_request_cache`),
+the static decode through the whole tensors indexed by device tensors of slots and the table: both
+write the same storage, so a request prefilled eagerly decodes in a graph with no copy. Lengths
+are the callers' (host counts for the eager path, device positions for the static decode); the
+caller gives a request its blocks before a forward writes them (:meth:`reserve`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from sglang.srt.mem_cache.block_pool import BlockPool
 from sglang.srt.mem_cache.compressor_state import CompressorStorage, reset_previous
+from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
+from sglang.srt.mem_cache.paged_rows import PagedRows
 
 
 @dataclass(frozen=True)
@@ -37,7 +49,8 @@ class CompressorSlots:
     def allocate(
         cls,
         slots: int,
-        capacity: int,
+        num_blocks: int,
+        block_tokens: int,
         ratio: int,
         dim: int,
         *,
@@ -57,16 +70,19 @@ class CompressorSlots:
         return cls(
             ratio=ratio,
             overlap=overlap,
-            entries=torch.zeros(slots, capacity // ratio + 1, dim, dtype=dtype, device=device),
+            # +1: the null block (see the module doc)
+            entries=torch.zeros(
+                num_blocks + 1, block_tokens // ratio, dim, dtype=dtype, device=device
+            ),
             pending_kv=f32(slots, ratio, width),
             pending_score=f32(slots, ratio, width),
             prev_kv=prev_kv,
             prev_score=prev_score,
         )
 
-    def storage(self, slot: int) -> CompressorStorage:
+    def storage(self, slot: int, table: PagedBlockTable) -> CompressorStorage:
         return CompressorStorage(
-            self.entries[slot],
+            PagedRows(self.entries, table.table[slot], table.blocks(slot)),
             self.pending_kv[slot],
             self.pending_score[slot],
             None if self.prev_kv is None else self.prev_kv[slot],
@@ -91,6 +107,13 @@ class LayerSlots:
     indexer: CompressorSlots | None
 
 
+def default_block_tokens(compress_ratios: tuple[int, ...]) -> int:
+    """The smallest multiple of every ratio that is >= 256 tokens: a block is a whole number of
+    entries of every compressor, and requests round up to at most 255 tokens."""
+    step = math.lcm(*[r for r in compress_ratios if r > 0], 1)
+    return step * -(-256 // step)
+
+
 class SlotPoolFullError(RuntimeError):
     """Every slot is taken; the scheduler admits at most ``max_slots`` running requests."""
 
@@ -108,7 +131,12 @@ class DeepseekV4SlotPool:
         capacity: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        num_blocks: int | None = None,
+        block_tokens: int | None = None,
+        total_tokens: int | None = None,
     ) -> None:
+        """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
+        request's) size the block pool; neither: every slot can hold a whole-capacity request."""
         if max_slots < 1 or capacity < 1:
             raise ValueError(f"slot pool needs >= 1 slot and token, got {max_slots}, {capacity}")
         dev = torch.device(device)
@@ -116,17 +144,31 @@ class DeepseekV4SlotPool:
         self.window = sliding_window
         self.scratch_slot = max_slots
         rows = max_slots + 1
+        self.block_tokens = block_tokens or default_block_tokens(compress_ratios)
+        bad = [r for r in compress_ratios if r > 0 and self.block_tokens % r]
+        if bad:
+            raise ValueError(
+                f"block_tokens {self.block_tokens} is not a multiple of the compress ratios {bad}"
+            )
+        blocks_per_slot = -(-capacity // self.block_tokens)
+        if num_blocks is None:
+            num_blocks = max_slots * blocks_per_slot  # the unpaged memory
+            if total_tokens is not None:
+                num_blocks = max(blocks_per_slot, total_tokens // self.block_tokens)
+        self.block_pool = BlockPool(num_blocks, self.block_tokens)
+        self.blocks = PagedBlockTable(self.block_pool, rows=rows, max_tokens=capacity, device=dev)
+        nb, bt = self.block_pool.num_blocks, self.block_tokens
         self.layers: list[LayerSlots] = []
         for kind, ratio in zip(attn_types, compress_ratios):
             window = torch.zeros(rows, sliding_window, head_dim, dtype=dtype, device=dev)
             comp = idx = None
             if kind != "sliding":
                 comp = CompressorSlots.allocate(
-                    rows, capacity, ratio, head_dim, overlap=kind == "csa", dtype=dtype, device=dev
+                    rows, nb, bt, ratio, head_dim, overlap=kind == "csa", dtype=dtype, device=dev
                 )
                 if kind == "csa":
                     idx = CompressorSlots.allocate(
-                        rows, capacity, ratio, index_head_dim, overlap=True, dtype=dtype, device=dev
+                        rows, nb, bt, ratio, index_head_dim, overlap=True, dtype=dtype, device=dev
                     )
             self.layers.append(LayerSlots(window, comp, idx))
         # Lowest slot first: reuse keeps the touched memory small and the tests predictable.
@@ -144,7 +186,7 @@ class DeepseekV4SlotPool:
             total += layer.window.numel() * layer.window.element_size()
             for comp in (layer.compressor, layer.indexer):
                 total += comp.nbytes() if comp is not None else 0
-        return total
+        return total + self.blocks.table.numel() * self.blocks.table.element_size()
 
     def alloc(self) -> int:
         if not self._free:
@@ -154,9 +196,17 @@ class DeepseekV4SlotPool:
         return slot
 
     def free(self, slot: int) -> None:
+        """Return the slot and every block it holds."""
         if not 0 <= slot < self.max_slots or slot in self._free:
             raise ValueError(f"slot {slot} is not an allocated slot of this pool")
+        self.blocks.release(slot)
         self._free.append(slot)
+
+    def reserve(self, slot: int, tokens: int) -> None:
+        """Give ``slot`` the blocks for ``tokens`` tokens before a forward writes them (raises
+        :class:`~sglang.srt.mem_cache.block_pool.BlockPoolExhausted`, holding what it held, when
+        the pool is short: the scheduler's admission by blocks keeps that from happening)."""
+        self.blocks.ensure(slot, tokens)
 
     def _reset(self, slot: int) -> None:
         for layer in self.layers:

@@ -8,8 +8,9 @@ Per layer, one of:
   shared, unrotated ``k_pe``), growing by one row a token.
 The request also counts its tokens, so a forward can check that positions continue the cache.
 
-A plain per-request store that the reference layers read directly; a paged pool shared by many
-requests is the scheduler's concern.
+A plain per-request store that the reference layers read directly, or, for the MLA latents, rows
+paged in the blocks of a :class:`~sglang.srt.mem_cache.kimi_k3_latent_pool.KimiK3LatentPool`
+shared by many requests (``row`` is then the request's row of that pool).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ LayerCache = KDAState | MLALatentCache
 
 
 class KimiK3RequestCache(RequestCache[LayerCache]):
-    """One request's layer states and token count."""
+    """One request's layer states and token count; ``row`` is its latent-pool row (``None`` when
+    its MLA latents are its own tensors)."""
+
+    row: int | None = None
 
 
 def new_request_cache(

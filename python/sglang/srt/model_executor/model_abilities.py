@@ -1,5 +1,6 @@
 """What the executor needs of a model, declared: every served model is a :class:`ServedModel`;
-the static decode (slot pool + CUDA-graph body) is the optional :class:`SupportsStaticDecode`.
+the static decode (slot pool + CUDA-graph body) is the optional :class:`SupportsStaticDecode`, and
+paged caches without it (eager decode) the optional :class:`SupportsPagedCache`.
 
 Models implement these structurally (no import of this file). The executor checks them with
 ``isinstance`` and, where an ability is required, :func:`require_ability` names what is missing,
@@ -15,6 +16,7 @@ import torch
 
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.moe_runner import MoERunner
+from sglang.srt.mem_cache.block_pool import BlockPool
 
 # One static decode step: (input_ids, positions, slots) [bs] -> logits [bs, V].
 StaticStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -27,6 +29,7 @@ class ServedModelConfig(Protocol):
 
 class SlotPool(Protocol):
     scratch_slot: int
+    block_pool: BlockPool  # the paged state's blocks (the scheduler admits by them)
 
     def nbytes(self) -> int: ...
 
@@ -56,11 +59,42 @@ class SupportsSlotPool(Protocol):
     @property
     def slot_pool(self) -> SlotPool | None: ...
 
-    def enable_slot_pool(self, max_slots: int, capacity: int) -> SlotPool: ...
+    def enable_slot_pool(
+        self,
+        max_slots: int,
+        capacity: int,
+        *,
+        num_blocks: int | None = None,
+        block_tokens: int | None = None,
+        total_tokens: int | None = None,
+    ) -> SlotPool: ...
 
     def new_pooled_cache(self) -> object: ...
 
     def free_pooled_cache(self, cache: object) -> None: ...
+
+
+class PagedPool(Protocol):
+    block_pool: BlockPool
+
+    def nbytes(self) -> int: ...
+
+
+@runtime_checkable
+class SupportsPagedCache(Protocol):
+    """Request caches whose growing state lives in a shared block pool, decoded eagerly (Kimi K3's
+    MLA latents; its KDA state is fixed-size per request)."""
+
+    @property
+    def latent_pool(self) -> PagedPool | None: ...
+
+    def enable_latent_pool(
+        self, max_requests: int, capacity: int, *, num_blocks: int, block_tokens: int = 256
+    ) -> PagedPool: ...
+
+    def new_paged_cache(self) -> object: ...
+
+    def free_paged_cache(self, cache: object) -> None: ...
 
 
 @runtime_checkable

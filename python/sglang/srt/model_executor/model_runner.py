@@ -2,9 +2,10 @@
 
 Caches are per-request objects held in a dict keyed by request id. By default each owns its
 tensors and dropping the entry frees them. After :meth:`ModelRunner.init_decode` chose the static
-decode (CUDA graphs), caches live in slots of the model's preallocated pool instead: freeing a
-request returns its slot, prefill chunks run eagerly into the slot, and decode-only steps replay
-a captured graph (padded to the next captured size). All ranks apply the same plan, so their
+decode (CUDA graphs), caches live in slots of the model's preallocated pool instead, their
+growing state in its blocks: freeing a request returns its slot and blocks, prefill chunks run
+eagerly into the slot (taking the blocks they fill), and decode-only steps replay a captured
+graph (padded to the next captured size). All ranks apply the same plan, so their
 dicts hold the same keys, slots and lengths.
 """
 
@@ -29,6 +30,7 @@ from sglang.srt.model_executor.dp_step import execute_dp_plan
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_abilities import (
     ServedModel,
+    SupportsPagedCache,
     SupportsStaticDecode,
     moe_runners,
     require_ability,
@@ -41,6 +43,9 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
+
+# Tokens a cache block holds for models paged without the static decode (Kimi K3's MLA latents).
+_PAGED_BLOCK_TOKENS = 256
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -63,6 +68,10 @@ class DecodeSetup:
 
     cuda_graph: str  # "on (...)" or "off (why)"
     max_running_requests: int  # the pool's slot count caps it when the static decode is on
+    # Admission granularity: a request reserves whole blocks of this many tokens (1: no paging),
+    # out of ``max_total_tokens`` (the pool's blocks when paged).
+    block_tokens: int = 1
+    max_total_tokens: int | None = None
 
 
 class ModelRunner:
@@ -97,6 +106,8 @@ class ModelRunner:
         # Set by init_decode when caches live in the model's slot pool (decode: static_decode).
         self.static_model: SupportsStaticDecode | None = None
         self.graph_runner: CudaGraphRunner | None = None
+        # Set by init_decode when a model without the static decode pages its caches (Kimi K3).
+        self.paged_model: SupportsPagedCache | None = None
         # Static decode without graphs: the sizes a batch pads to (those graphs would capture).
         self.static_sizes: list[int] = []
 
@@ -152,6 +163,11 @@ class ModelRunner:
         has_static = isinstance(self.model, SupportsStaticDecode)
         static_without_graphs |= envs.SGLANG_STATIC_DECODE_WITHOUT_GRAPHS.get()
         if reason is not None and not (static_without_graphs and has_static):
+            if not has_static and isinstance(self.model, SupportsPagedCache):
+                off = f"off ({reason})"
+                return self._init_paged_cache(
+                    self.model, off, context_length, max_total_tokens, max_running_requests
+                )
             return DecodeSetup(f"off ({reason})", max_running_requests)
         static = require_ability(self.model, SupportsStaticDecode)
         plan = plan_slot_pool(
@@ -159,20 +175,61 @@ class ModelRunner:
             max_total_tokens=max_total_tokens,
             max_running_requests=max_running_requests,
         )
-        pool = static.enable_slot_pool(plan.slots, plan.capacity)
+        pool = static.enable_slot_pool(plan.slots, plan.capacity, total_tokens=plan.total_tokens)
         self.static_model = static
         gib = pool.nbytes() / (1 << 30)
-        slots = f"slot pool {plan.slots} x {plan.capacity} tokens, {gib:.2f} GiB"
+        blocks = pool.block_pool
+        slots = (
+            f"slot pool {plan.slots} slots of up to {plan.capacity} tokens, paged in "
+            f"{blocks.num_blocks} blocks of {blocks.block_tokens} tokens, {gib:.2f} GiB"
+        )
+        paged = {
+            "block_tokens": blocks.block_tokens,
+            "max_total_tokens": blocks.num_blocks * blocks.block_tokens,
+        }
         sizes = capture_batch_sizes(min(self.args.cuda_graph_max_bs or plan.slots, plan.slots))
         if reason is not None:
             self.static_sizes = sizes
             return DecodeSetup(
                 f"off ({reason}); static decode eager at the graph batch sizes, {slots}",
                 plan.slots,
+                **paged,
             )
         self.graph_runner = CudaGraphRunner(static, sizes, self.device)
         self.graph_runner.capture()
-        return DecodeSetup(f"{self.graph_runner.describe()}; {slots}", plan.slots)
+        return DecodeSetup(f"{self.graph_runner.describe()}; {slots}", plan.slots, **paged)
+
+    def _init_paged_cache(
+        self,
+        model: SupportsPagedCache,
+        graphs: str,
+        context_length: int,
+        max_total_tokens: int,
+        max_running_requests: int,
+    ) -> DecodeSetup:
+        """Page the model's growing caches in blocks worth ``max_total_tokens`` when the user
+        bounded it (``--max-total-tokens``): without a memory model for this architecture the
+        default budget (context x max running) is the worst case, which preallocating would turn
+        from a bound into an allocation."""
+        if self.args.max_total_tokens is None:
+            return DecodeSetup(
+                f"{graphs}; caches per request (set --max-total-tokens to page them)",
+                max_running_requests,
+            )
+        block_tokens = _PAGED_BLOCK_TOKENS
+        capacity = min(context_length, max_total_tokens)
+        blocks = max(-(-capacity // block_tokens), max_total_tokens // block_tokens)
+        pool = model.enable_latent_pool(
+            max_running_requests, capacity, num_blocks=blocks, block_tokens=block_tokens
+        )
+        self.paged_model = model
+        gib = pool.nbytes() / (1 << 30)
+        return DecodeSetup(
+            f"{graphs}; caches paged in {blocks} blocks of {block_tokens} tokens, {gib:.2f} GiB",
+            max_running_requests,
+            block_tokens=block_tokens,
+            max_total_tokens=blocks * block_tokens,
+        )
 
     # --- forward -------------------------------------------------------------------------------
 
@@ -182,13 +239,19 @@ class ModelRunner:
         0, ``None`` elsewhere."""
         if plan.dp_plans:
             return execute_dp_plan(self, plan)
-        static = self.static_model
+        static, paged = self.static_model, self.paged_model
         for rid in plan.free_rids:
             cache = self.caches.pop(rid, None)
             if cache is not None and static is not None:
                 static.free_pooled_cache(cache)
+            elif cache is not None and paged is not None:
+                paged.free_paged_cache(cache)
+        new = self.model.new_request_cache
+        if static is not None:
+            new = static.new_pooled_cache
+        elif paged is not None:
+            new = paged.new_paged_cache
         for rid in plan.new_rids:
-            new = self.model.new_request_cache if static is None else static.new_pooled_cache
             self.caches[rid] = new()
         if not plan.has_forward:
             return None

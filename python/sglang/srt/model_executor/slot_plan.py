@@ -1,9 +1,13 @@
-"""How many cache slots, of how many tokens each, the static decode preallocates.
+"""How many cache slots the static decode preallocates, how long a request may be, and how many
+tokens of paged state (blocks) they share.
 
-A slot holds one whole request, so its capacity is the longest request the server admits:
-``min(context length, --max-total-tokens)``. The slots together may not hold more tokens than
-``--max-total-tokens`` (the memory budget), so with long contexts there can be fewer slots than
-``--max-running-requests``; the scheduler then runs at most that many requests at once.
+A slot is a request's fixed-size state (window rings, compressor pending rows, its block-table
+row), so there are ``--max-running-requests`` of them whatever the context. The state that grows
+with the length (compressed entries, indexer keys) is paged: the slots share blocks worth
+``--max-total-tokens`` (the memory budget), and a request holds only the blocks of its live
+length. A request is at most ``min(context length, --max-total-tokens)`` tokens (its table's
+width). The scheduler admits by blocks (:class:`SchedulePolicy` with ``block_tokens``), so a slot
+never waits for a whole context's memory.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class SlotPlan:
     slots: int
-    capacity: int
+    capacity: int  # the longest request, in tokens
+    total_tokens: int  # paged tokens all slots share (the pool rounds down to whole blocks)
 
 
 def plan_slot_pool(
@@ -26,5 +31,4 @@ def plan_slot_pool(
             f"{max_total_tokens}, running requests {max_running_requests}"
         )
     capacity = min(context_length, max_total_tokens)
-    slots = min(max_running_requests, max(1, max_total_tokens // capacity))
-    return SlotPlan(slots=slots, capacity=capacity)
+    return SlotPlan(slots=max_running_requests, capacity=capacity, total_tokens=max_total_tokens)

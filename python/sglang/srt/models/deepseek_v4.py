@@ -194,9 +194,19 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
 
     # --- slot pool -----------------------------------------------------------------------------
 
-    def enable_slot_pool(self, max_slots: int, capacity: int) -> DeepseekV4SlotPool:
-        """Preallocate the static cache: ``max_slots`` requests of up to ``capacity`` tokens each
-        (what the static decode and CUDA graphs need). Replaces any earlier pool."""
+    def enable_slot_pool(
+        self,
+        max_slots: int,
+        capacity: int,
+        *,
+        num_blocks: int | None = None,
+        block_tokens: int | None = None,
+        total_tokens: int | None = None,
+    ) -> DeepseekV4SlotPool:
+        """Preallocate the static cache: ``max_slots`` requests of up to ``capacity`` tokens each,
+        their compressed entries in blocks of ``block_tokens`` tokens shared by all: ``num_blocks``
+        of them, or ``total_tokens`` worth (default: enough for every slot at full capacity). The
+        static decode and CUDA graphs need it. Replaces any earlier pool."""
         c = self.config
         self.slot_pool = DeepseekV4SlotPool(
             attn_types=c.attn_types,
@@ -208,6 +218,9 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
             capacity=capacity,
             dtype=self.dtype,
             device=self.device,
+            num_blocks=num_blocks,
+            block_tokens=block_tokens,
+            total_tokens=total_tokens,
         )
         return self.slot_pool
 
@@ -218,6 +231,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         return slot_request_cache(pool, pool.alloc())
 
     def free_pooled_cache(self, cache: DeepseekV4RequestCache) -> None:
+        """Return the cache's slot and its blocks."""
         if cache.slot is not None:
             self._pool().free(cache.slot)
             cache.slot = None
@@ -240,9 +254,12 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         the caches are extended in place."""
         batch = self._checked_batch(input_ids, positions, batch)
         # Static decode steps leave the layers' host counters behind (see decode_pooled); the
-        # eager attention reads and extends them, so catch them up first.
-        for cache in batch.caches:
+        # eager attention reads and extends them, so catch them up first. Pooled caches get the
+        # blocks these rows write first.
+        for cache, n in zip(batch.caches, batch.seq_lens):
             cache.sync_layers()
+            if cache.slot is not None:
+                self._pool().reserve(cache.slot, len(cache) + n)
         starts = batch.starts()
 
         def attend(i: int, layer: DeepseekV4DecoderLayer, x: torch.Tensor) -> torch.Tensor:
@@ -267,7 +284,10 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         pool = self._pool()
 
         def attend(i: int, layer: DeepseekV4DecoderLayer, x: torch.Tensor) -> torch.Tensor:
-            return static_decode_attention(layer.attn, x, positions, slots, pool.layers[i])
+            store = pool.layers[i]
+            return static_decode_attention(
+                layer.attn, x, positions, slots, store, pool.blocks.table
+            )
 
         return self._run_layers(input_ids, attend)
 
@@ -285,6 +305,9 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         lazily, at the next eager forward); logits ``[B, V]``."""
         pool = self._pool()
         positions, slots = static_decode_inputs(pool, caches, input_ids.device)
+        for cache in caches:  # the block of the new token (a new one when it crosses an edge)
+            assert cache.slot is not None
+            pool.reserve(cache.slot, cache.num_tokens + 1)
         if step is None:
             size = pad_to or len(caches)
             padded = pad_rows(input_ids, positions, slots, size, pool.scratch_slot)

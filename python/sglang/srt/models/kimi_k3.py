@@ -44,6 +44,7 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
     MLALatentCache,
     new_request_cache,
 )
+from sglang.srt.mem_cache.kimi_k3_latent_pool import KimiK3LatentPool
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
@@ -175,6 +176,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         self.attn_tp_size = attention_spec(spec).tp_size
         # Replicated (the vocab-parallel split is a memory optimisation).
         self.lm_head = ReplicatedLinear(c.hidden_size, c.vocab_size, spec)
+        self.latent_pool: KimiK3LatentPool | None = None  # see enable_latent_pool
 
     @property
     def decoder_layers(self) -> list[KimiK3DecoderLayer]:
@@ -196,6 +198,47 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
             device=self.device,
         )
 
+    # --- paged MLA latents ---------------------------------------------------------------------
+
+    def enable_latent_pool(
+        self, max_requests: int, capacity: int, *, num_blocks: int, block_tokens: int = 256
+    ) -> KimiK3LatentPool:
+        """Page every MLA layer's latents in ``num_blocks`` blocks of ``block_tokens`` tokens shared
+        by up to ``max_requests`` requests of up to ``capacity`` tokens (KDA state stays per
+        request: it is fixed-size). Replaces any earlier pool."""
+        c = self.config
+        self.latent_pool = KimiK3LatentPool(
+            layer_kinds=c.layer_kinds,
+            latent_dim=c.mla_latent_dim,
+            max_requests=max_requests,
+            capacity=capacity,
+            num_blocks=num_blocks,
+            block_tokens=block_tokens,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        return self.latent_pool
+
+    def new_paged_cache(self) -> KimiK3RequestCache:
+        """A request cache whose MLA latents live in the latent pool; give it back with
+        :meth:`free_paged_cache`."""
+        pool = self._latent_pool()
+        cache = self.new_request_cache()
+        cache.row = pool.alloc()
+        pool.attach(cache, cache.row)
+        return cache
+
+    def free_paged_cache(self, cache: KimiK3RequestCache) -> None:
+        """Return the cache's pool row and its blocks."""
+        if cache.row is not None:
+            self._latent_pool().free(cache.row)
+            cache.row = None
+
+    def _latent_pool(self) -> KimiK3LatentPool:
+        if self.latent_pool is None:
+            raise RuntimeError("no latent pool: call enable_latent_pool() first")
+        return self.latent_pool
+
     # --- forward -------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -208,6 +251,9 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         With ``batch`` each request's rows must continue its cache (positions ``len(cache) ..``);
         the caches are extended in place."""
         batch = self._checked_batch(input_ids, positions, batch)
+        for cache, n in zip(batch.caches, batch.seq_lens):  # paged: the blocks these rows fill
+            if cache.row is not None:
+                self._latent_pool().reserve(cache.row, len(cache) + n)
         c = self.config
         eps = c.rms_norm_eps
         starts = batch.starts()

@@ -1,5 +1,6 @@
-"""One decode token per request through a KV compressor whose state lives in the slot pool, with
-fixed shapes and no host branch (CUDA-graph safe).
+"""One decode token per request through a KV compressor whose state lives in the slot pool (its
+entries in the pool's blocks, through the block table), with fixed shapes and no host branch
+(CUDA-graph safe).
 
 Each row writes its projected ``kv`` / ``score`` into pending row ``p % ratio`` of its slot. The
 entry of the row's block is then computed for *every* row, as if the block were complete, and
@@ -16,6 +17,7 @@ import torch
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
+from sglang.srt.mem_cache.paged_index import row_address
 
 
 def compress_decode_step(
@@ -25,10 +27,12 @@ def compress_decode_step(
     score: torch.Tensor,
     positions: torch.Tensor,
     slots: torch.Tensor,
+    table: torch.Tensor,
     rotary: InterleavedRotaryEmbedding,
 ) -> None:
     """``kv`` / ``score [bs, coff*D]`` fp32 of tokens at ``positions [bs]`` of requests in
-    ``slots [bs]`` (distinct, except the scratch slot of padding rows)."""
+    ``slots [bs]`` (distinct, except the scratch slot of padding rows) whose blocks ``table``
+    lists (each holds the block of its position: the caller reserved it)."""
     ratio, d = compressor.ratio, compressor.dim
     row = positions % ratio
     store.pending_kv[slots, row] = kv.float()
@@ -49,5 +53,6 @@ def compress_decode_step(
         cand_kv, cand_score = block_kv, block_score
     block = torch.div(positions, ratio, rounding_mode="floor")
     entry = compressor.emit(cand_kv, cand_score, block, rotary, store.entries.dtype)
-    old = store.entries[slots, block]
-    store.entries[slots, block] = torch.where(complete[:, None], entry, old)
+    where, offset = row_address(table, slots, block, store.entries.shape[1])
+    old = store.entries[where, offset]
+    store.entries[where, offset] = torch.where(complete[:, None], entry, old)

@@ -1,7 +1,8 @@
 """DeepSeek V4 attention for one decode token per request, reading and writing the slot pool with
 fixed shapes: no host sync, no data-dependent size (CUDA-graph capturable).
 
-Per row (request ``slots[i]`` at ``positions[i]``; padding rows use the pool's scratch slot):
+Per row (request ``slots[i]`` at ``positions[i]``; padding rows use the pool's scratch slot;
+compressed entries and indexer keys are read and written through the block table ``table``):
 - the new KV goes to ring row ``p % W``; the query then sees all ``W`` ring rows, row ``r``
   holding position ``p - ((p - r) mod W)``, valid when that is ``>= 0``;
 - compressed layers first feed their compressor(s) (:func:`compress_decode_step`);
@@ -18,7 +19,10 @@ pool. Elsewhere the torch path below runs (all ring rows and all entries, gather
 On the H200 the kernels match this path per layer inside the model and replay in CUDA graphs
 bit-identically to eager; with the first (two-part probability) attention kernel the graph test's
 comparison against the eager reference drifted past its bound, and the fp32-exact kernel that
-replaced it has not run on the GPU yet, hence the opt-in (docs/performance.md).
+replaced it has not run on the GPU yet, hence the opt-in (docs/performance.md). The kernels
+index ``[slots, C, D]`` entries, not the block table; under the paged pool they are handed the
+slots' entries gathered through the table (``[bs, C, D]``, rows ``0 .. bs-1``), which keeps them
+exact but costs the full-context read they exist to avoid, until they take the table.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
+from sglang.srt.mem_cache.paged_index import gather_slot_rows
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention, Projected
@@ -61,6 +66,7 @@ def static_decode_attention(
     positions: torch.Tensor,
     slots: torch.Tensor,
     store: LayerSlots,
+    table: torch.Tensor,
 ) -> torch.Tensor:
     """``x [bs, H]`` -> ``[bs, H]`` (TP-reduced), updating the slots' caches in place."""
     p = attn.project(x, positions)
@@ -71,12 +77,12 @@ def static_decode_attention(
         comp = store.compressor
         assert comp is not None
         compress_decode_step(
-            attn.compressor, comp, *attn.compressor.project(x), positions, slots, attn.rotary
+            attn.compressor, comp, *attn.compressor.project(x), positions, slots, table, attn.rotary
         )
     if use_sparse_kernels(attn, ring):
-        o = _kernel_attention(attn, x, p, positions, slots, store)
+        o = _kernel_attention(attn, x, p, positions, slots, store, table)
     else:
-        o = _torch_attention(attn, x, p, positions, slots, store)
+        o = _torch_attention(attn, x, p, positions, slots, store, table)
     return attn.output(o, p, x.dtype)
 
 
@@ -99,6 +105,7 @@ def _kernel_attention(
     positions: torch.Tensor,
     slots: torch.Tensor,
     store: LayerSlots,
+    table: torch.Tensor,
 ) -> torch.Tensor:
     q = p.q.to(store.window.dtype)
     if attn.compressor is None:
@@ -107,27 +114,30 @@ def _kernel_attention(
         )
     comp = store.compressor
     assert comp is not None
+    # The kernels index [slots, C, D]: give them this batch's rows (row i = request i).
+    rows = torch.arange(slots.shape[0], device=slots.device)
     picks = None
     if attn.indexer is not None:
         idx_store = store.indexer
         assert idx_store is not None
         ic = attn.indexer.compressor
-        compress_decode_step(ic, idx_store, *ic.project(x), positions, slots, attn.rotary)
+        compress_decode_step(ic, idx_store, *ic.project(x), positions, slots, table, attn.rotary)
         iq, iw = attn.indexer.queries(p.q_lora, x, p.cos, p.sin)
         visible = torch.div(positions + 1, attn.ratio, rounding_mode="floor")
         scale = attn.indexer.head_dim**-0.5
-        scores = indexer_scores(iq.to(q.dtype), iw, idx_store.entries, slots, visible, scale)
+        keys = gather_slot_rows(idx_store.entries, table, slots)
+        scores = indexer_scores(iq.to(q.dtype), iw, keys, rows, visible, scale)
         # The same stable sort as the torch scoring: visible entries first, ties to the earlier.
         k = min(attn.indexer.topk, scores.shape[1])
         picks = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
     return sparse_decode_attention(
         q,
-        store.window,
-        slots,
+        store.window[slots],
+        rows,
         positions,
         attn.attn_sink,
         attn.scale,
-        entries=comp.entries,
+        entries=gather_slot_rows(comp.entries, table, slots),
         ratio=attn.ratio,
         picks=picks,
     )
@@ -140,6 +150,7 @@ def _torch_attention(
     positions: torch.Tensor,
     slots: torch.Tensor,
     store: LayerSlots,
+    table: torch.Tensor,
 ) -> torch.Tensor:
     ring = store.window
     width = ring.shape[1]
@@ -152,7 +163,7 @@ def _torch_attention(
         assert comp is not None
         visible = torch.div(positions + 1, attn.ratio, rounding_mode="floor")
         if attn.indexer is None:
-            entries = comp.entries[slots]  # ratio 128: few entries, all candidates
+            entries = gather_slot_rows(comp.entries, table, slots)  # ratio 128: all candidates
             ids = torch.arange(entries.shape[1], device=x.device)
             keys.append(entries)
             valid.append(ids[None, :] < visible[:, None])
@@ -160,11 +171,16 @@ def _torch_attention(
             idx_store = store.indexer
             assert idx_store is not None
             ic = attn.indexer.compressor
-            compress_decode_step(ic, idx_store, *ic.project(x), positions, slots, attn.rotary)
+            compress_decode_step(
+                ic, idx_store, *ic.project(x), positions, slots, table, attn.rotary
+            )
             iq, iw = attn.indexer.queries(p.q_lora, x, p.cos, p.sin)
             # Fixed k = min(topk, C) picks per row; picks past the visible count are masked out.
-            top, ok = attn.indexer.top_entries(iq, iw, idx_store.entries[slots], visible)
-            keys.append(comp.entries[slots[:, None], top])
+            idx_keys = gather_slot_rows(idx_store.entries, table, slots)
+            top, ok = attn.indexer.top_entries(iq, iw, idx_keys, visible)
+            rpb = comp.entries.shape[1]
+            picked = table[slots[:, None], torch.div(top, rpb, rounding_mode="floor")]
+            keys.append(comp.entries[picked, top % rpb])
             valid.append(ok.gather(1, top))
 
     return sink_attention(

@@ -215,15 +215,16 @@ def test_model_static_decode_kernels_match_torch_path(monkeypatch: pytest.Monkey
         positions: torch.Tensor,
         slots: torch.Tensor,
         store: LayerSlots,
+        table: torch.Tensor,
     ) -> torch.Tensor:
         assert dsv4_static_decode.use_sparse_kernels(attn, store.window), "kernels must run"
         state = _indexer_state(store)
         before = [t.clone() for t in state]
-        got = kernel(attn, x, p, positions, slots, store)
+        got = kernel(attn, x, p, positions, slots, store, table)
         after = [t.clone() for t in state]
         for t, b in zip(state, before):
             t.copy_(b)
-        want = torch_path(attn, x, p, positions, slots, store)
+        want = torch_path(attn, x, p, positions, slots, store, table)
         assert all(torch.equal(t, a) for t, a in zip(state, after)), "same indexer update"
         assert torch.isfinite(got).all()
         per_row = (got - want).norm(dim=(1, 2)) / want.norm(dim=(1, 2))

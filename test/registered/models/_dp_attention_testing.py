@@ -8,6 +8,7 @@ import itertools
 from typing import Any
 
 import torch
+from _moe_placement_testing import moe_held
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.load_options import LoadOptions
@@ -88,22 +89,37 @@ def greedy(model: Any, vocab: int, dp_rank: int | None) -> dict[str, Any]:
     return {"tokens": tokens, "modes": modes}
 
 
-def _spec(rank: int, world: int) -> LayerBuildSpec:
-    return LayerBuildSpec(dtype=torch.float32, tp_rank=rank, tp_size=world, moe_runner="torch")
+def _spec(rank: int, world: int, ep_size: int | None) -> LayerBuildSpec:
+    """fp32, torch runner; ``ep_size`` set: the ``ep`` a2a backend (experts over ``ep_size``
+    ranks), else the experts tensor-parallel over every rank."""
+    return LayerBuildSpec(
+        dtype=torch.float32,
+        tp_rank=rank,
+        tp_size=world,
+        moe_runner="torch",
+        a2a_backend="none" if ep_size is None else "ep",
+        moe_ep_size=ep_size,
+    )
 
 
-def load_dsv4(path: str, rank: int, world: int) -> Any:
+def load_dsv4(path: str, rank: int, world: int, ep_size: int | None = None) -> Any:
     from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
 
-    return load_deepseek_v4(path, _spec(rank, world), LoadOptions(progress=False))
+    return load_deepseek_v4(path, _spec(rank, world, ep_size), LoadOptions(progress=False))
 
 
-def load_kimi(raw: dict[str, Any], ckpt: dict[str, torch.Tensor], rank: int, world: int) -> Any:
+def load_kimi(
+    raw: dict[str, Any],
+    ckpt: dict[str, torch.Tensor],
+    rank: int,
+    world: int,
+    ep_size: int | None = None,
+) -> Any:
     from sglang.srt.model_loader.kimi_k3_loader import load_weights
     from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
     from sglang.srt.models.kimi_k3_config import KimiK3Config
 
-    model = KimiK3ForCausalLM(KimiK3Config.from_dict(raw), _spec(rank, world))
+    model = KimiK3ForCausalLM(KimiK3Config.from_dict(raw), _spec(rank, world, ep_size))
     load_weights(model, ckpt, LoadOptions(progress=False))
     return model
 
@@ -141,9 +157,10 @@ def run_rank(
     dsv4_vocab: int,
     kimi_raw: dict[str, Any],
     kimi_ckpt: dict[str, torch.Tensor],
+    ep_size: int | None = None,
 ) -> dict[str, Any]:
-    """One rank of TP=``world``, DP=2: both models loaded at this rank's place, each run through
-    the schedule with the recording fake."""
+    """One rank of TP=``world``, DP=2 (and EP=``ep_size`` when set): both models loaded at this
+    rank's place, each run through the schedule with the recording fake."""
     from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.layers import dp_attention as dpa
 
@@ -152,12 +169,13 @@ def run_rank(
     ps.initialize_model_parallel(world, attention_dp_size=dp)
     dpa.set_dp_attention_config(True, dp_size=dp, attn_tp_size=world // dp)
     dp_rank = ps.get_attention_dp_rank()
-    dsv4 = load_dsv4(dsv4_path, rank, world)
-    kimi = load_kimi(kimi_raw, kimi_ckpt, rank, world)
+    dsv4 = load_dsv4(dsv4_path, rank, world, ep_size)
+    kimi = load_kimi(kimi_raw, kimi_ckpt, rank, world, ep_size)
     return {
         "dp_rank": dp_rank,
         "dsv4": _run_recorded(dsv4, dsv4_vocab, dp_rank),
         "kimi": _run_recorded(kimi, kimi_raw["vocab_size"], dp_rank),
+        "held": (moe_held(dsv4), moe_held(kimi)),
         "dsv4_heads": {m.attn.n_local_heads for m in dsv4.decoder_layers},
         # KDA and MLA heads of this rank (the config has as many of each)
         "kimi_heads": {layer.self_attn.local_heads for layer in kimi.decoder_layers},

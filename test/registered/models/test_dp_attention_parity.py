@@ -1,6 +1,8 @@
 """DP attention on both models' tiny configs (fp32, torch runner, gloo ranks) gives TP=1's greedy
 tokens: TP=2 DP=2 (attention TP=1) and TP=4 DP=2 (attention TP=2, attention all-reduced within
-each group of two), with the MoE over every rank on the gathered rows.
+each group of two), with the MoE over every rank on the gathered rows; and both again with EP=2
+(the ``ep`` a2a backend on the gathered rows: whole experts a rank at TP=2, half the experts
+each sliced over two ranks at TP=4).
 
 Each rank runs what ``dp_step`` runs: the step's DP state, then its group's requests or, for an
 idle group, ``forward_idle``. The steps: a prefill of mixed lengths in each group (``sum_len``),
@@ -22,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dp_attention_testing import DECODES, greedy, load_dsv4, load_kimi, run_rank
 from _dsv4_testing import CONFIG_A as DSV4_CONFIG
 from _dsv4_testing import reference_model
+from _moe_placement_testing import expert_placement
 from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
 from test_kimi_k3_tiny import make_model
@@ -30,7 +33,7 @@ from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=80)
+register_cpu_ci(est_time=100)
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +56,22 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"path": str(path), "kimi_ckpt": kimi_ckpt, "want": want}
 
 
-def _check(world: int, ref: dict[str, Any]) -> None:
+def _check(world: int, ref: dict[str, Any], ep_size: int | None = None) -> None:
     want = ref["want"]
-    args = (ref["path"], DSV4_CONFIG["vocab_size"], KIMI_CONFIG, ref["kimi_ckpt"])
+    args = (ref["path"], DSV4_CONFIG["vocab_size"], KIMI_CONFIG, ref["kimi_ckpt"], ep_size)
     results = run_distributed(run_rank, world, *args, timeout_s=300)
     attn_tp = world // 2
     assert [r["dp_rank"] for r in results] == [r // attn_tp for r in range(world)]
     for rank, got in enumerate(results):
         g = got["dp_rank"]
+        # each rank holds its EP rank's experts (and its MoE-TP slice of them), or, without
+        # EP, every expert's 1/T intermediate slice
+        experts = (DSV4_CONFIG["n_routed_experts"], KIMI_CONFIG["num_experts"])
+        inter = (DSV4_CONFIG["moe_intermediate_size"], KIMI_CONFIG["moe_intermediate_size"])
+        held = tuple(
+            expert_placement(rank, world, ep_size or 1, e, i) for e, i in zip(experts, inter)
+        )
+        assert got["held"] == held, (rank, got["held"], held)
         assert got["dsv4_heads"] == {DSV4_CONFIG["num_attention_heads"] // attn_tp}
         assert got["kimi_heads"] == {KIMI_CONFIG["num_attention_heads"] // attn_tp}
         for name in ("dsv4", "kimi"):
@@ -92,6 +103,18 @@ def test_dp2_attention_tp1_greedy_tokens_equal_tp1(reference: dict[str, Any]) ->
 
 def test_dp2_attention_tp2_greedy_tokens_equal_tp1(reference: dict[str, Any]) -> None:
     _check(4, reference)
+
+
+def test_dp2_ep2_greedy_tokens_equal_tp1(reference: dict[str, Any]) -> None:
+    """DP=2 + EP=2 (TP=2): the gathered rows go to the experts' owners by all-to-all, whole
+    experts a rank."""
+    _check(2, reference, ep_size=2)
+
+
+def test_dp2_attention_tp2_ep2_greedy_tokens_equal_tp1(reference: dict[str, Any]) -> None:
+    """DP=2 with attention TP=2 (TP=4) + EP=2: half the experts a rank, each expert's
+    intermediate dim sliced over the two ranks that hold it (E < T)."""
+    _check(4, reference, ep_size=2)
 
 
 if __name__ == "__main__":

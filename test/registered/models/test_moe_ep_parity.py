@@ -21,13 +21,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dsv4_testing import CONFIG_A as DSV4_CONFIG
 from _dsv4_testing import reference_model
+from _moe_placement_testing import expert_placement, moe_held
 from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
 from test_kimi_k3_tiny import config as kimi_config
 from test_kimi_k3_tiny import make_model
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
@@ -69,18 +69,6 @@ def _greedy(model: Any, prompts: list[torch.Tensor]) -> list[list[int]]:
         for row, t in zip(out, nxt.tolist(), strict=True):
             row.append(int(t))
     return out
-
-
-def _held(model: Any) -> set[tuple[int, int, int]]:
-    """(experts, intermediate rows, w13 rows loaded) of every MoE layer of this rank."""
-    held = set()
-    for m in model.modules():
-        if isinstance(m, FusedMoE):
-            assert m.weights is not None
-            rows = m.weights.w13.shape[0], m.weights.w13.shape[1] // 2
-            assert rows == (len(m.local_experts), len(m.local_intermediate))
-            held.add((m.local_experts.start, m.local_intermediate.start, *rows))
-    return held
 
 
 def _spec(rank: int, world: int, a2a: str, ep_size: int | None) -> LayerBuildSpec:
@@ -129,15 +117,8 @@ def _rank(
     return {
         "dsv4": _greedy(dsv4, _prompts(DSV4_CONFIG["vocab_size"])),
         "kimi": _greedy(kimi, _prompts(KIMI_CONFIG["vocab_size"])),
-        "held": (_held(dsv4), _held(kimi)),
+        "held": (moe_held(dsv4), moe_held(kimi)),
     }
-
-
-def _placement(rank: int, world: int, ep_size: int, experts: int, inter: int) -> set[tuple]:
-    """What rank ``rank`` must hold: its EP rank's experts, its MoE-TP rank's slice of each."""
-    moe_tp = world // ep_size
-    e, i = experts // ep_size, inter // moe_tp
-    return {((rank // moe_tp) * e, (rank % moe_tp) * i, e, i)}
 
 
 @pytest.mark.parametrize(("world", "ep_size"), [(2, 2), (4, 2)])
@@ -160,8 +141,8 @@ def test_ep_greedy_tokens_equal_tp1(tmp_path: Path, world: int, ep_size: int) ->
         dsv4 = (DSV4_CONFIG["n_routed_experts"], DSV4_CONFIG["moe_intermediate_size"])
         kimi = (KIMI_CONFIG["num_experts"], KIMI_CONFIG["moe_intermediate_size"])
         assert got["held"] == (
-            _placement(rank, world, ep_size, *dsv4),
-            _placement(rank, world, ep_size, *kimi),
+            expert_placement(rank, world, ep_size, *dsv4),
+            expert_placement(rank, world, ep_size, *kimi),
         ), rank
     # the tokens are not trivially constant
     assert len({t for row in want["dsv4"] for t in row}) > 2

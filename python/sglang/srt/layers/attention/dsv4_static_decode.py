@@ -114,8 +114,8 @@ def _kernel_attention(
         )
     comp = store.compressor
     assert comp is not None
-    # The kernels index [slots, C, D]: give them this batch's rows (row i = request i).
-    rows = torch.arange(slots.shape[0], device=slots.device)
+    # Window rings per slot, entries and indexer keys in the block store through ``table``: the
+    # kernels read both in place (only the live ring rows and the blocks of the read entries).
     picks = None
     if attn.indexer is not None:
         idx_store = store.indexer
@@ -125,21 +125,23 @@ def _kernel_attention(
         iq, iw = attn.indexer.queries(p.q_lora, x, p.cos, p.sin)
         visible = torch.div(positions + 1, attn.ratio, rounding_mode="floor")
         scale = attn.indexer.head_dim**-0.5
-        keys = gather_slot_rows(idx_store.entries, table, slots)
-        scores = indexer_scores(iq.to(q.dtype), iw, keys, rows, visible, scale)
+        scores = indexer_scores(
+            iq.to(q.dtype), iw, idx_store.entries, slots, visible, scale, table=table
+        )
         # The same stable sort as the torch scoring: visible entries first, ties to the earlier.
         k = min(attn.indexer.topk, scores.shape[1])
         picks = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
     return sparse_decode_attention(
         q,
-        store.window[slots],
-        rows,
+        store.window,
+        slots,
         positions,
         attn.attn_sink,
         attn.scale,
-        entries=gather_slot_rows(comp.entries, table, slots),
+        entries=comp.entries,
         ratio=attn.ratio,
         picks=picks,
+        table=table,
     )
 
 

@@ -3,12 +3,13 @@ paged slot pool, on CPU under the Triton interpreter (fp32; skipped where Triton
 
 The GPU graph test failed only where slots are reused and batches padded, so this runs that case
 small: CONFIG_A (ratios 0/4/128, window 8, top-4), blocks of 128 tokens and exactly the blocks
-the batch needs, so the reused slot takes back its former owner's blocks (rows past the new
-owner's length hold the old request's entries) and its ring holds the old rows past ``p``. The
-batch is the reused slot (id 5) and another (id 4) padded to 3 rows with the scratch slot (id 6),
-so slot ids exceed the batch size; decoding crosses the 128-token block edge (the second block,
-read through the table) and the first ratio-128 entry. The null block is filled with a large
-value: the kernels read only live rows, the torch path masks what it gathers.
+the batch needs, so each reused slot takes back its former owner's blocks (rows past the new
+owner's length hold the old request's entries). The batch: slot 5 (was a 250-token request; now
+126 -> 134, crossing the 128-token block edge: its ratio-4 entry 32, in its second block, appears
+at 131), slot 3 (was 20 tokens; now 2 -> 10: the old ring rows past ``p``, then across the
+window) and slot 4, padded to 4 rows with the scratch slot (6): slot ids exceed the batch size.
+The null block is filled with a large value: the kernels read only live rows, the torch path
+masks what it gathers.
 
 Checked per layer on identical inputs (each layer runs the kernels and the torch path from the
 same indexer state, and both must leave the same): the
@@ -37,6 +38,7 @@ register_cpu_ci(est_time=25)
 
 LAYER_TOL = 1e-5
 TOL = 1e-4
+STEPS = 8  # the reused request 126 -> 134: its ratio-4 entry 32 (block 1) appears at 131
 POISON = 1.0e4  # what the null block holds: a read of it would move the output by far more
 
 
@@ -47,19 +49,22 @@ def _scenario() -> None:
 
     vocab = CONFIG_A["vocab_size"]
     model = our_model(reference_model(CONFIG_A, seed=71))
-    # 2 blocks for the long request, then the same 2 for the request that reuses its slot, and 1
-    # for the other request of the batch: the reused slot can only get the former owner's blocks.
-    pool = model.enable_slot_pool(6, 512, num_blocks=3, block_tokens=128)
+    # Exactly the blocks of the batch: the reused slots can only get their former owners' blocks
+    # back (2 for the long request, then its successor; 1 each for the others).
+    pool = model.enable_slot_pool(6, 512, num_blocks=4, block_tokens=128)
     caches = [model.new_pooled_cache() for _ in range(6)]
-    other, long = caches[4], caches[5]
-    model.prefill(token_ids(250, vocab, seed=72), long)
-    for cache in (*caches[:4], long):  # freed last, taken first: slot 5 is reused
+    other, old_short, old_long = caches[4], caches[3], caches[5]
+    model.prefill(token_ids(250, vocab, seed=72), old_long)
+    model.prefill(token_ids(20, vocab, seed=75), old_short)
+    for cache in (*caches[:3], old_short, old_long):  # freed last, taken first
         model.free_pooled_cache(cache)
-    reused = model.new_pooled_cache()
-    assert reused.slot == 5 and other.slot == 4
-    prompts = [token_ids(124 + 6, vocab, seed=73), token_ids(60 + 6, vocab, seed=74)]
-    lengths = (124, 60)
-    batch = [reused, other]
+    reused_long, reused_short = model.new_pooled_cache(), model.new_pooled_cache()
+    assert (reused_long.slot, reused_short.slot, other.slot) == (5, 3, 4)
+    # 126 -> 134 crosses the block edge at 128; 2 -> 10 starts with the old owner's ring rows
+    # past p and crosses the window (8).
+    lengths = (126, 2, 60)
+    prompts = [token_ids(n + STEPS, vocab, seed=73 + i) for i, n in enumerate(lengths)]
+    batch = [reused_long, reused_short, other]
     reference = [model.new_request_cache() for _ in batch]
     for ids, n, cache, ref in zip(prompts, lengths, batch, reference):
         model.prefill(ids[:n], cache)
@@ -100,9 +105,9 @@ def _scenario() -> None:
     sd._kernel_attention = both
     worst = 0.0
     with envs.SGLANG_DSV4_LENGTH_AWARE_DECODE.override(True):
-        for t in range(6):
+        for t in range(STEPS):
             ids = torch.stack([p[n + t] for p, n in zip(prompts, lengths)])
-            got = model.decode_pooled(ids, batch, pad_to=3)
+            got = model.decode_pooled(ids, batch, pad_to=4)
             want = model.decode(ids, reference)
             worst = max(worst, rel_err(got, want))
     assert calls and len(worst_layer) == len(calls), "the kernels must run"

@@ -16,7 +16,8 @@ same indexer state, and both must leave the same): the
 kernels' attention output equals the torch path's to 1e-5 of its largest value (only summation
 order differs, measured ~1e-7); end to end, the logits equal the eager decode on per-request
 caches to 1e-4 of the largest |logit|, the other models' tolerance. The interpreter's import
-state is per process, so the scenario runs in a subprocess.
+state is per process, so the scenario runs in a subprocess. First, on random rows, the kernels
+through a shuffled block table equal them on the same rows stored per slot, bit for bit.
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ import sys
 
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_A, our_model, reference_model, rel_err, token_ids
 
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
@@ -42,7 +40,37 @@ STEPS = 8  # the reused request 126 -> 134: its ratio-4 entry 32 (block 1) appea
 POISON = 1.0e4  # what the null block holds: a read of it would move the output by far more
 
 
+def _paged_equals_unpaged() -> None:
+    """The kernels on a block store through a shuffled table == on the same rows per slot."""
+    from sglang.kernels.ops.attention.indexer_scores import indexer_scores
+    from sglang.kernels.ops.attention.sparse_decode_attention import sparse_decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    n_slots, width, d, rows, blocks, heads = 5, 8, 32, 4, 3, 4
+    ring = torch.randn(n_slots, width, d, generator=g)
+    per_slot = torch.randn(n_slots, blocks * rows, d, generator=g)
+    table = torch.randperm(n_slots * blocks, generator=g).view(n_slots, blocks)
+    store = torch.full((n_slots * blocks + 1, rows, d), POISON)  # + the null block
+    store[table] = per_slot.view(n_slots, blocks, rows, d)
+    slots, positions = torch.tensor([3, 0, 4]), torch.tensor([5, 30, 47])
+    q, sink = torch.randn(3, heads, d, generator=g), torch.randn(heads, generator=g)
+    picks = torch.stack([torch.randperm(blocks * rows, generator=g)[:5] for _ in range(3)])
+    for ratio, chosen in ((4, picks), (4, None), (8, None)):
+        kw = {"ratio": ratio, "picks": chosen}
+        want = sparse_decode_attention(q, ring, slots, positions, sink, 0.2, entries=per_slot, **kw)
+        got = sparse_decode_attention(
+            q, ring, slots, positions, sink, 0.2, entries=store, table=table, **kw
+        )
+        assert torch.equal(got, want), (ratio, chosen is not None)
+    w, visible = torch.rand(3, heads, generator=g), torch.tensor([2, 7, 12])
+    want = indexer_scores(q, w, per_slot, slots, visible, 0.3)
+    assert torch.equal(indexer_scores(q, w, store, slots, visible, 0.3, table=table), want)
+
+
 def _scenario() -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _dsv4_testing import CONFIG_A, our_model, reference_model, rel_err, token_ids
+
     from sglang.srt.environ import envs
     from sglang.srt.layers.attention import dsv4_static_decode as sd
     from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
@@ -134,7 +162,9 @@ def test_kernels_on_reused_slots_and_padding_rows_match_torch() -> None:
 
 if __name__ == "__main__":
     if "--scenario" in sys.argv:
+        torch.set_num_threads(1)  # tiny tensors; the interpreter is the cost
         with torch.no_grad():
+            _paged_equals_unpaged()
             _scenario()
     else:
         run_this_file(__file__)

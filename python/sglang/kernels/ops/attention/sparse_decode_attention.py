@@ -8,7 +8,9 @@ Per request ``b`` (cache slot ``slots[b]`` at position ``p = positions[b]``):
   stable top-k puts every visible entry before the invisible ones), else entries
   ``0 .. (p + 1) // ratio - 1``;
 - the sink: an extra logit per head whose value row is zero.
-K = V (one shared KV head). Only those rows are read; nothing is gathered into a copy.
+K = V (one shared KV head). Only those rows are read; nothing is gathered into a copy. Entries
+are per slot (``[S, C, D]``) or paged (the shared block store, read through the slot's block
+table: only the blocks holding the read entries are touched).
 
 Flash-decoding in two launches, both with shapes fixed by the batch (CUDA-graph safe; lengths
 are read from device memory): the split kernel walks a slice of the request's key list for ``G``

@@ -21,9 +21,10 @@ masks). Still opt-in (docs/performance.md): on the H200, after the paging merge,
 handed gathered copies (``[bs, C, D]``, rows ``0 .. bs-1``) and the graph test's reused-slot /
 padded-batch case failed (mean relative logit error 0.348, bound 0.05; it passed before the
 merge and passes with the torch path). That case does not reproduce on the CPU (the Triton
-interpreter, fp32: kernels == torch path per layer to ~3e-7, the eager reference to ~1e-6 over
-the test's exact steps), and perturbing the torch path's attention by 1e-6 moves it by < 0.01,
-so it is no rounding drift; its GPU-only cause is not found. The gathered copies are gone (the
+interpreter; fp32: kernels == torch path per layer to ~3e-7, the eager reference to ~1e-6 over
+the test's exact steps; the bf16 model with the kernels in fp32 on its values: 0.0101, the torch
+path 0.0087), and perturbing the torch path's attention by 1e-6 moves it by < 0.01, so it is no
+rounding drift; its GPU-only cause is not found. The gathered copies are gone (the
 kernels take the table, as they took per-slot rows before the merge); the GPU tests must rerun.
 """
 

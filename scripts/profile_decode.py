@@ -359,8 +359,10 @@ def dsv4_ops(
         k = min(cfg.index_topk, idx_keys.shape[1])
 
         def kernel_scores() -> torch.Tensor:
-            keys = gather_slot_rows(idx_store.entries, table, slots)  # the kernel reads [bs, C, D]
-            sc = indexer_scores(iq, iw, keys, slots, visible, idx.head_dim**-0.5)
+            # The kernel reads the paged keys in place, through the block table.
+            sc = indexer_scores(
+                iq, iw, idx_store.entries, slots, visible, idx.head_dim**-0.5, table=table
+            )
             return torch.sort(sc, dim=-1, descending=True, stable=True).indices[:, :k]
 
         picks = kernel_scores()
@@ -377,8 +379,7 @@ def dsv4_ops(
         att_bytes = (live_win + sel) * bs * d * 2.0 + tensor_bytes(p.q)
 
     def kernel_attend() -> torch.Tensor:
-        ent = gather_slot_rows(comp_store.entries, table, slots)  # slots = 0 .. bs-1 here
-        extra: dict[str, Any] = {"entries": ent, "ratio": ratio}
+        extra: dict[str, Any] = {"entries": comp_store.entries, "ratio": ratio, "table": table}
         if attn.indexer is not None:
             extra["picks"] = picks
         return sparse_decode_attention(

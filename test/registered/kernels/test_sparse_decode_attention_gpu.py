@@ -9,6 +9,8 @@ static path they replace, on random bf16 pools and many lengths.
   checked finite (the kernel writes into an empty tensor).
 - ``indexer_scores`` against the torch scoring: the same ``-inf`` pattern (only visible entries
   scored), values to 1e-4 of the largest.
+- Paged entries and indexer keys (a block store through a shuffled block table) against the
+  same rows per slot: bit-identical.
 - The compressor's bf16 GEMM with fp32 output against the upcast product (1e-5).
 - Both kernels captured in one CUDA graph and replayed at other positions: bit-identical to
   eager calls (the per-request lengths are read from device memory).
@@ -113,6 +115,37 @@ def test_indexer_scores_match_torch(heads: int, dim: int) -> None:
     assert torch.equal(torch.isinf(out), ~ok)
     err = (out[ok] - ref[ok]).abs().max()
     assert float(err) <= TOL * float(ref[ok].abs().max()), float(err)
+
+
+def test_paged_entries_equal_per_slot_rows() -> None:
+    # The paged pool's layout: entries / indexer keys in a shared block store read through a
+    # shuffled block table (a null block of large values past the rows) == the same rows per slot,
+    # bit for bit (same values, same order; only the addresses differ).
+    g = torch.Generator("cuda").manual_seed(17)
+    n_slots, window, dim, rows, blocks, heads = 6, 128, 64, 64, 8, 8
+    ring = _pool((n_slots, window, dim), g)
+    per_slot = _pool((n_slots, blocks * rows, dim), g)
+    table = torch.randperm(n_slots * blocks, generator=g, device="cuda").view(n_slots, blocks)
+    store = torch.full((n_slots * blocks + 1, rows, dim), 1e4, device="cuda").to(torch.bfloat16)
+    store[table] = per_slot.view(n_slots, blocks, rows, dim)
+    slots = torch.tensor([5, 0, 3, 2], device="cuda")
+    positions = torch.tensor([3, 200, 1000, 2047], device="cuda")
+    q, sink = _pool((4, heads, dim), g), torch.randn(heads, generator=g, device="cuda")
+    picks = torch.stack(
+        [torch.randperm(blocks * rows, generator=g, device="cuda")[:64] for _ in range(4)]
+    )
+    for ratio, chosen in ((4, picks), (4, None)):
+        kw = {"ratio": ratio, "picks": chosen}
+        want = sparse_decode_attention(q, ring, slots, positions, sink, 0.1, entries=per_slot, **kw)
+        got = sparse_decode_attention(
+            q, ring, slots, positions, sink, 0.1, entries=store, table=table, **kw
+        )
+        assert torch.equal(got, want), (ratio, chosen is not None)
+    w = torch.randn(4, heads, generator=g, device="cuda")
+    visible = torch.tensor([0, 50, 300, 512], device="cuda")
+    want = indexer_scores(q, w, per_slot, slots, visible, dim**-0.5)
+    got = indexer_scores(q, w, store, slots, visible, dim**-0.5, table=table)
+    assert torch.equal(got, want)
 
 
 def test_compressor_projection_fp32_output_matches_upcast() -> None:

@@ -4,8 +4,10 @@ against only its visible indexer keys, read in place from the slot pool.
 ``score[b, n] = sum_h w[b, h] * relu(q[b, h] . keys[slots[b], n]) * scale`` for the request's
 visible entries ``n < visible[b]``, ``-inf`` for the rest of the ``C`` columns (so a stable sort
 of a row puts the visible entries first, exactly as the torch scoring does). Blocks past the
-visible count only write ``-inf``; nothing is gathered into a copy. bf16 operands, fp32
-accumulation (the products are exact; only the summation order differs from fp32 torch).
+visible count only write ``-inf``; nothing is gathered into a copy. Keys are per slot
+(``[S, C, d]``) or paged (the shared block store, read through the slot's block table). bf16
+operands, fp32 accumulation (the products are exact; only the summation order differs from fp32
+torch).
 """
 
 from __future__ import annotations
@@ -20,16 +22,20 @@ def _scores_kernel(
     q_ptr,
     w_ptr,
     keys_ptr,
+    table_ptr,
     slots_ptr,
     visible_ptr,
     out_ptr,
     n_cols,
     key_slot_stride,
+    table_stride,
+    rows_per_block,
     heads,
     scale,
     HEADS_PAD: tl.constexpr,
     D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     b = tl.program_id(0)
     nb = tl.program_id(1)
@@ -45,11 +51,15 @@ def _scores_kernel(
             q_ptr + (b * heads + h)[:, None] * D + cols[None, :], mask=h_ok[:, None], other=0.0
         )  # [HEADS_PAD, D]
         live = n < vis
-        k = tl.load(
-            keys_ptr + slot * key_slot_stride + n.to(tl.int64)[:, None] * D + cols[None, :],
-            mask=live[:, None],
-            other=0.0,
-        )
+        n64 = n.to(tl.int64)
+        if PAGED:  # key n lives in block table[slot, n // R] at row n % R
+            blk = tl.load(
+                table_ptr + slot * table_stride + n64 // rows_per_block, mask=live, other=0
+            )
+            row = keys_ptr + blk.to(tl.int64) * key_slot_stride + (n64 % rows_per_block) * D
+        else:
+            row = keys_ptr + slot * key_slot_stride + n64 * D
+        k = tl.load(row[:, None] + cols[None, :], mask=live[:, None], other=0.0)
         dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * scale  # [HEADS, BLOCK_N]
         w = tl.load(w_ptr + b * heads + h, mask=h_ok, other=0.0)
         score = tl.where(live, tl.sum(dots * w[:, None], axis=0), float("-inf"))
@@ -63,11 +73,19 @@ def indexer_scores(
     slots: torch.Tensor,
     visible: torch.Tensor,
     scale: float,
+    table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``q [bs, heads, d]`` (bf16), fp32 head weights ``w [bs, heads]``, the pool's indexer keys
-    ``[S, C, d]``, ``slots`` / ``visible [bs]`` -> fp32 ``[bs, C]``."""
+    ``[S, C, d]``, ``slots`` / ``visible [bs]`` -> fp32 ``[bs, C]``.
+
+    Paged keys: with the block table ``table [S, max_blocks]`` (int64), ``keys`` is the block
+    store ``[num_blocks + 1, R, d]``, key ``n`` of slot ``s`` is ``keys[table[s, n // R], n % R]``
+    and ``C = max_blocks * R``."""
     bs, heads, d = q.shape
-    n_cols = keys.shape[1]
+    paged = table is not None
+    if paged and (table.dtype != torch.int64 or table.stride(1) != 1):
+        raise ValueError("the block table must be contiguous int64 rows")
+    n_cols = keys.shape[1] * (table.shape[1] if paged else 1)
     out = torch.empty(bs, n_cols, dtype=torch.float32, device=q.device)
     if bs == 0 or n_cols == 0:
         return out
@@ -78,16 +96,20 @@ def indexer_scores(
         q.contiguous(),
         w.float().contiguous(),
         keys,
+        table if table is not None else slots,
         slots,
         visible,
         out,
         n_cols,
         keys.stride(0),
+        table.stride(0) if table is not None else 0,
+        keys.shape[1],
         heads,
         float(scale),
         HEADS_PAD=max(16, triton.next_power_of_2(heads)),
         D=d,
         BLOCK_N=block_n,
+        PAGED=paged,
         num_warps=4,
     )
     return out

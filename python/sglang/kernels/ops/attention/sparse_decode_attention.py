@@ -8,7 +8,9 @@ Per request ``b`` (cache slot ``slots[b]`` at position ``p = positions[b]``):
   stable top-k puts every visible entry before the invisible ones), else entries
   ``0 .. (p + 1) // ratio - 1``;
 - the sink: an extra logit per head whose value row is zero.
-K = V (one shared KV head). Only those rows are read; nothing is gathered into a copy.
+K = V (one shared KV head). Only those rows are read; nothing is gathered into a copy. Entries
+are per slot (``[S, C, D]``) or paged (the shared block store, read through the slot's block
+table: only the blocks holding the read entries are touched).
 
 Flash-decoding in two launches, both with shapes fixed by the batch (CUDA-graph safe; lengths
 are read from device memory): the split kernel walks a slice of the request's key list for ``G``
@@ -34,6 +36,7 @@ def _split_kernel(
     ring_ptr,
     ent_ptr,
     picks_ptr,
+    table_ptr,
     slots_ptr,
     pos_ptr,
     part_o_ptr,
@@ -43,6 +46,8 @@ def _split_kernel(
     window,
     ring_slot_stride,
     ent_slot_stride,
+    table_stride,
+    rows_per_block,
     n_picks,
     picks_stride,
     ratio,
@@ -54,6 +59,7 @@ def _split_kernel(
     BLOCK_N: tl.constexpr,
     HAS_ENTRIES: tl.constexpr,
     INDEXED: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     b = tl.program_id(0)
     hg = tl.program_id(1)
@@ -81,7 +87,8 @@ def _split_kernel(
         l_sum = tl.zeros([G], tl.float32)
         acc = tl.zeros([G, D], tl.float32)
         ring_base = ring_ptr + slot * ring_slot_stride
-        ent_base = ent_ptr + slot * ent_slot_stride
+        ent_base = ent_ptr + slot * ent_slot_stride  # unpaged entries: the slot's row
+        table_row = table_ptr + slot * table_stride  # paged: the slot's block table
         for j0 in range(start, end, BLOCK_N):
             j = j0 + tl.arange(0, BLOCK_N)
             live = j < end
@@ -96,9 +103,13 @@ def _split_kernel(
                 other=0.0,
             )
             if HAS_ENTRIES:
-                k += tl.load(
-                    ent_base + e[:, None] * D + cols[None, :], mask=in_ent[:, None], other=0.0
-                )
+                if PAGED:  # entry e lives in block table[slot, e // R] at row e % R
+                    blk = tl.load(table_row + e // rows_per_block, mask=in_ent, other=0)
+                    ent_row = ent_ptr + blk.to(tl.int64) * ent_slot_stride
+                    ent_row += (e % rows_per_block) * D
+                else:
+                    ent_row = ent_base + e * D
+                k += tl.load(ent_row[:, None] + cols[None, :], mask=in_ent[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k)) * scale  # [G, BLOCK_N] fp32
             s = tl.where(live[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -172,10 +183,16 @@ def sparse_decode_attention(
     entries: torch.Tensor | None = None,
     ratio: int = 0,
     picks: torch.Tensor | None = None,
+    table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``q [bs, heads, D]`` (bf16) of requests in ``slots [bs]`` at ``positions [bs]``, the pool's
     window ring ``[S, W, D]``, its compressed ``entries [S, C, D]`` (ratio ``ratio``) and, for
-    indexed layers, the chosen entry ids ``picks [bs, K]`` best first -> fp32 ``[bs, heads, D]``."""
+    indexed layers, the chosen entry ids ``picks [bs, K]`` best first -> fp32 ``[bs, heads, D]``.
+
+    Paged entries: with the block table ``table [S, max_blocks]`` (int64, on the device),
+    ``entries`` is the shared block store ``[num_blocks + 1, R, D]`` and entry ``e`` of slot ``s``
+    is ``entries[table[s, e // R], e % R]`` (``C = max_blocks * R``); only the blocks holding the
+    read entries are touched."""
     bs, heads, d = q.shape
     out = torch.empty(bs, heads, d, dtype=torch.float32, device=q.device)
     if bs == 0:
@@ -187,6 +204,12 @@ def sparse_decode_attention(
             raise ValueError("the ring and the entries must be contiguous rows")
     if picks is not None and picks.stride(1) != 1:
         picks = picks.contiguous()
+    paged = table is not None
+    if paged:
+        if entries is None:
+            raise ValueError("a block table needs the paged entries it indexes")
+        if table.dtype != torch.int64 or table.stride(1) != 1:
+            raise ValueError("the block table must be contiguous int64 rows")
     group = 16  # heads a program takes (the dot's smallest M; fewer heads are padded)
     n_groups = triton.cdiv(heads, group)
     block_n = 32
@@ -194,7 +217,8 @@ def sparse_decode_attention(
     has_entries = entries is not None
     indexed = picks is not None
     n_picks = picks.shape[1] if picks is not None else 0
-    n_entry_max = 0 if entries is None else (n_picks if indexed else entries.shape[1])
+    n_cols = 0 if entries is None else entries.shape[1] * (table.shape[1] if paged else 1)
+    n_entry_max = n_picks if indexed else n_cols
     n_splits, per_split = _split_plan(bs, n_groups, window + n_entry_max, block_n)
     part_o = torch.empty(bs * heads * n_splits, d, dtype=torch.float32, device=q.device)
     part_m = torch.empty(bs * heads * n_splits, dtype=torch.float32, device=q.device)
@@ -206,6 +230,7 @@ def sparse_decode_attention(
         ring,
         ent,
         picks if picks is not None else slots,
+        table if table is not None else slots,
         slots,
         positions,
         part_o,
@@ -215,6 +240,8 @@ def sparse_decode_attention(
         window,
         ring.stride(0),
         ent.stride(0),
+        table.stride(0) if table is not None else 0,
+        ent.shape[1],
         n_picks,
         picks.stride(0) if picks is not None else 0,
         max(ratio, 1),
@@ -226,6 +253,7 @@ def sparse_decode_attention(
         BLOCK_N=block_n,
         HAS_ENTRIES=has_entries,
         INDEXED=indexed,
+        PAGED=paged,
         num_warps=4,
         num_stages=2,
     )

@@ -14,15 +14,18 @@ The eager path is the reference; only summation order differs.
 
 With ``SGLANG_DSV4_LENGTH_AWARE_DECODE=1``, on CUDA with a bf16/fp16 pool, the indexer scores
 and the attention run as length-aware Triton kernels (:mod:`sglang.kernels.ops.attention`): they
-read only the live window rows, the visible indexer keys and the chosen entries, in place in the
-pool. Elsewhere the torch path below runs (all ring rows and all entries, gathered, under masks).
-On the H200 the kernels match this path per layer inside the model and replay in CUDA graphs
-bit-identically to eager; with the first (two-part probability) attention kernel the graph test's
-comparison against the eager reference drifted past its bound, and the fp32-exact kernel that
-replaced it has not run on the GPU yet, hence the opt-in (docs/performance.md). The kernels
-index ``[slots, C, D]`` entries, not the block table; under the paged pool they are handed the
-slots' entries gathered through the table (``[bs, C, D]``, rows ``0 .. bs-1``), which keeps them
-exact but costs the full-context read they exist to avoid, until they take the table.
+read only the live window rows, the visible indexer keys and the chosen entries, in place: the
+rings by slot, the paged entries and keys through the block table (only the blocks holding what
+is read). Elsewhere the torch path below runs (all ring rows and all entries, gathered, under
+masks). Still opt-in (docs/performance.md): on the H200, after the paging merge, the kernels were
+handed gathered copies (``[bs, C, D]``, rows ``0 .. bs-1``) and the graph test's reused-slot /
+padded-batch case failed (mean relative logit error 0.348, bound 0.05; it passed before the
+merge and passes with the torch path). That case does not reproduce on the CPU (the Triton
+interpreter; fp32: kernels == torch path per layer to ~3e-7, the eager reference to ~1e-6 over
+the test's exact steps; the bf16 model with the kernels in fp32 on its values: 0.0101, the torch
+path 0.0087), and perturbing the torch path's attention by 1e-6 moves it by < 0.01, so it is no
+rounding drift; its GPU-only cause is not found. The gathered copies are gone (the
+kernels take the table, as they took per-slot rows before the merge); the GPU tests must rerun.
 """
 
 from __future__ import annotations
@@ -114,8 +117,8 @@ def _kernel_attention(
         )
     comp = store.compressor
     assert comp is not None
-    # The kernels index [slots, C, D]: give them this batch's rows (row i = request i).
-    rows = torch.arange(slots.shape[0], device=slots.device)
+    # Window rings per slot, entries and indexer keys in the block store through ``table``: the
+    # kernels read both in place (only the live ring rows and the blocks of the read entries).
     picks = None
     if attn.indexer is not None:
         idx_store = store.indexer
@@ -125,21 +128,23 @@ def _kernel_attention(
         iq, iw = attn.indexer.queries(p.q_lora, x, p.cos, p.sin)
         visible = torch.div(positions + 1, attn.ratio, rounding_mode="floor")
         scale = attn.indexer.head_dim**-0.5
-        keys = gather_slot_rows(idx_store.entries, table, slots)
-        scores = indexer_scores(iq.to(q.dtype), iw, keys, rows, visible, scale)
+        scores = indexer_scores(
+            iq.to(q.dtype), iw, idx_store.entries, slots, visible, scale, table=table
+        )
         # The same stable sort as the torch scoring: visible entries first, ties to the earlier.
         k = min(attn.indexer.topk, scores.shape[1])
         picks = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
     return sparse_decode_attention(
         q,
-        store.window[slots],
-        rows,
+        store.window,
+        slots,
         positions,
         attn.attn_sink,
         attn.scale,
-        entries=gather_slot_rows(comp.entries, table, slots),
+        entries=comp.entries,
         ratio=attn.ratio,
         picks=picks,
+        table=table,
     )
 
 

@@ -316,7 +316,11 @@ class ModelRunner:
             ids = (torch.arange(n, dtype=torch.long) % self.vocab_size).to(self.device)
             set_dp_state_for_warmup(n)  # DP attention: every group warms up with the same rows
             batch = self.entry.make_batch([n], [cache])
-            self.model.forward(ids, torch.arange(n, device=self.device), batch)
+            # Only the last row's logits, as a served prefill chunk: the mHC head, norm and LM head
+            # are torch (no Triton variant to compile per row count), and an 8192-row fp32
+            # logits tensor would only leave gigabytes in the allocator.
+            last = torch.tensor([n - 1], device=self.device)
+            self.model.forward(ids, torch.arange(n, device=self.device), batch, logit_rows=last)
         set_dp_state_for_warmup(1)
         self.model.forward(
             ids[:1], torch.tensor([n], device=self.device), self.entry.make_batch([1], [cache])

@@ -369,7 +369,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
             else:
                 residual = mhc_post(m, residual, post, comb)
         if logit_rows is not None:  # the mHC head, norm and LM head are per token
-            if logit_rows.numel() == 0:  # no kernel launch over zero rows
+            if logit_rows.numel() == 0:  # no rows' logits wanted (no GEMM over zero rows)
                 return torch.empty(0, c.vocab_size, dtype=torch.float32, device=residual.device)
             residual = residual.index_select(0, logit_rows)
         y = mhc_head(

@@ -286,7 +286,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
                 state = state.select_rows(logit_rows)
             y = state.read(out_score, eps, self.model.norm)
         batch.advance()
-        if y.shape[0] == 0:  # no rows' logits wanted (no kernel launch over zero rows)
+        if y.shape[0] == 0:  # no rows' logits wanted (no GEMM over zero rows)
             return torch.empty(0, c.vocab_size, dtype=torch.float32, device=y.device)
         logits = self.lm_head(y).float()
         return logits if c.logit_scale == 1.0 else logits * c.logit_scale

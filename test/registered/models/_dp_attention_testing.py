@@ -26,11 +26,13 @@ def _prompts(vocab: int) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
 
 
 def _forward(model: Any, rows: list[torch.Tensor], caches: list[Any]) -> torch.Tensor:
-    """One forward of ``rows[i]`` appended to ``caches[i]``; each request's last logits row."""
+    """One forward of ``rows[i]`` appended to ``caches[i]``; each request's last logits row (the
+    forward computes only those, as the runner asks it to)."""
     ids = torch.cat(rows)
     pos = torch.cat([torch.arange(len(c), len(c) + r.shape[0]) for r, c in zip(rows, caches)])
-    logits = model(ids, pos, model.batch_type([r.shape[0] for r in rows], caches))
-    return logits[torch.cumsum(torch.tensor([r.shape[0] for r in rows]), 0) - 1]
+    last = torch.cumsum(torch.tensor([r.shape[0] for r in rows]), 0) - 1
+    batch = model.batch_type([r.shape[0] for r in rows], caches)
+    return model(ids, pos, batch, logit_rows=last)
 
 
 # A group's part of a step: ("new", prompts) ends its requests and prefills these; ("decode",)

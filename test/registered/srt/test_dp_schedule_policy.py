@@ -59,6 +59,9 @@ def test_requests_balanced_and_one_plan_per_group() -> None:
         ("b", 7, 6),
     ]
     assert plan.sample_rows == (4, 6, 12)
+    # Each group returns only its sampled rows; rank 0 gets them in group order.
+    assert [s.logit_rows for s in plan.dp_plans] == [(4, 6), (5,)]
+    assert plan.logit_rows is None and plan.output_rows == (4, 6, 12)
     assert plan.dp_padding == "max_len"  # 2 groups x 7 padded rows <= 1.5 x 13
     assert p.reserved == 9 + 10 + 6 and len(p.running) == 3
 

@@ -1,9 +1,12 @@
 """Tensor parallel over gloo on CPU: two scheduler ranks (rank 0 broadcasts every plan) produce
 the same greedy tokens as one, with and without DP attention, and with DP attention plus EP; four
 ranks with DP attention over two groups of two (attention TP=2) too; a TP size the model cannot
-split fails at startup with the model's reason."""
+split fails at startup with the model's reason. Under DP attention each group returns only the
+logit rows rank 0 reads, so echo (every prompt row's log-prob, in both groups) must match TP=1."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 
@@ -21,13 +24,45 @@ PARAMS = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
 LONG_IDS = list(range(5, 205))  # a 200-token prompt: chunked over two steps
 
 
+ECHO = {"return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0}
+ONE = {"max_new_tokens": 1, "temperature": 0}
+PromptLogprobs = list[tuple[float | None, int]]
+
+
+def _echo(engine: Engine) -> list[PromptLogprobs]:
+    """Every prompt token's log-prob: PROMPTS together (split over the DP groups), then LONG_IDS
+    alone (chunked; prompt only)."""
+    long = engine.generate(input_ids=LONG_IDS, sampling_params={"max_new_tokens": 0}, **ECHO)
+    outs = [*engine.generate(PROMPTS, ONE, **ECHO), long]
+    return [[(lp, tok) for lp, tok, _ in o["meta_info"]["input_token_logprobs"]] for o in outs]
+
+
+@dataclass(frozen=True)
+class Tp1:
+    tokens: list[list[int]]  # greedy tokens of PROMPTS
+    long_tokens: list[int]  # of LONG_IDS alone
+    echo: list[PromptLogprobs]
+
+
 @pytest.fixture(scope="module")
-def tp1() -> tuple[list[list[int]], list[int]]:
-    """TP=1's greedy tokens for PROMPTS, and for LONG_IDS alone."""
+def tp1_all() -> Tp1:
     with Engine(device="cpu", random_seed=0, log_level="warning", chunked_prefill_size=128) as one:
         want = [r["output_ids"] for r in one.generate(PROMPTS, PARAMS)]
         want_long = one.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
-    return want, want_long
+        return Tp1(want, want_long, _echo(one))
+
+
+@pytest.fixture(scope="module")
+def tp1(tp1_all: Tp1) -> tuple[list[list[int]], list[int]]:
+    """TP=1's greedy tokens for PROMPTS, and for LONG_IDS alone."""
+    return tp1_all.tokens, tp1_all.long_tokens
+
+
+def _assert_echo_matches(got: list[PromptLogprobs], want: list[PromptLogprobs]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert [t for _, t in g] == [t for _, t in w] and g[0][0] is None is w[0][0]
+        assert [lp for lp, _ in g[1:]] == pytest.approx([lp for lp, _ in w[1:]], abs=1e-4)
 
 
 def test_tp2_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:
@@ -44,11 +79,12 @@ def test_tp2_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:
     assert info["scheduler"]["num_active_caches"] == 0
 
 
-def test_dp_attention_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:
+def test_dp_attention_matches_tp1(tp1_all: Tp1) -> None:
     """TP=2 with DP attention over 2 groups (attention TP=1, the MoE over both ranks, tokens
     gathered around it): three prompts split 2 + 1 over the groups (uneven lengths), then the
-    long prompt alone (the other group idle, its steps run empty)."""
-    want, want_long = tp1
+    long prompt alone (the other group idle, its steps run empty); and the prompt log-probs of
+    the same (each group returns its own rows' logits)."""
+    want, want_long = tp1_all.tokens, tp1_all.long_tokens
     with Engine(
         device="cpu",
         tp_size=2,
@@ -60,7 +96,9 @@ def test_dp_attention_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> Non
     ) as dp:
         got = [r["output_ids"] for r in dp.generate(PROMPTS, PARAMS)]
         got_long = dp.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
+        echo = _echo(dp)
     assert got == want and got_long == want_long
+    _assert_echo_matches(echo, tp1_all.echo)
 
 
 def test_dp_attention_tp2_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:

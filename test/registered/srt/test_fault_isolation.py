@@ -61,7 +61,7 @@ class _FakeRunner:
             self.caches[rid] = object()
         if not plan.has_forward:
             return None
-        return torch.randn(plan.num_tokens, V)
+        return torch.randn(len(plan.output_rows), V)
 
 
 def _run_scheduler(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Scheduler, threading.Thread]:

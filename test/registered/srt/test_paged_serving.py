@@ -65,7 +65,9 @@ def test_admission_by_blocks_through_the_runner() -> None:
             assert got is None and want is None
             continue
         worst = max(worst, float((got - want).abs().max() / want.abs().max()))
-        picks = got[list(step.plan.sample_rows)].argmax(dim=-1).tolist()
+        # The runner returns the plan's output_rows only (here: the sampled rows).
+        out = step.plan.output_rows
+        picks = got[[out.index(r) for r in step.plan.sample_rows]].argmax(dim=-1).tolist()
         for row, token in zip([r for r in step.rows if r.sample], picks):
             row.req.output_ids.append(int(token))
             if len(row.req.output_ids) == row.req.max_new_tokens:

@@ -9,6 +9,7 @@ import pytest
 
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import SchedulePolicy, Step
+from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
@@ -128,6 +129,46 @@ def test_admission_by_blocks_runs_more_short_requests_than_whole_context_slots()
         SchedulePolicy(
             max_running_requests=1, max_total_tokens=1, chunked_prefill_size=1, block_tokens=0
         )
+
+
+def _logprob_req(rid: str, prompt: int, start_len: int, max_new: int = 4) -> Req:
+    req = _req(rid, prompt, max_new)
+    req.return_logprob, req.logprob_start_len = True, start_len
+    return req
+
+
+def test_logit_rows_are_sampled_rows_plus_asked_prompt_rows() -> None:
+    """Only the rows whose logits are read come back: the sampled last rows, and the prompt rows
+    whose log-probs were asked for (row j predicts token j + 1; from logprob_start_len on)."""
+    p = SchedulePolicy(max_running_requests=8, max_total_tokens=1000, chunked_prefill_size=16)
+    a = _req("a", 3)  # no log-probs: its last row only
+    echo = _logprob_req("echo", 20, 0)  # every prompt row but the last (which is sampled)
+    tail = _logprob_req("tail", 6, 4, max_new=0)  # tokens 4..5: rows 3..4; nothing sampled
+    for r in (a, echo, tail):
+        p.add(r)
+    s1 = p.next_step()  # a whole (0..2), echo's first 13 tokens (3..15)
+    assert s1.plan.seq_lens == (3, 13) and s1.plan.sample_rows == (2,)
+    assert s1.plan.logit_rows == (2, *range(3, 16))
+    assert [r.logprob_rows for r in s1.rows] == [range(0), range(3, 16)]
+    a.output_ids.append(1)
+    s2 = p.next_step()  # a decodes (0), echo's last 7 tokens (1..7), tail whole (8..13)
+    assert s2.plan.seq_lens == (1, 7, 6) and s2.plan.sample_rows == (0, 7)
+    # echo: rows 1..6 predict its tokens 14..19, row 7 samples; tail: rows 11, 12 (tokens 4, 5)
+    assert s2.plan.logit_rows == (0, *range(1, 8), 11, 12)
+    assert s2.plan.output_rows == s2.plan.logit_rows and s2.plan.prunes_logits
+    assert ForwardPlan(("x",), (2,), (0, 1)).output_rows == (0, 1)  # None: every row
+
+
+def test_forward_plan_checks_logit_rows() -> None:
+    base = {"rids": ("x",), "seq_lens": (3,), "input_ids": (0, 1, 2)}
+    with pytest.raises(ValueError, match="in \\[0, 3\\)"):
+        ForwardPlan(**base, logit_rows=(3,))
+    with pytest.raises(ValueError, match="ascending"):
+        ForwardPlan(**base, logit_rows=(1, 1))
+    with pytest.raises(ValueError, match="not in logit_rows"):
+        ForwardPlan(**base, sample_rows=(2,), logit_rows=(1,))
+    with pytest.raises(ValueError, match="sub-plans only"):
+        ForwardPlan(dp_plans=(ForwardPlan(**base),), logit_rows=())
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def attn_res_score_vector(res_norm: RMSNorm, res_proj: ReplicatedLinear) -> Tens
 class AttnResState:
     """The bank and partial sum of one forward, ``[T, H]`` rows in the activation dtype."""
 
-    def __init__(self, embeddings: Tensor) -> None:
+    def __init__(self, embeddings: Tensor | None) -> None:
         self.bank: list[Tensor] = []
         self.partial: Tensor | None = embeddings
 
@@ -49,6 +49,13 @@ class AttnResState:
         alpha = torch.softmax(normed @ score_vector, dim=-1)  # [T, R]
         mix = torch.einsum("tr,trh->th", alpha, rows)
         return out_norm(mix.to(self.partial.dtype))
+
+    def select_rows(self, rows: Tensor) -> AttnResState:
+        """The state of ``rows`` (an int64 index) only: reads are per token, so the last read
+        needs no other rows."""
+        picked = AttnResState(None if self.partial is None else self.partial.index_select(0, rows))
+        picked.bank = [b.index_select(0, rows) for b in self.bank]
+        return picked
 
     def write_bank(self) -> None:
         """Snapshot ``P`` into the bank and start a new block."""

@@ -7,7 +7,8 @@ whole per-rank budget (``--max-total-tokens``, ``--max-running-requests``), sinc
 only its own caches. A step is every group's step at once: one :class:`ForwardPlan` whose
 ``dp_plans`` are the groups' plans (an idle group's is empty, and it still runs the step) and
 whose padding mode is chosen from the groups' token counts. Rows and ``sample_rows`` index the
-groups' logits concatenated in group order, which is what the gather to rank 0 produces.
+groups' rows concatenated in group order. Each group's sub-plan carries its own ``logit_rows``;
+the gather to rank 0 brings those rows, in the order of the plan's ``output_rows``.
 """
 
 from __future__ import annotations

@@ -40,6 +40,29 @@ class StepRow:
     prompt_pos: int  # first position of these rows
     sample: bool
 
+    @property
+    def last(self) -> int:
+        return self.start + self.length - 1
+
+    @property
+    def logprob_rows(self) -> range:
+        """The rows whose logits give the prompt's log-probs the request asked for: row
+        ``start + j`` predicts prompt token ``prompt_pos + j + 1``, and tokens from
+        ``logprob_start_len`` on are returned (the first token has none)."""
+        req = self.req
+        if not req.wants_input_logprobs or self.prompt_pos >= req.prompt_len:
+            return range(0)  # no prompt log-probs asked for, or a decode row
+        first = max(0, req.logprob_start_len - 1 - self.prompt_pos)
+        n_pred = min(self.length, req.prompt_len - 1 - self.prompt_pos)
+        return range(self.start + first, self.start + max(first, n_pred))
+
+    def logit_rows(self) -> list[int]:
+        """The rows of this request whose logits the step needs, ascending."""
+        rows = list(self.logprob_rows)
+        if self.sample and (not rows or rows[-1] != self.last):
+            rows.append(self.last)
+        return rows
+
 
 @dataclass
 class Step:
@@ -142,7 +165,8 @@ class SchedulePolicy:
             input_ids=tuple(ids),
             new_rids=tuple(new_rids),
             free_rids=tuple(free),
-            sample_rows=tuple(r.start + r.length - 1 for r in rows if r.sample),
+            sample_rows=tuple(r.last for r in rows if r.sample),
+            logit_rows=tuple(i for r in rows for i in r.logit_rows()),
         )
         return Step(plan, rows)
 

@@ -222,6 +222,11 @@ class Scheduler:
         started = time.perf_counter()
         try:
             logits = self.runner.execute(step.plan)
+            if logits is not None and logits.shape[0] != len(step.plan.output_rows):
+                raise RuntimeError(
+                    f"the forward returned {logits.shape[0]} logit rows, the plan asked for "
+                    f"{len(step.plan.output_rows)}"
+                )
         except Exception as exc:  # a failed forward must not take the server down
             lost = _lost_peer("rank 0", exc) if is_transport_failure(exc) else None
             if lost is None:
@@ -242,11 +247,13 @@ class Scheduler:
         self.last_step_time = time.perf_counter() - started
 
     def _process_logits(self, step: Step, logits: torch.Tensor) -> None:
+        """``logits`` holds the plan's ``output_rows`` only (the sampled and log-prob rows)."""
+        where = {row: i for i, row in enumerate(step.plan.output_rows)}
         failed: set[str] = set()
         for row in step.rows:
             if row.req.input_logprobs is not None:
                 try:
-                    self._record_input_logprobs(row, logits)
+                    self._record_input_logprobs(row, logits, where)
                 except Exception as exc:  # this request fails; the batch goes on
                     logger.exception(f"input log-probs failed for request {row.req.rid}")
                     self._fail(row.req, f"internal error computing prompt log-probs: {exc!r}")
@@ -263,11 +270,11 @@ class Scheduler:
             self.outputs.append(self._output(req, [], [], []))
         if not sampled:
             return
-        # The policy's logit row of each sampled request (in step order).
+        # The policy's logit row of each sampled request (in step order), then its returned row.
         plan_row = dict(
             zip([r.req.rid for r in step.rows if r.sample], step.plan.sample_rows, strict=True)
         )
-        rows_idx = [plan_row[r.req.rid] for r in sampled]
+        rows_idx = [where[plan_row[r.req.rid]] for r in sampled]
         batch_logits = logits.index_select(0, torch.tensor(rows_idx, device=logits.device))
         sampling_rows = [
             SamplingRow(
@@ -315,27 +322,32 @@ class Scheduler:
             merged.top_logprobs += one.top_logprobs
         return merged, kept
 
-    def _record_input_logprobs(self, row: StepRow, logits: torch.Tensor) -> None:
-        """Row j of a prefill chunk predicts prompt token ``pos + j + 1``."""
+    def _record_input_logprobs(
+        self, row: StepRow, logits: torch.Tensor, where: dict[int, int]
+    ) -> None:
+        """Row ``start + j`` of a prefill chunk predicts prompt token ``prompt_pos + j + 1``;
+        ``where`` maps a batch row to its row of ``logits``."""
         req = row.req
         assert req.input_logprobs is not None
-        if row.prompt_pos >= req.prompt_len:
-            return  # a decode row
-        n_pred = min(row.length, req.prompt_len - 1 - row.prompt_pos)
-        if n_pred <= 0:
-            return
+        wanted = row.logprob_rows
+        if not wanted:
+            return  # a decode row, or none of the chunk's tokens is returned
+        first = wanted.start - row.start + row.prompt_pos  # the position row wanted[0] sits at
         targets = torch.tensor(
-            req.input_ids[row.prompt_pos + 1 : row.prompt_pos + 1 + n_pred], device=logits.device
+            req.input_ids[first + 1 : first + 1 + len(wanted)], device=logits.device
         )
-        rows = logits[row.start : row.start + n_pred].float()
+        at = where[wanted.start]  # the plan returns a request's rows contiguously and in order
+        if where[wanted[-1]] != at + len(wanted) - 1:
+            raise RuntimeError(f"the prompt rows of {req.rid} are not contiguous in the logits")
+        rows = logits[at : at + len(wanted)].float()
         all_lp = torch.log_softmax(rows, dim=-1)
         lp = all_lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
         for j, value in enumerate(lp):
-            req.input_logprobs[row.prompt_pos + 1 + j] = float(value)
+            req.input_logprobs[first + 1 + j] = float(value)
         if req.input_top_logprobs is not None:  # echo with logprobs: the prompt's top-k too
             vals, idx = all_lp.topk(min(req.top_logprobs_num, all_lp.shape[-1]), dim=-1)
             for j, (v, t) in enumerate(zip(vals.tolist(), idx.tolist())):
-                req.input_top_logprobs[row.prompt_pos + 1 + j] = list(zip(t, v))
+                req.input_top_logprobs[first + 1 + j] = list(zip(t, v))
 
     def _check_finish(self, req: Req, token: int) -> FinishReason | None:
         p = req.params

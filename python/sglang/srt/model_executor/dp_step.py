@@ -1,9 +1,10 @@
 """One DP-attention step on one rank: set the step's DP state, run this group's sub-plan (or an
 empty forward when the group is idle but others are not, so the MoE's collectives line up), and
-bring every group's logits to rank 0, which samples for all of them.
+bring every group's logit rows to rank 0, which samples for all of them.
 
-The logits travel whole over the TP group's gloo group: exact and simple, fine for CPU tests and
-small batches; a GPU deployment wants only the sampled rows, over the device group.
+Each group's forward returns only the rows its sub-plan's ``logit_rows`` name (the sampled rows,
+plus prompt rows whose log-probs were asked for), and those travel over the TP group's gloo group:
+exact and simple; a GPU deployment would rather gather them over the device group.
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ def run_idle_forward(model: Any) -> torch.Tensor:
 
 
 def gather_dp_logits(logits: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    """Every group's logits concatenated in group order on TP rank 0 (None on the other ranks).
-    Each group's first rank sends them (the ranks of a group hold the same logits)."""
+    """Every group's logit rows concatenated in group order on TP rank 0 (None on the other
+    ranks): the plan's ``output_rows``. Each group's first rank sends them (the ranks of a group
+    hold the same logits)."""
     tp, attn = get_tp_group(), get_attn_tp_group()
     mine = logits.cpu() if logits is not None and attn.rank_in_group == 0 else None
     parts = tp.gather_object(mine, dst=0)
     if parts is None:
         return None
-    kept = [p for p in parts if p is not None and p.shape[0] > 0]
+    kept = [p for p in parts if p is not None]  # [0, V] too: a step may need no rows at all
     if not kept:
         return None
     return torch.cat(kept).to(device)

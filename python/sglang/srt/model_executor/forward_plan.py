@@ -9,11 +9,18 @@ Under DP attention the plan carries one sub-plan per DP group (``dp_plans``; its
 empty): a rank applies its group's sub-plan, and every rank knows every group's token count
 (``dp_num_tokens``, the sizes of the MoE's gathered buffer) and this step's padding
 (``dp_padding``). A group with no rows still runs the step (collectives line up).
+
+The forward returns logits only for ``logit_rows`` (every row when ``None``): each sampled
+request's last row and the prompt rows whose log-probs were asked for. The final norm and LM head
+are per-token, so the other rows are dropped before them; a prefill chunk of 8192 tokens would
+otherwise make ``8192 x V`` fp32 logits of which one row is read. :attr:`ForwardPlan.output_rows`
+says which batch row each returned row is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,9 @@ class ForwardPlan:
     shutdown: bool = False
     # Rows whose logits rank 0 samples from (the last row of each request that samples this step).
     sample_rows: tuple[int, ...] = field(default=(), compare=False)
+    # Rows whose logits the forward returns, ascending (None: every row). Under DP each group's
+    # sub-plan carries its own (the top-level plan leaves it None).
+    logit_rows: tuple[int, ...] | None = field(default=None, compare=False)
     # DP attention: the groups' sub-plans, and "max_len" or "sum_len" (see layers/dp_attention).
     # Under DP, ``sample_rows`` index the groups' logits concatenated in group order.
     dp_plans: tuple[ForwardPlan, ...] = ()
@@ -40,6 +50,19 @@ class ForwardPlan:
             raise ValueError("a DP plan carries its rows in its sub-plans only")
         if self.dp_padding not in ("max_len", "sum_len"):
             raise ValueError(f"dp_padding must be max_len or sum_len, got {self.dp_padding!r}")
+        if self.logit_rows is not None:
+            self._check_logit_rows(self.logit_rows)
+
+    def _check_logit_rows(self, rows: tuple[int, ...]) -> None:
+        if self.dp_plans:
+            raise ValueError("a DP plan carries logit_rows in its sub-plans only")
+        if rows and (rows[0] < 0 or rows[-1] >= self.num_tokens):
+            raise ValueError(f"logit_rows must lie in [0, {self.num_tokens}), got {rows[0]}..")
+        if any(a >= b for a, b in pairwise(rows)):
+            raise ValueError("logit_rows must be strictly ascending")
+        missing = set(self.sample_rows) - set(rows)
+        if missing:
+            raise ValueError(f"sampled rows {sorted(missing)[:8]} are not in logit_rows")
 
     @property
     def has_forward(self) -> bool:
@@ -62,3 +85,23 @@ class ForwardPlan:
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def output_rows(self) -> tuple[int, ...]:
+        """The batch row of each row the forward returns, in order. Under DP: every group's, as
+        rows of the groups' batches concatenated in group order (what reaches rank 0)."""
+        if not self.dp_plans:
+            if self.logit_rows is None:
+                return tuple(range(self.num_tokens))
+            return self.logit_rows
+        rows: list[int] = []
+        offset = 0
+        for sub in self.dp_plans:
+            rows.extend(offset + r for r in sub.output_rows)
+            offset += sub.num_tokens
+        return tuple(rows)
+
+    @property
+    def prunes_logits(self) -> bool:
+        """The forward returns fewer rows than it runs (this plan's own rows, not DP's)."""
+        return self.logit_rows is not None and len(self.logit_rows) < self.num_tokens

@@ -44,8 +44,14 @@ class ServedModel(Protocol):
     def new_request_cache(self) -> object: ...
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: object
-    ) -> torch.Tensor: ...
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: object,
+        logit_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits of every row, or of ``logit_rows`` (an int64 index) only."""
+        ...
 
     def moe_layers(self) -> Iterator[FusedMoE]:
         """The model's routed-expert layers (the declared way to reach their runners)."""

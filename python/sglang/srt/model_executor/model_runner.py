@@ -234,9 +234,9 @@ class ModelRunner:
     # --- forward -------------------------------------------------------------------------------
 
     def execute(self, plan: ForwardPlan) -> torch.Tensor | None:
-        """Apply the plan's frees and new caches, run its rows; logits ``[T, V]`` or ``None``.
-        A DP-attention plan runs this rank's group (``dp_step``): every group's logits on rank
-        0, ``None`` elsewhere."""
+        """Apply the plan's frees and new caches, run its rows; the logits of its ``output_rows``
+        (``[len(output_rows), V]``) or ``None``. A DP-attention plan runs this rank's group
+        (``dp_step``): every group's logit rows on rank 0, ``None`` elsewhere."""
         if plan.dp_plans:
             return execute_dp_plan(self, plan)
         static, paged = self.static_model, self.paged_model
@@ -256,8 +256,10 @@ class ModelRunner:
         if not plan.has_forward:
             return None
         caches = [self.caches[rid] for rid in plan.rids]
+        rows = self._logit_rows(plan)
         if static is not None and all(n == 1 for n in plan.seq_lens):
-            return self._decode_static(static, plan, caches)
+            logits = self._decode_static(static, plan, caches)  # one row per request
+            return logits if rows is None else logits.index_select(0, rows)
         positions = torch.cat(
             [
                 torch.arange(len(c), len(c) + n, dtype=torch.long)
@@ -269,7 +271,15 @@ class ModelRunner:
             ids = ids.to(self.device, non_blocking=True)
             positions = positions.to(self.device, non_blocking=True)
         batch = self.entry.make_batch(plan.seq_lens, caches)
-        return self.model.forward(ids, positions, batch)
+        return self.model.forward(ids, positions, batch, logit_rows=rows)
+
+    def _logit_rows(self, plan: ForwardPlan) -> torch.Tensor | None:
+        """The plan's ``logit_rows`` as an index on the device; None when it keeps every row."""
+        if not plan.prunes_logits:
+            return None
+        assert plan.logit_rows is not None
+        rows = torch.tensor(plan.logit_rows, dtype=torch.long)
+        return rows.to(self.device, non_blocking=True) if self.device.type != "cpu" else rows
 
     def _decode_static(
         self, model: SupportsStaticDecode, plan: ForwardPlan, caches: list[Any]
@@ -306,7 +316,11 @@ class ModelRunner:
             ids = (torch.arange(n, dtype=torch.long) % self.vocab_size).to(self.device)
             set_dp_state_for_warmup(n)  # DP attention: every group warms up with the same rows
             batch = self.entry.make_batch([n], [cache])
-            self.model.forward(ids, torch.arange(n, device=self.device), batch)
+            # Only the last row's logits, as a served prefill chunk: the mHC head, norm and LM head
+            # are torch (no Triton variant to compile per row count), and an 8192-row fp32
+            # logits tensor would only leave gigabytes in the allocator.
+            last = torch.tensor([n - 1], device=self.device)
+            self.model.forward(ids, torch.arange(n, device=self.device), batch, logit_rows=last)
         set_dp_state_for_warmup(1)
         self.model.forward(
             ids[:1], torch.tensor([n], device=self.device), self.entry.make_batch([1], [cache])

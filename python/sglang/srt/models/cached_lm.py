@@ -70,10 +70,22 @@ def check_batch(input_ids: Tensor, positions: Tensor, batch: RequestBatch[Any]) 
         start += n
 
 
+def check_logit_rows(logit_rows: Tensor | None) -> None:
+    """``logit_rows`` selects the rows a forward returns logits for: a 1-D int64 index."""
+    if logit_rows is None:
+        return
+    if logit_rows.dim() != 1 or logit_rows.dtype != torch.long:
+        raise ValueError(
+            f"logit_rows must be a 1-D int64 index, got {logit_rows.dtype} "
+            f"{tuple(logit_rows.shape)}"
+        )
+
+
 class CachedCausalLM(nn.Module, Generic[CacheT]):
-    """Base of a model whose ``forward(input_ids, positions, batch=None)`` returns logits
-    ``[T, V]`` for a :class:`RequestBatch`; subclasses set ``batch_type`` and implement
-    ``new_request_cache``. ``spec`` is how this rank built the layers."""
+    """Base of a model whose ``forward(input_ids, positions, batch=None, logit_rows=None)``
+    returns logits ``[T, V]`` for a :class:`RequestBatch` (only ``logit_rows``' when given);
+    subclasses set ``batch_type`` and implement ``new_request_cache``. ``spec`` is how this rank
+    built the layers."""
 
     batch_type: ClassVar[type[RequestBatch[Any]]]
 

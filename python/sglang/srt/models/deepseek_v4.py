@@ -52,7 +52,7 @@ from sglang.srt.mem_cache.deepseek_v4_cache import (
     slot_request_cache,
 )
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
-from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch
+from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
 from sglang.srt.models.deepseek_v4_static_inputs import (
@@ -245,14 +245,20 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
 
     @torch.no_grad()
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: DeepseekV4Batch | None = None
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: DeepseekV4Batch | None = None,
+        logit_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits ``[T, V]`` (fp32) for ``input_ids [T]`` at ``positions [T]``.
+        """Logits ``[T, V]`` (fp32) for ``input_ids [T]`` at ``positions [T]``; with
+        ``logit_rows`` (int64 row indices) only those rows' ``[len(logit_rows), V]``.
 
         Without ``batch`` the rows are one whole request from position 0 (a throw-away cache).
         With ``batch`` each request's rows must continue its cache (positions ``len(cache) ..``);
         the caches are extended in place."""
         batch = self._checked_batch(input_ids, positions, batch)
+        check_logit_rows(logit_rows)
         # Static decode steps leave the layers' host counters behind (see decode_pooled); the
         # eager attention reads and extends them, so catch them up first. Pooled caches get the
         # blocks these rows write first.
@@ -269,7 +275,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
             ]
             return layer.attn(x, positions, segments)
 
-        logits = self._run_layers(input_ids, attend)
+        logits = self._run_layers(input_ids, attend, logit_rows)
         batch.advance()
         return logits
 
@@ -332,8 +338,11 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
             dp_scatter(layer.ffn(dp_gather(x), moe_ids))
         return torch.empty(0, c.vocab_size, dtype=torch.float32, device=self.device)
 
-    def _run_layers(self, input_ids: torch.Tensor, attend: AttendFn) -> torch.Tensor:
-        """Embedding, every layer (``attend(i, layer, x)`` is the attention), mHC head, logits."""
+    def _run_layers(
+        self, input_ids: torch.Tensor, attend: AttendFn, logit_rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Embedding, every layer (``attend(i, layer, x)`` is the attention), mHC head, logits
+        (of ``logit_rows`` only, when given)."""
         c = self.config
         # mHC mixing constants, plus the eps of the RMSNorm fused into every hc_pre
         mix: dict[str, Any] = {
@@ -359,6 +368,10 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
                 )
             else:
                 residual = mhc_post(m, residual, post, comb)
+        if logit_rows is not None:  # the mHC head, norm and LM head are per token
+            if logit_rows.numel() == 0:  # no rows' logits wanted (no GEMM over zero rows)
+                return torch.empty(0, c.vocab_size, dtype=torch.float32, device=residual.device)
+            residual = residual.index_select(0, logit_rows)
         y = mhc_head(
             residual,
             self.hc_head_fn,

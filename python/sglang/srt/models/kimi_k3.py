@@ -45,7 +45,7 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
     new_request_cache,
 )
 from sglang.srt.mem_cache.kimi_k3_latent_pool import KimiK3LatentPool
-from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch
+from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
@@ -243,14 +243,20 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
 
     @torch.no_grad()
     def forward(
-        self, input_ids: Tensor, positions: Tensor, batch: KimiK3Batch | None = None
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        batch: KimiK3Batch | None = None,
+        logit_rows: Tensor | None = None,
     ) -> Tensor:
-        """Logits ``[T, V]`` (fp32) for ``input_ids [T]`` at ``positions [T]``.
+        """Logits ``[T, V]`` (fp32) for ``input_ids [T]`` at ``positions [T]``; with
+        ``logit_rows`` (int64 row indices) only those rows' ``[len(logit_rows), V]``.
 
         Without ``batch`` the rows are one whole request from position 0 (a throw-away cache).
         With ``batch`` each request's rows must continue its cache (positions ``len(cache) ..``);
         the caches are extended in place."""
         batch = self._checked_batch(input_ids, positions, batch)
+        check_logit_rows(logit_rows)
         for cache, n in zip(batch.caches, batch.seq_lens):  # paged: the blocks these rows fill
             if cache.row is not None:
                 self._latent_pool().reserve(cache.row, len(cache) + n)
@@ -260,7 +266,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         h = self.model.embed_tokens(input_ids)
         block = c.attn_res_block_size
         if block is None:
-            y = self._plain_residual_layers(h, starts, batch)
+            y = self._plain_residual_layers(h, starts, batch, logit_rows)
         else:
             state = AttnResState(h)
             for layer in self.decoder_layers:
@@ -276,8 +282,12 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
             out_score = attn_res_score_vector(
                 self.model.output_attn_res_norm, self.model.output_attn_res_proj
             )
+            if logit_rows is not None:  # the last read, norm and LM head are per token
+                state = state.select_rows(logit_rows)
             y = state.read(out_score, eps, self.model.norm)
         batch.advance()
+        if y.shape[0] == 0:  # no rows' logits wanted (no GEMM over zero rows)
+            return torch.empty(0, c.vocab_size, dtype=torch.float32, device=y.device)
         logits = self.lm_head(y).float()
         return logits if c.logit_scale == 1.0 else logits * c.logit_scale
 
@@ -293,9 +303,11 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         return torch.empty(0, c.vocab_size, dtype=torch.float32, device=self.device)
 
     def _plain_residual_layers(
-        self, h: Tensor, starts: Sequence[int], batch: KimiK3Batch
+        self, h: Tensor, starts: Sequence[int], batch: KimiK3Batch, logit_rows: Tensor | None
     ) -> Tensor:
         for layer in self.decoder_layers:
             h = h + layer.attention(layer.input_layernorm(h), starts, batch)
             h = h + layer.ffn(layer.post_attention_layernorm(h))
+        if logit_rows is not None:  # the final norm and LM head are per token
+            h = h.index_select(0, logit_rows)
         return self.model.norm(h)

@@ -2,7 +2,8 @@
 the server's own memory budget (no GPU needed): one table.
 
 The memory left for the cache is what the server computes (``memory_budget``): the
-``--mem-fraction-static`` share of the GPU minus the weights, minus the step workspace and the
+``--mem-fraction-static`` share of the GPU minus the weights, minus the step workspace (the
+logits of ``--max-logit-rows-per-step`` rows, ``--logit-rows`` here) and the
 window rings of ``--max-running-requests``; ``max_total_tokens`` is that over the bytes a cached
 token costs. Before (the unpaged slot pool): every slot reserved a whole context, so
 ``min(max running, total // context length)`` requests ran whatever their length
@@ -26,6 +27,7 @@ from sglang.srt.default_model.generate import parameter_shapes
 from sglang.srt.mem_cache.block_admission import block_concurrency, slot_concurrency
 from sglang.srt.model_executor.memory_budget import CacheShape, max_total_tokens_for_memory
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.server_args import default_max_logit_rows
 
 
 def main() -> None:
@@ -37,9 +39,11 @@ def main() -> None:
     parser.add_argument("--mem-fraction", type=float, default=0.85)
     parser.add_argument("--max-running", type=int, default=256)
     parser.add_argument("--chunk", type=int, default=8192)
+    parser.add_argument("--logit-rows", type=int, default=None, help="default: the server's")
     parser.add_argument("--block-tokens", type=int, default=256)
     parser.add_argument("--room-gib", type=float, default=None, help="cache room, not weights")
     args = parser.parse_args()
+    logit_rows = args.logit_rows or default_max_logit_rows(args.max_running)
     raw = model_config(args.layers)
     weights = 2 * sum(math.prod(s) for s in parameter_shapes(raw).values())
     room = int(args.gpu_gib * (1 << 30) * args.mem_fraction) - weights
@@ -62,6 +66,7 @@ def main() -> None:
             max_running_requests=args.max_running,
             chunked_prefill_size=args.chunk,
             context_length=ctx,
+            max_logit_rows=logit_rows,
         )
         before = slot_concurrency(total, ctx, args.max_running)
         for req in (int(r) for r in args.request_tokens.split(",")):

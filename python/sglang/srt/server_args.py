@@ -35,6 +35,17 @@ class ServerArgsError(ValueError):
     """The options cannot work together (or on this machine); the message says what to change."""
 
 
+# The least default --max-logit-rows-per-step: with every running request decoding, a prompt
+# log-prob (echo) request still gets this many rows minus the decodes per step.
+DEFAULT_MIN_LOGIT_ROWS = 512
+
+
+def default_max_logit_rows(max_running_requests: int) -> int:
+    """The default ``--max-logit-rows-per-step``: room for one row per running request and, at
+    the least, ``DEFAULT_MIN_LOGIT_ROWS`` in all."""
+    return max(max_running_requests, DEFAULT_MIN_LOGIT_ROWS)
+
+
 def moe_a2a_choices() -> tuple[str, ...]:
     from sglang.srt.layers.moe.a2a import MOE_A2A_BACKENDS
 
@@ -78,6 +89,7 @@ class ServerArgs:
     max_running_requests: int | None = None
     max_total_tokens: int | None = None
     chunked_prefill_size: int | None = None
+    max_logit_rows_per_step: int | None = None
     mem_fraction_static: float = 0.85
     # --- HTTP server
     host: str = "127.0.0.1"
@@ -143,6 +155,9 @@ class ServerArgs:
         max_running = self.max_running_requests
         if max_running is None:
             max_running = 256 if on_gpu else 32
+        max_logit_rows = self.max_logit_rows_per_step
+        if max_logit_rows is None:
+            max_logit_rows = default_max_logit_rows(max_running)
         cuda_graph_max_bs = self.cuda_graph_max_bs
         if cuda_graph_max_bs is None:
             cuda_graph_max_bs = min(max_running, 160)
@@ -156,6 +171,7 @@ class ServerArgs:
             random_seed=seed,
             chunked_prefill_size=chunk,
             max_running_requests=max_running,
+            max_logit_rows_per_step=max_logit_rows,
             cuda_graph_max_bs=cuda_graph_max_bs,
         )
 
@@ -199,6 +215,18 @@ class ServerArgs:
             or self.chunked_prefill_size >= 1,
             f"--chunked-prefill-size must be >= 1, or -1 to turn chunking off; "
             f"got {self.chunked_prefill_size}",
+        )
+        _check(
+            self.max_logit_rows_per_step is None or self.max_logit_rows_per_step >= 1,
+            f"--max-logit-rows-per-step must be >= 1, got {self.max_logit_rows_per_step}",
+        )
+        _check(
+            self.max_logit_rows_per_step is None
+            or self.max_running_requests is None
+            or self.max_logit_rows_per_step >= self.max_running_requests,
+            f"--max-logit-rows-per-step {self.max_logit_rows_per_step} is below "
+            f"--max-running-requests {self.max_running_requests}: a decode step samples one row "
+            "per running request; raise it, or lower --max-running-requests",
         )
         _check(
             self.max_request_bytes >= 1024,
@@ -585,6 +613,16 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         int,
         "Prompt tokens prefilled per step at most; longer prompts are split across steps, "
         "mixed with running decodes. -1 turns chunking off. Default: 8192 on CUDA, 512 on CPU.",
+    )
+    _add_option(
+        g,
+        "--max-logit-rows-per-step",
+        int,
+        "Rows whose fp32 logits one step computes at most: one per sampling request plus the "
+        "prompt rows of requests that ask for prompt log-probs (echo, logprob_start_len); such a "
+        "request's prefill chunk is shortened to fit and continues next step. The GPU memory "
+        "budget reserves logits for this many rows. Must be >= --max-running-requests. "
+        f"Default: max(--max-running-requests, {DEFAULT_MIN_LOGIT_ROWS}).",
     )
     _add_option(
         g,

@@ -7,8 +7,9 @@ whole per-rank budget (``--max-total-tokens``, ``--max-running-requests``), sinc
 only its own caches. A step is every group's step at once: one :class:`ForwardPlan` whose
 ``dp_plans`` are the groups' plans (an idle group's is empty, and it still runs the step) and
 whose padding mode is chosen from the groups' token counts. Rows and ``sample_rows`` index the
-groups' rows concatenated in group order. Each group's sub-plan carries its own ``logit_rows``;
-the gather to rank 0 brings those rows, in the order of the plan's ``output_rows``.
+groups' rows concatenated in group order. Each group's sub-plan carries its own ``logit_rows``
+(at most ``max_logit_rows`` of them: the cap holds per group, as each group's ranks compute
+their own); the gather to rank 0 brings those rows, in the order of the plan's ``output_rows``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class DpSchedulePolicy:
         max_running_requests: int,
         max_total_tokens: int,
         chunked_prefill_size: int,
+        max_logit_rows: int | None = None,
     ) -> None:
         if dp_size < 2:
             raise ValueError(f"DP scheduling needs at least 2 groups, got {dp_size}")
@@ -37,6 +39,7 @@ class DpSchedulePolicy:
                 max_running_requests=max_running_requests,
                 max_total_tokens=max_total_tokens,
                 chunked_prefill_size=chunked_prefill_size,
+                max_logit_rows=max_logit_rows,
             )
             for _ in range(dp_size)
         ]

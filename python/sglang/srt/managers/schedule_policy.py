@@ -15,6 +15,14 @@ blocks: admission by free blocks. A request reserves every block it can ever fil
 request never runs out of blocks mid-decode (no retraction is needed; a request that does not
 fit waits in the queue until finished ones return theirs).
 
+With ``max_logit_rows`` (``--max-logit-rows-per-step``) a step's logit rows (one per sampling
+request, plus the prompt rows of a request that asked for prompt log-probs) stay within the cap:
+a prefill chunk that would need more rows than are left is shortened and continues next step (a
+request is never dropped). Every step can still serve each running request: decodes and the
+sample row that completes a prompt need one row each, and the cap is at least
+``--max-running-requests`` (checked at startup). A waiting request whose chunk gets no rows at all
+waits for the next step (first come, first served, as for the other budgets).
+
 Finished and aborted requests return their reservation at once; their caches are dropped on every
 rank with the next plan.
 """
@@ -78,9 +86,17 @@ class SchedulePolicy:
         max_total_tokens: int,
         chunked_prefill_size: int,
         block_tokens: int = 1,
+        max_logit_rows: int | None = None,
     ) -> None:
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+        if max_logit_rows is not None and max_logit_rows < max_running_requests:
+            raise ValueError(
+                f"max_logit_rows {max_logit_rows} is below max_running_requests "
+                f"{max_running_requests}: a decode step needs one logit row per running request"
+            )
+        # None: no cap (every row a step needs gets logits).
+        self.max_logit_rows = max_logit_rows
         self.max_running = max_running_requests
         self.max_total_tokens = max_total_tokens
         self.block_tokens = block_tokens
@@ -144,19 +160,31 @@ class SchedulePolicy:
             if req.prompt_done:
                 take(req, [req.output_ids[-1]], req.prompt_len + len(req.output_ids) - 1, True)
         budget = self.chunk if self.chunk is not None else float("inf")
+        # Logit rows left this step; the decodes above took one each.
+        rows_left = float("inf") if self.max_logit_rows is None else self.max_logit_rows - len(rows)
         for req in self.running:
             if not req.prompt_done and budget > 0:
-                budget -= self._take_chunk(req, budget, take)
+                n = chunk_within_rows(
+                    req, int(min(req.prompt_len - req.prefilled, budget)), rows_left
+                )
+                if n > 0:
+                    budget -= n
+                    rows_left -= self._take_chunk(req, n, take)
         new_rids: list[str] = []
         while self.waiting and len(self.running) < self.max_running and budget > 0:
             req = self.waiting[0]
             if self.reserved + self.reservation(req) > self.max_total_tokens:
                 break
+            want = int(min(req.prompt_len, budget))
+            n = chunk_within_rows(req, want, rows_left)
+            if n == 0 < want:
+                break  # no logit rows left for its first chunk: it leads the queue next step
             self.waiting.popleft()
             self.running.append(req)
             self.reserved += self.reservation(req)
             new_rids.append(req.rid)
-            budget -= self._take_chunk(req, budget, take)
+            budget -= n
+            rows_left -= self._take_chunk(req, n, take)
         free, self.pending_free = self.pending_free, []
         self.num_cached += len(new_rids) - len(free)
         plan = ForwardPlan(
@@ -171,13 +199,38 @@ class SchedulePolicy:
         return Step(plan, rows)
 
     @staticmethod
-    def _take_chunk(
-        req: Req, budget: float, take: Callable[[Req, list[int], int, bool], None]
-    ) -> int:
-        n = int(min(req.prompt_len - req.prefilled, budget))
+    def _take_chunk(req: Req, n: int, take: Callable[[Req, list[int], int, bool], None]) -> int:
+        """Prefill the next ``n`` prompt tokens of ``req``; returns the logit rows they need."""
         start = req.prefilled
-        completes = start + n == req.prompt_len
-        # A request with max_new_tokens == 0 completes its prompt without sampling.
-        take(req, req.input_ids[start : start + n], start, completes and req.max_new_tokens > 0)
+        take(req, req.input_ids[start : start + n], start, chunk_samples(req, start, n))
         req.prefilled += n
+        return chunk_logit_rows(req, start, n)
+
+
+def chunk_samples(req: Req, start: int, n: int) -> bool:
+    """Whether a chunk of ``n`` prompt tokens from ``start`` samples: it completes the prompt (a
+    request with max_new_tokens == 0 completes it without sampling)."""
+    return start + n == req.prompt_len and req.max_new_tokens > 0
+
+
+def chunk_logit_rows(req: Req, start: int, n: int) -> int:
+    """The logit rows a chunk of ``n`` prompt tokens from ``start`` needs: its prompt log-prob
+    rows (as :attr:`StepRow.logprob_rows` counts them) and the sampled last row."""
+    row = StepRow(req, 0, n, start, chunk_samples(req, start, n))
+    return len(row.logit_rows())
+
+
+def chunk_within_rows(req: Req, n: int, rows_left: float) -> int:
+    """The longest chunk of at most ``n`` tokens from ``req.prefilled`` that needs at most
+    ``rows_left`` logit rows (0: none fits). Rows before ``logprob_start_len`` need none, so only
+    a request with prompt log-probs or a completing sample row is ever shortened."""
+    start = req.prefilled
+    if chunk_logit_rows(req, start, n) <= rows_left:
         return n
+    # Prompt log-prob rows grow one per token past logprob_start_len; the sample row adds one
+    # at completion. So the longest fitting chunk is at most one past ``free + rows_left``.
+    free = max(0, req.logprob_start_len - 1 - start) if req.wants_input_logprobs else n
+    m = int(min(n, free + rows_left))
+    while m > 0 and chunk_logit_rows(req, start, m) > rows_left:
+        m -= 1
+    return m

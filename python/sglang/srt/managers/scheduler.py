@@ -87,6 +87,7 @@ class Scheduler:
         heartbeat_s: float = _HEARTBEAT_S,
         dp_size: int = 1,
         block_tokens: int = 1,
+        max_logit_rows: int | None = None,
     ) -> None:
         self.runner = runner
         self.heartbeat_s = heartbeat_s
@@ -97,6 +98,7 @@ class Scheduler:
             "max_running_requests": max_running_requests,
             "max_total_tokens": max_total_tokens,
             "chunked_prefill_size": chunked_prefill_size,
+            "max_logit_rows": max_logit_rows,
         }
         self.policy: SchedulePolicy | DpSchedulePolicy = SchedulePolicy(
             **budget, block_tokens=block_tokens

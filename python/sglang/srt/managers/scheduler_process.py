@@ -107,12 +107,19 @@ def _cpu_threads(tp_size: int) -> int:
     return max(1, min(16, ((os.cpu_count() or 1) - 1) // tp_size))
 
 
-def _default_max_total_tokens(args: ServerArgs, runner: Any, context_length: int) -> int:
-    from sglang.srt.model_executor.memory_budget import CacheShape, max_total_tokens_for_memory
+def _default_max_total_tokens(
+    args: ServerArgs, runner: Any, context_length: int, *, log: bool
+) -> int:
+    from sglang.srt.model_executor.memory_budget import (
+        CacheShape,
+        logits_reservation_note,
+        max_total_tokens_for_memory,
+    )
 
     assert args.max_running_requests is not None and args.chunked_prefill_size is not None
     if runner.device.type != "cuda":
         return context_length * args.max_running_requests
+    assert args.max_logit_rows_per_step is not None
     free, total = torch.cuda.mem_get_info(runner.device)
     room = int(total * args.mem_fraction_static) - (total - free)
     chunk = args.chunked_prefill_size if args.chunked_prefill_size > 0 else context_length
@@ -124,12 +131,25 @@ def _default_max_total_tokens(args: ServerArgs, runner: Any, context_length: int
             "defaults to context length x max running requests: set it to bound memory"
         )
         return context_length * args.max_running_requests
+    # Under DP attention each group computes up to the cap and rank 0 receives every group's
+    # rows; every rank reserves that (the smallest rank's budget is everyone's anyway).
+    dp = args.dp_size if args.enable_dp_attention else 1
+    rows = args.max_logit_rows_per_step * dp
+    if log:
+        note = logits_reservation_note(
+            shape,
+            logit_rows=rows,
+            chunked_prefill_size=chunk,
+            max_running_requests=args.max_running_requests,
+        )
+        logger.info(note + (f" ({dp} DP groups' rows, gathered on rank 0)" if dp > 1 else ""))
     return max_total_tokens_for_memory(
         shape,
         room_bytes=room,
         max_running_requests=args.max_running_requests,
         chunked_prefill_size=chunk,
         context_length=context_length,
+        max_logit_rows=rows,
     )
 
 
@@ -243,7 +263,9 @@ def run_scheduler_process(
                 f"--context-length {args.context_length} exceeds the model's "
                 f"max_position_embeddings {runner.max_position_embeddings}; using the latter"
             )
-        budget = args.max_total_tokens or _default_max_total_tokens(args, runner, context_length)
+        budget = args.max_total_tokens or _default_max_total_tokens(
+            args, runner, context_length, log=tp_rank == 0
+        )
         # Every rank holds the same caches, so the smallest rank's budget is everyone's.
         budget = min(tp_group.all_gather_object(budget))
         assert args.max_running_requests is not None and args.chunked_prefill_size is not None
@@ -281,7 +303,8 @@ def run_scheduler_process(
                 f"symmetric memory: {symm}; CUDA graphs: {cuda_graph}; "
                 f"context {context_length}, max total tokens {budget}, "
                 f"max running requests {max_running}, "
-                f"chunked prefill {args.chunked_prefill_size}"
+                f"chunked prefill {args.chunked_prefill_size}, "
+                f"logit rows per step {args.max_logit_rows_per_step}"
             )
         info = ModelInfo(
             model_path=args.model_path or "",
@@ -318,6 +341,7 @@ def run_scheduler_process(
                 heartbeat_s=_heartbeat_s(args),
                 dp_size=dp_size,
                 block_tokens=decode.block_tokens,
+                max_logit_rows=args.max_logit_rows_per_step,
             ).run()
         else:
             run_follower(runner, tp_group)

@@ -2,11 +2,16 @@
 
 A DeepSeek V4 request holds a fixed sliding-window ring per layer plus compressed entries that
 grow by ``head_dim / ratio`` per token (and the indexer's keys on ratio-4 layers). A step also
-needs a workspace that scales with the tokens in flight: the fp32 logits ``[T, vocab]`` and the
-mHC residual streams. So, with ``room`` = the ``--mem-fraction-static`` share of the GPU that the
-weights left free::
+needs a workspace: the mHC residual streams and a layer's temporaries, which scale with the tokens
+in flight (a prefill chunk plus the decodes), and the fp32 logits, which scale with the logit rows
+only. The forward computes logits for the rows a step reads (``ForwardPlan.logit_rows``) and the
+scheduler keeps those within ``--max-logit-rows-per-step``, so the logits take
+``rows x vocab x 4`` bytes, twice (the logits and the sampler's fp32 copy), and not a whole
+chunk's ``8192 x vocab``. So, with ``room`` = the ``--mem-fraction-static`` share of the GPU that
+the weights left free::
 
-    tokens = (room - workspace(chunk) - max_running * window_bytes) / bytes_per_cached_token
+    tokens = (room - activations(chunk + max_running) - logits(rows)
+              - max_running * window_bytes) / bytes_per_cached_token
 
 capped at ``context_length * max_running`` (more can never be used).
 """
@@ -18,6 +23,8 @@ from typing import Any
 
 # Temporaries of one layer's forward, in multiples of a [T, hidden * hc_mult] fp32 tensor.
 _ACTIVATION_COPIES = 32
+# fp32 [rows, vocab] tensors alive at once: the logits and the sampler's (log-)softmax copy.
+_LOGIT_COPIES = 2
 
 
 class MemoryBudgetError(RuntimeError):
@@ -64,11 +71,33 @@ class CacheShape:
     def window_bytes_per_request(self) -> int:
         return self.num_layers * self.sliding_window * self.head_dim * self.dtype_bytes
 
-    def workspace_bytes(self, tokens_in_flight: int) -> int:
-        per_token = (
-            self.vocab_size * 4 * 2 + self.hidden_size * self.hc_mult * 4 * _ACTIVATION_COPIES
-        )
-        return tokens_in_flight * per_token
+    def activation_bytes(self, tokens_in_flight: int) -> int:
+        return tokens_in_flight * self.hidden_size * self.hc_mult * 4 * _ACTIVATION_COPIES
+
+    def logits_bytes(self, logit_rows: int) -> int:
+        return logit_rows * self.vocab_size * 4 * _LOGIT_COPIES
+
+    def workspace_bytes(self, tokens_in_flight: int, logit_rows: int) -> int:
+        return self.activation_bytes(tokens_in_flight) + self.logits_bytes(logit_rows)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def logits_reservation_note(
+    shape: CacheShape, *, logit_rows: int, chunked_prefill_size: int, max_running_requests: int
+) -> str:
+    """The startup log's line on what the budget reserved for logits, and why that many rows."""
+    whole = max(chunked_prefill_size, 1) + max_running_requests
+    return (
+        f"memory budget: {_gib(shape.logits_bytes(logit_rows))} reserved for the fp32 logits of "
+        f"{logit_rows} rows (--max-logit-rows-per-step: a step computes logits only for the rows "
+        f"it samples or returns prompt log-probs for, at most that many), not "
+        f"{_gib(shape.logits_bytes(whole))} for every row of a {chunked_prefill_size}-token "
+        f"chunk plus {max_running_requests} decodes; activations "
+        f"{_gib(shape.activation_bytes(whole))}"
+    )
 
 
 def max_total_tokens_for_memory(
@@ -78,19 +107,26 @@ def max_total_tokens_for_memory(
     max_running_requests: int,
     chunked_prefill_size: int,
     context_length: int,
+    max_logit_rows: int,
 ) -> int:
+    """``max_logit_rows``: the logit rows one step computes at most on this rank (the scheduler's
+    cap; under DP attention rank 0 receives every group's)."""
+    if max_logit_rows < 1:
+        raise ValueError(f"max_logit_rows must be >= 1, got {max_logit_rows}")
     in_flight = max(chunked_prefill_size, 1) + max_running_requests
     fixed = (
-        shape.workspace_bytes(in_flight) + max_running_requests * shape.window_bytes_per_request()
+        shape.workspace_bytes(in_flight, max_logit_rows)
+        + max_running_requests * shape.window_bytes_per_request()
     )
     left = room_bytes - fixed
     if left <= 0:
         gib = 1 << 30
         raise MemoryBudgetError(
             f"the weights leave {room_bytes / gib:.2f} GiB of the --mem-fraction-static share, but "
-            f"{max_running_requests} running requests and a {chunked_prefill_size}-token prefill "
-            f"chunk need {fixed / gib:.2f} GiB before any cached token; lower "
-            "--max-running-requests or --chunked-prefill-size, or raise --mem-fraction-static"
+            f"{max_running_requests} running requests, a {chunked_prefill_size}-token prefill "
+            f"chunk and the logits of {max_logit_rows} rows need {fixed / gib:.2f} GiB before "
+            "any cached token; lower --max-running-requests, --chunked-prefill-size or "
+            "--max-logit-rows-per-step, or raise --mem-fraction-static"
         )
     tokens = int(left // shape.bytes_per_cached_token())
     return max(1, min(tokens, context_length * max_running_requests))

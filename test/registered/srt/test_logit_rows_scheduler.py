@@ -4,7 +4,9 @@ tokens (greedy and seeded sampling), output log-probs and top log-probs, and pro
 (echo, with top-k, from position 0 and from ``logprob_start_len``, a prompt-only request with
 ``max_new_tokens=0``), under chunked prefill, on the per-request and the static-decode (slot pool)
 runner. The full-logits path is the runner run with ``logit_rows=None`` and the rows picked
-afterwards, i.e. the behaviour before pruning. Also: the static decode's one row per request is
+afterwards, i.e. the behaviour before pruning. With ``--max-logit-rows-per-step`` at its least
+(``--max-running-requests``) no step computes more rows, the echo prompts' chunks are shortened,
+and the outputs are still the uncapped run's. Also: the static decode's one row per request is
 pruned too when a decode-sized step samples only some rows."""
 
 from __future__ import annotations
@@ -45,18 +47,21 @@ class _FullLogits:
 
 
 class _Counting:
-    """The pruned runner, counting the rows it computes logits for and the rows it runs."""
+    """The pruned runner, counting the rows it computes logits for and the rows it runs, the most
+    logit rows of one step, and the forwards."""
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.device, self.vocab_size, self.caches = runner.device, runner.vocab_size, runner.caches
-        self.logit_rows = self.tokens = 0
+        self.logit_rows = self.tokens = self.most = self.steps = 0
 
     def execute(self, plan: ForwardPlan) -> torch.Tensor | None:
         out = self.runner.execute(plan)
         if out is not None:
             self.logit_rows += out.shape[0]
             self.tokens += plan.num_tokens
+            self.most = max(self.most, out.shape[0])
+            self.steps += 1
         return out
 
 
@@ -93,7 +98,9 @@ def _requests(vocab: int) -> list[TokenizedGenerateReq]:
     ]
 
 
-def _serve(runner: Any, block_tokens: int) -> dict[str, list[ReqOutput]]:
+def _serve(
+    runner: Any, block_tokens: int, max_logit_rows: int | None = None
+) -> dict[str, list[ReqOutput]]:
     _, send = Pipe(duplex=False)
     sched = Scheduler(
         runner,
@@ -107,6 +114,7 @@ def _serve(runner: Any, block_tokens: int) -> dict[str, list[ReqOutput]]:
         recv=None,  # type: ignore[arg-type]  # driven step by step, not through run()
         send=send,
         block_tokens=block_tokens,
+        max_logit_rows=max_logit_rows,
     )
     for msg in _requests(runner.vocab_size):
         sched._add_request(msg)
@@ -142,19 +150,23 @@ def _close(got: Any, want: Any) -> bool:
     return got == want
 
 
+def _assert_same(got: dict[str, list[ReqOutput]], want: dict[str, list[ReqOutput]]) -> None:
+    assert set(got) == set(want) == {"echo", "plain", "seeded", "tail", "short-echo"}
+    for rid, outs in want.items():
+        g, w = _flat(got[rid]), _flat(outs)
+        assert g["tokens"] == w["tokens"], rid
+        for key in ("logprobs", "tops", "input", "input_top"):
+            assert _close(g[key], w[key]), (rid, key)
+        assert g["finish"] == w["finish"], rid
+
+
 @pytest.mark.parametrize("static", [False, True], ids=["per-request", "static-decode"])
 def test_pruned_logits_serve_what_full_logits_served(static: bool) -> None:
     full_runner, block_tokens = _runner(static)
     want = _serve(_FullLogits(full_runner), block_tokens)
     pruned = _Counting(_runner(static)[0])
     got = _serve(pruned, block_tokens)
-    assert set(got) == set(want) == {"echo", "plain", "seeded", "tail", "short-echo"}
-    for rid in want:
-        g, w = _flat(got[rid]), _flat(want[rid])
-        assert g["tokens"] == w["tokens"], rid
-        for key in ("logprobs", "tops", "input", "input_top"):
-            assert _close(g[key], w[key]), (rid, key)
-        assert g["finish"] == w["finish"], rid
+    _assert_same(got, want)
     echo, tail = _flat(got["echo"]), _flat(got["tail"])
     assert len(echo["tokens"]) == 4 and len(echo["input"]) == 20 and echo["input"][0] is None
     assert all(len(t) == 3 for t in echo["input_top"][1:])
@@ -162,6 +174,21 @@ def test_pruned_logits_serve_what_full_logits_served(static: bool) -> None:
     # Every prompt row of the echo requests and the tail's from 4 on; else one per sample.
     assert pruned.logit_rows < pruned.tokens
     print(f"logit rows computed: {pruned.logit_rows} of {pruned.tokens} rows run")
+
+
+def test_logit_row_cap_serves_what_the_uncapped_run_served() -> None:
+    """Cap 4 (= max running requests): the 20-token echo's 8-token chunks need 8 prompt rows, so
+    they are shortened beside the decodes and its prompt takes more steps; every output, prompt
+    log-probs included, is the uncapped run's."""
+    runner, block_tokens = _runner(False)
+    free = _Counting(runner)
+    want = _serve(free, block_tokens)
+    capped = _Counting(_runner(False)[0])
+    got = _serve(capped, block_tokens, max_logit_rows=4)
+    _assert_same(got, want)
+    assert free.most > 4 >= capped.most and capped.steps > free.steps
+    assert capped.logit_rows == free.logit_rows  # the same rows, spread over more steps
+    print(f"logit rows per step at most: {free.most} uncapped, {capped.most} capped")
 
 
 def test_static_decode_rows_pruned() -> None:

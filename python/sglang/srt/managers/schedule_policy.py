@@ -20,7 +20,8 @@ request, plus the prompt rows of a request that asked for prompt log-probs) stay
 a prefill chunk that would need more rows than are left is shortened and continues next step (a
 request is never dropped). Every step can still serve each running request: decodes and the
 sample row that completes a prompt need one row each, and the cap is at least
-``--max-running-requests`` (checked at startup). A waiting request whose chunk gets no rows at all
+``--max-running-requests`` (checked at startup); a running prefill leaves one row for each
+running prefill after it. A waiting request whose chunk gets no rows at all
 waits for the next step (first come, first served, as for the other budgets).
 
 Finished and aborted requests return their reservation at once; their caches are dropped on every
@@ -162,11 +163,14 @@ class SchedulePolicy:
         budget = self.chunk if self.chunk is not None else float("inf")
         # Logit rows left this step; the decodes above took one each.
         rows_left = float("inf") if self.max_logit_rows is None else self.max_logit_rows - len(rows)
-        for req in self.running:
-            if not req.prompt_done and budget > 0:
-                n = chunk_within_rows(
-                    req, int(min(req.prompt_len - req.prefilled, budget)), rows_left
-                )
+        prefilling = [req for req in self.running if not req.prompt_done]
+        for i, req in enumerate(prefilling):
+            if budget > 0:
+                # Keep a row for each later prefill's sample row, so a prompt log-prob request
+                # does not hold the others back (running <= cap leaves this one at least one).
+                later = len(prefilling) - 1 - i
+                want = int(min(req.prompt_len - req.prefilled, budget))
+                n = chunk_within_rows(req, want, rows_left - later)
                 if n > 0:
                     budget -= n
                     rows_left -= self._take_chunk(req, n, take)

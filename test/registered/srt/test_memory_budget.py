@@ -1,5 +1,6 @@
 """The default --max-total-tokens on a GPU: cached-token cost of DeepSeek V4's compressed layers,
-the fixed window and workspace costs, the cap, and an actionable error when nothing fits."""
+the fixed window and workspace costs (logits for --max-logit-rows-per-step rows, not the whole
+chunk), the cap, the startup log's note, and an actionable error when nothing fits."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from sglang.srt.model_executor.memory_budget import (
     CacheShape,
     MemoryBudgetError,
+    logits_reservation_note,
     max_total_tokens_for_memory,
 )
 from sglang.test.ci_register import register_cpu_ci
@@ -32,35 +34,63 @@ SHAPE = CacheShape(
 def test_costs() -> None:
     assert SHAPE.bytes_per_cached_token() == pytest.approx(32 * 2 / 4 + 16 * 2 / 4 + 32 * 2 / 128)
     assert SHAPE.window_bytes_per_request() == 3 * 8 * 32 * 2
-    assert SHAPE.workspace_bytes(10) == 10 * (100 * 8 + 64 * 2 * 4 * 32)
+    # Logits (fp32, twice: logits and the sampler's copy) by logit rows; activations by tokens.
+    assert SHAPE.logits_bytes(3) == 3 * 100 * 4 * 2
+    assert SHAPE.activation_bytes(10) == 10 * 64 * 2 * 4 * 32
+    assert SHAPE.workspace_bytes(10, 3) == 10 * 64 * 2 * 4 * 32 + 3 * 100 * 8
 
 
 def test_budget_and_cap() -> None:
-    fixed = SHAPE.workspace_bytes(16 + 4) + 4 * SHAPE.window_bytes_per_request()
+    fixed = SHAPE.workspace_bytes(16 + 4, 5) + 4 * SHAPE.window_bytes_per_request()
     room = fixed + 24_500
-    got = max_total_tokens_for_memory(
-        SHAPE,
-        room_bytes=room,
-        max_running_requests=4,
-        chunked_prefill_size=16,
-        context_length=10**6,
-    )
+    common = {"room_bytes": room, "max_running_requests": 4, "chunked_prefill_size": 16}
+    got = max_total_tokens_for_memory(SHAPE, **common, context_length=10**6, max_logit_rows=5)
     assert got == int(24_500 // SHAPE.bytes_per_cached_token())
-    capped = max_total_tokens_for_memory(
-        SHAPE, room_bytes=room, max_running_requests=4, chunked_prefill_size=16, context_length=100
-    )
+    capped = max_total_tokens_for_memory(SHAPE, **common, context_length=100, max_logit_rows=5)
     assert capped == 400
+    # Each logit row fewer is vocab x 8 bytes more for cached tokens.
+    fewer = max_total_tokens_for_memory(SHAPE, **common, context_length=10**6, max_logit_rows=4)
+    assert fewer == int((24_500 + 100 * 8) // SHAPE.bytes_per_cached_token())
+    with pytest.raises(ValueError, match="max_logit_rows must be >= 1"):
+        max_total_tokens_for_memory(SHAPE, **common, context_length=100, max_logit_rows=0)
+
+
+def test_dsv4_logits_reservation() -> None:
+    """DeepSeek V4's vocabulary, an 8192-token chunk and 256 running requests: the default cap
+    (512 rows) reserves 0.49 GiB of logits, where every row of the chunk and the decodes took
+    8.14 GiB; the note says both and names the flag."""
+    dsv4 = CacheShape(
+        num_layers=61,
+        hidden_size=7168,
+        hc_mult=4,
+        vocab_size=129280,
+        head_dim=512,
+        index_head_dim=128,
+        sliding_window=128,
+        compress_ratios=(4, 128),
+        attn_types=("csa", "hca"),
+        dtype_bytes=2,
+    )
+    assert dsv4.logits_bytes(512) == 512 * 129280 * 8
+    assert dsv4.logits_bytes(8192 + 256) == (8192 + 256) * 129280 * 8
+    note = logits_reservation_note(
+        dsv4, logit_rows=512, chunked_prefill_size=8192, max_running_requests=256
+    )
+    assert "0.49 GiB reserved for the fp32 logits of 512 rows" in note, note
+    assert "--max-logit-rows-per-step" in note and "not 8.14 GiB" in note, note
 
 
 def test_not_enough_memory_says_what_to_change() -> None:
-    with pytest.raises(MemoryBudgetError, match="--max-running-requests"):
+    with pytest.raises(MemoryBudgetError, match="--max-logit-rows-per-step") as info:
         max_total_tokens_for_memory(
             SHAPE,
             room_bytes=1000,
             max_running_requests=4,
             chunked_prefill_size=16,
             context_length=64,
+            max_logit_rows=4,
         )
+    assert "--max-running-requests" in str(info.value) and "logits of 4 rows" in str(info.value)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang.srt.server_args import ServerArgs, ServerArgsError, build_parser, parse_args
+from sglang.srt.server_args import (
+    DEFAULT_MIN_LOGIT_ROWS,
+    ServerArgs,
+    ServerArgsError,
+    build_parser,
+    default_max_logit_rows,
+    parse_args,
+)
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
@@ -108,6 +115,11 @@ def test_parse_and_defaults() -> None:
         ({"dist_init_addr": "nohost"}, "--dist-init-addr 'nohost': expected HOST:PORT"),
         ({"dist_init_addr": "h:99999"}, "port must be a number in 1..65535"),
         ({"dist_timeout": 0.0}, "--dist-timeout must be > 0"),
+        ({"max_logit_rows_per_step": 0}, "--max-logit-rows-per-step must be >= 1, got 0"),
+        (
+            {"max_running_requests": 64, "max_logit_rows_per_step": 63},
+            "--max-logit-rows-per-step 63 is below --max-running-requests 64",
+        ),
     ],
 )
 def test_invalid_combinations(kwargs: dict[str, object], needle: str) -> None:
@@ -185,6 +197,16 @@ def test_launch_fails_fast_without_tokenizer(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "no tokenizer.json" in out.stderr and "--skip-tokenizer-init" in out.stderr
+
+
+def test_max_logit_rows_default_and_flag() -> None:
+    """Default: one row per running request and at least DEFAULT_MIN_LOGIT_ROWS; the flag wins."""
+    assert ServerArgs(max_running_requests=32).resolved().max_logit_rows_per_step == 512
+    assert ServerArgs(max_running_requests=600).resolved().max_logit_rows_per_step == 600
+    assert default_max_logit_rows(8) == DEFAULT_MIN_LOGIT_ROWS
+    args = parse_args(["--max-running-requests", "16", "--max-logit-rows-per-step", "16"])
+    assert args.resolved().max_logit_rows_per_step == 16
+    args.resolved().validate()
 
 
 def test_chunking_off_accepted() -> None:

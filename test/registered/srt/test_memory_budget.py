@@ -4,7 +4,11 @@ chunk), the cap, the startup log's note, and an actionable error when nothing fi
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from sglang.srt.model_executor.memory_budget import (
     CacheShape,
@@ -91,6 +95,66 @@ def test_not_enough_memory_says_what_to_change() -> None:
             max_logit_rows=4,
         )
     assert "--max-running-requests" in str(info.value) and "logits of 4 rows" in str(info.value)
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_startup_budget_reserves_the_caps_rows_and_logs_it(
+    dp: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scheduler process's default budget on a (faked) GPU passes the cap, times the DP
+    groups whose rows rank 0 gathers, to the memory model, and rank 0 logs the reservation."""
+    from sglang.srt.managers import scheduler_process
+    from sglang.srt.server_args import ServerArgs
+
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (60 * gib, 80 * gib))
+    cfg = SimpleNamespace(
+        num_hidden_layers=3,
+        hidden_size=64,
+        hc_mult=2,
+        vocab_size=100,
+        head_dim=32,
+        index_head_dim=16,
+        sliding_window=8,
+        compress_ratios=[0, 4, 128],
+        attn_types=["sliding", "csa", "hca"],
+    )
+    runner = SimpleNamespace(
+        device=torch.device("cuda"), model=SimpleNamespace(config=cfg), dtype=torch.bfloat16
+    )
+    args = ServerArgs(
+        device="cpu",
+        max_running_requests=4,
+        chunked_prefill_size=16,
+        max_logit_rows_per_step=6,
+        tp_size=dp,
+        dp_size=dp,
+        enable_dp_attention=dp > 1,
+        mem_fraction_static=0.5,
+    ).resolved()
+    with caplog.at_level(logging.INFO, logger="sglang"):
+        got = scheduler_process._default_max_total_tokens(args, runner, 10**9, log=True)
+        scheduler_process._default_max_total_tokens(args, runner, 10**9, log=False)
+    want = max_total_tokens_for_memory(
+        SHAPE,
+        room_bytes=40 * gib - 20 * gib,
+        max_running_requests=4,
+        chunked_prefill_size=16,
+        context_length=10**9,
+        max_logit_rows=6 * dp,
+    )
+    assert got == want
+    assert got != max_total_tokens_for_memory(
+        SHAPE,
+        room_bytes=20 * gib,
+        max_running_requests=4,
+        chunked_prefill_size=16,
+        context_length=10**9,
+        max_logit_rows=20,  # every row of the chunk and the decodes
+    )
+    lines = [r.getMessage() for r in caplog.records if "memory budget:" in r.getMessage()]
+    assert len(lines) == 1 and f"logits of {6 * dp} rows" in lines[0], lines
+    assert ("DP groups" in lines[0]) == (dp > 1)
 
 
 if __name__ == "__main__":

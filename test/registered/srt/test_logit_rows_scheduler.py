@@ -28,7 +28,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=20)
+register_cpu_ci(est_time=30)
 
 CHUNK = 8
 TOL = 1e-5  # fp32 rounding of the LM head over fewer rows (measured <= 1e-6 on these logits)

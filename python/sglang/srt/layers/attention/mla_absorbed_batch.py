@@ -63,16 +63,23 @@ def gather_latents(caches: Sequence[MLALatentCache]) -> tuple[Tensor, Tensor]:
     lengths = torch.tensor(lens, dtype=torch.long, device=device)
     paged = [c.rows for c in caches if isinstance(c.rows, PagedRows)]
     if len(paged) == len(caches) and all(r.buf is first.buf for r in paged):
-        store = first.buf  # [blocks + 1, rows_per_block, D]
-        per_block = store.shape[1]
-        nb = -(-s // per_block)
+        nb = -(-s // first.buf.shape[1])
         table = torch.stack([r.table_row[:nb] for r in paged])  # [B, nb]
-        kv = store[table].reshape(len(caches), nb * per_block, store.shape[-1])[:, :s].float()
-        valid = torch.arange(s, device=device) < lengths[:, None]
-        kv.masked_fill_(~valid[..., None], 0.0)
-        return kv, lengths
+        return gather_paged(first.buf, table, lengths, s), lengths
     rows = [c.rows.rows() for c in caches]  # zero-padded past each length
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).float(), lengths
+
+
+def gather_paged(store: Tensor, table: Tensor, lengths: Tensor, s: int) -> Tensor:
+    """``[B, s, D]`` fp32: rows ``0 .. s - 1`` of each request through its block-table row
+    ``table [B, >= ceil(s / rows_per_block)]`` into ``store [blocks + 1, rows_per_block, D]``,
+    zero past ``lengths [B]``. One gather, no host sync (``s`` is the host's longest length)."""
+    per_block = store.shape[1]
+    nb = -(-s // per_block)
+    kv = store[table[:, :nb]].reshape(table.shape[0], nb * per_block, store.shape[-1])
+    kv = kv[:, :s].float()
+    valid = torch.arange(s, device=store.device) < lengths[:, None]
+    return kv.masked_fill_(~valid[..., None], 0.0)
 
 
 def absorbed_decode(

@@ -28,7 +28,7 @@ from sglang.srt.mem_cache.block_pool import BlockPool
 from sglang.srt.mem_cache.growable_rows import GrowableRows
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
-from sglang.srt.mem_cache.paged_rows import PagedRows
+from sglang.srt.mem_cache.paged_rows import PagedRows, append_one_each
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
@@ -51,6 +51,24 @@ def test_decode_chunks_bound_the_padded_rows() -> None:
     assert decode_chunks(lengths, 10**6) == [sorted(range(8), key=lambda i: lengths[i])]
     with pytest.raises(ValueError, match="max_rows"):
         decode_chunks(lengths, 0)
+
+
+def test_append_one_each_needs_reserved_blocks_and_one_store() -> None:
+    caches, table = _caches(True, torch.float32)
+    assert table is not None
+    views = [c.rows for c in caches[:2]]
+    assert all(isinstance(v, PagedRows) for v in views)
+    table.ensure(0, 5)
+    table.ensure(1, 1)
+    new = torch.randn(2, LAT)
+    append_one_each(views, new)  # type: ignore[arg-type]
+    assert torch.equal(views[0].rows(), new[:1]) and torch.equal(views[1].rows(), new[1:])
+    with pytest.raises(RuntimeError, match="reserved"):  # request 1 holds one block of 4 rows
+        for _ in range(4):
+            append_one_each(views, new)  # type: ignore[arg-type]
+    other = PagedRows(torch.zeros(3, BLOCK, LAT), table.table[2], table.blocks(2))
+    with pytest.raises(ValueError, match="one store"):
+        append_one_each([views[0], other], new)  # type: ignore[list-item]
 
 
 def _layer(q_lora: int | None, dtype: torch.dtype, seed: int) -> MLANoPEAttention:

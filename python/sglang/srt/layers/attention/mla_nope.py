@@ -46,6 +46,7 @@ from sglang.srt.layers.linear import (
     per_rank,
 )
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
+from sglang.srt.mem_cache.paged_rows import PagedRows, append_one_each
 
 
 @dataclass(frozen=True)
@@ -158,12 +159,12 @@ class MLANoPEAttention(nn.Module):
         for seg in segments:
             if seg.length == 0:
                 continue
+            if seg.length == 1 and self.batched_decode:
+                batched.append(seg)  # appends and attends below, with every other decode row
+                continue
             rows = slice(seg.start, seg.start + seg.length)
             prefix = len(seg.cache)
             seg.cache.rows.append(latent[rows])
-            if seg.length == 1 and self.batched_decode:
-                batched.append(seg)  # attends below, with every other decode row
-                continue
             kv = seg.cache.rows.rows()
             if seg.length == 1:
                 assert absorbed is not None
@@ -172,6 +173,7 @@ class MLANoPEAttention(nn.Module):
                 out[rows] = self._attend_expanded(q[rows], kv, prefix)
         if batched:
             assert absorbed is not None
+            _append_decode_latents(latent, batched)
             self._attend_absorbed_batched(q, out, batched, *absorbed)
         o = out.reshape(t, self.local_heads * c.v_head_dim)
         if self.g_proj is not None:
@@ -233,3 +235,16 @@ class MLANoPEAttention(nn.Module):
                 scale=self.scale,
             )
             out.index_copy_(0, idx, o.to(out.dtype))
+
+
+def _append_decode_latents(latent: Tensor, segs: Sequence[MLASegment]) -> None:
+    """Each single-token segment's latent row onto its cache: one scatter when the caches are
+    pages of one store (the latent pool), else one append each."""
+    views = [seg.cache.rows for seg in segs]
+    paged = [v for v in views if isinstance(v, PagedRows)]
+    if len(paged) == len(views) and all(v.buf is paged[0].buf for v in paged):
+        idx = torch.tensor([seg.start for seg in segs], dtype=torch.long, device=latent.device)
+        append_one_each(paged, latent.index_select(0, idx))
+        return
+    for seg, view in zip(segs, views):
+        view.append(latent[seg.start : seg.start + 1])

@@ -12,7 +12,8 @@ DeepSeek V4: the wide bench model's layer (hidden 4096, 256 experts top-6 + shar
 at ``context - 1 - (i % 7)`` tokens in a slot pool filled with random rows.
 Kimi K3: one KDA layer (96 heads of 128, the recurrent decode step) with the latent MoE (128 of
 the 896 experts, top-16, so that it fits), one NoPE MLA layer (64 heads, latent 512 + 64, the
-absorbed decode over a context of random latent rows), the AttnRes reads over an 8-block bank.
+absorbed decode over a context of random latent rows: the batched pass the model runs, gathered
+from a paged store, and the old per-request loop), the AttnRes reads over an 8-block bank.
 Small caches stay in L2 across replays, so ops far under 1 MB read may look faster than HBM.
 
 It turns SGLANG_DSV4_LENGTH_AWARE_DECODE on (the kernels it measures are off by default).
@@ -43,6 +44,11 @@ from sglang.srt.layers.attention.kda import KimiDeltaAttention, gated_rms_norm
 from sglang.srt.layers.attention.kda_conv import causal_conv_decode
 from sglang.srt.layers.attention.kda_gate import kda_beta, kda_forget_gate
 from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
+from sglang.srt.layers.attention.mla_absorbed_batch import (
+    absorbed_decode,
+    decode_chunks,
+    gather_paged,
+)
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
 from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
 from sglang.srt.layers.build_spec import LayerBuildSpec
@@ -55,6 +61,7 @@ from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 
 GB = 1e9
+PER_REQUEST_MLA = "MLA absorbed attention, per request"
 DEV = "cuda"
 TINY: dict[str, Any] = {}  # --smoke: config overrides that make the models CPU-sized
 
@@ -484,7 +491,9 @@ def k3_rows(
                 for n, f, b in k3_mla_ops(model, x, ctx, gen)
             ]
             rows += m_rows
-            rows.append(_k3_layer_row("k3 mla", case, [*m_rows, *k_rows[-2:]], bw))
+            # The model runs the batched attention now; the per-request row is the old path.
+            layer_ops = [r for r in m_rows if r.op != PER_REQUEST_MLA]
+            rows.append(_k3_layer_row("k3 mla", case, [*layer_ops, *k_rows[-2:]], bw))
             print("\n".join(r.line() for r in m_rows + rows[-1:]), flush=True)
         print("\n".join(r.line() for r in k_rows), flush=True)
     return rows
@@ -567,7 +576,8 @@ def k3_attn_res_op(model: KimiK3ForCausalLM, x: torch.Tensor, gen: torch.Generat
 def k3_mla_ops(
     model: KimiK3ForCausalLM, x: torch.Tensor, ctx: int, gen: torch.Generator
 ) -> list[Op]:
-    """One NoPE MLA layer's decode ops; the absorbed attention per request, as the model runs."""
+    """One NoPE MLA layer's decode ops; the absorbed attention batched (as the model runs it) and
+    per request (the path it replaced, a reference row outside the layer sum)."""
     mla = model.decoder_layers[1].self_attn
     assert isinstance(mla, MLANoPEAttention)
     mc = mla.config
@@ -581,6 +591,38 @@ def k3_mla_ops(
         wk, wv = (w.float() for w in mla._kv_b_per_head())
         return [mla._attend_absorbed(q[i : i + 1], kv[i], wk, wv) for i in range(bs)]
 
+    # The batched path as the model runs it on paged latents: the same rows in a block store
+    # (blocks of 256 and a null block), gathered through the block table in groups of at most
+    # ``max_padded_rows`` padded rows. Tables, lengths and row indices are made outside the graph.
+    per_block = 256
+    nb = -(-ctx // per_block)
+    store = torch.zeros(bs * nb + 1, per_block, lat, dtype=kv.dtype, device=DEV)
+    store[:-1].view(bs, nb * per_block, lat)[:, :ctx] = kv
+    table = torch.arange(bs * nb, device=DEV).view(bs, nb)
+    lengths = torch.full((bs,), ctx, dtype=torch.long, device=DEV)
+    groups = [
+        torch.tensor(g, dtype=torch.long, device=DEV)
+        for g in decode_chunks([ctx] * bs, mla.max_padded_rows)
+    ]
+
+    def absorbed_batched() -> list[torch.Tensor]:
+        wk, wv = (w.float() for w in mla._kv_b_per_head())
+        outs = []
+        for g in groups:
+            lat_rows = gather_paged(store, table[g], lengths[g], ctx)
+            outs.append(
+                absorbed_decode(
+                    q[g],
+                    lat_rows,
+                    lengths[g],
+                    wk,
+                    wv,
+                    rope_dim=mc.qk_rope_head_dim,
+                    scale=mla.scale,
+                )
+            )
+        return outs
+
     def mla_out() -> torch.Tensor:
         gate = mla.g_proj
         return mla.o_proj(o * torch.sigmoid(gate(x).float()).to(o.dtype) if gate else o)
@@ -593,7 +635,12 @@ def k3_mla_ops(
             lambda: (mla._queries(x), mla.latents(x)),
             param_bytes(*q_mods, *kv_mods),
         ),
-        ("MLA absorbed attention", absorbed, tensor_bytes(kv) + param_bytes(mla.kv_b_proj)),
+        (PER_REQUEST_MLA, absorbed, tensor_bytes(kv) + param_bytes(mla.kv_b_proj)),
+        (
+            "MLA absorbed attention, batched",
+            absorbed_batched,
+            tensor_bytes(kv) + param_bytes(mla.kv_b_proj),
+        ),
         ("MLA out gate + o_proj", mla_out, param_bytes(mla.g_proj, mla.o_proj)),
     ]
 

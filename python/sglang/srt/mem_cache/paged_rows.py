@@ -10,6 +10,8 @@ writes go through the device table row, so no host sync; the caller gives the re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from sglang.srt.mem_cache.block_pool import RequestBlocks
@@ -50,3 +52,32 @@ class PagedRows(GrowableRows):
 
     def _grow(self, need: int) -> None:
         raise AssertionError("PagedRows never grows its store")
+
+
+def append_one_each(rows: Sequence[PagedRows], new: torch.Tensor) -> None:
+    """Append row ``new[i]`` to ``rows[i]`` for every ``i`` (views of one store): a decode step's
+    write for many requests as one scatter, instead of a few small kernels per request. The
+    target rows come from the host block tables, so the only transfer is their indices."""
+    if not rows:
+        return
+    store = rows[0].buf
+    if new.shape[0] != len(rows) or any(r.buf is not store for r in rows):
+        raise ValueError(
+            f"append_one_each: {new.shape[0]} new rows for {len(rows)} paged views, which must "
+            "all share one store"
+        )
+    per_block = store.shape[1]
+    flat: list[int] = []
+    for r in rows:
+        if r.n + 1 > len(r.held.table) * per_block:
+            raise RuntimeError(
+                f"paged rows: {r.n + 1} rows needed, the request holds blocks for "
+                f"{len(r.held.table) * per_block} (blocks must be reserved before the forward)"
+            )
+        flat.append(r.held.table[r.n // per_block] * per_block + r.n % per_block)
+    if len(set(flat)) != len(flat):
+        raise ValueError("append_one_each: two views write the same store row")
+    idx = torch.tensor(flat, dtype=torch.long).to(store.device, non_blocking=True)
+    store.view(-1, store.shape[-1]).index_copy_(0, idx, new.to(store.dtype))
+    for r in rows:
+        r.n += 1

@@ -13,7 +13,9 @@ Only KDA layers carry position information; these layers see positions only thro
 
 Two equal forms: a multi-token segment expands the cached latents to per-head K/V (cheap when
 many queries share them); a single-token segment (decode) absorbs ``kv_b`` into the query and the
-output (``w_kc``/``w_vc``) and attends in the 512-wide latent space directly.
+output (``w_kc``/``w_vc``) and attends in the 512-wide latent space directly. All single-token
+segments of a forward attend together in one padded batch (:mod:`mla_absorbed_batch`, bounded in
+padded rows); ``batched_decode = False`` runs them one by one, the reference the tests compare to.
 
 Tensor parallel: heads split by rank (``q_b``/``q_proj``, ``kv_b``, ``g_proj`` column-parallel;
 ``o_proj`` row-parallel and reducing); ``q_a``, ``kv_a`` and their norms are replicated, so every
@@ -29,6 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sglang.srt.layers.attention.mla_absorbed_batch import (
+    DEFAULT_MAX_PADDED_ROWS,
+    absorbed_decode,
+    decode_chunks,
+    gather_latents,
+)
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
@@ -38,6 +46,7 @@ from sglang.srt.layers.linear import (
     per_rank,
 )
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
+from sglang.srt.mem_cache.paged_rows import PagedRows, append_one_each
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,9 @@ class MLANoPEAttention(nn.Module):
             else None
         )
         self.o_proj = RowParallelLinear(c.num_heads * c.v_head_dim, c.hidden_size, spec)
+        # Decode rows attend in one padded batch of at most ``max_padded_rows`` rows per group.
+        self.batched_decode = True
+        self.max_padded_rows = DEFAULT_MAX_PADDED_ROWS
 
     def _queries(self, x: Tensor) -> Tensor:
         if self.q_proj is not None:
@@ -143,8 +155,12 @@ class MLANoPEAttention(nn.Module):
         if any(seg.length == 1 for seg in segments):
             w_kc, w_vc = self._kv_b_per_head()
             absorbed = (w_kc.float(), w_vc.float())
+        batched: list[MLASegment] = []
         for seg in segments:
             if seg.length == 0:
+                continue
+            if seg.length == 1 and self.batched_decode:
+                batched.append(seg)  # appends and attends below, with every other decode row
                 continue
             rows = slice(seg.start, seg.start + seg.length)
             prefix = len(seg.cache)
@@ -155,6 +171,10 @@ class MLANoPEAttention(nn.Module):
                 out[rows] = self._attend_absorbed(q[rows], kv, *absorbed)
             else:
                 out[rows] = self._attend_expanded(q[rows], kv, prefix)
+        if batched:
+            assert absorbed is not None
+            _append_decode_latents(latent, batched)
+            self._attend_absorbed_batched(q, out, batched, *absorbed)
         o = out.reshape(t, self.local_heads * c.v_head_dim)
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x).float()).to(o.dtype)
@@ -194,3 +214,37 @@ class MLANoPEAttention(nn.Module):
         scores = (q_lat @ ckv.t() + q_pe @ k_pe.t()) * self.scale  # [h, S]
         o_lat = torch.softmax(scores, dim=-1) @ ckv  # [h, L]
         return torch.einsum("hl,hvl->hv", o_lat, w_vc).unsqueeze(0).to(q.dtype)
+
+    def _attend_absorbed_batched(
+        self, q: Tensor, out: Tensor, segs: Sequence[MLASegment], w_kc: Tensor, w_vc: Tensor
+    ) -> None:
+        """Write ``out`` rows of the single-token ``segs`` (their latents already appended): one
+        padded absorbed pass per group of :func:`decode_chunks`, so the fp32 padded batch stays
+        within ``max_padded_rows`` rows whatever the batch size and context."""
+        lengths = [len(seg.cache) for seg in segs]
+        for group in decode_chunks(lengths, self.max_padded_rows):
+            kv, lens = gather_latents([segs[i].cache for i in group])
+            idx = torch.tensor([segs[i].start for i in group], dtype=torch.long, device=q.device)
+            o = absorbed_decode(
+                q.index_select(0, idx),
+                kv,
+                lens,
+                w_kc,
+                w_vc,
+                rope_dim=self.config.qk_rope_head_dim,
+                scale=self.scale,
+            )
+            out.index_copy_(0, idx, o.to(out.dtype))
+
+
+def _append_decode_latents(latent: Tensor, segs: Sequence[MLASegment]) -> None:
+    """Each single-token segment's latent row onto its cache: one scatter when the caches are
+    pages of one store (the latent pool), else one append each."""
+    views = [seg.cache.rows for seg in segs]
+    paged = [v for v in views if isinstance(v, PagedRows)]
+    if len(paged) == len(views) and all(v.buf is paged[0].buf for v in paged):
+        idx = torch.tensor([seg.start for seg in segs], dtype=torch.long, device=latent.device)
+        append_one_each(paged, latent.index_select(0, idx))
+        return
+    for seg, view in zip(segs, views):
+        view.append(latent[seg.start : seg.start + 1])

@@ -24,6 +24,7 @@ from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.srt.utils.cuda_timing import median_cuda_ms
+from sglang.test.random_params import randomize_params_
 
 
 def k3_config(experts: int) -> dict[str, Any]:
@@ -75,20 +76,6 @@ def k3_config(experts: int) -> dict[str, Any]:
     }
 
 
-@torch.no_grad()
-def randomize_(model: torch.nn.Module, gen: torch.Generator) -> None:
-    for name, p in model.named_parameters():
-        if p.dim() >= 2:
-            p.copy_(
-                torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32)
-                * p.shape[-1] ** -0.5
-            )
-        elif name.endswith("norm.weight"):
-            p.fill_(1.0)
-        else:
-            p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32) * 0.5)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--experts", type=int, default=128)
@@ -104,7 +91,7 @@ def main() -> None:
             config, LayerBuildSpec(dtype=torch.bfloat16, device="cuda", moe_runner=runner)
         )
         gen = torch.Generator("cuda").manual_seed(0)
-        randomize_(model, gen)
+        randomize_params_(model, gen, vector_scale=0.5)
         layer = model.decoder_layers[1]
         moe = layer.mlp
         assert isinstance(moe, KimiK3MoE)

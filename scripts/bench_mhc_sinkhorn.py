@@ -9,30 +9,17 @@ Usage: python scripts/bench_mhc_sinkhorn.py [--tokens 1,16,64,512] [--iters 20]
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
 
 from sglang.kernels.ops.layernorm.mhc import _sinkhorn
 from sglang.kernels.ops.layernorm.mhc_sinkhorn_scalar import sinkhorn_scalar, sinkhorn_tile
+from sglang.srt.utils.cuda_timing import median_graph_replay_ms
 
 
 def replay_us(fn: Callable[[], object], replays: int = 200) -> float:
-    fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / replays)
-    return statistics.median(times)
+    return median_graph_replay_ms(fn, replays) * 1e3
 
 
 def main() -> None:

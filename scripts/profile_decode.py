@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +58,8 @@ from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+from sglang.srt.utils.cuda_timing import median_graph_replay_ms
+from sglang.test.random_params import randomize_params_
 
 GB = 1e9
 PER_REQUEST_MLA = "MLA absorbed attention, per request"
@@ -96,28 +97,7 @@ def graph_ms(fn: Callable[[], object], replays: int) -> float:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()  # compiles, settles the allocator
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # a private pool each: a shared one trips an allocator assert
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / replays)
-    del graph
-    return statistics.median(times)
+    return median_graph_replay_ms(fn, replays)
 
 
 def kernel_table(fn: Callable[[], object], title: str, top: int = 14) -> str:
@@ -156,20 +136,6 @@ def param_bytes(*modules: nn.Module | torch.Tensor | None) -> float:
 
 def tensor_bytes(*ts: torch.Tensor) -> float:
     return float(sum(t.numel() * t.element_size() for t in ts))
-
-
-@torch.no_grad()
-def randomize_(model: nn.Module, gen: torch.Generator) -> None:
-    for name, p in model.named_parameters():
-        if p.dim() >= 2:
-            p.copy_(
-                torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32)
-                * p.shape[-1] ** -0.5
-            )
-        elif name.endswith("norm.weight"):
-            p.fill_(1.0)
-        else:
-            p.copy_(torch.randn(p.shape, generator=gen, device=p.device) * 0.1)
 
 
 def load_random_experts(experts: Any, gen: torch.Generator) -> float:
@@ -226,7 +192,7 @@ def dsv4_rows(
     cfg = DeepseekV4ModelConfig.from_dict(dsv4_config(ratio, max(contexts) + 64))
     model = DeepseekV4ForCausalLM(cfg, _spec())
     gen = torch.Generator(DEV).manual_seed(0)
-    randomize_(model, gen)
+    randomize_params_(model, gen, vector_scale=0.1)
     mix: dict[str, Any] = {
         "rms_eps": cfg.rms_norm_eps,
         "hc_eps": cfg.hc_eps,
@@ -467,7 +433,7 @@ def k3_rows(
     cfg = KimiK3Config.from_dict(k3_config(experts))
     model = KimiK3ForCausalLM(cfg, _spec())
     gen = torch.Generator(DEV).manual_seed(0)
-    randomize_(model, gen)
+    randomize_params_(model, gen, vector_scale=0.1)
     moe = model.decoder_layers[1].mlp
     assert isinstance(moe, KimiK3MoE)
     expert_bytes = load_random_experts(moe.experts, gen)

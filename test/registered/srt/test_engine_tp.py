@@ -7,6 +7,7 @@ logit rows rank 0 reads, so echo (every prompt row's log-prob, in both groups) m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -65,18 +66,30 @@ def _assert_echo_matches(got: list[PromptLogprobs], want: list[PromptLogprobs]) 
         assert [lp for lp, _ in g[1:]] == pytest.approx([lp for lp, _ in w[1:]], abs=1e-4)
 
 
-def test_tp2_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:
-    want, want_long = tp1
-    params, tok_ids = PARAMS, LONG_IDS
+@dataclass(frozen=True)
+class Served:
+    tokens: list[list[int]]
+    long_tokens: list[int]
+    info: dict[str, Any]
+    echo: list[PromptLogprobs] | None
+
+
+def _serve(*, echo: bool = False, **flags: Any) -> Served:
+    """PROMPTS together, then LONG_IDS alone (chunked; under DP the other group idles), on an
+    Engine with ``flags``; the prompt log-probs too when ``echo``."""
     with Engine(
-        device="cpu", tp_size=2, random_seed=0, log_level="warning", chunked_prefill_size=128
-    ) as two:
-        got = [r["output_ids"] for r in two.generate(PROMPTS, params)]
-        got_long = two.generate(input_ids=tok_ids, sampling_params=params)["output_ids"]
-        info = two.get_server_info()
-    assert got == want and got_long == want_long
-    assert info["server_args"]["tp_size"] == 2
-    assert info["scheduler"]["num_active_caches"] == 0
+        device="cpu", random_seed=0, log_level="warning", chunked_prefill_size=128, **flags
+    ) as engine:
+        got = [r["output_ids"] for r in engine.generate(PROMPTS, PARAMS)]
+        got_long = engine.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
+        return Served(got, got_long, engine.get_server_info(), _echo(engine) if echo else None)
+
+
+def test_tp2_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:
+    two = _serve(tp_size=2)
+    assert (two.tokens, two.long_tokens) == tp1
+    assert two.info["server_args"]["tp_size"] == 2
+    assert two.info["scheduler"]["num_active_caches"] == 0
 
 
 def test_dp_attention_matches_tp1(tp1_all: Tp1) -> None:
@@ -84,41 +97,19 @@ def test_dp_attention_matches_tp1(tp1_all: Tp1) -> None:
     gathered around it): three prompts split 2 + 1 over the groups (uneven lengths), then the
     long prompt alone (the other group idle, its steps run empty); and the prompt log-probs of
     the same (each group returns its own rows' logits)."""
-    want, want_long = tp1_all.tokens, tp1_all.long_tokens
-    with Engine(
-        device="cpu",
-        tp_size=2,
-        dp_size=2,
-        enable_dp_attention=True,
-        random_seed=0,
-        log_level="warning",
-        chunked_prefill_size=128,
-    ) as dp:
-        got = [r["output_ids"] for r in dp.generate(PROMPTS, PARAMS)]
-        got_long = dp.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
-        echo = _echo(dp)
-    assert got == want and got_long == want_long
-    _assert_echo_matches(echo, tp1_all.echo)
+    dp = _serve(tp_size=2, dp_size=2, enable_dp_attention=True, echo=True)
+    assert (dp.tokens, dp.long_tokens) == (tp1_all.tokens, tp1_all.long_tokens)
+    assert dp.echo is not None
+    _assert_echo_matches(dp.echo, tp1_all.echo)
 
 
 def test_dp_attention_tp2_matches_tp1(tp1: tuple[list[list[int]], list[int]]) -> None:
     """TP=4 with DP attention over 2 groups of 2 ranks (attention TP=2: heads split and
     all-reduced within each group, the MoE over all four ranks): uneven groups, then the long
     prompt with the other group idle."""
-    want, want_long = tp1
-    with Engine(
-        device="cpu",
-        tp_size=4,
-        dp_size=2,
-        enable_dp_attention=True,
-        random_seed=0,
-        log_level="warning",
-        chunked_prefill_size=128,
-    ) as dp:
-        got = [r["output_ids"] for r in dp.generate(PROMPTS, PARAMS)]
-        got_long = dp.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
-        args = dp.get_server_info()["server_args"]
-    assert got == want and got_long == want_long
+    dp = _serve(tp_size=4, dp_size=2, enable_dp_attention=True)
+    assert (dp.tokens, dp.long_tokens) == tp1
+    args = dp.info["server_args"]
     assert (args["tp_size"], args["dp_size"], args["enable_dp_attention"]) == (4, 2, True)
 
 
@@ -126,21 +117,9 @@ def test_dp_attention_with_ep_matches_tp1(tp1: tuple[list[list[int]], list[int]]
     """DP=2 + EP=2: DP attention as above, and the experts expert-parallel over both ranks
     (``--ep-size 2``: whole experts a rank, the gathered rows dispatched by all-to-all), again
     with uneven groups and then an idle group."""
-    want, want_long = tp1
-    with Engine(
-        device="cpu",
-        tp_size=2,
-        dp_size=2,
-        enable_dp_attention=True,
-        ep_size=2,
-        random_seed=0,
-        log_level="warning",
-        chunked_prefill_size=128,
-    ) as dp:
-        got = [r["output_ids"] for r in dp.generate(PROMPTS, PARAMS)]
-        got_long = dp.generate(input_ids=LONG_IDS, sampling_params=PARAMS)["output_ids"]
-        args = dp.get_server_info()["server_args"]
-    assert got == want and got_long == want_long
+    dp = _serve(tp_size=2, dp_size=2, enable_dp_attention=True, ep_size=2)
+    assert (dp.tokens, dp.long_tokens) == tp1
+    args = dp.info["server_args"]
     assert (args["moe_a2a_backend"], args["ep_size"], args["dp_size"]) == ("ep", 2, 2)
 
 

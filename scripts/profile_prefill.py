@@ -150,8 +150,9 @@ def _rows(
     times: dict[str, tuple[int, float]], gflop: dict[str, float], moe_gflop: float
 ) -> list[ModuleRow]:
     children: dict[str, float] = defaultdict(float)
+    timed = set(times)
     for name, (_calls, ms) in times.items():
-        parent = _timed_parent(name, set(times))
+        parent = _timed_parent(name, timed)
         if parent is not None:
             children[parent] += ms
     rows = []
@@ -161,10 +162,6 @@ def _rows(
             flops = max(flops, moe_gflop)
         rows.append(ModuleRow(name, calls, ms, ms - children[name], flops))
     return rows
-
-
-def _smoke_config() -> dict[str, Any]:
-    return default_model_config(512, 0, 1)
 
 
 def main() -> None:
@@ -180,7 +177,7 @@ def main() -> None:
     cuda = not args.smoke
     device = "cuda" if cuda else "cpu"
     ratios = [int(r) for r in args.ratios.split(",")]
-    cfg = _smoke_config() if args.smoke else wide_dsv4_config(ratios)
+    cfg = default_model_config(512, 0, 1) if args.smoke else wide_dsv4_config(ratios)
     tokens = min(args.tokens, 64) if args.smoke else args.tokens
     spec = LayerBuildSpec(dtype=torch.bfloat16, device=device, moe_runner=args.runner)
     model = DeepseekV4ForCausalLM(DeepseekV4ModelConfig.from_dict(cfg), spec)

@@ -277,7 +277,10 @@ class Scheduler:
             zip([r.req.rid for r in step.rows if r.sample], step.plan.sample_rows, strict=True)
         )
         rows_idx = [where[plan_row[r.req.rid]] for r in sampled]
-        batch_logits = logits.index_select(0, torch.tensor(rows_idx, device=logits.device))
+        if rows_idx == list(range(logits.shape[0])):  # a plain decode step: every row, in order
+            batch_logits = logits
+        else:
+            batch_logits = logits.index_select(0, torch.tensor(rows_idx, device=logits.device))
         sampling_rows = [
             SamplingRow(
                 params=r.req.params,

@@ -202,6 +202,8 @@ def _share_seed(args: ServerArgs, tp_rank: int) -> ServerArgs:
     uses (one object broadcast over the world group's gloo group at startup)."""
     from sglang.srt.distributed.parallel_state import get_world_group
 
+    if args.nnodes == 1:  # one launcher resolved the seed for every rank
+        return args
     seed = get_world_group().broadcast_object(args.random_seed, src=0)
     if args.nnodes > 1 and tp_rank == args.local_ranks.start and args.node_rank > 0:
         logger.info(

@@ -20,6 +20,7 @@ says which batch row each returned row is.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import pairwise
 
 
@@ -86,7 +87,7 @@ class ForwardPlan:
     def num_tokens(self) -> int:
         return len(self.input_ids)
 
-    @property
+    @cached_property  # read twice a step; the plan is frozen
     def output_rows(self) -> tuple[int, ...]:
         """The batch row of each row the forward returns, in order. Under DP: every group's, as
         rows of the groups' batches concatenated in group order (what reaches rank 0)."""

@@ -85,11 +85,16 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
+def _tokens_in_flight(chunked_prefill_size: int, max_running_requests: int) -> int:
+    """A prefill chunk plus one decode row per running request: one step's rows at most."""
+    return max(chunked_prefill_size, 1) + max_running_requests
+
+
 def logits_reservation_note(
     shape: CacheShape, *, logit_rows: int, chunked_prefill_size: int, max_running_requests: int
 ) -> str:
     """The startup log's line on what the budget reserved for logits, and why that many rows."""
-    whole = max(chunked_prefill_size, 1) + max_running_requests
+    whole = _tokens_in_flight(chunked_prefill_size, max_running_requests)
     return (
         f"memory budget: {_gib(shape.logits_bytes(logit_rows))} reserved for the fp32 logits of "
         f"{logit_rows} rows (--max-logit-rows-per-step: a step computes logits only for the rows "
@@ -113,7 +118,7 @@ def max_total_tokens_for_memory(
     cap; under DP attention rank 0 receives every group's)."""
     if max_logit_rows < 1:
         raise ValueError(f"max_logit_rows must be >= 1, got {max_logit_rows}")
-    in_flight = max(chunked_prefill_size, 1) + max_running_requests
+    in_flight = _tokens_in_flight(chunked_prefill_size, max_running_requests)
     fixed = (
         shape.workspace_bytes(in_flight, max_logit_rows)
         + max_running_requests * shape.window_bytes_per_request()

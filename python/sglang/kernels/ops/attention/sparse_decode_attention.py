@@ -16,8 +16,9 @@ Flash-decoding in two launches, both with shapes fixed by the batch (CUDA-graph 
 are read from device memory): the split kernel walks a slice of the request's key list for ``G``
 heads at a time (``tl.dot`` over bf16 keys, fp32 accumulation; the fp32 probabilities enter the
 value product as three bf16 parts, which hold all 24 bits, so the result is the fp32 torch
-path's up to summation order, ~1e-7), the combine kernel merges the slices and the sink. Slices
-past the live length exit after writing their max.
+path's up to summation order: 2.5-3.1e-7 per layer on the H200 with gathered rows; the
+block-table read has run on the CPU interpreter only), the combine kernel merges the slices
+and the sink. Slices past the live length exit after writing their max.
 """
 
 from __future__ import annotations

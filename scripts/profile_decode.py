@@ -52,7 +52,7 @@ from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
 from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.mem_cache.paged_index import gather_slot_rows
+from sglang.srt.mem_cache.paged_index import gather_slot_rows, row_address
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM, _hc_pre, _post_then_pre
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
@@ -343,8 +343,9 @@ def dsv4_ops(
 
         def attend() -> torch.Tensor:
             wk, wv = window_keys()
-            ent = gather_slot_rows(comp_store.entries, table, slots)
-            keys = torch.cat([wk, ent[slots[:, None], top]], 1)
+            # only the picked entries, through the table, as the static decode reads them
+            block, offset = row_address(table, slots[:, None], top, comp_store.entries.shape[1])
+            keys = torch.cat([wk, comp_store.entries[block, offset]], 1)
             valid = torch.cat([wv, ok.gather(1, top)], 1)
             return sink_attention(p.q, keys, valid, attn.attn_sink, attn.scale)
 

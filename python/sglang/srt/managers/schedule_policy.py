@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.mem_cache.block_pool import blocks_for
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 
 
@@ -113,8 +114,7 @@ class SchedulePolicy:
 
     def reservation(self, req: Req) -> int:
         """The tokens ``req`` holds from admission to finish: whole blocks when paged."""
-        b = self.block_tokens
-        return -(-req.reserved_tokens // b) * b
+        return blocks_for(req.reserved_tokens, self.block_tokens) * self.block_tokens
 
     def can_ever_fit(self, req: Req) -> bool:
         return self.reservation(req) <= self.max_total_tokens

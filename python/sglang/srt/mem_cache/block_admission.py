@@ -10,7 +10,7 @@ reserves ``ceil((prompt + max new tokens) / block) * block`` tokens, so the same
 
 from __future__ import annotations
 
-from sglang.srt.mem_cache.block_pool import BlockPool
+from sglang.srt.mem_cache.block_pool import BlockPool, blocks_for
 
 
 def slot_concurrency(total_tokens: int, context_length: int, max_running: int) -> int:
@@ -23,7 +23,7 @@ def block_concurrency(
     total_tokens: int, request_tokens: int, block_tokens: int, max_running: int
 ) -> int:
     """Requests of ``request_tokens`` (prompt + max new) a block pool of ``total_tokens`` runs."""
-    per_request = -(-request_tokens // block_tokens) * block_tokens
+    per_request = blocks_for(request_tokens, block_tokens) * block_tokens
     return min(max_running, total_tokens // max(per_request, 1))
 
 

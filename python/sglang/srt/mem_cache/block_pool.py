@@ -16,6 +16,11 @@ from __future__ import annotations
 import heapq
 
 
+def blocks_for(tokens: int, block_tokens: int) -> int:
+    """Whole blocks that hold ``tokens`` tokens (0 for none)."""
+    return -(-max(tokens, 0) // block_tokens)
+
+
 class BlockPoolExhausted(RuntimeError):
     """Fewer free blocks than asked for; nothing was allocated."""
 
@@ -35,7 +40,7 @@ class BlockPool:
         return len(self._free)
 
     def blocks_for(self, tokens: int) -> int:
-        return -(-max(tokens, 0) // self.block_tokens)
+        return blocks_for(tokens, self.block_tokens)
 
     def can_allocate(self, blocks: int) -> bool:
         return blocks <= len(self._free)

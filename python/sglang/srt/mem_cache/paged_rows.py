@@ -40,15 +40,20 @@ class PagedRows(GrowableRows):
         m = rows.shape[0]
         if m == 0:
             return
+        self.check_room(m)
+        block, offset = self._locate(self.n, m)
+        self.buf[block, offset] = rows.to(self.buf.dtype)
+        self.n += m
+
+    def check_room(self, m: int) -> None:
+        """The request's reserved blocks hold ``m`` more rows (else a clear error, nothing
+        written)."""
         held = len(self.held.table) * self.rows_per_block
         if self.n + m > held:
             raise RuntimeError(
                 f"paged rows: {self.n + m} rows needed, the request holds blocks for {held} "
                 "(blocks must be reserved before the forward that writes them)"
             )
-        block, offset = self._locate(self.n, m)
-        self.buf[block, offset] = rows.to(self.buf.dtype)
-        self.n += m
 
     def _grow(self, need: int) -> None:
         raise AssertionError("PagedRows never grows its store")
@@ -69,11 +74,7 @@ def append_one_each(rows: Sequence[PagedRows], new: torch.Tensor) -> None:
     per_block = store.shape[1]
     flat: list[int] = []
     for r in rows:
-        if r.n + 1 > len(r.held.table) * per_block:
-            raise RuntimeError(
-                f"paged rows: {r.n + 1} rows needed, the request holds blocks for "
-                f"{len(r.held.table) * per_block} (blocks must be reserved before the forward)"
-            )
+        r.check_room(1)
         flat.append(r.held.table[r.n // per_block] * per_block + r.n % per_block)
     if len(set(flat)) != len(flat):
         raise ValueError("append_one_each: two views write the same store row")

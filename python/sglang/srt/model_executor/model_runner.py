@@ -21,6 +21,7 @@ import torch
 from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.dp_attention import reset_dp_state, set_dp_state_for_warmup
+from sglang.srt.mem_cache.block_pool import blocks_for
 from sglang.srt.model_executor.cuda_graph_runner import (
     CudaGraphRunner,
     capture_batch_sizes,
@@ -218,7 +219,7 @@ class ModelRunner:
             )
         block_tokens = _PAGED_BLOCK_TOKENS
         capacity = min(context_length, max_total_tokens)
-        blocks = max(-(-capacity // block_tokens), max_total_tokens // block_tokens)
+        blocks = max(blocks_for(capacity, block_tokens), max_total_tokens // block_tokens)
         pool = model.enable_latent_pool(
             max_running_requests, capacity, num_blocks=blocks, block_tokens=block_tokens
         )

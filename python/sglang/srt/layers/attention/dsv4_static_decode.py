@@ -43,7 +43,7 @@ from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
-from sglang.srt.mem_cache.paged_index import gather_slot_rows
+from sglang.srt.mem_cache.paged_index import gather_slot_rows, row_address
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention, Projected
@@ -183,9 +183,8 @@ def _torch_attention(
             # Fixed k = min(topk, C) picks per row; picks past the visible count are masked out.
             idx_keys = gather_slot_rows(idx_store.entries, table, slots)
             top, ok = attn.indexer.top_entries(iq, iw, idx_keys, visible)
-            rpb = comp.entries.shape[1]
-            picked = table[slots[:, None], torch.div(top, rpb, rounding_mode="floor")]
-            keys.append(comp.entries[picked, top % rpb])
+            block, offset = row_address(table, slots[:, None], top, comp.entries.shape[1])
+            keys.append(comp.entries[block, offset])
             valid.append(ok.gather(1, top))
 
     return sink_attention(

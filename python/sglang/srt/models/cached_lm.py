@@ -112,6 +112,10 @@ class CachedCausalLM(nn.Module, Generic[CacheT]):
     def new_request_cache(self) -> CacheT:
         raise NotImplementedError
 
+    def empty_logits(self, vocab_size: int) -> Tensor:
+        """``[0, V]`` fp32 logits: a step that needs no row (no sampled row, an idle DP group)."""
+        return torch.empty(0, vocab_size, dtype=torch.float32, device=self.device)
+
     def moe_layers(self) -> Iterator[FusedMoE]:
         """The routed-expert layers, in module order (how the executor reaches their runners)."""
         for module in self.modules():

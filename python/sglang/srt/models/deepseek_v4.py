@@ -336,7 +336,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         moe_ids = dp_gather(torch.empty(0, dtype=torch.long, device=self.device))
         for layer in self.decoder_layers:
             dp_scatter(layer.ffn(dp_gather(x), moe_ids))
-        return torch.empty(0, c.vocab_size, dtype=torch.float32, device=self.device)
+        return self.empty_logits(c.vocab_size)
 
     def _run_layers(
         self, input_ids: torch.Tensor, attend: AttendFn, logit_rows: torch.Tensor | None = None
@@ -370,7 +370,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
                 residual = mhc_post(m, residual, post, comb)
         if logit_rows is not None:  # the mHC head, norm and LM head are per token
             if logit_rows.numel() == 0:  # no rows' logits wanted (no GEMM over zero rows)
-                return torch.empty(0, c.vocab_size, dtype=torch.float32, device=residual.device)
+                return self.empty_logits(c.vocab_size)
             residual = residual.index_select(0, logit_rows)
         y = mhc_head(
             residual,

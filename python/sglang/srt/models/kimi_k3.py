@@ -287,7 +287,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
             y = state.read(out_score, eps, self.model.norm)
         batch.advance()
         if y.shape[0] == 0:  # no rows' logits wanted (no GEMM over zero rows)
-            return torch.empty(0, c.vocab_size, dtype=torch.float32, device=y.device)
+            return self.empty_logits(c.vocab_size)
         logits = self.lm_head(y).float()
         return logits if c.logit_scale == 1.0 else logits * c.logit_scale
 
@@ -300,7 +300,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         x = torch.empty(0, c.hidden_size, dtype=self.dtype, device=self.device)
         for layer in self.decoder_layers:
             layer.ffn(x)
-        return torch.empty(0, c.vocab_size, dtype=torch.float32, device=self.device)
+        return self.empty_logits(c.vocab_size)
 
     def _plain_residual_layers(
         self, h: Tensor, starts: Sequence[int], batch: KimiK3Batch, logit_rows: Tensor | None

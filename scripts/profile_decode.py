@@ -187,7 +187,12 @@ Op = tuple[str, Callable[[], object], float]  # (name, the op, bytes it must rea
 
 
 def dsv4_rows(
-    ratio: int, batches: list[int], contexts: list[int], replays: int, bw: float
+    ratio: int,
+    batches: list[int],
+    contexts: list[int],
+    replays: int,
+    bw: float,
+    tables: set[tuple[int, int]],
 ) -> list[OpRow]:
     cfg = DeepseekV4ModelConfig.from_dict(dsv4_config(ratio, max(contexts) + 64))
     model = DeepseekV4ForCausalLM(cfg, _spec())
@@ -221,9 +226,9 @@ def dsv4_rows(
             before = graph_ms(torch_attention_layer(whole_layer), replays)
             op_rows.append(OpRow(name, case, "= layer graph, torch attention", before, total_b, bw))
             layer_ms = graph_ms(whole_layer, replays)
-            if DEV == "cuda" and (bs, ctx) == (16, 8192):
+            if DEV == "cuda" and (bs, ctx) in tables:
                 try:
-                    print(kernel_table(whole_layer, f"{name} {case}"), flush=True)
+                    print(kernel_table(whole_layer, f"{name} {case}", top=24), flush=True)
                 except (RuntimeError, AttributeError) as e:  # extra; never lose the run to it
                     print(f"kernel table failed: {e!r}")
             op_rows.append(OpRow(name, case, "= layer graph, kernels", layer_ms, total_b, bw))
@@ -630,6 +635,11 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s")
     parser.add_argument("--k3-experts", type=int, default=128)
     parser.add_argument("--json", default="")
+    parser.add_argument(
+        "--kernel-tables",
+        default="1:8192,16:8192",
+        help="bs:ctx cases whose DSv4 layer graph gets a per-kernel table",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU, eager")
     args = parser.parse_args()
     if args.smoke:
@@ -666,13 +676,16 @@ def main() -> None:
             "linear": {"num_heads": 4, "head_dim": 16},
         }
     batches = [int(b) for b in args.batch.split(",")]
+    tables = {
+        (int(b), int(c)) for b, c in (t.split(":") for t in args.kernel_tables.split(",") if t)
+    }
     contexts = [int(c) for c in args.context.split(",")]
     rows: list[OpRow] = []
     print(header(), flush=True)
     models = args.models.split(",")
     if "dsv4" in models:
         for ratio in (int(r) for r in args.ratios.split(",")):
-            rows += dsv4_rows(ratio, batches, contexts, args.replays, args.bandwidth)
+            rows += dsv4_rows(ratio, batches, contexts, args.replays, args.bandwidth, tables)
     if "k3" in models:
         rows += k3_rows(batches, contexts, args.replays, args.bandwidth, args.k3_experts)
     print("\n" + header())

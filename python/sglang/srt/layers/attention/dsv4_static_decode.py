@@ -12,20 +12,14 @@ compressed entries and indexer keys are read and written through the block table
 - one softmax over [window rows | chosen entries | sink], as :func:`dsv4_attention`.
 The eager path is the reference; only summation order differs.
 
-With ``SGLANG_DSV4_LENGTH_AWARE_DECODE=1``, on CUDA with a bf16/fp16 pool, the indexer scores
-and the attention run as length-aware Triton kernels (:mod:`sglang.kernels.ops.attention`): they
-read only the live window rows, the visible indexer keys and the chosen entries, in place: the
-rings by slot, the paged entries and keys through the block table (only the blocks holding what
-is read). Elsewhere the torch path below runs (all ring rows and all entries, gathered, under
-masks). Still opt-in (docs/performance.md): on the H200, after the paging merge, the kernels were
-handed gathered copies (``[bs, C, D]``, rows ``0 .. bs-1``) and the graph test's reused-slot /
-padded-batch case failed (mean relative logit error 0.348, bound 0.05; it passed before the
-merge and passes with the torch path). That case does not reproduce on the CPU (the Triton
-interpreter; fp32: kernels == torch path per layer to ~3e-7, the eager reference to ~1e-6 over
-the test's exact steps; the bf16 model with the kernels in fp32 on its values: 0.0101, the torch
-path 0.0087), and perturbing the torch path's attention by 1e-6 moves it by < 0.01, so it is no
-rounding drift; its GPU-only cause is not found. The gathered copies are gone (the
-kernels take the table, as they took per-slot rows before the merge); the GPU tests must rerun.
+On CUDA with a bf16/fp16 pool (unless ``SGLANG_DSV4_LENGTH_AWARE_DECODE=0``), the indexer
+scores and the attention run as length-aware Triton kernels (:mod:`sglang.kernels.ops.attention`):
+they read only the live window rows, the visible indexer keys and the chosen entries, in place:
+the rings by slot, the paged entries and keys through the block table (only the blocks holding
+what is read). Elsewhere the torch path below runs (all ring rows and all entries, gathered,
+under masks). On the H200 the kernels equal the torch path to ~3e-7 per layer at every step of
+the graph tests' cases; a bf16 model's logits can still jump on one step when a MoE router's
+top-k flips at a near-tie (``scripts/dsv4_kernel_path_diff.py --routing`` shows it).
 """
 
 from __future__ import annotations
@@ -39,7 +33,6 @@ from sglang.kernels.ops.attention.sparse_decode_attention import (
     kernel_head_dim_ok,
     sparse_decode_attention,
 )
-from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
@@ -91,11 +84,12 @@ def static_decode_attention(
 
 def use_sparse_kernels(attn: DeepseekV4Attention, ring: torch.Tensor) -> bool:
     """The length-aware kernels take half-precision pools (their dots are bf16/fp16 MMAs with
-    fp32 accumulation; fp32 operands would run as tf32) with power-of-two row widths, when
-    ``SGLANG_DSV4_LENGTH_AWARE_DECODE`` turns them on."""
+    fp32 accumulation; fp32 operands would run as tf32) with power-of-two row widths on CUDA,
+    unless ``SGLANG_DSV4_LENGTH_AWARE_DECODE=0``. Not under the Triton interpreter: its bf16
+    ``tl.dot`` is unusable on the CPU (the CPU tests force the kernels on fp32 pools)."""
     if not envs.SGLANG_DSV4_LENGTH_AWARE_DECODE.get():
         return False
-    if not triton_can_run(ring) or ring.dtype not in (torch.bfloat16, torch.float16):
+    if not ring.is_cuda or ring.dtype not in (torch.bfloat16, torch.float16):
         return False
     idx_dim = attn.indexer.head_dim if attn.indexer is not None else 16
     return kernel_head_dim_ok(attn.head_dim) and kernel_head_dim_ok(idx_dim)

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from sglang.kernels.ops.attention.indexer_scores import indexer_scores
+from sglang.kernels.ops.attention.indexer_topk import indexer_topk
 from sglang.kernels.ops.attention.sparse_decode_attention import sparse_decode_attention
 from sglang.srt.layers.attention import dsv4_static_decode
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
@@ -341,10 +342,10 @@ def dsv4_ops(
             sc = indexer_scores(
                 iq, iw, idx_store.entries, slots, visible, idx.head_dim**-0.5, table=table
             )
-            return torch.sort(sc, dim=-1, descending=True, stable=True).indices[:, :k]
+            return indexer_topk(sc, visible, k)
 
         picks = kernel_scores()
-        ops.append(("  new: indexer scores kernel + sort", kernel_scores, ops[-1][2]))
+        ops.append(("  new: indexer scores + top-k kernels", kernel_scores, ops[-1][2]))
 
         def attend() -> torch.Tensor:
             wk, wv = window_keys()

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.kernels.ops.attention.indexer_scores import indexer_scores
+from sglang.kernels.ops.attention.indexer_topk import indexer_topk
 from sglang.kernels.ops.attention.sparse_decode_attention import (
     kernel_head_dim_ok,
     sparse_decode_attention,
@@ -125,9 +126,9 @@ def _kernel_attention(
         scores = indexer_scores(
             iq.to(q.dtype), iw, idx_store.entries, slots, visible, scale, table=table
         )
-        # The same stable sort as the torch scoring: visible entries first, ties to the earlier.
-        k = min(attn.indexer.topk, scores.shape[1])
-        picks = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+        # The torch scoring's set (its stable sort's first k: ties to the earlier entry), from
+        # the visible columns only; in entry order, which the attention reads as a set.
+        picks = indexer_topk(scores, visible, min(attn.indexer.topk, scores.shape[1]))
     return sparse_decode_attention(
         q,
         store.window,

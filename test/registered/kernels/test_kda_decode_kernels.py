@@ -1,0 +1,53 @@
+"""The KDA decode kernels (conv, recurrent step) under Triton's interpreter on CPU tensors, against
+their torch forms and through the layer (``_kda_decode_checks.py`` says what is checked and to
+what bound). The interpreter must be on before triton is imported, so the checks run in a
+subprocess. ``test_kda_decode_kernels_gpu.py`` runs the same checks on a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang.kernels.ops.pointer_table import pointer_table_reason
+from sglang.test.ci_register import register_cpu_ci
+from sglang.test.run import run_this_file
+
+register_cpu_ci(est_time=15)
+
+_HERE = Path(__file__).resolve().parent
+
+
+def test_kernels_under_interpreter() -> None:
+    pytest.importorskip("triton")
+    script = (
+        f"import sys; sys.path.insert(0, {str(_HERE)!r}); import _kda_decode_checks as c; "
+        "c.run_all('cpu'); print('KDA_INTERP_OK')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0 and "KDA_INTERP_OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_pointer_table_reason() -> None:
+    import torch
+
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    assert pointer_table_reason([a, b], (4, 8), torch.float32, "state") is None
+    assert "share" in str(pointer_table_reason([a, a], (4, 8), torch.float32, "state"))
+    assert "(4, 8)" in str(pointer_table_reason([a, b[:, :4]], (4, 8), torch.float32, "state"))
+    unaligned = torch.randn(40)[1:33].view(4, 8)
+    assert "aligned" in str(pointer_table_reason([unaligned], (4, 8), torch.float32, "state"))
+
+
+if __name__ == "__main__":
+    run_this_file(__file__)

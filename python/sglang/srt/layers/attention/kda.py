@@ -193,6 +193,20 @@ class KimiDeltaAttention(nn.Module):
             kernel_decode(mixed, g, beta, table, weight, core, d)
             return
         rows = torch.tensor([s.start for s in decode], dtype=torch.long, device=mixed.device)
+        self.torch_decode(mixed, g, beta, rows, states, weight, core)
+
+    def torch_decode(
+        self,
+        mixed: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        rows: Tensor,
+        states: Sequence[KDAState],
+        weight: Tensor,
+        core: Tensor,
+    ) -> None:
+        """The torch decode step (the reference, and the CPU path): stack the states of the
+        batch rows ``rows``, step them, write ``core[rows]`` and copy the states back."""
         conv_states = torch.stack([s.conv for s in states])
         rec_states = torch.stack([s.recurrent for s in states])
         conv_out, conv_new = causal_conv_decode(mixed[rows], weight, conv_states)

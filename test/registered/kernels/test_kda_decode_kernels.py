@@ -42,11 +42,17 @@ def test_pointer_table_reason() -> None:
     import torch
 
     a, b = torch.randn(4, 8), torch.randn(4, 8)
-    assert pointer_table_reason([a, b], (4, 8), torch.float32, "state") is None
-    assert "share" in str(pointer_table_reason([a, a], (4, 8), torch.float32, "state"))
-    assert "(4, 8)" in str(pointer_table_reason([a, b[:, :4]], (4, 8), torch.float32, "state"))
-    unaligned = torch.randn(40)[1:33].view(4, 8)
-    assert "aligned" in str(pointer_table_reason([unaligned], (4, 8), torch.float32, "state"))
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+
+    def why(tensors: list[torch.Tensor], device: torch.device = cpu) -> str:
+        return str(pointer_table_reason(tensors, (4, 8), torch.float32, device, "state"))
+
+    assert pointer_table_reason([a, b], (4, 8), torch.float32, cpu, "state") is None
+    assert "share" in why([a, a])
+    assert "(4, 8)" in why([a, b[:, :4]])
+    assert "torch.float32" in why([a, b.double()])
+    assert "the kernel runs on meta" in why([a], meta)
+    assert "aligned" in why([torch.randn(40)[1:33].view(4, 8)])
 
 
 if __name__ == "__main__":

@@ -16,11 +16,18 @@ POINTER_ALIGN_BYTES = 16
 
 
 def pointer_table_reason(
-    tensors: Sequence[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype, what: str
+    tensors: Sequence[torch.Tensor],
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    what: str,
 ) -> str | None:
     """Why ``tensors`` cannot be addressed through a pointer table as contiguous ``shape`` of
-    ``dtype``; None when they can. Two rows sharing one tensor would race, so they are refused."""
+    ``dtype`` on ``device``; None when they can. Two rows sharing one tensor would race, so they
+    are refused."""
     for t in tensors:
+        if t.device != device:
+            return f"{what} is on {t.device}, the kernel runs on {device}"
         if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
             return (
                 f"{what} must be contiguous {dtype} {shape}, got "

@@ -54,13 +54,12 @@ def kernel_decode_reason(
     if weight.dtype != torch.float32:
         return f"the conv weight is {weight.dtype}, the kernel computes in fp32"
     conv_shape = (weight.shape[1] - 1, weight.shape[0])
-    why = pointer_table_reason([s.conv for s in states], conv_shape, mixed.dtype, "conv state")
+    convs, recs = [s.conv for s in states], [s.recurrent for s in states]
+    why = pointer_table_reason(convs, conv_shape, mixed.dtype, mixed.device, "conv state")
     if why is not None:
         return why
     rec_shape = (heads, head_dim, head_dim)
-    return pointer_table_reason(
-        [s.recurrent for s in states], rec_shape, torch.float32, "recurrent state"
-    )
+    return pointer_table_reason(recs, rec_shape, torch.float32, mixed.device, "recurrent state")
 
 
 def decode_rows(

@@ -17,6 +17,9 @@ from sglang.kernels.ops.kda.recurrent_step import default_block_v, kda_recurrent
 from sglang.kernels.ops.pointer_table import int64_on_device
 from sglang.srt.utils.cuda_timing import median_graph_replay_ms
 
+# (V rows a program, warp counts): a [block_v, 128] fp32 tile is 16-64 KB of registers a program.
+CONFIGS = [(8, (2, 4)), (16, (2, 4)), (32, (4, 8)), (64, (4, 8))]
+
 
 def bench(batch: int, heads: int, dim: int, replays: int) -> None:
     gen = torch.Generator("cuda").manual_seed(batch)
@@ -32,9 +35,9 @@ def bench(batch: int, heads: int, dim: int, replays: int) -> None:
     out = torch.empty(batch, heads, dim, device=dev)
     state_bytes = 2 * batch * states[0].numel() * 4
     default = default_block_v(batch, heads, dim)
-    for block_v in (8, 16, 32, 64):
+    for block_v, warp_counts in CONFIGS:
         line = []
-        for warps in (2, 4, 8):
+        for warps in warp_counts:
 
             def step(bv: int = block_v, nw: int = warps) -> None:
                 kda_recurrent_step_(

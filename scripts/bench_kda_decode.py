@@ -18,7 +18,7 @@ from sglang.kernels.ops.pointer_table import int64_on_device
 from sglang.srt.utils.cuda_timing import median_graph_replay_ms
 
 # (V rows a program, warp counts): a [block_v, 128] fp32 tile is 16-64 KB of registers a program.
-CONFIGS = [(8, (2, 4)), (16, (2, 4)), (32, (4, 8)), (64, (4, 8))]
+CONFIGS = [(8, (1, 2)), (16, (1, 2, 4)), (32, (2, 4))]
 
 
 def bench(batch: int, heads: int, dim: int, replays: int) -> None:
@@ -34,7 +34,7 @@ def bench(batch: int, heads: int, dim: int, replays: int) -> None:
     ptrs = int64_on_device([s.data_ptr() for s in states], dev)
     out = torch.empty(batch, heads, dim, device=dev)
     state_bytes = 2 * batch * states[0].numel() * 4
-    default = default_block_v(batch, heads, dim)
+    default = default_block_v(dim)
     for block_v, warp_counts in CONFIGS:
         line = []
         for warps in warp_counts:

@@ -1,10 +1,9 @@
 """The KDA decode kernels (conv, recurrent step) on a GPU (skipped elsewhere): the checks of
-``_kda_decode_checks.py`` on CUDA tensors, plus the K3 shape (96 heads of 128) at batch 64, and
-the kernels captured in a CUDA graph and replayed (the table is read from device memory)."""
+``sglang.test.kda_decode_checks`` on CUDA tensors, plus the K3 shape (96 heads of 128) at batch 1
+and 64 captured in a CUDA graph and replayed twice (the table is read from device memory)."""
 
 from __future__ import annotations
 
-import _kda_decode_checks as checks
 import pytest
 import torch
 
@@ -12,6 +11,7 @@ from sglang.kernels.ops.kda.recurrent_step import kda_recurrent_step_
 from sglang.kernels.ops.pointer_table import int64_on_device
 from sglang.srt.layers.attention.kda_gate import l2norm
 from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
+from sglang.test import kda_decode_checks as checks
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 

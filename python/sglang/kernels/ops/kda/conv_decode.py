@@ -17,6 +17,10 @@ import triton
 import triton.language as tl
 
 _BLOCK_C = 1024
+# Programs over (channel block, group of rows): a program's weight block (the fp32 weight is
+# 1.3x a bf16 row's state) comes from HBM once and from L1 for its other rows; enough groups to
+# fill the GPU.
+_TARGET_PROGRAMS = 264  # two waves of the H200's 132 SMs
 
 
 @triton.jit
@@ -28,28 +32,32 @@ def _conv_decode_kernel(
     out_ptr,
     x_stride,
     channels,
+    n_rows,
+    rows_per_program,
     W: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    i = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = c < channels
-    row = tl.load(rows_ptr + i)
-    addr = tl.multiple_of(tl.load(state_ptrs + i), 16)
-    state = addr.to(tl.pointer_type(x_ptr.dtype.element_ty))
-    x = tl.load(x_ptr + row * x_stride + c, mask=mask, other=0.0)
-    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-    # Row j moves to j - 1 right after it is read; each element is read and written by the same
-    # thread, and row j - 1 was read one iteration earlier.
-    for j in tl.static_range(W - 1):
-        s_j = tl.load(state + j * channels + c, mask=mask, other=0.0)
-        acc += s_j.to(tl.float32) * tl.load(w_ptr + c * W + j, mask=mask, other=0.0)
-        if j > 0:
-            tl.store(state + (j - 1) * channels + c, s_j, mask=mask)
-    tl.store(state + (W - 2) * channels + c, x, mask=mask)
-    acc += x.to(tl.float32) * tl.load(w_ptr + c * W + (W - 1), mask=mask, other=0.0)
-    y = acc / (1.0 + tl.exp(-acc))
-    tl.store(out_ptr + i * channels + c, y.to(out_ptr.dtype.element_ty), mask=mask)
+    first = tl.program_id(1) * rows_per_program
+    last = tl.minimum(first + rows_per_program, n_rows)
+    for i in range(first, last):
+        row = tl.load(rows_ptr + i)
+        addr = tl.load(state_ptrs + i).to(tl.pointer_type(x_ptr.dtype.element_ty))
+        state = tl.multiple_of(addr, 16)
+        x = tl.load(x_ptr + row * x_stride + c, mask=mask, other=0.0)
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        # Row j moves to j - 1 right after it is read; each element is read and written by the
+        # same thread, and row j - 1 was read one iteration earlier.
+        for j in tl.static_range(W - 1):
+            s_j = tl.load(state + j * channels + c, mask=mask, other=0.0)
+            acc += s_j.to(tl.float32) * tl.load(w_ptr + c * W + j, mask=mask, other=0.0)
+            if j > 0:
+                tl.store(state + (j - 1) * channels + c, s_j, mask=mask)
+        tl.store(state + (W - 2) * channels + c, x, mask=mask)
+        acc += x.to(tl.float32) * tl.load(w_ptr + c * W + (W - 1), mask=mask, other=0.0)
+        y = acc / (1.0 + tl.exp(-acc))
+        tl.store(out_ptr + i * channels + c, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def kda_conv_decode_(
@@ -75,7 +83,10 @@ def kda_conv_decode_(
         raise ValueError(f"out must be contiguous {x.dtype} [{b}, {c}], got {tuple(out.shape)}")
     if b == 0:
         return
-    grid = (b, triton.cdiv(c, _BLOCK_C))
+    blocks = triton.cdiv(c, _BLOCK_C)
+    groups = min(b, triton.cdiv(_TARGET_PROGRAMS, blocks))
+    per_program = triton.cdiv(b, groups)
+    grid = (blocks, triton.cdiv(b, per_program))
     _conv_decode_kernel[grid](
-        x, weight, rows, state_ptrs, out, x.stride(0), c, W=width, BLOCK_C=_BLOCK_C
+        x, weight, rows, state_ptrs, out, x.stride(0), c, b, per_program, W=width, BLOCK_C=_BLOCK_C
     )

@@ -22,8 +22,8 @@ import triton.language as tl
 
 # Largest key width: a [BLOCK_V, K] fp32 tile stays in registers.
 MAX_KEY_DIM = 256
-_MIN_PROGRAMS = 1024  # below this many (row, head, V-block) programs, halve the V block
 _MIN_BLOCK_V = 8
+DEFAULT_WARPS = 2
 
 
 @triton.jit
@@ -54,8 +54,8 @@ def _recurrent_step_kernel(
     vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     ks = tl.arange(0, K)
     row = tl.load(rows_ptr + i)
-    addr = tl.multiple_of(tl.load(state_ptrs + i), 16)
-    s_ptrs = addr.to(tl.pointer_type(tl.float32)) + h * (V * K) + vs[:, None] * K + ks[None, :]
+    state = tl.multiple_of(tl.load(state_ptrs + i).to(tl.pointer_type(tl.float32)), 16)
+    s_ptrs = state + h * (V * K) + vs[:, None] * K + ks[None, :]
     s = tl.load(s_ptrs)
     q = tl.load(q_ptr + i * q_stride + h * K + ks).to(tl.float32)
     k = tl.load(k_ptr + i * k_stride + h * K + ks).to(tl.float32)
@@ -82,12 +82,10 @@ def recurrent_step_reason(key_dim: int, value_dim: int) -> str | None:
     return None
 
 
-def default_block_v(batch: int, heads: int, value_dim: int) -> int:
-    """32 V rows a program, fewer while the grid would leave SMs idle (small batches)."""
-    block = min(32, value_dim)
-    while block > _MIN_BLOCK_V and batch * heads * (value_dim // block) < _MIN_PROGRAMS:
-        block //= 2
-    return block
+def default_block_v(value_dim: int) -> int:
+    """16 V rows a program (with ``DEFAULT_WARPS``): the fastest of 8-64 rows x 2-8 warps at
+    K3's shape for batch 1, 16 and 64 on the H200 (``scripts/bench_kda_decode.py``)."""
+    return min(16, value_dim)
 
 
 def _check_row_major(t: torch.Tensor, name: str, shape: tuple[int, ...]) -> None:
@@ -111,7 +109,7 @@ def kda_recurrent_step_(
     l2norm_eps: float | None = None,
     q_scale: float = 1.0,
     block_v: int | None = None,
-    num_warps: int = 4,
+    num_warps: int = DEFAULT_WARPS,
 ) -> None:
     """``q, k [B, H, K]``, ``v [B, H, V]`` (decode row order), ``g [T, H, K]``, ``beta [T, H]``
     and ``out [T, H, V]`` (fp32, batch row order: decode row ``i`` is batch row ``rows[i]``),
@@ -138,7 +136,7 @@ def kda_recurrent_step_(
         raise ValueError("rows and state_ptrs must be int64")
     if b == 0:
         return
-    bv = block_v or default_block_v(b, h, dv)
+    bv = block_v or default_block_v(dv)
     if bv & (bv - 1) or dv % bv:
         raise ValueError(f"block_v {bv} must be a power of two dividing {dv}")
     _recurrent_step_kernel[(b, h, dv // bv)](

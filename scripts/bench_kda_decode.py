@@ -17,7 +17,7 @@ from sglang.kernels.ops.kda.recurrent_step import default_block_v, kda_recurrent
 from sglang.kernels.ops.pointer_table import int64_on_device
 from sglang.srt.utils.cuda_timing import median_graph_replay_ms
 
-# (V rows a program, warp counts): a [block_v, 128] fp32 tile is 16-64 KB of registers a program.
+# (V rows a program, warp counts): a program holds a [block_v, 128] fp32 tile (4-16 KB).
 CONFIGS = [(8, (1, 2)), (16, (1, 2, 4)), (32, (2, 4))]
 
 

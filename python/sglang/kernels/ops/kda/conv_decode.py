@@ -17,9 +17,10 @@ import triton
 import triton.language as tl
 
 _BLOCK_C = 1024
-# Programs over (channel block, group of rows): a program's weight block (the fp32 weight is
-# 1.3x a bf16 row's state) comes from HBM once and from L1 for its other rows; enough groups to
-# fill the GPU.
+# Programs over (channel block, group of rows), enough groups to fill the GPU. The conv reaches
+# only ~0.7 TB/s on the H200 (docs/performance.md); one row a program measured the same. Its
+# weight reads (one tap a load, W floats apart) are the suspect: a [BLOCK_C, W] vector tile
+# loaded once a program is the next thing to try.
 _TARGET_PROGRAMS = 264  # two waves of the H200's 132 SMs
 
 

@@ -41,9 +41,12 @@ from sglang.srt.layers.attention import dsv4_static_decode
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
 from sglang.srt.layers.attention.dsv4_static_decode import sink_attention, static_decode_attention
 from sglang.srt.layers.attention.kda import KimiDeltaAttention, gated_rms_norm
-from sglang.srt.layers.attention.kda_conv import causal_conv_decode
+from sglang.srt.layers.attention.kda_decode import (
+    decode_rows,
+    kernel_decode,
+    kernel_decode_reason,
+)
 from sglang.srt.layers.attention.kda_gate import kda_beta, kda_forget_gate
-from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
 from sglang.srt.layers.attention.mla_absorbed_batch import (
     absorbed_decode,
     decode_chunks,
@@ -53,6 +56,7 @@ from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
 from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.mem_cache.kimi_k3_cache import KDAState
 from sglang.srt.mem_cache.paged_index import gather_slot_rows, row_address
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM, _hc_pre, _post_then_pre
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
@@ -64,6 +68,8 @@ from sglang.test.random_params import randomize_params_
 
 GB = 1e9
 PER_REQUEST_MLA = "MLA absorbed attention, per request"
+KDA_STEP = "KDA conv + recurrent step"
+OLD_KDA_STEP = "  old: torch step, stack + copy back"
 DEV = "cuda"
 TINY: dict[str, Any] = {}  # --smoke: config overrides that make the models CPU-sized
 
@@ -453,10 +459,17 @@ def k3_rows(
         )
         ops.append(("latent MoE", _bind(moe, x), moe_bytes))
         ops.append(k3_attn_res_op(model, x, gen))
-        k_rows = [OpRow("k3 kda", f"bs{bs}", n, graph_ms(f, replays), b, bw) for n, f, b in ops]
-        rows += k_rows
-        # A layer: its attention, the MoE and two AttnRes reads.
-        rows.append(_k3_layer_row("k3 kda", f"bs{bs}", k_rows, bw))
+        all_rows = [OpRow("k3 kda", f"bs{bs}", n, graph_ms(f, replays), b, bw) for n, f, b in ops]
+        old = next(r for r in all_rows if r.op == OLD_KDA_STEP)
+        k_rows = [r for r in all_rows if r is not old]
+        rows += all_rows
+        # A layer: its attention, the MoE and two AttnRes reads; once more with the old step.
+        before = [old if r.op.startswith(KDA_STEP) else r for r in k_rows]
+        layer_rows = [
+            _k3_layer_row("k3 kda", f"bs{bs}", k_rows, bw),
+            _k3_layer_row("k3 kda", f"bs{bs}", before, bw, "  old: = layer, torch step"),
+        ]
+        rows += layer_rows
         for ctx in contexts:
             case = f"bs{bs} ctx{_ctx(ctx)}"
             m_rows = [
@@ -468,7 +481,7 @@ def k3_rows(
             layer_ops = [r for r in m_rows if r.op != PER_REQUEST_MLA]
             rows.append(_k3_layer_row("k3 mla", case, [*layer_ops, *k_rows[-2:]], bw))
             print("\n".join(r.line() for r in m_rows + rows[-1:]), flush=True)
-        print("\n".join(r.line() for r in k_rows), flush=True)
+        print("\n".join(r.line() for r in all_rows + layer_rows), flush=True)
     return rows
 
 
@@ -476,24 +489,32 @@ def _bind(fn: Callable[[torch.Tensor], object], x: torch.Tensor) -> Callable[[],
     return lambda: fn(x)
 
 
-def _k3_layer_row(model: str, case: str, parts: list[OpRow], bw: float) -> OpRow:
+def _k3_layer_row(
+    model: str, case: str, parts: list[OpRow], bw: float, op: str = "= layer (sum, 2 AttnRes reads)"
+) -> OpRow:
     """Sum of a K3 layer's ops, the AttnRes read (the last part) counted twice."""
     ms = sum(r.ms for r in parts) + parts[-1].ms
     read = sum(r.bytes_read for r in parts) + parts[-1].bytes_read
-    return OpRow(model, case, "= layer (sum, 2 AttnRes reads)", ms, read, bw)
+    return OpRow(model, case, op, ms, read, bw)
 
 
 @torch.no_grad()
 def k3_kda_ops(model: KimiK3ForCausalLM, x: torch.Tensor, gen: torch.Generator) -> list[Op]:
-    """One KDA layer's decode ops (the model's recurrent step, per-row states stacked)."""
+    """One KDA layer's decode ops. The conv + recurrent step is the model's decode path on
+    per-request states (the kernels on a GPU, updating them in place through their address
+    table); the torch path it replaced (stack the states, step, copy each back) is a reference row
+    outside the layer sum."""
     kda = model.decoder_layers[0].self_attn
     assert isinstance(kda, KimiDeltaAttention)
     kc = kda.config
     bs, heads, dh = x.shape[0], kda.local_heads, kc.head_dim
-    conv_states = torch.randn(bs, kc.conv_size - 1, 3 * heads * dh, generator=gen, device=DEV).to(
-        torch.bfloat16
-    )
-    rec = torch.randn(bs, heads, dh, dh, generator=gen, device=DEV) * 0.1
+    states = [
+        KDAState(
+            torch.randn(kc.conv_size - 1, 3 * heads * dh, generator=gen, device=DEV).to(x.dtype),
+            torch.randn(heads, dh, dh, generator=gen, device=DEV) * 0.1,
+        )
+        for _ in range(bs)
+    ]
     weight = kda.conv_weight()
 
     def kda_proj() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -503,14 +524,22 @@ def k3_kda_ops(model: KimiK3ForCausalLM, x: torch.Tensor, gen: torch.Generator) 
         return mixed, g, kda_beta(kda.b_proj(x))
 
     mixed, g, beta = kda_proj()
+    core = torch.zeros(bs, heads, dh, device=DEV)
+    rows = torch.arange(bs, device=DEV)
+    # The table is built outside the graph, as the model builds it before the launches.
+    table = decode_rows(range(bs), states, torch.device(DEV))
+    why = kernel_decode_reason(mixed, weight, states, heads, dh)
 
-    def kda_step() -> tuple[torch.Tensor, torch.Tensor]:
-        conv_out, _ = causal_conv_decode(mixed, weight, conv_states)
-        q, k, v = kda._split_qkv(conv_out)
-        one = (t.unsqueeze(1) for t in (q, k, v, g, beta))
-        return kda_recurrent(*one, rec)
+    def kda_step() -> None:
+        if why is None:
+            kernel_decode(mixed, g, beta, table, weight, core, dh)
+        else:
+            kda.torch_decode(mixed, g, beta, rows, states, weight, core)
 
-    core = kda_step()[0][:, 0]
+    def kda_step_torch() -> None:
+        kda.torch_decode(mixed, g, beta, rows, states, weight, core)
+
+    kda_step()
 
     def kda_out() -> torch.Tensor:
         gate = kda.output_gate(x).view(bs, heads, dh)
@@ -519,13 +548,11 @@ def k3_kda_ops(model: KimiK3ForCausalLM, x: torch.Tensor, gen: torch.Generator) 
 
     proj = (kda.q_proj, kda.k_proj, kda.v_proj, kda.f_a_proj, kda.f_b_proj, kda.b_proj)
     gates = (kda.g_proj, kda.g_a_proj, kda.g_b_proj, kda.o_norm, kda.o_proj)
+    step_bytes = 2 * bs * tensor_bytes(states[0].recurrent, states[0].conv) + param_bytes(weight)
     return [
         ("KDA q/k/v/gate/beta proj", kda_proj, param_bytes(*proj)),
-        (
-            "KDA conv + recurrent step",
-            kda_step,
-            2 * tensor_bytes(rec, conv_states) + param_bytes(weight),
-        ),
+        (KDA_STEP if why is None else f"{KDA_STEP} (torch)", kda_step, step_bytes),
+        (OLD_KDA_STEP, kda_step_torch, step_bytes),
         ("KDA out gate + norm + o_proj", kda_out, param_bytes(*gates)),
     ]
 

@@ -17,7 +17,7 @@ checkpoint's ``block_sparse_moe``, ``lm_head.weight``), so the loader maps names
 
 A batch is a list of requests, each with its own :class:`KimiK3RequestCache`; prefill chunks and
 decode rows mix freely: projections, norms and MoE run over all rows at once, attention walks the
-requests (KDA stacks the decode rows into one recurrent step).
+requests (KDA runs all decode rows in one batched conv and recurrent step).
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ For normed input ``x [T, hidden]`` (all projections bias-free):
 The output gate is ``g_proj`` (full rank, K3) or ``g_b_proj(g_a_proj x)`` (low rank, Kimi Linear).
 
 A batch is a list of request segments. Multi-token segments (prefill, or a prefill chunk on top of
-a cached prefix) run the chunked form; single-token segments (decode) are stacked and run one
-batched recurrent step. Both read and update the request's conv and recurrent state in place.
+a cached prefix) run the chunked form; single-token segments (decode) run one batched conv and
+recurrent step: on a GPU the Triton kernels of ``kda_decode.py`` (states updated in place through
+a table of their addresses), else torch on the stacked states. Both read and update the
+request's conv and recurrent state in place.
 
 Tensor parallel: heads are split by rank (q/k/v/f_b/b/g projections column-parallel, their conv
 weights, ``dt_bias`` and ``A_log`` sliced alike); ``f_a`` and ``g_a`` are replicated; ``o_proj`` is
@@ -28,6 +30,7 @@ from torch import Tensor, nn
 
 from sglang.srt.layers.attention.kda_chunk import DEFAULT_CHUNK_SIZE, kda_chunked
 from sglang.srt.layers.attention.kda_conv import causal_conv_decode, causal_conv_prefill
+from sglang.srt.layers.attention.kda_decode import decode_rows, kernel_decode, kernel_decode_reason
 from sglang.srt.layers.attention.kda_gate import kda_beta, kda_forget_gate, l2norm
 from sglang.srt.layers.attention.kda_params import ShortConvWeight, a_log_param
 from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
@@ -181,10 +184,31 @@ class KimiDeltaAttention(nn.Module):
         weight: Tensor,
         core: Tensor,
     ) -> None:
-        """One token for each of ``B`` requests, batched: stack states, step, write back."""
+        """One token for each of ``B`` requests, batched: the kernels on the states in place, or
+        torch on the stacked states, written back."""
+        states = [s.state for s in decode]
+        h, d = self.local_heads, self.config.head_dim
+        if kernel_decode_reason(mixed, weight, states, h, d) is None:
+            table = decode_rows([s.start for s in decode], states, mixed.device)
+            kernel_decode(mixed, g, beta, table, weight, core, d)
+            return
         rows = torch.tensor([s.start for s in decode], dtype=torch.long, device=mixed.device)
-        conv_states = torch.stack([s.state.conv for s in decode])
-        rec_states = torch.stack([s.state.recurrent for s in decode])
+        self.torch_decode(mixed, g, beta, rows, states, weight, core)
+
+    def torch_decode(
+        self,
+        mixed: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        rows: Tensor,
+        states: Sequence[KDAState],
+        weight: Tensor,
+        core: Tensor,
+    ) -> None:
+        """The torch decode step (the reference, and the CPU path): stack the states of the
+        batch rows ``rows``, step them, write ``core[rows]`` and copy the states back."""
+        conv_states = torch.stack([s.conv for s in states])
+        rec_states = torch.stack([s.recurrent for s in states])
         conv_out, conv_new = causal_conv_decode(mixed[rows], weight, conv_states)
         q, k, v = self._split_qkv(conv_out)
         o, rec_new = kda_recurrent(
@@ -196,6 +220,6 @@ class KimiDeltaAttention(nn.Module):
             rec_states,
         )
         core[rows] = o[:, 0]
-        for i, seg in enumerate(decode):
-            seg.state.conv.copy_(conv_new[i])
-            seg.state.recurrent.copy_(rec_new[i])
+        for i, state in enumerate(states):
+            state.conv.copy_(conv_new[i])
+            state.recurrent.copy_(rec_new[i])

@@ -14,8 +14,9 @@ rows race there, in both paths.
 
 On CPU the kernel runs under the Triton interpreter, which must be on before Triton is imported:
 ``test_kernel_under_interpreter`` reruns this file's ``interp_`` tests in a subprocess. The
-``gpu`` test runs the compiled kernel (skipped without CUDA) at the bench widths, and the same
-step captured in a CUDA graph and replayed.
+``gpu`` tests run the compiled kernel (skipped without CUDA) at the bench widths, the same step
+captured in a CUDA graph and replayed, and ``KVCompressor.project``'s one GEMM over both weights
+(they share one buffer; loading fills them in place) against the two GEMMs it replaces.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
+from sglang.kernels.ops.attention import compressor_decode
+from sglang.srt.layers.attention.dsv4_compressor import KVCompressor, _fp32_matmul
 from sglang.srt.layers.attention.dsv4_static_compressor import (
     compress_decode_step,
     compress_decode_torch,
@@ -143,6 +145,25 @@ def check_equal_states(case: Case, got: CompressorSlots, want: CompressorSlots) 
 
 
 def run_case(
+    ratio: int,
+    overlap: bool,
+    dim: int,
+    entry_dtype: torch.dtype,
+    device: str,
+    steps: int,
+    tile: int | None = None,
+) -> float:
+    """``tile``: a smaller tile budget, so the candidates loop over chunks / split channels."""
+    old_tile = compressor_decode._TILE_ELEMS
+    if tile is not None:
+        compressor_decode._TILE_ELEMS = tile
+    try:
+        return _run_case(ratio, overlap, dim, entry_dtype, device, steps)
+    finally:
+        compressor_decode._TILE_ELEMS = old_tile
+
+
+def _run_case(
     ratio: int, overlap: bool, dim: int, entry_dtype: torch.dtype, device: str, steps: int
 ) -> float:
     case = make_case(ratio, overlap, dim, entry_dtype, device, seed=ratio + dim + steps)
@@ -151,7 +172,8 @@ def run_case(
     for slot in (0, 2, case.real_slots):
         case.store.reset(slot)
     got, want = case.store, clone_store(case.store)
-    assert use_decode_kernel(got, torch.empty(1, 1, device=device), case.table, case.rotary)
+    probe = torch.empty(1, 1, device=device)
+    assert use_decode_kernel(got, probe, probe, case.table, case.rotary)
     # Slots shuffled, then two padding rows on the scratch slot.
     order = torch.randperm(case.real_slots, generator=g, device=device)
     scratch = torch.full((2,), case.real_slots, dtype=torch.long, device=device)
@@ -163,8 +185,11 @@ def run_case(
     with torch.no_grad():
         for step in range(steps):
             positions = torch.cat([start + step, torch.tensor([0, ratio - 1], device=device)])
-            kv = torch.randn(slots.shape[0], width, generator=g, device=device)
-            score = torch.randn(slots.shape[0], width, generator=g, device=device) * 3
+            both = torch.randn(slots.shape[0], 2 * width, generator=g, device=device)
+            both[:, width:] *= 3
+            kv, score = both[:, :width], both[:, width:]  # strided rows, as one projection gives
+            if step % 2:
+                kv, score = kv.contiguous(), score.contiguous()
             before = got.entries.clone()
             compress_decode_step(comp, got, kv, score, positions, slots, table, rotary)
             compress_decode_torch(comp, want, kv, score, positions, slots, table, rotary)
@@ -181,27 +206,33 @@ def run_case(
     return worst
 
 
+# (ratio, overlap, D, entry dtype, steps, tile budget): one program a row (ratio 4; ratio 128
+# at D 64), programs per channel block (ratio 128 at D 512), and with a small tile budget the
+# split path with overlap and the candidates in several chunks.
 CPU_CASES = [
-    (4, True, 128, torch.bfloat16, 3),
-    (4, True, 512, torch.float32, 2),
-    (128, False, 64, torch.float32, 2),
-    (128, False, 512, torch.bfloat16, 1),
+    (4, True, 128, torch.bfloat16, 3, None),
+    (4, True, 512, torch.float32, 2, None),
+    (128, False, 64, torch.float32, 2, None),
+    (128, False, 512, torch.bfloat16, 1, None),
+    (4, True, 128, torch.float32, 3, 64),
+    (128, False, 64, torch.bfloat16, 1, 256),
 ]
 
 
 @interp_only
-@pytest.mark.parametrize("ratio,overlap,dim,dtype,steps", CPU_CASES)
+@pytest.mark.parametrize("ratio,overlap,dim,dtype,steps,tile", CPU_CASES)
 def test_interp_kernel_matches_torch(
-    ratio: int, overlap: bool, dim: int, dtype: torch.dtype, steps: int
+    ratio: int, overlap: bool, dim: int, dtype: torch.dtype, steps: int, tile: int | None
 ) -> None:
-    worst = run_case(ratio, overlap, dim, dtype, "cpu", steps)
+    worst = run_case(ratio, overlap, dim, dtype, "cpu", steps, tile)
     print(f"ratio {ratio} dim {dim} {dtype}: fp32 entry error {worst:.2e}")
 
 
 @interp_only
 def test_interp_bad_shapes_take_the_torch_path() -> None:
     case = make_case(4, True, 48, torch.float32, "cpu", seed=1)  # 48: not a power of two
-    assert not use_decode_kernel(case.store, torch.empty(1, 1), case.table, case.rotary)
+    probe = torch.empty(1, 1)
+    assert not use_decode_kernel(case.store, probe, probe, case.table, case.rotary)
 
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
@@ -226,25 +257,71 @@ def test_cpu_tensors_take_the_torch_path() -> None:
     if IN_INTERPRETER:
         pytest.skip("the interpreter runs the kernel on CPU tensors")
     case = make_case(4, True, 128, torch.float32, "cpu", seed=2)
-    assert not use_decode_kernel(case.store, torch.empty(1, 1), case.table, case.rotary)
+    probe = torch.empty(1, 1)
+    assert not use_decode_kernel(case.store, probe, probe, case.table, case.rotary)
+
+
+def _loaded_compressor(device: str, dtype: torch.dtype, hidden: int = HIDDEN) -> KVCompressor:
+    """A ratio-4 compressor whose projections came in through their loaders (as the checkpoint
+    loop hands them over)."""
+    g = torch.Generator(device).manual_seed(11)
+    comp = KVCompressor(hidden, 128, 4, LayerBuildSpec(dtype=dtype, device=device),
+                        overlap=True, rms_eps=1e-6)  # fmt: skip
+    for lin in (comp.wkv, comp.wgate):
+        full = torch.randn(lin.weight.shape, generator=g, device=device) * hidden**-0.5
+        lin.weight.weight_loader(lin.weight, full)
+    return comp
+
+
+def test_projection_weights_share_one_buffer_until_moved() -> None:
+    comp = _loaded_compressor("cpu", torch.bfloat16)
+    both = comp._both_weights()
+    assert both is not None
+    assert torch.equal(both, torch.cat([comp.wkv.weight, comp.wgate.weight]))
+    assert dict(comp.named_parameters()).keys() >= {"wkv.weight", "wgate.weight"}
+    x = torch.randn(3, HIDDEN).to(torch.bfloat16)
+    kv, score = comp.project(x)  # CPU: two upcast products, as before
+    assert torch.equal(kv, x.float() @ comp.wkv.weight.float().t())
+    assert torch.equal(score, x.float() @ comp.wgate.weight.float().t())
+    comp.to(torch.float32)  # new storage per weight: the one-GEMM view is gone
+    assert comp._both_weights() is None
 
 
 GPU_CASES = [
-    (4, True, 128, torch.bfloat16, 6),
-    (4, True, 512, torch.bfloat16, 6),
-    (4, True, 512, torch.float32, 6),
-    (128, False, 512, torch.float32, 3),
-    (128, False, 512, torch.bfloat16, 3),
+    (4, True, 128, torch.bfloat16, 6, None),
+    (4, True, 512, torch.bfloat16, 6, None),
+    (4, True, 512, torch.float32, 6, None),
+    (128, False, 512, torch.float32, 3, None),
+    (128, False, 512, torch.bfloat16, 3, None),
+    (4, True, 512, torch.float32, 6, 64),
+    (128, False, 512, torch.float32, 3, 1024),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ratio,overlap,dim,dtype,steps", GPU_CASES)
+@pytest.mark.parametrize("ratio,overlap,dim,dtype,steps,tile", GPU_CASES)
 def test_gpu_kernel_matches_torch(
-    ratio: int, overlap: bool, dim: int, dtype: torch.dtype, steps: int
+    ratio: int, overlap: bool, dim: int, dtype: torch.dtype, steps: int, tile: int | None
 ) -> None:
-    worst = run_case(ratio, overlap, dim, dtype, "cuda", steps)
+    worst = run_case(ratio, overlap, dim, dtype, "cuda", steps, tile)
     print(f"ratio {ratio} dim {dim} {dtype}: fp32 entry error {worst:.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 16, 64, 300])
+def test_gpu_one_gemm_projection_matches_two(tokens: int) -> None:
+    """One GEMM over both weights == the two GEMMs it replaces (fp32-accumulated dot products:
+    at most summation order differs, 1e-6) and the fp32 product of the upcast operands."""
+    comp = _loaded_compressor("cuda", torch.bfloat16, hidden=4096)
+    assert comp._both_weights() is not None
+    x = torch.randn(tokens, 4096, device="cuda").to(torch.bfloat16)
+    kv, score = comp.project(x)
+    assert kv.stride(0) == 2 * kv.shape[1]  # halves of one output: the one-GEMM path ran
+    for got, lin in ((kv, comp.wkv), (score, comp.wgate)):
+        two = _fp32_matmul(x, lin.weight)
+        assert float((got - two).abs().max() / two.abs().max()) <= 1e-6
+        ref = x.float() @ lin.weight.float().t()
+        assert float((got - ref).abs().max() / ref.abs().max()) <= 1e-5
 
 
 @pytest.mark.gpu

@@ -39,7 +39,7 @@ def compress_decode_step(
     """``kv`` / ``score [bs, coff*D]`` fp32 of tokens at ``positions [bs]`` of requests in
     ``slots [bs]`` (distinct, except the scratch slot of padding rows) whose blocks ``table``
     lists (each holds the block of its position: the caller reserved it)."""
-    if use_decode_kernel(store, kv, table, rotary):
+    if use_decode_kernel(store, kv, score, table, rotary):
         compress_decode(
             kv,
             score,
@@ -64,6 +64,7 @@ def compress_decode_step(
 def use_decode_kernel(
     store: CompressorSlots,
     kv: torch.Tensor,
+    score: torch.Tensor,
     table: torch.Tensor,
     rotary: InterleavedRotaryEmbedding,
 ) -> bool:
@@ -72,7 +73,9 @@ def use_decode_kernel(
         return False
     half = rotary.inv_freq.shape[0]
     return (
-        compress_decode_reason(kv, store.pending_kv, store.prev_kv, store.entries, table, half)
+        compress_decode_reason(
+            kv, score, store.pending_kv, store.prev_kv, store.entries, table, half
+        )
         is None
     )
 

@@ -15,7 +15,9 @@ Checked per layer on identical inputs (each layer runs the kernels and the torch
 same indexer state, and both must leave the same): the
 kernels' attention output equals the torch path's to 1e-5 of its largest value (only summation
 order differs, measured ~1e-7); end to end, the logits equal the eager decode on per-request
-caches to 1e-4 of the largest |logit|, the other models' tolerance. The interpreter's import
+caches to 1e-4 of the largest |logit|, the other models' tolerance. The compressors' decode step
+runs as its fused kernel here too (the interpreter runs Triton on CPU tensors), so the end-to-end
+check covers it against the eager model. The interpreter's import
 state is per process, so the scenario runs in a subprocess. First, on random rows, the kernels
 through a shuffled block table equal them on the same rows stored per slot, bit for bit.
 """

@@ -42,13 +42,40 @@ class KVCompressor(nn.Module):
         width = (2 if overlap else 1) * dim
         self.wkv = ReplicatedLinear(hidden_size, width, spec)
         self.wgate = ReplicatedLinear(hidden_size, width, spec)
+        # Both weights live in one [2 * width, H] buffer (wkv's rows, then wgate's), so
+        # :meth:`project` can run them as one GEMM; the parameters, their names and their loaders
+        # stay as they are (loading copies into them in place).
+        both = torch.empty(2 * width, hidden_size, dtype=spec.dtype, device=spec.device)
+        self.wkv.weight.data = both[:width]
+        self.wgate.weight.data = both[width:]
         self.ape = fp32_param(ratio, width, device=spec.device)
         self.norm = RMSNorm(dim, rms_eps, device=spec.device)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [T, H]`` -> fp32 ``(kv, score)``, each ``[T, coff*D]`` (fp32 accumulation and output:
-        the pooling softmax is sensitive to rounded scores)."""
-        return _fp32_matmul(x, self.wkv.weight), _fp32_matmul(x, self.wgate.weight)
+        the pooling softmax is sensitive to rounded scores). On CUDA with half-precision
+        operands, one GEMM over both weights (one launch instead of two; each output is the
+        same fp32-accumulated dot product): the results are column halves of one tensor."""
+        both = self._both_weights() if _one_gemm(x, self.wkv.weight) else None
+        if both is None:
+            return _fp32_matmul(x, self.wkv.weight), _fp32_matmul(x, self.wgate.weight)
+        out = _fp32_matmul(x, both)
+        width = self.wkv.weight.shape[0]
+        return out[..., :width], out[..., width:]
+
+    def _both_weights(self) -> torch.Tensor | None:
+        """``[wkv; wgate]`` as one view, while they still share the buffer ``__init__`` gave them
+        (something that replaced a weight's storage since, such as ``Module.to``, ends it)."""
+        a, b = self.wkv.weight, self.wgate.weight
+        if a.dtype != b.dtype or a.device != b.device or a.shape[1:] != b.shape[1:]:
+            return None
+        if not (a.is_contiguous() and b.is_contiguous()):
+            return None
+        if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+            return None
+        if b.storage_offset() != a.storage_offset() + a.numel():
+            return None
+        return a.detach().as_strided((a.shape[0] + b.shape[0], a.shape[1]), (a.shape[1], 1))
 
     def append(
         self,
@@ -101,12 +128,18 @@ class KVCompressor(nn.Module):
         return apply_interleaved_rope(normed, cos, sin).to(dtype)
 
 
+def _one_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Where :func:`_fp32_matmul` is one half-precision GEMM with fp32 output (elsewhere both
+    weights are upcast per call anyway, and the CPU results stay those of two products)."""
+    return x.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
+
+
 def _fp32_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight^T`` with fp32 output. On CUDA, half-precision operands go to one GEMM with
     fp32 accumulation and output (the products are exact in fp32, as in the upcast product)
     instead of upcasting the whole weight every call (a 2x-sized copy read and written per
     decode step). Elsewhere the operands are upcast."""
-    if x.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16):
+    if _one_gemm(x, weight):
         return torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32).view(
             *x.shape[:-1], weight.shape[0]
         )

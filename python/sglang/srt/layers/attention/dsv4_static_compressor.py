@@ -8,12 +8,18 @@ written only where it is (``(p + 1) % ratio == 0``): ``where`` keeps the old ent
 the overlap's "previous block" rows advance the same way. The maths is
 :meth:`KVCompressor.append`'s for one block (same ops in the same order; both end in
 :meth:`KVCompressor.emit`).
+
+Where Triton runs (CUDA, or the interpreter) the step is one fused kernel instead
+(:mod:`sglang.kernels.ops.attention.compressor_decode`: one launch, each row pools only when its
+block completes); the torch chain below stays the CPU path and the kernel's reference.
 """
 
 from __future__ import annotations
 
 import torch
 
+from sglang.kernels.ops.attention.compressor_decode import compress_decode, compress_decode_reason
+from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
@@ -33,6 +39,58 @@ def compress_decode_step(
     """``kv`` / ``score [bs, coff*D]`` fp32 of tokens at ``positions [bs]`` of requests in
     ``slots [bs]`` (distinct, except the scratch slot of padding rows) whose blocks ``table``
     lists (each holds the block of its position: the caller reserved it)."""
+    if use_decode_kernel(store, kv, score, table, rotary):
+        compress_decode(
+            kv,
+            score,
+            positions,
+            slots,
+            table,
+            pending_kv=store.pending_kv,
+            pending_score=store.pending_score,
+            prev_kv=store.prev_kv,
+            prev_score=store.prev_score,
+            entries=store.entries,
+            ape=compressor.ape,
+            norm_weight=compressor.norm.weight,
+            eps=compressor.norm.eps,
+            inv_freq=rotary.inv_freq,
+            rope_factor=rotary.spec.attention_factor,
+        )
+        return
+    compress_decode_torch(compressor, store, kv, score, positions, slots, table, rotary)
+
+
+def use_decode_kernel(
+    store: CompressorSlots,
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    table: torch.Tensor,
+    rotary: InterleavedRotaryEmbedding,
+) -> bool:
+    """The fused kernel where Triton runs and the shapes fit it (an exact replacement: no flag)."""
+    if not triton_can_run(kv):
+        return False
+    half = rotary.inv_freq.shape[0]
+    return (
+        compress_decode_reason(
+            kv, score, store.pending_kv, store.prev_kv, store.entries, table, half
+        )
+        is None
+    )
+
+
+def compress_decode_torch(
+    compressor: KVCompressor,
+    store: CompressorSlots,
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    table: torch.Tensor,
+    rotary: InterleavedRotaryEmbedding,
+) -> None:
+    """The torch path of :func:`compress_decode_step` (the kernel's reference)."""
     ratio, d = compressor.ratio, compressor.dim
     row = positions % ratio
     store.pending_kv[slots, row] = kv.float()

@@ -1,0 +1,413 @@
+"""One decode token per request through DeepSeek V4's KV compressor, fused into one launch (one
+program per batch row; no host sync, no data-dependent size: CUDA-graph safe).
+
+Per row ``b`` (request ``slots[b]`` at ``positions[b] = p``):
+- the projected ``kv`` / ``score [coff*D]`` (fp32) go to pending row ``p % ratio`` of the slot;
+- if the row completes its block (``(p + 1) % ratio == 0``), the block's entry is pooled over
+  its candidates (a per-channel softmax of ``score + ape`` weighting ``kv``; with overlap the
+  kept previous block's rows through channels ``[:D]``, whose scores already carry ``ape``, and
+  this block's rows through ``[D:]``), RMS-normed (fp32 weight), rotated (interleaved RoPE on the
+  last ``2 * half`` channels at position ``block * ratio``), cast to the entries' dtype and
+  written to ``entries[table[slot, block // R], block % R]``; with overlap the block's first
+  channel halves (scores plus ``ape[:, :D]``) become the slot's previous block.
+A row that completes nothing writes only its pending row. The maths is the torch path's
+(``KVCompressor.emit``) in fp32: softmax as max, ``exp``, sum, divide, then the weighted sum;
+only summation order (and Triton's ``exp``) differs. Padding rows share a scratch slot: their
+writes race there, as the torch path's indexed writes do, and nothing reads that slot unmasked.
+
+The row's own new values are read from ``kv`` / ``score`` (not back from the pending row this
+program just wrote), so no load depends on this program's stores; the one write-after-read (the
+previous block, read as candidates, then replaced) is fenced by a barrier.
+
+Even and odd channels are pooled as separate ``[candidates, D / 2]`` tiles, so each RoPE pair
+``(2i, 2i + 1)`` meets in one thread with no reshuffle.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.kernels.ops.triton_dispatch import interpreter_enabled
+
+_TILE_ELEMS = 4096  # candidates x D/2 per tile; larger candidate sets loop over chunks
+_ENTRY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _candidates(
+    c0, b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
+    prev_kv_ptr, prev_score_ptr, ape_ptr,
+    RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
+    CHUNK: tl.constexpr, OVERLAP: tl.constexpr,
+):  # fmt: skip
+    """Candidates ``c0 .. c0 + CHUNK`` on channels ``ch`` -> ``(kv, score + ape)``, each
+    ``[CHUNK, len(ch)]``; past ``NC``: kv 0, score -inf (softmax weight 0)."""
+    cand = c0 + tl.arange(0, CHUNK)
+    valid = cand < NC
+    if OVERLAP:  # candidates < RATIO: the previous block; then this block's second halves
+        own = valid & (cand >= RATIO)
+        j = tl.where(own, cand - RATIO, cand)
+        col = tl.where(own, D, 0)[:, None] + ch[None, :]
+    else:
+        own = valid
+        j = cand
+        col = tl.zeros([CHUNK], tl.int64)[:, None] + ch[None, :]
+    new = (own & (j == r))[:, None]  # this row's own token: from the inputs
+    pend = (slot * RATIO + j)[:, None] * W + col
+    kv_p = tl.where(new, kv_ptr + b * kv_stride + col, pend_kv_ptr + pend)
+    sc_p = tl.where(new, score_ptr + b * score_stride + col, pend_score_ptr + pend)
+    if OVERLAP:
+        prev = (slot * RATIO + j)[:, None] * D + ch[None, :]
+        kv_p = tl.where(own[:, None], kv_p, prev_kv_ptr + prev)
+        sc_p = tl.where(own[:, None], sc_p, prev_score_ptr + prev)
+    m = valid[:, None] & (ch[None, :] < D)
+    kv = tl.load(kv_p, mask=m, other=0.0)
+    sc = tl.load(sc_p, mask=m, other=float("-inf"))
+    # The kept previous rows already carry their ape (added when they were this block's).
+    ape = tl.load(ape_ptr + j[:, None] * W + col, mask=m & own[:, None], other=0.0)
+    return kv, sc + ape
+
+
+@triton.jit
+def _pool(
+    b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
+    prev_kv_ptr, prev_score_ptr, ape_ptr,
+    RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
+    CHUNK: tl.constexpr, CH: tl.constexpr, OVERLAP: tl.constexpr,
+):  # fmt: skip
+    """``sum_c softmax_c(score)[c] * kv[c]`` on the ``CH`` channels ``ch`` (fp32)."""
+    if NC <= CHUNK:
+        kv, sc = _candidates(
+            0, b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
+            pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr, RATIO, D, W, NC, CHUNK, OVERLAP,
+        )  # fmt: skip
+        e = tl.exp(sc - tl.max(sc, axis=0)[None, :])
+        prob = e / tl.sum(e, axis=0)[None, :]
+        pooled = tl.sum(prob * kv, axis=0)
+    else:  # max, then the sum of exp, then the weighted sum: three passes over the chunks
+        top = tl.full([CH], float("-inf"), tl.float32)
+        for c0 in range(0, NC, CHUNK):
+            _, sc = _candidates(
+                c0, b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
+                pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
+                RATIO, D, W, NC, CHUNK, OVERLAP,
+            )  # fmt: skip
+            top = tl.maximum(top, tl.max(sc, axis=0))
+        total = tl.zeros([CH], tl.float32)
+        for c0 in range(0, NC, CHUNK):
+            _, sc = _candidates(
+                c0, b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
+                pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
+                RATIO, D, W, NC, CHUNK, OVERLAP,
+            )  # fmt: skip
+            total += tl.sum(tl.exp(sc - top[None, :]), axis=0)
+        pooled = tl.zeros([CH], tl.float32)
+        for c0 in range(0, NC, CHUNK):
+            kv, sc = _candidates(
+                c0, b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
+                pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
+                RATIO, D, W, NC, CHUNK, OVERLAP,
+            )  # fmt: skip
+            prob = tl.exp(sc - top[None, :]) / total[None, :]
+            pooled += tl.sum(prob * kv, axis=0)
+    return pooled
+
+
+@triton.jit
+def _write_pending(
+    b, slot, r, w, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
+    RATIO: tl.constexpr, W: tl.constexpr,
+):  # fmt: skip
+    """The row's new ``kv`` / ``score`` on channels ``w`` into pending row ``r`` of its slot."""
+    row = (slot * RATIO + r) * W + w
+    tl.store(pend_kv_ptr + row, tl.load(kv_ptr + b * kv_stride + w))
+    tl.store(pend_score_ptr + row, tl.load(score_ptr + b * score_stride + w))
+
+
+@triton.jit
+def _keep_previous(
+    b, slot, r, d, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
+    prev_kv_ptr, prev_score_ptr, ape_ptr,
+    RATIO: tl.constexpr, RATIO_P2: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
+):  # fmt: skip
+    """Overlap: the completed block's first halves (channels ``d`` of ``[:D]``; scores plus
+    ``ape``) become the slot's previous block. Call after this program read the old one."""
+    j = tl.arange(0, RATIO_P2).to(tl.int64)
+    live = (j < RATIO)[:, None] & (d < D)[None, :]
+    new = (j == r)[:, None]
+    pend = (slot * RATIO + j)[:, None] * W + d[None, :]
+    kv_new = tl.load(kv_ptr + b * kv_stride + d)[None, :]
+    sc_new = tl.load(score_ptr + b * score_stride + d)[None, :]
+    kv = tl.where(new, kv_new, tl.load(pend_kv_ptr + pend, mask=live, other=0.0))
+    sc = tl.where(new, sc_new, tl.load(pend_score_ptr + pend, mask=live, other=0.0))
+    sc = sc + tl.load(ape_ptr + j[:, None] * W + d[None, :], mask=live, other=0.0)
+    prev = (slot * RATIO + j)[:, None] * D + d[None, :]
+    tl.debug_barrier()  # every thread has read the old previous block (the candidates)
+    tl.store(prev_kv_ptr + prev, kv, mask=live)
+    tl.store(prev_score_ptr + prev, sc, mask=live)
+
+
+@triton.jit
+def _emit(
+    even, odd, i, pos, slot, table_ptr, table_stride, norm_w_ptr, inv_freq_ptr, entries_ptr,
+    rows_per_block, eps, rope_factor,
+    RATIO: tl.constexpr, D: tl.constexpr, ROPE_HALF: tl.constexpr,
+):  # fmt: skip
+    """RMSNorm, RoPE and the entry write of a pooled row (``even`` / ``odd`` channels ``2i`` /
+    ``2i + 1``, fp32)."""
+    # RMSNorm: x * rsqrt(mean(x^2) + eps) * weight
+    rs = tl.rsqrt((tl.sum(even * even, axis=0) + tl.sum(odd * odd, axis=0)) / D + eps)
+    even = even * rs * tl.load(norm_w_ptr + 2 * i)
+    odd = odd * rs * tl.load(norm_w_ptr + 2 * i + 1)
+    # RoPE on the last ROPE_HALF pairs at the block's first position
+    block = pos // RATIO
+    k = i - (D // 2 - ROPE_HALF)
+    rot = k >= 0
+    inv = tl.load(inv_freq_ptr + k, mask=rot, other=0.0)
+    freq = (block * RATIO).to(tl.float32) * inv
+    c = tl.cos(freq) * rope_factor
+    s = tl.sin(freq) * rope_factor
+    out_even = tl.where(rot, even * c - odd * s, even)
+    out_odd = tl.where(rot, odd * c + even * s, odd)
+    # The entry's address through the block table (paged_index.row_address)
+    blk = tl.load(table_ptr + slot * table_stride + block // rows_per_block).to(tl.int64)
+    dst = entries_ptr + (blk * rows_per_block + block % rows_per_block) * D
+    ty = entries_ptr.dtype.element_ty
+    tl.store(dst + 2 * i, out_even.to(ty))
+    tl.store(dst + 2 * i + 1, out_odd.to(ty))
+
+
+@triton.jit
+def _fused_kernel(
+    kv_ptr, kv_stride, score_ptr, score_stride, pos_ptr, slot_ptr, table_ptr, table_stride,
+    pend_kv_ptr, pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr, norm_w_ptr, inv_freq_ptr,
+    entries_ptr, rows_per_block, eps, rope_factor,
+    RATIO: tl.constexpr, RATIO_P2: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
+    NC: tl.constexpr, CHUNK: tl.constexpr, ROPE_HALF: tl.constexpr, OVERLAP: tl.constexpr,
+):  # fmt: skip
+    """One program a row, the whole step (candidates x D/2 fit one tile: ratio 4)."""
+    b = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + b).to(tl.int64)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    r = pos % RATIO
+    w = tl.arange(0, W)
+    _write_pending(
+        b, slot, r, w, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
+        RATIO, W,
+    )  # fmt: skip
+    if (pos + 1) % RATIO == 0:
+        i = tl.arange(0, D // 2).to(tl.int64)
+        even = _pool(
+            b, slot, r, 2 * i, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
+            pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
+            RATIO, D, W, NC, CHUNK, D // 2, OVERLAP,
+        )  # fmt: skip
+        odd = _pool(
+            b, slot, r, 2 * i + 1, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
+            pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
+            RATIO, D, W, NC, CHUNK, D // 2, OVERLAP,
+        )  # fmt: skip
+        _emit(
+            even, odd, i, pos, slot, table_ptr, table_stride, norm_w_ptr, inv_freq_ptr,
+            entries_ptr, rows_per_block, eps, rope_factor, RATIO, D, ROPE_HALF,
+        )  # fmt: skip
+        if OVERLAP:
+            _keep_previous(
+                b, slot, r, tl.arange(0, D).to(tl.int64), kv_ptr, kv_stride, score_ptr,
+                score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
+                RATIO, RATIO_P2, D, W,
+            )  # fmt: skip
+
+
+@triton.jit
+def _pool_split_kernel(
+    kv_ptr, kv_stride, score_ptr, score_stride, pos_ptr, slot_ptr, pend_kv_ptr, pend_score_ptr,
+    prev_kv_ptr, prev_score_ptr, ape_ptr, pooled_ptr,
+    RATIO: tl.constexpr, RATIO_P2: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
+    NC: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, SHARE: tl.constexpr,
+    OVERLAP: tl.constexpr,
+):  # fmt: skip
+    """Program (row, channel block): its share of the pending row and, on a completed block,
+    the pooled channels into ``pooled [bs, D]`` (many candidates: ratio 128, whose block one
+    program would read alone) and its channels of the previous block."""
+    b = tl.program_id(0).to(tl.int64)
+    cb = tl.program_id(1)
+    pos = tl.load(pos_ptr + b).to(tl.int64)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    r = pos % RATIO
+    w = cb * SHARE + tl.arange(0, SHARE).to(tl.int64)  # SHARE = W / (D / BLOCK_C)
+    _write_pending(
+        b, slot, r, w, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
+        RATIO, W,
+    )  # fmt: skip
+    if (pos + 1) % RATIO == 0:
+        ch = cb * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
+        pooled = _pool(
+            b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
+            pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
+            RATIO, D, W, NC, CHUNK, BLOCK_C, OVERLAP,
+        )  # fmt: skip
+        tl.store(pooled_ptr + b * D + ch, pooled)
+        if OVERLAP:
+            _keep_previous(
+                b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
+                pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr, RATIO, RATIO_P2, D, W,
+            )  # fmt: skip
+
+
+@triton.jit
+def _emit_kernel(
+    pooled_ptr, pos_ptr, slot_ptr, table_ptr, table_stride, norm_w_ptr, inv_freq_ptr,
+    entries_ptr, rows_per_block, eps, rope_factor,
+    RATIO: tl.constexpr, D: tl.constexpr, ROPE_HALF: tl.constexpr,
+):  # fmt: skip
+    """After :func:`_pool_split_kernel`: one program a row, the completed rows' entries."""
+    b = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + b).to(tl.int64)
+    if (pos + 1) % RATIO == 0:
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        i = tl.arange(0, D // 2).to(tl.int64)
+        even = tl.load(pooled_ptr + b * D + 2 * i)
+        odd = tl.load(pooled_ptr + b * D + 2 * i + 1)
+        _emit(
+            even, odd, i, pos, slot, table_ptr, table_stride, norm_w_ptr, inv_freq_ptr,
+            entries_ptr, rows_per_block, eps, rope_factor, RATIO, D, ROPE_HALF,
+        )  # fmt: skip
+
+
+def compress_decode_reason(
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    pending_kv: torch.Tensor,
+    prev_kv: torch.Tensor | None,
+    entries: torch.Tensor,
+    table: torch.Tensor,
+    rope_half: int,
+) -> str | None:
+    """Why :func:`compress_decode` cannot take these tensors (None: it can)."""
+    d = entries.shape[-1]
+    if d < 2 or d & (d - 1):
+        return f"the kernel needs a power-of-two entry width, got {d}"
+    if not 0 < 2 * rope_half <= d:
+        return f"rope dims {2 * rope_half} do not fit the entry width {d}"
+    if entries.dtype not in _ENTRY_DTYPES:
+        return f"the kernel writes fp32/bf16/fp16 entries, not {entries.dtype}"
+    if kv.dtype != torch.float32 or score.dtype != torch.float32:
+        return "the kernel takes fp32 projections"
+    if kv.dim() != 2 or kv.stride(-1) != 1 or score.dim() != 2 or score.stride(-1) != 1:
+        return "the kernel takes [bs, width] projections with unit channel stride"
+    if pending_kv.dtype != torch.float32 or not pending_kv.is_contiguous():
+        return "the kernel takes contiguous fp32 pending rows"
+    if not entries.is_contiguous():
+        return "the kernel takes contiguous entries"
+    if prev_kv is not None and not prev_kv.is_contiguous():
+        return "the kernel takes contiguous previous-block rows"
+    if table.stride(-1) != 1:
+        return "the kernel takes block-table rows with unit stride"
+    return None
+
+
+def compress_decode(
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    table: torch.Tensor,
+    *,
+    pending_kv: torch.Tensor,
+    pending_score: torch.Tensor,
+    prev_kv: torch.Tensor | None,
+    prev_score: torch.Tensor | None,
+    entries: torch.Tensor,
+    ape: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    inv_freq: torch.Tensor,
+    rope_factor: float,
+) -> None:
+    """Update the compressor state in place for ``kv`` / ``score [bs, coff*D]`` (fp32; rows may
+    be strided, e.g. halves of one projection) of tokens at ``positions [bs]`` of the requests
+    in ``slots [bs]``.
+
+    State: ``pending_kv`` / ``pending_score [S, ratio, coff*D]`` fp32; with overlap (``coff`` 2)
+    ``prev_kv`` / ``prev_score [S, ratio, D]`` fp32 (both None without); ``entries
+    [num_blocks + 1, R, D]`` read through ``table [S, max_blocks]``. Parameters: ``ape [ratio,
+    coff*D]``, the RMSNorm ``norm_weight [D]`` and ``eps``, the rotary ``inv_freq [half]`` (the
+    last ``2 * half`` channels rotate) and its attention factor.
+
+    Few candidates (ratio 4) run as one program a row; many (ratio 128: one program would read
+    the whole block alone) as programs per row and channel block, then one a row for the norm,
+    RoPE and entry write."""
+    bs, width = kv.shape
+    slots_total, ratio, pend_width = pending_kv.shape
+    d = entries.shape[-1]
+    overlap = prev_kv is not None
+    if (prev_score is None) != (prev_kv is None):
+        raise ValueError("prev_kv and prev_score come together (overlap) or not at all")
+    coff = 2 if overlap else 1
+    if width != coff * d or pend_width != width or score.shape != kv.shape:
+        raise ValueError(
+            f"kv/score {tuple(kv.shape)}/{tuple(score.shape)} and pending rows "
+            f"{tuple(pending_kv.shape)} do not match {coff} x entry width {d}"
+        )
+    if pending_score.shape != pending_kv.shape or ape.shape != (ratio, width):
+        raise ValueError(
+            f"pending scores {tuple(pending_score.shape)} / ape {tuple(ape.shape)} do not match "
+            f"the pending rows {tuple(pending_kv.shape)}"
+        )
+    if overlap and (prev_kv.shape != (slots_total, ratio, d) or prev_score.shape != prev_kv.shape):
+        raise ValueError(
+            f"previous-block rows {tuple(prev_kv.shape)} / {tuple(prev_score.shape)} are not "
+            f"{(slots_total, ratio, d)}"
+        )
+    if positions.shape != (bs,) or slots.shape != (bs,):
+        raise ValueError(f"positions / slots must be [{bs}], got {tuple(positions.shape)}")
+    half = inv_freq.shape[0]
+    why = compress_decode_reason(kv, score, pending_kv, prev_kv, entries, table, half)
+    if why is not None:
+        raise ValueError(why)
+    if bs == 0:
+        return
+    nc, nc_p2 = coff * ratio, triton.next_power_of_2(coff * ratio)
+    # fp-contraction off: the torch path rounds every product (a fused e*c - o*s would not).
+    opts = {} if interpreter_enabled() else {"enable_fp_fusion": False}
+    state = (
+        pending_kv,
+        pending_score,
+        prev_kv if overlap else pending_kv,  # unread without overlap
+        prev_score if overlap else pending_score,
+        ape.float().contiguous(),
+    )
+    emit_args = (
+        table,
+        table.stride(0),
+        norm_weight.float().contiguous(),
+        inv_freq.float().contiguous(),
+        entries,
+        entries.shape[1],
+        float(eps),
+        float(rope_factor),
+    )
+    inputs = (kv, kv.stride(0), score, score.stride(0), positions, slots)
+    ratio_p2 = triton.next_power_of_2(ratio)
+    if nc_p2 * (d // 2) <= _TILE_ELEMS:
+        _fused_kernel[(bs,)](
+            *inputs[:6], *emit_args[:2], *state, *emit_args[2:],
+            RATIO=ratio, RATIO_P2=ratio_p2, D=d, W=width, NC=nc, CHUNK=nc_p2, ROPE_HALF=half,
+            OVERLAP=overlap, num_warps=4 if d <= 128 else 8, **opts,
+        )  # fmt: skip
+        return
+    block_c = min(d, max(16, _TILE_ELEMS // nc_p2))
+    chunk = min(nc_p2, _TILE_ELEMS // block_c)
+    pooled = torch.empty(bs, d, dtype=torch.float32, device=kv.device)
+    _pool_split_kernel[(bs, d // block_c)](
+        *inputs, *state, pooled,
+        RATIO=ratio, RATIO_P2=ratio_p2, D=d, W=width, NC=nc, CHUNK=chunk, BLOCK_C=block_c,
+        SHARE=width // (d // block_c), OVERLAP=overlap, num_warps=4, **opts,
+    )  # fmt: skip
+    _emit_kernel[(bs,)](
+        pooled, positions, slots, *emit_args,
+        RATIO=ratio, D=d, ROPE_HALF=half, num_warps=4 if d <= 128 else 8, **opts,
+    )  # fmt: skip

@@ -96,7 +96,8 @@ def _topk_kernel(
 
 def indexer_topk(scores: torch.Tensor, visible: torch.Tensor, k: int) -> torch.Tensor:
     """``scores [bs, C]`` fp32 (columns past ``visible [bs]`` are not read), ``k <= C`` ->
-    int64 ``[bs, k]``: each row's ``min(k, visible)`` best entries (ties to the earlier), then 0s."""
+    int64 ``[bs, k]``: each row's ``min(k, visible)`` best entries (ties to the earlier), then
+    zeros."""
     bs, n_cols = scores.shape
     if not 0 < k <= n_cols:
         raise ValueError(f"k={k} must be in 1..{n_cols} (the score columns)")

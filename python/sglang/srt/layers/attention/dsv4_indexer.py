@@ -15,6 +15,8 @@ orthogonal, so without the FP8 cast it leaves every score unchanged and is omitt
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -64,19 +66,38 @@ class LightningIndexer(nn.Module):
         ``positions [n]`` attends."""
         n, num = q.shape[0], keys.shape[0]
         chosen = torch.zeros(n, num, dtype=torch.bool, device=q.device)
-        if num == 0 or n == 0:
-            return chosen
-        visible = (positions + 1) // self.ratio  # entries 0 .. visible-1
-        # Cast once for all chunks (top_entries' own .float() is then a no-op).
-        kf = keys.float()
-        for a in range(0, n, _QUERY_CHUNK):
-            b = min(a + _QUERY_CHUNK, n)
-            top, ok = self.top_entries(q[a:b], w[a:b], kf, visible[a:b])
+        for a, b, top, ok in self._chunk_tops(q, w, keys, positions):
             picked = torch.zeros(b - a, num, dtype=torch.bool, device=q.device)
             picked.scatter_(1, top, True)
             # A query with fewer than k visible entries also "picked" invisible ones; drop them.
             chosen[a:b] = picked & ok
         return chosen
+
+    def pick(
+        self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """The entries :meth:`select` marks, as ids: ``[n, k]`` best first, ``k = min(topk, N)``.
+        A query at ``p`` attends its first ``min(k, (p + 1) // ratio)`` picks (the stable sort
+        puts every visible entry before the invisible ones); the rest are arbitrary."""
+        n, num = q.shape[0], keys.shape[0]
+        picks = torch.empty(n, min(self.topk, num), dtype=torch.int64, device=q.device)
+        for a, b, top, _ok in self._chunk_tops(q, w, keys, positions):
+            picks[a:b] = top
+        return picks
+
+    def _chunk_tops(
+        self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
+    ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+        """(a, b, :meth:`top_entries` of queries ``a .. b-1``) per chunk of queries."""
+        n, num = q.shape[0], keys.shape[0]
+        if num == 0 or n == 0:
+            return
+        visible = (positions + 1) // self.ratio  # entries 0 .. visible-1
+        # Cast once for all chunks (top_entries' own .float() is then a no-op).
+        kf = keys.float()
+        for a in range(0, n, _QUERY_CHUNK):
+            b = min(a + _QUERY_CHUNK, n)
+            yield a, b, *self.top_entries(q[a:b], w[a:b], kf, visible[a:b])
 
     def top_entries(
         self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor

@@ -1,0 +1,194 @@
+"""DeepSeek V4's sparse prefill attention kernel on the CPU: the Triton kernel under the interpreter
+(in a subprocess: the interpreter is switched on before triton is imported) against the torch
+path it replaces, and the indexer's picks against the mask the torch path reads.
+
+- Kernel vs ``dsv4_attention`` on random bf16 keys: window only, every complete block visible
+  (ratio-128 style, here ratio 8) and indexed picks (ratio 4), later chunks (``q_first > 0``),
+  fewer visible entries than k, heads that are not a multiple of the 16-row tile, window rows
+  older than any query needs, an fp32 query (three bf16 parts). Both sides are fp32 maths over
+  exact products, so the bound is summation order: 1e-6. The one-part probability (8 bits) must
+  miss it by far, so the test can see the rounding the three parts remove.
+- The model (bf16, the default model's four layer kinds) prefilled in two chunks, the second a
+  batch of that request and a fresh one: every layer's attention output with the kernel, on the
+  layer inputs the torch path saw, against the torch path's (1e-6).
+- ``LightningIndexer.pick``: the first ``min(k, visible)`` picks are exactly the entries
+  ``select`` marks (so the kernel attends what the torch path attends).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from sglang.test.ci_register import register_cpu_ci
+from sglang.test.run import run_this_file
+
+register_cpu_ci(est_time=25)
+
+TOL = 1e-6
+
+
+def test_picks_are_what_select_marks() -> None:
+    from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
+    from sglang.srt.layers.build_spec import LayerBuildSpec
+
+    indexer = LightningIndexer(
+        LayerBuildSpec(dtype=torch.float32, device="cpu"),
+        hidden_size=16,
+        q_lora_rank=8,
+        n_heads=4,
+        head_dim=16,
+        ratio=4,
+        topk=6,
+        rms_eps=1e-6,
+    )
+    g = torch.Generator().manual_seed(3)
+    n, num, q_first = 300, 80, 21  # 300 queries: two scoring chunks
+    q = torch.randn(n, 4, 16, generator=g).bfloat16()
+    w = torch.randn(n, 4, generator=g)
+    keys = torch.randn(num, 16, generator=g).bfloat16()
+    keys[5] = 0.0  # an entry that scores exactly 0 for every query: ties
+    pos = torch.arange(q_first, q_first + n)
+    mask = indexer.select(q, w, keys, pos)
+    picks = indexer.pick(q, w, keys, pos)
+    assert picks.shape == (n, 6)
+    count = torch.clamp((pos + 1) // 4, max=6)
+    assert int(count.min()) < 6  # some query sees fewer entries than k
+    for i in range(n):
+        marked = torch.zeros(num, dtype=torch.bool)
+        marked[picks[i, : int(count[i])]] = True
+        assert torch.equal(marked, mask[i]), i
+
+
+def test_kernel_and_model_under_interpreter() -> None:
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "SGLANG_MHC_BACKEND": "torch"}
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--scenario"],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "SPARSE_PREFILL_OK" in proc.stdout, out
+
+
+def _kernel_cases() -> None:
+    from sglang.test.sparse_prefill_cases import (
+        PrefillCase,
+        kernel_path,
+        make_inputs,
+        max_row_err,
+        rel_err,
+        torch_path,
+    )
+
+    cases = [
+        PrefillCase(n=9, heads=4, dim=32, window=8, ratio=0, q_first=0),
+        PrefillCase(n=12, heads=20, dim=32, window=8, ratio=0, q_first=30, extra_rows=5),
+        PrefillCase(n=10, heads=4, dim=16, window=4, ratio=8, q_first=37),
+        PrefillCase(n=14, heads=4, dim=32, window=8, ratio=4, q_first=0, topk=5),
+        PrefillCase(n=11, heads=6, dim=32, window=8, ratio=4, q_first=25, topk=5),
+        PrefillCase(n=8, heads=4, dim=32, window=8, ratio=4, q_first=17, topk=5, fp32_q=True),
+    ]
+    g = torch.Generator().manual_seed(0)
+    for case in cases:
+        x = make_inputs(case, "cpu", g)
+        ref = torch_path(x)
+        out = kernel_path(x, heads_per_program=16, block_n=16)
+        assert torch.isfinite(out).all(), case
+        err = max_row_err(out, ref)
+        print(f"{case}: max row err {err:.2e}")
+        assert err < TOL, (case, err)
+    # The one-part probability keeps 8 bits: far past the bound (so the test sees the parts).
+    x = make_inputs(cases[4], "cpu", g)
+    one = rel_err(kernel_path(x, pv_parts=1, heads_per_program=16, block_n=16), torch_path(x))
+    print(f"pv_parts=1: {one:.2e}")
+    assert one > 100 * TOL, one
+
+
+def _model_layers() -> None:
+    from sglang.srt.default_model.config import default_model_config
+    from sglang.srt.default_model.generate import random_weights
+    from sglang.srt.layers.attention import dsv4_attention as attn_mod
+    from sglang.srt.layers.build_spec import LayerBuildSpec
+    from sglang.srt.model_loader.deepseek_v4_loader import load_weights
+    from sglang.srt.model_loader.load_options import LoadOptions
+    from sglang.srt.models.deepseek_v4 import DeepseekV4Batch, DeepseekV4ForCausalLM
+    from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+
+    vocab = 64
+    raw = default_model_config(vocab, 0, 1)
+    model = DeepseekV4ForCausalLM(
+        DeepseekV4ModelConfig.from_dict(raw), LayerBuildSpec(dtype=torch.bfloat16, device="cpu")
+    )
+    load_weights(model, random_weights(raw, seed=4), LoadOptions(progress=False))
+    model.eval()
+    layers = [m for m in model.modules() if isinstance(m, attn_mod.DeepseekV4Attention)]
+    kernel_reason = attn_mod.prefill_kernel_reason
+    mode = {"kernel": False}
+    inputs: list[torch.Tensor] = []  # each layer call's input, in call order (torch run)
+    outputs: dict[bool, list[torch.Tensor]] = {False: [], True: []}
+    calls = {"n": 0}
+
+    def reason(q: torch.Tensor, key_dtype: torch.dtype) -> str | None:
+        return kernel_reason(q, key_dtype) if mode["kernel"] else "the torch path, for the test"
+
+    def pre(_m: torch.nn.Module, args: tuple) -> tuple:
+        if not mode["kernel"]:
+            inputs.append(args[0].clone())
+            return args
+        x = inputs[calls["n"]]
+        calls["n"] += 1
+        return (x, *args[1:])
+
+    def recording(attn: attn_mod.DeepseekV4Attention):  # type: ignore[no-untyped-def]
+        plain = attn.output
+
+        def output(o: torch.Tensor, p: attn_mod.Projected, dtype: torch.dtype) -> torch.Tensor:
+            outputs[mode["kernel"]].append(o.clone())
+            return plain(o, p, dtype)
+
+        return output
+
+    attn_mod.prefill_kernel_reason = reason
+    for attn in layers:
+        attn.register_forward_pre_hook(pre)
+        attn.output = recording(attn)  # type: ignore[method-assign]
+    assert kernel_reason(torch.empty(1, 1, 64), torch.bfloat16) is None  # interpreter on
+    g = torch.Generator().manual_seed(1)
+    seq_a = torch.randint(0, vocab, (40,), generator=g)
+    seq_b = torch.randint(0, vocab, (8,), generator=g)
+    for kernel in (False, True):
+        mode["kernel"] = kernel
+        a, b = model.new_request_cache(), model.new_request_cache()
+        model.prefill(seq_a[:24], a)  # positions 0 .. 23
+        ids = torch.cat([seq_a[24:], seq_b])  # a continues at 24 (chunked prefill), b is fresh
+        pos = torch.cat([torch.arange(24, 40), torch.arange(8)])
+        model.forward(ids, pos, DeepseekV4Batch([16, 8], [a, b]))
+    assert calls["n"] == len(inputs) == 2 * len(layers)
+    for i, (got, want) in enumerate(zip(outputs[True], outputs[False], strict=True)):
+        err = float(((got - want).norm(dim=(1, 2)) / want.norm(dim=(1, 2))).max())
+        print(f"layer call {i}: max row err {err:.2e}")
+        assert err < TOL, (i, err)
+
+
+if __name__ == "__main__":
+    if "--scenario" in sys.argv:
+        torch.set_num_threads(1)  # tiny tensors; the interpreter is the cost
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            _kernel_cases()
+            t1 = time.perf_counter()
+            _model_layers()
+            print(f"kernel cases {t1 - t0:.1f} s, model {time.perf_counter() - t1:.1f} s")
+        print("SPARSE_PREFILL_OK")
+    else:
+        run_this_file(__file__)

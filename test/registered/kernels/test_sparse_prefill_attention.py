@@ -115,69 +115,11 @@ def _kernel_cases() -> None:
 
 
 def _model_layers() -> None:
-    from sglang.srt.default_model.config import default_model_config
-    from sglang.srt.default_model.generate import random_weights
-    from sglang.srt.layers.attention import dsv4_attention as attn_mod
-    from sglang.srt.layers.build_spec import LayerBuildSpec
-    from sglang.srt.model_loader.deepseek_v4_loader import load_weights
-    from sglang.srt.model_loader.load_options import LoadOptions
-    from sglang.srt.models.deepseek_v4 import DeepseekV4Batch, DeepseekV4ForCausalLM
-    from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+    from sglang.test.sparse_prefill_cases import model_layer_errors
 
-    vocab = 64
-    raw = default_model_config(vocab, 0, 1)
-    model = DeepseekV4ForCausalLM(
-        DeepseekV4ModelConfig.from_dict(raw), LayerBuildSpec(dtype=torch.bfloat16, device="cpu")
-    )
-    load_weights(model, random_weights(raw, seed=4), LoadOptions(progress=False))
-    model.eval()
-    layers = [m for m in model.modules() if isinstance(m, attn_mod.DeepseekV4Attention)]
-    kernel_reason = attn_mod.prefill_kernel_reason
-    mode = {"kernel": False}
-    inputs: list[torch.Tensor] = []  # each layer call's input, in call order (torch run)
-    outputs: dict[bool, list[torch.Tensor]] = {False: [], True: []}
-    calls = {"n": 0}
-
-    def reason(q: torch.Tensor, key_dtype: torch.dtype) -> str | None:
-        return kernel_reason(q, key_dtype) if mode["kernel"] else "the torch path, for the test"
-
-    def pre(_m: torch.nn.Module, args: tuple) -> tuple:
-        if not mode["kernel"]:
-            inputs.append(args[0].clone())
-            return args
-        x = inputs[calls["n"]]
-        calls["n"] += 1
-        return (x, *args[1:])
-
-    def recording(attn: attn_mod.DeepseekV4Attention):  # type: ignore[no-untyped-def]
-        plain = attn.output
-
-        def output(o: torch.Tensor, p: attn_mod.Projected, dtype: torch.dtype) -> torch.Tensor:
-            outputs[mode["kernel"]].append(o.clone())
-            return plain(o, p, dtype)
-
-        return output
-
-    attn_mod.prefill_kernel_reason = reason
-    for attn in layers:
-        attn.register_forward_pre_hook(pre)
-        attn.output = recording(attn)  # type: ignore[method-assign]
-    assert kernel_reason(torch.empty(1, 1, 64), torch.bfloat16) is None  # interpreter on
-    g = torch.Generator().manual_seed(1)
-    seq_a = torch.randint(0, vocab, (40,), generator=g)
-    seq_b = torch.randint(0, vocab, (8,), generator=g)
-    for kernel in (False, True):
-        mode["kernel"] = kernel
-        a, b = model.new_request_cache(), model.new_request_cache()
-        model.prefill(seq_a[:24], a)  # positions 0 .. 23
-        ids = torch.cat([seq_a[24:], seq_b])  # a continues at 24 (chunked prefill), b is fresh
-        pos = torch.cat([torch.arange(24, 40), torch.arange(8)])
-        model.forward(ids, pos, DeepseekV4Batch([16, 8], [a, b]))
-    assert calls["n"] == len(inputs) == 2 * len(layers)
-    for i, (got, want) in enumerate(zip(outputs[True], outputs[False], strict=True)):
-        err = float(((got - want).norm(dim=(1, 2)) / want.norm(dim=(1, 2))).max())
-        print(f"layer call {i}: max row err {err:.2e}")
-        assert err < TOL, (i, err)
+    errors = model_layer_errors("cpu", first=24, second=16, fresh=8)
+    print("per layer call, max row err:", " ".join(f"{e:.2e}" for e in errors))
+    assert len(errors) == 8 and max(errors) < TOL, errors
 
 
 if __name__ == "__main__":

@@ -185,10 +185,10 @@ def sparse_prefill_attention(
     picks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     pv_parts: int = _SPLIT_PARTS,
-    heads_per_program: int = 32,
+    heads_per_program: int = 16,
     block_n: int = 32,
-    num_warps: int = 8,
-    num_stages: int = 1,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """``q [n, heads, D]`` (bf16, or fp32 split into three bf16 parts) at positions
     ``q_first .. q_first + n - 1``; ``win_kv [m, D]`` (bf16) the raw rows of positions

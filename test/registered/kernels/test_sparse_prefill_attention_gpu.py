@@ -4,8 +4,9 @@ path it replaces, at the bench model's width (64 heads of 512, window 128, index
 - Kernel vs ``dsv4_attention`` on random bf16 keys: the ratio-4 layer's picks from the first
   position (fewer visible entries than k for most queries) and in a later chunk, the ratio-128
   layer (every complete block), window only, 8 heads of 64 (a padded head tile) and an fp32
-  query. fp32 maths both sides over exact products (bf16 keys; probabilities in three bf16
-  parts), so only the summation order differs: bound 1e-5 on the worst query.
+  query. With three-part probabilities both sides are fp32 maths over exact products (bf16
+  keys), so only the summation order (and the exp rounding) differs: bound 1e-5 on the worst
+  query; the default two parts (16 bits of each probability): 2e-5.
 - The indexer's kernel-scored picks (``LightningIndexer.pick`` on CUDA: Triton scores, the same
   stable sort) against the torch ``select`` at the bench width (64 heads of 128, top-512, 4096
   entries): the same entries on nearly every query; where a query's choice differs, the entries
@@ -13,7 +14,7 @@ path it replaces, at the bench model's width (64 heads of 512, window 128, index
   order decides them), and queries with fewer visible entries than k agree exactly.
 - The default model (bf16) prefilled in two chunks past the ratio-128 block (and a fresh
   request in the same batch): every layer's attention output with the kernel, on the layer
-  inputs the torch path saw, against the torch path's (1e-5).
+  inputs the torch path saw, against the torch path's (the default two parts: 2e-5).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from sglang.test.sparse_prefill_cases import (
 register_cuda_ci(est_time=40)
 
 pytestmark = pytest.mark.gpu
-TOL = 1e-5
+TOL = 1e-5  # three-part probabilities
+TOL_DEFAULT = 2e-5  # the default two parts
 
 WIDE = {"heads": 64, "dim": 512, "window": 128}
 CASES = [
@@ -53,11 +55,12 @@ def test_kernel_matches_torch_path(case: PrefillCase) -> None:
     g = torch.Generator("cuda").manual_seed(case.n + case.q_first)
     x = make_inputs(case, "cuda", g)
     ref = torch_path(x)
-    out = kernel_path(x)
+    out = kernel_path(x, pv_parts=3)
     assert torch.isfinite(out).all()
     err = max_row_err(out, ref)
-    print(f"{case}: worst row {err:.2e}")
-    assert err < TOL, err
+    default = max_row_err(kernel_path(x), ref)
+    print(f"{case}: worst row {err:.2e}, default (two parts) {default:.2e}")
+    assert err < TOL and default < TOL_DEFAULT, (err, default)
 
 
 def test_indexer_kernel_picks_match_torch_select() -> None:
@@ -109,7 +112,7 @@ def test_indexer_kernel_picks_match_torch_select() -> None:
 def test_model_layers_match_torch_path() -> None:
     errors = model_layer_errors("cuda", first=200, second=150, fresh=60)
     print("per layer call, worst row:", " ".join(f"{e:.2e}" for e in errors))
-    assert max(errors) < TOL, errors
+    assert max(errors) < TOL_DEFAULT, errors
 
 
 if __name__ == "__main__":

@@ -12,10 +12,13 @@ K = V, one KV head shared by all heads (MQA): a program takes ``G`` heads of one
 tile is read once for ``G`` heads. Only the rows a query sees are read; nothing is gathered.
 
 Exactness: keys are bf16, so ``q . k`` is exact per product when q is bf16 (one part) or split
-into three bf16 parts (an fp32 q: 8 + 8 + 8 significant bits), and the fp32 probabilities enter
-the value product as three bf16 parts; every product is then the fp32 torch path's and only the
-summation order differs. ``pv_parts`` 1 or 2 keep 8 or 16 bits of each probability (cheaper,
-rounded: for measuring). Accumulation is fp32 throughout.
+into three bf16 parts (an fp32 q: 8 + 8 + 8 significant bits). The fp32 probabilities enter the
+value product as ``pv_parts`` bf16 parts: three hold all 24 bits (every product is then the fp32
+torch path's; only the summation order and the exp rounding differ), two keep 16 bits, one 8.
+Accumulation is fp32 throughout. The default is two parts: at the bench width (8192 queries,
+64 heads of 512, ratio 4 top-512) on the H200 the worst query's error against the torch path was
+2.6e-6 with two parts and 2.3e-6 with three (the summation-order floor), one part 1.0e-3, and two
+parts ran in 7.5 ms against three's 8.8 (``scripts/bench_sparse_prefill.py``, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -184,7 +187,7 @@ def sparse_prefill_attention(
     ratio: int = 0,
     picks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    pv_parts: int = _SPLIT_PARTS,
+    pv_parts: int = 2,
     heads_per_program: int = 16,
     block_n: int = 32,
     num_warps: int = 4,

@@ -14,8 +14,20 @@ count (``FlopCounterMode``) where it knows the op; the routed MoE (a Triton kern
 count) uses ``6 * tokens * top_k * hidden * intermediate``. ``% peak`` is against ``--peak-tflops``
 (989, the H200's dense bf16 rate).
 
+The attention's self time is split further (rows ``layers.N.attn:part``, CUDA events around the
+calls): ``compressor.project`` / ``compressor.append`` (the KV compressor's projection and its
+pooling into entries), the same two of the indexer's compressor, ``indexer.queries`` (its q and
+head weights), ``indexer.select`` (its scores and top-k), ``core`` (the attention over window
+rows, entries and sink: the Triton kernel or the torch path) and ``rest`` (the attention's self
+time outside those: RoPE, norms, the window ring, casts). The core's GFLOP is the useful work
+(``4 * heads * head_dim`` per key a query sees: window rows plus its entries), counted the same
+for both paths.
+
+``--cores auto,torch`` profiles each setting in turn on the same model: ``auto`` is what the layer
+picks (the kernel where Triton runs), ``torch`` forces the torch path (the reference).
+
 Usage: python scripts/profile_prefill.py [--tokens 8192] [--ratios 4,128] [--runner auto]
-       [--json OUT.json]          (--smoke: the tiny default model on CPU, to check the script)
+       [--cores auto] [--json OUT.json]   (--smoke: the tiny default model on CPU, to check it)
 """
 
 from __future__ import annotations
@@ -35,6 +47,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from sglang.srt.default_model.config import default_model_config
 from sglang.srt.default_model.generate import random_weights
+from sglang.srt.layers.attention import dsv4_attention as attn_module
+from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
@@ -57,7 +71,7 @@ class ModuleRow:
         rate = self.gflop / self.ms if self.ms > 0 else 0.0  # GFLOP/ms == TFLOP/s
         peak = f"{100 * rate / peak_tflops:>6.1f}" if self.gflop > 0 else f"{'-':>6}"
         return (
-            f"{self.name:<34} {self.calls:>5} {self.ms:>9.3f} {self.self_ms:>9.3f} "
+            f"{self.name:<40} {self.calls:>5} {self.ms:>9.3f} {self.self_ms:>9.3f} "
             f"{100 * self.ms / total_ms:>6.1f} {self.gflop:>9.1f} {rate:>7.1f} {peak}"
         )
 
@@ -79,10 +93,73 @@ class _Clock:
         return begin.elapsed_time(end) if self.cuda else (end - begin) * 1e3
 
 
+# (part label, path of the object under the attention module, method) timed inside attention
+_ATTN_PARTS = (
+    ("compressor.project", "compressor", "project"),
+    ("compressor.append", "compressor", "append"),
+    ("indexer.compressor.project", "indexer.compressor", "project"),
+    ("indexer.compressor.append", "indexer.compressor", "append"),
+    ("indexer.queries", "indexer", "queries"),
+    ("indexer.select", "indexer", "select"),
+    ("indexer.select", "indexer", "pick"),  # the kernel path's form of select
+)
+_CORE_FUNCTIONS = ("dsv4_attention", "sparse_prefill_attention")  # names in attn_module
+
+
+def _timed_call(
+    fn: Callable[..., Any], key: Callable[[], str], clock: _Clock, spans: dict[str, list]
+) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        begin = clock.mark()
+        out = fn(*args, **kwargs)
+        spans[key()].append((begin, clock.mark()))
+        return out
+
+    return call
+
+
+def _time_attention_parts(
+    model: nn.Module, clock: _Clock, spans: dict[str, list]
+) -> Callable[[], None]:
+    """Wrap the attention's inner calls (``_ATTN_PARTS`` per layer, the core functions for every
+    layer) so each records a span under ``layers.N.attn:part``; returns the undo."""
+    undo: list[Callable[[], None]] = []
+    current = ["?"]  # the attention module running now (the core functions are shared)
+    for name, module in model.named_modules():
+        if not isinstance(module, DeepseekV4Attention):
+            continue
+
+        def enter(_m: nn.Module, _a: object, name: str = name) -> None:
+            current[0] = name
+
+        undo.append(module.register_forward_pre_hook(enter).remove)
+        for label, path, method in _ATTN_PARTS:
+            obj: Any = module
+            for attr in path.split("."):
+                obj = getattr(obj, attr, None)
+            if obj is None:
+                continue
+            key = f"{name}:{label}"
+            setattr(obj, method, _timed_call(getattr(obj, method), lambda k=key: k, clock, spans))
+            undo.append(partial(obj.__dict__.pop, method))
+    for fn_name in _CORE_FUNCTIONS:
+        plain = getattr(attn_module, fn_name)
+        timed = _timed_call(plain, lambda: f"{current[0]}:core", clock, spans)
+        setattr(attn_module, fn_name, timed)
+        undo.append(partial(setattr, attn_module, fn_name, plain))
+
+    def restore() -> None:
+        for u in reversed(undo):
+            u()
+
+    return restore
+
+
 def _module_times(
     model: nn.Module, run: Callable[[], object], clock: _Clock
 ) -> dict[str, tuple[int, float]]:
-    """name -> (calls, inclusive ms) of every module up to MAX_DEPTH, from one hooked run."""
+    """name -> (calls, inclusive ms) of every module up to MAX_DEPTH and of the attention's parts
+    (``layers.N.attn:part``), from one hooked run."""
     spans: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
     open_marks: dict[str, list[Any]] = defaultdict(list)
     handles = []
@@ -98,11 +175,13 @@ def _module_times(
             spans[key].append((open_marks[key].pop(), clock.mark()))
 
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    restore = _time_attention_parts(model, clock, spans)
     try:
         run()
         if clock.cuda:
             torch.cuda.synchronize()
     finally:
+        restore()
         for h in handles:
             h.remove()
     return {k: (len(v), sum(clock.ms(b, e) for b, e in v)) for k, v in spans.items()}
@@ -135,10 +214,25 @@ def _routed_moe_gflop(cfg: dict[str, Any], tokens: int) -> float:
     )
 
 
+def _core_gflop(cfg: dict[str, Any], tokens: int, ratio: int) -> float:
+    """Useful FLOPs of one attention core over a fresh ``tokens`` prompt: ``q . k`` and ``p . v``
+    (2 FLOPs a multiply-add each) for every key a query sees (window rows, then its entries)."""
+    p = torch.arange(tokens, dtype=torch.float64)
+    keys = torch.clamp(p + 1, max=cfg["sliding_window"])
+    if ratio == 4:
+        keys += torch.clamp(torch.div(p + 1, ratio, rounding_mode="floor"), max=cfg["index_topk"])
+    elif ratio:
+        keys += torch.div(p + 1, ratio, rounding_mode="floor")
+    return float(keys.sum()) * 4 * cfg["num_attention_heads"] * cfg["head_dim"] / 1e9
+
+
 def _timed_parent(name: str, timed: set[str]) -> str | None:
-    """The nearest enclosing module that was timed (ModuleLists are never called)."""
+    """The nearest enclosing module that was timed (ModuleLists are never called); an attention
+    part's parent is its attention module."""
     if name == "model":
         return None
+    if ":" in name:
+        return name.split(":")[0]
     parts = name.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         if ".".join(parts[:cut]) in timed:
@@ -147,21 +241,47 @@ def _timed_parent(name: str, timed: set[str]) -> str | None:
 
 
 def _rows(
-    times: dict[str, tuple[int, float]], gflop: dict[str, float], moe_gflop: float
+    times: dict[str, tuple[int, float]],
+    gflop: dict[str, float],
+    moe_gflop: float,
+    core_gflop: dict[str, float],
 ) -> list[ModuleRow]:
+    """One row per timed module and attention part, plus ``layers.N.attn:rest`` (the attention's
+    self time outside its parts). ``core_gflop``: attention module name -> its core's FLOPs."""
     children: dict[str, float] = defaultdict(float)
-    timed = set(times)
+    parts: dict[str, float] = defaultdict(float)
+    timed = {k for k in times if ":" not in k}
     for name, (_calls, ms) in times.items():
         parent = _timed_parent(name, timed)
-        if parent is not None:
+        if parent is not None and ":" not in name:
             children[parent] += ms
+        elif parent is not None:
+            parts[parent] += ms
     rows = []
     for name, (calls, ms) in times.items():
         flops = gflop.get(name, 0.0)
         if name.endswith(".ffn.experts"):
             flops = max(flops, moe_gflop)
+        if name.endswith(":core"):
+            flops = core_gflop.get(name.split(":")[0], 0.0)
         rows.append(ModuleRow(name, calls, ms, ms - children[name], flops))
+    for attn, ms in parts.items():
+        calls = times[attn][0]
+        rest = times[attn][1] - children[attn] - ms
+        rows.append(ModuleRow(f"{attn}:rest", calls, rest, rest, 0.0))
     return rows
+
+
+_LAYER_KERNEL_REASON = attn_module.prefill_kernel_reason
+
+
+def _force_torch_core(force: bool) -> None:
+    """Make the attention layers take the torch core (``--cores torch``) or pick it themselves."""
+
+    def forced(q: torch.Tensor, key_dtype: torch.dtype) -> str | None:
+        return "--cores torch"
+
+    attn_module.prefill_kernel_reason = forced if force else _LAYER_KERNEL_REASON
 
 
 def main() -> None:
@@ -172,6 +292,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--cores", default="auto", help="comma list of auto (the layer's pick), torch"
+    )
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     cuda = not args.smoke
@@ -188,37 +311,48 @@ def main() -> None:
     pos = torch.arange(tokens, device=device)
     run = torch.no_grad()(partial(model, ids, pos))
     clock = _Clock(cuda)
-    run()  # compiles every Triton kernel of this shape
-    totals = []
-    for _ in range(args.repeats):
-        begin = clock.mark()
-        run()
-        end = clock.mark()
-        if cuda:
-            torch.cuda.synchronize()
-        totals.append(clock.ms(begin, end))
-    prefill_ms = sorted(totals)[len(totals) // 2]
-    times = _module_times(model, run, clock)
-    gflop = _module_gflop(model, run)
-    rows = _rows(times, gflop, _routed_moe_gflop(cfg, tokens))
-    hooked_ms = times["model"][1]
+    core_gflop = {
+        name: _core_gflop(cfg, tokens, m.ratio)
+        for name, m in model.named_modules()
+        if isinstance(m, DeepseekV4Attention)
+    }
     name = torch.cuda.get_device_name() if cuda else "cpu (smoke)"
-    print(
-        f"\nDSv4 wide prefill, {tokens} tokens, ratios {ratios}, runner {args.runner}, {name}\n"
-        f"prefill (GPU part of TTFT): {prefill_ms:.2f} ms; with the per-module events: "
-        f"{hooked_ms:.2f} ms\n"
-    )
-    print(
-        f"{'module':<34} {'calls':>5} {'ms':>9} {'self ms':>9} {'%':>6} {'GFLOP':>9} "
-        f"{'TFLOP/s':>7} {'%peak':>6}"
-    )
-    for row in sorted(rows, key=lambda r: r.name if r.name != "model" else ""):
-        print(row.line(hooked_ms, args.peak_tflops))
+    results = []
+    for core in args.cores.split(","):
+        if core not in ("auto", "torch"):
+            raise SystemExit(f"--cores takes auto and torch, got {core!r}")
+        _force_torch_core(core == "torch")
+        run()  # compiles every Triton kernel of this shape
+        totals = []
+        for _ in range(args.repeats):
+            begin = clock.mark()
+            run()
+            end = clock.mark()
+            if cuda:
+                torch.cuda.synchronize()
+            totals.append(clock.ms(begin, end))
+        prefill_ms = sorted(totals)[len(totals) // 2]
+        times = _module_times(model, run, clock)
+        gflop = _module_gflop(model, run)
+        rows = _rows(times, gflop, _routed_moe_gflop(cfg, tokens), core_gflop)
+        hooked_ms = times["model"][1]
+        print(
+            f"\nDSv4 wide prefill, {tokens} tokens, ratios {ratios}, runner {args.runner}, "
+            f"attention core {core}, {name}\n"
+            f"prefill (GPU part of TTFT): {prefill_ms:.2f} ms; with the per-module events: "
+            f"{hooked_ms:.2f} ms\n"
+        )
+        print(
+            f"{'module':<40} {'calls':>5} {'ms':>9} {'self ms':>9} {'%':>6} {'GFLOP':>9} "
+            f"{'TFLOP/s':>7} {'%peak':>6}"
+        )
+        for row in sorted(rows, key=lambda r: r.name if r.name != "model" else ""):
+            print(row.line(hooked_ms, args.peak_tflops))
+        results.append({"core": core, "prefill_ms": prefill_ms, "rows": [asdict(r) for r in rows]})
+    _force_torch_core(False)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {"tokens": tokens, "prefill_ms": prefill_ms, "rows": [asdict(r) for r in rows]}, f
-            )
+            json.dump({"tokens": tokens, "runs": results}, f)
 
 
 if __name__ == "__main__":

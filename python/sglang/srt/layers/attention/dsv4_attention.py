@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from sglang.kernels.ops.attention.sparse_prefill_attention import sparse_prefill_attention
 from sglang.srt.layers.attention.dsv4_attention_config import DeepseekV4AttentionConfig
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
-from sglang.srt.layers.attention.dsv4_core import dsv4_attention
+from sglang.srt.layers.attention.dsv4_core import dsv4_attention, prefill_kernel_reason
 from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm, unweighted_rms_norm
@@ -151,19 +152,35 @@ class DeepseekV4Attention(nn.Module):
             q_first = window.total
             win_kv = torch.cat([window.rows(), kv[rows].to(window.buf.dtype)])
             window.append(kv[rows])
-            entries, visible = self._compressed_entries(seg.cache, rows, pos, comp, idx)
-            o[rows] = dsv4_attention(
-                q[rows],
-                pos,
-                q_first,
-                win_kv,
-                win_first,
-                entries,
-                visible,
-                self.attn_sink,
-                scale=self.scale,
-                window=self.window,
-            )
+            fast = prefill_kernel_reason(q, window.buf.dtype) is None
+            entries, visible = self._compressed_entries(seg.cache, rows, pos, comp, idx, fast)
+            if fast:  # only the keys each query sees; ``visible`` is the indexer's picks or None
+                sparse_prefill_attention(
+                    q[rows],
+                    q_first,
+                    win_kv,
+                    win_first,
+                    self.attn_sink,
+                    scale=self.scale,
+                    window=self.window,
+                    entries=entries,
+                    ratio=self.ratio,
+                    picks=visible,
+                    out=o[rows],
+                )
+            else:
+                o[rows] = dsv4_attention(
+                    q[rows],
+                    pos,
+                    q_first,
+                    win_kv,
+                    win_first,
+                    entries,
+                    visible,
+                    self.attn_sink,
+                    scale=self.scale,
+                    window=self.window,
+                )
         return self.output(o, p, x.dtype)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> Projected:
@@ -190,16 +207,20 @@ class DeepseekV4Attention(nn.Module):
         pos: torch.Tensor,
         comp: tuple[torch.Tensor, torch.Tensor] | None,
         idx: _IndexerInputs | None,
+        as_picks: bool = False,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Feed one request's new tokens to its compressor(s); return all its compressed entries
         ``[N, D]`` and which of them each new query attends ``[n, N]`` (``None`` when the layer
-        does not compress)."""
+        does not compress). ``as_picks`` (the kernel's form): the indexer's picks ``[n, k]``
+        instead, and None for ratio 128 (query ``p`` sees entries ``< (p + 1) // ratio``)."""
         if self.compressor is None or comp is None:
             return None, None
         if cache.compressor is None:
             raise RuntimeError(f"layer {self.layer_id}: the request cache has no compressor state")
         self.compressor.append(cache.compressor, comp[0][rows], comp[1][rows], self.rotary)
         entries = cache.compressor.entries.rows()
+        if (self.indexer is None or idx is None) and as_picks:
+            return entries, None
         if self.indexer is None or idx is None:
             # ratio 128: every complete block is visible, (p + 1) // ratio of them
             count = (pos + 1) // self.ratio
@@ -210,6 +231,8 @@ class DeepseekV4Attention(nn.Module):
             raise RuntimeError(f"layer {self.layer_id}: the request cache has no indexer state")
         self.indexer.compressor.append(cache.indexer, idx.kv[rows], idx.score[rows], self.rotary)
         keys = cache.indexer.entries.rows()
+        if as_picks:
+            return entries, self.indexer.pick(idx.q[rows], idx.w[rows], keys, pos)
         return entries, self.indexer.select(idx.q[rows], idx.w[rows], keys, pos)
 
     def _grouped_wo_a(self, o: torch.Tensor) -> torch.Tensor:

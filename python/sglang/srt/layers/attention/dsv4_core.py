@@ -7,11 +7,19 @@ MQA with one KV head where K = V. A query at position ``p`` attends, in one soft
 - a per-head sink: an extra logit whose value row is zero (it only absorbs probability).
 Output ``o = probs @ K`` per head. Maths in fp32; queries are processed in chunks so memory stays
 ``O(chunk * (window + chunk + entries))`` for any sequence length.
+
+Where Triton runs and the shapes fit (:func:`prefill_kernel_reason`), the layer runs
+``sparse_prefill_attention`` instead (:mod:`sglang.kernels.ops.attention`): the same maths over
+only the keys each query sees (the indexer's picks as ids, not a mask), with bf16 tensor-core
+products that are exact, so only the summation order differs from this path.
 """
 
 from __future__ import annotations
 
 import torch
+
+from sglang.kernels.ops.attention.sparse_prefill_attention import prefill_shape_reason
+from sglang.kernels.ops.triton_dispatch import triton_can_run
 
 _QUERY_CHUNK = 256
 
@@ -69,3 +77,11 @@ def dsv4_attention(
             )
         out[a:b] = o
     return out
+
+
+def prefill_kernel_reason(q: torch.Tensor, key_dtype: torch.dtype) -> str | None:
+    """None when the Triton prefill kernel takes queries ``q [n, heads, D]`` over keys of
+    ``key_dtype``, else why the torch path above runs."""
+    if not triton_can_run(q):
+        return "Triton does not run on this device"
+    return prefill_shape_reason(q.shape[-1], key_dtype)

@@ -7,7 +7,9 @@ last rope dims (the layer's compressed-rope), and per-head weights
 Score of entry ``s`` for a query: ``sum_h w_h * relu(q_h . k_s) * index_head_dim^-0.5``; the query
 keeps the ``index_topk`` best of its *visible* entries (``s < (p+1) // ratio``), all of them when
 fewer are visible; ties go to the earlier entry. Exact for any context length: no cap, scores are
-computed in query chunks.
+computed in query chunks. The prefill kernel path (:meth:`LightningIndexer.pick`) scores on CUDA
+with the Triton ``indexer_scores`` (half-precision products are exact; the sums' order differs
+from the fp32 torch scoring, so a near-tie at the k-th place may pick differently).
 
 (SGLang additionally applies a Hadamard rotation to q and k before an FP8 cast; the rotation is
 orthogonal, so without the FP8 cast it leaves every score unchanged and is omitted here.)
@@ -15,9 +17,13 @@ orthogonal, so without the FP8 cast it leaves every score unchanged and is omitt
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
+from sglang.kernels.ops.attention.indexer_scores import indexer_scores
+from sglang.kernels.ops.attention.sparse_decode_attention import kernel_head_dim_ok
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import ReplicatedLinear
@@ -25,6 +31,20 @@ from sglang.srt.layers.rotary_embedding import apply_interleaved_rope
 
 # Queries scored at once; bounds the [chunk, heads, entries] temporary.
 _QUERY_CHUNK = 256
+# Queries the Triton scores take at once; bounds the [chunk, entries] fp32 scores.
+_KERNEL_CHUNK = 4096
+
+
+def _scores_kernel_reason(q: torch.Tensor, keys: torch.Tensor) -> str | None:
+    """None when :func:`indexer_scores` scores ``q`` against ``keys``, else why the torch scoring
+    runs. CUDA only: the Triton interpreter's bf16 dot is wrong (triton 3.9)."""
+    if not q.is_cuda:
+        return "the indexer scores kernel runs on CUDA only"
+    if q.dtype != keys.dtype or q.dtype not in (torch.bfloat16, torch.float16):
+        return f"q {q.dtype} and keys {keys.dtype}: the kernel takes one half-precision dtype"
+    if not kernel_head_dim_ok(q.shape[-1]) or keys.stride(-1) != 1:
+        return f"indexer head dim {q.shape[-1]} is not a power of two >= 16, or rows not contiguous"
+    return None
 
 
 class LightningIndexer(nn.Module):
@@ -64,19 +84,51 @@ class LightningIndexer(nn.Module):
         ``positions [n]`` attends."""
         n, num = q.shape[0], keys.shape[0]
         chosen = torch.zeros(n, num, dtype=torch.bool, device=q.device)
-        if num == 0 or n == 0:
-            return chosen
-        visible = (positions + 1) // self.ratio  # entries 0 .. visible-1
-        # Cast once for all chunks (top_entries' own .float() is then a no-op).
-        kf = keys.float()
-        for a in range(0, n, _QUERY_CHUNK):
-            b = min(a + _QUERY_CHUNK, n)
-            top, ok = self.top_entries(q[a:b], w[a:b], kf, visible[a:b])
+        for a, b, top, ok in self._chunk_tops(q, w, keys, positions):
             picked = torch.zeros(b - a, num, dtype=torch.bool, device=q.device)
             picked.scatter_(1, top, True)
             # A query with fewer than k visible entries also "picked" invisible ones; drop them.
             chosen[a:b] = picked & ok
         return chosen
+
+    def pick(
+        self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """The entries :meth:`select` marks, as ids: ``[n, k]`` best first, ``k = min(topk, N)``.
+        A query at ``p`` attends its first ``min(k, (p + 1) // ratio)`` picks (the stable sort
+        puts every visible entry before the invisible ones); the rest are arbitrary."""
+        n, num = q.shape[0], keys.shape[0]
+        k = min(self.topk, num)
+        picks = torch.empty(n, k, dtype=torch.int64, device=q.device)
+        if _scores_kernel_reason(q, keys) is None and n > 0 and num > 0:
+            # The Triton scores: only the visible keys of each query, bf16 products (exact) with
+            # fp32 sums, -inf past the visible ones; then the same stable sort as top_entries.
+            visible = (positions + 1) // self.ratio
+            slot = torch.zeros(min(n, _KERNEL_CHUNK), dtype=torch.int64, device=q.device)
+            for a in range(0, n, _KERNEL_CHUNK):
+                b = min(a + _KERNEL_CHUNK, n)
+                scores = indexer_scores(
+                    q[a:b], w[a:b], keys[None], slot[: b - a], visible[a:b], self.head_dim**-0.5
+                )
+                picks[a:b] = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+            return picks
+        for a, b, top, _ok in self._chunk_tops(q, w, keys, positions):
+            picks[a:b] = top
+        return picks
+
+    def _chunk_tops(
+        self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
+    ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+        """(a, b, :meth:`top_entries` of queries ``a .. b-1``) per chunk of queries."""
+        n, num = q.shape[0], keys.shape[0]
+        if num == 0 or n == 0:
+            return
+        visible = (positions + 1) // self.ratio  # entries 0 .. visible-1
+        # Cast once for all chunks (top_entries' own .float() is then a no-op).
+        kf = keys.float()
+        for a in range(0, n, _QUERY_CHUNK):
+            b = min(a + _QUERY_CHUNK, n)
+            yield a, b, *self.top_entries(q[a:b], w[a:b], kf, visible[a:b])
 
     def top_entries(
         self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor

@@ -57,7 +57,11 @@ def _rope_tables(
 
 
 def _check_norm_rope(gen: torch.Generator) -> None:
+    from sglang.kernels.ops.attention import norm_rope as kernel_module
     from sglang.kernels.ops.attention.norm_rope import norm_rope, norm_rope_torch
+
+    # The GPU's tiles (a row a program at decode, several at prefill), not the interpreter's.
+    kernel_module._rows_per_program = kernel_module.gpu_rows_per_program
 
     # (tokens, heads, D, rope): V4-like, odd nope width, non-power-of-two D, all rope, a 2-D row
     # (heads None), a wide row without rope, many rows (the multi-row programs of prefill)

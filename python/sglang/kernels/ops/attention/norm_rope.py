@@ -9,8 +9,8 @@ one of them returns x's dtype, so the normed row is rounded to it before the rop
 rotated row again, and only then cast to ``out``'s dtype. Only the sum of squares (its order) and
 the rsqrt / fused multiply-adds (the last fp32 ulp) differ.
 
-A program reads its rows whole before it writes them (a pair's partner is in the same row), so
-``out`` may be ``x`` itself.
+A program reads every channel of its rows before it writes that channel (the rope pairs are
+read apart from the pass-through channels, which are written first), so ``out`` may be ``x``.
 """
 
 from __future__ import annotations
@@ -23,23 +23,12 @@ import triton.language as tl
 
 from sglang.kernels.ops.attention.rope import apply_interleaved_rope
 from sglang.kernels.ops.layernorm.rms_norm import rms_norm, unweighted_rms_norm
+from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 Norm = Literal["none", "unweighted", "weighted"]
 _NORM_CODE = {"none": 0, "unweighted": 1, "weighted": 2}
 _MAX_D = 16384  # one row per program in registers
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-
-
-@triton.jit
-def _normed(x, r, w, x_ptr, NORM: tl.constexpr):
-    """fp32 ``x`` -> the torch norm's result in x's dtype (kept in fp32): unweighted scales by
-    the factor rounded to x's dtype, weighted by ``x * r`` then ``* w`` in fp32."""
-    in_ty = x_ptr.dtype.element_ty
-    if NORM == 1:
-        y = x * r[:, None].to(in_ty).to(tl.float32)
-    else:
-        y = x * r[:, None] * w[None, :]
-    return y.to(in_ty).to(tl.float32)
 
 
 @triton.jit
@@ -63,49 +52,67 @@ def _norm_rope_kernel(
     INVERSE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     in_ty = x_ptr.dtype.element_ty
+    out_ty = out_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_D)
     row_ok = rows < n_rows
-    col_ok = cols < D
-    mask = row_ok[:, None] & col_ok[None, :]
     t = (rows // heads).to(tl.int64)
     h = (rows % heads).to(tl.int64)
     x_row = x_ptr + (t * stride_xt + h * stride_xh)[:, None]
+    out_row = out_ptr + (t * stride_ot + h * stride_oh)[:, None]
+    cols = tl.arange(0, BLOCK_D)
+    mask = row_ok[:, None] & (cols < D)[None, :]
     x = tl.load(x_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    # The norm as torch computes it, rounded to x's dtype: weighted ``(x * r) * w`` in fp32
+    # (rms_norm); unweighted ``x * r`` with r rounded to x's dtype first (unweighted_rms_norm).
     r = tl.zeros([BLOCK_R], tl.float32)
-    w = tl.zeros([BLOCK_D], tl.float32)
     if NORM != 0:
         r = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+        if NORM == 1:
+            r = r.to(in_ty).to(tl.float32)
+        x = x * r[:, None]
         if NORM == 2:
-            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        y = _normed(x, r, w, x_ptr, NORM)
-    else:
-        y = x
+            x = x * tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+        x = x.to(in_ty).to(tl.float32)
+    # The pass-through channels; the rope part is written below, from its own (L1) loads.
+    keep = row_ok[:, None] & (cols < D - ROPE)[None, :]
+    tl.store(out_row + cols[None, :], x.to(out_ty), mask=keep)
     if ROPE > 0:
-        j = cols - (D - ROPE)  # channel index inside the rope part (< 0: not rotated)
-        in_rope = (j >= 0) & col_ok
-        partner = tl.where(in_rope, (D - ROPE) + (j ^ 1), cols)
-        p = tl.load(x_row + partner[None, :], mask=mask, other=0.0).to(tl.float32)
-        if NORM != 0:
-            wp = tl.zeros([BLOCK_D], tl.float32)
+        i = tl.arange(0, BLOCK_H)
+        i_ok = i < ROPE // 2
+        pair = row_ok[:, None] & i_ok[None, :]
+        ev = (D - ROPE) + 2 * i  # pair i: channels (ev, ev + 1), as a complex number
+        e = tl.load(x_row + ev[None, :], mask=pair, other=0.0).to(tl.float32)
+        o = tl.load(x_row + ev[None, :] + 1, mask=pair, other=0.0).to(tl.float32)
+        if NORM != 0:  # the same norm on the pair (the row's r, the pair's weights)
+            e = e * r[:, None]
+            o = o * r[:, None]
             if NORM == 2:
-                wp = tl.load(w_ptr + partner, mask=col_ok, other=0.0).to(tl.float32)
-            p = _normed(p, r, wp, x_ptr, NORM)
-        half = tl.where(in_rope, j // 2, 0)
-        cs_mask = row_ok[:, None] & in_rope[None, :]
-        cs = (t * stride_c)[:, None] + half[None, :]
-        c = tl.load(cos_ptr + cs, mask=cs_mask, other=1.0)
-        s = tl.load(sin_ptr + cs, mask=cs_mask, other=0.0)
+                e = e * tl.load(w_ptr + ev, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+                o = o * tl.load(w_ptr + ev + 1, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+            e = e.to(in_ty).to(tl.float32)
+            o = o.to(in_ty).to(tl.float32)
+        cs = (t * stride_c)[:, None] + i[None, :]
+        c = tl.load(cos_ptr + cs, mask=pair, other=0.0)
+        s = tl.load(sin_ptr + cs, mask=pair, other=0.0)
         if INVERSE:
             s = -s
-        odd = (j & 1) == 1
-        # even channel: e*c - o*s; odd channel: o*c + e*s (the partner is the other one)
-        rotated = tl.where(odd[None, :], y * c + p * s, y * c - p * s)
-        y = tl.where(in_rope[None, :], rotated, y).to(in_ty).to(tl.float32)
-    out_row = out_ptr + (t * stride_ot + h * stride_oh)[:, None]
-    tl.store(out_row + cols[None, :], y.to(in_ty).to(out_ptr.dtype.element_ty), mask=mask)
+        # torch returns the rotation in x's dtype; the caller's cast comes after
+        tl.store(out_row + ev[None, :], (e * c - o * s).to(in_ty).to(out_ty), mask=pair)
+        tl.store(out_row + ev[None, :] + 1, (o * c + e * s).to(in_ty).to(out_ty), mask=pair)
+
+
+def gpu_rows_per_program(n_rows: int, block_d: int) -> int:
+    """Decode (few rows): a row a program, for the most programs; prefill: ~2K elements each."""
+    return 1 if n_rows <= 1024 else max(1, min(16, 2048 // block_d))
+
+
+def _rows_per_program(n_rows: int, block_d: int) -> int:
+    if interpreter_enabled():  # its cost is per program: few large ones (same code, other tiles)
+        return max(1, min(64, 16384 // block_d))
+    return gpu_rows_per_program(n_rows, block_d)
 
 
 def norm_rope_torch(
@@ -204,8 +211,7 @@ def norm_rope(
     if n_rows == 0:
         return out
     block_d = triton.next_power_of_2(d)
-    # Decode (few rows): a row a program, for the most programs; prefill: ~2K elements each.
-    block_r = 1 if n_rows <= 1024 else max(1, min(16, 2048 // block_d))
+    block_r = _rows_per_program(n_rows, block_d)
     rope = 0 if cos is None else 2 * cos.shape[-1]
     dummy = xr  # never read: the flags below turn the loads off
     _norm_rope_kernel[(triton.cdiv(n_rows, block_r),)](
@@ -228,6 +234,7 @@ def norm_rope(
         INVERSE=inverse,
         BLOCK_R=block_r,
         BLOCK_D=block_d,
+        BLOCK_H=triton.next_power_of_2(max(rope // 2, 1)),
         num_warps=min(8, max(1, block_r * block_d // 256)),
     )
     return out

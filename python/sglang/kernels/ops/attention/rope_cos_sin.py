@@ -21,7 +21,7 @@ try:  # the path moved between Triton versions; it is absent in some builds
 except ImportError:  # pragma: no cover - depends on the Triton build
     libdevice = None
 
-_BLOCK_N = 16
+_BLOCK_N = 16  # positions a program (the interpreter, whose cost is per program, takes 256)
 
 
 @triton.jit
@@ -83,7 +83,8 @@ def rope_cos_sin(
     cos = torch.empty(n, half, dtype=torch.float32, device=positions.device)
     sin = torch.empty_like(cos)
     if n:
-        _cos_sin_kernel[(triton.cdiv(n, _BLOCK_N),)](
+        block_n = 256 if interpreter_enabled() else _BLOCK_N
+        _cos_sin_kernel[(triton.cdiv(n, block_n),)](
             flat,
             inv_freq.contiguous(),
             cos,
@@ -91,7 +92,7 @@ def rope_cos_sin(
             n,
             float(attention_factor),
             HALF=half,
-            BLOCK_N=_BLOCK_N,
+            BLOCK_N=block_n,
             BLOCK_H=triton.next_power_of_2(half),
             LIBDEVICE=not interpreter_enabled(),
             num_warps=1 if half <= 32 else 2,

@@ -10,15 +10,9 @@ import torch
 from torch import nn
 
 # The maths lives with the kernels (their torch references use it too); layers import it from here.
-from sglang.kernels.ops.layernorm.rms_norm import rms_norm
+from sglang.kernels.ops.layernorm.rms_norm import rms_norm, unweighted_rms_norm
 
 __all__ = ["RMSNorm", "rms_norm", "unweighted_rms_norm"]
-
-
-def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Weightless RMSNorm as V4 applies it per query head: the fp32 factor is cast to x's dtype
-    *before* the multiply, so a bf16 input is scaled in bf16 (that is the reference rounding)."""
-    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):

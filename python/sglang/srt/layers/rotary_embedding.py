@@ -7,7 +7,9 @@ the low frequencies are interpolated by ``factor`` and a linear ramp between the
 ``attention_factor`` defaults to 1 (cos/sin are multiplied by it).
 
 cos/sin are computed from the positions on every call (``pos * inv_freq`` in fp32): no table up
-to ``max_position_embeddings`` (1M for V4) is kept.
+to ``max_position_embeddings`` (1M for V4) is kept. The rotation itself is
+:func:`apply_interleaved_rope` (torch maths, in ``kernels/ops/attention/rope.py``); DeepSeek V4's
+attention runs it fused with its norms (``kernels/ops/attention/norm_rope.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,19 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+# The maths lives with the kernels (their torch references use it too); layers import it from here.
+from sglang.kernels.ops.attention.rope import apply_interleaved_rope, rope_cos_sin_torch
+from sglang.kernels.ops.attention.rope_cos_sin import rope_cos_sin, rope_cos_sin_unfit_reason
+from sglang.kernels.ops.triton_dispatch import triton_can_run
+
+__all__ = [
+    "InterleavedRotaryEmbedding",
+    "RopeSpec",
+    "YarnScaling",
+    "apply_interleaved_rope",
+    "rope_inv_freq",
+]
 
 
 @dataclass(frozen=True)
@@ -94,33 +109,10 @@ class InterleavedRotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(spec, device), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``positions [...]`` -> fp32 ``(cos, sin)`` of shape ``[..., rope_dim / 2]``."""
-        freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq.to(positions.device)
+        """``positions [...]`` -> fp32 ``(cos, sin)`` of shape ``[..., rope_dim / 2]``: one Triton
+        launch where it can run, else the torch maths (six launches)."""
+        inv_freq = self.inv_freq.to(positions.device)
         f = self.spec.attention_factor
-        return freqs.cos() * f, freqs.sin() * f
-
-
-def apply_interleaved_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inverse: bool = False
-) -> torch.Tensor:
-    """Rotate the last ``2 * cos.shape[-1]`` channels of ``x`` pairwise; the rest pass through.
-
-    ``x`` is ``[T, ..., D]`` and ``cos``/``sin`` ``[T, rope_dim / 2]`` (broadcast over the middle
-    dims). ``inverse`` rotates by the negative angle (V4 undoes the rope on the attention output,
-    since V = K carries it). Maths in fp32, result in x's dtype (a new tensor)."""
-    half = cos.shape[-1]
-    rope_dim = 2 * half
-    if x.shape[-1] < rope_dim:
-        raise ValueError(f"rope_dim {rope_dim} exceeds the head dim {x.shape[-1]}")
-    if cos.shape[0] != x.shape[0]:
-        raise ValueError(f"cos has {cos.shape[0]} rows for {x.shape[0]} tokens")
-    view = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)
-    c, s = cos.reshape(view), sin.reshape(view)
-    if inverse:
-        s = -s
-    pairs = x[..., -rope_dim:].float().unflatten(-1, (half, 2))
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2)
-    out = x.clone()
-    out[..., -rope_dim:] = rotated.to(x.dtype)
-    return out
+        if triton_can_run(positions) and rope_cos_sin_unfit_reason(positions, inv_freq) is None:
+            return rope_cos_sin(positions, inv_freq, f)
+        return rope_cos_sin_torch(positions, inv_freq, f)

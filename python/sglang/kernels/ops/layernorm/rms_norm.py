@@ -13,3 +13,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     if weight is not None:
         y = y * weight.float()
     return y.to(x.dtype)
+
+
+def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Weightless RMSNorm as V4 applies it per query head: the fp32 factor is cast to x's dtype
+    *before* the multiply, so a bf16 input is scaled in bf16 (that is the reference rounding)."""
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)

@@ -27,7 +27,7 @@ from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.attention.dsv4_core import dsv4_attention, prefill_kernel_reason
 from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.layers.layernorm import RMSNorm, unweighted_rms_norm
+from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     ColumnParallelLinear,
     ReplicatedLinear,
@@ -35,7 +35,8 @@ from sglang.srt.layers.linear import (
     dim0_sharded_param,
     per_rank,
 )
-from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
+from sglang.srt.layers.norm_rope import norm_rope
+from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4LayerCache
 
 
@@ -186,18 +187,24 @@ class DeepseekV4Attention(nn.Module):
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> Projected:
         """The per-token projections: rope'd queries ``[T, local_heads, D]`` and KV ``[T, D]``."""
         cos, sin = self.rotary.cos_sin(positions)
-        q_lora = self.q_norm(self.wq_a(x))
+        # Each norm (+ rope) is one fused kernel on the GPU (the torch ops elsewhere); every
+        # input is a fresh projection, so the kernel writes over it.
+        qn, kn = self.q_norm, self.kv_norm
+        q_lora = norm_rope(
+            self.wq_a(x), norm="weighted", weight=qn.weight, eps=qn.eps, reuse_input=True
+        )
         q = self.wq_b(q_lora).unflatten(-1, (self.n_local_heads, self.head_dim))
-        if self.q_head_norm:
-            q = unweighted_rms_norm(q, self.eps)
-        q = apply_interleaved_rope(q, cos, sin)
-        kv = apply_interleaved_rope(self.kv_norm(self.wkv(x)), cos, sin)
+        head_norm = "unweighted" if self.q_head_norm else "none"
+        q = norm_rope(q, cos, sin, norm=head_norm, eps=self.eps, reuse_input=True)
+        kv = norm_rope(
+            self.wkv(x), cos, sin, norm="weighted", weight=kn.weight, eps=kn.eps, reuse_input=True
+        )
         return Projected(cos, sin, q_lora, q, kv)
 
     def output(self, o: torch.Tensor, p: Projected, dtype: torch.dtype) -> torch.Tensor:
         """fp32 attention output ``[T, local_heads, D]`` -> ``[T, H]``: inverse RoPE, grouped wo_a,
         wo_b (reduced over the TP group)."""
-        o = apply_interleaved_rope(o, p.cos, p.sin, inverse=True).to(dtype)
+        o = norm_rope(o, p.cos, p.sin, inverse=True, dtype=dtype)
         return self.wo_b(self._grouped_wo_a(o))
 
     def _compressed_entries(

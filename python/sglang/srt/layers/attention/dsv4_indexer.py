@@ -27,7 +27,7 @@ from sglang.kernels.ops.attention.sparse_decode_attention import kernel_head_dim
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.rotary_embedding import apply_interleaved_rope
+from sglang.srt.layers.norm_rope import norm_rope
 
 # Queries scored at once; bounds the [chunk, heads, entries] temporary.
 _QUERY_CHUNK = 256
@@ -73,7 +73,7 @@ class LightningIndexer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (q ``[T, heads, head_dim]`` rope'd, fp32 head weights ``[T, heads]``)."""
         q = self.wq_b(q_lora).unflatten(-1, (self.n_heads, self.head_dim))
-        q = apply_interleaved_rope(q, cos, sin)
+        q = norm_rope(q, cos, sin, reuse_input=True)  # one fused kernel on the GPU
         w = self.weights_proj(x).float() * self.n_heads**-0.5
         return q, w
 

@@ -1,0 +1,42 @@
+"""RMSNorm (weighted, unweighted or none) + interleaved RoPE + cast of per-head rows: the fused
+Triton kernel where it can run and the shapes fit, else the torch ops it fuses (the reference,
+and the CPU path). DeepSeek V4's attention runs its q, kv, indexer-q, q_norm and output rows
+through here."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.kernels.ops.attention.norm_rope import Norm, norm_rope_torch, norm_rope_unfit_reason
+from sglang.kernels.ops.attention.norm_rope import norm_rope as norm_rope_kernel
+from sglang.kernels.ops.triton_dispatch import triton_can_run
+
+__all__ = ["Norm", "norm_rope"]
+
+
+def norm_rope(
+    x: torch.Tensor,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    *,
+    norm: Norm = "none",
+    weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    inverse: bool = False,
+    dtype: torch.dtype | None = None,
+    reuse_input: bool = False,
+) -> torch.Tensor:
+    """``x [T, D]`` or ``[T, heads, D]`` -> normed (``norm``), rotated on its last
+    ``2 * cos.shape[-1]`` channels (when ``cos``/``sin`` ``[T, rope / 2]`` are given; ``inverse``
+    by the negative angle), cast to ``dtype`` (default x's). ``reuse_input``: the caller gives x
+    up, so the kernel may write the result over it (saves a prefill-sized allocation)."""
+    dtype = dtype or x.dtype
+    if triton_can_run(x):
+        out = x if reuse_input and dtype == x.dtype else torch.empty_like(x, dtype=dtype)
+        if norm_rope_unfit_reason(x, out, cos, sin, norm, weight) is None:
+            return norm_rope_kernel(
+                x, cos, sin, out=out, norm=norm, weight=weight, eps=eps, inverse=inverse
+            )
+    return norm_rope_torch(
+        x, cos, sin, norm=norm, weight=weight, eps=eps, inverse=inverse, dtype=dtype
+    )

@@ -98,7 +98,7 @@ def _interp_checks() -> None:
     # several key slices of 16 keys each, the combine taking 16 heads at a time, heads in N; and
     # one slice per 8 keys, one head per combine program, heads in M
     plans = [
-        AbsorbedDecodeConfig(block_n=16, min_split_keys=16, combine_heads=16),
+        AbsorbedDecodeConfig(block_n=16, min_split_keys=16, combine_heads=16, heads_minor=True),
         AbsorbedDecodeConfig(block_n=8, min_split_keys=8, heads_minor=False),
     ]
     for config in plans:

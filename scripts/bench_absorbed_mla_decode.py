@@ -1,7 +1,7 @@
 """Launch shapes of the absorbed MLA decode kernel (``kernels/ops/attention/
 absorbed_mla_decode.py``) on the GPU: each config's CUDA-graph replay time at each batch size,
 against the bytes of the latents it must read, and its error against the fp32 torch maths on
-the same rows.
+the same rows (and against fp64, to tell the torch path's own rounding from the kernel's).
 
 K3's widths: 64 heads, latent 512 + rope 64, a paged bf16 store of blocks of 256 rows (shuffled),
 every request at ``--context`` rows, fp32 ``q_lat`` (as the absorption makes it) and bf16
@@ -63,14 +63,19 @@ def reference(
     table: torch.Tensor,
     ctx: int,
     scale: float,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    kv = store[table].reshape(table.shape[0], -1, LAT + ROPE)[:, :ctx].float()
+    kv = store[table].reshape(table.shape[0], -1, LAT + ROPE)[:, :ctx].to(dtype)
     ckv, kpe = kv.split([LAT, ROPE], dim=-1)
-    s = (q_lat @ ckv.transpose(1, 2) + q_pe.float() @ kpe.transpose(1, 2)) * scale
-    return torch.softmax(s, dim=-1) @ ckv
+    s = (q_lat.to(dtype) @ ckv.transpose(1, 2) + q_pe.to(dtype) @ kpe.transpose(1, 2)) * scale
+    return (torch.softmax(s, dim=-1) @ ckv).float()
 
 
 Run = tuple[str, AbsorbedDecodeConfig, tuple[int, int]]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
 
 def bench_batch(bs: int, ctx: int, runs: list[Run], replays: int, bandwidth: float) -> None:
@@ -78,6 +83,8 @@ def bench_batch(bs: int, ctx: int, runs: list[Run], replays: int, bandwidth: flo
     gen = torch.Generator("cuda").manual_seed(bs)
     q_lat, q_pe, store, table, lengths = inputs(bs, ctx, gen)
     ref = reference(q_lat, q_pe, store, table, ctx, scale)
+    exact = reference(q_lat, q_pe, store, table, ctx, scale, torch.float64)
+    print(f"bs {bs}: the fp32 torch maths vs fp64: rel max err {rel_err(ref, exact):.2e}")
     floor_us = bs * ctx * (LAT + ROPE) * 2 / bandwidth * 1e6
     for spec, cfg, (qp, pp) in runs:
         call = functools.partial(
@@ -93,14 +100,15 @@ def bench_batch(bs: int, ctx: int, runs: list[Run], replays: int, bandwidth: flo
             config=cfg,
         )
         try:
-            err = float((call() - ref).abs().max() / ref.abs().max())
+            out = call()
+            err, err64 = rel_err(out, ref), rel_err(out, exact)
             us = median_graph_replay_ms(call, replays, rounds=3) * 1e3
         except Exception as e:  # noqa: BLE001 - a config that does not compile or fit: go on
             print(f"{spec:<14} {qp}/{pp:<4} {bs:>4} failed: {type(e).__name__}: {e}"[:300])
             continue
         print(
             f"{spec:<14} {qp}/{pp:<4} {bs:>4} {us:>9.1f} {floor_us:>9.1f} "
-            f"{us / floor_us:>8.2f} {err:>9.2e}",
+            f"{us / floor_us:>8.2f} {err:>9.2e} {err64:>9.2e}",
             flush=True,
         )
 
@@ -120,7 +128,10 @@ def main() -> None:
         q_parts, p_parts = (int(x) for x in pp.split("/"))
         if (q_parts, p_parts) != (3, 3):
             runs.append((specs[0], runs[0][1], (q_parts, p_parts)))
-    print(f"{'config':<14} {'parts':<6} {'bs':>4} {'us':>9} {'floor us':>9} {'x floor':>8} rel err")
+    print(
+        f"{'config':<14} {'parts':<6} {'bs':>4} {'us':>9} {'floor us':>9} {'x floor':>8} "
+        f"{'vs fp32':>9} {'vs fp64':>9}"
+    )
     for bs in (int(b) for b in args.batch.split(",")):
         bench_batch(bs, args.context, runs, args.replays, args.bandwidth)
         torch.cuda.empty_cache()

@@ -12,8 +12,9 @@ DeepSeek V4: the wide bench model's layer (hidden 4096, 256 experts top-6 + shar
 at ``context - 1 - (i % 7)`` tokens in a slot pool filled with random rows.
 Kimi K3: one KDA layer (96 heads of 128, the recurrent decode step) with the latent MoE (128 of
 the 896 experts, top-16, so that it fits), one NoPE MLA layer (64 heads, latent 512 + 64, the
-absorbed decode over a context of random latent rows: the batched pass the model runs, gathered
-from a paged store, and the old per-request loop), the AttnRes reads over an 8-block bank.
+absorbed decode over a context of random latent rows in a paged store: the flash-decoding kernel
+the model runs on the GPU, the batched torch pass it falls back to, and the old per-request loop;
+the layer sum counts the kernel where it runs), the AttnRes reads over an 8-block bank.
 Small caches stay in L2 across replays, so ops far under 1 MB read may look faster than HBM.
 
 It turns SGLANG_DSV4_LENGTH_AWARE_DECODE on (the kernels it measures are off by default).
@@ -34,9 +35,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from sglang.kernels.ops.attention.absorbed_mla_decode import absorbed_decode_unsupported
 from sglang.kernels.ops.attention.indexer_scores import indexer_scores
 from sglang.kernels.ops.attention.indexer_topk import indexer_topk
 from sglang.kernels.ops.attention.sparse_decode_attention import sparse_decode_attention
+from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.layers.attention import dsv4_static_decode
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
 from sglang.srt.layers.attention.dsv4_static_decode import sink_attention, static_decode_attention
@@ -48,7 +51,9 @@ from sglang.srt.layers.attention.kda_decode import (
 )
 from sglang.srt.layers.attention.kda_gate import kda_beta, kda_forget_gate
 from sglang.srt.layers.attention.mla_absorbed_batch import (
+    PagedLatents,
     absorbed_decode,
+    absorbed_decode_paged,
     decode_chunks,
     gather_paged,
 )
@@ -70,6 +75,8 @@ GB = 1e9
 PER_REQUEST_MLA = "MLA absorbed attention, per request"
 KDA_STEP = "KDA conv + recurrent step"
 OLD_KDA_STEP = "  old: torch step, stack + copy back"
+BATCHED_MLA = "MLA absorbed attention, batched"
+KERNEL_MLA = "MLA absorbed attention, kernel"
 DEV = "cuda"
 TINY: dict[str, Any] = {}  # --smoke: config overrides that make the models CPU-sized
 
@@ -477,8 +484,11 @@ def k3_rows(
                 for n, f, b in k3_mla_ops(model, x, ctx, gen)
             ]
             rows += m_rows
-            # The model runs the batched attention now; the per-request row is the old path.
-            layer_ops = [r for r in m_rows if r.op != PER_REQUEST_MLA]
+            # The model runs the kernel where it can (else the batched torch pass); the
+            # per-request row is the old path.
+            ran = KERNEL_MLA if any(r.op == KERNEL_MLA for r in m_rows) else BATCHED_MLA
+            skip = {PER_REQUEST_MLA, BATCHED_MLA, KERNEL_MLA} - {ran}
+            layer_ops = [r for r in m_rows if r.op not in skip]
             rows.append(_k3_layer_row("k3 mla", case, [*layer_ops, *k_rows[-2:]], bw))
             print("\n".join(r.line() for r in m_rows + rows[-1:]), flush=True)
         print("\n".join(r.line() for r in all_rows + layer_rows), flush=True)
@@ -576,8 +586,9 @@ def k3_attn_res_op(model: KimiK3ForCausalLM, x: torch.Tensor, gen: torch.Generat
 def k3_mla_ops(
     model: KimiK3ForCausalLM, x: torch.Tensor, ctx: int, gen: torch.Generator
 ) -> list[Op]:
-    """One NoPE MLA layer's decode ops; the absorbed attention batched (as the model runs it) and
-    per request (the path it replaced, a reference row outside the layer sum)."""
+    """One NoPE MLA layer's decode ops; the absorbed attention by the kernel (as the model runs it
+    on paged bf16 latents on the GPU), by the batched torch pass (its fallback) and per request
+    (the path those replaced); only the one the model runs is in the layer sum."""
     mla = model.decoder_layers[1].self_attn
     assert isinstance(mla, MLANoPEAttention)
     mc = mla.config
@@ -623,24 +634,34 @@ def k3_mla_ops(
             )
         return outs
 
+    latents = PagedLatents(store, table, lengths, ctx)
+    kernel_ok = triton_can_run(store) and (
+        absorbed_decode_unsupported(mc.kv_lora_rank, mc.qk_rope_head_dim, store.dtype) is None
+    )
+
+    def absorbed_kernel() -> torch.Tensor:
+        wk, wv = (w.float() for w in mla._kv_b_per_head())
+        return absorbed_decode_paged(
+            q, latents, wk, wv, rope_dim=mc.qk_rope_head_dim, scale=mla.scale
+        )
+
     def mla_out() -> torch.Tensor:
         gate = mla.g_proj
         return mla.o_proj(o * torch.sigmoid(gate(x).float()).to(o.dtype) if gate else o)
 
     q_mods = (mla.q_proj, mla.q_a_proj, mla.q_a_layernorm, mla.q_b_proj)
     kv_mods = (mla.kv_a_proj_with_mqa, mla.kv_a_layernorm)
+    attn_bytes = tensor_bytes(kv) + param_bytes(mla.kv_b_proj)
+    kernel = [(KERNEL_MLA, absorbed_kernel, attn_bytes)] if kernel_ok else []
     return [
         (
             "MLA q + latent proj",
             lambda: (mla._queries(x), mla.latents(x)),
             param_bytes(*q_mods, *kv_mods),
         ),
-        (PER_REQUEST_MLA, absorbed, tensor_bytes(kv) + param_bytes(mla.kv_b_proj)),
-        (
-            "MLA absorbed attention, batched",
-            absorbed_batched,
-            tensor_bytes(kv) + param_bytes(mla.kv_b_proj),
-        ),
+        (PER_REQUEST_MLA, absorbed, attn_bytes),
+        (BATCHED_MLA, absorbed_batched, attn_bytes),
+        *kernel,
         ("MLA out gate + o_proj", mla_out, param_bytes(mla.g_proj, mla.o_proj)),
     ]
 

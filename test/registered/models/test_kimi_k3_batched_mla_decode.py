@@ -7,7 +7,8 @@ forward (a prefill chunk between decode rows) on per-request and on paged latent
 shared pool), with the padded-row bound small enough to split the batch into groups; the batched
 rows match the per-request path to fp32 rounding (bf16: to its rounding of the output). The tiny
 K3 model (CONFIG_A paged, CONFIG_B unpaged; fp32) decodes several steps with both paths: equal
-logits.
+logits. On a GPU, the layer at K3's latent widths (512 + 64) in bf16 on paged latents runs its
+batched rows through the flash-decoding kernel: equal to the torch pass to bf16 rounding.
 """
 
 from __future__ import annotations
@@ -190,6 +191,44 @@ def test_model_decode_logits_batched_equal_per_request(raw: dict, paged: bool) -
     # Measured 1.1e-5 (A) and 3.7e-6 (B): the layer's ~1e-7 fp32 reordering, amplified by the
     # random layers after it (a wrong mask or gather is off by O(1)).
     assert err < 5e-5, err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernel_decode_equals_torch_pass_gpu() -> None:
+    heads, hidden, steps, block = 8, 256, 4, 16
+    lens = [2, 15, 16, 17, 300, 1000]  # decode steps cross the 16-row block edges
+    cfg = MLANoPEConfig(hidden, heads, 64, 512, 128, 64, 128, 1e-6)
+    layer = MLANoPEAttention(cfg, LayerBuildSpec(dtype=torch.bfloat16, device="cuda"))
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if "layernorm" in name:
+                v = torch.rand(p.shape, generator=g) + 0.5
+            else:
+                v = torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5
+            p.copy_(v.to(p.dtype))
+    xs = [(torch.randn(n, hidden, generator=g) * 2).to(torch.bfloat16).cuda() for n in lens]
+    xs += [(torch.randn(len(lens), hidden, generator=g) * 2).to(torch.bfloat16).cuda()] * steps
+    outs = []
+    for on in (False, True):
+        layer.decode_kernel = on
+        need = sum(-(-(n + steps) // block) for n in lens)
+        table = PagedBlockTable(
+            BlockPool(need, block), rows=len(lens), max_tokens=2048, device="cuda"
+        )
+        store = torch.randn(need + 1, block, 576, generator=g).to(torch.bfloat16).cuda()
+        caches = [
+            MLALatentCache(PagedRows(store, table.table[r], table.blocks(r)))
+            for r in range(len(lens))
+        ]
+        prefill = [[n if r == i else 0 for r in range(len(lens))] for i, n in enumerate(lens)]
+        got = _run(layer, caches, table, xs, prefill + [[1] * len(lens)] * steps)
+        outs.append(torch.cat(got[len(lens) :]).float())
+    ref, got = outs
+    err = float((got - ref).abs().max() / ref.abs().max())
+    print(f"layer decode, kernel vs torch pass (bf16): rel max err {err:.2e}")
+    assert err < 2e-2, err
 
 
 if __name__ == "__main__":

@@ -13,15 +13,26 @@ Rows of paged caches that share one store are gathered through their block-table
 indexing op; other caches are padded from their own rows. The padded fp32 batch takes
 ``B * S * (L + rope) * 4`` bytes, so :func:`decode_chunks` splits the requests into groups of at
 most ``max_rows`` padded rows (a request longer than that alone is one group).
+
+Paged bf16/fp16 latents where Triton runs take the flash-decoding kernel instead
+(:func:`absorbed_decode_paged`, ``kernels/ops/attention/absorbed_mla_decode.py``): the same
+maths, exact bf16 parts of the fp32 operands, the latents read in place through the block table
+(no padded copy, so no groups), the ``w_kc`` / ``w_vc`` absorption as here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from sglang.kernels.ops.attention.absorbed_mla_decode import (
+    absorbed_decode_unsupported,
+    absorbed_mla_decode,
+)
+from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 from sglang.srt.mem_cache.paged_rows import PagedRows
 
@@ -48,24 +59,57 @@ def decode_chunks(lengths: Sequence[int], max_rows: int) -> list[list[int]]:
     return groups
 
 
+@dataclass(frozen=True)
+class PagedLatents:
+    """Requests' latent rows in one block store: row ``j`` of request ``b`` is
+    ``store[table[b, j // R], j % R]``, the first ``lengths[b]`` live; ``table`` covers the
+    longest request's blocks (``longest`` rows, known on the host)."""
+
+    store: Tensor  # [num_blocks + 1, R, L + rope]
+    table: Tensor  # [B, ceil(longest / R)] int64
+    lengths: Tensor  # [B] int64
+    longest: int
+
+
+def paged_latents(caches: Sequence[MLALatentCache]) -> PagedLatents | None:
+    """The caches' rows as one :class:`PagedLatents` when they are pages of one store, else None.
+    Every request needs >= 1 row."""
+    if not caches:
+        raise ValueError("paged_latents needs at least one cache")
+    lens = [len(c) for c in caches]
+    if min(lens) < 1:
+        raise ValueError(f"every request needs >= 1 latent row to attend over, got {lens}")
+    first = caches[0].rows
+    paged = [c.rows for c in caches if isinstance(c.rows, PagedRows)]
+    if len(paged) != len(caches) or any(r.buf is not first.buf for r in paged):
+        return None
+    nb = -(-max(lens) // first.buf.shape[1])
+    table = torch.stack([r.table_row[:nb] for r in paged])  # [B, nb]
+    lengths = torch.tensor(lens, dtype=torch.long, device=first.buf.device)
+    return PagedLatents(first.buf, table, lengths, max(lens))
+
+
+def decode_kernel_unavailable(caches: Sequence[MLALatentCache], rope_dim: int) -> str | None:
+    """Why :func:`absorbed_decode_paged` cannot take these caches' latents (None: it can)."""
+    first = caches[0].rows if caches else None
+    if first is None or not all(
+        isinstance(c.rows, PagedRows) and c.rows.buf is first.buf for c in caches
+    ):
+        return "the latents are not pages of one block store"
+    if not triton_can_run(first.buf):
+        return "Triton cannot run on the latents' device"
+    return absorbed_decode_unsupported(first.buf.shape[-1] - rope_dim, rope_dim, first.buf.dtype)
+
+
 def gather_latents(caches: Sequence[MLALatentCache]) -> tuple[Tensor, Tensor]:
     """``(kv [B, S, D] fp32, lengths [B] int64)`` of the caches' rows; rows past a request's
     length are zero (a paged gather reads its last block's unused rows and the null block, which
     may hold a former owner's rows: zeroed so a non-finite one cannot reach ``0 * x``)."""
-    if not caches:
-        raise ValueError("gather_latents needs at least one cache")
+    paged = paged_latents(caches)
+    if paged is not None:
+        return gather_paged(paged.store, paged.table, paged.lengths, paged.longest), paged.lengths
     lens = [len(c) for c in caches]
-    if min(lens) < 1:
-        raise ValueError(f"every request needs >= 1 latent row to attend over, got {lens}")
-    s = max(lens)
-    first = caches[0].rows
-    device = first.buf.device
-    lengths = torch.tensor(lens, dtype=torch.long, device=device)
-    paged = [c.rows for c in caches if isinstance(c.rows, PagedRows)]
-    if len(paged) == len(caches) and all(r.buf is first.buf for r in paged):
-        nb = -(-s // first.buf.shape[1])
-        table = torch.stack([r.table_row[:nb] for r in paged])  # [B, nb]
-        return gather_paged(first.buf, table, lengths, s), lengths
+    lengths = torch.tensor(lens, dtype=torch.long, device=caches[0].rows.buf.device)
     rows = [c.rows.rows() for c in caches]  # zero-padded past each length
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).float(), lengths
 
@@ -109,4 +153,30 @@ def absorbed_decode(
     valid = torch.arange(kv.shape[1], device=kv.device) < lengths[:, None]
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     o_lat = torch.softmax(scores, dim=-1) @ ckv  # [B, h, L]
+    return torch.einsum("bhl,hvl->bhv", o_lat, w_vc)
+
+
+def absorbed_decode_paged(
+    q: Tensor,
+    latents: PagedLatents,
+    w_kc: Tensor,
+    w_vc: Tensor,
+    *,
+    rope_dim: int,
+    scale: float,
+) -> Tensor:
+    """:func:`absorbed_decode` over ``latents`` read in place by the flash-decoding kernel
+    (:func:`decode_kernel_unavailable` must be None): ``q [B, h, nope + rope]`` -> ``[B, h, v]``
+    fp32. The fp32 ``q_lat`` and probabilities enter the kernel's bf16 products as exact parts,
+    so this equals the torch pass up to summation order."""
+    qk = q.shape[-1]
+    if q.shape[0] != latents.table.shape[0] or qk != w_kc.shape[1] + rope_dim:
+        raise ValueError(
+            f"absorbed decode shapes disagree: q {tuple(q.shape)}, "
+            f"{latents.table.shape[0]} requests, w_kc {tuple(w_kc.shape)}, rope {rope_dim}"
+        )
+    q_nope, q_pe = q.split([qk - rope_dim, rope_dim], dim=-1)
+    q_lat = torch.einsum("bhn,hnl->bhl", q_nope.float(), w_kc)
+    # q_pe stays in the model dtype: one part when that is the store's (bf16 values are exact)
+    o_lat = absorbed_mla_decode(q_lat, q_pe, latents.store, latents.table, latents.lengths, scale)
     return torch.einsum("bhl,hvl->bhv", o_lat, w_vc)

@@ -15,7 +15,9 @@ Two equal forms: a multi-token segment expands the cached latents to per-head K/
 many queries share them); a single-token segment (decode) absorbs ``kv_b`` into the query and the
 output (``w_kc``/``w_vc``) and attends in the 512-wide latent space directly. All single-token
 segments of a forward attend together in one padded batch (:mod:`mla_absorbed_batch`, bounded in
-padded rows); ``batched_decode = False`` runs them one by one, the reference the tests compare to.
+padded rows), or, on paged bf16/fp16 latents where Triton runs, in one flash-decoding kernel that
+reads the latents in place (``decode_kernel = False`` keeps the torch pass);
+``batched_decode = False`` runs them one by one, the reference the tests compare to.
 
 Tensor parallel: heads split by rank (``q_b``/``q_proj``, ``kv_b``, ``g_proj`` column-parallel;
 ``o_proj`` row-parallel and reducing); ``q_a``, ``kv_a`` and their norms are replicated, so every
@@ -34,8 +36,11 @@ from torch import Tensor, nn
 from sglang.srt.layers.attention.mla_absorbed_batch import (
     DEFAULT_MAX_PADDED_ROWS,
     absorbed_decode,
+    absorbed_decode_paged,
     decode_chunks,
+    decode_kernel_unavailable,
     gather_latents,
+    paged_latents,
 )
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
@@ -110,6 +115,8 @@ class MLANoPEAttention(nn.Module):
         # Decode rows attend in one padded batch of at most ``max_padded_rows`` rows per group.
         self.batched_decode = True
         self.max_padded_rows = DEFAULT_MAX_PADDED_ROWS
+        # Paged bf16/fp16 latents where Triton runs: the batched rows in one kernel launch.
+        self.decode_kernel = True
 
     def _queries(self, x: Tensor) -> Tensor:
         if self.q_proj is not None:
@@ -218,10 +225,22 @@ class MLANoPEAttention(nn.Module):
     def _attend_absorbed_batched(
         self, q: Tensor, out: Tensor, segs: Sequence[MLASegment], w_kc: Tensor, w_vc: Tensor
     ) -> None:
-        """Write ``out`` rows of the single-token ``segs`` (their latents already appended): one
-        padded absorbed pass per group of :func:`decode_chunks`, so the fp32 padded batch stays
-        within ``max_padded_rows`` rows whatever the batch size and context."""
-        lengths = [len(seg.cache) for seg in segs]
+        """Write ``out`` rows of the single-token ``segs`` (their latents already appended): the
+        kernel over paged latents in place when it can run, else one padded absorbed pass per
+        group of :func:`decode_chunks`, so the fp32 padded batch stays within
+        ``max_padded_rows`` rows whatever the batch size and context."""
+        rope = self.config.qk_rope_head_dim
+        caches = [seg.cache for seg in segs]
+        if self.decode_kernel and decode_kernel_unavailable(caches, rope) is None:
+            latents = paged_latents(caches)
+            assert latents is not None
+            idx = torch.tensor([seg.start for seg in segs], dtype=torch.long, device=q.device)
+            o = absorbed_decode_paged(
+                q.index_select(0, idx), latents, w_kc, w_vc, rope_dim=rope, scale=self.scale
+            )
+            out.index_copy_(0, idx, o.to(out.dtype))
+            return
+        lengths = [len(c) for c in caches]
         for group in decode_chunks(lengths, self.max_padded_rows):
             kv, lens = gather_latents([segs[i].cache for i in group])
             idx = torch.tensor([segs[i].start for i in group], dtype=torch.long, device=q.device)
@@ -231,7 +250,7 @@ class MLANoPEAttention(nn.Module):
                 lens,
                 w_kc,
                 w_vc,
-                rope_dim=self.config.qk_rope_head_dim,
+                rope_dim=rope,
                 scale=self.scale,
             )
             out.index_copy_(0, idx, o.to(out.dtype))

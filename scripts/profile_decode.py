@@ -350,15 +350,22 @@ def dsv4_ops(
         top, ok = idx.top_entries(iq, iw, idx_keys, visible)
         k = min(cfg.index_topk, idx_keys.shape[1])
 
-        def kernel_scores() -> torch.Tensor:
+        def scores_kernel() -> torch.Tensor:
             # The kernel reads the paged keys in place, through the block table.
-            sc = indexer_scores(
+            return indexer_scores(
                 iq, iw, idx_store.entries, slots, visible, idx.head_dim**-0.5, table=table
             )
-            return indexer_topk(sc, visible, k)
+
+        def kernel_scores() -> torch.Tensor:  # what the static decode runs by default
+            sc = scores_kernel()
+            return torch.sort(sc, dim=-1, descending=True, stable=True).indices[:, :k]
+
+        def kernel_scores_topk() -> torch.Tensor:  # with SGLANG_DSV4_TOPK_KERNEL=1
+            return indexer_topk(scores_kernel(), visible, k)
 
         picks = kernel_scores()
-        ops.append(("  new: indexer scores + top-k kernels", kernel_scores, ops[-1][2]))
+        ops.append(("  new: indexer scores kernel + sort", kernel_scores, ops[-1][2]))
+        ops.append(("  new: indexer scores + top-k kernels", kernel_scores_topk, ops[-1][2]))
 
         def attend() -> torch.Tensor:
             wk, wv = window_keys()

@@ -270,6 +270,19 @@ class Envs:
         "bf16/fp16 pools on CUDA; 0: the torch path (every ring row and entry, under masks). "
         "The kernels equal the torch path to ~3e-7 per layer on the H200 (docs/performance.md).",
     )
+    SGLANG_DSV4_TOPK_KERNEL = EnvBool(
+        False,
+        "With the length-aware decode kernels on, pick the indexer's top-k with the length-aware "
+        "Triton radix select (kernels/ops/attention/indexer_topk.py: the stable sort's set, from "
+        "the visible columns only) instead of a stable sort of every column. Off until its GPU "
+        "test has run on the H200 (it passes under the Triton interpreter).",
+    )
+    SGLANG_K3_ATTN_RES_KERNEL = EnvBool(
+        False,
+        "Kimi K3's AttnRes reads as one Triton launch each (kernels/ops/layernorm/"
+        "attn_res_read.py) on CUDA instead of ~15 torch ops. Off until its GPU test has run on "
+        "the H200 (it passes under the Triton interpreter).",
+    )
     SGLANG_STATIC_DECODE_WITHOUT_GRAPHS = EnvBool(
         False,
         "When CUDA graphs are off (--disable-cuda-graph, or no CUDA), decode through the slot "

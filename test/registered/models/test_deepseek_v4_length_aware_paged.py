@@ -149,7 +149,8 @@ def _scenario() -> None:
 
 def test_kernels_on_reused_slots_and_padding_rows_match_torch() -> None:
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    # The top-k kernel too (off by default until its GPU run): it picks the stable sort's set.
+    env = {**os.environ, "TRITON_INTERPRET": "1", "SGLANG_DSV4_TOPK_KERNEL": "1"}
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--scenario"],
         check=False,

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from sglang.kernels.ops.layernorm.attn_res_read import attn_res_read
 from sglang.kernels.ops.triton_dispatch import triton_can_run
+from sglang.srt.environ import envs
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear
 
@@ -46,7 +47,8 @@ class AttnResState:
             )
         if not self.bank:
             return out_norm(self.partial)
-        if triton_can_run(self.partial):  # one launch instead of ~15 (same maths, fp32)
+        if envs.SGLANG_K3_ATTN_RES_KERNEL.get() and triton_can_run(self.partial):
+            # one launch instead of ~15 (same maths, fp32)
             rows = torch.stack([*self.bank, self.partial], dim=1)
             out = torch.empty_like(self.partial)
             return attn_res_read(rows, score_vector, out_norm.weight, eps, out_norm.eps, out)

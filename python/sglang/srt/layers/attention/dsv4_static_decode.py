@@ -126,9 +126,13 @@ def _kernel_attention(
         scores = indexer_scores(
             iq.to(q.dtype), iw, idx_store.entries, slots, visible, scale, table=table
         )
-        # The torch scoring's set (its stable sort's first k: ties to the earlier entry), from
-        # the visible columns only; in entry order, which the attention reads as a set.
-        picks = indexer_topk(scores, visible, min(attn.indexer.topk, scores.shape[1]))
+        k = min(attn.indexer.topk, scores.shape[1])
+        if envs.SGLANG_DSV4_TOPK_KERNEL.get():
+            # The stable sort's set (ties to the earlier entry) from the visible columns only,
+            # in entry order, which the attention reads as a set.
+            picks = indexer_topk(scores, visible, k)
+        else:  # the torch scoring's stable sort: visible entries first, ties to the earlier
+            picks = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
     return sparse_decode_attention(
         q,
         store.window,

@@ -3,7 +3,9 @@
 # the git-ignored .whl/ folder (DeepGEMM + tvm-ffi, fastapi/uvicorn/pydantic/openai), run the GPU
 # tests, then the benchmarks.
 # Usage (from the repo root, .whl/ carried): bash scripts/device_check.sh [pytest -k expr]
-# Env: TESTS (default test/registered), BENCHES (default scripts/bench_grid_barrier.py; "" = none).
+# Env: TESTS (default test/registered), BENCHES (default scripts/bench_grid_barrier.py; "" = none;
+# several as "a.py --flag x; b.py", each run with its arguments, its log named after the script),
+# BENCH_TIMEOUT (seconds each benchmark may take, default 600).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -28,7 +30,12 @@ python3 -m sglang.check_env 2>&1 | sed -n 1,12p
 python3 -m pytest ${TESTS:-test/registered} -m "gpu or multi_gpu" -v -rs -p no:cacheprovider \
   --continue-on-collection-errors ${1:+-k "$1"} 2>&1 | tee "$OUT/pytest_gpu.log"
 status=${PIPESTATUS[0]}
-for bench in ${BENCHES-scripts/bench_grid_barrier.py}; do
-  python3 "$bench" 2>&1 | tee "$OUT/$(basename "$bench" .py).log"
+export PYTHONPATH="$PYTHONPATH:$PWD/scripts"  # the profiles import each other's helpers
+IFS=';' read -ra bench_cmds <<< "${BENCHES-scripts/bench_grid_barrier.py}"
+for cmd in "${bench_cmds[@]}"; do
+  read -ra argv <<< "$cmd"
+  [ ${#argv[@]} -eq 0 ] && continue
+  echo "== ${argv[*]}"
+  timeout "${BENCH_TIMEOUT:-600}" python3 "${argv[@]}" 2>&1 | tee -a "$OUT/$(basename "${argv[0]}" .py).log"
 done
 exit "$status"

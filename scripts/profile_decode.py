@@ -17,7 +17,7 @@ the model runs on the GPU, the batched torch pass it falls back to, and the old 
 the layer sum counts the kernel where it runs), the AttnRes reads over an 8-block bank.
 Small caches stay in L2 across replays, so ops far under 1 MB read may look faster than HBM.
 
-It turns SGLANG_DSV4_LENGTH_AWARE_DECODE on (the kernels it measures are off by default).
+It turns SGLANG_DSV4_LENGTH_AWARE_DECODE on (the default) for its kernel rows; --smoke runs tiny models on the CPU, the kernels under the Triton interpreter (only to check the script runs).
 
 Usage: python scripts/profile_decode.py [--models dsv4,k3] [--batch 1,16,64]
        [--context 1024,8192,32768] [--json OUT.json]
@@ -28,6 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+
+if "--smoke" in sys.argv:  # before Triton loads: the kernels run in its interpreter on the CPU
+    os.environ["TRITON_INTERPRET"] = "1"
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any

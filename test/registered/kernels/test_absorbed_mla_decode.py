@@ -17,8 +17,6 @@ matches the torch pass to bf16 rounding of its output.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -30,6 +28,7 @@ from sglang.kernels.ops.attention.absorbed_mla_decode import (
     split_plan,
 )
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import run_under_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=20)
@@ -188,20 +187,10 @@ def _layer_takes_kernel(batch: object) -> None:
 
 
 def test_kernel_under_interpreter() -> None:
-    pytest.importorskip("triton")
     here = os.path.dirname(os.path.abspath(__file__))
     module = __name__.split(".")[-1]
     script = f"import sys; sys.path.insert(0, {here!r}); import {module} as t; t._interp_checks()"
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        check=False,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    print(proc.stdout)
-    assert proc.returncode == 0 and "ABSORBED_INTERP_OK" in proc.stdout, proc.stdout + proc.stderr
+    print(run_under_interpreter(marker="ABSORBED_INTERP_OK", code=script))
 
 
 def test_widths_and_stores_it_refuses() -> None:

@@ -11,14 +11,11 @@ truncation, the GPU to nearest) and fp32 to ~1e-6.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import call_in_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=15)
@@ -35,15 +32,15 @@ CPU_CASES: list[Case] = [
 GPU_CASES: list[Case] = CPU_CASES + [(64, 9, 7168, torch.bfloat16), (8192, 5, 7168, torch.bfloat16)]
 
 
-def check_kernel(device: str, cases: list[Case]) -> None:
-    """Kernel == torch read on each case (imports here: the interpreter subprocess sets its
-    environment before Triton loads)."""
+def check_kernel(device: str) -> None:
+    """Kernel == torch read on each case of ``device`` (imports here: the interpreter subprocess
+    sets its environment before Triton loads)."""
     from sglang.kernels.ops.layernorm.attn_res_read import attn_res_read
     from sglang.srt.layers.attn_res import AttnResState
     from sglang.srt.layers.layernorm import RMSNorm
 
     gen = torch.Generator().manual_seed(0)
-    for t, n_rows, h, dtype in cases:
+    for t, n_rows, h, dtype in CPU_CASES if device == "cpu" else GPU_CASES:
         rows = [(torch.randn(t, h, generator=gen) * (1 + i)).to(dtype) for i in range(n_rows)]
         norm = RMSNorm(h, 1e-6)
         norm.weight.data = torch.rand(h, generator=gen) + 0.5
@@ -68,20 +65,7 @@ def check_kernel(device: str, cases: list[Case]) -> None:
 
 
 def test_kernel_matches_torch_under_interpreter() -> None:
-    pytest.importorskip("triton")
-    script = (
-        f"import runpy; ns = runpy.run_path({__file__!r}, run_name='attn_res_check'); "
-        "ns['check_kernel']('cpu', ns['CPU_CASES']); print('ATTN_RES_OK')"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        check=False,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0 and "ATTN_RES_OK" in proc.stdout, proc.stdout + proc.stderr
+    call_in_interpreter(__file__, "check_kernel", "cpu")
 
 
 def test_cpu_read_stays_the_torch_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,7 +88,7 @@ def test_cpu_read_stays_the_torch_read(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_kernel_matches_torch_on_gpu() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    check_kernel("cuda", GPU_CASES)
+    check_kernel("cuda")
 
 
 if __name__ == "__main__":

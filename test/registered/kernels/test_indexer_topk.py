@@ -8,14 +8,11 @@ Under the Triton interpreter on the CPU (a subprocess: it is chosen at import) a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import call_in_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=15)
@@ -25,11 +22,11 @@ CPU_CASES: list[Case] = [(4, 64, 8), (5, 3000, 512), (3, 100, 100), (6, 2048, 51
 GPU_CASES: list[Case] = CPU_CASES + [(64, 8192, 512), (16, 32768, 512), (1, 2048, 2048)]
 
 
-def check_kernel(device: str, cases: list[Case]) -> None:
+def check_kernel(device: str) -> None:
     from sglang.kernels.ops.attention.indexer_topk import indexer_topk
 
     gen = torch.Generator().manual_seed(0)
-    for bs, cols, k in cases:
+    for bs, cols, k in CPU_CASES if device == "cpu" else GPU_CASES:
         scores = torch.randn(bs, cols, generator=gen)
         scores[scores < 0.3] = 0.0  # a third of the row ties at zero
         scores[0, ::3] = -0.0
@@ -61,20 +58,7 @@ def check_kernel(device: str, cases: list[Case]) -> None:
 
 
 def test_kernel_matches_stable_sort_under_interpreter() -> None:
-    pytest.importorskip("triton")
-    script = (
-        f"import runpy; ns = runpy.run_path({__file__!r}, run_name='topk_check'); "
-        "ns['check_kernel']('cpu', ns['CPU_CASES']); print('TOPK_OK')"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        check=False,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0 and "TOPK_OK" in proc.stdout, proc.stdout + proc.stderr
+    call_in_interpreter(__file__, "check_kernel", "cpu")
 
 
 def test_refuses_bad_arguments() -> None:
@@ -90,7 +74,7 @@ def test_refuses_bad_arguments() -> None:
 def test_kernel_matches_stable_sort_on_gpu() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    check_kernel("cuda", GPU_CASES)
+    check_kernel("cuda")
 
 
 if __name__ == "__main__":

@@ -5,31 +5,17 @@ subprocess. ``test_kda_decode_kernels_gpu.py`` runs the same checks on a GPU."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
-import pytest
-
 from sglang.kernels.ops.pointer_table import pointer_table_reason
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import run_under_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=15)
 
 
 def test_kernels_under_interpreter() -> None:
-    pytest.importorskip("triton")
     script = "from sglang.test import kda_decode_checks as c; c.run_all('cpu'); print('KDA_OK')"
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        check=False,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0 and "KDA_OK" in proc.stdout, proc.stdout + proc.stderr
+    run_under_interpreter(marker="KDA_OK", code=script, timeout=180)
 
 
 def test_pointer_table_reason() -> None:

@@ -8,9 +8,6 @@ there could not fail. test_mhc_kernels_gpu.py checks fused == unfused for every 
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
@@ -22,6 +19,7 @@ from sglang.kernels.ops.layernorm import mhc as mhc_kernels
 from sglang.srt.layers import dp_attention, mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import run_under_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=40)
@@ -468,17 +466,7 @@ _INTERP_SCRIPT = textwrap.dedent("""
 
 
 def test_triton_kernels_under_interpreter() -> None:
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _INTERP_SCRIPT],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0 and "MHC_INTERP_OK" in proc.stdout, proc.stdout + proc.stderr
+    run_under_interpreter(marker="MHC_INTERP_OK", code=_INTERP_SCRIPT, timeout=120)
 
 
 if __name__ == "__main__":

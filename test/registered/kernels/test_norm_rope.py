@@ -18,14 +18,13 @@ bit for bit."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import run_under_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=20)
@@ -225,17 +224,7 @@ def _interp_main() -> None:
 
 
 def test_kernels_under_interpreter() -> None:
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, __file__, "--interp"],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0 and "NORM_ROPE_INTERP_OK" in proc.stdout, proc.stdout + proc.stderr
+    run_under_interpreter(marker="NORM_ROPE_INTERP_OK", argv=[__file__, "--interp"])
 
 
 def test_cpu_takes_the_torch_ops() -> None:

@@ -19,14 +19,13 @@ path it replaces, and the indexer's picks against the mask the torch path reads.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
-import pytest
 import torch
 
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import run_under_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=25)
@@ -68,18 +67,11 @@ def test_picks_are_what_select_marks() -> None:
 
 
 def test_kernel_and_model_under_interpreter() -> None:
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "SGLANG_MHC_BACKEND": "torch"}
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--scenario"],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    run_under_interpreter(
+        marker="SPARSE_PREFILL_OK",
+        argv=[os.path.abspath(__file__), "--scenario"],
+        env={"SGLANG_MHC_BACKEND": "torch"},
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "SPARSE_PREFILL_OK" in proc.stdout, out
 
 
 def _kernel_cases() -> None:

@@ -25,13 +25,12 @@ through a shuffled block table equal them on the same rows stored per slot, bit 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
-import pytest
 import torch
 
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import run_under_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=25)
@@ -148,19 +147,12 @@ def _scenario() -> None:
 
 
 def test_kernels_on_reused_slots_and_padding_rows_match_torch() -> None:
-    pytest.importorskip("triton")
     # The top-k kernel too (off by default until its GPU run): it picks the stable sort's set.
-    env = {**os.environ, "TRITON_INTERPRET": "1", "SGLANG_DSV4_TOPK_KERNEL": "1"}
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--scenario"],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    run_under_interpreter(
+        marker="LENGTH_AWARE_PAGED_OK",
+        argv=[os.path.abspath(__file__), "--scenario"],
+        env={"SGLANG_DSV4_TOPK_KERNEL": "1"},
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "LENGTH_AWARE_PAGED_OK" in proc.stdout, out
 
 
 if __name__ == "__main__":

@@ -304,7 +304,8 @@ def main() -> None:
     tokens = min(args.tokens, 64) if args.smoke else args.tokens
     spec = LayerBuildSpec(dtype=torch.bfloat16, device=device, moe_runner=args.runner)
     model = DeepseekV4ForCausalLM(DeepseekV4ModelConfig.from_dict(cfg), spec)
-    load_weights(model, random_weights(cfg, seed=0), LoadOptions(progress=False))
+    # drawn on the GPU: the wide model's weights take about a minute on the CPU
+    load_weights(model, random_weights(cfg, seed=0, device=device), LoadOptions(progress=False))
     model.eval()
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg["vocab_size"], (tokens,), generator=gen).to(device)

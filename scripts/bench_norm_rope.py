@@ -20,7 +20,11 @@ from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention
 from sglang.srt.layers.attention.dsv4_attention_config import DeepseekV4AttentionConfig
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.rotary_embedding import RopeSpec, YarnScaling
-from sglang.srt.utils.cuda_timing import median_cuda_ms, median_graph_replay_ms
+from sglang.srt.utils.cuda_timing import (
+    graph_kernel_table,
+    median_cuda_ms,
+    median_graph_replay_ms,
+)
 from sglang.test.random_params import randomize_params_
 
 DEV = "cuda"
@@ -75,31 +79,6 @@ def ops(attn: DeepseekV4Attention, t: int) -> dict[str, Callable[[], object]]:
     }
 
 
-def kernel_table(fn: Callable[[], object]) -> str:
-    from torch.profiler import ProfilerActivity, profile
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    reps = 5
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            graph.replay()
-        torch.cuda.synchronize()
-    events = sorted(
-        (e for e in prof.key_averages() if e.device_time_total > 0),
-        key=lambda e: -e.device_time_total,
-    )
-    total = sum(e.device_time_total for e in events) / reps
-    launches = sum(e.count for e in events) // reps
-    lines = [f"kernels of one bs-1 replay (fused): {total:.1f} us, {launches} launches"]
-    for e in events:
-        lines.append(f"  {e.device_time_total / reps:>7.1f} us x{e.count // reps:<3} {e.key[:80]}")
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--batch", default="1,16,64")
@@ -120,7 +99,7 @@ def main() -> None:
         for op, (before, after) in timed.items():
             print(f"{name:<14} {op:<30} {before:>10.1f} {after:>10.1f} {before / after:>7.2f}x")
     set_fused(True, real)
-    print(kernel_table(ops(attn, 1)["all three"]))
+    print(graph_kernel_table(ops(attn, 1)["all three"], "bs 1, fused", top=40))
 
 
 if __name__ == "__main__":

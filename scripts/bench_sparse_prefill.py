@@ -14,7 +14,6 @@ Usage: python scripts/bench_sparse_prefill.py [--tokens 8192] [--repeats 5]
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -23,6 +22,7 @@ from triton.runtime.errors import OutOfResources
 
 from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
 from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.utils.cuda_timing import median_cuda_ms
 from sglang.test.sparse_prefill_cases import (
     PrefillCase,
     kernel_path,
@@ -41,19 +41,6 @@ VARIANTS: list[dict[str, int]] = [
     {"heads_per_program": 16, "block_n": 64, "num_warps": 4, "num_stages": 2},
     {"heads_per_program": 16, "num_warps": 4, "num_stages": 1},
 ]
-
-
-def _ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(begin.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def _useful_gflop(case: PrefillCase) -> float:
@@ -75,11 +62,11 @@ def _attention(tokens: int, repeats: int) -> None:
         ref = torch_path(x)
         gflop = _useful_gflop(case)
         print(f"\nratio {ratio}, {tokens} queries, useful {gflop:.0f} GFLOP")
-        print(f"  torch path: {_ms(partial(torch_path, x), 1):9.3f} ms")
+        print(f"  torch path: {median_cuda_ms(partial(torch_path, x), 1):9.3f} ms")
         for tuning in VARIANTS if ratio == 4 else VARIANTS[:1]:
             label = str(tuning or "defaults")
             try:
-                ms = _ms(partial(kernel_path, x, **tuning), repeats)
+                ms = median_cuda_ms(partial(kernel_path, x, **tuning), repeats)
                 err = max_row_err(kernel_path(x, **tuning), ref)
             except (CompilationError, OutOfResources, RuntimeError) as e:  # a tiling too big
                 print(f"  {label}: failed ({type(e).__name__}: {str(e)[:120]})")
@@ -105,8 +92,8 @@ def _indexer(tokens: int, repeats: int) -> None:
     keys = torch.randn(tokens // ratio, dim, generator=g, device="cuda").to(torch.bfloat16)
     pos = torch.arange(tokens, device="cuda")
     print(f"\nindexer, {tokens} queries x {keys.shape[0]} entries, {heads}x{dim}, top-{topk}")
-    select = _ms(partial(indexer.select, q, w, keys, pos), 1)
-    pick = _ms(partial(indexer.pick, q, w, keys, pos), repeats)
+    select = median_cuda_ms(partial(indexer.select, q, w, keys, pos), 1)
+    pick = median_cuda_ms(partial(indexer.pick, q, w, keys, pos), repeats)
     print(f"  torch select (mask): {select:9.3f} ms\n  kernel pick (ids):   {pick:9.3f} ms")
 
 

@@ -17,7 +17,9 @@ the model runs on the GPU, the batched torch pass it falls back to, and the old 
 the layer sum counts the kernel where it runs), the AttnRes reads over an 8-block bank.
 Small caches stay in L2 across replays, so ops far under 1 MB read may look faster than HBM.
 
-It turns SGLANG_DSV4_LENGTH_AWARE_DECODE on (the default) for its kernel rows; --smoke runs tiny models on the CPU, the kernels under the Triton interpreter (only to check the script runs).
+It turns SGLANG_DSV4_LENGTH_AWARE_DECODE on (the default) for its kernel rows;
+--smoke runs tiny models on the CPU with the kernels under the Triton interpreter
+(only to check that the script runs).
 
 Usage: python scripts/profile_decode.py [--models dsv4,k3] [--batch 1,16,64]
        [--context 1024,8192,32768] [--json OUT.json]
@@ -73,7 +75,7 @@ from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
-from sglang.srt.utils.cuda_timing import median_graph_replay_ms
+from sglang.srt.utils.cuda_timing import graph_kernel_table, median_graph_replay_ms
 from sglang.test.random_params import randomize_params_
 
 GB = 1e9
@@ -117,30 +119,6 @@ def graph_ms(fn: Callable[[], object], replays: int) -> float:
         fn()
         return (time.perf_counter() - t0) * 1e3
     return median_graph_replay_ms(fn, replays)
-
-
-def kernel_table(fn: Callable[[], object], title: str, top: int = 14) -> str:
-    """The kernels of one graph replay of ``fn`` by device time (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    reps = 5
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            graph.replay()
-        torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_time_total > 0]
-    events.sort(key=lambda e: -e.device_time_total)
-    total = sum(e.device_time_total for e in events) / reps
-    lines = [f"kernels of one replay, {title}: {total:.1f} us in {len(events)} kinds"]
-    for e in events[:top]:
-        us = e.device_time_total / reps
-        lines.append(f"  {us:>8.1f} us  x{e.count // reps:<3} {e.key[:90]}")
-    return "\n".join(lines)
 
 
 def param_bytes(*modules: nn.Module | torch.Tensor | None) -> float:
@@ -247,7 +225,7 @@ def dsv4_rows(
             layer_ms = graph_ms(whole_layer, replays)
             if DEV == "cuda" and (bs, ctx) in tables:
                 try:
-                    print(kernel_table(whole_layer, f"{name} {case}", top=24), flush=True)
+                    print(graph_kernel_table(whole_layer, f"{name} {case}", top=24), flush=True)
                 except (RuntimeError, AttributeError) as e:  # extra; never lose the run to it
                     print(f"kernel table failed: {e!r}")
             op_rows.append(OpRow(name, case, "= layer graph, kernels", layer_ms, total_b, bw))

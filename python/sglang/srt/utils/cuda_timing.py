@@ -48,3 +48,30 @@ def median_graph_replay_ms(fn: Callable[[], object], replays: int, rounds: int =
         times.append(begin.elapsed_time(end) / replays)
     del graph
     return statistics.median(times)
+
+
+def graph_kernel_table(fn: Callable[[], object], title: str, top: int = 14) -> str:
+    """The kernels of one CUDA-graph replay of ``fn`` by device time (torch.profiler over five
+    replays): a header with the total time and launches, then the ``top`` kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    reps = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in events) / reps
+    launches = sum(e.count for e in events) // reps
+    lines = [
+        f"kernels of one replay, {title}: {total:.1f} us, {launches} launches, {len(events)} kinds"
+    ]
+    for e in events[:top]:
+        lines.append(f"  {e.device_time_total / reps:>8.1f} us  x{e.count // reps:<3} {e.key[:90]}")
+    return "\n".join(lines)

@@ -12,7 +12,9 @@ fp32 on CPU (tiny CONFIG_A: AttnRes blocks of 3, MLA at layers 4 and 8; CONFIG_C
   serving K3 decodes eagerly (paged latents, the reason in the startup line), also without
   --max-total-tokens; on, the runner takes the static decode and its logits equal the eager
   runner's over mixed prefill / decode plans with frees and slot reuse.
-Tolerance: 2e-5 of the largest |logit| (only summation order differs; measured ~5e-6).
+Tolerance: 2e-5 of the largest |logit| against the eager decode (only summation order differs;
+measured ~5e-6), 1e-4 against a full forward (the eager decode's own tolerance there: chunked vs
+whole prefill orders the sums differently too; measured ~1e-5).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from sglang.test.run import run_this_file
 register_cpu_ci(est_time=35)
 
 TOL = 2e-5
+REF_TOL = 1e-4
 BLOCK = 8
 CAPACITY = 48
 
@@ -146,7 +149,7 @@ def test_reused_slot_sees_none_of_the_former_owner() -> None:
         assert sorted(pool.blocks.blocks(0).table) == held[:2]  # the former owner's blocks
         err = _rel(got, model(ids, torch.arange(ids.shape[0])))
         print(f"reused slot, prompt {prompt}: rel max err vs full forward {err:.2e}")
-        assert err < TOL
+        assert err < REF_TOL
         model.free_pooled_cache(reused)
 
 

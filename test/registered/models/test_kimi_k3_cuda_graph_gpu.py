@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import sys
 
-import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

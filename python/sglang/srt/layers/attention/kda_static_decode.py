@@ -58,12 +58,33 @@ def kda_static_decode(
     h, d = attn.local_heads, attn.config.head_dim
     mixed, g, beta = attn.project(x)
     weight = attn.conv_weight()
-    if static_kernel_reason(mixed, weight, conv, recurrent, d) is None:
-        core = torch.zeros(bs, h, d, dtype=torch.float32, device=x.device)
-        rows = torch.arange(bs, dtype=torch.long, device=x.device)
-        table = torch.stack([rows, slot_addresses(conv, slots), slot_addresses(recurrent, slots)])
-        kernel_decode(mixed, g, beta, KDADecodeRows(table), weight, core, d)
-        return attn.finish(x, core)
+    if static_kernel_reason(mixed, weight, conv, recurrent, d) is not None:
+        return _torch_step(attn, x, (mixed, g, beta), weight, slots, conv, recurrent)
+    core = torch.zeros(bs, h, d, dtype=torch.float32, device=x.device)
+    rows = torch.arange(bs, dtype=torch.long, device=x.device)
+    table = torch.stack([rows, slot_addresses(conv, slots), slot_addresses(recurrent, slots)])
+    kernel_decode(mixed, g, beta, KDADecodeRows(table), weight, core, d)
+    return attn.finish(x, core)
+
+
+def kda_static_decode_torch(
+    attn: KimiDeltaAttention, x: Tensor, slots: Tensor, conv: Tensor, recurrent: Tensor
+) -> Tensor:
+    """:func:`kda_static_decode` in torch ops on the gathered rows (the CPU path and the kernels'
+    reference)."""
+    return _torch_step(attn, x, attn.project(x), attn.conv_weight(), slots, conv, recurrent)
+
+
+def _torch_step(
+    attn: KimiDeltaAttention,
+    x: Tensor,
+    inputs: tuple[Tensor, Tensor, Tensor],
+    weight: Tensor,
+    slots: Tensor,
+    conv: Tensor,
+    recurrent: Tensor,
+) -> Tensor:
+    mixed, g, beta = inputs
     conv_out, conv_new = causal_conv_decode(mixed, weight, conv[slots])
     q, k, v = attn.split_qkv(conv_out)
     o, rec_new = kda_recurrent(

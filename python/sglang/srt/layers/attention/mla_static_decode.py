@@ -53,8 +53,8 @@ def mla_static_decode(
     store[block, offset] = attn.latents(x).to(store.dtype)
     lengths = positions + 1
     w_kc, w_vc = attn.absorbed_weights()
-    tables = table[slots]  # [bs, max_blocks]
     if static_kernel_reason(attn, store) is None:
+        tables = table[slots]  # [bs, max_blocks]: slices past a row's length exit at once
         keys = tables.shape[1] * store.shape[1]
         latents = PagedLatents(store, tables, lengths, keys)
         o = absorbed_decode_paged(q, latents, w_kc, w_vc, rope_dim=rope, scale=attn.scale)

@@ -3,6 +3,8 @@
 and MLA layers, latent MoE) with its rope width at 16 so the absorbed MLA kernel takes the
 latents, random weights, bf16, the triton MoE runner.
 
+- The static KDA / MLA steps through the kernels equal their torch paths
+  (``sglang.test.k3_static_kernel_checks``, also run under the interpreter on CPU).
 - Capture refuses nothing it needs: no host sync in the captured step (capture would raise).
 - Graph replay == the same static decode run eagerly at the same padded size, for batches of 1, 3
   and 6 requests (padded to 1, 4 and 8) over many steps from prompts of different lengths, the
@@ -29,6 +31,7 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+from sglang.test import k3_static_kernel_checks
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
@@ -69,6 +72,10 @@ def _check_drift(errs: list[float], what: str) -> None:
     median = sorted(errs)[len(errs) // 2]
     over = sum(e >= 0.05 for e in errs)
     assert median < 0.02 and over <= len(errs) // 10, (what, median, over, errs)
+
+
+def test_k3_static_kernel_paths_on_the_gpu() -> None:
+    k3_static_kernel_checks.run_all("cuda")
 
 
 def test_k3_graph_replay_equals_eager_static_and_reference() -> None:

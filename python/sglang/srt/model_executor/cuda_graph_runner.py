@@ -1,6 +1,6 @@
 """Decode CUDA graphs: one graph per batch size of the model's static decode
-(:meth:`DeepseekV4ForCausalLM.static_decode`), replayed for decode-only steps after padding the
-batch to the next captured size.
+(:meth:`DeepseekV4ForCausalLM.static_decode`, or Kimi K3's when its gate is open), replayed for
+decode-only steps after padding the batch to the next captured size.
 
 Capture follows the symmetric-memory rules (docs: docs/symmetric_memory.md):
 - every size is warmed up eagerly *on the capture stream* first, so Triton kernels are compiled

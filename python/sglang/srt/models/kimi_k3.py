@@ -17,7 +17,11 @@ checkpoint's ``block_sparse_moe``, ``lm_head.weight``), so the loader maps names
 
 A batch is a list of requests, each with its own :class:`KimiK3RequestCache`; prefill chunks and
 decode rows mix freely: projections, norms and MoE run over all rows at once, attention walks the
-requests (KDA runs all decode rows in one batched conv and recurrent step).
+requests (KDA runs all decode rows in one batched conv and recurrent step). With a slot pool
+(:meth:`KimiK3ForCausalLM.enable_slot_pool`) caches live in preallocated slots and
+:meth:`~KimiK3ForCausalLM.static_decode` runs a decode step over them with fixed shapes (the body of
+the decode CUDA graphs, ``kimi_k3_static_decode.py``; the executor takes it only with
+``SGLANG_K3_STATIC_DECODE``); the eager forward stays the reference.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=35)
+register_cpu_ci(est_time=15)
 
 TOL = 2e-5
 REF_TOL = 1e-4

@@ -15,7 +15,7 @@ import pytest
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=20)
+register_cpu_ci(est_time=10)
 
 
 def test_static_kernels_under_interpreter() -> None:

@@ -228,6 +228,13 @@ def test_the_runner_decodes_k3_eagerly_unless_the_gate_is_on(
     assert line.startswith("off (runs on cpu, not CUDA); static decode eager at the graph batch")
     pool = static.model.slot_pool
     assert pool is not None and pool.block_pool.num_blocks == 4
+    model = static.model
+    assert isinstance(model, KimiK3ForCausalLM)
+    static_steps: list[int] = []
+    real = model.decode_pooled
+    monkeypatch.setattr(
+        model, "decode_pooled", lambda *a, **k: static_steps.append(1) or real(*a, **k)
+    )
     worst = 0.0
     for plan in _plans(eager.vocab_size):
         want, got = eager.execute(plan), static.execute(plan)
@@ -235,7 +242,7 @@ def test_the_runner_decodes_k3_eagerly_unless_the_gate_is_on(
         if want is not None and got is not None:
             worst = max(worst, _rel(got, want))
     print(f"static vs eager runner (K3): rel max err {worst:.2e}")
-    assert worst < TOL
+    assert worst < TOL and len(static_steps) == 9  # every decode-only plan went static
     assert pool.num_free == pool.max_slots and not static.caches
     assert pool.block_pool.num_free == pool.block_pool.num_blocks
 

@@ -585,7 +585,7 @@ def k3_mla_ops(
     bs = x.shape[0]
     lat = mc.kv_lora_rank + mc.qk_rope_head_dim
     kv = (torch.randn(bs, ctx, lat, generator=gen, device=DEV) * 0.5).to(torch.bfloat16)
-    q = mla._queries(x)
+    q = mla.queries(x)
     o = torch.randn(bs, mla.local_heads * mc.v_head_dim, generator=gen, device=DEV).to(x.dtype)
 
     def absorbed() -> list[torch.Tensor]:
@@ -646,7 +646,7 @@ def k3_mla_ops(
     return [
         (
             "MLA q + latent proj",
-            lambda: (mla._queries(x), mla.latents(x)),
+            lambda: (mla.queries(x), mla.latents(x)),
             param_bytes(*q_mods, *kv_mods),
         ),
         (PER_REQUEST_MLA, absorbed, attn_bytes),

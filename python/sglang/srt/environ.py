@@ -283,6 +283,14 @@ class Envs:
         "attn_res_read.py) on CUDA instead of ~15 torch ops. Off until its GPU test has run on "
         "the H200 (it passes under the Triton interpreter).",
     )
+    SGLANG_K3_STATIC_DECODE = EnvBool(
+        False,
+        "Kimi K3 decode through its slot pool's static decode (KDA states and MLA latents by "
+        "slot, fixed shapes, no host sync), so CUDA graphs capture it (or, with "
+        "SGLANG_STATIC_DECODE_WITHOUT_GRAPHS, it runs eagerly at the graph sizes). Off: K3 "
+        "decodes eagerly on per-request caches. Off until its graph test "
+        "(test_kimi_k3_cuda_graph_gpu.py) has run on the H200: it is tested on CPU only.",
+    )
     SGLANG_STATIC_DECODE_WITHOUT_GRAPHS = EnvBool(
         False,
         "When CUDA graphs are off (--disable-cuda-graph, or no CUDA), decode through the slot "

@@ -1,7 +1,8 @@
 """The executor reaches a model only through declared abilities (model_executor/model_abilities):
-DeepSeek V4, the built-in default model and Kimi K3 are ``ServedModel``s, the first two also
-``SupportsStaticDecode``; the MoE runners are reached through ``moe_layers()``, never by probing
-module attributes, and a model lacking an ability is refused with its name."""
+DeepSeek V4, the built-in default model and Kimi K3 are ``ServedModel``s and
+``SupportsStaticDecode`` (Kimi K3's behind its gate, ``GatedStaticDecode``); the MoE runners are
+reached through ``moe_layers()``, never by probing module attributes, and a model lacking an
+ability is refused with its name."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.moe_runner.torch_runner import TorchMoERunner
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_unavailable_reason
 from sglang.srt.model_executor.model_abilities import (
+    GatedStaticDecode,
     ServedModel,
     SupportsPagedCache,
     SupportsSlotPool,
@@ -61,10 +63,10 @@ def test_the_three_models_declare_their_abilities() -> None:
     )
     for model in (dsv4, kimi, default.model):
         assert isinstance(model, ServedModel), type(model).__name__
-    for model in (dsv4, default.model):
+    for model in (dsv4, kimi, default.model):
         assert isinstance(model, SupportsStaticDecode) and isinstance(model, SupportsSlotPool)
-    assert not isinstance(kimi, SupportsStaticDecode)
-    assert not isinstance(kimi, SupportsSlotPool)
+    # Kimi K3's static decode is gated (SGLANG_K3_STATIC_DECODE), DeepSeek V4's is not.
+    assert isinstance(kimi, GatedStaticDecode) and not isinstance(dsv4, GatedStaticDecode)
     assert isinstance(kimi, SupportsPagedCache) and not isinstance(dsv4, SupportsPagedCache)
     # moe_layers: every FusedMoE, in order, and only those
     for model in (dsv4, kimi):
@@ -76,19 +78,35 @@ def test_the_three_models_declare_their_abilities() -> None:
 
 
 def test_a_missing_ability_is_refused_by_name() -> None:
-    kimi = _kimi()
-    why = missing_ability_reason(kimi, SupportsStaticDecode)
+    class EagerOnly(torch.nn.Module):
+        def moe_layers(self) -> list[FusedMoE]:
+            return []
+
+    model = EagerOnly()
+    why = missing_ability_reason(model, SupportsStaticDecode)
     assert why is not None and why.startswith(
-        "KimiK3ForCausalLM does not implement SupportsStaticDecode (missing: "
+        "EagerOnly does not implement SupportsStaticDecode (missing: "
     )
     assert "static_decode" in why and "enable_slot_pool" in why and "forward" not in why
-    with pytest.raises(TypeError, match="KimiK3ForCausalLM does not implement SupportsStatic"):
-        CudaGraphRunner(kimi, [1], torch.device("cpu"))
-    assert graph_unavailable_reason(kimi, CUDA, disabled=False) == (
-        "KimiK3ForCausalLM has no static decode; decode runs eagerly"
+    with pytest.raises(TypeError, match="EagerOnly does not implement SupportsStatic"):
+        CudaGraphRunner(model, [1], torch.device("cpu"))
+    assert graph_unavailable_reason(model, CUDA, disabled=False) == (  # type: ignore[arg-type]
+        "EagerOnly has no static decode; decode runs eagerly"
     )
     with pytest.raises(TypeError, match=r"object does not implement ServedModel \(missing: "):
         require_ability(object(), ServedModel)
+
+
+def test_kimi_k3_static_decode_is_gated(monkeypatch: pytest.MonkeyPatch) -> None:
+    kimi = _kimi()
+    monkeypatch.delenv("SGLANG_K3_STATIC_DECODE", raising=False)
+    why = graph_unavailable_reason(kimi, CUDA, disabled=False)
+    assert why is not None and why.startswith("SGLANG_K3_STATIC_DECODE is off")
+    monkeypatch.setenv("SGLANG_K3_STATIC_DECODE", "1")
+    # Gate open: the graphs are refused only for the MoE runner's host sync (torch runner).
+    assert graph_unavailable_reason(kimi, CUDA, disabled=False) == (
+        TorchMoERunner.capture_unsafe_reason
+    )
 
 
 def test_a_lone_static_decode_method_is_not_the_ability() -> None:

@@ -10,7 +10,8 @@ The request also counts its tokens, so a forward can check that positions contin
 
 A plain per-request store that the reference layers read directly, or, for the MLA latents, rows
 paged in the blocks of a :class:`~sglang.srt.mem_cache.kimi_k3_latent_pool.KimiK3LatentPool`
-shared by many requests (``row`` is then the request's row of that pool).
+shared by many requests (``row`` is then the request's row of that pool), or every state in one
+slot of the static decode's slot pool (``slot``).
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ LayerCache = KDAState | MLALatentCache
 
 class KimiK3RequestCache(RequestCache[LayerCache]):
     """One request's layer states and token count; ``row`` is its latent-pool row (``None`` when
-    its MLA latents are its own tensors)."""
+    its MLA latents are its own tensors), ``slot`` its slot of a
+    :class:`~sglang.srt.mem_cache.kimi_k3_slot_pool.KimiK3SlotPool` (``None`` outside one)."""
 
     row: int | None = None
+    slot: int | None = None
 
 
 def new_request_cache(

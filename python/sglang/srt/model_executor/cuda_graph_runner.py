@@ -1,6 +1,6 @@
 """Decode CUDA graphs: one graph per batch size of the model's static decode
-(:meth:`DeepseekV4ForCausalLM.static_decode`), replayed for decode-only steps after padding the
-batch to the next captured size.
+(:meth:`DeepseekV4ForCausalLM.static_decode`, or Kimi K3's when its gate is open), replayed for
+decode-only steps after padding the batch to the next captured size.
 
 Capture follows the symmetric-memory rules (docs: docs/symmetric_memory.md):
 - every size is warmed up eagerly *on the capture stream* first, so Triton kernels are compiled
@@ -30,6 +30,7 @@ from sglang.srt.model_executor.model_abilities import (
     SupportsStaticDecode,
     moe_runners,
     require_ability,
+    static_decode_reason,
 )
 from sglang.srt.utils.log import get_logger
 
@@ -56,8 +57,9 @@ def graph_unavailable_reason(
         return "disabled by --disable-cuda-graph"
     if device.type != "cuda":
         return f"runs on {device.type}, not CUDA"
-    if not isinstance(model, SupportsStaticDecode):
-        return f"{type(model).__name__} has no static decode; decode runs eagerly"
+    why = static_decode_reason(model)  # none, or gated off (Kimi K3)
+    if why is not None:
+        return why
     # The MegaMoE path is capture-safe (our Triton kernel reads its status back only outside
     # capture), and its fallback is the runner's path (checked below); ep's is not.
     for layer in model.moe_layers():

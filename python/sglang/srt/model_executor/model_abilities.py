@@ -1,6 +1,7 @@
 """What the executor needs of a model, declared: every served model is a :class:`ServedModel`;
-the static decode (slot pool + CUDA-graph body) is the optional :class:`SupportsStaticDecode`, and
-paged caches without it (eager decode) the optional :class:`SupportsPagedCache`.
+the static decode (slot pool + CUDA-graph body) is the optional :class:`SupportsStaticDecode` (which
+a model may keep closed behind :class:`GatedStaticDecode`), and paged caches without it (eager
+decode) the optional :class:`SupportsPagedCache`.
 
 Models implement these structurally (no import of this file). The executor checks them with
 ``isinstance`` and, where an ability is required, :func:`require_ability` names what is missing,
@@ -120,6 +121,25 @@ class SupportsStaticDecode(SupportsSlotPool, Protocol):
         pad_to: int | None = None,
         step: StaticStep | None = None,
     ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class GatedStaticDecode(Protocol):
+    """A static decode the model turns off until it is proven (Kimi K3's, behind
+    ``SGLANG_K3_STATIC_DECODE``): the executor decodes such a model eagerly while the gate gives a
+    reason."""
+
+    def static_decode_gate_reason(self) -> str | None: ...
+
+
+def static_decode_reason(model: object) -> str | None:
+    """Why the executor must not decode ``model`` through its static decode (None: it may): it
+    has none, or its gate is closed."""
+    if not isinstance(model, SupportsStaticDecode):
+        return f"{type(model).__name__} has no static decode; decode runs eagerly"
+    if isinstance(model, GatedStaticDecode):
+        return model.static_decode_gate_reason()
+    return None
 
 
 AbilityT = TypeVar("AbilityT")

@@ -35,6 +35,7 @@ from sglang.srt.model_executor.model_abilities import (
     SupportsStaticDecode,
     moe_runners,
     require_ability,
+    static_decode_reason,
 )
 from sglang.srt.model_executor.model_registry import find_model, read_model_config
 from sglang.srt.model_executor.slot_plan import plan_slot_pool
@@ -161,15 +162,22 @@ class ModelRunner:
         reason = graph_unavailable_reason(
             self.model, self.device, disabled=self.args.disable_cuda_graph
         )
-        has_static = isinstance(self.model, SupportsStaticDecode)
+        static_why = self._static_decode_reason()
+        reason = reason or static_why
         static_without_graphs |= envs.SGLANG_STATIC_DECODE_WITHOUT_GRAPHS.get()
-        if reason is not None and not (static_without_graphs and has_static):
-            if not has_static and isinstance(self.model, SupportsPagedCache):
-                off = f"off ({reason})"
+        if reason is not None and not (static_without_graphs and static_why is None):
+            off = reason
+            if isinstance(self.model, SupportsStaticDecode) and static_why not in (None, reason):
+                off = f"{reason}; {static_why}"  # why its static decode is not taken either
+            if static_why is not None and isinstance(self.model, SupportsPagedCache):
                 return self._init_paged_cache(
-                    self.model, off, context_length, max_total_tokens, max_running_requests
+                    self.model,
+                    f"off ({off})",
+                    context_length,
+                    max_total_tokens,
+                    max_running_requests,
                 )
-            return DecodeSetup(f"off ({reason})", max_running_requests)
+            return DecodeSetup(f"off ({off})", max_running_requests)
         static = require_ability(self.model, SupportsStaticDecode)
         plan = plan_slot_pool(
             context_length=context_length,
@@ -199,6 +207,21 @@ class ModelRunner:
         self.graph_runner = CudaGraphRunner(static, sizes, self.device)
         self.graph_runner.capture()
         return DecodeSetup(f"{self.graph_runner.describe()}; {slots}", plan.slots, **paged)
+
+    def _static_decode_reason(self) -> str | None:
+        """Why decode must not go through the model's static decode (None: it may): it has none,
+        its gate is closed (Kimi K3: ``SGLANG_K3_STATIC_DECODE``), or it pages without a memory
+        model and the user gave no ``--max-total-tokens`` (the default budget is the worst case,
+        which the slot pool would preallocate)."""
+        why = static_decode_reason(self.model)
+        if why is not None:
+            return why
+        if isinstance(self.model, SupportsPagedCache) and self.args.max_total_tokens is None:
+            return (
+                f"the static decode of {type(self.model).__name__} preallocates its paged caches "
+                "and has no memory model: set --max-total-tokens to take it"
+            )
+        return None
 
     def _init_paged_cache(
         self,

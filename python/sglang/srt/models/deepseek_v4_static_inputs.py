@@ -4,24 +4,34 @@ and the padding of a batch to a captured size.
 Positions come from the host counts (no device read): each cache's ``num_tokens`` is the position
 of its next token. Padding rows decode token 0 at position 0 in the pool's scratch slot, so they
 never write a real request's cache and cannot produce NaN in the real rows (rows are independent).
+Kimi K3's static decode shares these (its caches and pool have the same ``slot`` / ``capacity``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
-
-from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4RequestCache
-from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 
 # (input_ids, positions, slots) of B real rows -> logits [B, V]: the static decode padded to some
 # size, or a CUDA-graph replay.
 StaticStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+class PooledCache(Protocol):
+    """A request cache in a slot of a pool (DeepSeek V4's or Kimi K3's)."""
+
+    slot: int | None
+    num_tokens: int
+
+
+class SizedPool(Protocol):
+    capacity: int  # the longest request a slot holds, in tokens
+
+
 def static_decode_inputs(
-    pool: DeepseekV4SlotPool, caches: Sequence[DeepseekV4RequestCache], device: torch.device
+    pool: SizedPool, caches: Sequence[PooledCache], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(positions, slots)`` int64 ``[B]`` on ``device`` for one new token of each cache."""
     positions, slots = [], []

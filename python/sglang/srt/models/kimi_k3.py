@@ -17,12 +17,16 @@ checkpoint's ``block_sparse_moe``, ``lm_head.weight``), so the loader maps names
 
 A batch is a list of requests, each with its own :class:`KimiK3RequestCache`; prefill chunks and
 decode rows mix freely: projections, norms and MoE run over all rows at once, attention walks the
-requests (KDA runs all decode rows in one batched conv and recurrent step).
+requests (KDA runs all decode rows in one batched conv and recurrent step). With a slot pool
+(:meth:`KimiK3ForCausalLM.enable_slot_pool`) caches live in preallocated slots and
+:meth:`~KimiK3ForCausalLM.static_decode` runs a decode step over them with fixed shapes (the body of
+the decode CUDA graphs, ``kimi_k3_static_decode.py``; the executor takes it only with
+``SGLANG_K3_STATIC_DECODE``); the eager forward stays the reference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
@@ -45,10 +49,18 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
     new_request_cache,
 )
 from sglang.srt.mem_cache.kimi_k3_latent_pool import KimiK3LatentPool
+from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
+from sglang.srt.models.deepseek_v4_static_inputs import StaticStep
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+from sglang.srt.models.kimi_k3_static_decode import (
+    decode_pooled,
+    new_slot_pool,
+    static_attend,
+    static_decode_gate_reason,
+)
 
 _STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -70,6 +82,10 @@ def _forward_mega_experts(experts: FusedMoE, z: torch.Tensor, topk: TopKOutput) 
 
 class KimiK3Batch(RequestBatch[KimiK3RequestCache]):
     """The requests of one forward, in row order: ``seq_lens[i]`` new tokens for ``caches[i]``."""
+
+
+# The attention of a layer on its normed input: eager (the batch's caches) or static (slot pool).
+AttendFn = Callable[["KimiK3DecoderLayer", Tensor], Tensor]
 
 
 class KimiK3DecoderLayer(nn.Module):
@@ -177,6 +193,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         # Replicated (the vocab-parallel split is a memory optimisation).
         self.lm_head = ReplicatedLinear(c.hidden_size, c.vocab_size, spec)
         self.latent_pool: KimiK3LatentPool | None = None  # see enable_latent_pool
+        self.slot_pool: KimiK3SlotPool | None = None  # see enable_slot_pool
 
     @property
     def decoder_layers(self) -> list[KimiK3DecoderLayer]:
@@ -260,13 +277,100 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         for cache, n in zip(batch.caches, batch.seq_lens):  # paged: the blocks these rows fill
             if cache.row is not None:
                 self._latent_pool().reserve(cache.row, len(cache) + n)
+            if cache.slot is not None:
+                self._slot_pool().reserve(cache.slot, len(cache) + n)
+        starts = batch.starts()
+
+        def attend(layer: KimiK3DecoderLayer, x: Tensor) -> Tensor:
+            return layer.attention(x, starts, batch)
+
+        logits = self._run_layers(input_ids, attend, logit_rows)
+        batch.advance()
+        return logits
+
+    # --- static decode (slot pool; kimi_k3_static_decode.py) ----------------------------------
+
+    def static_decode_gate_reason(self) -> str | None:
+        """Why the executor must not take this model's static decode yet (None: it may)."""
+        return static_decode_gate_reason()
+
+    def enable_slot_pool(
+        self,
+        max_slots: int,
+        capacity: int,
+        *,
+        num_blocks: int | None = None,
+        block_tokens: int | None = None,
+        total_tokens: int | None = None,
+    ) -> KimiK3SlotPool:
+        """Preallocate the static cache: ``max_slots`` requests of up to ``capacity`` tokens
+        (KDA states by slot, MLA latents in blocks of ``block_tokens`` shared by all:
+        ``num_blocks`` of them, or ``total_tokens`` worth, default every slot at full capacity).
+        The static decode and CUDA graphs need it. Replaces any earlier pool."""
+        self.slot_pool = new_slot_pool(
+            self.config,
+            kda_heads=self.config.kda_num_heads // self.attn_tp_size,
+            max_slots=max_slots,
+            capacity=capacity,
+            dtype=self.dtype,
+            state_dtype=_STATE_DTYPES[self.config.kda_state_dtype],
+            device=self.device,
+            num_blocks=num_blocks,
+            block_tokens=block_tokens,
+            total_tokens=total_tokens,
+        )
+        return self.slot_pool
+
+    def new_pooled_cache(self) -> KimiK3RequestCache:
+        """A request cache in a free slot of the pool (eager forwards and the static decode both
+        use it); give it back with :meth:`free_pooled_cache`."""
+        pool = self._slot_pool()
+        return pool.request_cache(pool.alloc())
+
+    def free_pooled_cache(self, cache: KimiK3RequestCache) -> None:
+        """Return the cache's slot and its blocks."""
+        if cache.slot is not None:
+            self._slot_pool().free(cache.slot)
+            cache.slot = None
+
+    def _slot_pool(self) -> KimiK3SlotPool:
+        if self.slot_pool is None:
+            raise RuntimeError("no slot pool: call enable_slot_pool() first")
+        return self.slot_pool
+
+    @torch.no_grad()
+    def static_decode(self, input_ids: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
+        """One token for each of ``bs`` requests with fixed shapes and no host sync (the body of
+        a decode CUDA graph): ``input_ids``, ``positions``, ``slots`` ``[bs]`` (int64; padding rows
+        use ``slot_pool.scratch_slot`` at position 0) -> logits ``[bs, V]``. Writes the slots'
+        states and latents; host counts are the caller's (:meth:`decode_pooled` keeps them)."""
+        return self._run_layers(input_ids, static_attend(self._slot_pool(), positions, slots))
+
+    def decode_pooled(
+        self,
+        input_ids: Tensor,
+        caches: Sequence[KimiK3RequestCache],
+        *,
+        pad_to: int | None = None,
+        step: StaticStep | None = None,
+    ) -> Tensor:
+        """:meth:`decode` through the static path for pooled caches: pads to ``pad_to`` rows with
+        the scratch slot, runs ``step`` (default :meth:`static_decode`; a CUDA-graph replay has
+        the same signature) and counts the token into every cache; logits ``[B, V]``."""
+        pool = self._slot_pool()
+        return decode_pooled(pool, self.static_decode, input_ids, caches, pad_to=pad_to, step=step)
+
+    def _run_layers(
+        self, input_ids: Tensor, attend: AttendFn, logit_rows: Tensor | None = None
+    ) -> Tensor:
+        """Embedding, every layer (``attend(layer, x)`` is its attention), the last read, norm
+        and LM head (of ``logit_rows`` only, when given): logits fp32."""
         c = self.config
         eps = c.rms_norm_eps
-        starts = batch.starts()
         h = self.model.embed_tokens(input_ids)
         block = c.attn_res_block_size
         if block is None:
-            y = self._plain_residual_layers(h, starts, batch, logit_rows)
+            y = self._plain_residual_layers(h, attend, logit_rows)
         else:
             state = AttnResState(h)
             for layer in self.decoder_layers:
@@ -276,7 +380,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
                 x = state.read(attn_score, eps, layer.input_layernorm)
                 if layer.layer_id % block == 0:
                     state.write_bank()
-                state.add(layer.attention(x, starts, batch))
+                state.add(attend(layer, x))
                 mlp_score = attn_res_score_vector(layer.mlp_res_norm, layer.mlp_res_proj)
                 state.add(layer.ffn(state.read(mlp_score, eps, layer.post_attention_layernorm)))
             out_score = attn_res_score_vector(
@@ -285,7 +389,6 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
             if logit_rows is not None:  # the last read, norm and LM head are per token
                 state = state.select_rows(logit_rows)
             y = state.read(out_score, eps, self.model.norm)
-        batch.advance()
         if y.shape[0] == 0:  # no rows' logits wanted (no GEMM over zero rows)
             return self.empty_logits(c.vocab_size)
         logits = self.lm_head(y).float()
@@ -303,10 +406,10 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         return self.empty_logits(c.vocab_size)
 
     def _plain_residual_layers(
-        self, h: Tensor, starts: Sequence[int], batch: KimiK3Batch, logit_rows: Tensor | None
+        self, h: Tensor, attend: AttendFn, logit_rows: Tensor | None
     ) -> Tensor:
         for layer in self.decoder_layers:
-            h = h + layer.attention(layer.input_layernorm(h), starts, batch)
+            h = h + attend(layer, layer.input_layernorm(h))
             h = h + layer.ffn(layer.post_attention_layernorm(h))
         if logit_rows is not None:  # the final norm and LM head are per token
             h = h.index_select(0, logit_rows)

@@ -136,10 +136,7 @@ class KimiDeltaAttention(nn.Module):
         h, d = self.local_heads, self.config.head_dim
         if sum(s.length for s in segments) != t:
             raise ValueError(f"KDA segments cover {sum(s.length for s in segments)} rows of {t}")
-        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        gate_in = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias
-        g = kda_forget_gate(gate_in.view(t, h, d), self.A_log, self.config.gate_lower_bound)
-        beta = kda_beta(self.b_proj(x))
+        mixed, g, beta = self.project(x)
         core = torch.zeros(t, h, d, dtype=torch.float32, device=x.device)
         weight = self.conv_weight()
         decode: list[KDASegment] = []
@@ -149,7 +146,7 @@ class KimiDeltaAttention(nn.Module):
             elif seg.length > 1:
                 rows = slice(seg.start, seg.start + seg.length)
                 conv_out, conv_state = causal_conv_prefill(mixed[rows], weight, seg.state.conv)
-                q, k, v = self._split_qkv(conv_out)
+                q, k, v = self.split_qkv(conv_out)
                 o, state = kda_chunked(
                     q,
                     k,
@@ -164,12 +161,28 @@ class KimiDeltaAttention(nn.Module):
                 seg.state.recurrent.copy_(state)
         if decode:
             self._decode_step(mixed, g, beta, decode, weight, core)
+        return self.finish(x, core)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The per-token inputs of the core: ``mixed [T, 3 * H * D]`` (q | k | v before the
+        conv), the log decay ``g [T, H, D]`` and ``beta [T, H]`` (fp32)."""
+        t = x.shape[0]
+        h, d = self.local_heads, self.config.head_dim
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        gate_in = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias
+        g = kda_forget_gate(gate_in.view(t, h, d), self.A_log, self.config.gate_lower_bound)
+        return mixed, g, kda_beta(self.b_proj(x))
+
+    def finish(self, x: Tensor, core: Tensor) -> Tensor:
+        """The core output ``core [T, H, D]`` (fp32) through the gated norm and ``o_proj``."""
+        t = x.shape[0]
+        h, d = self.local_heads, self.config.head_dim
         # The core output is rounded to the activation dtype before its norm, as the reference does.
         gate = self.output_gate(x).view(t, h, d)
         out = gated_rms_norm(core.to(x.dtype), self.o_norm.weight, gate, self.config.o_norm_eps)
         return self.o_proj(out.reshape(t, h * d))
 
-    def _split_qkv(self, conv_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def split_qkv(self, conv_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``[..., 3C]`` -> q (normed, scaled), k (normed), v as ``[..., H, D]`` fp32."""
         h, d = self.local_heads, self.config.head_dim
         q, k, v = (p.unflatten(-1, (h, d)) for p in conv_out.split(self.local_width, dim=-1))
@@ -210,7 +223,7 @@ class KimiDeltaAttention(nn.Module):
         conv_states = torch.stack([s.conv for s in states])
         rec_states = torch.stack([s.recurrent for s in states])
         conv_out, conv_new = causal_conv_decode(mixed[rows], weight, conv_states)
-        q, k, v = self._split_qkv(conv_out)
+        q, k, v = self.split_qkv(conv_out)
         o, rec_new = kda_recurrent(
             q.unsqueeze(1),
             k.unsqueeze(1),

@@ -118,7 +118,8 @@ class MLANoPEAttention(nn.Module):
         # Paged bf16/fp16 latents where Triton runs: the batched rows in one kernel launch.
         self.decode_kernel = True
 
-    def _queries(self, x: Tensor) -> Tensor:
+    def queries(self, x: Tensor) -> Tensor:
+        """``q [T, h, nope + rope]`` of this rank's heads."""
         if self.q_proj is not None:
             q = self.q_proj(x)
         else:
@@ -152,7 +153,7 @@ class MLANoPEAttention(nn.Module):
         if sum(s.length for s in segments) != t:
             raise ValueError(f"MLA segments cover {sum(s.length for s in segments)} rows of {t}")
         c = self.config
-        q = self._queries(x)
+        q = self.queries(x)
         latent = self.latents(x)
         out = torch.zeros(t, self.local_heads, c.v_head_dim, dtype=x.dtype, device=x.device)
         # The fp32 absorbed weights are the same for every decode segment of this forward: build
@@ -182,7 +183,17 @@ class MLANoPEAttention(nn.Module):
             assert absorbed is not None
             _append_decode_latents(latent, batched)
             self._attend_absorbed_batched(q, out, batched, *absorbed)
-        o = out.reshape(t, self.local_heads * c.v_head_dim)
+        return self.finish(x, out)
+
+    def absorbed_weights(self) -> tuple[Tensor, Tensor]:
+        """``w_kc [h, nope, L]`` and ``w_vc [h, v, L]`` in fp32, for the absorbed decode."""
+        w_kc, w_vc = self._kv_b_per_head()
+        return w_kc.float(), w_vc.float()
+
+    def finish(self, x: Tensor, out: Tensor) -> Tensor:
+        """The attention output ``out [T, h, v]`` (``x``'s dtype) through the output gate and
+        ``o_proj``."""
+        o = out.reshape(x.shape[0], self.local_heads * self.config.v_head_dim)
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x).float()).to(o.dtype)
         return self.o_proj(o)

@@ -1,0 +1,182 @@
+"""The preallocated cache of Kimi K3's static decode: every running request owns one *slot* (a row
+of the fixed-size KDA states) and the blocks of a shared pool its MLA latents need, so a decode
+step has fixed shapes and fixed addresses (a CUDA graph can capture it) while the latents follow
+live lengths.
+
+Per slot (``S = max_slots + 1`` rows; the last is the scratch slot, where a padded batch's padding
+rows write, so they never touch a real request), per KDA layer:
+- ``conv [S, W - 1, 3 * H_local * D]`` (model dtype): the last ``W - 1`` pre-conv q/k/v rows;
+- ``recurrent [S, H_local, D, D]`` (the state dtype, fp32 by default): the delta-rule state.
+Paged, per MLA layer: ``latents [num_blocks + 1, B, kv_lora_rank + rope]``, block ``i`` of a
+slot's table row holding its tokens ``i * B ..`` in every MLA layer (one
+:class:`PagedBlockTable`, ``[S, ceil(capacity / B)]`` on the device). The extra block is the null
+block that unused table entries (and the scratch slot, whose row never gets a block) point to.
+
+The eager forward reaches a slot through views (:meth:`KimiK3SlotPool.request_cache`: the KDA
+states are rows of the pooled tensors, the latents :class:`PagedRows`); the static decode indexes
+the whole tensors with a device tensor of slots. Both write the same storage, so a request
+prefilled eagerly decodes in a graph with no copy. A slot's KDA states are zeroed when it is
+taken (zero is the start of a sequence); its latents need no reset (reads stop at the length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sglang.srt.mem_cache.block_pool import BlockPool
+from sglang.srt.mem_cache.kimi_k3_cache import (
+    KDAState,
+    KimiK3RequestCache,
+    LayerCache,
+    LayerKind,
+    MLALatentCache,
+)
+from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
+from sglang.srt.mem_cache.paged_rows import PagedRows
+
+# Tokens a latent block holds unless told otherwise (as the eager latent pool's blocks).
+DEFAULT_BLOCK_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class KDASlots:
+    """One KDA layer's states of every slot."""
+
+    conv: torch.Tensor  # [S, W - 1, 3 * H_local * D]
+    recurrent: torch.Tensor  # [S, H_local, D, D]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.conv, self.recurrent))
+
+
+@dataclass(frozen=True)
+class KimiK3PoolShape:
+    """What one slot holds: the layer kinds and this rank's KDA and MLA widths."""
+
+    layer_kinds: tuple[LayerKind, ...]
+    kda_heads: int  # this rank's
+    kda_head_dim: int
+    conv_size: int
+    latent_dim: int  # kv_lora_rank + qk_rope_head_dim
+
+
+class KimiK3SlotPoolFullError(RuntimeError):
+    """Every slot is taken; the scheduler admits at most ``max_slots`` running requests."""
+
+
+class KimiK3SlotPool:
+    def __init__(
+        self,
+        shape: KimiK3PoolShape,
+        *,
+        max_slots: int,
+        capacity: int,
+        dtype: torch.dtype,
+        state_dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        num_blocks: int | None = None,
+        block_tokens: int | None = None,
+        total_tokens: int | None = None,
+    ) -> None:
+        """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
+        request's) size the latent blocks; neither: every slot can hold a whole-capacity
+        request."""
+        if max_slots < 1 or capacity < 1:
+            raise ValueError(f"slot pool needs >= 1 slot and token, got {max_slots}, {capacity}")
+        bad = [k for k in shape.layer_kinds if k not in ("kda", "mla")]
+        if bad:
+            raise ValueError(f"unknown layer kinds {bad}; expected 'kda' or 'mla'")
+        dev = torch.device(device)
+        self.shape = shape
+        self.max_slots, self.capacity = max_slots, capacity
+        self.scratch_slot = max_slots
+        rows = max_slots + 1
+        self.block_tokens = block_tokens or DEFAULT_BLOCK_TOKENS
+        blocks_per_slot = -(-capacity // self.block_tokens)
+        if num_blocks is None:
+            num_blocks = max_slots * blocks_per_slot
+            if total_tokens is not None:
+                num_blocks = max(blocks_per_slot, total_tokens // self.block_tokens)
+        self.block_pool = BlockPool(num_blocks, self.block_tokens)
+        self.blocks = PagedBlockTable(self.block_pool, rows=rows, max_tokens=capacity, device=dev)
+        width = 3 * shape.kda_heads * shape.kda_head_dim
+        d = shape.kda_head_dim
+        # Per layer: KDASlots for KDA layers, the latent store for MLA layers.
+        self.kda: list[KDASlots | None] = []
+        self.latents: list[torch.Tensor | None] = []
+        for kind in shape.layer_kinds:
+            if kind == "kda":
+                conv = torch.zeros(rows, shape.conv_size - 1, width, dtype=dtype, device=dev)
+                rec = torch.zeros(rows, shape.kda_heads, d, d, dtype=state_dtype, device=dev)
+                self.kda.append(KDASlots(conv, rec))
+                self.latents.append(None)
+            else:
+                store = torch.zeros(
+                    num_blocks + 1, self.block_tokens, shape.latent_dim, dtype=dtype, device=dev
+                )
+                self.kda.append(None)
+                self.latents.append(store)
+        # Lowest slot first: reuse keeps the touched memory small and the tests predictable.
+        self._free = list(range(max_slots - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def nbytes(self) -> int:
+        total = sum(k.nbytes() for k in self.kda if k is not None)
+        total += sum(s.numel() * s.element_size() for s in self.latents if s is not None)
+        return total + self.blocks.table.numel() * self.blocks.table.element_size()
+
+    def alloc(self) -> int:
+        """A free slot, its KDA states zeroed (the start of a sequence)."""
+        if not self._free:
+            raise KimiK3SlotPoolFullError(f"all {self.max_slots} cache slots are in use")
+        slot = self._free.pop()
+        for k in self.kda:
+            if k is not None:
+                k.conv[slot].zero_()
+                k.recurrent[slot].zero_()
+        return slot
+
+    def free(self, slot: int) -> None:
+        """Return the slot and every block it holds."""
+        if not 0 <= slot < self.max_slots or slot in self._free:
+            raise ValueError(f"slot {slot} is not an allocated slot of this pool")
+        self.blocks.release(slot)
+        self._free.append(slot)
+
+    def reserve(self, slot: int, tokens: int) -> None:
+        """Give ``slot`` the blocks for ``tokens`` tokens before a forward writes them (raises
+        :class:`~sglang.srt.mem_cache.block_pool.BlockPoolExhausted`, holding what it held, when
+        the pool is short: the scheduler's admission by blocks keeps that from happening)."""
+        self.blocks.ensure(slot, tokens)
+
+    def request_cache(self, slot: int) -> KimiK3RequestCache:
+        """An empty cache over ``slot`` (the caller allocated it): views of its states and its
+        latent rows, which the eager forward reads and writes in place."""
+        layers: list[LayerCache] = []
+        for k, store in zip(self.kda, self.latents):
+            if k is not None:
+                layers.append(KDAState(k.conv[slot], k.recurrent[slot]))
+            else:
+                assert store is not None
+                held = self.blocks.blocks(slot)
+                layers.append(MLALatentCache(PagedRows(store, self.blocks.table[slot], held)))
+        cache = KimiK3RequestCache(layers)
+        cache.slot = slot
+        return cache
+
+
+def count_static_token(caches: Sequence[KimiK3RequestCache]) -> None:
+    """Count one decoded token into each cache's host counters (its length and every MLA layer's
+    row count), which the static decode, writing on the device only, leaves behind."""
+    for cache in caches:
+        cache.num_tokens += 1
+        for layer in cache.layers:
+            if isinstance(layer, MLALatentCache):
+                assert isinstance(layer.rows, PagedRows)
+                layer.rows.n += 1

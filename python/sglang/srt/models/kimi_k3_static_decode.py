@@ -1,0 +1,136 @@
+"""Kimi K3's static decode: one token per pooled request with fixed shapes and no host sync (the
+body of a decode CUDA graph), over the slot pool of ``mem_cache/kimi_k3_slot_pool.py``.
+
+The layer loop is the eager forward's (:meth:`KimiK3ForCausalLM._run_layers`: embedding, AttnRes
+reads, MoE or dense MLP, the last read, norm and LM head, all token-local); only the attention
+differs: a KDA layer steps its pooled states by slot (``kda_static_decode.py``), an MLA layer
+writes its latent at the row's position and attends over its slot's paged latents
+(``mla_static_decode.py``). Padding rows decode token 0 at position 0 in the scratch slot.
+
+Gated: the executor takes it only with ``SGLANG_K3_STATIC_DECODE`` on (:func:`static_decode_gate_
+reason`), until the graphs have run on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from sglang.srt.environ import envs
+from sglang.srt.layers.attention.kda import KimiDeltaAttention
+from sglang.srt.layers.attention.kda_static_decode import kda_static_decode
+from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
+from sglang.srt.layers.attention.mla_static_decode import mla_static_decode
+from sglang.srt.mem_cache.kimi_k3_cache import KimiK3RequestCache
+from sglang.srt.mem_cache.kimi_k3_slot_pool import (
+    KimiK3PoolShape,
+    KimiK3SlotPool,
+    count_static_token,
+)
+from sglang.srt.models.deepseek_v4_static_inputs import StaticStep, pad_rows, static_decode_inputs
+from sglang.srt.models.kimi_k3_config import KimiK3Config
+
+
+class StaticLayer(Protocol):
+    """What the static attention needs of a decoder layer."""
+
+    layer_id: int
+    self_attn: KimiDeltaAttention | MLANoPEAttention
+
+
+# The attention of one layer on its normed input ``x [bs, hidden]``.
+StaticAttend = Callable[[StaticLayer, Tensor], Tensor]
+
+
+def static_decode_gate_reason() -> str | None:
+    """Why the executor must not take Kimi K3's static decode (None: ``SGLANG_K3_STATIC_DECODE``
+    is on)."""
+    if envs.SGLANG_K3_STATIC_DECODE.get():
+        return None
+    return (
+        "SGLANG_K3_STATIC_DECODE is off: Kimi K3's static decode (slot pool, CUDA graphs) has "
+        "not run on the GPU yet; decode runs eagerly"
+    )
+
+
+def new_slot_pool(
+    config: KimiK3Config,
+    *,
+    kda_heads: int,
+    max_slots: int,
+    capacity: int,
+    dtype: torch.dtype,
+    state_dtype: torch.dtype,
+    device: torch.device,
+    num_blocks: int | None = None,
+    block_tokens: int | None = None,
+    total_tokens: int | None = None,
+) -> KimiK3SlotPool:
+    """The slot pool of a model with this config; ``kda_heads`` is this rank's head count."""
+    c = config
+    shape = KimiK3PoolShape(
+        layer_kinds=tuple(c.layer_kinds),
+        kda_heads=kda_heads,
+        kda_head_dim=c.kda_head_dim,
+        conv_size=c.kda_conv_size,
+        latent_dim=c.mla_latent_dim,
+    )
+    return KimiK3SlotPool(
+        shape,
+        max_slots=max_slots,
+        capacity=capacity,
+        dtype=dtype,
+        state_dtype=state_dtype,
+        device=device,
+        num_blocks=num_blocks,
+        block_tokens=block_tokens,
+        total_tokens=total_tokens,
+    )
+
+
+def static_attend(pool: KimiK3SlotPool, positions: Tensor, slots: Tensor) -> StaticAttend:
+    """The attention of every layer for one static step of rows at ``positions`` in ``slots``
+    (int64 ``[bs]`` on the device)."""
+    table = pool.blocks.table
+
+    def attend(layer: StaticLayer, x: Tensor) -> Tensor:
+        i = layer.layer_id
+        attn = layer.self_attn
+        if isinstance(attn, KimiDeltaAttention):
+            kda = pool.kda[i]
+            assert kda is not None, f"layer {i} is KDA, the pool holds MLA latents there"
+            return kda_static_decode(attn, x, slots, kda.conv, kda.recurrent)
+        store = pool.latents[i]
+        assert store is not None, f"layer {i} is MLA, the pool holds KDA states there"
+        return mla_static_decode(attn, x, positions, slots, store, table)
+
+    return attend
+
+
+def decode_pooled(
+    pool: KimiK3SlotPool,
+    static_decode: StaticStep,
+    input_ids: Tensor,
+    caches: Sequence[KimiK3RequestCache],
+    *,
+    pad_to: int | None = None,
+    step: StaticStep | None = None,
+) -> Tensor:
+    """One token for each pooled cache through ``step`` (a graph replay, taking the real rows), or
+    else ``static_decode`` padded to ``pad_to`` rows with the scratch slot; reserves the new
+    token's block first and counts the token into the host counters after: logits ``[B, V]``."""
+    positions, slots = static_decode_inputs(pool, caches, input_ids.device)
+    for cache in caches:  # the block of the new token (a new one when it crosses an edge)
+        assert cache.slot is not None
+        pool.reserve(cache.slot, cache.num_tokens + 1)
+    if step is None:
+        size = pad_to or len(caches)
+        padded = pad_rows(input_ids, positions, slots, size, pool.scratch_slot)
+        logits = static_decode(*padded)[: len(caches)]
+    else:
+        logits = step(input_ids, positions, slots)
+    count_static_token(caches)
+    return logits

@@ -33,7 +33,8 @@ from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, CONFIG_C, make_model, tokens
 
 from sglang.srt.mem_cache.kimi_k3_cache import KDAState, KimiK3RequestCache, MLALatentCache
-from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool, KimiK3SlotPoolFullError
+from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
+from sglang.srt.mem_cache.slot_blocks import SlotPoolFullError
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
@@ -135,7 +136,7 @@ def test_reused_slot_sees_none_of_the_former_owner() -> None:
     model = make_model(CONFIG_A, seed=43)
     pool = model.enable_slot_pool(max_slots=1, capacity=CAPACITY, block_tokens=BLOCK)
     first = model.new_pooled_cache()
-    with pytest.raises(KimiK3SlotPoolFullError):
+    with pytest.raises(SlotPoolFullError):
         model.new_pooled_cache()
     _decode_all(model, first, tokens(30, seed=60), 20)  # 4 blocks, states far from zero
     held = sorted(pool.blocks.blocks(0).table)

@@ -6,32 +6,18 @@ subprocess; the GPU graph test runs the same checks on the GPU."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
-import pytest
-
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import run_under_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=10)
 
 
 def test_static_kernels_under_interpreter() -> None:
-    pytest.importorskip("triton")
     script = (
         "from sglang.test import k3_static_kernel_checks as c; c.run_all('cpu'); print('K3_OK')"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        check=False,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0 and "K3_OK" in proc.stdout, proc.stdout + proc.stderr
+    run_under_interpreter(marker="K3_OK", code=script)
 
 
 if __name__ == "__main__":

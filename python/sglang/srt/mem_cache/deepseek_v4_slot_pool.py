@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang.srt.mem_cache.block_pool import BlockPool
 from sglang.srt.mem_cache.compressor_state import CompressorStorage, reset_previous
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 from sglang.srt.mem_cache.paged_rows import PagedRows
+from sglang.srt.mem_cache.slot_blocks import SlotBlocks
 
 
 @dataclass(frozen=True)
@@ -114,11 +114,7 @@ def default_block_tokens(compress_ratios: tuple[int, ...]) -> int:
     return step * -(-256 // step)
 
 
-class SlotPoolFullError(RuntimeError):
-    """Every slot is taken; the scheduler admits at most ``max_slots`` running requests."""
-
-
-class DeepseekV4SlotPool:
+class DeepseekV4SlotPool(SlotBlocks):
     def __init__(
         self,
         *,
@@ -137,26 +133,23 @@ class DeepseekV4SlotPool:
     ) -> None:
         """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
         request's) size the block pool; neither: every slot can hold a whole-capacity request."""
-        if max_slots < 1 or capacity < 1:
-            raise ValueError(f"slot pool needs >= 1 slot and token, got {max_slots}, {capacity}")
         dev = torch.device(device)
-        self.max_slots, self.capacity = max_slots, capacity
         self.window = sliding_window
-        self.scratch_slot = max_slots
-        rows = max_slots + 1
-        self.block_tokens = block_tokens or default_block_tokens(compress_ratios)
-        bad = [r for r in compress_ratios if r > 0 and self.block_tokens % r]
+        block_tokens = block_tokens or default_block_tokens(compress_ratios)
+        bad = [r for r in compress_ratios if r > 0 and block_tokens % r]
         if bad:
             raise ValueError(
-                f"block_tokens {self.block_tokens} is not a multiple of the compress ratios {bad}"
+                f"block_tokens {block_tokens} is not a multiple of the compress ratios {bad}"
             )
-        blocks_per_slot = -(-capacity // self.block_tokens)
-        if num_blocks is None:
-            num_blocks = max_slots * blocks_per_slot  # the unpaged memory
-            if total_tokens is not None:
-                num_blocks = max(blocks_per_slot, total_tokens // self.block_tokens)
-        self.block_pool = BlockPool(num_blocks, self.block_tokens)
-        self.blocks = PagedBlockTable(self.block_pool, rows=rows, max_tokens=capacity, device=dev)
+        super().__init__(
+            max_slots=max_slots,
+            capacity=capacity,
+            block_tokens=block_tokens,
+            device=dev,
+            num_blocks=num_blocks,
+            total_tokens=total_tokens,
+        )
+        rows = self.rows
         nb, bt = self.block_pool.num_blocks, self.block_tokens
         self.layers: list[LayerSlots] = []
         for kind, ratio in zip(attn_types, compress_ratios):
@@ -171,14 +164,8 @@ class DeepseekV4SlotPool:
                         rows, nb, bt, ratio, index_head_dim, overlap=True, dtype=dtype, device=dev
                     )
             self.layers.append(LayerSlots(window, comp, idx))
-        # Lowest slot first: reuse keeps the touched memory small and the tests predictable.
-        self._free = list(range(max_slots - 1, -1, -1))
         for slot in range(rows):
             self._reset(slot)
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
 
     def nbytes(self) -> int:
         total = 0
@@ -186,27 +173,7 @@ class DeepseekV4SlotPool:
             total += layer.window.numel() * layer.window.element_size()
             for comp in (layer.compressor, layer.indexer):
                 total += comp.nbytes() if comp is not None else 0
-        return total + self.blocks.table.numel() * self.blocks.table.element_size()
-
-    def alloc(self) -> int:
-        if not self._free:
-            raise SlotPoolFullError(f"all {self.max_slots} cache slots are in use")
-        slot = self._free.pop()
-        self._reset(slot)
-        return slot
-
-    def free(self, slot: int) -> None:
-        """Return the slot and every block it holds."""
-        if not 0 <= slot < self.max_slots or slot in self._free:
-            raise ValueError(f"slot {slot} is not an allocated slot of this pool")
-        self.blocks.release(slot)
-        self._free.append(slot)
-
-    def reserve(self, slot: int, tokens: int) -> None:
-        """Give ``slot`` the blocks for ``tokens`` tokens before a forward writes them (raises
-        :class:`~sglang.srt.mem_cache.block_pool.BlockPoolExhausted`, holding what it held, when
-        the pool is short: the scheduler's admission by blocks keeps that from happening)."""
-        self.blocks.ensure(slot, tokens)
+        return total + self.table_nbytes()
 
     def _reset(self, slot: int) -> None:
         for layer in self.layers:

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang.srt.mem_cache.block_pool import BlockPool
 from sglang.srt.mem_cache.kimi_k3_cache import (
     KDAState,
     KimiK3RequestCache,
@@ -34,8 +33,8 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
     LayerKind,
     MLALatentCache,
 )
-from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 from sglang.srt.mem_cache.paged_rows import PagedRows
+from sglang.srt.mem_cache.slot_blocks import SlotBlocks
 
 # Tokens a latent block holds unless told otherwise (as the eager latent pool's blocks).
 DEFAULT_BLOCK_TOKENS = 256
@@ -63,11 +62,7 @@ class KimiK3PoolShape:
     latent_dim: int  # kv_lora_rank + qk_rope_head_dim
 
 
-class KimiK3SlotPoolFullError(RuntimeError):
-    """Every slot is taken; the scheduler admits at most ``max_slots`` running requests."""
-
-
-class KimiK3SlotPool:
+class KimiK3SlotPool(SlotBlocks):
     def __init__(
         self,
         shape: KimiK3PoolShape,
@@ -84,24 +79,20 @@ class KimiK3SlotPool:
         """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
         request's) size the latent blocks; neither: every slot can hold a whole-capacity
         request."""
-        if max_slots < 1 or capacity < 1:
-            raise ValueError(f"slot pool needs >= 1 slot and token, got {max_slots}, {capacity}")
         bad = [k for k in shape.layer_kinds if k not in ("kda", "mla")]
         if bad:
             raise ValueError(f"unknown layer kinds {bad}; expected 'kda' or 'mla'")
         dev = torch.device(device)
         self.shape = shape
-        self.max_slots, self.capacity = max_slots, capacity
-        self.scratch_slot = max_slots
-        rows = max_slots + 1
-        self.block_tokens = block_tokens or DEFAULT_BLOCK_TOKENS
-        blocks_per_slot = -(-capacity // self.block_tokens)
-        if num_blocks is None:
-            num_blocks = max_slots * blocks_per_slot
-            if total_tokens is not None:
-                num_blocks = max(blocks_per_slot, total_tokens // self.block_tokens)
-        self.block_pool = BlockPool(num_blocks, self.block_tokens)
-        self.blocks = PagedBlockTable(self.block_pool, rows=rows, max_tokens=capacity, device=dev)
+        super().__init__(
+            max_slots=max_slots,
+            capacity=capacity,
+            block_tokens=block_tokens or DEFAULT_BLOCK_TOKENS,
+            device=dev,
+            num_blocks=num_blocks,
+            total_tokens=total_tokens,
+        )
+        rows, num_blocks = self.rows, self.block_pool.num_blocks
         width = 3 * shape.kda_heads * shape.kda_head_dim
         d = shape.kda_head_dim
         # Per layer: KDASlots for KDA layers, the latent store for MLA layers.
@@ -119,41 +110,18 @@ class KimiK3SlotPool:
                 )
                 self.kda.append(None)
                 self.latents.append(store)
-        # Lowest slot first: reuse keeps the touched memory small and the tests predictable.
-        self._free = list(range(max_slots - 1, -1, -1))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
 
     def nbytes(self) -> int:
         total = sum(k.nbytes() for k in self.kda if k is not None)
         total += sum(s.numel() * s.element_size() for s in self.latents if s is not None)
-        return total + self.blocks.table.numel() * self.blocks.table.element_size()
+        return total + self.table_nbytes()
 
-    def alloc(self) -> int:
-        """A free slot, its KDA states zeroed (the start of a sequence)."""
-        if not self._free:
-            raise KimiK3SlotPoolFullError(f"all {self.max_slots} cache slots are in use")
-        slot = self._free.pop()
+    def _reset(self, slot: int) -> None:
+        """A slot taken anew starts a sequence: its KDA states zeroed."""
         for k in self.kda:
             if k is not None:
                 k.conv[slot].zero_()
                 k.recurrent[slot].zero_()
-        return slot
-
-    def free(self, slot: int) -> None:
-        """Return the slot and every block it holds."""
-        if not 0 <= slot < self.max_slots or slot in self._free:
-            raise ValueError(f"slot {slot} is not an allocated slot of this pool")
-        self.blocks.release(slot)
-        self._free.append(slot)
-
-    def reserve(self, slot: int, tokens: int) -> None:
-        """Give ``slot`` the blocks for ``tokens`` tokens before a forward writes them (raises
-        :class:`~sglang.srt.mem_cache.block_pool.BlockPoolExhausted`, holding what it held, when
-        the pool is short: the scheduler's admission by blocks keeps that from happening)."""
-        self.blocks.ensure(slot, tokens)
 
     def request_cache(self, slot: int) -> KimiK3RequestCache:
         """An empty cache over ``slot`` (the caller allocated it): views of its states and its

@@ -480,9 +480,39 @@ def k3_rows(
             skip = {PER_REQUEST_MLA, BATCHED_MLA, KERNEL_MLA} - {ran}
             layer_ops = [r for r in m_rows if r.op not in skip]
             rows.append(_k3_layer_row("k3 mla", case, [*layer_ops, *k_rows[-2:]], bw))
-            print("\n".join(r.line() for r in m_rows + rows[-1:]), flush=True)
+            rows.append(k3_static_decode_row(model, bs, ctx, replays, bw, rows[-1], layer_rows[0]))
+            print("\n".join(r.line() for r in m_rows + rows[-2:]), flush=True)
         print("\n".join(r.line() for r in all_rows + layer_rows), flush=True)
     return rows
+
+
+@torch.no_grad()
+def k3_static_decode_row(
+    model: KimiK3ForCausalLM,
+    bs: int,
+    ctx: int,
+    replays: int,
+    bw: float,
+    mla_layer: OpRow,
+    kda_layer: OpRow,
+) -> OpRow:
+    """The whole model's static decode (its KDA layer, its MLA layer, the embedding and head)
+    captured in one graph, as K3 serves with ``SGLANG_K3_STATIC_DECODE`` on; its floor is the
+    two layer rows' bytes."""
+    pool = model.enable_slot_pool(bs, ctx + 8)
+    gen = torch.Generator(DEV).manual_seed(1)
+    for store in (t for t in pool.latents if t is not None):
+        store.copy_(torch.randn(store.shape, generator=gen, device=DEV).to(store.dtype))
+    slots = torch.tensor([pool.alloc() for _ in range(bs)], device=DEV)
+    for slot in slots.tolist():
+        pool.reserve(slot, ctx + 8)
+    positions = torch.tensor([ctx - 1 - (i % 7) for i in range(bs)], device=DEV)
+    ids = torch.randint(0, model.config.vocab_size, (bs,), generator=gen, device=DEV)
+    ms = graph_ms(lambda: model.static_decode(ids, positions, slots), replays)
+    model.slot_pool = None
+    case = f"bs{bs} ctx{_ctx(ctx)}"
+    read = mla_layer.bytes_read + kda_layer.bytes_read
+    return OpRow("k3 model", case, "= model static decode graph", ms, read, bw)
 
 
 def _bind(fn: Callable[[torch.Tensor], object], x: torch.Tensor) -> Callable[[], object]:

@@ -48,6 +48,7 @@ def test_profile_decode_smoke() -> None:
         "KDA conv + recurrent step",
         "MLA absorbed attention, batched",
         "AttnRes read",
+        "= model static decode graph",
     ):
         assert row in out, row
 

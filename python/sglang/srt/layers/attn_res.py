@@ -24,6 +24,9 @@ from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.environ import envs
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.utils.log import get_logger, log_path_once
+
+logger = get_logger(__name__)
 
 
 def attn_res_score_vector(res_norm: RMSNorm, res_proj: ReplicatedLinear) -> Tensor:
@@ -47,7 +50,13 @@ class AttnResState:
             )
         if not self.bank:
             return out_norm(self.partial)
-        if envs.SGLANG_K3_ATTN_RES_KERNEL.get() and triton_can_run(self.partial):
+        why = (
+            None
+            if envs.SGLANG_K3_ATTN_RES_KERNEL.get() and triton_can_run(self.partial)
+            else "SGLANG_K3_ATTN_RES_KERNEL=0 or no Triton device"
+        )
+        log_path_once(logger, "Kimi K3 AttnRes read", why)
+        if why is None:
             # one launch instead of ~15 (same maths, fp32)
             rows = torch.stack([*self.bank, self.partial], dim=1)
             out = torch.empty_like(self.partial)

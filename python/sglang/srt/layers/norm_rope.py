@@ -10,6 +10,9 @@ import torch
 from sglang.kernels.ops.attention.norm_rope import Norm, norm_rope_torch, norm_rope_unfit_reason
 from sglang.kernels.ops.attention.norm_rope import norm_rope as norm_rope_kernel
 from sglang.kernels.ops.triton_dispatch import triton_can_run
+from sglang.srt.utils.log import get_logger, log_path_once
+
+logger = get_logger(__name__)
 
 __all__ = ["Norm", "norm_rope"]
 
@@ -33,7 +36,9 @@ def norm_rope(
     dtype = dtype or x.dtype
     if triton_can_run(x):
         out = x if reuse_input and dtype == x.dtype else torch.empty_like(x, dtype=dtype)
-        if norm_rope_unfit_reason(x, out, cos, sin, norm, weight) is None:
+        why = norm_rope_unfit_reason(x, out, cos, sin, norm, weight)
+        log_path_once(logger, "norm + RoPE", why)
+        if why is None:
             return norm_rope_kernel(
                 x, cos, sin, out=out, norm=norm, weight=weight, eps=eps, inverse=inverse
             )

@@ -34,3 +34,23 @@ def log_once(logger: logging.Logger, level: int, message: str) -> bool:
         _said.add(key)
     logger.log(level, message)
     return True
+
+
+_paths_said: set[tuple[str, bool]] = set()
+
+
+def log_path_once(logger: logging.Logger, what: str, reason: str | None) -> None:
+    """Say which path ``what`` takes the first time it takes it: its Triton kernel (``reason``
+    None) or the torch path, with the first reason seen (a hot-path call: one set lookup once
+    both were said)."""
+    key = (what, reason is None)
+    if key in _paths_said:
+        return
+    with _once_lock:
+        if key in _paths_said:
+            return
+        _paths_said.add(key)
+    if reason is None:
+        logger.info(f"{what}: Triton kernel")
+    else:
+        logger.info(f"{what}: torch path ({reason})")

@@ -38,6 +38,9 @@ from sglang.srt.layers.linear import (
 from sglang.srt.layers.norm_rope import norm_rope
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4LayerCache
+from sglang.srt.utils.log import get_logger, log_path_once
+
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,9 @@ class DeepseekV4Attention(nn.Module):
             q_first = window.total
             win_kv = torch.cat([window.rows(), kv[rows].to(window.buf.dtype)])
             window.append(kv[rows])
-            fast = prefill_kernel_reason(q, window.buf.dtype) is None
+            why = prefill_kernel_reason(q, window.buf.dtype)
+            log_path_once(logger, "DeepSeek V4 prefill attention", why)
+            fast = why is None
             entries, visible = self._compressed_entries(seg.cache, rows, pos, comp, idx, fast)
             if fast:  # only the keys each query sees; ``visible`` is the indexer's picks or None
                 sparse_prefill_attention(

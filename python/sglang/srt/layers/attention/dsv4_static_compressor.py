@@ -24,6 +24,9 @@ from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
 from sglang.srt.mem_cache.paged_index import row_address
+from sglang.srt.utils.log import get_logger, log_path_once
+
+logger = get_logger(__name__)
 
 
 def compress_decode_step(
@@ -69,15 +72,16 @@ def use_decode_kernel(
     rotary: InterleavedRotaryEmbedding,
 ) -> bool:
     """The fused kernel where Triton runs and the shapes fit it (an exact replacement: no flag)."""
-    if not triton_can_run(kv):
-        return False
     half = rotary.inv_freq.shape[0]
-    return (
+    why = (
         compress_decode_reason(
             kv, score, store.pending_kv, store.prev_kv, store.entries, table, half
         )
-        is None
+        if triton_can_run(kv)
+        else "Triton cannot run on these tensors"
     )
+    log_path_once(logger, "DeepSeek V4 compressor decode step", why)
+    return why is None
 
 
 def compress_decode_torch(

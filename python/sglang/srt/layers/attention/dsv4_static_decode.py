@@ -38,6 +38,9 @@ from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
 from sglang.srt.mem_cache.paged_index import gather_slot_rows, row_address
+from sglang.srt.utils.log import get_logger, log_path_once
+
+logger = get_logger(__name__)
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention, Projected
@@ -88,12 +91,22 @@ def use_sparse_kernels(attn: DeepseekV4Attention, ring: torch.Tensor) -> bool:
     fp32 accumulation; fp32 operands would run as tf32) with power-of-two row widths on CUDA,
     unless ``SGLANG_DSV4_LENGTH_AWARE_DECODE=0``. Not under the Triton interpreter: its bf16
     ``tl.dot`` is unusable on the CPU (the CPU tests force the kernels on fp32 pools)."""
+    why = _sparse_kernels_reason(attn, ring)
+    log_path_once(logger, "DeepSeek V4 static decode attention and indexer scores", why)
+    return why is None
+
+
+def _sparse_kernels_reason(attn: DeepseekV4Attention, ring: torch.Tensor) -> str | None:
     if not envs.SGLANG_DSV4_LENGTH_AWARE_DECODE.get():
-        return False
-    if not ring.is_cuda or ring.dtype not in (torch.bfloat16, torch.float16):
-        return False
+        return "SGLANG_DSV4_LENGTH_AWARE_DECODE=0"
+    if not ring.is_cuda:
+        return "the pool is not on CUDA"
+    if ring.dtype not in (torch.bfloat16, torch.float16):
+        return f"the pool is {ring.dtype}, the kernels take bf16/fp16"
     idx_dim = attn.indexer.head_dim if attn.indexer is not None else 16
-    return kernel_head_dim_ok(attn.head_dim) and kernel_head_dim_ok(idx_dim)
+    if not (kernel_head_dim_ok(attn.head_dim) and kernel_head_dim_ok(idx_dim)):
+        return f"head dims {attn.head_dim} / {idx_dim} are not powers of two >= 16"
+    return None
 
 
 def _kernel_attention(
@@ -131,7 +144,10 @@ def _kernel_attention(
             # The stable sort's set (ties to the earlier entry) from the visible columns only,
             # in entry order, which the attention reads as a set.
             picks = indexer_topk(scores, visible, k)
-        else:  # the torch scoring's stable sort: visible entries first, ties to the earlier
+            log_path_once(logger, "DeepSeek V4 indexer top-k", None)
+        else:
+            # the torch scoring's stable sort: visible entries first, ties to the earlier
+            log_path_once(logger, "DeepSeek V4 indexer top-k", "SGLANG_DSV4_TOPK_KERNEL=0")
             picks = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
     return sparse_decode_attention(
         q,

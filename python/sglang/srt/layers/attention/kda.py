@@ -44,6 +44,9 @@ from sglang.srt.layers.linear import (
     per_rank,
 )
 from sglang.srt.mem_cache.kimi_k3_cache import KDAState
+from sglang.srt.utils.log import get_logger, log_path_once
+
+logger = get_logger(__name__)
 
 # K3 builds o_norm without an eps argument, so it keeps this value whatever rms_norm_eps is.
 KDA_O_NORM_EPS = 1e-5
@@ -201,7 +204,9 @@ class KimiDeltaAttention(nn.Module):
         torch on the stacked states, written back."""
         states = [s.state for s in decode]
         h, d = self.local_heads, self.config.head_dim
-        if kernel_decode_reason(mixed, weight, states, h, d) is None:
+        why = kernel_decode_reason(mixed, weight, states, h, d)
+        log_path_once(logger, "Kimi K3 KDA decode step", why)
+        if why is None:
             table = decode_rows([s.start for s in decode], states, mixed.device)
             kernel_decode(mixed, g, beta, table, weight, core, d)
             return

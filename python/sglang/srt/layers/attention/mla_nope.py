@@ -52,6 +52,9 @@ from sglang.srt.layers.linear import (
 )
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 from sglang.srt.mem_cache.paged_rows import PagedRows, append_one_each
+from sglang.srt.utils.log import get_logger, log_path_once
+
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -242,7 +245,13 @@ class MLANoPEAttention(nn.Module):
         ``max_padded_rows`` rows whatever the batch size and context."""
         rope = self.config.qk_rope_head_dim
         caches = [seg.cache for seg in segs]
-        if self.decode_kernel and decode_kernel_unavailable(caches, rope) is None:
+        why = (
+            decode_kernel_unavailable(caches, rope)
+            if self.decode_kernel
+            else "the decode kernel is turned off on this layer"
+        )
+        log_path_once(logger, "Kimi K3 absorbed MLA decode", why)
+        if why is None:
             latents = paged_latents(caches)
             assert latents is not None
             idx = torch.tensor([seg.start for seg in segs], dtype=torch.long, device=q.device)

@@ -55,11 +55,7 @@ from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
-from sglang.srt.models.deepseek_v4_static_inputs import (
-    StaticStep,
-    pad_rows,
-    static_decode_inputs,
-)
+from sglang.srt.models.deepseek_v4_static_inputs import StaticStep, run_pooled_step
 
 
 class DeepseekV4Batch(RequestBatch[DeepseekV4RequestCache]):
@@ -309,17 +305,9 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         the scratch slot, runs ``step`` (default :meth:`static_decode`; a CUDA-graph replay has
         the same signature), counts the token into every cache (its layers' host counters catch up
         lazily, at the next eager forward); logits ``[B, V]``."""
-        pool = self._pool()
-        positions, slots = static_decode_inputs(pool, caches, input_ids.device)
-        for cache in caches:  # the block of the new token (a new one when it crosses an edge)
-            assert cache.slot is not None
-            pool.reserve(cache.slot, cache.num_tokens + 1)
-        if step is None:
-            size = pad_to or len(caches)
-            padded = pad_rows(input_ids, positions, slots, size, pool.scratch_slot)
-            logits = self.static_decode(*padded)[: len(caches)]
-        else:
-            logits = step(input_ids, positions, slots)
+        logits = run_pooled_step(
+            self._pool(), self.static_decode, input_ids, caches, pad_to=pad_to, step=step
+        )
         for cache in caches:
             cache.num_tokens += 1
             # The layers' host counters are synced lazily, by the next eager forward.

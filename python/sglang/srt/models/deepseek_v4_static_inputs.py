@@ -68,3 +68,32 @@ def pad_rows(
         torch.cat([positions, positions.new_zeros(extra)]),
         torch.cat([slots, slots.new_full((extra,), scratch_slot)]),
     )
+
+
+class StepPool(SizedPool, Protocol):
+    scratch_slot: int
+
+    def reserve(self, slot: int, tokens: int) -> None: ...
+
+
+def run_pooled_step(
+    pool: StepPool,
+    static_decode: StaticStep,
+    input_ids: torch.Tensor,
+    caches: Sequence[PooledCache],
+    *,
+    pad_to: int | None,
+    step: StaticStep | None,
+) -> torch.Tensor:
+    """One token for each pooled cache: reserves the new token's block (a new one when it crosses
+    an edge), then runs ``step`` (a graph replay, on the real rows) or else ``static_decode``
+    padded to ``pad_to`` rows with the scratch slot -> logits ``[B, V]``. Counting the token into
+    the caches is the caller's (each model keeps its own host counters)."""
+    positions, slots = static_decode_inputs(pool, caches, input_ids.device)
+    for cache in caches:
+        assert cache.slot is not None
+        pool.reserve(cache.slot, cache.num_tokens + 1)
+    if step is not None:
+        return step(input_ids, positions, slots)
+    padded = pad_rows(input_ids, positions, slots, pad_to or len(caches), pool.scratch_slot)
+    return static_decode(*padded)[: len(caches)]

@@ -30,7 +30,7 @@ from sglang.srt.mem_cache.kimi_k3_slot_pool import (
     KimiK3SlotPool,
     count_static_token,
 )
-from sglang.srt.models.deepseek_v4_static_inputs import StaticStep, pad_rows, static_decode_inputs
+from sglang.srt.models.deepseek_v4_static_inputs import StaticStep, run_pooled_step
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 
 
@@ -122,15 +122,6 @@ def decode_pooled(
     """One token for each pooled cache through ``step`` (a graph replay, taking the real rows), or
     else ``static_decode`` padded to ``pad_to`` rows with the scratch slot; reserves the new
     token's block first and counts the token into the host counters after: logits ``[B, V]``."""
-    positions, slots = static_decode_inputs(pool, caches, input_ids.device)
-    for cache in caches:  # the block of the new token (a new one when it crosses an edge)
-        assert cache.slot is not None
-        pool.reserve(cache.slot, cache.num_tokens + 1)
-    if step is None:
-        size = pad_to or len(caches)
-        padded = pad_rows(input_ids, positions, slots, size, pool.scratch_slot)
-        logits = static_decode(*padded)[: len(caches)]
-    else:
-        logits = step(input_ids, positions, slots)
+    logits = run_pooled_step(pool, static_decode, input_ids, caches, pad_to=pad_to, step=step)
     count_static_token(caches)
     return logits

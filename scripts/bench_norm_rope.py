@@ -17,37 +17,20 @@ import torch
 
 from sglang.srt.layers import norm_rope, rotary_embedding
 from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention
-from sglang.srt.layers.attention.dsv4_attention_config import DeepseekV4AttentionConfig
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.layers.rotary_embedding import RopeSpec, YarnScaling
 from sglang.srt.utils.cuda_timing import (
     graph_kernel_table,
     median_cuda_ms,
     median_graph_replay_ms,
 )
 from sglang.test.random_params import randomize_params_
+from sglang.test.wide_dsv4 import wide_dsv4_attention_config
 
 DEV = "cuda"
 
 
 def wide_attention() -> DeepseekV4Attention:
-    cfg = DeepseekV4AttentionConfig(
-        hidden_size=4096,
-        num_attention_heads=64,
-        head_dim=512,
-        q_lora_rank=1024,
-        o_lora_rank=1024,
-        o_groups=8,
-        sliding_window=128,
-        kind="csa",
-        compress_ratio=4,
-        rope=RopeSpec(64, 160000.0, YarnScaling(16.0, 65536)),
-        index_n_heads=64,
-        index_head_dim=128,
-        index_topk=512,
-        q_head_norm=True,
-        rms_norm_eps=1e-6,
-    )
+    cfg = wide_dsv4_attention_config()
     attn = DeepseekV4Attention(cfg, 0, LayerBuildSpec(dtype=torch.bfloat16, device=DEV))
     randomize_params_(attn, torch.Generator(DEV).manual_seed(0), vector_scale=0.1)
     return attn

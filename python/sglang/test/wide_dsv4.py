@@ -4,7 +4,10 @@ indexer 64x128 top-512. The benchmarks build it at the depth and compression rat
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.attention.dsv4_attention_config import DeepseekV4AttentionConfig
 
 
 def wide_dsv4_config(
@@ -50,3 +53,27 @@ def wide_dsv4_config(
         "bos_token_id": 0,
         "eos_token_id": 1,
     }
+
+
+def wide_dsv4_attention_config() -> DeepseekV4AttentionConfig:
+    """The bench model's ratio-4 attention layer (with the indexer) as a layer config."""
+    from sglang.srt.layers.attention.dsv4_attention_config import DeepseekV4AttentionConfig
+    from sglang.srt.layers.rotary_embedding import RopeSpec, YarnScaling
+
+    return DeepseekV4AttentionConfig(
+        hidden_size=4096,
+        num_attention_heads=64,
+        head_dim=512,
+        q_lora_rank=1024,
+        o_lora_rank=1024,
+        o_groups=8,
+        sliding_window=128,
+        kind="csa",
+        compress_ratio=4,
+        rope=RopeSpec(64, 160000.0, YarnScaling(16.0, 65536)),
+        index_n_heads=64,
+        index_head_dim=128,
+        index_topk=512,
+        q_head_norm=True,
+        rms_norm_eps=1e-6,
+    )

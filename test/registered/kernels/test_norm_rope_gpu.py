@@ -111,27 +111,11 @@ def test_cos_sin_matches_torch() -> None:
 
 def _wide_attention():  # -> DeepseekV4Attention
     from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention
-    from sglang.srt.layers.attention.dsv4_attention_config import DeepseekV4AttentionConfig
     from sglang.srt.layers.build_spec import LayerBuildSpec
     from sglang.test.random_params import randomize_params_
+    from sglang.test.wide_dsv4 import wide_dsv4_attention_config
 
-    cfg = DeepseekV4AttentionConfig(
-        hidden_size=4096,
-        num_attention_heads=64,
-        head_dim=512,
-        q_lora_rank=1024,
-        o_lora_rank=1024,
-        o_groups=8,
-        sliding_window=128,
-        kind="csa",
-        compress_ratio=4,
-        rope=SPEC,
-        index_n_heads=64,
-        index_head_dim=128,
-        index_topk=512,
-        q_head_norm=True,
-        rms_norm_eps=1e-6,
-    )
+    cfg = wide_dsv4_attention_config()
     attn = DeepseekV4Attention(cfg, 0, LayerBuildSpec(dtype=torch.bfloat16, device=DEV))
     g = torch.Generator(DEV).manual_seed(3)
     randomize_params_(attn, g, vector_scale=0.1)

@@ -20,14 +20,13 @@ import torch
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
-from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
-from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.utils.cuda_timing import median_cuda_ms
 from sglang.test.sparse_prefill_cases import (
     PrefillCase,
     kernel_path,
     make_inputs,
     max_row_err,
+    scoring_indexer,
     torch_path,
 )
 
@@ -76,16 +75,7 @@ def _attention(tokens: int, repeats: int) -> None:
 
 def _indexer(tokens: int, repeats: int) -> None:
     heads, dim, ratio, topk = 64, 128, 4, 512
-    indexer = LightningIndexer(
-        LayerBuildSpec(dtype=torch.bfloat16, device="cuda"),
-        hidden_size=64,
-        q_lora_rank=32,
-        n_heads=heads,
-        head_dim=dim,
-        ratio=ratio,
-        topk=topk,
-        rms_eps=1e-6,
-    )
+    indexer = scoring_indexer(heads, dim, ratio, topk, torch.bfloat16, "cuda")
     g = torch.Generator("cuda").manual_seed(1)
     q = torch.randn(tokens, heads, dim, generator=g, device="cuda").to(torch.bfloat16)
     w = torch.randn(tokens, heads, generator=g, device="cuda") * heads**-0.5

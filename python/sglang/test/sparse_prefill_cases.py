@@ -13,6 +13,25 @@ import torch
 
 from sglang.kernels.ops.attention.sparse_prefill_attention import sparse_prefill_attention
 from sglang.srt.layers.attention.dsv4_core import dsv4_attention
+from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
+from sglang.srt.layers.build_spec import LayerBuildSpec
+
+
+def scoring_indexer(
+    heads: int, dim: int, ratio: int, topk: int, dtype: torch.dtype, device: str
+) -> LightningIndexer:
+    """An indexer for its scoring and top-k only (``pick`` / ``select`` on given queries, weights
+    and keys): its projections are tiny, they are never run."""
+    return LightningIndexer(
+        LayerBuildSpec(dtype=dtype, device=device),
+        hidden_size=16,
+        q_lora_rank=8,
+        n_heads=heads,
+        head_dim=dim,
+        ratio=ratio,
+        topk=topk,
+        rms_eps=1e-6,
+    )
 
 
 @dataclass(frozen=True)

@@ -35,19 +35,9 @@ TOL_DEFAULT = 2e-5  # the default two parts: each probability rounded to 16 bits
 
 
 def test_picks_are_what_select_marks() -> None:
-    from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
-    from sglang.srt.layers.build_spec import LayerBuildSpec
+    from sglang.test.sparse_prefill_cases import scoring_indexer
 
-    indexer = LightningIndexer(
-        LayerBuildSpec(dtype=torch.float32, device="cpu"),
-        hidden_size=16,
-        q_lora_rank=8,
-        n_heads=4,
-        head_dim=16,
-        ratio=4,
-        topk=6,
-        rms_eps=1e-6,
-    )
+    indexer = scoring_indexer(4, 16, 4, 6, torch.float32, "cpu")
     g = torch.Generator().manual_seed(3)
     n, num, q_first = 300, 80, 21  # 300 queries: two scoring chunks
     q = torch.randn(n, 4, 16, generator=g).bfloat16()

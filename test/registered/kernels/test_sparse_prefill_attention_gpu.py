@@ -30,6 +30,7 @@ from sglang.test.sparse_prefill_cases import (
     make_inputs,
     max_row_err,
     model_layer_errors,
+    scoring_indexer,
     torch_path,
 )
 
@@ -64,20 +65,9 @@ def test_kernel_matches_torch_path(case: PrefillCase) -> None:
 
 
 def test_indexer_kernel_picks_match_torch_select() -> None:
-    from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
-    from sglang.srt.layers.build_spec import LayerBuildSpec
 
     heads, dim, topk, ratio = 64, 128, 512, 4
-    indexer = LightningIndexer(
-        LayerBuildSpec(dtype=torch.bfloat16, device="cuda"),
-        hidden_size=64,
-        q_lora_rank=32,
-        n_heads=heads,
-        head_dim=dim,
-        ratio=ratio,
-        topk=topk,
-        rms_eps=1e-6,
-    )
+    indexer = scoring_indexer(heads, dim, ratio, topk, torch.bfloat16, "cuda")
     g = torch.Generator("cuda").manual_seed(9)
     n, num = 6000, 4096  # positions 10384 .. 16383: every query sees more than k entries
     q_first = num * ratio - n

@@ -76,15 +76,20 @@ def _layer(q_lora: int | None, dtype: torch.dtype, seed: int) -> MLANoPEAttentio
     layer = MLANoPEAttention(
         MLANoPEConfig(H, HEADS, q_lora, KV_LORA, NOPE, ROPE, V, 1e-6), LayerBuildSpec(dtype=dtype)
     )
-    g = torch.Generator().manual_seed(seed)
+    _randomize(layer, torch.Generator().manual_seed(seed), dtype)
+    return layer
+
+
+def _randomize(layer: MLANoPEAttention, g: torch.Generator, dtype: torch.dtype | None) -> None:
+    """Norm weights near 1, matrices ~ N(0, 1/fan_in), drawn on the CPU from ``g`` and rounded to
+    ``dtype`` (None: each parameter's own)."""
     with torch.no_grad():
         for name, p in layer.named_parameters():
             if "layernorm" in name:
                 v = torch.rand(p.shape, generator=g) + 0.5
             else:
                 v = torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5
-            p.copy_(v.to(dtype))
-    return layer
+            p.copy_(v.to(dtype or p.dtype))
 
 
 def _caches(paged: bool, dtype: torch.dtype) -> tuple[list[MLALatentCache], PagedBlockTable | None]:
@@ -201,13 +206,7 @@ def test_kernel_decode_equals_torch_pass_gpu() -> None:
     cfg = MLANoPEConfig(hidden, heads, 64, 512, 128, 64, 128, 1e-6)
     layer = MLANoPEAttention(cfg, LayerBuildSpec(dtype=torch.bfloat16, device="cuda"))
     g = torch.Generator().manual_seed(9)
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if "layernorm" in name:
-                v = torch.rand(p.shape, generator=g) + 0.5
-            else:
-                v = torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5
-            p.copy_(v.to(p.dtype))
+    _randomize(layer, g, None)
     xs = [(torch.randn(n, hidden, generator=g) * 2).to(torch.bfloat16).cuda() for n in lens]
     xs += [(torch.randn(len(lens), hidden, generator=g) * 2).to(torch.bfloat16).cuda()] * steps
     outs = []

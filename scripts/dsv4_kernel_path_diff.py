@@ -42,6 +42,7 @@ from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models import deepseek_v4_moe
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.test.decode_drift import mean_rel
 
 VOCAB = 512
 
@@ -102,10 +103,6 @@ def _ids(n: int, seed: int, device: str) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n,), generator=g).to(device)
 
 
-def _mean_rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.float() - ref.float()).abs().mean() / ref.float().abs().mean())
-
-
 Route = tuple[int, list[int], float]  # (call index in the step, experts of row 0, k/k+1 gap)
 
 
@@ -157,7 +154,7 @@ def run_case(
             routes.clear()
             got = model.decode_pooled(short[t : t + 1], [reused], pad_to=2)
             per_step.append(list(routes))
-            errs.append(_mean_rel(got, model.decode(short[t : t + 1], [fresh])))
+            errs.append(mean_rel(got, model.decode(short[t : t + 1], [fresh])))
             if log:
                 worst = max(log, key=lambda r: r[1])
                 print(

@@ -33,6 +33,7 @@ from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.test import k3_static_kernel_checks
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.decode_drift import check_drift, mean_rel
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=60)
@@ -64,16 +65,6 @@ def _ids(n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n,), generator=g).cuda()
 
 
-def _mean_rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.float() - ref.float()).abs().mean() / ref.float().abs().mean())
-
-
-def _check_drift(errs: list[float], what: str) -> None:
-    median = sorted(errs)[len(errs) // 2]
-    over = sum(e >= 0.05 for e in errs)
-    assert median < 0.02 and over <= len(errs) // 10, (what, median, over, errs)
-
-
 def test_k3_static_kernel_paths_on_the_gpu() -> None:
     k3_static_kernel_checks.run_all("cuda")
 
@@ -99,13 +90,13 @@ def test_k3_graph_replay_equals_eager_static_and_reference() -> None:
             want = model.decode_pooled(ids, static, pad_to=size)
             assert torch.equal(got, want), (bs, t, float((got - want).abs().max()))
             ref = model.decode(ids, reference)
-            errs.append(_mean_rel(got, ref))
+            errs.append(mean_rel(got, ref))
             agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
         print(
             f"bs {bs} (padded {size}): mean rel err vs reference worst {max(errs):.4f}, "
             f"median {sorted(errs)[len(errs) // 2]:.4f}, greedy agreement {agree}/{STEPS * bs}"
         )
-        _check_drift(errs, f"bs {bs}")
+        check_drift(errs, f"bs {bs}")
         assert agree >= 0.95 * STEPS * bs
         for cache in replayed + static:
             model.free_pooled_cache(cache)
@@ -136,8 +127,8 @@ def test_k3_replay_after_slot_reuse_and_padding_rows() -> None:
     errs = []
     for t in range(3, 30):
         got = model.decode_pooled(short[t : t + 1], [reused], step=graphs.replay)
-        errs.append(_mean_rel(got, model.decode(short[t : t + 1], [fresh])))
-    _check_drift(errs, "reused slot")
+        errs.append(mean_rel(got, model.decode(short[t : t + 1], [fresh])))
+    check_drift(errs, "reused slot")
     now = [t[bystander.slot] for k in pool.kda if k is not None for t in (k.conv, k.recurrent)]
     assert all(torch.equal(a, b) for a, b in zip(snapshot, now))
     for cache in (reused, bystander):

@@ -17,9 +17,10 @@ scores and the attention run as length-aware Triton kernels (:mod:`sglang.kernel
 they read only the live window rows, the visible indexer keys and the chosen entries, in place:
 the rings by slot, the paged entries and keys through the block table (only the blocks holding
 what is read). Elsewhere the torch path below runs (all ring rows and all entries, gathered,
-under masks). On the H200 the kernels equal the torch path to ~3e-7 per layer at every step of
-the graph tests' cases; a bf16 model's logits can still jump on one step when a MoE router's
-top-k flips at a near-tie (``scripts/dsv4_kernel_path_diff.py --routing`` shows it).
+under masks). On the H200 the kernels equal the torch path to ~3e-7 per layer (every step of
+the graph test's reused-slot case, and the model-level kernel test); a bf16 model's logits can
+still jump on one step when a MoE router's top-k flips at a near-tie
+(``scripts/dsv4_kernel_path_diff.py --routing`` shows it).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ some MoE layer picked other experts for the request's row, with that router's ga
 k-th and (k+1)-th expert scores (a flip at a near-tie is a discontinuity, not a kernel error).
 
 On the CPU the kernels run under the Triton interpreter, whose bf16 ``tl.dot`` is unusable, so
-there they get fp32 copies of their inputs; on CUDA they get what the model passes.
+there they get fp32 copies of their inputs (and a torch-path run turns the interpreter off, so
+no other Triton kernel runs in it either); on CUDA they get what the model passes.
 
     PYTHONPATH=python python scripts/dsv4_kernel_path_diff.py --device cuda --per-layer
 """
@@ -132,6 +133,8 @@ def run_case(
 ) -> tuple[list[float], list[list[Route]]]:
     """The reused-slot case; per step its mean relative logit error and its routing."""
     dsv4_static_decode.use_sparse_kernels = lambda *a: use_kernels  # type: ignore[assignment]
+    if dev == "cpu":  # the torch path everywhere: no other Triton kernel under the interpreter
+        os.environ["TRITON_INTERPRET"] = "1" if use_kernels else "0"
     raw = default_model_config(VOCAB, 0, 1)
     spec = LayerBuildSpec(dtype=getattr(torch, dtype), device=dev, moe_runner="torch")
     model = DeepseekV4ForCausalLM(DeepseekV4ModelConfig.from_dict(raw), spec)

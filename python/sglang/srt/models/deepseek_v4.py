@@ -55,7 +55,7 @@ from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
-from sglang.srt.models.deepseek_v4_static_inputs import StaticStep, run_pooled_step
+from sglang.srt.models.static_step import StaticStep, run_pooled_step
 
 
 class DeepseekV4Batch(RequestBatch[DeepseekV4RequestCache]):

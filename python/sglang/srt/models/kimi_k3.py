@@ -51,7 +51,6 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
 from sglang.srt.mem_cache.kimi_k3_latent_pool import KimiK3LatentPool
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
-from sglang.srt.models.deepseek_v4_static_inputs import StaticStep
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
@@ -61,6 +60,7 @@ from sglang.srt.models.kimi_k3_static_decode import (
     static_attend,
     static_decode_gate_reason,
 )
+from sglang.srt.models.static_step import StaticStep
 
 _STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -30,8 +30,8 @@ from sglang.srt.mem_cache.kimi_k3_slot_pool import (
     KimiK3SlotPool,
     count_static_token,
 )
-from sglang.srt.models.deepseek_v4_static_inputs import StaticStep, run_pooled_step
 from sglang.srt.models.kimi_k3_config import KimiK3Config
+from sglang.srt.models.static_step import StaticStep, run_pooled_step
 
 
 class StaticLayer(Protocol):

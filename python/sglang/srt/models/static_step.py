@@ -1,5 +1,5 @@
-"""Host side of a static decode step: the device tensors a step over pooled request caches takes,
-and the padding of a batch to a captured size.
+"""Host side of a static decode step over pooled request caches (both models share it): the
+device tensors a step takes, the padding of a batch to a captured size, and the step itself.
 
 Positions come from the host counts (no device read): each cache's ``num_tokens`` is the position
 of its next token. Padding rows decode token 0 at position 0 in the pool's scratch slot, so they

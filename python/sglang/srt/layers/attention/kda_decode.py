@@ -42,10 +42,9 @@ class KDADecodeRows:
         return self.table[2]
 
 
-def kernel_decode_reason(
-    mixed: Tensor, weight: Tensor, states: Sequence[KDAState], heads: int, head_dim: int
-) -> str | None:
-    """Why these decode rows take the torch path; None when the kernels can run them."""
+def kernel_inputs_reason(mixed: Tensor, weight: Tensor, head_dim: int) -> str | None:
+    """Why the KDA decode kernels cannot take these activations and conv weight, whatever holds
+    the states (per-request tensors or a slot pool); None when they can."""
     if not triton_can_run(mixed):
         return "not a CUDA tensor (and the Triton interpreter is off)"
     why = recurrent_step_reason(head_dim, head_dim)
@@ -53,6 +52,16 @@ def kernel_decode_reason(
         return why
     if weight.dtype != torch.float32:
         return f"the conv weight is {weight.dtype}, the kernel computes in fp32"
+    return None
+
+
+def kernel_decode_reason(
+    mixed: Tensor, weight: Tensor, states: Sequence[KDAState], heads: int, head_dim: int
+) -> str | None:
+    """Why these decode rows take the torch path; None when the kernels can run them."""
+    why = kernel_inputs_reason(mixed, weight, head_dim)
+    if why is not None:
+        return why
     conv_shape = (weight.shape[1] - 1, weight.shape[0])
     convs, recs = [s.conv for s in states], [s.recurrent for s in states]
     why = pointer_table_reason(convs, conv_shape, mixed.dtype, mixed.device, "conv state")

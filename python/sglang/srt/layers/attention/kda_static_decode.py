@@ -14,12 +14,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sglang.kernels.ops.kda.recurrent_step import recurrent_step_reason
 from sglang.kernels.ops.pointer_table import POINTER_ALIGN_BYTES
-from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.layers.attention.kda import KimiDeltaAttention
 from sglang.srt.layers.attention.kda_conv import causal_conv_decode
-from sglang.srt.layers.attention.kda_decode import KDADecodeRows, kernel_decode
+from sglang.srt.layers.attention.kda_decode import (
+    KDADecodeRows,
+    kernel_decode,
+    kernel_inputs_reason,
+)
 from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
 
 
@@ -32,13 +34,9 @@ def static_kernel_reason(
     mixed: Tensor, weight: Tensor, conv: Tensor, recurrent: Tensor, head_dim: int
 ) -> str | None:
     """Why the pooled states take the torch step; None when the kernels can run on them."""
-    if not triton_can_run(mixed):
-        return "not a CUDA tensor (and the Triton interpreter is off)"
-    why = recurrent_step_reason(head_dim, head_dim)
+    why = kernel_inputs_reason(mixed, weight, head_dim)
     if why is not None:
         return why
-    if weight.dtype != torch.float32:
-        return f"the conv weight is {weight.dtype}, the kernel computes in fp32"
     if conv.dtype != mixed.dtype or recurrent.dtype != torch.float32:
         return f"pooled states are {conv.dtype} / {recurrent.dtype}, want {mixed.dtype} / fp32"
     for t in (conv, recurrent):

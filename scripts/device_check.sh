@@ -5,7 +5,8 @@
 # Usage (from the repo root, .whl/ carried): bash scripts/device_check.sh [pytest -k expr]
 # Env: TESTS (default test/registered), BENCHES (default scripts/bench_grid_barrier.py; "" = none;
 # several as "a.py --flag x; b.py", each run with its arguments, its log named after the script),
-# BENCH_TIMEOUT (seconds each benchmark may take, default 600).
+# BENCH_TIMEOUT (seconds each benchmark may take, default 600), PYTEST_TIMEOUT (seconds the GPU
+# tests may take, default 3000; the benchmarks still run after it).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -27,7 +28,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 python3 -m sglang.check_env 2>&1 | sed -n 1,12p
 # --continue-on-collection-errors: a file whose optional package is missing here must not stop
 # the run (those files skip themselves with importorskip; this is the safety net).
-python3 -m pytest ${TESTS:-test/registered} -m "gpu or multi_gpu" -v -rs -p no:cacheprovider \
+timeout "${PYTEST_TIMEOUT:-3000}" python3 -m pytest ${TESTS:-test/registered} -m "gpu or multi_gpu" -v -rs -p no:cacheprovider \
   --continue-on-collection-errors ${1:+-k "$1"} 2>&1 | tee "$OUT/pytest_gpu.log"
 status=${PIPESTATUS[0]}
 export PYTHONPATH="$PYTHONPATH:$PWD/scripts"  # the profiles import each other's helpers

@@ -11,6 +11,12 @@ compressor state, which is then restored), with the largest attention logit it s
 ``--routing`` it runs the case twice (kernels, then the torch path) and prints the steps where
 some MoE layer picked other experts for the request's row, with that router's gap between its
 k-th and (k+1)-th expert scores (a flip at a near-tie is a discontinuity, not a kernel error).
+With ``--matrix`` it runs the graph test's batch case instead (prompts of 5/100/230/20/61/7
+tokens, 40 teacher-forced steps, ``--batch`` requests, the triton MoE runner) once per on/off
+combination of the sparse attention kernels and the fused compressor step, with the reference
+following the static path's routing at near-ties (``RouteFollower``) or not, and prints each
+one's median, worst and over-bound step errors: which kernel moves the drift, and how much of it
+router flips explain.
 
 On the CPU the kernels run under the Triton interpreter, whose bf16 ``tl.dot`` is unusable, so
 there they get fp32 copies of their inputs (and a torch-path run turns the interpreter off, so
@@ -43,7 +49,7 @@ from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models import deepseek_v4_moe
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
-from sglang.test.decode_drift import mean_rel
+from sglang.test.decode_drift import RouteFollower, mean_rel
 
 VOCAB = 512
 
@@ -172,6 +178,74 @@ def run_case(
     return errs, per_step
 
 
+LENGTHS = (5, 100, 230, 20, 61, 7)
+STEPS = 40
+
+
+def run_batch_case(
+    dev: str, dtype: str, bs: int, sparse: bool, compressor: bool, follow: bool
+) -> tuple[list[float], list[float]]:
+    """The graph test's batch case, eager static decode against the per-request reference (which
+    follows the static path's routing at near-ties where ``follow``); the step errors and the
+    followed flips' router gaps."""
+    from sglang.srt.layers.attention import dsv4_static_compressor
+
+    real_use = dsv4_static_compressor.__dict__.setdefault(
+        "_real_use_decode_kernel", dsv4_static_compressor.use_decode_kernel
+    )
+    dsv4_static_compressor.use_decode_kernel = (  # type: ignore[assignment]
+        real_use if compressor else (lambda *a: False)
+    )
+    real_sparse = dsv4_static_decode.__dict__.setdefault(
+        "_real_use_sparse_kernels", dsv4_static_decode.use_sparse_kernels
+    )
+    dsv4_static_decode.use_sparse_kernels = (  # type: ignore[assignment]
+        real_sparse if sparse else (lambda *a: False)
+    )
+    raw = default_model_config(VOCAB, 0, 1)
+    runner = "triton" if dev == "cuda" else "torch"
+    spec = LayerBuildSpec(dtype=getattr(torch, dtype), device=dev, moe_runner=runner)
+    model = DeepseekV4ForCausalLM(DeepseekV4ModelConfig.from_dict(raw), spec)
+    load_weights(model, random_weights(raw, seed=7), LoadOptions(progress=False))
+    model.eval()
+    model.enable_slot_pool(max_slots=3 * len(LENGTHS), capacity=512, block_tokens=128)
+    size = 1 << max(0, bs - 1).bit_length()
+    errs: list[float] = []
+    with torch.no_grad(), RouteFollower(deepseek_v4_moe) as routes:
+        seqs = [_ids(n + STEPS, 100 * bs + i, dev) for i, n in enumerate(LENGTHS[:bs])]
+        static = [model.new_pooled_cache() for _ in range(bs)]
+        reference = [model.new_request_cache() for _ in range(bs)]
+        for seq, n, a, b in zip(seqs, LENGTHS, static, reference):
+            model.prefill(seq[:n], a)
+            model.prefill(seq[:n], b)
+        for t in range(STEPS):
+            ids = torch.stack([seq[n + t] for seq, n in zip(seqs, LENGTHS)])
+            if follow:
+                routes.record()
+            got = model.decode_pooled(ids, static, pad_to=size)
+            if follow:
+                routes.follow()
+            errs.append(mean_rel(got, model.decode(ids, reference)))
+    return errs, routes.gaps
+
+
+def run_matrix(dev: str, dtype: str, bs: int) -> None:
+    print(f"batch case, bs {bs}, {dtype}, {dev}: step errors against the reference decode")
+    head = f"{'sparse kernels':>14} {'compressor kernel':>17} {'ref follows':>11}"
+    print(f"{head} {'median':>8} {'worst':>8} {'>=0.05':>6}  followed flips (router gap)")
+    for sparse in (False, True):
+        for compressor in (False, True):
+            for follow in (False, True):
+                errs, gaps = run_batch_case(dev, dtype, bs, sparse, compressor, follow)
+                over = sum(e >= 0.05 for e in errs)
+                print(
+                    f"{sparse!s:>14} {compressor!s:>17} {follow!s:>11} "
+                    f"{sorted(errs)[len(errs) // 2]:8.4f} {max(errs):8.4f} {over:6d}  "
+                    + (" ".join(f"{g:.1e}" for g in gaps) or "-")
+                )
+                print("  per step: " + " ".join(f"{e:.3f}" for e in errs))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--path", choices=("kernels", "torch"), default="kernels")
@@ -179,8 +253,13 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--per-layer", action="store_true")
     parser.add_argument("--routing", action="store_true")
+    parser.add_argument("--matrix", action="store_true")
+    parser.add_argument("--batch", type=int, default=1, help="requests in --matrix (1-6)")
     args = parser.parse_args()
     dev = args.device
+    if args.matrix:
+        run_matrix(dev, args.dtype, args.batch)
+        return
     if dev == "cpu":
         torch.set_num_threads(1)  # tiny tensors; the interpreter is the cost
         _fp32_kernels()

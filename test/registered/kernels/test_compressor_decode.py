@@ -310,8 +310,9 @@ def test_gpu_kernel_matches_torch(
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 16, 64, 300])
 def test_gpu_one_gemm_projection_matches_two(tokens: int) -> None:
-    """One GEMM over both weights == the two GEMMs it replaces (fp32-accumulated dot products:
-    at most summation order differs, 1e-6) and the fp32 product of the upcast operands."""
+    """One GEMM over both weights == the two GEMMs it replaces and the fp32 product of the upcast
+    operands (fp32-accumulated dot products over K=4096: only summation order differs; cuBLAS
+    picks another split of K per output width at some sizes, measured 2.9e-6 at 300 rows)."""
     comp = _loaded_compressor("cuda", torch.bfloat16, hidden=4096)
     assert comp._both_weights() is not None
     x = torch.randn(tokens, 4096, device="cuda").to(torch.bfloat16)
@@ -319,7 +320,7 @@ def test_gpu_one_gemm_projection_matches_two(tokens: int) -> None:
     assert kv.stride(0) == 2 * kv.shape[1]  # halves of one output: the one-GEMM path ran
     for got, lin in ((kv, comp.wkv), (score, comp.wgate)):
         two = _fp32_matmul(x, lin.weight)
-        assert float((got - two).abs().max() / two.abs().max()) <= 1e-6
+        assert float((got - two).abs().max() / two.abs().max()) <= 1e-5
         ref = x.float() @ lin.weight.float().t()
         assert float((got - ref).abs().max() / ref.abs().max()) <= 1e-5
 

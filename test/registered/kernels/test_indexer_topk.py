@@ -31,10 +31,9 @@ def check_kernel(device: str) -> None:
         scores[scores < 0.3] = 0.0  # a third of the row ties at zero
         scores[0, ::3] = -0.0
         visible = torch.randint(0, cols + 1, (bs,), generator=gen)
-        visible[0], visible[1] = cols, min(k // 2, cols)
-        visible[2] = 0 if bs > 3 else k
-        if bs > 3:
-            visible[3] = k
+        # the first rows cover every case: the whole row, < k, none, = k
+        for row, count in enumerate((cols, min(k // 2, cols), 0 if bs > 3 else k, k)[:bs]):
+            visible[row] = count
         for i in range(bs):
             scores[i, int(visible[i]) :] = float("-inf")
         want = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]

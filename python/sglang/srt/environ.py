@@ -271,17 +271,17 @@ class Envs:
         "The kernels equal the torch path to ~3e-7 per layer on the H200 (docs/performance.md).",
     )
     SGLANG_DSV4_TOPK_KERNEL = EnvBool(
-        False,
+        True,
         "With the length-aware decode kernels on, pick the indexer's top-k with the length-aware "
         "Triton radix select (kernels/ops/attention/indexer_topk.py: the stable sort's set, from "
-        "the visible columns only) instead of a stable sort of every column. Off until its GPU "
-        "test has run on the H200 (it passes under the Triton interpreter).",
+        "the visible columns only; its GPU test passes on the H200) instead of a stable sort of "
+        "every column. 0: the sort.",
     )
     SGLANG_K3_ATTN_RES_KERNEL = EnvBool(
-        False,
+        True,
         "Kimi K3's AttnRes reads as one Triton launch each (kernels/ops/layernorm/"
-        "attn_res_read.py) on CUDA instead of ~15 torch ops. Off until its GPU test has run on "
-        "the H200 (it passes under the Triton interpreter).",
+        "attn_res_read.py; its GPU test passes on the H200) on CUDA instead of ~15 torch ops. "
+        "0: the torch ops.",
     )
     SGLANG_K3_STATIC_DECODE = EnvBool(
         False,

@@ -26,8 +26,9 @@ from sglang.srt.layers.moe.topk import (
 )
 
 # A router near-tie: the followed expert's selection score is this close below the router's own
-# last pick (scores are O(0.1-1); bf16 noise in the router input moves them by ~1e-3).
-NEAR_TIE = 5e-3
+# last pick. The two paths' hidden states differ by ~1% (bf16 summation order), which moves the
+# O(1) scores by up to ~1e-2: measured on the H200, followed gaps 7.8e-4 to 5.8e-3.
+NEAR_TIE = 2e-2
 
 
 def mean_rel(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -291,6 +291,13 @@ class Envs:
         "decodes eagerly on per-request caches. Off until its graph test "
         "(test_kimi_k3_cuda_graph_gpu.py) has run on the H200: it is tested on CPU only.",
     )
+    SGLANG_MIXED_STEP_GRAPHS = EnvBool(
+        True,
+        "With the static decode on, a step that mixes decode rows and prefill chunks runs its "
+        "decode rows through the static decode (a CUDA-graph replay where one is captured) and "
+        "its prefill chunks eagerly, as two forwards. 0: the whole step as one eager forward "
+        "(every decode row walks its cache per request).",
+    )
     SGLANG_STATIC_DECODE_WITHOUT_GRAPHS = EnvBool(
         False,
         "When CUDA graphs are off (--disable-cuda-graph, or no CUDA), decode through the slot "

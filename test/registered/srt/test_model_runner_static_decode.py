@@ -1,7 +1,9 @@
 """The model runner with the static decode (slot pool), run eagerly on CPU, against the default
 per-request path: the same plans (chunked prefill, mixed prefill + decode steps, decode-only
 steps, frees and new requests reusing freed slots and blocks) give the same logits in fp32
-(tolerance 1e-4 of the largest |logit|; only summation order differs). Also: the startup
+(tolerance 1e-4 of the largest |logit|; only summation order differs), with mixed steps split
+into the static decode of their decode rows and an eager forward of their chunks (the default)
+or run as one eager forward (``SGLANG_MIXED_STEP_GRAPHS=0``). Also: the startup
 decision's wording, the slot plan, and the captured batch sizes. The graph replay itself is
 tested on the GPU (test/registered/models/test_deepseek_v4_cuda_graph_gpu.py)."""
 
@@ -64,21 +66,55 @@ def _plans(vocab: int) -> list[ForwardPlan]:
     # "a" ends; "d" takes its slot (the former owner's rows must stay invisible).
     plans.append(ForwardPlan(("d",), (3,), ids(3), new_rids=("d",), free_rids=("a",)))
     plans += [ForwardPlan(("b", "c", "d"), (1, 1, 1), ids(3)) for _ in range(6)]
-    plans.append(ForwardPlan(free_rids=("b", "c", "d")))
+    # "e" arrives in two chunks between decode rows, only the sampled rows' logits returned: the
+    # mixed steps split into the static decode and an eager forward (mixed_step).
+    chunk = {"logit_rows": (0, 61, 62), "sample_rows": (0, 61, 62)}
+    plans.append(ForwardPlan(("b", "e", "c", "d"), (1, 60, 1, 1), ids(63), ("e",), **chunk))
+    last = {"logit_rows": (0, 1, 2, 22), "sample_rows": (0, 1, 2, 22)}
+    plans.append(ForwardPlan(("b", "c", "d", "e"), (1, 1, 1, 20), ids(23), **last))
+    plans += [ForwardPlan(("b", "c", "d", "e"), (1, 1, 1, 1), ids(4)) for _ in range(3)]
+    plans.append(ForwardPlan(free_rids=("b", "c", "d", "e")))
     return plans
 
 
-def test_static_runner_matches_eager_runner() -> None:
+@pytest.mark.parametrize("split_mixed", [True, False])
+def test_static_runner_matches_eager_runner(
+    split_mixed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SGLANG_MIXED_STEP_GRAPHS", "1" if split_mixed else "0")
     eager, static = _runner(False), _runner(True)
     pool = static.model.slot_pool
+    # Which rows each of the static runner's forwards ran: (static decode rows, eager rows).
+    ran: list[tuple[int, int]] = []
+    real_decode, real_eager = static._decode_static, static._forward_eager
+    monkeypatch.setattr(
+        static,
+        "_decode_static",
+        lambda m, ids, c: ran.append((len(ids), 0)) or real_decode(m, ids, c),
+    )
+    monkeypatch.setattr(
+        static,
+        "_forward_eager",
+        lambda ids, lens, c, r: ran.append((0, len(ids))) or real_eager(ids, lens, c, r),
+    )
     worst = 0.0
+    mixed: list[list[tuple[int, int]]] = []
     for plan in _plans(eager.vocab_size):
+        ran.clear()
         want, got = eager.execute(plan), static.execute(plan)
         assert (want is None) == (got is None)
         if want is not None and got is not None:
+            assert got.shape == want.shape
             worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+        if 1 in plan.seq_lens and max(plan.seq_lens, default=1) > 1 and len(plan.rids) > 2:
+            mixed.append(list(ran))
     print(f"static vs eager runner: rel max err {worst:.2e}")
     assert worst < TOL
+    # The three mixed steps (2, 2 and 3 decode rows beside a chunk of 130, 60 and 20 tokens).
+    if split_mixed:
+        assert mixed == [[(2, 0), (0, 130)], [(3, 0), (0, 60)], [(3, 0), (0, 20)]]
+    else:
+        assert mixed == [[(0, 132)], [(0, 63)], [(0, 23)]]
     assert pool is not None and pool.num_free == pool.max_slots and not static.caches
     blocks = pool.block_pool
     assert blocks.num_free == blocks.num_blocks  # every block back after the requests finished

@@ -4,14 +4,15 @@ Caches are per-request objects held in a dict keyed by request id. By default ea
 tensors and dropping the entry frees them. After :meth:`ModelRunner.init_decode` chose the static
 decode (CUDA graphs), caches live in slots of the model's preallocated pool instead, their
 growing state in its blocks: freeing a request returns its slot and blocks, prefill chunks run
-eagerly into the slot (taking the blocks they fill), and decode-only steps replay a captured
-graph (padded to the next captured size). All ranks apply the same plan, so their
-dicts hold the same keys, slots and lengths.
+eagerly into the slot (taking the blocks they fill), and decode rows replay a captured graph
+(padded to the next captured size), in a mixed step too (``mixed_step``). All ranks apply the
+same plan, so their dicts hold the same keys, slots and lengths.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from sglang.srt.model_executor.cuda_graph_runner import (
 )
 from sglang.srt.model_executor.dp_step import execute_dp_plan
 from sglang.srt.model_executor.forward_plan import ForwardPlan
+from sglang.srt.model_executor.mixed_step import MixedSplit, split_mixed_step
 from sglang.srt.model_executor.model_abilities import (
     ServedModel,
     SupportsPagedCache,
@@ -42,7 +44,7 @@ from sglang.srt.model_executor.slot_plan import plan_slot_pool
 from sglang.srt.model_executor.warmup_plan import warmup_token_counts
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.log import get_logger
+from sglang.srt.utils.log import get_logger, log_once
 
 logger = get_logger(__name__)
 
@@ -282,35 +284,72 @@ class ModelRunner:
         caches = [self.caches[rid] for rid in plan.rids]
         rows = self._logit_rows(plan)
         if static is not None and all(n == 1 for n in plan.seq_lens):
-            logits = self._decode_static(static, plan, caches)  # one row per request
+            logits = self._decode_static(static, plan.input_ids, caches)  # one row per request
             return logits if rows is None else logits.index_select(0, rows)
+        split = None
+        if static is not None and envs.SGLANG_MIXED_STEP_GRAPHS.get():
+            split = split_mixed_step(plan, [len(c) for c in caches])
+        if split is not None:
+            return self._execute_mixed(static, split, caches)
+        return self._forward_eager(plan.input_ids, plan.seq_lens, caches, rows)
+
+    def _forward_eager(
+        self,
+        input_ids: tuple[int, ...],
+        seq_lens: tuple[int, ...],
+        caches: list[Any],
+        rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One eager forward of ``seq_lens`` new tokens per cache; the logits of ``rows``."""
         positions = torch.cat(
-            [
-                torch.arange(len(c), len(c) + n, dtype=torch.long)
-                for c, n in zip(caches, plan.seq_lens)
-            ]
+            [torch.arange(len(c), len(c) + n, dtype=torch.long) for c, n in zip(caches, seq_lens)]
         )
-        ids = torch.tensor(plan.input_ids, dtype=torch.long)
+        ids = torch.tensor(input_ids, dtype=torch.long)
         if self.device.type != "cpu":
             ids = ids.to(self.device, non_blocking=True)
             positions = positions.to(self.device, non_blocking=True)
-        batch = self.entry.make_batch(plan.seq_lens, caches)
+        batch = self.entry.make_batch(list(seq_lens), caches)
         return self.model.forward(ids, positions, batch, logit_rows=rows)
+
+    def _execute_mixed(
+        self, static: SupportsStaticDecode | None, split: MixedSplit, caches: list[Any]
+    ) -> torch.Tensor:
+        """A mixed step as the static decode of its decode rows, then the eager forward of the
+        rest (``mixed_step``); the logits in the plan's output order."""
+        assert static is not None
+        log_once(
+            logger,
+            logging.INFO,
+            "mixed prefill + decode steps: the decode rows through the static decode (a graph "
+            "replay where captured), the prefill chunks eagerly (SGLANG_MIXED_STEP_GRAPHS=0: one "
+            "eager forward)",
+        )
+        decoded = self._decode_static(static, split.decode_ids, [caches[i] for i in split.decode])
+        rows = None
+        if split.eager_logit_rows is not None:
+            rows = self._device_rows(split.eager_logit_rows)
+        eager = self._forward_eager(
+            split.eager_ids, split.eager_lens, [caches[i] for i in split.eager], rows
+        )
+        return torch.cat([decoded, eager]).index_select(0, self._device_rows(split.order))
 
     def _logit_rows(self, plan: ForwardPlan) -> torch.Tensor | None:
         """The plan's ``logit_rows`` as an index on the device; None when it keeps every row."""
         if not plan.prunes_logits:
             return None
         assert plan.logit_rows is not None
-        rows = torch.tensor(plan.logit_rows, dtype=torch.long)
-        return rows.to(self.device, non_blocking=True) if self.device.type != "cpu" else rows
+        return self._device_rows(plan.logit_rows)
+
+    def _device_rows(self, rows: tuple[int, ...]) -> torch.Tensor:
+        index = torch.tensor(rows, dtype=torch.long)
+        return index.to(self.device, non_blocking=True) if self.device.type != "cpu" else index
 
     def _decode_static(
-        self, model: SupportsStaticDecode, plan: ForwardPlan, caches: list[Any]
+        self, model: SupportsStaticDecode, input_ids: tuple[int, ...], caches: list[Any]
     ) -> torch.Tensor:
         """One token per request through the slot pool: a graph replay when one is captured
         for the batch size, else the static decode run eagerly."""
-        ids = torch.tensor(plan.input_ids, dtype=torch.long)
+        ids = torch.tensor(input_ids, dtype=torch.long)
         if self.device.type != "cpu":
             ids = ids.to(self.device, non_blocking=True)
         graphs = self.graph_runner

@@ -12,6 +12,11 @@ fp32 on CPU (tiny CONFIG_A: AttnRes blocks of 3, MLA at layers 4 and 8; CONFIG_C
   serving K3 decodes eagerly (paged latents, the reason in the startup line), also without
   --max-total-tokens; on, the runner takes the static decode and its logits equal the eager
   runner's over mixed prefill / decode plans with frees and slot reuse.
+- Without --max-total-tokens: on CPU the default budget is the worst case, so neither the slot
+  pool nor the paged latents are preallocated (the reason says why); where the budget is measured
+  with K3's memory model (a CUDA device) the static decode needs no --max-total-tokens when the
+  gate is on, the eager path pages its latents, and a paged model without a memory model still
+  needs the flag.
 Tolerance: 2e-5 of the largest |logit| against the eager decode (only summation order differs;
 measured ~5e-6), 1e-4 against a full forward (the eager decode's own tolerance there: chunked vs
 whole prefill orders the sums differently too; measured ~1e-5).
@@ -222,8 +227,9 @@ def test_the_runner_decodes_k3_eagerly_unless_the_gate_is_on(
     assert line.startswith("off (runs on cpu, not CUDA; SGLANG_K3_STATIC_DECODE is off")
     assert "caches paged in 4 blocks of 256" in line
     monkeypatch.setenv("SGLANG_K3_STATIC_DECODE", "1")
-    unbounded, line = _runner(checkpoint, None)  # the default budget would be preallocated
+    unbounded, line = _runner(checkpoint, None)  # on CPU the default budget is the worst case
     assert not unbounded.pooled and "set --max-total-tokens to take it" in line
+    assert "no GPU memory to measure" in line
     static, line = _runner(checkpoint, 1024)
     assert static.pooled and static.paged_model is None
     assert line.startswith("off (runs on cpu, not CUDA); static decode eager at the graph batch")
@@ -246,6 +252,38 @@ def test_the_runner_decodes_k3_eagerly_unless_the_gate_is_on(
     assert worst < TOL and len(static_steps) == 9  # every decode-only plan went static
     assert pool.num_free == pool.max_slots and not static.caches
     assert pool.block_pool.num_free == pool.block_pool.num_blocks
+
+
+class _WithoutMemoryModel(KimiK3ForCausalLM):
+    memory_model = None  # type: ignore[assignment]  # None: the ability counts as absent
+
+
+def test_k3_static_decode_needs_no_max_total_tokens_where_its_memory_model_bounds_the_budget(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ServerArgs(model_path=str(checkpoint), device="cpu", random_seed=0).resolved()
+    runner = ModelRunner(args, 0, 1)
+    model = runner.model
+    assert isinstance(model, KimiK3ForCausalLM)
+    monkeypatch.delenv("SGLANG_K3_STATIC_DECODE", raising=False)
+    gate = runner._static_decode_reason()
+    assert gate is not None and gate.startswith("SGLANG_K3_STATIC_DECODE is off")
+    assert "--max-total-tokens" not in gate
+    monkeypatch.setenv("SGLANG_K3_STATIC_DECODE", "1")
+    cpu = runner._static_decode_reason()
+    assert cpu is not None and "--max-total-tokens" in cpu and "no GPU memory to measure" in cpu
+    # The scheduler measured the budget on the GPU with K3's memory model (_default_max_total_
+    # tokens; test_memory_budget.py): a bound, so the runner preallocates it without the flag.
+    runner.device = torch.device("cuda")
+    assert runner._static_decode_reason() is None
+    setup = runner._init_paged_cache(model, "off (eager)", 256, 1024, 3)  # the gate-off path
+    assert runner.paged_model is model and "--max-total-tokens" not in setup.cuda_graph
+    assert setup.cuda_graph == "off (eager); caches paged in 4 blocks of 256 tokens, 0.00 GiB"
+    # A paged model without a memory model: the default budget is still the worst case.
+    monkeypatch.setattr(model, "__class__", _WithoutMemoryModel)
+    why = runner._static_decode_reason()
+    assert why is not None and "_WithoutMemoryModel has no memory model" in why
+    assert "set --max-total-tokens to take it" in why
 
 
 if __name__ == "__main__":

@@ -1,25 +1,43 @@
 """The default --max-total-tokens on a GPU: cached-token cost of DeepSeek V4's compressed layers,
 the fixed window and workspace costs (logits for --max-logit-rows-per-step rows, not the whole
-chunk), the cap, the startup log's note, and an actionable error when nothing fits."""
+chunk), the cap, the startup log's note, and an actionable error when nothing fits. The memory
+model is the model's own (``memory_model()``): DeepSeek V4's is its CacheShape (the same numbers
+as before), Kimi K3's budget on a (faked) GPU is a real bound from its memory model, and a model
+without one falls back to the worst case with a warning."""
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from sglang.srt.default_model.config import default_model_config
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_executor.memory_budget import (
     CacheShape,
     MemoryBudgetError,
     logits_reservation_note,
     max_total_tokens_for_memory,
+    unbounded_budget_reason,
 )
+from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
+from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=1)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
+from test_kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
+from test_kimi_k3_tiny import config as kimi_config
+
+register_cpu_ci(est_time=3)
+
+GIB = 1 << 30
 
 SHAPE = CacheShape(
     num_layers=3,
@@ -119,9 +137,10 @@ def test_startup_budget_reserves_the_caps_rows_and_logs_it(
         compress_ratios=[0, 4, 128],
         attn_types=["sliding", "csa", "hca"],
     )
-    runner = SimpleNamespace(
-        device=torch.device("cuda"), model=SimpleNamespace(config=cfg), dtype=torch.bfloat16
-    )
+    # A model offering the DeepSeek V4 cache shape of this config (what DeepseekV4ForCausalLM's
+    # memory_model() returns; test_deepseek_v4_offers_its_cache_shape).
+    model = SimpleNamespace(config=cfg, memory_model=lambda: CacheShape.from_model_config(cfg, 2))
+    runner = SimpleNamespace(device=torch.device("cuda"), model=model, dtype=torch.bfloat16)
     args = ServerArgs(
         device="cpu",
         max_running_requests=4,
@@ -155,6 +174,102 @@ def test_startup_budget_reserves_the_caps_rows_and_logs_it(
     lines = [r.getMessage() for r in caplog.records if "memory budget:" in r.getMessage()]
     assert len(lines) == 1 and f"logits of {6 * dp} rows" in lines[0], lines
     assert ("DP groups" in lines[0]) == (dp > 1)
+
+
+def test_deepseek_v4_offers_its_cache_shape() -> None:
+    """The built-in DeepSeek V4 config: the model's memory model is the CacheShape the budget
+    used before there were memory models, with the same numbers."""
+    cfg = DeepseekV4ModelConfig.from_dict(default_model_config(256, 1, 2))
+    model = DeepseekV4ForCausalLM(cfg, LayerBuildSpec(dtype=torch.bfloat16, moe_runner="torch"))
+    got = model.memory_model()
+    assert got == CacheShape(
+        num_layers=4,
+        hidden_size=128,
+        hc_mult=4,
+        vocab_size=256,
+        head_dim=64,
+        index_head_dim=32,
+        sliding_window=32,
+        compress_ratios=(0, 4, 128, 4),
+        attn_types=("sliding", "csa", "hca", "csa"),
+        dtype_bytes=2,
+    )
+    assert got.bytes_per_cached_token() == 2 * (64 * 2 / 4 + 32 * 2 / 4) + 64 * 2 / 128
+    assert got.fixed_bytes(3, 10**6) == 3 * got.window_bytes_per_request() == 3 * 4 * 32 * 64 * 2
+    assert got.workspace_bytes(10, 3) == 10 * 128 * 4 * 4 * 32 + 3 * 256 * 8
+
+
+def _args(**kw: object) -> ServerArgs:
+    base: dict[str, object] = {
+        "device": "cpu",
+        "max_running_requests": 4,
+        "chunked_prefill_size": 16,
+        "max_logit_rows_per_step": 6,
+        "mem_fraction_static": 0.5,
+    }
+    return ServerArgs(**{**base, **kw}).resolved()  # type: ignore[arg-type]
+
+
+def test_kimi_k3_budget_is_a_bound_from_its_memory_model(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kimi K3 on a (faked) GPU with 10 MiB left in the share: the default budget is what its
+    memory model fits there, far below the worst case, and rank 0 says so in one line."""
+    from sglang.srt.managers import scheduler_process
+
+    free = 40 * GIB + 10 * (1 << 20)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, 80 * GIB))
+    model = KimiK3ForCausalLM(
+        kimi_config(KIMI_CONFIG), LayerBuildSpec(dtype=torch.bfloat16, moe_runner="torch")
+    )
+    cuda = torch.device("cuda")
+    runner = SimpleNamespace(device=cuda, model=model, dtype=torch.bfloat16)
+    args, context = _args(), 10**6
+    with caplog.at_level(logging.INFO, logger="sglang"):
+        got = scheduler_process._default_max_total_tokens(args, runner, context, log=True)
+    shape = model.memory_model()
+    want = max_total_tokens_for_memory(
+        shape,
+        room_bytes=10 * (1 << 20),
+        max_running_requests=4,
+        chunked_prefill_size=16,
+        context_length=context,
+        max_logit_rows=6,
+    )
+    left = 10 * (1 << 20) - shape.workspace_bytes(20, 6) - shape.fixed_bytes(4, context)
+    assert got == want == int(left // shape.bytes_per_cached_token()) < context * 4
+    assert unbounded_budget_reason(model, cuda) is None
+    lines = [
+        r.getMessage() for r in caplog.records if "default --max-total-tokens" in r.getMessage()
+    ]
+    assert len(lines) == 1, lines
+    assert (
+        f"default --max-total-tokens {got}: KimiK3ForCausalLM's memory model, Kimi K3:"
+        in (lines[0])
+    )
+    assert "2 MLA layers' 40-wide latents" in lines[0] and "6 KDA layers'" in lines[0], lines[0]
+
+
+def test_a_model_without_memory_model_gets_the_worst_case_and_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sglang.srt.managers import scheduler_process
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (60 * GIB, 80 * GIB))
+    cuda = torch.device("cuda")
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
+    runner = SimpleNamespace(
+        device=cuda, model=model, dtype=torch.bfloat16, entry=SimpleNamespace(architecture="X")
+    )
+    with caplog.at_level(logging.WARNING, logger="sglang"):
+        got = scheduler_process._default_max_total_tokens(_args(), runner, 1000, log=True)
+    assert got == 1000 * 4
+    assert any("no memory model for X" in r.getMessage() for r in caplog.records)
+    assert unbounded_budget_reason(model, cuda) == "SimpleNamespace has no memory model"
+    # On CPU there is nothing to measure: the worst case, whatever the model.
+    k3 = KimiK3ForCausalLM(kimi_config(KIMI_CONFIG), LayerBuildSpec(moe_runner="torch"))
+    why = unbounded_budget_reason(k3, torch.device("cpu"))
+    assert why == "on cpu there is no GPU memory to measure"
 
 
 if __name__ == "__main__":

@@ -110,27 +110,30 @@ def _cpu_threads(tp_size: int) -> int:
 def _default_max_total_tokens(
     args: ServerArgs, runner: Any, context_length: int, *, log: bool
 ) -> int:
+    """The budget from the model's memory model and the GPU memory the weights left; without a
+    GPU or a memory model the worst case (context x max running requests)."""
     from sglang.srt.model_executor.memory_budget import (
-        CacheShape,
         logits_reservation_note,
         max_total_tokens_for_memory,
+        memory_model_of,
     )
 
     assert args.max_running_requests is not None and args.chunked_prefill_size is not None
+    worst = context_length * args.max_running_requests
     if runner.device.type != "cuda":
-        return context_length * args.max_running_requests
+        return worst
     assert args.max_logit_rows_per_step is not None
+    shape = memory_model_of(runner.model)
+    if shape is None:
+        logger.warning(
+            f"no memory model for {runner.entry.architecture} ({type(runner.model).__name__} "
+            "has no memory_model()); --max-total-tokens defaults to context length x max "
+            "running requests: set it to bound memory"
+        )
+        return worst
     free, total = torch.cuda.mem_get_info(runner.device)
     room = int(total * args.mem_fraction_static) - (total - free)
     chunk = args.chunked_prefill_size if args.chunked_prefill_size > 0 else context_length
-    try:
-        shape = CacheShape.from_model_config(runner.model.config, runner.dtype.itemsize)
-    except AttributeError as exc:  # a model whose cache is not DeepSeek V4's window + entries
-        logger.warning(
-            f"no memory model for {runner.entry.architecture} ({exc}); --max-total-tokens "
-            "defaults to context length x max running requests: set it to bound memory"
-        )
-        return context_length * args.max_running_requests
     # Under DP attention each group computes up to the cap and rank 0 receives every group's
     # rows; every rank reserves that (the smallest rank's budget is everyone's anyway).
     dp = args.dp_size if args.enable_dp_attention else 1
@@ -143,7 +146,7 @@ def _default_max_total_tokens(
             max_running_requests=args.max_running_requests,
         )
         logger.info(note + (f" ({dp} DP groups' rows, gathered on rank 0)" if dp > 1 else ""))
-    return max_total_tokens_for_memory(
+    tokens = max_total_tokens_for_memory(
         shape,
         room_bytes=room,
         max_running_requests=args.max_running_requests,
@@ -151,6 +154,14 @@ def _default_max_total_tokens(
         context_length=context_length,
         max_logit_rows=rows,
     )
+    if log:
+        capped = " (the cap: context x max running)" if tokens == worst else ""
+        logger.info(
+            f"default --max-total-tokens {tokens}{capped}: {type(runner.model).__name__}'s memory "
+            f"model, {shape.describe()}, in {room / (1 << 30):.2f} GiB of "
+            f"--mem-fraction-static {args.mem_fraction_static} the weights left"
+        )
+    return tokens
 
 
 def check_dp_attention(args: ServerArgs) -> None:

@@ -1,88 +1,65 @@
 """The default ``--max-total-tokens``: how many cached tokens fit in GPU memory.
 
-A DeepSeek V4 request holds a fixed sliding-window ring per layer plus compressed entries that
-grow by ``head_dim / ratio`` per token (and the indexer's keys on ratio-4 layers). A step also
-needs a workspace: the mHC residual streams and a layer's temporaries, which scale with the tokens
-in flight (a prefill chunk plus the decodes), and the fp32 logits, which scale with the logit rows
-only. The forward computes logits for the rows a step reads (``ForwardPlan.logit_rows``) and the
-scheduler keeps those within ``--max-logit-rows-per-step``, so the logits take
-``rows x vocab x 4`` bytes, twice (the logits and the sampler's fp32 copy), and not a whole
-chunk's ``8192 x vocab``. So, with ``room`` = the ``--mem-fraction-static`` share of the GPU that
-the weights left free::
+Each architecture describes its memory in a *memory model* (``mem_cache/memory_models/``,
+offered by the model's ``memory_model()``, :class:`SupportsMemoryModel`): the bytes one cached
+token takes, the fixed bytes of the running requests, and a step's workspace. DeepSeek V4's
+(:class:`CacheShape`): a request holds a fixed sliding-window ring per layer plus compressed
+entries that grow by ``head_dim / ratio`` per token (and the indexer's keys on ratio-4 layers).
+Kimi K3's (``KimiK3MemoryModel``): a request holds every KDA layer's recurrent and conv state
+(fixed size) and every MLA layer's latent row per token; its pool adds a scratch slot and a null
+block. The workspace is a layer's temporaries, which scale with the tokens in flight (a prefill
+chunk plus the decodes; the mHC streams for DeepSeek V4, the AttnRes bank for Kimi K3), and the
+fp32 logits, which scale with the logit rows only. The forward computes logits for the rows a
+step reads (``ForwardPlan.logit_rows``) and the scheduler keeps those within
+``--max-logit-rows-per-step``, so the logits take ``rows x vocab x 4`` bytes, twice (the logits
+and the sampler's fp32 copy), and not a whole chunk's ``8192 x vocab``. So, with ``room`` = the
+``--mem-fraction-static`` share of the GPU that the weights left free::
 
     tokens = (room - activations(chunk + max_running) - logits(rows)
-              - max_running * window_bytes) / bytes_per_cached_token
+              - fixed(max_running, context)) / bytes_per_cached_token
 
-capped at ``context_length * max_running`` (more can never be used).
+capped at ``context_length * max_running`` (more can never be used). Without a memory model, or
+without a GPU to measure, the default is that cap: the worst case, not a bound
+(:func:`unbounded_budget_reason`), which the executor then refuses to preallocate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import torch
 
-# Temporaries of one layer's forward, in multiples of a [T, hidden * hc_mult] fp32 tensor.
-_ACTIVATION_COPIES = 32
-# fp32 [rows, vocab] tensors alive at once: the logits and the sampler's (log-)softmax copy.
-_LOGIT_COPIES = 2
+from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
+from sglang.srt.mem_cache.memory_models.memory_model import MemoryModel
+from sglang.srt.mem_cache.memory_models.workspace import gib as _gib
+from sglang.srt.model_executor.model_abilities import SupportsMemoryModel
+
+__all__ = [
+    "CacheShape",
+    "MemoryBudgetError",
+    "MemoryModel",
+    "logits_reservation_note",
+    "max_total_tokens_for_memory",
+    "memory_model_of",
+    "unbounded_budget_reason",
+]
 
 
 class MemoryBudgetError(RuntimeError):
     """The configuration cannot run in the memory there is; the message says what to change."""
 
 
-@dataclass(frozen=True)
-class CacheShape:
-    num_layers: int
-    hidden_size: int
-    hc_mult: int
-    vocab_size: int
-    head_dim: int
-    index_head_dim: int
-    sliding_window: int
-    compress_ratios: tuple[int, ...]
-    attn_types: tuple[str, ...]
-    dtype_bytes: int
-
-    @classmethod
-    def from_model_config(cls, cfg: Any, dtype_bytes: int) -> CacheShape:
-        return cls(
-            num_layers=cfg.num_hidden_layers,
-            hidden_size=cfg.hidden_size,
-            hc_mult=getattr(cfg, "hc_mult", 1),
-            vocab_size=cfg.vocab_size,
-            head_dim=cfg.head_dim,
-            index_head_dim=getattr(cfg, "index_head_dim", 0),
-            sliding_window=getattr(cfg, "sliding_window", 0),
-            compress_ratios=tuple(getattr(cfg, "compress_ratios", ())),
-            attn_types=tuple(getattr(cfg, "attn_types", ())),
-            dtype_bytes=dtype_bytes,
-        )
-
-    def bytes_per_cached_token(self) -> float:
-        total = 0.0
-        for ratio, kind in zip(self.compress_ratios, self.attn_types):
-            if ratio > 0:
-                total += self.head_dim * self.dtype_bytes / ratio
-                if kind == "csa":
-                    total += self.index_head_dim * self.dtype_bytes / ratio
-        return max(total, 1.0)
-
-    def window_bytes_per_request(self) -> int:
-        return self.num_layers * self.sliding_window * self.head_dim * self.dtype_bytes
-
-    def activation_bytes(self, tokens_in_flight: int) -> int:
-        return tokens_in_flight * self.hidden_size * self.hc_mult * 4 * _ACTIVATION_COPIES
-
-    def logits_bytes(self, logit_rows: int) -> int:
-        return logit_rows * self.vocab_size * 4 * _LOGIT_COPIES
-
-    def workspace_bytes(self, tokens_in_flight: int, logit_rows: int) -> int:
-        return self.activation_bytes(tokens_in_flight) + self.logits_bytes(logit_rows)
+def memory_model_of(model: object) -> MemoryModel | None:
+    """The model's own memory model (None: it offers none)."""
+    return model.memory_model() if isinstance(model, SupportsMemoryModel) else None
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
+def unbounded_budget_reason(model: object, device: torch.device) -> str | None:
+    """Why the default ``--max-total-tokens`` on ``device`` is the worst case (context x max
+    running requests) rather than a bound measured from GPU memory (None: it is measured)."""
+    if not isinstance(model, SupportsMemoryModel):
+        return f"{type(model).__name__} has no memory model"
+    if device.type != "cuda":
+        return f"on {device.type} there is no GPU memory to measure"
+    return None
 
 
 def _tokens_in_flight(chunked_prefill_size: int, max_running_requests: int) -> int:
@@ -91,7 +68,7 @@ def _tokens_in_flight(chunked_prefill_size: int, max_running_requests: int) -> i
 
 
 def logits_reservation_note(
-    shape: CacheShape, *, logit_rows: int, chunked_prefill_size: int, max_running_requests: int
+    shape: MemoryModel, *, logit_rows: int, chunked_prefill_size: int, max_running_requests: int
 ) -> str:
     """The startup log's line on what the budget reserved for logits, and why that many rows."""
     whole = _tokens_in_flight(chunked_prefill_size, max_running_requests)
@@ -106,7 +83,7 @@ def logits_reservation_note(
 
 
 def max_total_tokens_for_memory(
-    shape: CacheShape,
+    shape: MemoryModel,
     *,
     room_bytes: int,
     max_running_requests: int,
@@ -119,9 +96,8 @@ def max_total_tokens_for_memory(
     if max_logit_rows < 1:
         raise ValueError(f"max_logit_rows must be >= 1, got {max_logit_rows}")
     in_flight = _tokens_in_flight(chunked_prefill_size, max_running_requests)
-    fixed = (
-        shape.workspace_bytes(in_flight, max_logit_rows)
-        + max_running_requests * shape.window_bytes_per_request()
+    fixed = shape.workspace_bytes(in_flight, max_logit_rows) + shape.fixed_bytes(
+        max_running_requests, context_length
     )
     left = room_bytes - fixed
     if left <= 0:

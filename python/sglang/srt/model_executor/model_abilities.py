@@ -1,7 +1,8 @@
 """What the executor needs of a model, declared: every served model is a :class:`ServedModel`;
 the static decode (slot pool + CUDA-graph body) is the optional :class:`SupportsStaticDecode` (which
-a model may keep closed behind :class:`GatedStaticDecode`), and paged caches without it (eager
-decode) the optional :class:`SupportsPagedCache`.
+a model may keep closed behind :class:`GatedStaticDecode`), paged caches without it (eager
+decode) the optional :class:`SupportsPagedCache`, and what its caches and workspace cost (the
+default ``--max-total-tokens``) the optional :class:`SupportsMemoryModel`.
 
 Models implement these structurally (no import of this file). The executor checks them with
 ``isinstance`` and, where an ability is required, :func:`require_ability` names what is missing,
@@ -18,6 +19,7 @@ import torch
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.moe_runner import MoERunner
 from sglang.srt.mem_cache.block_pool import BlockPool
+from sglang.srt.mem_cache.memory_models.memory_model import MemoryModel
 
 # One static decode step: (input_ids, positions, slots) [bs] -> logits [bs, V].
 StaticStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -121,6 +123,16 @@ class SupportsStaticDecode(SupportsSlotPool, Protocol):
         pad_to: int | None = None,
         step: StaticStep | None = None,
     ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class SupportsMemoryModel(Protocol):
+    """What a cached token, a running request and a step's workspace cost this rank
+    (``mem_cache/memory_models/``): the default ``--max-total-tokens`` is then a bound measured
+    from GPU memory, which the slot pool or the paged caches may preallocate. Without one it is
+    the worst case (context x max running requests)."""
+
+    def memory_model(self) -> MemoryModel: ...
 
 
 @runtime_checkable

@@ -30,6 +30,7 @@ from sglang.srt.model_executor.cuda_graph_runner import (
 )
 from sglang.srt.model_executor.dp_step import execute_dp_plan
 from sglang.srt.model_executor.forward_plan import ForwardPlan
+from sglang.srt.model_executor.memory_budget import unbounded_budget_reason
 from sglang.srt.model_executor.mixed_step import MixedSplit, split_mixed_step
 from sglang.srt.model_executor.model_abilities import (
     ServedModel,
@@ -212,18 +213,27 @@ class ModelRunner:
 
     def _static_decode_reason(self) -> str | None:
         """Why decode must not go through the model's static decode (None: it may): it has none,
-        its gate is closed (Kimi K3: ``SGLANG_K3_STATIC_DECODE``), or it pages without a memory
-        model and the user gave no ``--max-total-tokens`` (the default budget is the worst case,
-        which the slot pool would preallocate)."""
+        its gate is closed (Kimi K3: ``SGLANG_K3_STATIC_DECODE``), or it pages and the budget is
+        the worst case (no ``--max-total-tokens``, and no memory model or no GPU to measure),
+        which the slot pool would preallocate."""
         why = static_decode_reason(self.model)
         if why is not None:
             return why
-        if isinstance(self.model, SupportsPagedCache) and self.args.max_total_tokens is None:
+        unbounded = self._unbounded_budget_reason()
+        if isinstance(self.model, SupportsPagedCache) and unbounded is not None:
             return (
                 f"the static decode of {type(self.model).__name__} preallocates its paged caches "
-                "and has no memory model: set --max-total-tokens to take it"
+                f"and the default budget is the worst case ({unbounded}): set --max-total-tokens "
+                "to take it"
             )
         return None
+
+    def _unbounded_budget_reason(self) -> str | None:
+        """Why the token budget is not a bound (None: the user gave ``--max-total-tokens`` or
+        the scheduler measured it with the model's memory model)."""
+        if self.args.max_total_tokens is not None:
+            return None
+        return unbounded_budget_reason(self.model, self.device)
 
     def _init_paged_cache(
         self,
@@ -233,13 +243,14 @@ class ModelRunner:
         max_total_tokens: int,
         max_running_requests: int,
     ) -> DecodeSetup:
-        """Page the model's growing caches in blocks worth ``max_total_tokens`` when the user
-        bounded it (``--max-total-tokens``): without a memory model for this architecture the
+        """Page the model's growing caches in blocks worth ``max_total_tokens`` when that is a
+        bound (``--max-total-tokens``, or the model's memory model on the GPU): otherwise the
         default budget (context x max running) is the worst case, which preallocating would turn
         from a bound into an allocation."""
-        if self.args.max_total_tokens is None:
+        unbounded = self._unbounded_budget_reason()
+        if unbounded is not None:
             return DecodeSetup(
-                f"{graphs}; caches per request (set --max-total-tokens to page them)",
+                f"{graphs}; caches per request (set --max-total-tokens to page them: {unbounded})",
                 max_running_requests,
             )
         block_tokens = _PAGED_BLOCK_TOKENS

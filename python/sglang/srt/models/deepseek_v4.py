@@ -52,6 +52,7 @@ from sglang.srt.mem_cache.deepseek_v4_cache import (
     slot_request_cache,
 )
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
+from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
@@ -187,6 +188,11 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
             dtype=self.dtype,
             device=self.device,
         )
+
+    def memory_model(self) -> CacheShape:
+        """What a cached token, a request's window rings and a step's workspace cost this rank
+        (the default ``--max-total-tokens``)."""
+        return CacheShape.from_model_config(self.config, self.dtype.itemsize)
 
     # --- slot pool -----------------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
 )
 from sglang.srt.mem_cache.kimi_k3_latent_pool import KimiK3LatentPool
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
+from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
@@ -57,6 +58,7 @@ from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.srt.models.kimi_k3_static_decode import (
     decode_pooled,
     new_slot_pool,
+    slot_pool_shape,
     static_attend,
     static_decode_gate_reason,
 )
@@ -206,7 +208,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         c = self.config
         return new_request_cache(
             layer_kinds=c.layer_kinds,
-            kda_heads=c.kda_num_heads // self.attn_tp_size,
+            kda_heads=self._kda_heads,
             kda_head_dim=c.kda_head_dim,
             conv_size=c.kda_conv_size,
             mla_latent_dim=c.mla_latent_dim,
@@ -214,6 +216,25 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
             state_dtype=_STATE_DTYPES[c.kda_state_dtype],
             device=self.device,
         )
+
+    def memory_model(self) -> KimiK3MemoryModel:
+        """What a cached token (the MLA latents), a running request (the KDA states of this
+        rank's heads) and a step's workspace cost this rank, from the shape the slot pool
+        allocates (the default ``--max-total-tokens``)."""
+        c = self.config
+        return KimiK3MemoryModel(
+            pool=slot_pool_shape(c, kda_heads=self._kda_heads),
+            hidden_size=c.hidden_size,
+            vocab_size=c.vocab_size,
+            bank_rows=c.num_bank_rows,
+            dtype_bytes=self.dtype.itemsize,
+            state_dtype_bytes=_STATE_DTYPES[c.kda_state_dtype].itemsize,
+        )
+
+    @property
+    def _kda_heads(self) -> int:
+        """This rank's KDA heads (split over the attention-TP ranks)."""
+        return self.config.kda_num_heads // self.attn_tp_size
 
     # --- paged MLA latents ---------------------------------------------------------------------
 
@@ -309,7 +330,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         The static decode and CUDA graphs need it. Replaces any earlier pool."""
         self.slot_pool = new_slot_pool(
             self.config,
-            kda_heads=self.config.kda_num_heads // self.attn_tp_size,
+            kda_heads=self._kda_heads,
             max_slots=max_slots,
             capacity=capacity,
             dtype=self.dtype,

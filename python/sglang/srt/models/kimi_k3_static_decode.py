@@ -56,6 +56,19 @@ def static_decode_gate_reason() -> str | None:
     )
 
 
+def slot_pool_shape(config: KimiK3Config, *, kda_heads: int) -> KimiK3PoolShape:
+    """What one slot of this config's pool holds (also its memory model's shape);
+    ``kda_heads`` is this rank's head count."""
+    c = config
+    return KimiK3PoolShape(
+        layer_kinds=tuple(c.layer_kinds),
+        kda_heads=kda_heads,
+        kda_head_dim=c.kda_head_dim,
+        conv_size=c.kda_conv_size,
+        latent_dim=c.mla_latent_dim,
+    )
+
+
 def new_slot_pool(
     config: KimiK3Config,
     *,
@@ -70,16 +83,8 @@ def new_slot_pool(
     total_tokens: int | None = None,
 ) -> KimiK3SlotPool:
     """The slot pool of a model with this config; ``kda_heads`` is this rank's head count."""
-    c = config
-    shape = KimiK3PoolShape(
-        layer_kinds=tuple(c.layer_kinds),
-        kda_heads=kda_heads,
-        kda_head_dim=c.kda_head_dim,
-        conv_size=c.kda_conv_size,
-        latent_dim=c.mla_latent_dim,
-    )
     return KimiK3SlotPool(
-        shape,
+        slot_pool_shape(config, kda_heads=kda_heads),
         max_slots=max_slots,
         capacity=capacity,
         dtype=dtype,

@@ -284,12 +284,11 @@ class Envs:
         "0: the torch ops.",
     )
     SGLANG_K3_STATIC_DECODE = EnvBool(
-        False,
+        True,
         "Kimi K3 decode through its slot pool's static decode (KDA states and MLA latents by "
         "slot, fixed shapes, no host sync), so CUDA graphs capture it (or, with "
-        "SGLANG_STATIC_DECODE_WITHOUT_GRAPHS, it runs eagerly at the graph sizes). Off: K3 "
-        "decodes eagerly on per-request caches. Off until its graph test "
-        "(test_kimi_k3_cuda_graph_gpu.py) has run on the H200: it is tested on CPU only.",
+        "SGLANG_STATIC_DECODE_WITHOUT_GRAPHS, it runs eagerly at the graph sizes); its graph "
+        "tests pass on the H200. 0: K3 decodes eagerly on per-request caches.",
     )
     SGLANG_MIXED_STEP_GRAPHS = EnvBool(
         True,

@@ -1,5 +1,5 @@
-"""Kimi K3 decode CUDA graphs on a GPU (skipped elsewhere; written before any GPU run, which is why
-``SGLANG_K3_STATIC_DECODE`` is off by default): the tiny CONFIG_A shape (AttnRes blocks of 3, KDA
+"""Kimi K3 decode CUDA graphs on a GPU (skipped elsewhere; passing on the H200 is why
+``SGLANG_K3_STATIC_DECODE`` is on by default): the tiny CONFIG_A shape (AttnRes blocks of 3, KDA
 and MLA layers, latent MoE) with its rope width at 16 so the absorbed MLA kernel takes the
 latents, random weights, bf16, the triton MoE runner.
 

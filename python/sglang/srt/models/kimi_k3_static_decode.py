@@ -51,8 +51,8 @@ def static_decode_gate_reason() -> str | None:
     if envs.SGLANG_K3_STATIC_DECODE.get():
         return None
     return (
-        "SGLANG_K3_STATIC_DECODE is off: Kimi K3's static decode (slot pool, CUDA graphs) has "
-        "not run on the GPU yet; decode runs eagerly"
+        "SGLANG_K3_STATIC_DECODE is off: Kimi K3 decodes eagerly on per-request caches, "
+        "without its slot pool and CUDA graphs"
     )
 
 

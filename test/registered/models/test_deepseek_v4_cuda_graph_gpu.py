@@ -34,6 +34,7 @@ from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.decode_drift import RouteFollower, check_drift, mean_rel
+from sglang.test.graph_replay_check import check_replay_against_static_and_reference
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=90)
@@ -85,45 +86,11 @@ def test_graph_replay_equals_eager_static_and_reference(
     assert sorted(graphs.graphs) == SIZES
     with RouteFollower(deepseek_v4_moe) as routes:
         for bs in (1, 3, 6):
-            _decode_and_compare(model, graphs, routes, bs)
+            seqs = [_ids(n + STEPS, seed=100 * bs + i) for i, n in enumerate(LENGTHS[:bs])]
+            check_replay_against_static_and_reference(model, graphs, seqs, LENGTHS, STEPS, routes)
     assert bool(mega_calls) == (a2a_backend == "megamoe"), (
         "megamoe must take the Triton MegaMoE kernel"
     )
-
-
-def _decode_and_compare(
-    model: DeepseekV4ForCausalLM, graphs: CudaGraphRunner, routes: RouteFollower, bs: int
-) -> None:
-    seqs = [_ids(n + STEPS, seed=100 * bs + i) for i, n in enumerate(LENGTHS[:bs])]
-    replayed = [model.new_pooled_cache() for _ in range(bs)]
-    static = [model.new_pooled_cache() for _ in range(bs)]
-    reference = [model.new_request_cache() for _ in range(bs)]
-    for seq, n, *caches in zip(seqs, LENGTHS, replayed, static, reference):
-        for cache in caches:
-            model.prefill(seq[:n], cache)
-    size = graphs.padded_size(bs)
-    errs, agree, total = [], 0, 0
-    for t in range(STEPS):
-        ids = torch.stack([seq[n + t] for seq, n in zip(seqs, LENGTHS)])
-        got = model.decode_pooled(ids, replayed, step=graphs.replay).clone()
-        routes.record()
-        want = model.decode_pooled(ids, static, pad_to=size)
-        assert torch.equal(got, want), (bs, t, float((got - want).abs().max()))
-        routes.follow()
-        ref = model.decode(ids, reference)
-        routes.off()
-        errs.append(mean_rel(got, ref))
-        agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
-        total += bs
-    print(
-        f"bs {bs} (padded {size}): mean rel err vs reference worst {max(errs):.4f}, "
-        f"median {sorted(errs)[len(errs) // 2]:.4f}, greedy agreement {agree}/{total}, "
-        f"followed router flips (gaps) {[f'{g:.1e}' for g in routes.gaps]}"
-    )
-    check_drift(errs, f"bs {bs}")
-    assert agree >= 0.95 * total
-    for cache in replayed + static:
-        model.free_pooled_cache(cache)
 
 
 def test_replay_after_slot_reuse_and_padding_rows() -> None:

@@ -8,11 +8,18 @@ cannot flip a token), and the same with CUDA graphs (triton runner)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from sglang import Engine
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.engine_graph_check import (
+    GRAPH_CHECK_ENGINE_ARGS,
+    assert_same_tokens,
+    serve_eager_static_then_graphs,
+)
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=120)
@@ -46,31 +53,20 @@ def test_cuda_graph_greedy_equals_eager(monkeypatch: pytest.MonkeyPatch) -> None
     requests reach the scheduler. 136 new tokens take every prompt past the 32-token window
     (the ring wraps), many ratio-4 blocks, the indexer's top-8 starting to choose (36 entries
     visible at position 35) and the first ratio-128 block."""
-    common = {
-        "device": "cuda",
-        "dtype": "float32",
-        "moe_runner_backend": "triton",
-        "random_seed": 0,
-        "log_level": "warning",
-        "cuda_graph_max_bs": 8,
-        "chunked_prefill_size": 16,
-    }
+    common = GRAPH_CHECK_ENGINE_ARGS
     prompts = PROMPTS + ["x" * 40, "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18"]
     params = {**GREEDY, "max_new_tokens": 136}
-    monkeypatch.setenv("SGLANG_STATIC_DECODE_WITHOUT_GRAPHS", "1")
-    with Engine(**common, disable_cuda_graph=True) as eager:
-        want = [eager.generate(p, params)["output_ids"] for p in prompts]
-        off = eager.get_server_info()["model_info"]["cuda_graph"]
-    monkeypatch.delenv("SGLANG_STATIC_DECODE_WITHOUT_GRAPHS")
-    with Engine(**common) as graphs:
-        got = [graphs.generate(p, params)["output_ids"] for p in prompts]
-        batched = graphs.generate(prompts, params)  # padded 5 -> 8 rows, sizes change as they end
-        on = graphs.get_server_info()["model_info"]["cuda_graph"]
-    assert off.startswith("off (disabled by --disable-cuda-graph); static decode eager at the")
+    batched: list[Any] = []
+
+    def run(engine: Any) -> list[list[int]]:
+        singles = [engine.generate(p, params)["output_ids"] for p in prompts]
+        # padded 5 -> 8 rows, sizes change as they end
+        batched[:] = engine.generate(prompts, params)
+        return singles
+
+    want, got, _, on = serve_eager_static_then_graphs(common, run, monkeypatch)
     assert on.startswith("on (decode batch sizes 1, 2, 4, 8;"), on
-    for i, (g, w) in enumerate(zip(got, want)):
-        first = next((t for t, (a, b) in enumerate(zip(g, w)) if a != b), None)
-        assert g == w, f"prompt {i}: graph and eager decode part at output token {first}"
+    assert_same_tokens(got, want)
     assert [len(r["output_ids"]) for r in batched] == [136] * len(prompts)
 
 
@@ -100,15 +96,7 @@ def test_cuda_tp2_symm_mem_matches_tp1() -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_cuda_tp2_symm_mem_cuda_graphs_match_tp1() -> None:
-    common = {
-        "device": "cuda",
-        "dtype": "float32",
-        "moe_runner_backend": "triton",
-        "random_seed": 0,
-        "log_level": "warning",
-        "cuda_graph_max_bs": 8,
-        "chunked_prefill_size": 16,
-    }
+    common = GRAPH_CHECK_ENGINE_ARGS
     with Engine(**common, disable_cuda_graph=True) as one:
         want = [r["output_ids"] for r in one.generate(PROMPTS, GREEDY)]
     with Engine(**common, tp_size=2, enable_symm_mem=True) as two:

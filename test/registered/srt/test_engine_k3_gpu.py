@@ -13,12 +13,18 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.engine_graph_check import (
+    GRAPH_CHECK_ENGINE_ARGS,
+    assert_same_tokens,
+    serve_eager_static_then_graphs,
+)
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
@@ -46,38 +52,28 @@ def _checkpoint(root: Path) -> str:
 def test_k3_graphs_equal_the_eager_static_decode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sglang import Engine
-
     common = {
+        **GRAPH_CHECK_ENGINE_ARGS,
         "model_path": _checkpoint(tmp_path),
         "skip_tokenizer_init": True,
-        "device": "cuda",
-        "dtype": "float32",
-        "moe_runner_backend": "triton",
-        "random_seed": 0,
-        "log_level": "warning",
-        "cuda_graph_max_bs": 8,
-        "chunked_prefill_size": 16,
         "context_length": 256,
     }
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 37, 18, 2, 60)]
-    monkeypatch.setenv("SGLANG_STATIC_DECODE_WITHOUT_GRAPHS", "1")
-    with Engine(**common, disable_cuda_graph=True) as eager:
-        want = [eager.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts]
-        off = eager.get_server_info()["model_info"]["cuda_graph"]
-    monkeypatch.delenv("SGLANG_STATIC_DECODE_WITHOUT_GRAPHS")
-    with Engine(**common) as graphs:
-        got = [graphs.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts]
-        got_batched = graphs.generate(input_ids=prompts, sampling_params=GREEDY)
-        on = graphs.get_server_info()["model_info"]["cuda_graph"]
-    assert off.startswith("off (disabled by --disable-cuda-graph); static decode eager at the"), off
+    batched: list[Any] = []
+
+    def run(engine: Any) -> list[list[int]]:
+        singles = [
+            engine.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts
+        ]
+        batched[:] = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+        return singles
+
+    want, got, _, on = serve_eager_static_then_graphs(common, run, monkeypatch)
     assert on.startswith("on (decode batch sizes 1, 2, 4, 8;"), on
-    for i, (a, b) in enumerate(zip(got, want)):
-        first = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        assert a == b, f"prompt {i}: graph and eager static decode part at output token {first}"
+    assert_same_tokens(got, want)
     # Together (mixed steps; how they mix depends on arrival, so only the lengths are compared).
-    assert [len(r["output_ids"]) for r in got_batched] == [40] * len(prompts)
+    assert [len(r["output_ids"]) for r in batched] == [40] * len(prompts)
 
 
 if __name__ == "__main__":

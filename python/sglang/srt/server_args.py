@@ -96,6 +96,7 @@ class ServerArgs:
     port: int = 30000
     enable_metrics: bool = False
     log_level: str = "info"
+    log_stats_interval: float = 10.0
     api_key: str | None = None
     max_request_bytes: int = 16 * 1024 * 1024
     max_json_depth: int = 64
@@ -227,6 +228,10 @@ class ServerArgs:
             f"--max-logit-rows-per-step {self.max_logit_rows_per_step} is below "
             f"--max-running-requests {self.max_running_requests}: a decode step samples one row "
             "per running request; raise it, or lower --max-running-requests",
+        )
+        _check(
+            math.isfinite(self.log_stats_interval) and self.log_stats_interval >= 0,
+            f"--log-stats-interval must be >= 0 seconds (0: off), got {self.log_stats_interval}",
         )
         _check(
             self.max_request_bytes >= 1024,
@@ -645,6 +650,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         str,
         "Logging level of the server and the scheduler processes.",
         LOG_LEVEL_CHOICES,
+    )
+    _add_option(
+        g,
+        "--log-stats-interval",
+        float,
+        "Seconds between the scheduler's activity lines (info level: steps by kind with their "
+        "mean time, generation throughput, running and queued requests, token usage), written "
+        "only while steps run. 0: off. Default 10.",
     )
     _add_option(
         g,

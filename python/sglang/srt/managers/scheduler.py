@@ -32,6 +32,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import SchedulePolicy, Step, StepRow
+from sglang.srt.managers.step_log import StepLog
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampler import SampleOutput, SamplingRow, make_generator, sample
@@ -88,8 +89,10 @@ class Scheduler:
         dp_size: int = 1,
         block_tokens: int = 1,
         max_logit_rows: int | None = None,
+        log_stats_interval_s: float = 0.0,
     ) -> None:
         self.runner = runner
+        self.step_log = StepLog(log_stats_interval_s)
         self.heartbeat_s = heartbeat_s
         self.tp_group = tp_group
         self.context_length = context_length
@@ -244,9 +247,19 @@ class Scheduler:
                 raise lost from exc
             return
         self.num_steps += 1
+        generated = self.num_generated
         if logits is not None:
             self._process_logits(step, logits)
         self.last_step_time = time.perf_counter() - started
+        plan = step.plan
+        lens = plan.seq_lens or tuple(n for sub in plan.dp_plans for n in sub.seq_lens)
+        if self.step_log.record(lens, self.last_step_time, self.num_generated - generated):
+            policy = self.policy
+            usage = policy.reserved / max(1, policy.max_total_tokens)
+            line = self.step_log.line(
+                running=len(policy.running), queued=len(policy.waiting), token_usage=usage
+            )
+            logger.info(line)
 
     def _process_logits(self, step: Step, logits: torch.Tensor) -> None:
         """``logits`` holds the plan's ``output_rows`` only (the sampled and log-prob rows)."""

@@ -355,6 +355,7 @@ def run_scheduler_process(
                 dp_size=dp_size,
                 block_tokens=decode.block_tokens,
                 max_logit_rows=args.max_logit_rows_per_step,
+                log_stats_interval_s=args.log_stats_interval,
             ).run()
         else:
             run_follower(runner, tp_group)

@@ -15,7 +15,9 @@ benchmark sends token ids). Workload: fixed 256 input and 128 output tokens, gre
 concurrency in prompts (at least 4), after an untimed warm-up as wide as the run.
 
 Prints one table: TTFT and TPOT (median ms), output and total throughput (tok/s) for both servers,
-then on/off ratios (TPOT < 1 and throughput > 1 mean the feature helps).
+then on/off ratios (TPOT < 1 and throughput > 1 mean the feature helps). Each server's log goes
+to ``--log-dir``; this tree's servers write an activity line a second there (the steps by kind,
+decode / mixed / prefill, with their mean time: where a TTFT or TPOT goes).
 Usage: python scripts/bench_serving_h200.py [--compare graphs|symm-mem] [--tp-size N]
        [--concurrency 1,8,32] [--layers 3] [--model-dir DIR] [--keep-model]
 About 2.5 minutes on one H200 with --layers 2 (generation 30 s, two server starts, six runs).
@@ -153,6 +155,8 @@ def serve_and_bench(
         "info",
         *extra,
     ]
+    if python_dir is None:  # this tree: an activity line a second in the log (steps by kind)
+        cmd += ["--log-stats-interval", "1"]
     started = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(

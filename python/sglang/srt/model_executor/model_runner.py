@@ -297,11 +297,10 @@ class ModelRunner:
         if static is not None and all(n == 1 for n in plan.seq_lens):
             logits = self._decode_static(static, plan.input_ids, caches)  # one row per request
             return logits if rows is None else logits.index_select(0, rows)
-        split = None
         if static is not None and envs.SGLANG_MIXED_STEP_GRAPHS.get():
             split = split_mixed_step(plan, [len(c) for c in caches])
-        if split is not None:
-            return self._execute_mixed(static, split, caches)
+            if split is not None:
+                return self._execute_mixed(static, split, caches)
         return self._forward_eager(plan.input_ids, plan.seq_lens, caches, rows)
 
     def _forward_eager(
@@ -323,11 +322,10 @@ class ModelRunner:
         return self.model.forward(ids, positions, batch, logit_rows=rows)
 
     def _execute_mixed(
-        self, static: SupportsStaticDecode | None, split: MixedSplit, caches: list[Any]
+        self, static: SupportsStaticDecode, split: MixedSplit, caches: list[Any]
     ) -> torch.Tensor:
         """A mixed step as the static decode of its decode rows, then the eager forward of the
         rest (``mixed_step``); the logits in the plan's output order."""
-        assert static is not None
         log_once(
             logger,
             logging.INFO,

@@ -40,8 +40,10 @@ class DeepseekV4RequestCache(RequestCache[DeepseekV4LayerCache]):
     # brought up to date only when eager code is about to read them (:meth:`sync_layers`).
     layers_stale: bool = False
 
-    def mark_layers_stale(self) -> None:
-        """A static decode step counted one more token into ``num_tokens`` only."""
+    def count_static_token(self) -> None:
+        """A static decode step wrote one more token on the device: count it into
+        ``num_tokens`` only (the layers' host counters catch up at :meth:`sync_layers`)."""
+        self.num_tokens += 1
         self.layers_stale = True
 
     def sync_layers(self) -> None:

@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 
 from sglang.srt.mem_cache.growable_rows import GrowableRows
+from sglang.srt.mem_cache.paged_rows import PagedRows
 from sglang.srt.mem_cache.request_cache import RequestCache
 
 LayerKind = Literal["kda", "mla"]
@@ -52,6 +53,15 @@ class KimiK3RequestCache(RequestCache[LayerCache]):
 
     row: int | None = None
     slot: int | None = None
+
+    def count_static_token(self) -> None:
+        """A static decode step wrote one more token on the device: count it into the host
+        counters (the length and every MLA layer's paged row count)."""
+        self.num_tokens += 1
+        for layer in self.layers:
+            if isinstance(layer, MLALatentCache):
+                assert isinstance(layer.rows, PagedRows)
+                layer.rows.n += 1
 
 
 def new_request_cache(

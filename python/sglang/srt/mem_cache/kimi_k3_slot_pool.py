@@ -21,7 +21,6 @@ taken (zero is the start of a sequence); its latents need no reset (reads stop a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -137,14 +136,3 @@ class KimiK3SlotPool(SlotBlocks):
         cache = KimiK3RequestCache(layers)
         cache.slot = slot
         return cache
-
-
-def count_static_token(caches: Sequence[KimiK3RequestCache]) -> None:
-    """Count one decoded token into each cache's host counters (its length and every MLA layer's
-    row count), which the static decode, writing on the device only, leaves behind."""
-    for cache in caches:
-        cache.num_tokens += 1
-        for layer in cache.layers:
-            if isinstance(layer, MLALatentCache):
-                assert isinstance(layer.rows, PagedRows)
-                layer.rows.n += 1

@@ -25,7 +25,7 @@ shapes (the body of the decode CUDA graphs); the eager forward stays the referen
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -56,7 +56,7 @@ from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
-from sglang.srt.models.static_step import StaticStep, run_pooled_step
+from sglang.srt.models.static_step import SlotPoolDecode
 
 
 class DeepseekV4Batch(RequestBatch[DeepseekV4RequestCache]):
@@ -148,7 +148,7 @@ class DeepseekV4DecoderLayer(nn.Module):
         return self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.ffn_norm.weight
 
 
-class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
+class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDecode):
     batch_type = DeepseekV4Batch
 
     def __init__(
@@ -229,19 +229,8 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
     def new_pooled_cache(self) -> DeepseekV4RequestCache:
         """A request cache in a free slot of the pool (eager forwards and the static decode both
         use it); give it back with :meth:`free_pooled_cache`."""
-        pool = self._pool()
+        pool = self._slot_pool()
         return slot_request_cache(pool, pool.alloc())
-
-    def free_pooled_cache(self, cache: DeepseekV4RequestCache) -> None:
-        """Return the cache's slot and its blocks."""
-        if cache.slot is not None:
-            self._pool().free(cache.slot)
-            cache.slot = None
-
-    def _pool(self) -> DeepseekV4SlotPool:
-        if self.slot_pool is None:
-            raise RuntimeError("no slot pool: call enable_slot_pool() first")
-        return self.slot_pool
 
     # --- forward -------------------------------------------------------------------------------
 
@@ -267,7 +256,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         for cache, n in zip(batch.caches, batch.seq_lens):
             cache.sync_layers()
             if cache.slot is not None:
-                self._pool().reserve(cache.slot, len(cache) + n)
+                self._slot_pool().reserve(cache.slot, len(cache) + n)
         starts = batch.starts()
 
         def attend(i: int, layer: DeepseekV4DecoderLayer, x: torch.Tensor) -> torch.Tensor:
@@ -289,7 +278,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
         a decode CUDA graph): ``input_ids``, ``positions``, ``slots`` ``[bs]`` (int64; padding rows
         use ``slot_pool.scratch_slot``) -> logits ``[bs, V]``. Writes the slots' caches; host
         counts are the caller's (:meth:`decode_pooled` keeps them)."""
-        pool = self._pool()
+        pool = self._slot_pool()
 
         def attend(i: int, layer: DeepseekV4DecoderLayer, x: torch.Tensor) -> torch.Tensor:
             store = pool.layers[i]
@@ -298,27 +287,6 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache]):
             )
 
         return self._run_layers(input_ids, attend)
-
-    def decode_pooled(
-        self,
-        input_ids: torch.Tensor,
-        caches: Sequence[DeepseekV4RequestCache],
-        *,
-        pad_to: int | None = None,
-        step: StaticStep | None = None,
-    ) -> torch.Tensor:
-        """:meth:`decode` through the static path for pooled caches: pads to ``pad_to`` rows with
-        the scratch slot, runs ``step`` (default :meth:`static_decode`; a CUDA-graph replay has
-        the same signature), counts the token into every cache (its layers' host counters catch up
-        lazily, at the next eager forward); logits ``[B, V]``."""
-        logits = run_pooled_step(
-            self._pool(), self.static_decode, input_ids, caches, pad_to=pad_to, step=step
-        )
-        for cache in caches:
-            cache.num_tokens += 1
-            # The layers' host counters are synced lazily, by the next eager forward.
-            cache.mark_layers_stale()
-        return logits
 
     @torch.no_grad()
     def forward_idle(self) -> torch.Tensor:

@@ -56,13 +56,12 @@ from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.srt.models.kimi_k3_static_decode import (
-    decode_pooled,
     new_slot_pool,
     slot_pool_shape,
     static_attend,
     static_decode_gate_reason,
 )
-from sglang.srt.models.static_step import StaticStep
+from sglang.srt.models.static_step import SlotPoolDecode
 
 _STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -182,7 +181,7 @@ class KimiK3Model(nn.Module):
             self.output_attn_res_proj = ReplicatedLinear(c.hidden_size, 1, spec)
 
 
-class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
+class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
     batch_type = KimiK3Batch
 
     def __init__(self, config: KimiK3Config, spec: LayerBuildSpec = DEFAULT_BUILD_SPEC) -> None:
@@ -348,17 +347,6 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         pool = self._slot_pool()
         return pool.request_cache(pool.alloc())
 
-    def free_pooled_cache(self, cache: KimiK3RequestCache) -> None:
-        """Return the cache's slot and its blocks."""
-        if cache.slot is not None:
-            self._slot_pool().free(cache.slot)
-            cache.slot = None
-
-    def _slot_pool(self) -> KimiK3SlotPool:
-        if self.slot_pool is None:
-            raise RuntimeError("no slot pool: call enable_slot_pool() first")
-        return self.slot_pool
-
     @torch.no_grad()
     def static_decode(self, input_ids: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
         """One token for each of ``bs`` requests with fixed shapes and no host sync (the body of
@@ -366,20 +354,6 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache]):
         use ``slot_pool.scratch_slot`` at position 0) -> logits ``[bs, V]``. Writes the slots'
         states and latents; host counts are the caller's (:meth:`decode_pooled` keeps them)."""
         return self._run_layers(input_ids, static_attend(self._slot_pool(), positions, slots))
-
-    def decode_pooled(
-        self,
-        input_ids: Tensor,
-        caches: Sequence[KimiK3RequestCache],
-        *,
-        pad_to: int | None = None,
-        step: StaticStep | None = None,
-    ) -> Tensor:
-        """:meth:`decode` through the static path for pooled caches: pads to ``pad_to`` rows with
-        the scratch slot, runs ``step`` (default :meth:`static_decode`; a CUDA-graph replay has
-        the same signature) and counts the token into every cache; logits ``[B, V]``."""
-        pool = self._slot_pool()
-        return decode_pooled(pool, self.static_decode, input_ids, caches, pad_to=pad_to, step=step)
 
     def _run_layers(
         self, input_ids: Tensor, attend: AttendFn, logit_rows: Tensor | None = None

@@ -13,7 +13,7 @@ reason`), until the graphs have run on the GPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -24,14 +24,8 @@ from sglang.srt.layers.attention.kda import KimiDeltaAttention
 from sglang.srt.layers.attention.kda_static_decode import kda_static_decode
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
 from sglang.srt.layers.attention.mla_static_decode import mla_static_decode
-from sglang.srt.mem_cache.kimi_k3_cache import KimiK3RequestCache
-from sglang.srt.mem_cache.kimi_k3_slot_pool import (
-    KimiK3PoolShape,
-    KimiK3SlotPool,
-    count_static_token,
-)
+from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3PoolShape, KimiK3SlotPool
 from sglang.srt.models.kimi_k3_config import KimiK3Config
-from sglang.srt.models.static_step import StaticStep, run_pooled_step
 
 
 class StaticLayer(Protocol):
@@ -113,20 +107,3 @@ def static_attend(pool: KimiK3SlotPool, positions: Tensor, slots: Tensor) -> Sta
         return mla_static_decode(attn, x, positions, slots, store, table)
 
     return attend
-
-
-def decode_pooled(
-    pool: KimiK3SlotPool,
-    static_decode: StaticStep,
-    input_ids: Tensor,
-    caches: Sequence[KimiK3RequestCache],
-    *,
-    pad_to: int | None = None,
-    step: StaticStep | None = None,
-) -> Tensor:
-    """One token for each pooled cache through ``step`` (a graph replay, taking the real rows), or
-    else ``static_decode`` padded to ``pad_to`` rows with the scratch slot; reserves the new
-    token's block first and counts the token into the host counters after: logits ``[B, V]``."""
-    logits = run_pooled_step(pool, static_decode, input_ids, caches, pad_to=pad_to, step=step)
-    count_static_token(caches)
-    return logits

@@ -10,7 +10,7 @@ Kimi K3's static decode shares these (its caches and pool have the same ``slot``
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -24,6 +24,9 @@ class PooledCache(Protocol):
 
     slot: int | None
     num_tokens: int
+
+    def count_static_token(self) -> None:
+        """Count the token a static step wrote on the device into the host counters."""
 
 
 class SizedPool(Protocol):
@@ -87,13 +90,52 @@ def run_pooled_step(
 ) -> torch.Tensor:
     """One token for each pooled cache: reserves the new token's block (a new one when it crosses
     an edge), then runs ``step`` (a graph replay, on the real rows) or else ``static_decode``
-    padded to ``pad_to`` rows with the scratch slot -> logits ``[B, V]``. Counting the token into
-    the caches is the caller's (each model keeps its own host counters)."""
+    padded to ``pad_to`` rows with the scratch slot, and counts the token into each cache's host
+    counters (``count_static_token``) -> logits ``[B, V]``."""
     positions, slots = static_decode_inputs(pool, caches, input_ids.device)
     for cache in caches:
         assert cache.slot is not None
         pool.reserve(cache.slot, cache.num_tokens + 1)
     if step is not None:
-        return step(input_ids, positions, slots)
-    padded = pad_rows(input_ids, positions, slots, pad_to or len(caches), pool.scratch_slot)
-    return static_decode(*padded)[: len(caches)]
+        logits = step(input_ids, positions, slots)
+    else:
+        padded = pad_rows(input_ids, positions, slots, pad_to or len(caches), pool.scratch_slot)
+        logits = static_decode(*padded)[: len(caches)]
+    for cache in caches:
+        cache.count_static_token()
+    return logits
+
+
+class SlotPoolDecode:
+    """The pooled-cache half of a model's static decode, the same for both models: give a
+    cache's slot back, and decode one token per pooled cache. The model sets ``slot_pool``
+    (``enable_slot_pool``) and defines ``static_decode``."""
+
+    slot_pool: Any
+    static_decode: StaticStep
+
+    def _slot_pool(self) -> Any:
+        if self.slot_pool is None:
+            raise RuntimeError("no slot pool: call enable_slot_pool() first")
+        return self.slot_pool
+
+    def free_pooled_cache(self, cache: PooledCache) -> None:
+        """Return the cache's slot and its blocks."""
+        if cache.slot is not None:
+            self._slot_pool().free(cache.slot)
+            cache.slot = None
+
+    def decode_pooled(
+        self,
+        input_ids: torch.Tensor,
+        caches: Sequence[PooledCache],
+        *,
+        pad_to: int | None = None,
+        step: StaticStep | None = None,
+    ) -> torch.Tensor:
+        """``decode`` through the static path for pooled caches: pads to ``pad_to`` rows with
+        the scratch slot, runs ``step`` (default ``static_decode``; a CUDA-graph replay has the
+        same signature) and counts the token into every cache; logits ``[B, V]``."""
+        return run_pooled_step(
+            self._slot_pool(), self.static_decode, input_ids, caches, pad_to=pad_to, step=step
+        )

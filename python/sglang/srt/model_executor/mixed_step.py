@@ -11,6 +11,7 @@ is a decode row when it is one token of a request whose cache already holds toke
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -38,22 +39,26 @@ def split_mixed_step(plan: ForwardPlan, cache_lens: Sequence[int]) -> MixedSplit
     decode = tuple(i for i, n in enumerate(lens) if n == 1 and cache_lens[i] > 0)
     if not decode or len(decode) == len(lens):
         return None
-    is_decode = set(decode)
-    eager = tuple(i for i in range(len(lens)) if i not in is_decode)
+    decode_index = {i: j for j, i in enumerate(decode)}
+    eager = tuple(i for i in range(len(lens)) if i not in decode_index)
     starts = list(accumulate(lens, initial=0))
-    eager_starts = dict(zip(eager, accumulate((lens[i] for i in eager), initial=0)))
-    decode_at = {starts[i]: j for j, i in enumerate(decode)}
-    eager_at: dict[int, int] = {}  # batch row -> eager sub-batch row
-    for i in eager:
-        for k in range(lens[i]):
-            eager_at[starts[i] + k] = eager_starts[i] + k
-    wanted = [eager_at[r] for r in plan.output_rows if r in eager_at]
+    eager_start = dict(zip(eager, accumulate((lens[i] for i in eager), initial=0)))
+    # Per output row (a few per request, not every prefill token): its request by bisection,
+    # then its row in the decode logits or in the eager sub-batch.
+    where: list[tuple[bool, int]] = []
+    for r in plan.output_rows:
+        i = bisect_right(starts, r) - 1
+        if i in decode_index:
+            where.append((True, decode_index[i]))
+        else:
+            where.append((False, eager_start[i] + r - starts[i]))
+    wanted = [row for is_dec, row in where if not is_dec]
     every = len(wanted) == sum(lens[i] for i in eager)
-    returned = {row: k for k, row in enumerate(wanted)}
-    order = tuple(
-        decode_at[r] if r in decode_at else len(decode) + returned[eager_at[r]]
-        for r in plan.output_rows
-    )
+    # The eager forward returns its wanted rows in order, after the decode logits.
+    order, taken = [], 0
+    for is_dec, row in where:
+        order.append(row if is_dec else len(decode) + taken)
+        taken += not is_dec
     return MixedSplit(
         decode=decode,
         eager=eager,
@@ -61,5 +66,5 @@ def split_mixed_step(plan: ForwardPlan, cache_lens: Sequence[int]) -> MixedSplit
         eager_ids=tuple(t for i in eager for t in plan.input_ids[starts[i] : starts[i + 1]]),
         eager_lens=tuple(lens[i] for i in eager),
         eager_logit_rows=None if every else tuple(wanted),
-        order=order,
+        order=tuple(order),
     )

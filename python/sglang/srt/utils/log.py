@@ -28,6 +28,8 @@ def get_logger(name: str) -> logging.Logger:
 def log_once(logger: logging.Logger, level: int, message: str) -> bool:
     """Log ``message`` the first time this logger sees it; returns whether it was logged."""
     key = (logger.name, message)
+    if key in _said:  # hot-path callers: no lock once it was said
+        return False
     with _once_lock:
         if key in _said:
             return False

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sglang.srt.mem_cache.memory_models.workspace import activation_bytes, logits_bytes, mib
+from sglang.srt.mem_cache.memory_models.workspace import StepWorkspace, activation_bytes, mib
 
 
 @dataclass(frozen=True)
-class CacheShape:
+class CacheShape(StepWorkspace):
     num_layers: int
     hidden_size: int
     hc_mult: int
@@ -57,12 +57,6 @@ class CacheShape:
 
     def activation_bytes(self, tokens_in_flight: int) -> int:
         return activation_bytes(tokens_in_flight, self.hidden_size * self.hc_mult)
-
-    def logits_bytes(self, logit_rows: int) -> int:
-        return logits_bytes(logit_rows, self.vocab_size)
-
-    def workspace_bytes(self, tokens_in_flight: int, logit_rows: int) -> int:
-        return self.activation_bytes(tokens_in_flight) + self.logits_bytes(logit_rows)
 
     def describe(self) -> str:
         compressed = sum(1 for r in self.compress_ratios if r > 0)

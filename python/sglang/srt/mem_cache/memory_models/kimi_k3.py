@@ -18,13 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglang.srt.mem_cache.kimi_k3_slot_pool import DEFAULT_BLOCK_TOKENS, KimiK3PoolShape
-from sglang.srt.mem_cache.memory_models.workspace import activation_bytes, logits_bytes, mib
+from sglang.srt.mem_cache.memory_models.workspace import StepWorkspace, activation_bytes, mib
 
 _TABLE_ENTRY_BYTES = 8  # the block tables are int64
 
 
 @dataclass(frozen=True)
-class KimiK3MemoryModel:
+class KimiK3MemoryModel(StepWorkspace):
     pool: KimiK3PoolShape  # this rank's: KDA heads split over the attention-TP ranks
     hidden_size: int
     vocab_size: int
@@ -81,12 +81,6 @@ class KimiK3MemoryModel:
         return activation_bytes(tokens_in_flight, self.hidden_size) + self.attn_res_bytes(
             tokens_in_flight
         )
-
-    def logits_bytes(self, logit_rows: int) -> int:
-        return logits_bytes(logit_rows, self.vocab_size)
-
-    def workspace_bytes(self, tokens_in_flight: int, logit_rows: int) -> int:
-        return self.activation_bytes(tokens_in_flight) + self.logits_bytes(logit_rows)
 
     def describe(self) -> str:
         return (

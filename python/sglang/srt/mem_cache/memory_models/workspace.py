@@ -18,6 +18,22 @@ def logits_bytes(logit_rows: int, vocab_size: int) -> int:
     return logit_rows * vocab_size * 4 * LOGIT_COPIES
 
 
+class StepWorkspace:
+    """The workspace half of a memory model, the same for every architecture: a model defines
+    ``vocab_size`` and :meth:`activation_bytes`; the logits and the sum come from here."""
+
+    vocab_size: int
+
+    def activation_bytes(self, tokens_in_flight: int) -> int:
+        raise NotImplementedError
+
+    def logits_bytes(self, logit_rows: int) -> int:
+        return logits_bytes(logit_rows, self.vocab_size)
+
+    def workspace_bytes(self, tokens_in_flight: int, logit_rows: int) -> int:
+        return self.activation_bytes(tokens_in_flight) + self.logits_bytes(logit_rows)
+
+
 def gib(n: float) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 

@@ -10,7 +10,7 @@
   for incremental decoding (mean relative error < 0.05) and greedy tokens agree >= 95%. A MoE
   router's top-k can flip at a near-tie between the two (measured: the fused compressor step
   equals the torch path to fp32 rounding, yet its bf16 entries flipped layer 1's router at a gap
-  of 5.8e-4, that step was 0.50 and the flipped token kept the next 30 steps at 0.03-0.06), so
+  of 7.2e-4, that step was 0.50 and the flipped token kept the next 30 steps at 0.03-0.06), so
   the reference follows the static path's choice where they differ at a near-tie
   (``RouteFollower``; a larger gap fails), and a tenth of the steps may still miss the bound.
 - Capture refuses nothing it needs: no host sync in the captured step (capture would raise).

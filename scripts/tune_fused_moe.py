@@ -1,13 +1,19 @@
 """Tune the fused-MoE kernels per (expert shape, dtype, M bucket) on this GPU; write the tables.
 
-For each case it times, under CUDA-graph replay, the two-launch path with its own configs and the
-TMA prefill path (``grouped_gemm_tma.py``) with each candidate: the two GEMMs are swept separately
-(gate-up first, then down on the winner's output), for each ``block_m``, and the best pair is timed
-whole. The faster path wins the bucket. Tables go to ``python/sglang/kernels/ops/moe/configs/``
-(``tuned_configs.py`` reads them), one JSON file per (shape, dtype, device).
+For each case it times, under CUDA-graph replay, candidates of one of two kinds, the two GEMMs
+swept separately (gate-up first, then down on the winner's output) for each ``block_m``, and the
+best pair timed whole:
+- ``--batches`` (prefill sizes): the TMA kernels (``grouped_gemm_tma.py``) against the two-launch
+  path on ``get_config``'s tiles;
+- ``--check-batches`` (decode sizes, weight streaming): the two-launch kernels' own tiles (column
+  block, pipeline depth, warps) against ``get_config``'s rule and the TMA winner of the first swept
+  bucket (or of the table already there, with ``--merge``).
+The fastest whole path wins the bucket. Tables go to ``python/sglang/kernels/ops/moe/configs/``
+(``tuned_configs.py`` reads them), one JSON file per (shape, dtype, device); ``--merge`` replaces
+only the buckets tuned in this run.
 
 Usage: python scripts/tune_fused_moe.py [--shapes dsv4,k3] [--dtypes bf16,fp8]
-       [--batches 128,512,2048,8192] [--out-dir DIR]
+       [--batches 2048,8192] [--check-batches 1,16,64,128,512] [--merge] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -24,7 +30,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_moe import SHAPES, Shape, make_batch, make_weights
 from sglang.kernels.ops.activation import activation_code
 from sglang.kernels.ops.moe.align import moe_align_block_size
-from sglang.kernels.ops.moe.fused_moe import fused_experts, get_config
+from sglang.kernels.ops.moe.fused_moe import (
+    check_moe_inputs,
+    fused_experts,
+    get_config,
+    launch_gemm1,
+    launch_gemm2,
+)
 from sglang.kernels.ops.moe.fused_moe_tma import num_sms_of
 from sglang.kernels.ops.moe.grouped_gemm_tma import (
     TmaGemmTile,
@@ -38,7 +50,9 @@ from sglang.kernels.ops.moe.tuned_configs import (
     table_name,
     tma_config_from_dict,
     tma_config_to_dict,
+    two_launch_config_to_dict,
 )
+from sglang.kernels.ops.moe.two_launch_config import FusedMoeConfig, GemmTile
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE, per_token_group_quant_fp8
 
 T = TmaGemmTile
@@ -84,17 +98,84 @@ CANDIDATES: dict[str, list[tuple[int, list[TmaGemmTile], list[TmaGemmTile]]]] = 
 # non-persistent variants too found them within 3% of the persistent ones).
 VARIANTS = ({"warp_specialize": True},)
 
+G = GemmTile
+# Two-launch tiles at decode sizes, where both GEMMs stream weights: (block_n, block_k, group_m,
+# warps, stages). The question is how many bytes each CTA keeps in flight (column block x pipeline
+# depth) against how many CTAs share the SMs. FP8 K blocks are the 128-wide scale block.
+TWO_LAUNCH_GEMM1 = {
+    "bf16": [
+        G(16, 128, 1, 4, 4),
+        G(32, 128, 1, 4, 4),
+        G(32, 64, 1, 4, 5),
+        G(64, 64, 1, 4, 4),
+        G(64, 128, 1, 4, 3),
+        G(64, 64, 1, 8, 5),
+        G(128, 64, 1, 4, 3),
+        G(128, 64, 1, 8, 4),
+    ],
+    "fp8": [
+        G(16, 128, 1, 4, 5),
+        G(32, 128, 1, 4, 4),
+        G(32, 128, 1, 4, 5),
+        G(64, 128, 1, 4, 3),
+        G(64, 128, 1, 4, 4),
+        G(64, 128, 1, 4, 5),
+        G(64, 128, 1, 8, 5),
+        G(128, 128, 1, 4, 3),
+        G(128, 128, 1, 8, 4),
+    ],
+}
+TWO_LAUNCH_GEMM2 = {
+    "bf16": [
+        G(32, 128, 1, 4, 4),
+        G(64, 128, 1, 4, 4),
+        G(64, 64, 1, 4, 5),
+        G(128, 64, 1, 4, 4),
+        G(128, 128, 1, 4, 3),
+        G(128, 64, 1, 8, 4),
+        G(256, 64, 1, 8, 3),
+    ],
+    "fp8": [
+        G(32, 128, 1, 4, 5),
+        G(64, 128, 1, 4, 4),
+        G(64, 128, 1, 4, 5),
+        G(128, 128, 1, 4, 3),
+        G(128, 128, 1, 4, 4),
+        G(128, 128, 1, 8, 4),
+        G(256, 128, 1, 8, 3),
+    ],
+}
+SMEM_BYTES = 220 * 1024  # what a CTA may take on Hopper (228 KB less Triton's own)
+
+
+def two_launch_block_ms(rows_per_expert: float) -> tuple[int, ...]:
+    """Row tiles worth trying for an expert's average rows (the tile pads every expert's run)."""
+    if rows_per_expert <= 8:
+        return (16,)
+    if rows_per_expert <= 24:
+        return (16, 32)
+    return (32, 64)
+
+
+def two_launch_fits(tile: GemmTile, block_m: int, fp8: bool, gate_up: bool) -> bool:
+    """The pipeline's shared memory: each stage holds the A tile and one (or, for gate-up, two)
+    weight tiles."""
+    block_k = min(tile.block_k, 128) if fp8 else tile.block_k
+    elem = 1 if fp8 else 2
+    stage = (block_m * block_k + block_k * tile.block_n * (2 if gate_up else 1)) * elem
+    return tile.num_stages * stage <= SMEM_BYTES
+
 
 def variant(tile: TmaGemmTile, change: dict[str, bool]) -> TmaGemmTile:
     return TmaGemmTile(**{**tile.__dict__, **change})
 
 
-def bench_us(fn) -> float:  # type: ignore[no-untyped-def]
+def bench_us(fn, rep: int = 20) -> float:  # type: ignore[no-untyped-def]
     """Median of a short CUDA-graph replay, in us; inf when the config fails to compile/run."""
     try:
         fn()
         torch.cuda.synchronize()
-        return triton.testing.do_bench_cudagraph(fn, rep=20) * 1e3
+        return triton.testing.do_bench_cudagraph(fn, rep=rep) * 1e3
     except Exception as err:  # noqa: BLE001 -- a tile that does not compile (shared memory, registers) loses
         print(f"    failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
         torch.cuda.synchronize()
@@ -125,8 +206,40 @@ class Case:
     def whole_us(self, cfg: object) -> float:
         w, x = self.w, self.x
         return bench_us(
-            lambda: fused_experts(x, w.w13, w.w2, self.tw, self.ids, config=cfg, **self.common)
+            lambda: fused_experts(x, w.w13, w.w2, self.tw, self.ids, config=cfg, **self.common),
+            rep=60,
         )
+
+    def sweep_two_launch(self, block_m: int, dtype: str) -> FusedMoeConfig:
+        """The two-launch kernels' fastest gate-up tile, then the fastest down tile, at
+        ``block_m`` rows a tile."""
+        sh, w = self.shape, self.w
+        p = check_moe_inputs(
+            self.x, w.w13, w.w2, self.tw, self.ids, w.w13_scale, w.w2_scale, w.block_shape, None
+        )
+        align = moe_align_block_size(self.ids, block_m, sh.experts)
+        inter = torch.empty((self.slots, sh.inter), dtype=self.x.dtype, device=self.dev)
+        down = torch.empty((self.slots, sh.hidden), dtype=self.x.dtype, device=self.dev)
+
+        def gate_up(tile: GemmTile) -> None:
+            cfg = FusedMoeConfig(block_m, tile, tile)
+            launch_gemm1(
+                self.xq, self.xs, w.w13, w.w13_scale, inter, align, p, self.slots, cfg,
+                self.act, self.limit,
+            )  # fmt: skip
+
+        g1s = [t for t in TWO_LAUNCH_GEMM1[dtype] if two_launch_fits(t, block_m, self.fp8, True)]
+        tile1 = best_tile(block_m, g1s, gate_up, variants=())
+        gate_up(tile1)
+        a2, a2s = per_token_group_quant_fp8(inter, 128) if self.fp8 else (inter, None)
+
+        def down_proj(tile: GemmTile) -> None:
+            cfg = FusedMoeConfig(block_m, tile, tile)
+            launch_gemm2(a2, a2s, w.w2, w.w2_scale, down, self.tw, align, p, self.slots, cfg)
+
+        g2s = [t for t in TWO_LAUNCH_GEMM2[dtype] if two_launch_fits(t, block_m, self.fp8, False)]
+        tile2 = best_tile(block_m, g2s, down_proj, variants=())
+        return FusedMoeConfig(block_m, tile1, tile2)
 
     def sweep(self, block_m: int, g1s: list[TmaGemmTile], g2s: list[TmaGemmTile]) -> TmaMoeConfig:
         """The fastest gate-up tile, then the fastest down tile on its output."""
@@ -181,10 +294,11 @@ class Case:
         return TmaMoeConfig(block_m, tile1, tile2)
 
 
-def best_tile(block_m: int, tiles: list[TmaGemmTile], launch) -> TmaGemmTile:  # type: ignore[no-untyped-def]
+def best_tile(block_m: int, tiles, launch, variants=VARIANTS):  # type: ignore[no-untyped-def]
+    """The fastest of ``tiles`` (TMA or two-launch), its ``variants`` of the winner tried too."""
     scored = [(bench_us(lambda t=t: launch(t)), t) for t in tiles]
     top = min(scored, key=lambda st: st[0])[1]
-    for change in VARIANTS:
+    for change in variants:
         v = variant(top, change)
         scored.append((bench_us(lambda v=v: launch(v)), v))
     scored.sort(key=lambda st: st[0])
@@ -193,20 +307,17 @@ def best_tile(block_m: int, tiles: list[TmaGemmTile], launch) -> TmaGemmTile:  #
     return scored[0][1]
 
 
-def tune_case(  # type: ignore[no-untyped-def]
-    shape: Shape, dtype: str, m: int, weights, limit: float | None, fixed: TmaMoeConfig | None
+def tune_prefill(  # type: ignore[no-untyped-def]
+    shape: Shape, dtype: str, m: int, weights, limit: float | None
 ) -> dict[str, object]:
-    """One bucket: sweep the TMA tiles (or, with ``fixed``, time that config only) and compare
-    with the two-launch path."""
+    """A prefill bucket: sweep the TMA tiles and compare with the two-launch path."""
     case = Case(shape, dtype, m, weights, limit)
     old = get_config(
         m, shape.experts, shape.hidden, shape.inter, weights.w13.dtype, top_k=shape.top_k
     )
     t_old = case.whole_us(old)
     best: tuple[float, TmaMoeConfig | None] = (float("inf"), None)
-    if fixed is not None:
-        best = (case.whole_us(fixed), fixed)
-    for block_m, g1s, g2s in CANDIDATES[dtype] if fixed is None else []:
+    for block_m, g1s, g2s in CANDIDATES[dtype]:
         cfg = case.sweep(block_m, g1s, g2s)
         if tma_config_fits(cfg, shape.hidden, shape.inter, case.fp8, 128):
             continue
@@ -223,46 +334,97 @@ def tune_case(  # type: ignore[no-untyped-def]
             "two_launch_us": round(t_old, 1),
             "config": tma_config_to_dict(best[1]),
         }
-    tma_us = round(best[0], 1) if best[0] < float("inf") else None
-    return {"m": m, "kernel": "two_launch", "us": round(t_old, 1), "tma_us": tma_us}
+    return {"m": m, "kernel": "two_launch", "us": round(t_old, 1), "tma_us": _us_or_none(best[0])}
+
+
+def tune_decode(  # type: ignore[no-untyped-def]
+    shape: Shape, dtype: str, m: int, weights, limit: float | None, tma: TmaMoeConfig | None
+) -> dict[str, object]:
+    """A decode bucket: sweep the two-launch tiles; the winner against ``get_config``'s rule and
+    the TMA config ``tma``."""
+    case = Case(shape, dtype, m, weights, limit)
+    default = get_config(
+        m, shape.experts, shape.hidden, shape.inter, weights.w13.dtype, top_k=shape.top_k
+    )
+    t_default = case.whole_us(default)
+    tuned: tuple[float, FusedMoeConfig | None] = (float("inf"), None)
+    for block_m in two_launch_block_ms(m * shape.top_k / shape.experts):
+        cfg = case.sweep_two_launch(block_m, dtype)
+        t = case.whole_us(cfg)
+        print(f"  M={m} bm={block_m}: whole two-launch path {t:.0f} us with {cfg}")
+        if t < tuned[0]:
+            tuned = (t, cfg)
+    t_tma = float("inf")
+    if tma is not None and not tma_config_fits(tma, shape.hidden, shape.inter, case.fp8, 128):
+        t_tma = case.whole_us(tma)
+    print(
+        f"  M={m}: two-launch default {t_default:.0f} us, tuned {tuned[0]:.0f} us, "
+        f"TMA {t_tma:.0f} us"
+    )
+    if t_tma < min(t_default, tuned[0]) and tma is not None:
+        return {
+            "m": m,
+            "kernel": "tma",
+            "us": round(t_tma, 1),
+            "two_launch_us": round(min(t_default, tuned[0]), 1),
+            "config": tma_config_to_dict(tma),
+        }
+    bucket: dict[str, object] = {"m": m, "kernel": "two_launch"}
+    if tuned[1] is not None and tuned[0] < t_default:
+        bucket["us"] = round(tuned[0], 1)
+        bucket["default_us"] = round(t_default, 1)
+        bucket["config"] = two_launch_config_to_dict(tuned[1])
+    else:
+        bucket["us"] = round(t_default, 1)
+    bucket["tma_us"] = _us_or_none(t_tma)
+    return bucket
+
+
+def _us_or_none(us: float) -> float | None:
+    return round(us, 1) if us < float("inf") else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", default="dsv4,k3")
     parser.add_argument("--dtypes", default="bf16,fp8")
-    parser.add_argument("--batches", default="2048,8192", help="M buckets swept")
+    parser.add_argument("--batches", default="2048,8192", help="prefill M buckets (TMA sweep)")
     parser.add_argument(
         "--check-batches",
-        default="128,512",
-        help="M buckets where the two-launch path is timed against the smallest swept winner",
+        default="1,16,64,128,512",
+        help="decode M buckets (two-launch tile sweep, against the first TMA winner)",
+    )
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the table's other buckets (and TMA winner)"
     )
     parser.add_argument("--out-dir", default=str(CONFIG_DIR))
     args = parser.parse_args()
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name()
+    prefill = [int(m) for m in args.batches.split(",") if m]
+    decode = [int(m) for m in args.check_batches.split(",") if m]
     for shape_key in args.shapes.split(","):
         shape = SHAPES[shape_key]
         limit = 10.0 if shape.activation == "swiglu" else None
         for dtype in args.dtypes.split(","):
-            weights = make_weights(shape, dtype == "fp8", torch.device("cuda"))
-            print(f"{shape_key} {dtype}")
-            swept = [
-                tune_case(shape, dtype, int(m), weights, limit, None)
-                for m in args.batches.split(",")
-            ]
-            first = next((b for b in swept if b["kernel"] == "tma"), None)
-            fixed = tma_config_from_dict(first["config"]) if first else None
-            checked = [
-                tune_case(shape, dtype, int(m), weights, limit, fixed)
-                for m in args.check_batches.split(",")
-                if m and fixed is not None
-            ]
-            buckets = sorted(checked + swept, key=lambda b: b["m"])
             name = table_name(
                 shape.experts, shape.hidden, shape.inter, shape.top_k, dtype, device_name
             )
+            kept: list[dict[str, object]] = []
+            if args.merge and (out_dir / name).is_file():
+                kept = json.loads((out_dir / name).read_text())["buckets"]
+            weights = make_weights(shape, dtype == "fp8", torch.device("cuda"))
+            print(f"{shape_key} {dtype}")
+            swept = [tune_prefill(shape, dtype, m, weights, limit) for m in prefill]
+            tma_buckets = [b for b in swept + kept if b["kernel"] == "tma"]
+            tma_buckets.sort(key=lambda b: int(b["m"]))  # type: ignore[call-overload]
+            first = tma_buckets[0]["config"] if tma_buckets else None
+            fixed = tma_config_from_dict(first) if first else None  # type: ignore[arg-type]
+            checked = [tune_decode(shape, dtype, m, weights, limit, fixed) for m in decode]
+            tuned_ms = {int(b["m"]) for b in swept + checked}  # type: ignore[call-overload]
+            others = [b for b in kept if int(b["m"]) not in tuned_ms]  # type: ignore[call-overload]
+            buckets = sorted(checked + swept + others, key=lambda b: int(b["m"]))  # type: ignore[call-overload]
             table = {
                 "device": device_name,
                 "shape": {

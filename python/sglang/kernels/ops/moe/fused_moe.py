@@ -451,7 +451,7 @@ def _launch_expert_gemm(
     )
 
 
-def _launch_gemm1(
+def launch_gemm1(
     a: torch.Tensor,
     a_scale: torch.Tensor | None,
     w13: torch.Tensor,
@@ -485,7 +485,7 @@ def _launch_gemm1(
     )
 
 
-def _launch_gemm2(
+def launch_gemm2(
     a: torch.Tensor,
     a_scale: torch.Tensor | None,
     w2: torch.Tensor,
@@ -652,16 +652,12 @@ def fused_experts(
         if inter_cache is None:
             inter_cache = torch.empty((max_slots, p.inter), dtype=dt, device=dev)
         inter = inter_cache[:num_slots]
-        _launch_gemm1(
-            x, x_scale, w13, w13_scale, inter, align, p, num_slots, cfg, act, swiglu_limit
-        )
+        launch_gemm1(x, x_scale, w13, w13_scale, inter, align, p, num_slots, cfg, act, swiglu_limit)
         a2, a2_scale = inter, None
         if p.fp8:
             a2, a2_scale = per_token_group_quant_fp8(inter, p.block[1])
         down = down_cache[:num_slots]
-        _launch_gemm2(
-            a2, a2_scale, w2, w2_scale, down, weights[start:end], align, p, num_slots, cfg
-        )
+        launch_gemm2(a2, a2_scale, w2, w2_scale, down, weights[start:end], align, p, num_slots, cfg)
         _launch_sum(down, chunk_ids, result[start:end], p)
     return result
 

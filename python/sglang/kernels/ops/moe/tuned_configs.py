@@ -3,8 +3,9 @@
 A table is one JSON file in ``configs/`` per (expert shape, weight dtype, device), named
 ``E{E}_H{H}_I{I}_top{k}_{dtype}_{device}.json`` (the device name with spaces as ``_``, as
 ``torch.cuda.get_device_name`` gives it). It lists M buckets (token counts); each names the
-kernel that measured fastest there, ``two_launch`` (``fused_moe.py``, its own ``get_config``) or
-``tma`` (``grouped_gemm_tma.py``) with the tiles that won. A call of M tokens takes the bucket with
+kernel that measured fastest there, ``two_launch`` (``fused_moe.py``) or ``tma``
+(``grouped_gemm_tma.py``), with the tiles that won; a ``two_launch`` bucket without a ``config``
+uses ``get_config``'s rule. A call of M tokens takes the bucket with
 the largest ``m <= M`` (the smallest bucket below that). Without a table: the TMA kernels with
 :data:`DEFAULT_TMA_CONFIGS` once an expert averages :data:`TMA_MIN_ROWS_PER_EXPERT` rows (prefill,
 compute-bound), the two-launch path below (decode, weight-streaming).
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig, tma_config_fits
-from sglang.kernels.ops.moe.two_launch_config import FusedMoeConfig, get_config
+from sglang.kernels.ops.moe.two_launch_config import FusedMoeConfig, GemmTile, get_config
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE
 
 logger = logging.getLogger(__name__)
@@ -56,23 +57,37 @@ def tma_config_from_dict(d: dict[str, Any]) -> TmaMoeConfig:
     return TmaMoeConfig(int(d["block_m"]), TmaGemmTile(**d["gemm1"]), TmaGemmTile(**d["gemm2"]))
 
 
+def two_launch_config_to_dict(cfg: FusedMoeConfig) -> dict[str, Any]:
+    return {"block_m": cfg.block_m, "gemm1": asdict(cfg.gemm1), "gemm2": asdict(cfg.gemm2)}
+
+
+def two_launch_config_from_dict(d: dict[str, Any]) -> FusedMoeConfig:
+    return FusedMoeConfig(int(d["block_m"]), GemmTile(**d["gemm1"]), GemmTile(**d["gemm2"]))
+
+
+# (M, kernel, its tiles): None for a two-launch bucket that keeps get_config's rule.
+Bucket = tuple[int, str, MoeKernelConfig | None]
+
+
 @functools.cache
-def load_table(name: str) -> tuple[tuple[int, str, TmaMoeConfig | None], ...] | None:
+def load_table(name: str) -> tuple[Bucket, ...] | None:
     """The buckets of table ``name`` sorted by M, or None when there is no such file."""
     path = CONFIG_DIR / name
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    buckets = []
+    buckets: list[Bucket] = []
     for b in data["buckets"]:
-        cfg = tma_config_from_dict(b["config"]) if b["kernel"] == "tma" else None
+        cfg: MoeKernelConfig | None = None
+        if b["kernel"] == "tma":
+            cfg = tma_config_from_dict(b["config"])
+        elif b.get("config"):
+            cfg = two_launch_config_from_dict(b["config"])
         buckets.append((int(b["m"]), str(b["kernel"]), cfg))
     return tuple(sorted(buckets, key=lambda b: b[0]))
 
 
-def pick_bucket(
-    buckets: tuple[tuple[int, str, TmaMoeConfig | None], ...], m: int
-) -> tuple[int, str, TmaMoeConfig | None]:
+def pick_bucket(buckets: tuple[Bucket, ...], m: int) -> Bucket:
     below = [b for b in buckets if b[0] <= m]
     return below[-1] if below else buckets[0]
 
@@ -111,17 +126,21 @@ def select_moe_config(
     dev_name = _device_name(device)
     name = table_name(e, h, i, top_k, key, dev_name) if dev_name else ""
     buckets = load_table(name) if name else None
-    cfg: TmaMoeConfig | None
+    cfg: MoeKernelConfig | None
     if buckets:
         m_bucket, kernel, cfg = pick_bucket(buckets, m)
         source = f"table {name}"
+        if isinstance(cfg, FusedMoeConfig) and m >= m_bucket:
+            # Tiles tuned at m_bucket rows; below the smallest bucket the rule decides.
+            _log_choice(name, m_bucket, f"two_launch {cfg} ({source})")
+            return cfg
     else:
         m_bucket = 0  # one log line per choice
         rows = m * top_k / max(e, 1)
         cfg = DEFAULT_TMA_CONFIGS.get(key) if rows >= TMA_MIN_ROWS_PER_EXPERT else None
         kernel, source = ("tma" if cfg else "two_launch"), "default rule (no table)"
     if (
-        cfg is not None
+        isinstance(cfg, TmaMoeConfig)
         and _tma_capable(device)
         and not tma_config_fits(cfg, h, i, fp8, scale_block)
     ):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglang.kernels.ops.moe import tuned_configs as tc
-from sglang.kernels.ops.moe.fused_moe import FusedMoeConfig
+from sglang.kernels.ops.moe.fused_moe import FusedMoeConfig, GemmTile, get_config
 from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig, tma_config_fits
 from sglang.srt.layers.moe.moe_runner import path_table as pt
 from sglang.srt.layers.moe.moe_runner.deep_gemm import measured_layout
@@ -60,10 +60,15 @@ def test_every_stored_table_loads_and_fits(monkeypatch: pytest.MonkeyPatch) -> N
         assert buckets and [b[0] for b in buckets] == sorted(b["m"] for b in data["buckets"])
         for _, kernel, cfg in buckets:
             assert kernel in ("tma", "two_launch")
-            if cfg is not None:
+            if kernel == "tma":
+                assert isinstance(cfg, TmaMoeConfig)
                 fp8 = data["dtype"] == "fp8"
                 assert not tma_config_fits(cfg, shape["hidden"], shape["inter"], fp8, 128)
                 assert tc.tma_config_from_dict(tc.tma_config_to_dict(cfg)) == cfg
+            elif cfg is not None:  # tuned two-launch tiles
+                assert isinstance(cfg, FusedMoeConfig)
+                assert tc.two_launch_config_from_dict(tc.two_launch_config_to_dict(cfg)) == cfg
+                assert shape["inter"] % cfg.gemm1.block_n == 0
 
 
 def test_config_dict_keeps_every_field() -> None:
@@ -104,6 +109,32 @@ def test_select_reads_the_table_then_falls_back(
         monkeypatch.setattr(tc, "table_name", lambda *a: name)
         odd = tc.select_moe_config(4096, 8, 200, 256, torch.bfloat16, top_k=2, device=cpu)
         assert isinstance(odd, FusedMoeConfig)
+    finally:
+        tc.load_table.cache_clear()
+
+
+def test_tuned_two_launch_tiles_apply_from_their_bucket_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tuned = FusedMoeConfig(16, GemmTile(16, 128, 1, 4, 5), GemmTile(64, 128, 1, 4, 4))
+    name = tc.table_name(8, 256, 256, 2, "bf16", "Fake GPU")
+    buckets = [
+        {"m": 64, "kernel": "two_launch", "config": tc.two_launch_config_to_dict(tuned)},
+        {"m": 256, "kernel": "two_launch"},  # no tiles stored: the rule
+    ]
+    (tmp_path / name).write_text(json.dumps({"buckets": buckets}))
+    monkeypatch.setattr(tc, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(tc, "_device_name", lambda device: "Fake GPU")
+    tc.load_table.cache_clear()
+    cpu = torch.device("cpu")
+    try:
+        assert tc.select_moe_config(64, 8, 256, 256, torch.bfloat16, top_k=2, device=cpu) == tuned
+        assert tc.select_moe_config(200, 8, 256, 256, torch.bfloat16, top_k=2, device=cpu) == tuned
+        rule = tc.select_moe_config(300, 8, 256, 256, torch.bfloat16, top_k=2, device=cpu)
+        assert rule == get_config(300, 8, 256, 256, torch.bfloat16, top_k=2)
+        # Below the smallest bucket the tiles were not measured: the rule decides.
+        small = tc.select_moe_config(8, 8, 256, 256, torch.bfloat16, top_k=2, device=cpu)
+        assert small == get_config(8, 8, 256, 256, torch.bfloat16, top_k=2) != tuned
     finally:
         tc.load_table.cache_clear()
 

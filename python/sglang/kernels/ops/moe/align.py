@@ -12,8 +12,10 @@ most ``min(E, T*k)`` experts are non-empty, so ``P = T*k + min(E, T*k)*(block_m 
 up to ``block_m`` always suffices, and stays small at decode.
 
 On CUDA two Triton launches do the work (count + scan in one program, then a parallel scatter
-with atomics, so the order inside a segment is not fixed); elsewhere a torch version with a
-stable order. Either order gives the same GEMM rows.
+with atomics, so the order inside a segment is not fixed); up to :data:`ONE_LAUNCH_SLOTS` routed
+pairs (decode), the one program also scatters, in a stable order, which saves a launch where the
+MoE layer is a few microseconds of weight streaming. Elsewhere a torch version with a stable
+order. Either order gives the same GEMM rows.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ import triton
 import triton.language as tl
 
 from sglang.kernels.ops.triton_dispatch import triton_can_run
+
+# Routed pairs up to which one program counts, scans and scatters (its rank matrix is this
+# squared).
+ONE_LAUNCH_SLOTS = 128
 
 
 def padded_size(num_slots: int, block_m: int, num_experts: int) -> int:
@@ -45,8 +51,10 @@ def _align_scan_kernel(
     NUM_BINS: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    SCATTER: tl.constexpr,
 ):
-    # One program: count per expert, pad, scan, then describe every block and fill sentinels.
+    # One program: count per expert, pad, scan, then describe every block and fill sentinels
+    # (with SCATTER, num_slots <= BLOCK: then place every pair too).
     counts = tl.zeros((NUM_BINS,), dtype=tl.int32)
     for start in range(0, num_slots, BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -76,6 +84,18 @@ def _align_scan_kernel(
             num_slots + tl.zeros((BLOCK,), dtype=tl.int32),
             mask=offs < padded_len,
         )
+    if SCATTER:
+        # The segment starts and sentinels above were stored by other threads of this program.
+        tl.debug_barrier()
+        offs = tl.arange(0, BLOCK)
+        e = tl.load(ids_ptr + offs, mask=offs < num_slots, other=-1)
+        valid = (offs < num_slots) & (e >= 0) & (e < num_experts)
+        e = tl.where(valid, e, -1)
+        # A pair's place in its segment: the earlier pairs of the same expert (stable order).
+        same = (e[None, :] == e[:, None]) & (offs[None, :] < offs[:, None])
+        rank = tl.sum(same.to(tl.int32), axis=1)
+        start = tl.load(cursor_ptr + tl.where(valid, e, 0), mask=valid, other=0)
+        tl.store(sorted_ptr + start + rank, offs, mask=valid)
 
 
 @triton.jit
@@ -100,6 +120,7 @@ def _align_triton(
     ntpp = torch.empty(1, dtype=torch.int32, device=dev)
     cursor = torch.empty(num_experts, dtype=torch.int32, device=dev)
     num_bins = triton.next_power_of_2(num_experts + 1)
+    one_launch = num_slots <= ONE_LAUNCH_SLOTS
     _align_scan_kernel[(1,)](
         ids,
         sorted_ids,
@@ -111,11 +132,12 @@ def _align_triton(
         length,
         BLOCK_M=block_m,
         NUM_BINS=num_bins,
-        BLOCK=1024,
+        BLOCK=ONE_LAUNCH_SLOTS if one_launch else 1024,
         BLOCK_B=max(1, 8192 // num_bins),
+        SCATTER=one_launch,
         num_warps=8,
     )
-    if num_slots:
+    if num_slots and not one_launch:
         block = 256
         _align_scatter_kernel[(triton.cdiv(num_slots, block),)](
             ids, sorted_ids, cursor, num_slots, num_experts, BLOCK=block, num_warps=4

@@ -58,11 +58,16 @@ def tma_config_from_dict(d: dict[str, Any]) -> TmaMoeConfig:
 
 
 def two_launch_config_to_dict(cfg: FusedMoeConfig) -> dict[str, Any]:
-    return {"block_m": cfg.block_m, "gemm1": asdict(cfg.gemm1), "gemm2": asdict(cfg.gemm2)}
+    return asdict(cfg)
 
 
 def two_launch_config_from_dict(d: dict[str, Any]) -> FusedMoeConfig:
-    return FusedMoeConfig(int(d["block_m"]), GemmTile(**d["gemm1"]), GemmTile(**d["gemm2"]))
+    return FusedMoeConfig(
+        int(d["block_m"]),
+        GemmTile(**d["gemm1"]),
+        GemmTile(**d["gemm2"]),
+        bool(d.get("quant_in_gemm", True)),
+    )
 
 
 # (M, kernel, its tiles): None for a two-launch bucket that keeps get_config's rule.

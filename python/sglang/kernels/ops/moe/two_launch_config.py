@@ -22,11 +22,14 @@ class GemmTile:
 
 @dataclass(frozen=True)
 class FusedMoeConfig:
-    """``block_m`` is shared by both GEMMs (it is the alignment of the sorted rows)."""
+    """``block_m`` is shared by both GEMMs (it is the alignment of the sorted rows). With FP8,
+    ``quant_in_gemm`` has each GEMM quantise its activations per K block instead of a separate
+    pass (where a K block is one quantisation group)."""
 
     block_m: int
     gemm1: GemmTile
     gemm2: GemmTile
+    quant_in_gemm: bool = True
 
 
 def get_config(

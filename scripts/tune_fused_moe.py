@@ -222,22 +222,23 @@ class Case:
         inter = torch.empty((self.slots, sh.inter), dtype=self.x.dtype, device=self.dev)
         down = torch.empty((self.slots, sh.hidden), dtype=self.x.dtype, device=self.dev)
 
-        # FP8 GEMMs quantise their activations themselves, as the engine runs them (a scale of
-        # None); the whole-path timing below also tries the separate pass.
+        # FP8 activations come quantised by the separate pass (the default); the whole-path
+        # timing below also tries the GEMMs quantising them themselves.
         def gate_up(tile: GemmTile) -> None:
             cfg = FusedMoeConfig(block_m, tile, tile)
             launch_gemm1(
-                self.x, None, w.w13, w.w13_scale, inter, align, p, self.slots, cfg, self.act,
-                self.limit,
+                self.xq, self.xs, w.w13, w.w13_scale, inter, align, p, self.slots, cfg,
+                self.act, self.limit,
             )  # fmt: skip
 
         g1s = [t for t in TWO_LAUNCH_GEMM1[dtype] if two_launch_fits(t, block_m, self.fp8, True)]
         tile1 = best_tile(block_m, g1s, gate_up, variants=())
         gate_up(tile1)
+        a2, a2s = per_token_group_quant_fp8(inter, 128) if self.fp8 else (inter, None)
 
         def down_proj(tile: GemmTile) -> None:
             cfg = FusedMoeConfig(block_m, tile, tile)
-            launch_gemm2(inter, None, w.w2, w.w2_scale, down, self.tw, align, p, self.slots, cfg)
+            launch_gemm2(a2, a2s, w.w2, w.w2_scale, down, self.tw, align, p, self.slots, cfg)
 
         g2s = [t for t in TWO_LAUNCH_GEMM2[dtype] if two_launch_fits(t, block_m, self.fp8, False)]
         tile2 = best_tile(block_m, g2s, down_proj, variants=())
@@ -352,7 +353,7 @@ def tune_decode(  # type: ignore[no-untyped-def]
     tuned: tuple[float, FusedMoeConfig | None] = (float("inf"), None)
     for block_m in two_launch_block_ms(m * shape.top_k / shape.experts):
         swept = case.sweep_two_launch(block_m, dtype)
-        for cfg in [swept, replace(swept, quant_in_gemm=False)] if case.fp8 else [swept]:
+        for cfg in [swept, replace(swept, quant_in_gemm=True)] if case.fp8 else [swept]:
             t = case.whole_us(cfg)
             print(f"  M={m} bm={block_m}: whole two-launch path {t:.0f} us with {cfg}")
             if t < tuned[0]:

@@ -683,8 +683,8 @@ def fused_experts(
         align = moe_align_block_size(chunk_ids, cfg.block_m, p.num_experts)
         x = hidden[start:end]
         x_scale = None
-        # FP8 activations are quantised by a separate pass unless the GEMM does it per K block
-        # (one pass and one launch fewer: what decode sizes, which stream weights, want).
+        # FP8 activations are quantised by a separate pass unless the config has the GEMM do it
+        # per K block (one pass and one launch fewer; ``FusedMoeConfig`` says when that wins).
         if p.fp8 and not quantises_in_gemm(p, cfg, cfg.gemm1):
             x, x_scale = per_token_group_quant_fp8(x, p.block[1])
         if inter_cache is None:

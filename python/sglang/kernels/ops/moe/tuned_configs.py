@@ -66,7 +66,7 @@ def two_launch_config_from_dict(d: dict[str, Any]) -> FusedMoeConfig:
         int(d["block_m"]),
         GemmTile(**d["gemm1"]),
         GemmTile(**d["gemm2"]),
-        bool(d.get("quant_in_gemm", True)),
+        bool(d.get("quant_in_gemm", False)),
     )
 
 

@@ -91,8 +91,6 @@ ALIGN_CASES = [
     (0, 2, 4, 16, 0.0),
     (64, 8, 64, 32, 0.1),
     (5, 2, 3, 64, 1.0),
-    (32, 4, 16, 16, 0.1),  # 128 pairs: the last size the one-program align takes
-    (43, 3, 7, 16, 0.05),  # 129 pairs: count + scan, then the parallel scatter
 ]
 
 
@@ -411,11 +409,7 @@ def test_interp_group_quant_kernel() -> None:
 @interp_only
 @pytest.mark.parametrize("case", ALIGN_CASES)
 def test_interp_align_kernel(case: tuple[int, int, int, int, float]) -> None:
-    from sglang.kernels.ops.moe.align import (
-        ONE_LAUNCH_SLOTS,
-        moe_align_block_size,
-        moe_align_block_size_torch,
-    )
+    from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_block_size_torch
 
     tokens, k, experts, block_m, masked = case
     ids = _random_ids(tokens, k, experts, masked, seed=tokens * 17 + experts)
@@ -423,8 +417,38 @@ def test_interp_align_kernel(case: tuple[int, int, int, int, float]) -> None:
     check_alignment(ids, block_m, experts, got)
     want = moe_align_block_size_torch(ids, block_m, experts)
     assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
-    if ids.numel() <= ONE_LAUNCH_SLOTS:  # one program places the pairs in the stable order
-        assert torch.equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("k,experts,block_m", [(6, 256, 16), (16, 384, 16), (3, 5, 32)])
+def test_align_one_token_torch(k: int, experts: int, block_m: int) -> None:
+    _check_one_token_align(k, experts, block_m)
+
+
+@interp_only
+@pytest.mark.parametrize("k,experts,block_m", [(6, 256, 16), (16, 384, 16), (3, 5, 32)])
+def test_interp_align_one_token_kernel(k: int, experts: int, block_m: int) -> None:
+    _check_one_token_align(k, experts, block_m)
+
+
+def _check_one_token_align(k: int, experts: int, block_m: int) -> None:
+    """A block per slot in slot order: the slot in the block's first row, padding after it, the
+    slot's expert (-1 when masked or out of range), and every block counted."""
+    from sglang.kernels.ops.moe.align import moe_align_one_token, padded_size
+
+    g = torch.Generator().manual_seed(k * experts)
+    ids = torch.randperm(experts, generator=g)[:k].to(torch.int32).reshape(1, k)
+    ids[0, 1] = -1
+    ids[0, -1] = experts + 3  # out of range counts as masked
+    sorted_ids, expert_ids, ntpp = moe_align_one_token(ids, block_m, experts)
+    assert sorted_ids.shape == (padded_size(k, block_m, experts),) == (k * block_m,)
+    blocks = sorted_ids.view(k, block_m)
+    assert torch.equal(blocks[:, 0], torch.arange(k, dtype=torch.int32))
+    assert (blocks[:, 1:] == k).all(), "the rest of each block is the sentinel"
+    want = ids[0].clone()
+    want[1], want[-1] = -1, -1
+    assert torch.equal(expert_ids, want) and int(ntpp.item()) == k * block_m
+    with pytest.raises(ValueError, match=r"\[1, k\]"):
+        moe_align_one_token(torch.zeros(2, k, dtype=torch.int32), block_m, experts)
 
 
 def _tiny_configs() -> list[object]:

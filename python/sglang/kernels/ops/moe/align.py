@@ -12,10 +12,8 @@ most ``min(E, T*k)`` experts are non-empty, so ``P = T*k + min(E, T*k)*(block_m 
 up to ``block_m`` always suffices, and stays small at decode.
 
 On CUDA two Triton launches do the work (count + scan in one program, then a parallel scatter
-with atomics, so the order inside a segment is not fixed); up to :data:`ONE_LAUNCH_SLOTS` routed
-pairs (decode), the one program also scatters, in a stable order, which saves a launch where the
-MoE layer is a few microseconds of weight streaming. Elsewhere a torch version with a stable
-order. Either order gives the same GEMM rows.
+with atomics, so the order inside a segment is not fixed); elsewhere a torch version with a
+stable order. Either order gives the same GEMM rows.
 """
 
 from __future__ import annotations
@@ -25,10 +23,6 @@ import triton
 import triton.language as tl
 
 from sglang.kernels.ops.triton_dispatch import triton_can_run
-
-# Routed pairs up to which one program counts, scans and scatters (its rank matrix is this
-# squared).
-ONE_LAUNCH_SLOTS = 128
 
 
 def padded_size(num_slots: int, block_m: int, num_experts: int) -> int:
@@ -51,10 +45,8 @@ def _align_scan_kernel(
     NUM_BINS: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    SCATTER: tl.constexpr,
 ):
-    # One program: count per expert, pad, scan, then describe every block and fill sentinels
-    # (with SCATTER, num_slots <= BLOCK: then place every pair too).
+    # One program: count per expert, pad, scan, then describe every block and fill sentinels.
     counts = tl.zeros((NUM_BINS,), dtype=tl.int32)
     for start in range(0, num_slots, BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -84,18 +76,6 @@ def _align_scan_kernel(
             num_slots + tl.zeros((BLOCK,), dtype=tl.int32),
             mask=offs < padded_len,
         )
-    if SCATTER:
-        # The segment starts and sentinels above were stored by other threads of this program.
-        tl.debug_barrier()
-        offs = tl.arange(0, BLOCK)
-        e = tl.load(ids_ptr + offs, mask=offs < num_slots, other=-1)
-        valid = (offs < num_slots) & (e >= 0) & (e < num_experts)
-        e = tl.where(valid, e, -1)
-        # A pair's place in its segment: the earlier pairs of the same expert (stable order).
-        same = (e[None, :] == e[:, None]) & (offs[None, :] < offs[:, None])
-        rank = tl.sum(same.to(tl.int32), axis=1)
-        start = tl.load(cursor_ptr + tl.where(valid, e, 0), mask=valid, other=0)
-        tl.store(sorted_ptr + start + rank, offs, mask=valid)
 
 
 @triton.jit
@@ -120,7 +100,6 @@ def _align_triton(
     ntpp = torch.empty(1, dtype=torch.int32, device=dev)
     cursor = torch.empty(num_experts, dtype=torch.int32, device=dev)
     num_bins = triton.next_power_of_2(num_experts + 1)
-    one_launch = num_slots <= ONE_LAUNCH_SLOTS
     _align_scan_kernel[(1,)](
         ids,
         sorted_ids,
@@ -132,12 +111,11 @@ def _align_triton(
         length,
         BLOCK_M=block_m,
         NUM_BINS=num_bins,
-        BLOCK=ONE_LAUNCH_SLOTS if one_launch else 1024,
+        BLOCK=1024,
         BLOCK_B=max(1, 8192 // num_bins),
-        SCATTER=one_launch,
         num_warps=8,
     )
-    if num_slots and not one_launch:
+    if num_slots:
         block = 256
         _align_scatter_kernel[(triton.cdiv(num_slots, block),)](
             ids, sorted_ids, cursor, num_slots, num_experts, BLOCK=block, num_warps=4
@@ -186,3 +164,68 @@ def moe_align_block_size(
     if ids.dtype != torch.int32 or not ids.is_contiguous():
         ids = ids.to(torch.int32).contiguous()
     return _align_triton(ids, block_m, num_experts, padded_size(ids.numel(), block_m, num_experts))
+
+
+@triton.jit
+def _align_one_token_kernel(
+    ids_ptr,
+    sorted_ptr,
+    expert_ids_ptr,
+    ntpp_ptr,
+    num_slots,
+    num_experts,
+    BLOCK_M: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    # Slot s has block s to itself: its row s*BLOCK_M holds it, the rest of the block pads.
+    offs = tl.arange(0, BLOCK)
+    length = num_slots * BLOCK_M
+    row = tl.where(offs % BLOCK_M == 0, offs // BLOCK_M, num_slots)
+    tl.store(sorted_ptr + offs, row, mask=offs < length)
+    s = tl.arange(0, BLOCK_S)
+    e = tl.load(ids_ptr + s, mask=s < num_slots, other=-1)
+    tl.store(expert_ids_ptr + s, tl.where((e >= 0) & (e < num_experts), e, -1), mask=s < num_slots)
+    tl.store(ntpp_ptr, length)
+
+
+def moe_align_one_token(
+    topk_ids: torch.Tensor, block_m: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The GEMMs' row blocks for a single token ([1, k] ids, decode at batch 1): each slot gets a
+    block of its own (its k experts are distinct, so nothing is shared), no sort and one small
+    launch instead of two. Same outputs' shapes and meaning as :func:`moe_align_block_size`
+    (``P = k * block_m``, a masked slot's block has expert -1), except that blocks are in slot
+    order, not expert order: for the two-launch GEMMs, which take blocks in any order."""
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != 1:
+        raise ValueError(f"moe_align_one_token takes [1, k] ids, got {tuple(topk_ids.shape)}")
+    if block_m <= 0 or num_experts <= 0:
+        raise ValueError(f"block_m and num_experts must be positive, got {block_m}, {num_experts}")
+    ids = topk_ids.reshape(-1)
+    num_slots = ids.numel()
+    length = num_slots * block_m
+    dev = ids.device
+    if not triton_can_run(topk_ids):
+        sorted_ids = torch.full((length,), num_slots, dtype=torch.int32, device=dev)
+        sorted_ids[::block_m] = torch.arange(num_slots, dtype=torch.int32, device=dev)
+        valid = (ids >= 0) & (ids < num_experts)
+        expert_ids = torch.where(valid, ids, -1).to(torch.int32)
+        return sorted_ids, expert_ids, torch.tensor([length], dtype=torch.int32, device=dev)
+    if ids.dtype != torch.int32 or not ids.is_contiguous():
+        ids = ids.to(torch.int32).contiguous()
+    sorted_ids = torch.empty(length, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(num_slots, dtype=torch.int32, device=dev)
+    ntpp = torch.empty(1, dtype=torch.int32, device=dev)
+    _align_one_token_kernel[(1,)](
+        ids,
+        sorted_ids,
+        expert_ids,
+        ntpp,
+        num_slots,
+        num_experts,
+        BLOCK_M=block_m,
+        BLOCK=triton.next_power_of_2(max(length, 16)),
+        BLOCK_S=triton.next_power_of_2(max(num_slots, 16)),
+        num_warps=1,
+    )
+    return sorted_ids, expert_ids, ntpp

@@ -5,9 +5,9 @@ from their own tables), ``triton_mega`` (our Triton MegaMoE), ``deep_gemm_contig
 ``deep_gemm_masked`` (the ``deep_gemm`` runner's layouts), ``deep_gemm_mega`` (DeepGEMM's SM90
 MegaMoE). Times are microseconds on one H200 under CUDA-graph replay (contiguous: eager, it reads
 its size back to the host), uniform random routing, from the runs named in ``docs/performance.md``:
-``triton`` at 128-8192 from ``scripts/bench_moe_prefill.py`` (2026-12-01, this table's kernels),
-below 128 and the DeepGEMM layouts from ``scripts/bench_moe.py``, ``triton_mega`` from
-``shared/design/performance_targets.md``, ``deep_gemm_mega`` from
+``triton`` at 1 and 128-8192 from ``scripts/bench_moe_prefill.py`` (2026-12-01, this table's
+kernels and tiles), at 8 and 32 and the DeepGEMM layouts from ``scripts/bench_moe.py``,
+``triton_mega`` from ``shared/design/performance_targets.md``, ``deep_gemm_mega`` from
 ``scripts/bench_deep_gemm_mega_moe.py``. A batch of M tokens reads the bucket with the largest
 ``m <= M`` (the smallest bucket below all of them). These are one-GPU numbers: callers apply them
 only where the paths do the same work (no expert parallelism).
@@ -53,40 +53,40 @@ PATHS = (_T, _MEGA, _DGC, _DGM, _DGMEGA)
 # (shape, dtype) -> {M: {path: us}}
 MEASURED_US: dict[tuple[MoeShape, str], dict[int, dict[str, float]]] = {
     (DSV4, "bf16"): {
-        1: {_T: 85, _MEGA: 81, _DGM: 214, _DGC: 892},
+        1: {_T: 81, _MEGA: 81, _DGM: 214, _DGC: 892},
         8: {_T: 512, _DGM: 673, _DGC: 1276},
         32: {_T: 1538, _DGM: 1857, _DGC: 2796},
-        128: {_T: 2823, _MEGA: 2716, _DGM: 3283, _DGC: 4521},
-        512: {_T: 3098, _MEGA: 3066, _DGM: 3773, _DGC: 4569},
-        2048: {_T: 3434, _MEGA: 4641, _DGM: 5263, _DGC: 4527},
-        8192: {_T: 6332, _MEGA: 10030, _DGC: 6279},
+        128: {_T: 2791, _MEGA: 2716, _DGM: 3283, _DGC: 4521},
+        512: {_T: 2978, _MEGA: 3066, _DGM: 3773, _DGC: 4569},
+        2048: {_T: 3464, _MEGA: 4641, _DGM: 5263, _DGC: 4527},
+        8192: {_T: 6212, _MEGA: 10030, _DGC: 6279},
     },
     (DSV4, "fp8"): {
-        1: {_T: 56, _MEGA: 59, _DGM: 275, _DGC: 1289, _DGMEGA: 91.2},
+        1: {_T: 52, _MEGA: 59, _DGM: 275, _DGC: 1289, _DGMEGA: 91.2},
         8: {_T: 283, _DGM: 523, _DGC: 1917, _DGMEGA: 302.9},
         32: {_T: 819, _DGM: 1124, _DGC: 2004, _DGMEGA: 879.6},
-        128: {_T: 1544, _MEGA: 1471, _DGM: 1990, _DGC: 3009, _DGMEGA: 1537.9},
-        512: {_T: 1793, _MEGA: 1909, _DGM: 2906, _DGC: 2844, _DGMEGA: 1912.8},
-        2048: {_T: 2023, _MEGA: 3530, _DGM: 6384, _DGC: 2959},
-        8192: {_T: 5106, _MEGA: 7565, _DGC: 4038},
+        128: {_T: 1528, _MEGA: 1471, _DGM: 1990, _DGC: 3009, _DGMEGA: 1537.9},
+        512: {_T: 1686, _MEGA: 1909, _DGM: 2906, _DGC: 2844, _DGMEGA: 1912.8},
+        2048: {_T: 1990, _MEGA: 3530, _DGM: 6384, _DGC: 2959},
+        8192: {_T: 5014, _MEGA: 7565, _DGC: 4038},
     },
     (K3, "bf16"): {
-        1: {_T: 257, _MEGA: 257, _DGM: 518, _DGC: 1415},
+        1: {_T: 254, _MEGA: 257, _DGM: 518, _DGC: 1415},
         8: {_T: 1603, _DGM: 2024, _DGC: 2920},
         32: {_T: 4191, _DGM: 4970, _DGC: 6796},
-        128: {_T: 5661, _DGM: 6624, _DGC: 8786},
-        512: {_T: 5939, _MEGA: 6258, _DGM: 7881, _DGC: 9270},
-        2048: {_T: 8009, _MEGA: 12336, _DGC: 9109},
-        8192: {_T: 19096, _MEGA: 36290, _DGC: 18608},
+        128: {_T: 5647, _DGM: 6624, _DGC: 8786},
+        512: {_T: 5922, _MEGA: 6258, _DGM: 7881, _DGC: 9270},
+        2048: {_T: 8050, _MEGA: 12336, _DGC: 9109},
+        8192: {_T: 18883, _MEGA: 36290, _DGC: 18608},
     },
     (K3, "fp8"): {
-        1: {_T: 158, _MEGA: 147, _DGM: 549, _DGC: 1364},
+        1: {_T: 147, _MEGA: 147, _DGM: 549, _DGC: 1364},
         8: {_T: 866, _DGM: 1302, _DGC: 1937},
         32: {_T: 2247, _DGM: 2842, _DGC: 3996},
-        128: {_T: 3155, _DGM: 3946, _DGC: 5062},
-        512: {_T: 3811, _MEGA: 4474, _DGM: 6022, _DGC: 5600},
-        2048: {_T: 6475, _MEGA: 8904, _DGC: 5665},
-        8192: {_T: 16982, _MEGA: 25440, _DGC: 11572},
+        128: {_T: 3120, _DGM: 3946, _DGC: 5062},
+        512: {_T: 3739, _MEGA: 4474, _DGM: 6022, _DGC: 5600},
+        2048: {_T: 6371, _MEGA: 8904, _DGC: 5665},
+        8192: {_T: 16774, _MEGA: 25440, _DGC: 11572},
     },
 }
 

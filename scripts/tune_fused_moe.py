@@ -354,7 +354,6 @@ def tune_decode(  # type: ignore[no-untyped-def]
     default = get_config(
         m, shape.experts, shape.hidden, shape.inter, weights.w13.dtype, top_k=shape.top_k
     )
-    t_default = case.whole_us(default)
     tuned: tuple[float, FusedMoeConfig | None] = (float("inf"), None)
     for block_m in two_launch_block_ms(m * shape.top_k / shape.experts):
         for cfg in case.sweep_two_launch(block_m, dtype):
@@ -368,6 +367,14 @@ def tune_decode(  # type: ignore[no-untyped-def]
         print(f"  M={m}: whole two-launch path {t:.0f} us with {cfg}")
         if t < tuned[0]:
             tuned = (t, cfg)
+    # The rule against the winner, timed in turn after the sweep: a first timing of the bucket
+    # ran up to 6% slow (the rule's own tiles, stored as a "winner", measured 1234 against 1312 us)
+    # and a minimum over many candidates favours the winner, so both get the same two tries.
+    if tuned[1] is None:
+        t_default = case.whole_us(default)
+    else:
+        pair = [(case.whole_us(default), case.whole_us(tuned[1])) for _ in range(2)]
+        t_default, tuned = min(a for a, _ in pair), (min(b for _, b in pair), tuned[1])
     t_tma = float("inf")
     if tma is not None and not tma_config_fits(tma, shape.hidden, shape.inter, case.fp8, 128):
         t_tma = case.whole_us(tma)
@@ -384,7 +391,8 @@ def tune_decode(  # type: ignore[no-untyped-def]
             "config": tma_config_to_dict(tma),
         }
     bucket: dict[str, object] = {"m": m, "kernel": "two_launch"}
-    if tuned[1] is not None and tuned[0] < t_default:
+    # Only tiles that differ from the rule's are stored (the rule's need no entry).
+    if tuned[1] is not None and tuned[1] != default and tuned[0] < t_default:
         bucket["us"] = round(tuned[0], 1)
         bucket["default_us"] = round(t_default, 1)
         bucket["config"] = two_launch_config_to_dict(tuned[1])

@@ -2,15 +2,17 @@
 
 For each case it times, under CUDA-graph replay, candidates of one of two kinds, the two GEMMs
 swept separately (gate-up first, then down on the winner's output) for each ``block_m``, and the
-best pair timed whole:
+pairs of the top few timed whole (one GEMM timed alone ranks tiles unreliably):
 - ``--batches`` (prefill sizes): the TMA kernels (``grouped_gemm_tma.py``) against the two-launch
   path on ``get_config``'s tiles;
 - ``--check-batches`` (decode sizes, weight streaming): the two-launch kernels' own tiles (column
-  block, pipeline depth, warps) against ``get_config``'s rule and the TMA winner of the first swept
-  bucket (or of the table already there, with ``--merge``).
-The fastest whole path wins the bucket. Tables go to ``python/sglang/kernels/ops/moe/configs/``
-(``tuned_configs.py`` reads them), one JSON file per (shape, dtype, device); ``--merge`` replaces
-only the buckets tuned in this run.
+  block, pipeline depth, warps) against ``get_config``'s rule and the TMA winner of that M if it
+  is in ``--batches`` too, else of the first swept bucket (or of the table already there, with
+  ``--merge``).
+The fastest whole path wins the bucket; the winner and the path it is compared with are timed in
+turn after the sweep (a first timing runs a few percent slow). Tables go to
+``python/sglang/kernels/ops/moe/configs/`` (``tuned_configs.py`` reads them), one JSON file per
+(shape, dtype, device); ``--merge`` replaces only the buckets tuned in this run.
 
 Usage: python scripts/tune_fused_moe.py [--shapes dsv4,k3] [--dtypes bf16,fp8]
        [--batches 2048,8192] [--check-batches 1,16,64,128,512] [--merge] [--out-dir DIR]
@@ -81,8 +83,9 @@ CANDIDATES: dict[str, list[tuple[int, list[TmaGemmTile], list[TmaGemmTile]]]] = 
             [T(256, 64, 16, 4, 3), T(256, 64, 16, 8, 3)],
         ),
     ],
-    # 128-row FP8 gate-up tiles spill (two accumulators plus the scaled K-block product):
-    # measured 2-4x slower than 64-row ones on the H200, so only 64 rows are swept.
+    # 128-row FP8 tiles that scale each K block's product in a second accumulator spill
+    # (measured 2-4x slower than 64-row ones on the H200); with the rescaled accumulator
+    # (``rescale``) one accumulator is live, so 128 rows are swept with it only.
     "fp8": [
         (
             64,
@@ -90,8 +93,23 @@ CANDIDATES: dict[str, list[tuple[int, list[TmaGemmTile], list[TmaGemmTile]]]] = 
                 T(128, 128, 32, 8, 4),
                 T(128, 128, 32, 8, 4, paired=True),
                 T(128, 128, 32, 4, 4, paired=True),
+                T(128, 128, 32, 8, 4, rescale=True),
+                T(128, 128, 32, 4, 4, paired=True, rescale=True),
             ],
-            [T(256, 128, 32, 8, 3), T(256, 128, 32, 8, 4)],
+            [T(256, 128, 32, 8, 3), T(256, 128, 32, 8, 4), T(256, 128, 32, 8, 3, rescale=True)],
+        ),
+        (
+            128,
+            [
+                T(128, 128, 16, 8, 3, rescale=True),
+                T(128, 128, 16, 8, 4, rescale=True),
+                T(128, 128, 16, 8, 3, paired=True, rescale=True),
+            ],
+            [
+                T(256, 128, 16, 8, 3, rescale=True),
+                T(128, 128, 16, 8, 4, rescale=True),
+                T(128, 128, 16, 4, 4, rescale=True),
+            ],
         ),
     ],
 }
@@ -245,8 +263,11 @@ class Case:
         tiles2 = ranked_tiles(block_m, g2s, down_proj, variants=())[:2]
         return [FusedMoeConfig(block_m, t1, t2) for t1 in tiles1 for t2 in tiles2]
 
-    def sweep(self, block_m: int, g1s: list[TmaGemmTile], g2s: list[TmaGemmTile]) -> TmaMoeConfig:
-        """The fastest gate-up tile, then the fastest down tile on its output."""
+    def sweep(
+        self, block_m: int, g1s: list[TmaGemmTile], g2s: list[TmaGemmTile]
+    ) -> list[TmaMoeConfig]:
+        """The two fastest gate-up tiles, then the two fastest down tiles on the first's output:
+        their pairs, for whole-path timing (as the two-launch sweep)."""
         sh, w = self.shape, self.w
         align = moe_align_block_size(self.ids, block_m, sh.experts)
         padded = align[0].shape[0]
@@ -292,10 +313,10 @@ class Case:
                 num_sms=self.sms,
             )
 
-        tile1 = best_tile(block_m, g1s, gate_up)
-        gate_up(tile1)  # the winner's output feeds the down sweep
-        tile2 = best_tile(block_m, g2s, down_proj)
-        return TmaMoeConfig(block_m, tile1, tile2)
+        tiles1 = ranked_tiles(block_m, g1s, gate_up)[:2]
+        gate_up(tiles1[0])  # the winner's output feeds the down sweep
+        tiles2 = ranked_tiles(block_m, g2s, down_proj)[:2]
+        return [TmaMoeConfig(block_m, t1, t2) for t1 in tiles1 for t2 in tiles2]
 
 
 def ranked_tiles(block_m: int, tiles, launch, variants=VARIANTS):  # type: ignore[no-untyped-def]
@@ -311,10 +332,6 @@ def ranked_tiles(block_m: int, tiles, launch, variants=VARIANTS):  # type: ignor
     return [t for us, t in scored if us < float("inf")] or [scored[0][1]]
 
 
-def best_tile(block_m: int, tiles, launch, variants=VARIANTS):  # type: ignore[no-untyped-def]
-    return ranked_tiles(block_m, tiles, launch, variants)[0]
-
-
 def tune_prefill(  # type: ignore[no-untyped-def]
     shape: Shape, dtype: str, m: int, weights, limit: float | None
 ) -> dict[str, object]:
@@ -326,13 +343,17 @@ def tune_prefill(  # type: ignore[no-untyped-def]
     t_old = case.whole_us(old)
     best: tuple[float, TmaMoeConfig | None] = (float("inf"), None)
     for block_m, g1s, g2s in CANDIDATES[dtype]:
-        cfg = case.sweep(block_m, g1s, g2s)
-        if tma_config_fits(cfg, shape.hidden, shape.inter, case.fp8, 128):
-            continue
-        t = case.whole_us(cfg)
-        print(f"  M={m} bm={block_m}: whole TMA path {t:.0f} us")
-        if t < best[0]:
-            best = (t, cfg)
+        for cfg in case.sweep(block_m, g1s, g2s):
+            if tma_config_fits(cfg, shape.hidden, shape.inter, case.fp8, 128):
+                continue
+            t = case.whole_us(cfg)
+            print(f"  M={m} bm={block_m}: whole TMA path {t:.0f} us with {cfg}")
+            if t < best[0]:
+                best = (t, cfg)
+    if best[1] is not None:  # the winner and the two-launch path in turn, as in tune_decode
+        pair = [(case.whole_us(old), case.whole_us(best[1])) for _ in range(2)]
+        t_old = min(t_old, *(a for a, _ in pair))
+        best = (min(b for _, b in pair), best[1])
     print(f"  M={m}: two-launch {t_old:.0f} us, best TMA {best[0]:.0f} us")
     if best[1] is not None and best[0] < t_old:
         return {
@@ -438,15 +459,21 @@ def main() -> None:
                 kept = json.loads((out_dir / name).read_text())["buckets"]
             weights = make_weights(shape, dtype == "fp8", torch.device("cuda"))
             print(f"{shape_key} {dtype}")
-            swept = [tune_prefill(shape, dtype, m, weights, limit) for m in prefill]
-            tma_buckets = [b for b in swept + kept if b["kernel"] == "tma"]
+            swept = {m: tune_prefill(shape, dtype, m, weights, limit) for m in prefill}
+            tma_buckets = [b for b in [*swept.values(), *kept] if b["kernel"] == "tma"]
             tma_buckets.sort(key=lambda b: int(b["m"]))  # type: ignore[call-overload]
             first = tma_buckets[0]["config"] if tma_buckets else None
-            fixed = tma_config_from_dict(first) if first else None  # type: ignore[arg-type]
-            checked = [tune_decode(shape, dtype, m, weights, limit, fixed) for m in decode]
-            tuned_ms = {int(b["m"]) for b in swept + checked}  # type: ignore[call-overload]
-            others = [b for b in kept if int(b["m"]) not in tuned_ms]  # type: ignore[call-overload]
-            buckets = sorted(checked + swept + others, key=lambda b: int(b["m"]))  # type: ignore[call-overload]
+            checked: dict[int, dict[str, object]] = {}
+            for m in decode:
+                # The two-launch tiles against this M's own TMA winner if it was just swept
+                # (a prefill M in both lists), else against the smallest TMA bucket's.
+                own = swept.get(m, {})
+                tma_dict = own.get("config") if own.get("kernel") == "tma" else first
+                fixed = tma_config_from_dict(tma_dict) if tma_dict else None  # type: ignore[arg-type]
+                checked[m] = tune_decode(shape, dtype, m, weights, limit, fixed)
+            tuned = {**swept, **checked}
+            others = [b for b in kept if int(b["m"]) not in tuned]  # type: ignore[call-overload]
+            buckets = sorted([*tuned.values(), *others], key=lambda b: int(b["m"]))  # type: ignore[call-overload]
             table = {
                 "device": device_name,
                 "shape": {

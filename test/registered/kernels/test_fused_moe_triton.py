@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -578,6 +579,38 @@ def test_interp_tma_fused_experts_fp32(cfg_index: int) -> None:
     fm.fused_experts(**moe, activation=activation, swiglu_limit=limit, out=out, config=cfg)
     assert torch.isfinite(out).all()
     assert rel_err(out, want) < 1e-5
+
+
+@interp_only
+@pytest.mark.parametrize("paired", [False, True])
+def test_interp_tma_fp8_rescaled_accumulator_equals_scaled_products(paired: bool) -> None:
+    """FP8 prefill kernels with one accumulator rescaled between K blocks give what the scaled
+    product per K block gives, with row scales over four decades, weight scales that change from
+    one K block to the next, and an all-zero weight block whose scale is 0 (the guard)."""
+    import sglang.kernels.ops.moe.fused_moe as fm
+    from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig
+
+    moe = make_moe(9, 4, 2, 512, 256, torch.float32, fp8=True, seed=61 + paired)
+    moe["hidden"] = moe["hidden"] * torch.logspace(-2, 2, 9).unsqueeze(-1)
+    k_factor = torch.logspace(-1, 1, moe["w13_scale"].shape[-1])
+    moe["w13_scale"] = moe["w13_scale"] * k_factor
+    moe["w2_scale"] = moe["w2_scale"] * torch.logspace(1, -1, moe["w2_scale"].shape[-1])
+    moe["w13_scale"][1, 0, 2] = 0.0  # expert 1's first gate rows, K block 2: weights all zero
+    g1 = TmaGemmTile(128, 64, 2, 4, 2, paired=paired)
+    g2 = TmaGemmTile(64, 128, 2, 4, 2)
+    plain = TmaMoeConfig(16, g1, g2)
+    rescaled = TmaMoeConfig(
+        16, replace(g1, rescale=True), replace(g2, rescale=True)
+    )  # fmt: skip
+    narrow = TmaMoeConfig(16, replace(g1, block_n=64), g2)  # half a scale block: no fused quant
+    with pytest.raises(ValueError, match="multiple of 128"):
+        fm.fused_experts(**moe, activation="swiglu", swiglu_limit=None, config=narrow)
+    want = fm.fused_experts(**moe, activation="swiglu", swiglu_limit=None, config=plain)
+    out = torch.full_like(want, float("nan"))
+    fm.fused_experts(**moe, activation="swiglu", swiglu_limit=None, config=rescaled, out=out)
+    assert torch.isfinite(out).all() and want.abs().sum() > 0
+    # fp32 rounding of the rescales can tip an intermediate across an fp8 rounding boundary.
+    assert rel_err(out, want) < 5e-3
 
 
 if __name__ == "__main__":

@@ -18,7 +18,11 @@ Tile order: ``GROUP_M`` consecutive row tiles (rows of one expert, or of neighbo
 for each column tile before the next, so the weight tile a wave reads is shared by the row tiles
 running at the same time and is fetched from HBM about once. With ``NUM_PROGRAMS`` below the tile
 count the grid is persistent: each program loops over tiles ``pid, pid + NUM_PROGRAMS, ...``.
-FP8 scales are applied per K block (``BLOCK_K`` divides the 128-wide scale block).
+FP8 scales are applied per K block (``BLOCK_K`` divides the 128-wide scale block), in one of two
+ways (``TmaGemmTile.rescale``): each K block's product in a fresh accumulator, scaled and added to
+the running one (two accumulators live), or one accumulator that is re-expressed over the next K
+block's scales before the MMA adds that block's product into it (the running-rescale of online
+softmax): one accumulator, so 128-row FP8 tiles fit the registers.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ class TmaGemmTile:
     """One GEMM's launch: tile, swizzle group, warps, pipeline depth; ``persistent`` runs one
     program per SM looping over tiles (else one program a tile); ``warp_specialize`` asks
     Triton for producer/consumer warps on the persistent loop; ``paired`` (gate-up) loads the
-    gate and up tiles as one 3-D block and runs one dot twice as wide."""
+    gate and up tiles as one 3-D block and runs one dot twice as wide; ``rescale`` (FP8) keeps
+    one accumulator per output tile instead of two (see the module docstring)."""
 
     block_n: int
     block_k: int
@@ -49,6 +54,7 @@ class TmaGemmTile:
     persistent: bool = True
     warp_specialize: bool = False
     paired: bool = False  # gate-up only: gate and up tiles in one 3-D load and one wide dot
+    rescale: bool = False  # FP8 only: one accumulator, rescaled between K blocks (module doc)
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,36 @@ def _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
+# Scales below this are raised to it before dividing by them (a checkpoint's all-zero weight block
+# may store scale 0): the block's product is ~0 either way, and the running accumulator, held in
+# units of the current scales, stays far inside fp32's range.
+MIN_SCALE: tl.constexpr = 1e-20
+
+
+@triton.jit
+def _fp8_kblock(acc, a, w, a_s, w_s, prev_a, prev_w, RESCALE: tl.constexpr):
+    """Adds one K block's ``a @ w.T`` with row scales ``a_s`` [M] and column scales ``w_s`` [N].
+
+    RESCALE: ``acc`` holds the sum so far divided by ``prev_a[:, None] * prev_w[None, :]``; it is
+    moved to the new scales and the MMA accumulates the unscaled product into it. Else the product
+    goes to a fresh accumulator that is scaled and added. Returns (acc, scales now in acc)."""
+    if RESCALE:
+        a_s = tl.maximum(a_s, MIN_SCALE)
+        w_s = tl.maximum(w_s, MIN_SCALE)
+        acc = acc * ((prev_a / a_s)[:, None] * (prev_w / w_s)[None, :])
+        acc = tl.dot(a, w.T, acc)
+    else:
+        acc += tl.dot(a, w.T) * (a_s[:, None] * w_s[None, :])
+    return acc, a_s, w_s
+
+
+@triton.jit
+def _fp8_unscaled(acc, prev_a, prev_w, RESCALE: tl.constexpr):
+    if RESCALE:
+        acc = acc * (prev_a[:, None] * prev_w[None, :])
+    return acc
+
+
 @triton.jit
 def _gate_up_split(
     a_ptrs,
@@ -87,6 +123,7 @@ def _gate_up_split(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    RESCALE: tl.constexpr,
 ):
     # Gate and up tiles as two loads and two dots over a 2-D descriptor on w13 [E*2I, H].
     gate_row = expert * (2 * inter) + pid_n * BLOCK_N
@@ -97,6 +134,10 @@ def _gate_up_split(
         us_ptrs = ws_base + ((cols + inter) // SCALE_BLOCK) * stride_wsn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    sa_g = tl.full((BLOCK_M,), 1.0, tl.float32)  # the scales acc_g / acc_u are held in (RESCALE)
+    sa_u = tl.full((BLOCK_M,), 1.0, tl.float32)
+    sg = tl.full((BLOCK_N,), 1.0, tl.float32)
+    su = tl.full((BLOCK_N,), 1.0, tl.float32)
     for kb in range(k_steps):
         k0 = kb * BLOCK_K
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
@@ -104,14 +145,17 @@ def _gate_up_split(
         wu = w_desc.load([up_row, k0])
         if FP8:
             ks = k0 // SCALE_BLOCK
-            a_s = tl.load(as_ptrs + ks, mask=row_ok, other=0.0)
+            a_s = tl.load(as_ptrs + ks, mask=row_ok, other=1.0)
             g_s = tl.load(gs_ptrs + ks)
             u_s = tl.load(us_ptrs + ks)
-            acc_g += tl.dot(a, wg.T) * (a_s[:, None] * g_s[None, :])
-            acc_u += tl.dot(a, wu.T) * (a_s[:, None] * u_s[None, :])
+            acc_g, sa_g, sg = _fp8_kblock(acc_g, a, wg, a_s, g_s, sa_g, sg, RESCALE)
+            acc_u, sa_u, su = _fp8_kblock(acc_u, a, wu, a_s, u_s, sa_u, su, RESCALE)
         else:
             acc_g = tl.dot(a, wg.T, acc_g)
             acc_u = tl.dot(a, wu.T, acc_u)
+    if FP8:
+        acc_g = _fp8_unscaled(acc_g, sa_g, sg, RESCALE)
+        acc_u = _fp8_unscaled(acc_u, sa_u, su, RESCALE)
     return acc_g, acc_u
 
 
@@ -132,6 +176,7 @@ def _gate_up_paired(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    RESCALE: tl.constexpr,
 ):
     # Gate and up tiles in one load over a 3-D descriptor on w13 viewed [E*2, I, H] (block
     # [2, BLOCK_N, BLOCK_K]) and one dot [BLOCK_M, 2*BLOCK_N]: the tensor cores see one wide
@@ -142,17 +187,21 @@ def _gate_up_paired(
         w_rows = tl.where(j < BLOCK_N, n0 + j, inter + n0 + j - BLOCK_N)
         ws_ptrs = ws_base + (w_rows // SCALE_BLOCK) * stride_wsn
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+    sa = tl.full((BLOCK_M,), 1.0, tl.float32)  # the scales acc is held in (RESCALE)
+    sw = tl.full((2 * BLOCK_N,), 1.0, tl.float32)
     for kb in range(k_steps):
         k0 = kb * BLOCK_K
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
         w = tl.reshape(w_desc.load([2 * expert, n0, k0]), (2 * BLOCK_N, BLOCK_K))
         if FP8:
             ks = k0 // SCALE_BLOCK
-            a_s = tl.load(as_ptrs + ks, mask=row_ok, other=0.0)
+            a_s = tl.load(as_ptrs + ks, mask=row_ok, other=1.0)
             w_s = tl.load(ws_ptrs + ks)
-            acc += tl.dot(a, w.T) * (a_s[:, None] * w_s[None, :])
+            acc, sa, sw = _fp8_kblock(acc, a, w, a_s, w_s, sa, sw, RESCALE)
         else:
             acc = tl.dot(a, w.T, acc)
+    if FP8:
+        acc = _fp8_unscaled(acc, sa, sw, RESCALE)
     gate_up = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1))
     acc_g, acc_u = tl.split(gate_up)
     return acc_g, acc_u
@@ -192,6 +241,7 @@ def _gate_up_tma_kernel(
     NUM_PROGRAMS: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     PAIRED: tl.constexpr,
+    RESCALE: tl.constexpr,
 ):
     num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M  # only the used part of the sorted rows
     num_n_blocks = inter // BLOCK_N
@@ -227,6 +277,7 @@ def _gate_up_tma_kernel(
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
+                RESCALE,
             )
         else:
             acc_g, acc_u = _gate_up_split(
@@ -245,6 +296,7 @@ def _gate_up_tma_kernel(
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
+                RESCALE,
             )
         act = gated_act(acc_g, acc_u, limit, ACTIVATION, HAS_LIMIT)
         # Padding rows computed act(0, 0) = 0: they are written too, so the down GEMM reads
@@ -291,6 +343,7 @@ def _down_tma_kernel(
     GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
+    RESCALE: tl.constexpr,
 ):
     num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M
     num_n_blocks = n_cols // BLOCK_N
@@ -311,6 +364,8 @@ def _down_tma_kernel(
                 w_scale_ptr + expert.to(tl.int64) * stride_wse + (cols // SCALE_BLOCK) * stride_wsn
             )
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        sa = tl.full((BLOCK_M,), 1.0, tl.float32)  # the scales acc is held in (RESCALE)
+        sw = tl.full((BLOCK_N,), 1.0, tl.float32)
         for kb in range(k_steps):
             k0 = kb * BLOCK_K
             a = a_desc.load([row0, k0])
@@ -319,9 +374,11 @@ def _down_tma_kernel(
                 ks = k0 // SCALE_BLOCK
                 a_s = tl.load(as_ptrs + ks)
                 w_s = tl.load(ws_ptrs + ks)
-                acc += tl.dot(a, w.T) * (a_s[:, None] * w_s[None, :])
+                acc, sa, sw = _fp8_kblock(acc, a, w, a_s, w_s, sa, sw, RESCALE)
             else:
                 acc = tl.dot(a, w.T, acc)
+        if FP8:
+            acc = _fp8_unscaled(acc, sa, sw, RESCALE)
         slot = tl.load(sorted_ids_ptr + row0 + tl.arange(0, BLOCK_M))
         row_ok = slot < num_slots
         weight = tl.load(topk_weights_ptr + slot, mask=row_ok, other=0.0)
@@ -422,6 +479,7 @@ def launch_gate_up_tma(
         NUM_PROGRAMS=programs,
         WARP_SPECIALIZE=tile.warp_specialize,
         PAIRED=tile.paired,
+        RESCALE=tile.rescale,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )
@@ -478,6 +536,7 @@ def launch_down_tma(
         GROUP_M=tile.group_m,
         NUM_PROGRAMS=programs,
         WARP_SPECIALIZE=tile.warp_specialize,
+        RESCALE=tile.rescale,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )

@@ -48,6 +48,7 @@ from sglang.kernels.ops.moe.grouped_gemm_tma import (
     launch_gate_up_tma,
     tma_config_fits,
 )
+from sglang.kernels.ops.moe.sorted_rows import gather_sorted_rows
 from sglang.kernels.ops.moe.tuned_configs import (
     CONFIG_DIR,
     table_name,
@@ -59,12 +60,15 @@ from sglang.kernels.ops.moe.two_launch_config import FusedMoeConfig, GemmTile
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE, per_token_group_quant_fp8
 
 T = TmaGemmTile
-# (block_m, gate-up tiles, down tiles). Gate-up computes gate and up side by side, so its
-# block_n covers twice the weight rows it names. FP8 K blocks are the 128-wide scale block.
-CANDIDATES: dict[str, list[tuple[int, list[TmaGemmTile], list[TmaGemmTile]]]] = {
+# (block_m, sorted_a, gate-up tiles, down tiles). Gate-up computes gate and up side by side, so
+# its block_n covers twice the weight rows it names. FP8 K blocks are the 128-wide scale block.
+# ``sorted_a`` gathers the activations in sorted order first (``TmaMoeConfig``): the gate-up's
+# pointer tile goes, and with it the register spills of 128-row tiles (ptxas, Triton 3.9).
+CANDIDATES: dict[str, list[tuple[int, bool, list[TmaGemmTile], list[TmaGemmTile]]]] = {
     "bf16": [
         (
             128,
+            False,
             [
                 T(128, 64, 16, 8, 4),
                 T(128, 64, 16, 8, 3),
@@ -74,7 +78,14 @@ CANDIDATES: dict[str, list[tuple[int, list[TmaGemmTile], list[TmaGemmTile]]]] = 
             [T(256, 64, 16, 8, 3), T(256, 64, 16, 8, 4)],
         ),
         (
+            128,
+            True,
+            [T(128, 64, 16, 8, 4), T(128, 64, 16, 8, 4, paired=True)],
+            [T(256, 64, 16, 8, 3), T(256, 64, 16, 8, 4)],
+        ),
+        (
             64,
+            False,
             [
                 T(128, 64, 16, 4, 4),
                 T(128, 64, 16, 4, 4, paired=True),
@@ -83,33 +94,31 @@ CANDIDATES: dict[str, list[tuple[int, list[TmaGemmTile], list[TmaGemmTile]]]] = 
             [T(256, 64, 16, 4, 3), T(256, 64, 16, 8, 3)],
         ),
     ],
-    # 128-row FP8 tiles that scale each K block's product in a second accumulator spill
-    # (measured 2-4x slower than 64-row ones on the H200); with the rescaled accumulator
-    # (``rescale``) one accumulator is live, so 128 rows are swept with it only.
+    # FP8 tiles that scale each K block's product in a second accumulator spill at 128 rows
+    # (measured 2-4x slower than 64-row ones on the H200); 128 rows are swept with the rescaled
+    # single accumulator (``rescale``) on sorted activations only.
     "fp8": [
         (
             64,
+            False,
             [
                 T(128, 128, 32, 8, 4),
-                T(128, 128, 32, 8, 4, paired=True),
-                T(128, 128, 32, 4, 4, paired=True),
                 T(128, 128, 32, 8, 4, rescale=True),
-                T(128, 128, 32, 4, 4, paired=True, rescale=True),
+                T(128, 128, 32, 4, 4, paired=True),
             ],
-            [T(256, 128, 32, 8, 3), T(256, 128, 32, 8, 4), T(256, 128, 32, 8, 3, rescale=True)],
+            [T(256, 128, 32, 8, 3), T(128, 128, 32, 8, 4, rescale=True)],
+        ),
+        (
+            64,
+            True,
+            [T(128, 128, 32, 8, 4), T(128, 128, 32, 8, 4, rescale=True)],
+            [T(256, 128, 32, 8, 3), T(128, 128, 32, 8, 4, rescale=True)],
         ),
         (
             128,
-            [
-                T(128, 128, 16, 8, 3, rescale=True),
-                T(128, 128, 16, 8, 4, rescale=True),
-                T(128, 128, 16, 8, 3, paired=True, rescale=True),
-            ],
-            [
-                T(256, 128, 16, 8, 3, rescale=True),
-                T(128, 128, 16, 8, 4, rescale=True),
-                T(128, 128, 16, 4, 4, rescale=True),
-            ],
+            True,
+            [T(128, 128, 16, 8, 3, rescale=True), T(128, 128, 16, 8, 4, rescale=True)],
+            [T(128, 128, 16, 8, 4, rescale=True), T(128, 128, 16, 8, 3, rescale=True)],
         ),
     ],
 }
@@ -264,7 +273,7 @@ class Case:
         return [FusedMoeConfig(block_m, t1, t2) for t1 in tiles1 for t2 in tiles2]
 
     def sweep(
-        self, block_m: int, g1s: list[TmaGemmTile], g2s: list[TmaGemmTile]
+        self, block_m: int, sorted_a: bool, g1s: list[TmaGemmTile], g2s: list[TmaGemmTile]
     ) -> list[TmaMoeConfig]:
         """The two fastest gate-up tiles, then the two fastest down tiles on the first's output:
         their pairs, for whole-path timing (as the two-launch sweep)."""
@@ -277,11 +286,17 @@ class Case:
         if self.fp8:
             hs = torch.empty((padded, sh.inter // 128), dtype=torch.float32, device=self.dev)
         down = torch.empty((self.slots, sh.hidden), dtype=self.x.dtype, device=self.dev)
+        xq, xs = self.xq, self.xs
+        if sorted_a:
+            group = 128 if self.fp8 else None
+            xq, xs = gather_sorted_rows(
+                self.x, align, top_k=sh.top_k, num_slots=self.slots, group=group
+            )
 
         def gate_up(tile: TmaGemmTile) -> None:
             launch_gate_up_tma(
-                self.xq,
-                self.xs,
+                xq,
+                xs,
                 w.w13,
                 w.w13_scale,
                 h,
@@ -295,6 +310,7 @@ class Case:
                 act=self.act,
                 limit=self.limit,
                 num_sms=self.sms,
+                a_sorted=sorted_a,
             )
 
         def down_proj(tile: TmaGemmTile) -> None:
@@ -316,7 +332,7 @@ class Case:
         tiles1 = ranked_tiles(block_m, g1s, gate_up)[:2]
         gate_up(tiles1[0])  # the winner's output feeds the down sweep
         tiles2 = ranked_tiles(block_m, g2s, down_proj)[:2]
-        return [TmaMoeConfig(block_m, t1, t2) for t1 in tiles1 for t2 in tiles2]
+        return [TmaMoeConfig(block_m, t1, t2, sorted_a) for t1 in tiles1 for t2 in tiles2]
 
 
 def ranked_tiles(block_m: int, tiles, launch, variants=VARIANTS):  # type: ignore[no-untyped-def]
@@ -342,12 +358,12 @@ def tune_prefill(  # type: ignore[no-untyped-def]
     )
     t_old = case.whole_us(old)
     best: tuple[float, TmaMoeConfig | None] = (float("inf"), None)
-    for block_m, g1s, g2s in CANDIDATES[dtype]:
-        for cfg in case.sweep(block_m, g1s, g2s):
+    for block_m, sorted_a, g1s, g2s in CANDIDATES[dtype]:
+        for cfg in case.sweep(block_m, sorted_a, g1s, g2s):
             if tma_config_fits(cfg, shape.hidden, shape.inter, case.fp8, 128):
                 continue
             t = case.whole_us(cfg)
-            print(f"  M={m} bm={block_m}: whole TMA path {t:.0f} us with {cfg}")
+            print(f"  M={m} bm={block_m} sorted_a={sorted_a}: whole TMA path {t:.0f} us with {cfg}")
             if t < best[0]:
                 best = (t, cfg)
     if best[1] is not None:  # the winner and the two-launch path in turn, as in tune_decode

@@ -560,17 +560,18 @@ def _tiny_tma_configs() -> list[object]:
             32, TmaGemmTile(32, 16, 1, 4, 2, persistent=False), TmaGemmTile(16, 32, 4, 4, 2)
         ),
         TmaMoeConfig(16, TmaGemmTile(16, 32, 2, 4, 2, paired=True), TmaGemmTile(32, 16, 2, 4, 2)),
+        TmaMoeConfig(16, TmaGemmTile(32, 16, 2, 4, 2), TmaGemmTile(16, 32, 2, 4, 2), sorted_a=True),
     ]
 
 
 @interp_only
-@pytest.mark.parametrize("cfg_index", [0, 1, 2])
+@pytest.mark.parametrize("cfg_index", [0, 1, 2, 3])
 def test_interp_tma_fused_experts_fp32(cfg_index: int) -> None:
     """The Hopper prefill kernels (tensor descriptors, persistent tile loop, sorted intermediate)
     on fp32 under the interpreter: 13 tokens, 5 experts (some empty), non-multiple row counts."""
     import sglang.kernels.ops.moe.fused_moe as fm
 
-    activation, limit = ACTS[cfg_index]  # one activation a config keeps the subprocess short
+    activation, limit = ACTS[cfg_index % len(ACTS)]  # one a config keeps the subprocess short
     moe = make_moe(13, 5, 2, 64, 32, torch.float32, fp8=False, seed=40 + cfg_index)
     moe["topk_ids"][moe["topk_ids"] == 4] = 3  # expert 4 gets no rows
     want = fm.fused_experts_torch(**moe, activation=activation, swiglu_limit=limit)
@@ -582,35 +583,75 @@ def test_interp_tma_fused_experts_fp32(cfg_index: int) -> None:
 
 
 @interp_only
-@pytest.mark.parametrize("paired", [False, True])
-def test_interp_tma_fp8_rescaled_accumulator_equals_scaled_products(paired: bool) -> None:
+@pytest.mark.parametrize("down_block_n", [64, 128])
+def test_interp_tma_fp8_rescaled_accumulator_equals_scaled_products(down_block_n: int) -> None:
     """FP8 prefill kernels with one accumulator rescaled between K blocks give what the scaled
     product per K block gives, with row scales over four decades, weight scales that change from
-    one K block to the next, and an all-zero weight block whose scale is 0 (the guard)."""
+    one K block to the next, and an all-zero weight block whose scale is 0 (the guard). Tiles
+    whose columns span two weight scale blocks are refused with the reason."""
     import sglang.kernels.ops.moe.fused_moe as fm
     from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig
 
-    moe = make_moe(9, 4, 2, 512, 256, torch.float32, fp8=True, seed=61 + paired)
+    moe = make_moe(9, 4, 2, 512, 256, torch.float32, fp8=True, seed=61 + down_block_n)
     moe["hidden"] = moe["hidden"] * torch.logspace(-2, 2, 9).unsqueeze(-1)
-    k_factor = torch.logspace(-1, 1, moe["w13_scale"].shape[-1])
-    moe["w13_scale"] = moe["w13_scale"] * k_factor
+    moe["w13_scale"] = moe["w13_scale"] * torch.logspace(-1, 1, moe["w13_scale"].shape[-1])
     moe["w2_scale"] = moe["w2_scale"] * torch.logspace(1, -1, moe["w2_scale"].shape[-1])
     moe["w13_scale"][1, 0, 2] = 0.0  # expert 1's first gate rows, K block 2: weights all zero
-    g1 = TmaGemmTile(128, 64, 2, 4, 2, paired=paired)
-    g2 = TmaGemmTile(64, 128, 2, 4, 2)
+    g1 = TmaGemmTile(128, 64, 2, 4, 2)
+    g2 = TmaGemmTile(down_block_n, 128, 2, 4, 2)
     plain = TmaMoeConfig(16, g1, g2)
-    rescaled = TmaMoeConfig(
-        16, replace(g1, rescale=True), replace(g2, rescale=True)
-    )  # fmt: skip
-    narrow = TmaMoeConfig(16, replace(g1, block_n=64), g2)  # half a scale block: no fused quant
-    with pytest.raises(ValueError, match="multiple of 128"):
-        fm.fused_experts(**moe, activation="swiglu", swiglu_limit=None, config=narrow)
-    want = fm.fused_experts(**moe, activation="swiglu", swiglu_limit=None, config=plain)
+    rescaled = TmaMoeConfig(16, replace(g1, rescale=True), replace(g2, rescale=True))
+    kw = dict(moe, activation="swiglu", swiglu_limit=None)
+    refused = [
+        (TmaMoeConfig(16, replace(g1, block_n=64), g2), "multiple of 128"),
+        (TmaMoeConfig(16, replace(g1, rescale=True, paired=True), g2), "split tiles"),
+        (TmaMoeConfig(16, g1, TmaGemmTile(256, 128, 2, 4, 2, rescale=True)), "divide the scale"),
+    ]
+    for cfg, reason in refused:
+        with pytest.raises(ValueError, match=reason):
+            fm.fused_experts(**kw, config=cfg)
+    want = fm.fused_experts(**kw, config=plain)
     out = torch.full_like(want, float("nan"))
-    fm.fused_experts(**moe, activation="swiglu", swiglu_limit=None, config=rescaled, out=out)
+    fm.fused_experts(**kw, config=rescaled, out=out)
     assert torch.isfinite(out).all() and want.abs().sum() > 0
     # fp32 rounding of the rescales can tip an intermediate across an fp8 rounding boundary.
     assert rel_err(out, want) < 5e-3
+    # Activations gathered (and quantised) in sorted order first: the same tiles, the same bits.
+    assert torch.equal(fm.fused_experts(**kw, config=replace(plain, sorted_a=True)), want)
+    sorted_rescaled = fm.fused_experts(**kw, config=replace(rescaled, sorted_a=True))
+    assert torch.equal(sorted_rescaled, out)
+
+
+@interp_only
+@pytest.mark.parametrize("group", [None, 128])
+def test_interp_sorted_rows_are_the_tokens_rows(group: int | None) -> None:
+    """Row p of the sorted copy is its slot's token row (with FP8, that row as the activation
+    quantiser gives it, bit for bit), zeros for padding slots; rows past the used length are
+    not written."""
+    from sglang.kernels.ops.moe.align import moe_align_block_size
+    from sglang.kernels.ops.moe.sorted_rows import gather_sorted_rows
+    from sglang.kernels.ops.quant.fp8 import DEFAULT_EPS, FP8_MAX, per_token_group_quant_fp8
+
+    top_k, hidden = 3, 384  # three 128-groups: not a power of two
+    x = torch.randn(11, hidden, generator=torch.Generator().manual_seed(7)) * 3
+    ids = torch.randint(0, 5, (11, top_k), generator=torch.Generator().manual_seed(8))
+    ids[2, 1] = -1
+    ids = ids.to(torch.int32)
+    align = moe_align_block_size(ids, 16, 5)
+    rows, scales = gather_sorted_rows(x, align, top_k=top_k, num_slots=33, group=group)
+    sorted_ids, ntpp = align[0], int(align[2].item())
+    assert rows.shape == (sorted_ids.shape[0], hidden) and ntpp < rows.shape[0]
+    want, want_s = per_token_group_quant_fp8(x, 128) if group else (x, None)
+    for p in range(ntpp):
+        slot = int(sorted_ids[p])
+        if slot < 33 and int(ids.view(-1)[slot]) >= 0:
+            assert torch.equal(rows[p].float(), want[slot // top_k].float()), p
+            if group:
+                assert torch.equal(scales[p], want_s[slot // top_k]), p
+        else:
+            assert (rows[p].float() == 0).all(), p
+            if group:
+                assert torch.allclose(scales[p], torch.full((3,), DEFAULT_EPS / FP8_MAX))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from sglang.kernels.ops.moe.grouped_gemm_tma import (
     launch_gate_up_tma,
     tma_config_fits,
 )
+from sglang.kernels.ops.moe.sorted_rows import gather_sorted_rows
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE, per_token_group_quant_fp8
 
 
@@ -65,8 +66,12 @@ def run_tma_chunk(
     x_scale = None
     if x.stride(1) != 1:
         x = x.contiguous()  # the gate-up kernel gathers rows with unit column stride
-    if fp8:
+    if cfg.sorted_a:  # the rows in sorted order (quantised on the way with FP8)
+        group = scale_block if fp8 else None
+        x, x_scale = gather_sorted_rows(x, align, top_k=top_k, num_slots=num_slots, group=group)
+    elif fp8:
         x, x_scale = per_token_group_quant_fp8(x, scale_block)
+    if fp8:
         assert w13_scale is not None and w2_scale is not None
         w13_scale, w2_scale = w13_scale.contiguous(), w2_scale.contiguous()
     h_dtype = FP8_DTYPE if fp8 else x.dtype
@@ -90,6 +95,7 @@ def run_tma_chunk(
         act=act,
         limit=limit,
         num_sms=sms,
+        a_sorted=cfg.sorted_a,
     )
     launch_down_tma(
         h,

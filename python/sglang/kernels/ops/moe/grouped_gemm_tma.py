@@ -44,7 +44,9 @@ class TmaGemmTile:
     program per SM looping over tiles (else one program a tile); ``warp_specialize`` asks
     Triton for producer/consumer warps on the persistent loop; ``paired`` (gate-up) loads the
     gate and up tiles as one 3-D block and runs one dot twice as wide; ``rescale`` (FP8) keeps
-    one accumulator per output tile instead of two (see the module docstring)."""
+    one accumulator per output tile instead of two (see the module docstring): it needs the
+    tile's columns in one weight scale block, so split gate-up tiles of the block's width and
+    down tiles no wider than it; bf16 ignores it."""
 
     block_n: int
     block_k: int
@@ -54,16 +56,22 @@ class TmaGemmTile:
     persistent: bool = True
     warp_specialize: bool = False
     paired: bool = False  # gate-up only: gate and up tiles in one 3-D load and one wide dot
-    rescale: bool = False  # FP8 only: one accumulator, rescaled between K blocks (module doc)
+    rescale: bool = False  # FP8: one accumulator, rescaled between K blocks (module doc)
 
 
 @dataclass(frozen=True)
 class TmaMoeConfig:
-    """``block_m`` is shared: it is the alignment of the sorted rows both GEMMs walk."""
+    """``block_m`` is shared: it is the alignment of the sorted rows both GEMMs walk.
+    ``sorted_a``: the gate-up GEMM reads its activations from a copy gathered in sorted row order
+    by one pass before it (``sorted_rows.py``; FP8 quantises in that pass), as plain tiles
+    through a tensor descriptor, instead of gathering rows by token in its K loop, whose pointer
+    tile holds registers that 128-row tiles need (ptxas: FP8 64x128 gate-up 316 bytes of spills
+    gathered, none sorted)."""
 
     block_m: int
     gemm1: TmaGemmTile
     gemm2: TmaGemmTile
+    sorted_a: bool = False
 
 
 @triton.jit
@@ -79,36 +87,40 @@ def _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
 # Scales below this are raised to it before dividing by them (a checkpoint's all-zero weight block
 # may store scale 0): the block's product is ~0 either way, and the running accumulator, held in
 # units of the current scales, stays far inside fp32's range.
-MIN_SCALE: tl.constexpr = 1e-20
+MIN_SCALE = tl.constexpr(1e-20)
 
 
 @triton.jit
 def _fp8_kblock(acc, a, w, a_s, w_s, prev_a, prev_w, RESCALE: tl.constexpr):
-    """Adds one K block's ``a @ w.T`` with row scales ``a_s`` [M] and column scales ``w_s`` [N].
+    """Adds one K block's ``a @ w.T`` with row scales ``a_s`` [M] and the weight scale ``w_s``.
 
-    RESCALE: ``acc`` holds the sum so far divided by ``prev_a[:, None] * prev_w[None, :]``; it is
-    moved to the new scales and the MMA accumulates the unscaled product into it. Else the product
-    goes to a fresh accumulator that is scaled and added. Returns (acc, scales now in acc)."""
+    RESCALE (``w_s`` one scalar: the tile's columns lie in one scale block): ``acc`` holds the sum
+    so far divided by ``prev_a[:, None] * prev_w``; it is moved to the new scales and the MMA
+    accumulates the unscaled product into it; returns the scales ``acc`` is now held in. Else
+    (``w_s`` [N]) the product goes to a fresh accumulator that is scaled and added; the ``prev``
+    scales come back unchanged."""
     if RESCALE:
         a_s = tl.maximum(a_s, MIN_SCALE)
         w_s = tl.maximum(w_s, MIN_SCALE)
-        acc = acc * ((prev_a / a_s)[:, None] * (prev_w / w_s)[None, :])
+        acc = acc * ((prev_a / a_s) * (prev_w / w_s))[:, None]
         acc = tl.dot(a, w.T, acc)
+        prev_a, prev_w = a_s, w_s
     else:
         acc += tl.dot(a, w.T) * (a_s[:, None] * w_s[None, :])
-    return acc, a_s, w_s
+    return acc, prev_a, prev_w
 
 
 @triton.jit
 def _fp8_unscaled(acc, prev_a, prev_w, RESCALE: tl.constexpr):
     if RESCALE:
-        acc = acc * (prev_a[:, None] * prev_w[None, :])
+        acc = acc * (prev_a * prev_w)[:, None]
     return acc
 
 
 @triton.jit
 def _gate_up_split(
-    a_ptrs,
+    a_src,
+    row0,
     as_ptrs,
     row_ok,
     w_desc,
@@ -123,24 +135,31 @@ def _gate_up_split(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    A_SORTED: tl.constexpr,
     RESCALE: tl.constexpr,
 ):
     # Gate and up tiles as two loads and two dots over a 2-D descriptor on w13 [E*2I, H].
     gate_row = expert * (2 * inter) + pid_n * BLOCK_N
     up_row = gate_row + inter
     if FP8:
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        gs_ptrs = ws_base + (cols // SCALE_BLOCK) * stride_wsn
-        us_ptrs = ws_base + ((cols + inter) // SCALE_BLOCK) * stride_wsn
+        if RESCALE:  # the tile's gate (up) columns lie in one scale block: one scale each
+            gs_ptrs = ws_base + (pid_n * BLOCK_N // SCALE_BLOCK) * stride_wsn
+            us_ptrs = ws_base + ((pid_n * BLOCK_N + inter) // SCALE_BLOCK) * stride_wsn
+        else:
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            gs_ptrs = ws_base + (cols // SCALE_BLOCK) * stride_wsn
+            us_ptrs = ws_base + ((cols + inter) // SCALE_BLOCK) * stride_wsn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sa_g = tl.full((BLOCK_M,), 1.0, tl.float32)  # the scales acc_g / acc_u are held in (RESCALE)
-    sa_u = tl.full((BLOCK_M,), 1.0, tl.float32)
-    sg = tl.full((BLOCK_N,), 1.0, tl.float32)
-    su = tl.full((BLOCK_N,), 1.0, tl.float32)
+    sa = tl.full((BLOCK_M,), 1.0, tl.float32)  # the scales acc_g / acc_u are held in (RESCALE)
+    sg = tl.full((), 1.0, tl.float32)
+    su = tl.full((), 1.0, tl.float32)
     for kb in range(k_steps):
         k0 = kb * BLOCK_K
-        a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
+        if A_SORTED:  # rows gathered in sorted order beforehand: a plain tile
+            a = a_src.load([row0, k0])
+        else:
+            a = tl.load(a_src + k0, mask=row_ok[:, None], other=0.0)
         wg = w_desc.load([gate_row, k0])
         wu = w_desc.load([up_row, k0])
         if FP8:
@@ -148,20 +167,21 @@ def _gate_up_split(
             a_s = tl.load(as_ptrs + ks, mask=row_ok, other=1.0)
             g_s = tl.load(gs_ptrs + ks)
             u_s = tl.load(us_ptrs + ks)
-            acc_g, sa_g, sg = _fp8_kblock(acc_g, a, wg, a_s, g_s, sa_g, sg, RESCALE)
-            acc_u, sa_u, su = _fp8_kblock(acc_u, a, wu, a_s, u_s, sa_u, su, RESCALE)
+            acc_g, _, sg = _fp8_kblock(acc_g, a, wg, a_s, g_s, sa, sg, RESCALE)
+            acc_u, sa, su = _fp8_kblock(acc_u, a, wu, a_s, u_s, sa, su, RESCALE)
         else:
             acc_g = tl.dot(a, wg.T, acc_g)
             acc_u = tl.dot(a, wu.T, acc_u)
     if FP8:
-        acc_g = _fp8_unscaled(acc_g, sa_g, sg, RESCALE)
-        acc_u = _fp8_unscaled(acc_u, sa_u, su, RESCALE)
+        acc_g = _fp8_unscaled(acc_g, sa, sg, RESCALE)
+        acc_u = _fp8_unscaled(acc_u, sa, su, RESCALE)
     return acc_g, acc_u
 
 
 @triton.jit
 def _gate_up_paired(
-    a_ptrs,
+    a_src,
+    row0,
     as_ptrs,
     row_ok,
     w_desc,
@@ -176,7 +196,7 @@ def _gate_up_paired(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    RESCALE: tl.constexpr,
+    A_SORTED: tl.constexpr,
 ):
     # Gate and up tiles in one load over a 3-D descriptor on w13 viewed [E*2, I, H] (block
     # [2, BLOCK_N, BLOCK_K]) and one dot [BLOCK_M, 2*BLOCK_N]: the tensor cores see one wide
@@ -187,21 +207,20 @@ def _gate_up_paired(
         w_rows = tl.where(j < BLOCK_N, n0 + j, inter + n0 + j - BLOCK_N)
         ws_ptrs = ws_base + (w_rows // SCALE_BLOCK) * stride_wsn
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
-    sa = tl.full((BLOCK_M,), 1.0, tl.float32)  # the scales acc is held in (RESCALE)
-    sw = tl.full((2 * BLOCK_N,), 1.0, tl.float32)
     for kb in range(k_steps):
         k0 = kb * BLOCK_K
-        a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
+        if A_SORTED:  # rows gathered in sorted order beforehand: a plain tile
+            a = a_src.load([row0, k0])
+        else:
+            a = tl.load(a_src + k0, mask=row_ok[:, None], other=0.0)
         w = tl.reshape(w_desc.load([2 * expert, n0, k0]), (2 * BLOCK_N, BLOCK_K))
         if FP8:
             ks = k0 // SCALE_BLOCK
-            a_s = tl.load(as_ptrs + ks, mask=row_ok, other=1.0)
+            a_s = tl.load(as_ptrs + ks, mask=row_ok, other=0.0)
             w_s = tl.load(ws_ptrs + ks)
-            acc, sa, sw = _fp8_kblock(acc, a, w, a_s, w_s, sa, sw, RESCALE)
+            acc += tl.dot(a, w.T) * (a_s[:, None] * w_s[None, :])
         else:
             acc = tl.dot(a, w.T, acc)
-    if FP8:
-        acc = _fp8_unscaled(acc, sa, sw, RESCALE)
     gate_up = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1))
     acc_g, acc_u = tl.split(gate_up)
     return acc_g, acc_u
@@ -242,6 +261,7 @@ def _gate_up_tma_kernel(
     WARP_SPECIALIZE: tl.constexpr,
     PAIRED: tl.constexpr,
     RESCALE: tl.constexpr,
+    A_SORTED: tl.constexpr,
 ):
     num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M  # only the used part of the sorted rows
     num_n_blocks = inter // BLOCK_N
@@ -253,16 +273,22 @@ def _gate_up_tma_kernel(
     ):
         pid_m, pid_n = _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
         expert = tl.load(expert_ids_ptr + pid_m)
-        pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row0 = pid_m * BLOCK_M
+        pos = row0 + tl.arange(0, BLOCK_M)
         slot = tl.load(sorted_ids_ptr + pos)
         row_ok = slot < num_slots
-        a_row = (slot // top_k).to(tl.int64)
-        a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :]
-        as_ptrs = a_scale_ptr + a_row * stride_asm
+        if A_SORTED:  # ``a_ptr`` is a tensor descriptor over the sorted rows [P, H]
+            a_src = a_ptr
+            as_ptrs = a_scale_ptr + pos.to(tl.int64) * stride_asm
+        else:  # gathered by token, row by row
+            a_row = (slot // top_k).to(tl.int64)
+            a_src = a_ptr + a_row[:, None] * stride_am + offs_k[None, :]
+            as_ptrs = a_scale_ptr + a_row * stride_asm
         ws_base = w_scale_ptr + expert.to(tl.int64) * stride_wse
         if PAIRED:
             acc_g, acc_u = _gate_up_paired(
-                a_ptrs,
+                a_src,
+                row0,
                 as_ptrs,
                 row_ok,
                 w_desc,
@@ -277,11 +303,12 @@ def _gate_up_tma_kernel(
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
-                RESCALE,
+                A_SORTED,
             )
         else:
             acc_g, acc_u = _gate_up_split(
-                a_ptrs,
+                a_src,
+                row0,
                 as_ptrs,
                 row_ok,
                 w_desc,
@@ -296,6 +323,7 @@ def _gate_up_tma_kernel(
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
+                A_SORTED,
                 RESCALE,
             )
         act = gated_act(acc_g, acc_u, limit, ACTIVATION, HAS_LIMIT)
@@ -358,14 +386,16 @@ def _down_tma_kernel(
         w_row = expert * n_cols + pid_n * BLOCK_N
         if FP8:
             pos = row0 + tl.arange(0, BLOCK_M)
-            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             as_ptrs = a_scale_ptr + pos.to(tl.int64) * stride_asm
-            ws_ptrs = (
-                w_scale_ptr + expert.to(tl.int64) * stride_wse + (cols // SCALE_BLOCK) * stride_wsn
-            )
+            ws_base = w_scale_ptr + expert.to(tl.int64) * stride_wse
+            if RESCALE:  # the tile's columns lie in one scale block: one weight scale
+                ws_ptrs = ws_base + (pid_n * BLOCK_N // SCALE_BLOCK) * stride_wsn
+            else:
+                cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+                ws_ptrs = ws_base + (cols // SCALE_BLOCK) * stride_wsn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         sa = tl.full((BLOCK_M,), 1.0, tl.float32)  # the scales acc is held in (RESCALE)
-        sw = tl.full((BLOCK_N,), 1.0, tl.float32)
+        sw = tl.full((), 1.0, tl.float32)
         for kb in range(k_steps):
             k0 = kb * BLOCK_K
             a = a_desc.load([row0, k0])
@@ -405,6 +435,10 @@ def tma_config_fits(cfg: TmaMoeConfig, hidden: int, inter: int, fp8: bool, scale
             return f"K blocks {g1.block_k}/{g2.block_k} must divide the scale block {scale_block}"
         if g1.block_n % scale_block:
             return f"the fused quantiser needs gate-up block_n a multiple of {scale_block}"
+        if g1.rescale and (g1.paired or g1.block_n != scale_block):
+            return f"a rescaled gate-up takes split tiles of block_n {scale_block}"
+        if g2.rescale and scale_block % g2.block_n:
+            return f"a rescaled down tile's block_n must divide the scale block {scale_block}"
     return ""
 
 
@@ -429,8 +463,10 @@ def launch_gate_up_tma(
     act: int,
     limit: float | None,
     num_sms: int,
+    a_sorted: bool = False,
 ) -> None:
-    """``out`` [P, I] in sorted row order (bf16, or e4m3 with ``out_scale`` [P, I/128] fp32)."""
+    """``out`` [P, I] in sorted row order (bf16, or e4m3 with ``out_scale`` [P, I/128] fp32).
+    ``a`` is [T, H] by token, or with ``a_sorted`` [P, H] in sorted order (``sorted_rows``)."""
     sorted_ids, expert_ids, ntpp = align
     e, two_i, h = w13.shape
     inter = two_i // 2
@@ -446,8 +482,9 @@ def launch_gate_up_tma(
     scale_a = a_scale if a_scale is not None else a
     scale_w = w13_scale if w13_scale is not None else a
     scale_o = out_scale if out_scale is not None else out
+    a_arg = TensorDescriptor.from_tensor(a, [block_m, tile.block_k]) if a_sorted else a
     _gate_up_tma_kernel[(programs,)](
-        a,
+        a_arg,
         scale_a,
         w_desc,
         scale_w,
@@ -480,6 +517,7 @@ def launch_gate_up_tma(
         WARP_SPECIALIZE=tile.warp_specialize,
         PAIRED=tile.paired,
         RESCALE=tile.rescale,
+        A_SORTED=a_sorted,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )

@@ -50,11 +50,16 @@ def table_name(e: int, h: int, i: int, top_k: int, dtype: str, device_name: str)
 
 
 def tma_config_to_dict(cfg: TmaMoeConfig) -> dict[str, Any]:
-    return {"block_m": cfg.block_m, "gemm1": asdict(cfg.gemm1), "gemm2": asdict(cfg.gemm2)}
+    return asdict(cfg)
 
 
 def tma_config_from_dict(d: dict[str, Any]) -> TmaMoeConfig:
-    return TmaMoeConfig(int(d["block_m"]), TmaGemmTile(**d["gemm1"]), TmaGemmTile(**d["gemm2"]))
+    return TmaMoeConfig(
+        int(d["block_m"]),
+        TmaGemmTile(**d["gemm1"]),
+        TmaGemmTile(**d["gemm2"]),
+        sorted_a=bool(d.get("sorted_a", False)),
+    )
 
 
 def two_launch_config_to_dict(cfg: FusedMoeConfig) -> dict[str, Any]:

@@ -37,18 +37,20 @@ def tma_configs(fp8: bool) -> list[Any]:
             C(64, T(128, 128, 32, 4, 3, persistent=False), T(256, 128, 32, 8, 3)),
             C(64, T(256, 64, 8, 8, 3), T(128, 64, 8, 4, 4, persistent=False)),
             C(64, T(128, 128, 32, 8, 4, paired=True), T(256, 128, 32, 8, 3)),
-            # One accumulator rescaled between K blocks: 128-row tiles, split and paired.
-            C(128, T(128, 128, 16, 8, 3, rescale=True), T(256, 128, 16, 8, 3, rescale=True)),
+            # One accumulator rescaled between K blocks, activations gathered or sorted first.
+            C(64, T(128, 128, 32, 8, 4, rescale=True), T(128, 128, 32, 8, 4, rescale=True)),
             C(
                 128,
-                T(128, 128, 16, 8, 3, paired=True, rescale=True),
-                T(128, 128, 16, 4, 4, rescale=True),
+                T(128, 128, 16, 8, 3, rescale=True),
+                T(128, 128, 16, 8, 4, rescale=True),
+                sorted_a=True,
             ),
         ]
     return [
         C(128, T(128, 64, 16, 8, 4), T(256, 64, 16, 8, 3)),
         C(64, T(64, 64, 16, 4, 4, persistent=False), T(128, 64, 16, 4, 4)),
         C(128, T(128, 64, 16, 8, 4, paired=True), T(256, 64, 16, 8, 3)),
+        C(128, T(128, 64, 16, 8, 4), T(256, 64, 16, 8, 3), sorted_a=True),
     ]
 
 

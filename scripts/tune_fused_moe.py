@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -250,8 +249,6 @@ class Case:
         inter = torch.empty((self.slots, sh.inter), dtype=self.x.dtype, device=self.dev)
         down = torch.empty((self.slots, sh.hidden), dtype=self.x.dtype, device=self.dev)
 
-        # FP8 activations come quantised by the separate pass (the default); the whole-path
-        # timing below also tries the GEMMs quantising them themselves.
         def gate_up(tile: GemmTile) -> None:
             cfg = FusedMoeConfig(block_m, tile, tile)
             launch_gemm1(
@@ -402,12 +399,6 @@ def tune_decode(  # type: ignore[no-untyped-def]
             print(f"  M={m} bm={block_m}: whole two-launch path {t:.0f} us with {cfg}")
             if t < tuned[0]:
                 tuned = (t, cfg)
-    if case.fp8 and tuned[1] is not None:  # the winner with the GEMMs quantising themselves
-        cfg = replace(tuned[1], quant_in_gemm=True)
-        t = case.whole_us(cfg)
-        print(f"  M={m}: whole two-launch path {t:.0f} us with {cfg}")
-        if t < tuned[0]:
-            tuned = (t, cfg)
     # The rule against the winner, timed in turn after the sweep: a first timing of the bucket
     # ran up to 6% slow (the rule's own tiles, stored as a "winner", measured 1234 against 1312 us)
     # and a minimum over many candidates favours the winner, so both get the same two tries.

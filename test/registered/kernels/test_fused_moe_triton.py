@@ -510,11 +510,9 @@ def test_interp_fused_experts_fp8(
         "per_token_group_quant_fp8",
         functools.partial(per_token_group_quant_fp8, use_triton=False),
     )
-    # The activations are quantised by the (patched) separate pass here; the in-GEMM
-    # quantisation has its own test below.
     cfg = [
-        FusedMoeConfig(16, GemmTile(32, 128, 2, 4, 2), GemmTile(32, 128, 2, 4, 2), False),
-        FusedMoeConfig(16, GemmTile(32, 64, 2, 4, 2), GemmTile(64, 128, 2, 4, 2), False),
+        FusedMoeConfig(16, GemmTile(32, 128, 2, 4, 2), GemmTile(32, 128, 2, 4, 2)),
+        FusedMoeConfig(16, GemmTile(32, 64, 2, 4, 2), GemmTile(64, 128, 2, 4, 2)),
     ][cfg_index]
     moe = make_moe(6, 4, 2, 256, 128, torch.float32, fp8=True, seed=3)
     want = fm.fused_experts_torch(**moe, activation=activation, swiglu_limit=limit)
@@ -523,29 +521,6 @@ def test_interp_fused_experts_fp8(
     assert got.data_ptr() == out.data_ptr() and torch.isfinite(out).all()
     # fp32 sums in another order can tip an intermediate across an fp8 rounding boundary.
     assert rel_err(out, want) < 2e-3
-
-
-@interp_only
-@pytest.mark.parametrize("tokens", [1, 9])
-def test_interp_fp8_quantisation_in_the_gemms_equals_the_separate_pass(tokens: int) -> None:
-    """FP8 GEMMs that quantise their activations per K block give the separate pass's output bit
-    for bit (same helper, same rounding); a tile whose K block is not one group keeps the pass."""
-    import sglang.kernels.ops.moe.fused_moe as fm
-    from sglang.kernels.ops.moe.fused_moe import FusedMoeConfig, GemmTile
-
-    moe = make_moe(tokens, 4, 2, 256, 128, torch.float32, fp8=True, seed=50 + tokens)
-    moe["hidden"] = moe["hidden"] * torch.logspace(-2, 1, tokens).unsqueeze(-1)
-    g1, g2 = GemmTile(32, 128, 2, 4, 2), GemmTile(64, 128, 2, 4, 2)
-    fused = FusedMoeConfig(16, g1, g2, quant_in_gemm=True)
-    separate = FusedMoeConfig(16, g1, g2, quant_in_gemm=False)
-    p = fm.check_moe_inputs(**{k: moe[k] for k in _INPUT_KEYS}, block_shape=None, out=None)
-    assert fm.quantises_in_gemm(p, fused, g1) and not fm.quantises_in_gemm(p, separate, g1)
-    assert not fm.quantises_in_gemm(p, fused, GemmTile(32, 64, 2, 4, 2))
-    got = fm.fused_experts(**moe, activation="swiglu", swiglu_limit=None, config=fused)
-    want = fm.fused_experts(**moe, activation="swiglu", swiglu_limit=None, config=separate)
-    assert torch.isfinite(got).all() and got.abs().sum() > 0
-    # Against the reference only on the GPU: the interpreter's fp8 cast slips (module docstring).
-    assert torch.equal(got, want)
 
 
 _INPUT_KEYS = ("hidden", "w13", "w2", "topk_weights", "topk_ids", "w13_scale", "w2_scale")

@@ -156,18 +156,15 @@ def test_fused_experts_matches_reference(shape_name: str, fp8: bool, m: int) -> 
 
 @pytest.mark.parametrize("m", (1, 37, 512))
 @pytest.mark.parametrize("shape_name", list(SHAPES))
-def test_fp8_quantisation_in_the_gemms_equals_the_separate_pass(shape_name: str, m: int) -> None:
-    """The two-launch FP8 GEMMs quantising their activations per K block give the separate
-    pass's output bit for bit, on the tuned tiles of this size and on the rule's."""
-    from dataclasses import replace
-
+def test_fp8_tuned_and_rule_tiles_match_reference(shape_name: str, m: int) -> None:
+    """The two-launch FP8 GEMMs on the tuned tiles of this size and on the rule's, against the
+    torch reference, with the allocator and the output poisoned."""
     from sglang.kernels.ops.moe.fused_moe import (
         FusedMoeConfig,
         check_moe_inputs,
         fused_experts,
         fused_experts_torch,
         get_config,
-        quantises_in_gemm,
         select_chunk_config,
     )
 
@@ -186,18 +183,12 @@ def test_fp8_quantisation_in_the_gemms_equals_the_separate_pass(shape_name: str,
     for cfg in {tuned, rule}:  # the rule's tiles are always two-launch
         if not isinstance(cfg, FusedMoeConfig):
             continue  # a TMA bucket: its own test file
-        fused = replace(cfg, quant_in_gemm=True)
-        assert quantises_in_gemm(p, fused, fused.gemm1) and quantises_in_gemm(p, fused, fused.gemm2)
-        outs = []
-        for c in (fused, replace(cfg, quant_in_gemm=False)):
-            poison_allocator(m * shape.top_k * (shape.hidden + shape.inter) * 8, hidden.device)
-            out = torch.full_like(hidden, float("nan"))
-            fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, out=out, config=c, **kw)
-            outs.append(out)
+        poison_allocator(m * shape.top_k * (shape.hidden + shape.inter) * 8, hidden.device)
+        out = torch.full_like(hidden, float("nan"))
+        fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, out=out, config=cfg, **kw)
         torch.cuda.synchronize()
-        assert torch.isfinite(outs[0]).all()
-        assert torch.equal(outs[0], outs[1]), f"{shape_name} M={m} {cfg}"
-        assert rel_err(outs[0], want) < FP8_TOL
+        assert torch.isfinite(out).all(), f"{shape_name} M={m} {cfg}"
+        assert rel_err(out, want) < FP8_TOL, f"{shape_name} M={m} {cfg}"
 
 
 def test_fused_experts_cuda_graph_replay() -> None:

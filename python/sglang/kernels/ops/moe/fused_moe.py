@@ -32,11 +32,9 @@ from sglang.kernels.ops.moe.grouped_gemm_tma import TmaMoeConfig
 from sglang.kernels.ops.moe.tuned_configs import select_moe_config
 from sglang.kernels.ops.moe.two_launch_config import FusedMoeConfig, GemmTile, get_config
 from sglang.kernels.ops.quant.fp8 import (
-    DEFAULT_EPS,
     FP8_DTYPE,
     block_dequant_fp8,
     per_token_group_quant_fp8,
-    quant_rows_fp8,
 )
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 
@@ -106,20 +104,6 @@ def _load_w(w_ptrs, offs_k, k_left, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _a_and_scale(a, as_ptrs, ks, stride_ask, row_ok, w_ptr, eps, QUANT_A: tl.constexpr):
-    # FP8: the activation tile and its per-row scale of this K block. With QUANT_A, ``a`` is the
-    # unquantised tile (the K block is one quantisation group): it is quantised here, by the same
-    # helper as ``per_token_group_quant_fp8``, so the values and scales are the separate pass's.
-    if QUANT_A:
-        q, a_s = quant_rows_fp8(a.to(tl.float32), eps)
-        a_q = q.to(w_ptr.dtype.element_ty)
-    else:
-        a_q = a
-        a_s = tl.load(as_ptrs + ks * stride_ask, mask=row_ok, other=0.0)
-    return a_q, a_s
-
-
-@triton.jit
 def _scaled_dot(acc, a, w, a_s, w_s):
     # FP8: each K block's product is scaled by its activation-group and weight-block scales
     # before it is added (the scales change from one K block to the next).
@@ -165,11 +149,9 @@ def _moe_gemm1_kernel(
     stride_om,
     stride_on,
     limit,
-    eps,
     SCALE_BLOCK_N: tl.constexpr,
     SCALE_BLOCK_K: tl.constexpr,
     FP8: tl.constexpr,
-    QUANT_A: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_LIMIT: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -209,7 +191,7 @@ def _moe_gemm1_kernel(
         bu = _load_w(u_ptrs, offs_k, k_left, EVEN_K)
         if FP8:
             ks = (kb * BLOCK_K) // SCALE_BLOCK_K
-            a, a_s = _a_and_scale(a, as_ptrs, ks, stride_ask, row_ok, w_ptr, eps, QUANT_A)
+            a_s = tl.load(as_ptrs + ks * stride_ask, mask=row_ok, other=0.0)
             g_s = tl.load(gs_ptrs + ks * stride_wsk)
             u_s = tl.load(us_ptrs + ks * stride_wsk)
             acc_g = _scaled_dot(acc_g, a, bg, a_s, g_s)
@@ -252,11 +234,9 @@ def _moe_gemm2_kernel(
     stride_wsk,
     stride_om,
     stride_on,
-    eps,
     SCALE_BLOCK_N: tl.constexpr,
     SCALE_BLOCK_K: tl.constexpr,
     FP8: tl.constexpr,
-    QUANT_A: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -288,7 +268,7 @@ def _moe_gemm2_kernel(
         b = _load_w(w_ptrs, offs_k, k_left, EVEN_K)
         if FP8:
             ks = (kb * BLOCK_K) // SCALE_BLOCK_K
-            a, a_s = _a_and_scale(a, as_ptrs, ks, stride_ask, row_ok, w_ptr, eps, QUANT_A)
+            a_s = tl.load(as_ptrs + ks * stride_ask, mask=row_ok, other=0.0)
             w_s = tl.load(ws_ptrs + ks * stride_wsk)
             acc = _scaled_dot(acc, a, b, a_s, w_s)
         else:
@@ -429,13 +409,9 @@ def _launch_expert_gemm(
     **extra: Any,
 ) -> None:
     """Launch one of the two GEMM kernels (same argument names) with what both share; ``extra``
-    holds the kernel's own arguments. FP8 with ``a_scale`` None: ``a`` is unquantised and the
-    kernel quantises it per K block (:func:`quantises_in_gemm` must hold for ``tile``)."""
+    holds the kernel's own arguments."""
     sorted_ids, expert_ids, ntpp = align
     block_k = min(tile.block_k, p.block[1]) if p.fp8 else tile.block_k
-    quant_a = p.fp8 and a_scale is None
-    if quant_a and block_k != p.block[1]:
-        raise ValueError(f"in-GEMM quantisation needs K blocks of {p.block[1]}, got {block_k}")
     num_m_blocks = expert_ids.shape[0]
     grid = (num_m_blocks * triton.cdiv(n_cols, tile.block_n),)
     # Without FP8 the scale pointers are never read: the operands stand in for them.
@@ -456,8 +432,8 @@ def _launch_expert_gemm(
         k_dim=k_dim,
         stride_am=a.stride(0),
         stride_ak=a.stride(1),
-        stride_asm=scale_a.stride(0) if p.fp8 and not quant_a else 0,
-        stride_ask=scale_a.stride(1) if p.fp8 and not quant_a else 0,
+        stride_asm=scale_a.stride(0) if p.fp8 else 0,
+        stride_ask=scale_a.stride(1) if p.fp8 else 0,
         stride_we=w.stride(0),
         stride_wn=w.stride(1),
         stride_wk=w.stride(2),
@@ -466,11 +442,9 @@ def _launch_expert_gemm(
         stride_wsk=scale_w.stride(2) if p.fp8 else 0,
         stride_om=out.stride(0),
         stride_on=out.stride(1),
-        eps=DEFAULT_EPS,
         SCALE_BLOCK_N=p.block[0],
         SCALE_BLOCK_K=p.block[1],
         FP8=p.fp8,
-        QUANT_A=quant_a,
         EVEN_K=k_dim % block_k == 0,
         BLOCK_M=cfg.block_m,
         BLOCK_N=tile.block_n,
@@ -565,12 +539,6 @@ def _launch_sum(
         BLOCK=block,
         num_warps=4,
     )
-
-
-def quantises_in_gemm(p: MoEProblem, cfg: FusedMoeConfig, tile: GemmTile) -> bool:
-    """Whether an FP8 GEMM on ``tile`` quantises its activations itself: asked for by ``cfg`` and
-    possible when a K block is one quantisation group."""
-    return p.fp8 and cfg.quant_in_gemm and min(tile.block_k, p.block[1]) == p.block[1]
 
 
 def select_chunk_config(
@@ -686,16 +654,14 @@ def fused_experts(
         align = aligner(chunk_ids, cfg.block_m, p.num_experts)
         x = hidden[start:end]
         x_scale = None
-        # FP8 activations are quantised by a separate pass unless the config has the GEMM do it
-        # per K block (one pass and one launch fewer; ``FusedMoeConfig`` says when that wins).
-        if p.fp8 and not quantises_in_gemm(p, cfg, cfg.gemm1):
+        if p.fp8:
             x, x_scale = per_token_group_quant_fp8(x, p.block[1])
         if inter_cache is None:
             inter_cache = torch.empty((max_slots, p.inter), dtype=dt, device=dev)
         inter = inter_cache[:num_slots]
         launch_gemm1(x, x_scale, w13, w13_scale, inter, align, p, num_slots, cfg, act, swiglu_limit)
         a2, a2_scale = inter, None
-        if p.fp8 and not quantises_in_gemm(p, cfg, cfg.gemm2):
+        if p.fp8:
             a2, a2_scale = per_token_group_quant_fp8(inter, p.block[1])
         down = down_cache[:num_slots]
         launch_gemm2(a2, a2_scale, w2, w2_scale, down, weights[start:end], align, p, num_slots, cfg)

@@ -67,12 +67,7 @@ def two_launch_config_to_dict(cfg: FusedMoeConfig) -> dict[str, Any]:
 
 
 def two_launch_config_from_dict(d: dict[str, Any]) -> FusedMoeConfig:
-    return FusedMoeConfig(
-        int(d["block_m"]),
-        GemmTile(**d["gemm1"]),
-        GemmTile(**d["gemm2"]),
-        bool(d.get("quant_in_gemm", False)),
-    )
+    return FusedMoeConfig(int(d["block_m"]), GemmTile(**d["gemm1"]), GemmTile(**d["gemm2"]))
 
 
 # (M, kernel, its tiles): None for a two-launch bucket that keeps get_config's rule.

@@ -22,16 +22,11 @@ class GemmTile:
 
 @dataclass(frozen=True)
 class FusedMoeConfig:
-    """``block_m`` is shared by both GEMMs (it is the alignment of the sorted rows). With FP8,
-    ``quant_in_gemm`` has each GEMM quantise its activations per K block instead of a separate
-    pass (where a K block is one quantisation group). Off by default: on the H200 the separate
-    pass measured faster at most decode sizes (the quantisation inside the K loop slows the
-    weight stream more than a launch costs); the tuner turns it on where it won."""
+    """``block_m`` is shared by both GEMMs (it is the alignment of the sorted rows)."""
 
     block_m: int
     gemm1: GemmTile
     gemm2: GemmTile
-    quant_in_gemm: bool = False
 
 
 def get_config(

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import torch
-import triton
 
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
@@ -630,46 +629,17 @@ def test_interp_sorted_rows_are_the_tokens_rows(group: int | None) -> None:
                 assert torch.allclose(scales[p], torch.full((3,), DEFAULT_EPS / FP8_MAX))
 
 
-def _compile_for_sm90(fn: Any, sig: dict[str, str], const: dict[str, Any], warps: int) -> None:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    names = fn.arg_names
-    sig = {**sig, **dict.fromkeys(const, "constexpr")}
-    constexprs = {(names.index(k),): v for k, v in const.items()}
-    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    assert kernel.asm.get("cubin"), "no cubin for sm_90"
-
-
 @pytest.mark.skipif(IN_INTERPRETER, reason="compiles for the GPU; the interpreter never does")
-def test_tma_kernels_compile_for_sm90() -> None:
+@pytest.mark.parametrize("gate_up", [True, False], ids=["gate_up", "down"])
+def test_tma_kernels_compile_for_sm90(gate_up: bool) -> None:
     """The Hopper MoE kernels go through Triton's whole compiler for sm_90 on the CPU (the
     interpreter runs them as Python and lets through what the compiler refuses, e.g. a global
     that is not a ``tl.constexpr``): FP8 with the rescaled accumulator and sorted activations."""
     pytest.importorskip("triton.backends.nvidia")
-    from sglang.kernels.ops.moe import grouped_gemm_tma as g
+    from sglang.test.sm90_compile import TmaKernelSpec, compile_tma_kernel
 
-    gate_up_sig = {
-        "a_ptr": "tensordesc<fp8e4nv[128, 128]>", "a_scale_ptr": "*fp32",
-        "w_desc": "tensordesc<fp8e4nv[128, 128]>", "w_scale_ptr": "*fp32", "out_ptr": "*fp8e4nv",
-        "out_scale_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
-        "ntpp_ptr": "*i32", "num_slots": "i32", "inter": "i32", "k_dim": "i32", "top_k": "i32",
-        "stride_am": "i32", "stride_asm": "i32", "stride_wse": "i32", "stride_wsn": "i32",
-        "stride_om": "i32", "stride_osm": "i32", "limit": "fp32", "eps": "fp32",
-    }  # fmt: skip
-    tile = {"SCALE_BLOCK": 128, "FP8": True, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}
-    tile.update(GROUP_M=16, NUM_PROGRAMS=132, WARP_SPECIALIZE=False, RESCALE=True)
-    gate_up = dict(tile, ACTIVATION=0, HAS_LIMIT=True, PAIRED=False, A_SORTED=True)
-    _compile_for_sm90(g._gate_up_tma_kernel, gate_up_sig, gate_up, warps=8)
-    down_sig = {
-        "a_desc": "tensordesc<fp8e4nv[128, 128]>", "a_scale_ptr": "*fp32",
-        "w_desc": "tensordesc<fp8e4nv[128, 128]>", "w_scale_ptr": "*fp32", "out_ptr": "*bf16",
-        "topk_weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
-        "ntpp_ptr": "*i32", "num_slots": "i32", "n_cols": "i32", "k_dim": "i32",
-        "stride_asm": "i32", "stride_wse": "i32", "stride_wsn": "i32", "stride_om": "i32",
-    }  # fmt: skip
-    _compile_for_sm90(g._down_tma_kernel, down_sig, tile, warps=8)
+    spec = TmaKernelSpec(gate_up, True, 128, 128, 128, 8, 3, rescale=True, sorted_a=gate_up)
+    assert compile_tma_kernel(spec).asm.get("cubin"), "no cubin for sm_90"
 
 
 if __name__ == "__main__":

@@ -28,14 +28,10 @@ import triton.language as tl
 from sglang.kernels.ops.activation import act_and_mul_reference, activation_code, gated_act
 from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_one_token
 from sglang.kernels.ops.moe.fused_moe_tma import run_tma_chunk
-from sglang.kernels.ops.moe.grouped_gemm_tma import TmaMoeConfig
+from sglang.kernels.ops.moe.grouped_gemm_tma import TmaMoeConfig, tma_config_fits
 from sglang.kernels.ops.moe.tuned_configs import select_moe_config
 from sglang.kernels.ops.moe.two_launch_config import FusedMoeConfig, GemmTile, get_config
-from sglang.kernels.ops.quant.fp8 import (
-    FP8_DTYPE,
-    block_dequant_fp8,
-    per_token_group_quant_fp8,
-)
+from sglang.kernels.ops.quant.fp8 import FP8_DTYPE, block_dequant_fp8, per_token_group_quant_fp8
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 
 if TYPE_CHECKING:
@@ -613,6 +609,10 @@ def fused_experts(
     )
     if p.fp8 and (p.block[1] < 16 or p.block[1] & (p.block[1] - 1)):
         raise ValueError(f"the Triton path needs a power-of-two K block >= 16, got {p.block}")
+    if isinstance(config, TmaMoeConfig):  # forced (tuning, tests); table picks are checked
+        why = tma_config_fits(config, p.hidden, p.inter, p.fp8, p.block[1])
+        if why:
+            raise ValueError(f"TMA MoE config {config} cannot run: {why}")
     result = resolve_moe_output(hidden, inplace, out)
     if p.tokens == 0:
         return result

@@ -167,6 +167,7 @@ def _gate_up_split(
             a_s = tl.load(as_ptrs + ks, mask=row_ok, other=1.0)
             g_s = tl.load(gs_ptrs + ks)
             u_s = tl.load(us_ptrs + ks)
+            # Both read the row scales ``sa`` held so far; the second call moves them on.
             acc_g, _, sg = _fp8_kblock(acc_g, a, wg, a_s, g_s, sa, sg, RESCALE)
             acc_u, sa, su = _fp8_kblock(acc_u, a, wu, a_s, u_s, sa, su, RESCALE)
         else:

@@ -76,7 +76,7 @@ class ModuleRow:
         )
 
 
-class _Clock:
+class Clock:
     """Start/stop marks on the device's timeline: CUDA events on a GPU, host time on the CPU."""
 
     def __init__(self, cuda: bool) -> None:
@@ -106,8 +106,8 @@ _ATTN_PARTS = (
 _CORE_FUNCTIONS = ("dsv4_attention", "sparse_prefill_attention")  # names in attn_module
 
 
-def _timed_call(
-    fn: Callable[..., Any], key: Callable[[], str], clock: _Clock, spans: dict[str, list]
+def timed_call(
+    fn: Callable[..., Any], key: Callable[[], str], clock: Clock, spans: dict[str, list]
 ) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         begin = clock.mark()
@@ -119,7 +119,7 @@ def _timed_call(
 
 
 def _time_attention_parts(
-    model: nn.Module, clock: _Clock, spans: dict[str, list]
+    model: nn.Module, clock: Clock, spans: dict[str, list]
 ) -> Callable[[], None]:
     """Wrap the attention's inner calls (``_ATTN_PARTS`` per layer, the core functions for every
     layer) so each records a span under ``layers.N.attn:part``; returns the undo."""
@@ -140,11 +140,11 @@ def _time_attention_parts(
             if obj is None:
                 continue
             key = f"{name}:{label}"
-            setattr(obj, method, _timed_call(getattr(obj, method), lambda k=key: k, clock, spans))
+            setattr(obj, method, timed_call(getattr(obj, method), lambda k=key: k, clock, spans))
             undo.append(partial(obj.__dict__.pop, method))
     for fn_name in _CORE_FUNCTIONS:
         plain = getattr(attn_module, fn_name)
-        timed = _timed_call(plain, lambda: f"{current[0]}:core", clock, spans)
+        timed = timed_call(plain, lambda: f"{current[0]}:core", clock, spans)
         setattr(attn_module, fn_name, timed)
         undo.append(partial(setattr, attn_module, fn_name, plain))
 
@@ -155,11 +155,17 @@ def _time_attention_parts(
     return restore
 
 
-def _module_times(
-    model: nn.Module, run: Callable[[], object], clock: _Clock
+PartTimer = Callable[[nn.Module, Clock, dict[str, list]], Callable[[], None]]
+
+
+def module_times(
+    model: nn.Module,
+    run: Callable[[], object],
+    clock: Clock,
+    time_parts: PartTimer | None = None,
 ) -> dict[str, tuple[int, float]]:
     """name -> (calls, inclusive ms) of every module up to MAX_DEPTH and of the attention's parts
-    (``layers.N.attn:part``), from one hooked run."""
+    (``layers.N.attn:part``; ``time_parts`` wraps them, default DSv4's), from one hooked run."""
     spans: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
     open_marks: dict[str, list[Any]] = defaultdict(list)
     handles = []
@@ -175,7 +181,7 @@ def _module_times(
             spans[key].append((open_marks[key].pop(), clock.mark()))
 
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-    restore = _time_attention_parts(model, clock, spans)
+    restore = (time_parts or _time_attention_parts)(model, clock, spans)
     try:
         run()
         if clock.cuda:
@@ -187,7 +193,7 @@ def _module_times(
     return {k: (len(v), sum(clock.ms(b, e) for b, e in v)) for k, v in spans.items()}
 
 
-def _module_gflop(model: nn.Module, run: Callable[[], object]) -> dict[str, float]:
+def module_gflop(model: nn.Module, run: Callable[[], object]) -> dict[str, float]:
     """name -> GFLOP torch counted under that module (names without the root class)."""
     counter = FlopCounterMode(display=False)
     with counter:
@@ -240,7 +246,7 @@ def _timed_parent(name: str, timed: set[str]) -> str | None:
     return "model"
 
 
-def _rows(
+def module_rows(
     times: dict[str, tuple[int, float]],
     gflop: dict[str, float],
     moe_gflop: float,
@@ -311,7 +317,7 @@ def main() -> None:
     ids = torch.randint(0, cfg["vocab_size"], (tokens,), generator=gen).to(device)
     pos = torch.arange(tokens, device=device)
     run = torch.no_grad()(partial(model, ids, pos))
-    clock = _Clock(cuda)
+    clock = Clock(cuda)
     core_gflop = {
         name: _core_gflop(cfg, tokens, m.ratio)
         for name, m in model.named_modules()
@@ -333,9 +339,9 @@ def main() -> None:
                 torch.cuda.synchronize()
             totals.append(clock.ms(begin, end))
         prefill_ms = sorted(totals)[len(totals) // 2]
-        times = _module_times(model, run, clock)
-        gflop = _module_gflop(model, run)
-        rows = _rows(times, gflop, _routed_moe_gflop(cfg, tokens), core_gflop)
+        times = module_times(model, run, clock)
+        gflop = module_gflop(model, run)
+        rows = module_rows(times, gflop, _routed_moe_gflop(cfg, tokens), core_gflop)
         hooked_ms = times["model"][1]
         print(
             f"\nDSv4 wide prefill, {tokens} tokens, ratios {ratios}, runner {args.runner}, "

@@ -283,6 +283,14 @@ class Envs:
         "attn_res_read.py; its GPU test passes on the H200) on CUDA instead of ~15 torch ops. "
         "0: the torch ops.",
     )
+    SGLANG_K3_KDA_PREFILL = EnvStr(
+        "tf32x3",
+        "Kimi K3's KDA prefill (multi-token segments) on CUDA: the chunked Triton kernels "
+        "(kernels/ops/kda/chunk_prefill.py) with their tensor-core products in 'tf32x3' (three "
+        "tf32 products, ~fp32), 'ieee' (fp32 FMA) or 'tf32' (one tf32 product), or 'torch' "
+        "(the chunked torch form, the reference).",
+        choices=("tf32x3", "ieee", "tf32", "torch"),
+    )
     SGLANG_K3_STATIC_DECODE = EnvBool(
         True,
         "Kimi K3 decode through its slot pool's static decode (KDA states and MLA latents by "

@@ -22,6 +22,7 @@ import torch
 from sglang.kernels.ops.kda.conv_decode import kda_conv_decode_
 from sglang.kernels.ops.kda.recurrent_step import default_block_v, kda_recurrent_step_
 from sglang.kernels.ops.pointer_table import int64_on_device
+from sglang.srt.environ import envs
 from sglang.srt.layers.attention import kda as kda_mod
 from sglang.srt.layers.attention.kda import KDAConfig, KDASegment, KimiDeltaAttention
 from sglang.srt.layers.attention.kda_conv import causal_conv_decode
@@ -158,7 +159,8 @@ def _forward(
     if not kernels:
         kda_mod.kernel_decode_reason = lambda *a: "torch path for the test"  # type: ignore[assignment]
     try:
-        return layer(x, segs)
+        with envs.SGLANG_K3_KDA_PREFILL.override(None if kernels else "torch"):
+            return layer(x, segs)
     finally:
         kda_mod.kernel_decode_reason = real
 

@@ -58,5 +58,11 @@ def test_profile_prefill_smoke() -> None:
     assert "prefill (GPU part of TTFT)" in out and "layers.0.attn" in out
 
 
+def test_profile_prefill_k3_smoke() -> None:
+    out = _run("profile_prefill_k3.py", "--kda", "tf32x3,torch", "--repeats", "1")
+    for row in ("KDA prefill tf32x3", "KDA prefill torch", "layers.1.self_attn:core"):
+        assert row in out, row
+
+
 if __name__ == "__main__":
     run_this_file(__file__)

@@ -28,11 +28,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from sglang.srt.environ import envs
 from sglang.srt.layers.attention.kda_chunk import DEFAULT_CHUNK_SIZE, kda_chunked
 from sglang.srt.layers.attention.kda_conv import causal_conv_decode, causal_conv_prefill
 from sglang.srt.layers.attention.kda_decode import decode_rows, kernel_decode, kernel_decode_reason
 from sglang.srt.layers.attention.kda_gate import kda_beta, kda_forget_gate, l2norm
 from sglang.srt.layers.attention.kda_params import ShortConvWeight, a_log_param
+from sglang.srt.layers.attention.kda_prefill import kernel_prefill, prefill_kernel_reason
 from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
@@ -147,24 +149,38 @@ class KimiDeltaAttention(nn.Module):
             if seg.length == 1:
                 decode.append(seg)
             elif seg.length > 1:
-                rows = slice(seg.start, seg.start + seg.length)
-                conv_out, conv_state = causal_conv_prefill(mixed[rows], weight, seg.state.conv)
-                q, k, v = self.split_qkv(conv_out)
-                o, state = kda_chunked(
-                    q,
-                    k,
-                    v,
-                    g[rows],
-                    beta[rows],
-                    seg.state.recurrent,
-                    chunk_size=self.config.chunk_size,
-                )
-                core[rows] = o
-                seg.state.conv.copy_(conv_state)
-                seg.state.recurrent.copy_(state)
+                self._prefill_segment(seg, mixed, g, beta, weight, core)
         if decode:
             self._decode_step(mixed, g, beta, decode, weight, core)
         return self.finish(x, core)
+
+    def _prefill_segment(
+        self,
+        seg: KDASegment,
+        mixed: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        weight: Tensor,
+        core: Tensor,
+    ) -> None:
+        """A multi-token segment: the conv over its rows, then the chunked delta rule (the Triton
+        kernels where they run, else torch) into ``core``; its states are updated in place."""
+        rows = slice(seg.start, seg.start + seg.length)
+        conv_out, conv_state = causal_conv_prefill(mixed[rows], weight, seg.state.conv)
+        q, k, v = self.split_qkv(conv_out)
+        mode = envs.SGLANG_K3_KDA_PREFILL.get()
+        why = prefill_kernel_reason(q, self.config.head_dim, self.config.gate_lower_bound, mode)
+        log_path_once(logger, "Kimi K3 KDA prefill", why)
+        recurrent = seg.state.recurrent
+        if why is None:
+            kernel_prefill(q, k, v, g[rows], beta[rows], recurrent, core[rows], mode)
+        else:
+            o, state = kda_chunked(
+                q, k, v, g[rows], beta[rows], recurrent, chunk_size=self.config.chunk_size
+            )
+            core[rows] = o
+            recurrent.copy_(state)
+        seg.state.conv.copy_(conv_state)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The per-token inputs of the core: ``mixed [T, 3 * H * D]`` (q | k | v before the

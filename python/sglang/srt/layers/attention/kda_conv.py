@@ -27,7 +27,9 @@ def causal_conv_prefill(x: Tensor, weight: Tensor, state: Tensor) -> tuple[Tenso
     window = torch.cat([state.to(weight.dtype), x.to(weight.dtype)], dim=0)  # [W-1+T, C]
     y = F.conv1d(window.t().unsqueeze(0), weight.unsqueeze(1), groups=c)[0].t()  # [T, C]
     new_state = window[window.shape[0] - (width - 1) :].to(state.dtype)
-    return F.silu(y).to(x.dtype), new_state
+    # row-major out (conv1d leaves it channel-major): the per-head ops after it read rows
+    out = torch.empty(y.shape, dtype=x.dtype, device=x.device).copy_(F.silu(y))
+    return out, new_state
 
 
 def causal_conv_decode(x: Tensor, weight: Tensor, states: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,4 +1,5 @@
-"""Compile the Hopper MoE kernels (``grouped_gemm_tma.py``) for sm_90 without a GPU.
+"""Compile Triton kernels (the Hopper MoE ones of ``grouped_gemm_tma.py``, the KDA prefill ones)
+for sm_90 without a GPU.
 
 Triton's whole compiler (front end, TTGIR, LLVM, PTX, the bundled ptxas) runs on the CPU, so a
 kernel the interpreter accepts but the compiler refuses (e.g. a global that is not a
@@ -70,9 +71,6 @@ def _signature(spec: TmaKernelSpec) -> dict[str, str]:
 
 def compile_tma_kernel(spec: TmaKernelSpec) -> Any:
     """The compiled kernel (``.asm`` has ``ptx`` and ``cubin``) for sm_90."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from sglang.kernels.ops.moe import grouped_gemm_tma as g
 
     fn = g._gate_up_tma_kernel if spec.gate_up else g._down_tma_kernel
@@ -83,12 +81,23 @@ def compile_tma_kernel(spec: TmaKernelSpec) -> Any:
     }  # fmt: skip
     if spec.gate_up:
         const.update(ACTIVATION=0, HAS_LIMIT=True, PAIRED=spec.paired, A_SORTED=spec.sorted_a)
-    sig = {**_signature(spec), **dict.fromkeys(const, "constexpr")}
+    return compile_sm90(fn, _signature(spec), const, spec.num_warps, spec.num_stages)
+
+
+def compile_sm90(
+    fn: Any, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int
+) -> Any:
+    """Any ``@triton.jit`` kernel for sm_90: ``signature`` types its runtime arguments by name
+    (``"*fp32"``, ``"i32"``...), ``constexprs`` gives the rest their values."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     names = fn.arg_names
     src = ASTSource(
-        fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()}
+        fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}
     )
-    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    options = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 

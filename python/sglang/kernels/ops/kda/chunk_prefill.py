@@ -68,60 +68,76 @@ def _chunk_intra_kernel(
     beta_ptr,
     aqk_ptr,
     akk_ptr,
+    inv_ptr,
+    qg_ptr,
+    kd_ptr,
     T,
     q_st,
     q_sh,
     k_st,
     k_sh,
-    G_st,
-    G_sh,
     b_st,
     b_sh,
-    a_st,
-    a_sh,
+    H: tl.constexpr,
     K: tl.constexpr,
     CHUNK: tl.constexpr,
     SUB: tl.constexpr,
     MAX_EXP: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    c = tl.program_id(0)
+    """One ``SUB``-row block ``a`` of chunk ``c`` against the chunk's columns. The scratch
+    buffers (G, aqk, akk, inv, qg, kd) are packed ``[T, H, *]``."""
+    pid = tl.program_id(0)
+    c = pid // (CHUNK // SUB)
+    a = pid % (CHUNK // SUB)
     h = tl.program_id(1).to(tl.int64)
+    start = c * CHUNK + a * SUB
+    if start >= T:
+        return
     ks = tl.arange(0, K)
+    sub = tl.arange(0, SUB)
+    rows = start + sub
+    r64 = rows.to(tl.int64)[:, None]
+    rmask = (rows < T)[:, None]
+    q_a = tl.load(q_ptr + r64 * q_st + h * q_sh + ks[None, :], mask=rmask, other=0.0)
+    k_a = tl.load(k_ptr + r64 * k_st + h * k_sh + ks[None, :], mask=rmask, other=0.0)
+    G_a = tl.load(G_ptr + (r64 * H + h) * K + ks[None, :], mask=rmask, other=0.0)
+    q_a = q_a.to(tl.float32)
+    k_a = k_a.to(tl.float32)
+    ref = tl.load(G_ptr + (start.to(tl.int64) * H + h) * K + ks)
+    # rows at or after the reference: G_a - ref <= 0 (the min only guards masked rows)
+    row_fac = tl.exp(tl.minimum(G_a - ref[None, :], 0.0))
+    q_r = q_a * row_fac
+    k_r = k_a * row_fac
+    beta = tl.load(beta_ptr + rows.to(tl.int64) * b_st + h * b_sh, mask=rows < T, other=0.0)
+    beta = beta.to(tl.float32)[:, None]
+    # the chunk's columns: ref - G_j <= (SUB-1)|bound| up to this block; the clamp only bites on
+    # columns after row i, which the causal mask drops
     cols = c * CHUNK + tl.arange(0, CHUNK)
     c64 = cols.to(tl.int64)[:, None]
     cmask = (cols < T)[:, None]
     k_all = tl.load(k_ptr + c64 * k_st + h * k_sh + ks[None, :], mask=cmask, other=0.0)
-    G_all = tl.load(G_ptr + c64 * G_st + h * G_sh + ks[None, :], mask=cmask, other=0.0)
-    k_all = k_all.to(tl.float32)
+    G_all = tl.load(G_ptr + (c64 * H + h) * K + ks[None, :], mask=cmask, other=0.0)
+    col_t = tl.trans(k_all.to(tl.float32) * tl.exp(tl.minimum(ref[None, :] - G_all, MAX_EXP)))
+    i_loc = a * SUB + sub
     j_loc = tl.arange(0, CHUNK)
-    for a in tl.static_range(CHUNK // SUB):
-        start = c * CHUNK + a * SUB
-        if start < T:
-            rows = start + tl.arange(0, SUB)
-            r64 = rows.to(tl.int64)[:, None]
-            rmask = (rows < T)[:, None]
-            q_a = tl.load(q_ptr + r64 * q_st + h * q_sh + ks[None, :], mask=rmask, other=0.0)
-            k_a = tl.load(k_ptr + r64 * k_st + h * k_sh + ks[None, :], mask=rmask, other=0.0)
-            G_a = tl.load(G_ptr + r64 * G_st + h * G_sh + ks[None, :], mask=rmask, other=0.0)
-            ref = tl.load(G_ptr + start.to(tl.int64) * G_st + h * G_sh + ks)
-            # rows at or after the reference: G_a - ref <= 0 (the min only guards masked rows)
-            row_fac = tl.exp(tl.minimum(G_a - ref[None, :], 0.0))
-            # columns before the reference (and in its block): ref - G_j <= (SUB-1)|bound|; the
-            # clamp only bites on columns after row i, which the causal mask drops
-            col_fac = k_all * tl.exp(tl.minimum(ref[None, :] - G_all, MAX_EXP))
-            col_t = tl.trans(col_fac)
-            s_qk = tl.dot(q_a.to(tl.float32) * row_fac, col_t, input_precision=PRECISION)
-            s_kk = tl.dot(k_a.to(tl.float32) * row_fac, col_t, input_precision=PRECISION)
-            i_loc = a * SUB + tl.arange(0, SUB)
-            beta = tl.load(beta_ptr + rows.to(tl.int64) * b_st + h * b_sh, mask=rows < T, other=0.0)
-            aqk = tl.where(j_loc[None, :] <= i_loc[:, None], s_qk, 0.0)
-            akk = (
-                tl.where(j_loc[None, :] < i_loc[:, None], s_kk, 0.0) * beta.to(tl.float32)[:, None]
-            )
-            offs = r64 * a_st + h * a_sh + j_loc[None, :]
-            tl.store(aqk_ptr + offs, aqk, mask=rmask)
-            tl.store(akk_ptr + offs, akk, mask=rmask)
+    s_qk = tl.dot(q_r, col_t, input_precision=PRECISION)
+    s_kk = tl.dot(k_r, col_t, input_precision=PRECISION)
+    offs = (r64 * H + h) * CHUNK + j_loc[None, :]
+    akk = tl.where(j_loc[None, :] < i_loc[:, None], s_kk, 0.0) * beta
+    tl.store(aqk_ptr + offs, tl.where(j_loc[None, :] <= i_loc[:, None], s_qk, 0.0), mask=rmask)
+    tl.store(akk_ptr + offs, akk, mask=rmask)
+    # this block's own columns, [SUB, SUB], picked out of the row block for their inverse
+    blocks = tl.reshape(akk, [SUB, CHUNK // SUB, SUB])
+    which = tl.arange(0, CHUNK // SUB)[None, :, None] == a
+    inv = _unit_lower_inverse(tl.sum(tl.where(which, blocks, 0.0), axis=1), SUB)
+    tl.store(inv_ptr + (r64 * H + h) * SUB + sub[None, :], inv, mask=rmask)
+    # the sequential pass's operands: q * exp(G) and k * exp(G_last - G), both exponents <= 0
+    last = (tl.minimum(c * CHUNK + CHUNK, T) - 1).to(tl.int64)
+    G_last = tl.load(G_ptr + (last * H + h) * K + ks)
+    rk = (r64 * H + h) * K + ks[None, :]
+    tl.store(qg_ptr + rk, q_a * tl.exp(G_a), mask=rmask)
+    tl.store(kd_ptr + rk, k_a * tl.exp(tl.minimum(G_last[None, :] - G_a, 0.0)), mask=rmask)
 
 
 @triton.jit
@@ -130,7 +146,7 @@ def _unit_lower_inverse(a, N: tl.constexpr):
     ``inv[i] = e_i - sum_{j<i} a[i, j] inv[j]``."""
     r = tl.arange(0, N)
     inv = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in tl.static_range(1, N):
+    for i in range(1, N):
         a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), axis=0)
         contrib = tl.sum(a_i[:, None] * inv, axis=0)
         inv = tl.where(r[:, None] == i, inv - contrib[None, :], inv)
@@ -144,6 +160,7 @@ def _chunk_solve_kernel(
     G_ptr,
     beta_ptr,
     akk_ptr,
+    inv_ptr,
     w_ptr,
     u_ptr,
     T,
@@ -151,63 +168,55 @@ def _chunk_solve_kernel(
     k_sh,
     v_st,
     v_sh,
-    G_st,
-    G_sh,
     b_st,
     b_sh,
-    a_st,
-    a_sh,
-    w_st,
-    w_sh,
-    u_st,
-    u_sh,
+    H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     CHUNK: tl.constexpr,
     SUB: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    """``W`` and ``U`` of chunk ``c``, block row by block row (each needs the rows above it)."""
     c = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     ks = tl.arange(0, K)
     vs = tl.arange(0, V)
     sub = tl.arange(0, SUB)
-    for a in tl.static_range(CHUNK // SUB):
+    for a in range(CHUNK // SUB):
         start = c * CHUNK + a * SUB
         if start < T:
             rows = start + sub
             r64 = rows.to(tl.int64)[:, None]
             rmask = (rows < T)[:, None]
-            a_rows = akk_ptr + r64 * a_st + h * a_sh
-            inv = _unit_lower_inverse(
-                tl.load(a_rows + a * SUB + sub[None, :], mask=rmask, other=0.0), SUB
-            )
             beta = tl.load(beta_ptr + rows.to(tl.int64) * b_st + h * b_sh, mask=rows < T, other=0.0)
             beta = beta.to(tl.float32)[:, None]
             k_a = tl.load(k_ptr + r64 * k_st + h * k_sh + ks[None, :], mask=rmask, other=0.0)
-            G_a = tl.load(G_ptr + r64 * G_st + h * G_sh + ks[None, :], mask=rmask, other=0.0)
+            G_a = tl.load(G_ptr + (r64 * H + h) * K + ks[None, :], mask=rmask, other=0.0)
             v_a = tl.load(v_ptr + r64 * v_st + h * v_sh + vs[None, :], mask=rmask, other=0.0)
             rhs_w = k_a.to(tl.float32) * tl.exp(G_a) * beta
             rhs_u = v_a.to(tl.float32) * beta
-            for b in tl.static_range(a):
+            a_rows = akk_ptr + (r64 * H + h) * CHUNK
+            for b in range(a):
                 b64 = (c * CHUNK + b * SUB + sub).to(tl.int64)[:, None]
                 a_ab = tl.load(a_rows + b * SUB + sub[None, :], mask=rmask, other=0.0)
-                w_b = tl.load(w_ptr + b64 * w_st + h * w_sh + ks[None, :])
-                u_b = tl.load(u_ptr + b64 * u_st + h * u_sh + vs[None, :])
+                w_b = tl.load(w_ptr + (b64 * H + h) * K + ks[None, :])
+                u_b = tl.load(u_ptr + (b64 * H + h) * V + vs[None, :])
                 rhs_w -= tl.dot(a_ab, w_b, input_precision=PRECISION)
                 rhs_u -= tl.dot(a_ab, u_b, input_precision=PRECISION)
+            inv = tl.load(inv_ptr + (r64 * H + h) * SUB + sub[None, :], mask=rmask, other=0.0)
             w_a = tl.dot(inv, rhs_w, input_precision=PRECISION)
             u_a = tl.dot(inv, rhs_u, input_precision=PRECISION)
-            tl.store(w_ptr + r64 * w_st + h * w_sh + ks[None, :], w_a, mask=rmask)
-            tl.store(u_ptr + r64 * u_st + h * u_sh + vs[None, :], u_a, mask=rmask)
+            tl.store(w_ptr + (r64 * H + h) * K + ks[None, :], w_a, mask=rmask)
+            tl.store(u_ptr + (r64 * H + h) * V + vs[None, :], u_a, mask=rmask)
             # the next blocks read these rows back: make them visible to the whole program
             tl.debug_barrier()
 
 
 @triton.jit
 def _chunk_recurrence_kernel(
-    q_ptr,
-    k_ptr,
+    qg_ptr,
+    kd_ptr,
     G_ptr,
     aqk_ptr,
     w_ptr,
@@ -216,23 +225,13 @@ def _chunk_recurrence_kernel(
     s_out_ptr,
     o_ptr,
     T,
-    q_st,
-    q_sh,
-    k_st,
-    k_sh,
-    G_st,
-    G_sh,
-    a_st,
-    a_sh,
-    w_st,
-    w_sh,
-    u_st,
-    u_sh,
     o_st,
     o_sh,
     s_sh,
     s_sv,
+    H: tl.constexpr,
     K: tl.constexpr,
+    V: tl.constexpr,
     CHUNK: tl.constexpr,
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -248,20 +247,19 @@ def _chunk_recurrence_kernel(
         rows = c * CHUNK + j_loc
         r64 = rows.to(tl.int64)[:, None]
         rmask = (rows < T)[:, None]
-        last = (tl.minimum(c * CHUNK + CHUNK, T) - 1).to(tl.int64)
-        w = tl.load(w_ptr + r64 * w_st + h * w_sh + ks[None, :], mask=rmask, other=0.0)
-        u = tl.load(u_ptr + r64 * u_st + h * u_sh + vs[None, :], mask=rmask, other=0.0)
+        rk = (r64 * H + h) * K + ks[None, :]
+        w = tl.load(w_ptr + rk, mask=rmask, other=0.0)
+        u = tl.load(u_ptr + (r64 * H + h) * V + vs[None, :], mask=rmask, other=0.0)
         v_new = u - tl.dot(w, s, input_precision=PRECISION)
-        G = tl.load(G_ptr + r64 * G_st + h * G_sh + ks[None, :], mask=rmask, other=0.0)
-        G_last = tl.load(G_ptr + last * G_st + h * G_sh + ks)
-        q = tl.load(q_ptr + r64 * q_st + h * q_sh + ks[None, :], mask=rmask, other=0.0)
-        aqk = tl.load(aqk_ptr + r64 * a_st + h * a_sh + j_loc[None, :], mask=rmask, other=0.0)
-        o = tl.dot(q.to(tl.float32) * tl.exp(G), s, input_precision=PRECISION)
+        qg = tl.load(qg_ptr + rk, mask=rmask, other=0.0)
+        aqk = tl.load(aqk_ptr + (r64 * H + h) * CHUNK + j_loc[None, :], mask=rmask, other=0.0)
+        o = tl.dot(qg, s, input_precision=PRECISION)
         o += tl.dot(aqk, v_new, input_precision=PRECISION)
         tl.store(o_ptr + r64 * o_st + h * o_sh + vs[None, :], o, mask=rmask)
-        k = tl.load(k_ptr + r64 * k_st + h * k_sh + ks[None, :], mask=rmask, other=0.0)
-        k_dec = k.to(tl.float32) * tl.exp(G_last[None, :] - G)
-        s = s * tl.exp(G_last)[:, None] + tl.dot(tl.trans(k_dec), v_new, input_precision=PRECISION)
+        last = (tl.minimum(c * CHUNK + CHUNK, T) - 1).to(tl.int64)
+        decay = tl.exp(tl.load(G_ptr + (last * H + h) * K + ks))
+        kd = tl.load(kd_ptr + rk, mask=rmask, other=0.0)
+        s = s * decay[:, None] + tl.dot(tl.trans(kd), v_new, input_precision=PRECISION)
     tl.store(s_out_ptr + s_offs, s)
 
 
@@ -313,7 +311,8 @@ def kda_chunk_prefill_(
     *,
     precision: str = DEFAULT_PRECISION,
     block_v: int | None = None,
-    num_warps: int = 4,
+    num_warps: int = 8,
+    num_stages: int = 1,
 ) -> None:
     """One sequence: ``q, k, g [T, H, K]`` (q normalised and scaled, k normalised), ``v [T, H, V]``,
     ``beta [T, H]``, ``state [H, V, K]`` fp32. Writes ``out [T, H, V]`` (fp32) and the final state
@@ -352,33 +351,29 @@ def kda_chunk_prefill_(
         return
     dev = k.device
     n_chunks = triton.cdiv(t, CHUNK)
-    cum = torch.empty(t, h, dk, dtype=torch.float32, device=dev)
-    aqk = torch.empty(t, h, CHUNK, dtype=torch.float32, device=dev)
-    akk = torch.empty_like(aqk)
-    w = torch.empty(t, h, dk, dtype=torch.float32, device=dev)
-    u = torch.empty(t, h, dv, dtype=torch.float32, device=dev)
-    grid = (n_chunks, h)
-    _chunk_cumsum_kernel[grid](
+
+    def scratch(width: int) -> torch.Tensor:
+        return torch.empty(t, h, width, dtype=torch.float32, device=dev)
+
+    cum, qg, kd, w = scratch(dk), scratch(dk), scratch(dk), scratch(dk)
+    aqk, akk, inv, u = scratch(CHUNK), scratch(CHUNK), scratch(SUB), scratch(dv)
+    _chunk_cumsum_kernel[(n_chunks, h)](
         g, cum, t, g.stride(0), g.stride(1), cum.stride(0), cum.stride(1), K=dk, CHUNK=CHUNK
     )
-    _chunk_intra_kernel[grid](
-        q, k, cum, beta, aqk, akk, t,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cum.stride(0), cum.stride(1),
-        beta.stride(0), beta.stride(1), aqk.stride(0), aqk.stride(1),
-        K=dk, CHUNK=CHUNK, SUB=SUB, MAX_EXP=MAX_FACTOR_EXP, PRECISION=precision,
-        num_warps=num_warps,
+    _chunk_intra_kernel[(n_chunks * (CHUNK // SUB), h)](
+        q, k, cum, beta, aqk, akk, inv, qg, kd, t,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), beta.stride(0), beta.stride(1),
+        H=h, K=dk, CHUNK=CHUNK, SUB=SUB, MAX_EXP=MAX_FACTOR_EXP, PRECISION=precision,
+        num_warps=4, num_stages=1,
     )  # fmt: skip
-    _chunk_solve_kernel[grid](
-        k, v, cum, beta, akk, w, u, t,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), cum.stride(0), cum.stride(1),
-        beta.stride(0), beta.stride(1), akk.stride(0), akk.stride(1),
-        w.stride(0), w.stride(1), u.stride(0), u.stride(1),
-        K=dk, V=dv, CHUNK=CHUNK, SUB=SUB, PRECISION=precision, num_warps=num_warps,
+    _chunk_solve_kernel[(n_chunks, h)](
+        k, v, cum, beta, akk, inv, w, u, t,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), beta.stride(0), beta.stride(1),
+        H=h, K=dk, V=dv, CHUNK=CHUNK, SUB=SUB, PRECISION=precision, num_warps=4, num_stages=1,
     )  # fmt: skip
     _chunk_recurrence_kernel[(h, dv // bv)](
-        q, k, cum, aqk, w, u, state, state_out, out, t,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cum.stride(0), cum.stride(1),
-        aqk.stride(0), aqk.stride(1), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
+        qg, kd, cum, aqk, w, u, state, state_out, out, t,
         out.stride(0), out.stride(1), state.stride(0), state.stride(1),
-        K=dk, CHUNK=CHUNK, BV=bv, PRECISION=precision, num_warps=num_warps,
+        H=h, K=dk, V=dv, CHUNK=CHUNK, BV=bv, PRECISION=precision,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

@@ -25,6 +25,21 @@ from sglang.srt.utils.cuda_timing import median_cuda_ms
 from sglang.test.kda_prefill_checks import prefill_inputs
 
 
+def kernel_breakdown(run: partial) -> str:
+    """Each launch's GPU time in one run (torch.profiler), e.g. ``intra 1.20 ms``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    parts = [
+        f"{e.key.removeprefix('_chunk_').removesuffix('_kernel')} {e.device_time_total / 1e3:.2f}"
+        for e in prof.key_averages()
+        if e.key.startswith("_chunk_")
+    ]
+    return ", ".join(parts) + " ms"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", default="1024,8192")
@@ -65,8 +80,9 @@ def main() -> None:
                         ms = median_cuda_ms(run)
                         err = float((out - want).abs().max() / want.abs().max())
                         label = f"{prec} bv{bv} w{warps}"
+                        parts = kernel_breakdown(run)
                         print(f"{t:>6} {h:>4} {label:<22} {ms:>9.3f} {torch_ms / ms:>10.2f} "
-                              f"{roof_ms / ms:>11.1%} {err:>9.1e}")  # fmt: skip
+                              f"{roof_ms / ms:>11.1%} {err:>9.1e}   {parts}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ def profile_config(experts: int, smoke: bool) -> dict[str, Any]:
 # (part label, name in kda.py) timed inside each KDA layer
 _KDA_FUNCTIONS = (
     ("conv", "causal_conv_prefill"),
+    ("conv", "kda_conv_prefill"),
     ("core", "kernel_prefill"),
     ("core", "kda_chunked"),
 )

@@ -11,6 +11,9 @@ by ~75 nats, the factored form's edge) and weak (near 0) gates, ``beta`` in (0, 
 - the state updated in place (``state_out is state``) equals a separate ``state_out``.
 - the layer's prefill (kernels) vs its torch path on a batch mixing two prefill segments and a
   decode row: fp32 model to 1e-5, bf16 by relative Frobenius error; conv states bit-equal.
+- the prefill conv kernel vs ``causal_conv_prefill``: within one rounding step of its dtype
+  (plus 1e-6), with states random and segments shorter than the state; the new conv state
+  equals the last ``W - 1`` rows of ``[state; x]`` exactly.
 - the reasons the layer falls back to torch, and the launcher's errors.
 """
 
@@ -23,9 +26,11 @@ from sglang.kernels.ops.kda.chunk_prefill import (
     kda_chunk_prefill_,
     max_gate_bound_magnitude,
 )
+from sglang.kernels.ops.kda.conv_prefill import kda_conv_prefill
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.kda import KDAConfig, KDASegment, KimiDeltaAttention
 from sglang.srt.layers.attention.kda_chunk import kda_chunked
+from sglang.srt.layers.attention.kda_conv import causal_conv_prefill, conv_state_after
 from sglang.srt.layers.attention.kda_gate import kda_forget_gate, l2norm
 from sglang.srt.layers.attention.kda_prefill import prefill_kernel_reason
 from sglang.srt.layers.build_spec import LayerBuildSpec
@@ -169,6 +174,29 @@ def check_layer_prefill(dev: str) -> None:
                 assert rel < 2.5e-2, rel
 
 
+def check_conv_prefill(dev: str) -> None:
+    gen = torch.Generator(dev).manual_seed(6)
+    # C = 700 spans three channel blocks, the last partial; T = 2 < W - 1 reads the state twice
+    for t, c, width, dtype in [
+        (2, 48, 4, torch.bfloat16),
+        (77, 700, 4, torch.bfloat16),
+        (40, 64, 2, torch.float32),
+        (3, 96, 3, torch.float32),
+    ]:
+        x = torch.randn(t, c, generator=gen, device=dev).to(dtype)
+        w = torch.randn(c, width, generator=gen, device=dev) * 0.5
+        state = torch.randn(width - 1, c, generator=gen, device=dev).to(dtype)
+        want, want_state = causal_conv_prefill(x, w, state)
+        got = kda_conv_prefill(x, w, state)
+        assert got.stride() == (c, 1), got.stride()
+        step = 2.0**-7 if dtype == torch.bfloat16 else 2e-6
+        excess = (got.float() - want.float()).abs() / (want.float().abs() * step + 1e-6)
+        assert float(excess.max()) <= 1.0, (t, c, width, dtype, float(excess.max()))
+        window = torch.cat([state, x], dim=0)
+        assert torch.equal(conv_state_after(x, state), window[-(width - 1) :])
+        assert torch.equal(want_state, window[-(width - 1) :])
+
+
 def check_reasons_and_errors(dev: str) -> None:
     q = torch.zeros(2, 1, 16, device=dev)
     assert prefill_kernel_reason(q, 16, -5.0, "tf32x3") is None
@@ -202,5 +230,6 @@ def check_reasons_and_errors(dev: str) -> None:
 def run_all(dev: str) -> None:
     check_against_float64(dev, CPU_CASES, "ieee")
     check_against_float64(dev, CPU_CASES[:3], "tf32x3")
+    check_conv_prefill(dev)
     check_layer_prefill(dev)
     check_reasons_and_errors(dev)

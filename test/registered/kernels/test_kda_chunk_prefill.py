@@ -30,6 +30,7 @@ def test_kernels_compile_for_sm90(precision: str) -> None:
     defaults: every kernel compiles and fits in shared memory."""
     pytest.importorskip("triton")
     from sglang.kernels.ops.kda import chunk_prefill as cp
+    from sglang.kernels.ops.kda import conv_prefill as conv
     from sglang.test.sm90_compile import compile_sm90
 
     base = {"H": 12, "K": 128, "CHUNK": cp.CHUNK, "PRECISION": precision}
@@ -39,6 +40,8 @@ def test_kernels_compile_for_sm90(precision: str) -> None:
         (cp._chunk_solve_kernel, base | {"V": 128, "SUB": cp.SUB}, 4, 1),
         (cp._chunk_recurrence_kernel, base | {"V": 128, "BV": cp.default_block_v(128)}, 8, 1),
     ]
+    conv_const = {"W": 4, "BLOCK_T": conv.BLOCK_T, "BLOCK_C": conv.BLOCK_C}
+    kernels.append((conv._conv_prefill_kernel, conv_const, 4, 3))
     for fn, const, warps, stages in kernels:
         sig = {n: "*fp32" if n.endswith("_ptr") else "i32" for n in fn.arg_names if n not in const}
         kernel = compile_sm90(fn, sig, const, warps, stages)

@@ -28,6 +28,10 @@ def test_against_float64(precision: str) -> None:
     checks.check_against_float64("cuda", checks.CPU_CASES + K3_CASES, precision)
 
 
+def test_conv_prefill() -> None:
+    checks.check_conv_prefill("cuda")
+
+
 def test_layer_prefill() -> None:
     checks.check_layer_prefill("cuda")
 

@@ -28,9 +28,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from sglang.kernels.ops.kda.conv_prefill import kda_conv_prefill
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.kda_chunk import DEFAULT_CHUNK_SIZE, kda_chunked
-from sglang.srt.layers.attention.kda_conv import causal_conv_decode, causal_conv_prefill
+from sglang.srt.layers.attention.kda_conv import (
+    causal_conv_decode,
+    causal_conv_prefill,
+    conv_state_after,
+)
 from sglang.srt.layers.attention.kda_decode import decode_rows, kernel_decode, kernel_decode_reason
 from sglang.srt.layers.attention.kda_gate import kda_beta, kda_forget_gate, l2norm
 from sglang.srt.layers.attention.kda_params import ShortConvWeight, a_log_param
@@ -166,11 +171,15 @@ class KimiDeltaAttention(nn.Module):
         """A multi-token segment: the conv over its rows, then the chunked delta rule (the Triton
         kernels where they run, else torch) into ``core``; its states are updated in place."""
         rows = slice(seg.start, seg.start + seg.length)
-        conv_out, conv_state = causal_conv_prefill(mixed[rows], weight, seg.state.conv)
-        q, k, v = self.split_qkv(conv_out)
         mode = envs.SGLANG_K3_KDA_PREFILL.get()
-        why = prefill_kernel_reason(q, self.config.head_dim, self.config.gate_lower_bound, mode)
+        why = prefill_kernel_reason(mixed, self.config.head_dim, self.config.gate_lower_bound, mode)
         log_path_once(logger, "Kimi K3 KDA prefill", why)
+        if why is None:
+            conv_out = kda_conv_prefill(mixed[rows], weight, seg.state.conv)
+            conv_state = conv_state_after(mixed[rows], seg.state.conv)
+        else:
+            conv_out, conv_state = causal_conv_prefill(mixed[rows], weight, seg.state.conv)
+        q, k, v = self.split_qkv(conv_out)
         recurrent = seg.state.recurrent
         if why is None:
             kernel_prefill(q, k, v, g[rows], beta[rows], recurrent, core[rows], mode)

@@ -26,10 +26,19 @@ def causal_conv_prefill(x: Tensor, weight: Tensor, state: Tensor) -> tuple[Tenso
         )
     window = torch.cat([state.to(weight.dtype), x.to(weight.dtype)], dim=0)  # [W-1+T, C]
     y = F.conv1d(window.t().unsqueeze(0), weight.unsqueeze(1), groups=c)[0].t()  # [T, C]
-    new_state = window[window.shape[0] - (width - 1) :].to(state.dtype)
+    new_state = conv_state_after(x, state)
     # row-major out (conv1d leaves it channel-major): the per-head ops after it read rows
     out = torch.empty(y.shape, dtype=x.dtype, device=x.device).copy_(F.silu(y))
     return out, new_state
+
+
+def conv_state_after(x: Tensor, state: Tensor) -> Tensor:
+    """The conv state after the rows ``x [T, C]``: the last ``W - 1`` rows of ``[state; x]``, in
+    the state's dtype."""
+    keep = state.shape[0]
+    if x.shape[0] >= keep:
+        return x[x.shape[0] - keep :].to(state.dtype)
+    return torch.cat([state[x.shape[0] :], x.to(state.dtype)], dim=0)
 
 
 def causal_conv_decode(x: Tensor, weight: Tensor, states: Tensor) -> tuple[Tensor, Tensor]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.bias import causal_lower_right
 
 from sglang.srt.layers.attention.mla_absorbed_batch import (
     DEFAULT_MAX_PADDED_ROWS,
@@ -212,17 +213,15 @@ class MLANoPEAttention(nn.Module):
         k = torch.cat(
             [k_nope, k_pe.unsqueeze(1).expand(s, self.local_heads, c.qk_rope_head_dim)], dim=-1
         )
-        # query i (absolute position prefix + i) sees keys 0 .. prefix + i
-        allowed = torch.arange(s, device=q.device).unsqueeze(0) <= (
-            prefix + torch.arange(n, device=q.device)
-        ).unsqueeze(1)
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            k.transpose(0, 1),
-            v.transpose(0, 1),
-            attn_mask=allowed,
-            scale=self.scale,
-        )
+        # query i (absolute position prefix + i) sees keys 0 .. prefix + i: causal aligned to
+        # the bottom right. A causal form instead of a boolean mask lets SDPA skip the blocks
+        # above the diagonal (scripts/bench_mla_prefill.py).
+        qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        if prefix == 0:
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale)
+        else:
+            bias = causal_lower_right(n, s)
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, scale=self.scale)
         return o.transpose(0, 1)
 
     def _attend_absorbed(self, q: Tensor, kv: Tensor, w_kc: Tensor, w_vc: Tensor) -> Tensor:

@@ -1,0 +1,97 @@
+"""Kimi K3's MLA prefill attention (expanded K/V: q and k 192 wide, v 128, causal, bottom-right
+aligned when the prompt continues a cached prefix) through torch SDPA, per form and backend, on
+one GPU: the boolean mask the layer used to build, ``is_causal`` / ``causal_lower_right`` (what
+the layer does now), each SDPA backend forced, and v zero-padded to 192 so flash attention takes
+it. ``TFLOP/s`` counts the causal half only (4 * h * (qk + v) / 2 FLOPs a query-key pair seen).
+``err``: largest difference from the masked form over its largest entry.
+
+Usage: python scripts/bench_mla_prefill.py [--tokens 8192] [--prefix 0,4096] [--heads 64,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+from sglang.srt.utils.cuda_timing import median_cuda_ms
+
+QK, V = 192, 128
+
+
+def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+    n, s = q.shape[1], k.shape[1]
+    allowed = (
+        torch.arange(s, device=q.device)[None, :]
+        <= (prefix + torch.arange(n, device=q.device))[:, None]
+    )
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=QK**-0.5)
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+    if prefix == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=QK**-0.5)
+    bias = causal_lower_right(q.shape[1], k.shape[1])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=QK**-0.5)
+
+
+def _padded_v(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+    return _causal(q, k, F.pad(v, (0, QK - V)), prefix)[..., :V]
+
+
+def _forced(backend: SDPBackend, fn: Callable[..., torch.Tensor], *a: object) -> torch.Tensor:
+    with sdpa_kernel([backend]):
+        return fn(*a)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--prefix", default="0,4096")
+    parser.add_argument("--heads", default="64,8")
+    args = parser.parse_args()
+    print(f"\nK3 MLA prefill attention (qk {QK}, v {V}, bf16), {torch.cuda.get_device_name()}")
+    print(f"{'n':>6} {'prefix':>6} {'h':>3} {'form':<26} {'ms':>9} {'TFLOP/s':>8} {'err':>9}")
+    gen = torch.Generator("cuda").manual_seed(0)
+    n = args.tokens
+    for prefix in (int(p) for p in args.prefix.split(",")):
+        for h in (int(x) for x in args.heads.split(",")):
+            s = prefix + n
+            q = torch.randn(h, n, QK, generator=gen, device="cuda").bfloat16()
+            k = torch.randn(h, s, QK, generator=gen, device="cuda").bfloat16()
+            v = torch.randn(h, s, V, generator=gen, device="cuda").bfloat16()
+            pairs = n * prefix + n * (n + 1) / 2
+            tflop = 2 * h * (QK + V) * pairs / 1e12
+            want = _masked(q, k, v, prefix).float()
+            forms: list[tuple[str, Callable[[], torch.Tensor]]] = [
+                ("mask (before)", partial(_masked, q, k, v, prefix)),
+                ("causal, auto (now)", partial(_causal, q, k, v, prefix)),
+            ]
+            for name, backend in (
+                ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+                ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                ("flash", SDPBackend.FLASH_ATTENTION),
+            ):
+                forms.append(
+                    (f"causal, {name}", partial(_forced, backend, _causal, q, k, v, prefix))
+                )
+                padded = partial(_forced, backend, _padded_v, q, k, v, prefix)
+                forms.append((f"v padded, {name}", padded))
+            for label, fn in forms:
+                try:
+                    err = float((fn().float() - want).abs().max() / want.abs().max())
+                    ms = median_cuda_ms(fn, repeats=5)
+                except RuntimeError as e:
+                    print(f"{n:>6} {prefix:>6} {h:>3} {label:<26} unavailable: {str(e)[:60]}")
+                    continue
+                print(f"{n:>6} {prefix:>6} {h:>3} {label:<26} {ms:>9.3f} {tflop / ms * 1e3:>8.1f} "
+                      f"{err:>9.1e}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -49,11 +49,12 @@ def main() -> None:
     parser.add_argument("--hbm-tbps", type=float, default=4.8)
     parser.add_argument("--block-v", default="64", help="comma list of V columns a program")
     parser.add_argument("--warps", default="4", help="comma list of num_warps")
+    parser.add_argument("--intra-warps", default="4", help="comma list of the intra kernel's")
     args = parser.parse_args()
     d = args.head_dim
     print(f"\nKDA chunked prefill core, heads of {d}, fp32 in/out, {torch.cuda.get_device_name()}")
     print(
-        f"{'T':>6} {'H':>4} {'path':<22} {'ms':>9} {'torch/this':>10} {'of HBM roof':>11} "
+        f"{'T':>6} {'H':>4} {'path':<26} {'ms':>9} {'torch/this':>10} {'of HBM roof':>11} "
         f"{'err':>9}"
     )
     gen = torch.Generator("cuda").manual_seed(0)
@@ -66,23 +67,28 @@ def main() -> None:
             )
             want, _ = kda_chunked(*qkvgb, x["state"])
             torch_ms = median_cuda_ms(partial(kda_chunked, *qkvgb, x["state"]), repeats=3)
-            print(f"{t:>6} {h:>4} {'torch':<22} {torch_ms:>9.3f} {1.0:>10.2f} "
+            print(f"{t:>6} {h:>4} {'torch':<26} {torch_ms:>9.3f} {1.0:>10.2f} "
                   f"{roof_ms / torch_ms:>11.1%} {0.0:>9.1e}")  # fmt: skip
             out = torch.empty(t, h, d, device="cuda")
             s_out = torch.empty_like(x["state"])
             for prec in args.precisions.split(","):
-                for bv in (int(b) for b in args.block_v.split(",")):
-                    for warps in (int(w) for w in args.warps.split(",")):
-                        run = partial(
-                            kda_chunk_prefill_, *qkvgb, x["state"], out, s_out,
-                            precision=prec, block_v=bv, num_warps=warps,
-                        )  # fmt: skip
-                        ms = median_cuda_ms(run)
-                        err = float((out - want).abs().max() / want.abs().max())
-                        label = f"{prec} bv{bv} w{warps}"
-                        parts = kernel_breakdown(run)
-                        print(f"{t:>6} {h:>4} {label:<22} {ms:>9.3f} {torch_ms / ms:>10.2f} "
-                              f"{roof_ms / ms:>11.1%} {err:>9.1e}   {parts}")  # fmt: skip
+                sweep = [
+                    (int(b), int(w), int(iw))
+                    for b in args.block_v.split(",")
+                    for w in args.warps.split(",")
+                    for iw in args.intra_warps.split(",")
+                ]
+                for bv, warps, intra_warps in sweep:
+                    run = partial(
+                        kda_chunk_prefill_, *qkvgb, x["state"], out, s_out,
+                        precision=prec, block_v=bv, num_warps=warps, intra_warps=intra_warps,
+                    )  # fmt: skip
+                    ms = median_cuda_ms(run)
+                    err = float((out - want).abs().max() / want.abs().max())
+                    label = f"{prec} bv{bv} w{warps} iw{intra_warps}"
+                    parts = kernel_breakdown(run)
+                    print(f"{t:>6} {h:>4} {label:<26} {ms:>9.3f} {torch_ms / ms:>10.2f} "
+                          f"{roof_ms / ms:>11.1%} {err:>9.1e}   {parts}")  # fmt: skip
 
 
 if __name__ == "__main__":

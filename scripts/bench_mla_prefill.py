@@ -1,8 +1,9 @@
 """Kimi K3's MLA prefill attention (expanded K/V: q and k 192 wide, v 128, causal, bottom-right
 aligned when the prompt continues a cached prefix) through torch SDPA, per form and backend, on
-one GPU: the boolean mask the layer used to build, ``is_causal`` / ``causal_lower_right`` (what
-the layer does now), each SDPA backend forced, and v zero-padded to 192 so flash attention takes
-it. ``TFLOP/s`` counts the causal half only (4 * h * (qk + v) / 2 FLOPs a query-key pair seen).
+one GPU: the 3-D boolean-masked call the layer made before (SDPA's fused kernels refuse 3-D
+inputs, so it ran the math path), the same mask in 4-D, ``is_causal`` / ``causal_lower_right`` in
+4-D (what the layer does now) with each SDPA backend forced, and v zero-padded to 192.
+``TFLOP/s`` counts the causal half only (2 * h * (qk + v) FLOPs a query-key pair seen).
 ``err``: largest difference from the masked form over its largest entry.
 
 Usage: python scripts/bench_mla_prefill.py [--tokens 8192] [--prefix 0,4096] [--heads 64,8]
@@ -25,7 +26,7 @@ QK, V = 192, 128
 
 
 def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
-    n, s = q.shape[1], k.shape[1]
+    n, s = q.shape[-2], k.shape[-2]
     allowed = (
         torch.arange(s, device=q.device)[None, :]
         <= (prefix + torch.arange(n, device=q.device))[:, None]
@@ -36,7 +37,7 @@ def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> t
 def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
     if prefix == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=QK**-0.5)
-    bias = causal_lower_right(q.shape[1], k.shape[1])
+    bias = causal_lower_right(q.shape[-2], k.shape[-2])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=QK**-0.5)
 
 
@@ -62,14 +63,15 @@ def main() -> None:
     for prefix in (int(p) for p in args.prefix.split(",")):
         for h in (int(x) for x in args.heads.split(",")):
             s = prefix + n
-            q = torch.randn(h, n, QK, generator=gen, device="cuda").bfloat16()
-            k = torch.randn(h, s, QK, generator=gen, device="cuda").bfloat16()
-            v = torch.randn(h, s, V, generator=gen, device="cuda").bfloat16()
+            q = torch.randn(1, h, n, QK, generator=gen, device="cuda").bfloat16()
+            k = torch.randn(1, h, s, QK, generator=gen, device="cuda").bfloat16()
+            v = torch.randn(1, h, s, V, generator=gen, device="cuda").bfloat16()
             pairs = n * prefix + n * (n + 1) / 2
             tflop = 2 * h * (QK + V) * pairs / 1e12
-            want = _masked(q, k, v, prefix).float()
+            want = _masked(q[0], k[0], v[0], prefix).float()
             forms: list[tuple[str, Callable[[], torch.Tensor]]] = [
-                ("mask (before)", partial(_masked, q, k, v, prefix)),
+                ("3-D mask (before)", partial(_masked, q[0], k[0], v[0], prefix)),
+                ("4-D mask", partial(_masked, q, k, v, prefix)),
                 ("causal, auto (now)", partial(_causal, q, k, v, prefix)),
             ]
             for name, backend in (
@@ -84,7 +86,8 @@ def main() -> None:
                 forms.append((f"v padded, {name}", padded))
             for label, fn in forms:
                 try:
-                    err = float((fn().float() - want).abs().max() / want.abs().max())
+                    got = fn().float().reshape(want.shape)
+                    err = float((got - want).abs().max() / want.abs().max())
                     ms = median_cuda_ms(fn, repeats=5)
                 except RuntimeError as e:
                     print(f"{n:>6} {prefix:>6} {h:>3} {label:<26} unavailable: {str(e)[:60]}")

@@ -23,6 +23,7 @@ import torch
 
 from sglang.kernels.ops.kda.chunk_prefill import (
     chunk_prefill_reason,
+    default_block_v,
     kda_chunk_prefill_,
     max_gate_bound_magnitude,
 )
@@ -206,6 +207,8 @@ def check_reasons_and_errors(dev: str) -> None:
     assert "power of two" in str(chunk_prefill_reason(8, 8, -5.0))
     assert "-5.333" in str(chunk_prefill_reason(16, 16, -6.0))
     assert chunk_prefill_reason(16, 16, -max_gate_bound_magnitude()) is None
+    assert default_block_v(128, 96) == 64 and default_block_v(128, 12) < 64
+    assert default_block_v(16, 1) == 16
     x = prefill_inputs(5, 1, 16, 16, "mixed", torch.Generator(dev).manual_seed(5), dev)
     args = [x[n] for n in ("q", "k", "v", "g", "beta")]
     out = torch.empty(5, 1, 16, device=dev)

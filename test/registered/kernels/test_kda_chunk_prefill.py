@@ -38,7 +38,7 @@ def test_kernels_compile_for_sm90(precision: str) -> None:
         (cp._chunk_cumsum_kernel, {"K": 128, "CHUNK": cp.CHUNK}, 4, 1),
         (cp._chunk_intra_kernel, base | {"SUB": cp.SUB, "MAX_EXP": cp.MAX_FACTOR_EXP}, 4, 1),
         (cp._chunk_solve_kernel, base | {"V": 128, "SUB": cp.SUB}, 4, 1),
-        (cp._chunk_recurrence_kernel, base | {"V": 128, "BV": cp.default_block_v(128)}, 8, 1),
+        (cp._chunk_recurrence_kernel, base | {"V": 128, "BV": cp.default_block_v(128, 12)}, 4, 1),
     ]
     conv_const = {"W": 4, "BLOCK_T": conv.BLOCK_T, "BLOCK_C": conv.BLOCK_C}
     kernels.append((conv._conv_prefill_kernel, conv_const, 4, 3))

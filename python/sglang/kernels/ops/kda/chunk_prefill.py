@@ -288,8 +288,14 @@ def chunk_prefill_reason(
     return None
 
 
-def default_block_v(value_dim: int) -> int:
-    return min(64, value_dim)
+def default_block_v(value_dim: int, heads: int) -> int:
+    """V columns a program of the sequential pass: 64, or fewer while the (head, V block)
+    programs would not fill the H200's 132 SMs once (12 heads of 128: 32 columns took 1.34 ms
+    against 2.38 for 64; 96 heads: 64 took 3.52 against 3.90, ``bench_kda_prefill.py``)."""
+    bv = min(64, value_dim)
+    while bv > MIN_HEAD_DIM and heads * (value_dim // bv) < 132:
+        bv //= 2
+    return bv
 
 
 def _check(t: torch.Tensor, name: str, shape: tuple[int, ...]) -> None:
@@ -311,8 +317,9 @@ def kda_chunk_prefill_(
     *,
     precision: str = DEFAULT_PRECISION,
     block_v: int | None = None,
-    num_warps: int = 8,
+    num_warps: int = 4,
     num_stages: int = 1,
+    intra_warps: int = 4,
 ) -> None:
     """One sequence: ``q, k, g [T, H, K]`` (q normalised and scaled, k normalised), ``v [T, H, V]``,
     ``beta [T, H]``, ``state [H, V, K]`` fp32. Writes ``out [T, H, V]`` (fp32) and the final state
@@ -341,7 +348,7 @@ def kda_chunk_prefill_(
         raise ValueError("KDA chunk prefill: state and state_out need the same strides")
     if out.dtype != torch.float32 or g.dtype != torch.float32:
         raise ValueError("KDA chunk prefill: out and g must be fp32")
-    bv = block_v or default_block_v(dv)
+    bv = block_v or default_block_v(dv, h)
     if bv < MIN_HEAD_DIM or bv & (bv - 1) or dv % bv:
         raise ValueError(
             f"KDA chunk prefill: block_v {bv} must be a power of two >= 16 dividing {dv}"
@@ -364,7 +371,7 @@ def kda_chunk_prefill_(
         q, k, cum, beta, aqk, akk, inv, qg, kd, t,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), beta.stride(0), beta.stride(1),
         H=h, K=dk, CHUNK=CHUNK, SUB=SUB, MAX_EXP=MAX_FACTOR_EXP, PRECISION=precision,
-        num_warps=4, num_stages=1,
+        num_warps=intra_warps, num_stages=1,
     )  # fmt: skip
     _chunk_solve_kernel[(n_chunks, h)](
         k, v, cum, beta, akk, inv, w, u, t,

@@ -214,15 +214,16 @@ class MLANoPEAttention(nn.Module):
             [k_nope, k_pe.unsqueeze(1).expand(s, self.local_heads, c.qk_rope_head_dim)], dim=-1
         )
         # query i (absolute position prefix + i) sees keys 0 .. prefix + i: causal aligned to
-        # the bottom right. A causal form instead of a boolean mask lets SDPA skip the blocks
-        # above the diagonal (scripts/bench_mla_prefill.py).
-        qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        # the bottom right. SDPA's fused kernels take only 4-D inputs (3-D ones fall back to the
+        # math path, which materialises every score) and skip the blocks above the diagonal only
+        # for a causal form, not a boolean mask (scripts/bench_mla_prefill.py).
+        qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         if prefix == 0:
             o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale)
         else:
             bias = causal_lower_right(n, s)
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, scale=self.scale)
-        return o.transpose(0, 1)
+        return o[0].transpose(0, 1)
 
     def _attend_absorbed(self, q: Tensor, kv: Tensor, w_kc: Tensor, w_vc: Tensor) -> Tensor:
         """One query ``q [1, h, qk]`` over all of ``kv`` in the latent space (fp32 maths);

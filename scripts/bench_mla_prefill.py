@@ -6,7 +6,11 @@ inputs, so it ran the math path), the same mask in 4-D, ``is_causal`` / ``causal
 ``TFLOP/s`` counts the causal half only (2 * h * (qk + v) FLOPs a query-key pair seen).
 ``err``: largest difference from the masked form over its largest entry.
 
+``--first-calls N``: instead, the first call at each of N new prompt lengths per form (cuDNN
+builds a plan per shape; the others do not), host wall time, synchronised.
+
 Usage: python scripts/bench_mla_prefill.py [--tokens 8192] [--prefix 0,4096] [--heads 64,8]
+       [--first-calls 0]
 """
 
 from __future__ import annotations
@@ -50,12 +54,45 @@ def _forced(backend: SDPBackend, fn: Callable[..., torch.Tensor], *a: object) ->
         return fn(*a)
 
 
+def first_calls(count: int, heads: int) -> None:
+    """Milliseconds of the first call at each of ``count`` new lengths, per form."""
+    import time
+
+    gen = torch.Generator("cuda").manual_seed(1)
+    forms = {
+        "causal, auto": partial(_causal),
+        "causal, cudnn": partial(_forced, SDPBackend.CUDNN_ATTENTION, _causal),
+        "v padded, flash": partial(_forced, SDPBackend.FLASH_ATTENTION, _padded_v),
+        "causal, efficient": partial(_forced, SDPBackend.EFFICIENT_ATTENTION, _causal),
+    }
+    warm = [torch.randn(1, heads, 512, d, device="cuda").bfloat16() for d in (QK, QK, V)]
+    for fn in forms.values():
+        fn(*warm, 0)  # libraries loaded, kernels resident: only new-shape costs remain
+    for i, (label, fn) in enumerate(forms.items()):
+        times = []
+        for j in range(count):
+            n = 1000 + 97 * j + 7 * i  # lengths no form has seen
+            q = torch.randn(1, heads, n, QK, generator=gen, device="cuda").bfloat16()
+            k = torch.randn(1, heads, n, QK, generator=gen, device="cuda").bfloat16()
+            v = torch.randn(1, heads, n, V, generator=gen, device="cuda").bfloat16()
+            torch.cuda.synchronize()
+            begin = time.perf_counter()
+            fn(q, k, v, 0)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - begin) * 1e3)
+        print(f"first calls, {label:<18}: " + " ".join(f"{t:.1f}" for t in times) + " ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--prefix", default="0,4096")
     parser.add_argument("--heads", default="64,8")
+    parser.add_argument("--first-calls", type=int, default=0)
     args = parser.parse_args()
+    if args.first_calls:
+        first_calls(args.first_calls, int(args.heads.split(",")[0]))
+        return
     print(f"\nK3 MLA prefill attention (qk {QK}, v {V}, bf16), {torch.cuda.get_device_name()}")
     print(f"{'n':>6} {'prefix':>6} {'h':>3} {'form':<26} {'ms':>9} {'TFLOP/s':>8} {'err':>9}")
     gen = torch.Generator("cuda").manual_seed(0)

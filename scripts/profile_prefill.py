@@ -118,41 +118,85 @@ def timed_call(
     return call
 
 
-def _time_attention_parts(
-    model: nn.Module, clock: Clock, spans: dict[str, list]
+def time_parts(
+    model: nn.Module,
+    layer_type: type,
+    methods: tuple[tuple[str, str, str], ...],
+    functions: tuple[tuple[str, Any, str], ...],
+    clock: Clock,
+    spans: dict[str, list],
 ) -> Callable[[], None]:
-    """Wrap the attention's inner calls (``_ATTN_PARTS`` per layer, the core functions for every
-    layer) so each records a span under ``layers.N.attn:part``; returns the undo."""
+    """Wrap the inner calls of every ``layer_type`` module so each records a span under
+    ``<module name>:<label>``: ``methods`` as (label, attribute path under the module, method),
+    ``functions`` as (label, python module, function name), shared by all layers and keyed by
+    the layer running now. Returns the undo."""
     undo: list[Callable[[], None]] = []
-    current = ["?"]  # the attention module running now (the core functions are shared)
+    current = ["?"]  # the layer running now (the functions are shared)
     for name, module in model.named_modules():
-        if not isinstance(module, DeepseekV4Attention):
+        if not isinstance(module, layer_type):
             continue
 
         def enter(_m: nn.Module, _a: object, name: str = name) -> None:
             current[0] = name
 
         undo.append(module.register_forward_pre_hook(enter).remove)
-        for label, path, method in _ATTN_PARTS:
+        for label, path, method in methods:
             obj: Any = module
-            for attr in path.split("."):
+            for attr in filter(None, path.split(".")):
                 obj = getattr(obj, attr, None)
             if obj is None:
                 continue
             key = f"{name}:{label}"
             setattr(obj, method, timed_call(getattr(obj, method), lambda k=key: k, clock, spans))
             undo.append(partial(obj.__dict__.pop, method))
-    for fn_name in _CORE_FUNCTIONS:
-        plain = getattr(attn_module, fn_name)
-        timed = timed_call(plain, lambda: f"{current[0]}:core", clock, spans)
-        setattr(attn_module, fn_name, timed)
-        undo.append(partial(setattr, attn_module, fn_name, plain))
+    for label, owner, fn_name in functions:
+        plain = getattr(owner, fn_name)
+        timed = timed_call(plain, lambda label=label: f"{current[0]}:{label}", clock, spans)
+        setattr(owner, fn_name, timed)
+        undo.append(partial(setattr, owner, fn_name, plain))
 
     def restore() -> None:
         for u in reversed(undo):
             u()
 
     return restore
+
+
+def _time_attention_parts(
+    model: nn.Module, clock: Clock, spans: dict[str, list]
+) -> Callable[[], None]:
+    """DSv4: ``_ATTN_PARTS`` per attention layer and the core functions under ``:core``."""
+    cores = tuple(("core", attn_module, fn) for fn in _CORE_FUNCTIONS)
+    return time_parts(model, DeepseekV4Attention, _ATTN_PARTS, cores, clock, spans)
+
+
+def median_run_ms(run: Callable[[], object], clock: Clock, repeats: int) -> float:
+    """Median of ``repeats`` timed runs after one untimed (it compiles the Triton kernels)."""
+    run()
+    totals = []
+    for _ in range(repeats):
+        begin = clock.mark()
+        run()
+        end = clock.mark()
+        if clock.cuda:
+            torch.cuda.synchronize()
+        totals.append(clock.ms(begin, end))
+    return sorted(totals)[len(totals) // 2]
+
+
+def print_module_table(
+    title: str, prefill_ms: float, hooked_ms: float, rows: list[ModuleRow], peak_tflops: float
+) -> None:
+    print(
+        f"\n{title}\nprefill (GPU part of TTFT): {prefill_ms:.2f} ms; with the per-module "
+        f"events: {hooked_ms:.2f} ms\n"
+    )
+    print(
+        f"{'module':<40} {'calls':>5} {'ms':>9} {'self ms':>9} {'%':>6} {'GFLOP':>9} "
+        f"{'TFLOP/s':>7} {'%peak':>6}"
+    )
+    for row in sorted(rows, key=lambda r: r.name if r.name != "model" else ""):
+        print(row.line(hooked_ms, peak_tflops))
 
 
 PartTimer = Callable[[nn.Module, Clock, dict[str, list]], Callable[[], None]]
@@ -329,32 +373,15 @@ def main() -> None:
         if core not in ("auto", "torch"):
             raise SystemExit(f"--cores takes auto and torch, got {core!r}")
         _force_torch_core(core == "torch")
-        run()  # compiles every Triton kernel of this shape
-        totals = []
-        for _ in range(args.repeats):
-            begin = clock.mark()
-            run()
-            end = clock.mark()
-            if cuda:
-                torch.cuda.synchronize()
-            totals.append(clock.ms(begin, end))
-        prefill_ms = sorted(totals)[len(totals) // 2]
+        prefill_ms = median_run_ms(run, clock, args.repeats)
         times = module_times(model, run, clock)
         gflop = module_gflop(model, run)
         rows = module_rows(times, gflop, _routed_moe_gflop(cfg, tokens), core_gflop)
-        hooked_ms = times["model"][1]
-        print(
-            f"\nDSv4 wide prefill, {tokens} tokens, ratios {ratios}, runner {args.runner}, "
-            f"attention core {core}, {name}\n"
-            f"prefill (GPU part of TTFT): {prefill_ms:.2f} ms; with the per-module events: "
-            f"{hooked_ms:.2f} ms\n"
+        title = (
+            f"DSv4 wide prefill, {tokens} tokens, ratios {ratios}, runner {args.runner}, "
+            f"attention core {core}, {name}"
         )
-        print(
-            f"{'module':<40} {'calls':>5} {'ms':>9} {'self ms':>9} {'%':>6} {'GFLOP':>9} "
-            f"{'TFLOP/s':>7} {'%peak':>6}"
-        )
-        for row in sorted(rows, key=lambda r: r.name if r.name != "model" else ""):
-            print(row.line(hooked_ms, args.peak_tflops))
+        print_module_table(title, prefill_ms, times["model"][1], rows, args.peak_tflops)
         results.append({"core": core, "prefill_ms": prefill_ms, "rows": [asdict(r) for r in rows]})
     _force_torch_core(False)
     if args.json:

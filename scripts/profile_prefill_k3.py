@@ -28,7 +28,15 @@ import torch
 from torch import nn
 
 from bench_kimi_k3_layers import k3_config
-from profile_prefill import Clock, module_gflop, module_rows, module_times, timed_call
+from profile_prefill import (
+    Clock,
+    median_run_ms,
+    module_gflop,
+    module_rows,
+    module_times,
+    print_module_table,
+    time_parts,
+)
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention import kda as kda_module
 from sglang.srt.layers.attention.kda import KimiDeltaAttention
@@ -63,45 +71,19 @@ def profile_config(experts: int, smoke: bool) -> dict[str, Any]:
     return cfg
 
 
-# (part label, name in kda.py) timed inside each KDA layer
+# (part label, attribute path, method) and (label, module, function) timed in each KDA layer
+_KDA_METHODS = (("project", "", "project"), ("finish", "", "finish"))
 _KDA_FUNCTIONS = (
-    ("conv", "causal_conv_prefill"),
-    ("conv", "kda_conv_prefill"),
-    ("core", "kernel_prefill"),
-    ("core", "kda_chunked"),
+    ("conv", kda_module, "causal_conv_prefill"),
+    ("conv", kda_module, "kda_conv_prefill"),
+    ("core", kda_module, "kernel_prefill"),
+    ("core", kda_module, "kda_chunked"),
 )
-_KDA_METHODS = (("project", "project"), ("finish", "finish"))
 
 
 def time_kda_parts(model: nn.Module, clock: Clock, spans: dict[str, list]) -> Callable[[], None]:
-    """Wrap each KDA layer's projections, its conv and its delta-rule core (kernels or torch) so
-    each records a span under ``<layer>:part``; returns the undo."""
-    undo: list[Callable[[], None]] = []
-    current = ["?"]
-    for name, module in model.named_modules():
-        if not isinstance(module, KimiDeltaAttention):
-            continue
-
-        def enter(_m: nn.Module, _a: object, name: str = name) -> None:
-            current[0] = name
-
-        undo.append(module.register_forward_pre_hook(enter).remove)
-        for label, method in _KDA_METHODS:
-            key = f"{name}:{label}"
-            timed = timed_call(getattr(module, method), lambda k=key: k, clock, spans)
-            setattr(module, method, timed)
-            undo.append(partial(module.__dict__.pop, method))
-    for label, fn_name in _KDA_FUNCTIONS:
-        plain = getattr(kda_module, fn_name)
-        timed = timed_call(plain, lambda label=label: f"{current[0]}:{label}", clock, spans)
-        setattr(kda_module, fn_name, timed)
-        undo.append(partial(setattr, kda_module, fn_name, plain))
-
-    def restore() -> None:
-        for u in reversed(undo):
-            u()
-
-    return restore
+    """Each KDA layer's projections, its conv and its delta-rule core (kernels or torch)."""
+    return time_parts(model, KimiDeltaAttention, _KDA_METHODS, _KDA_FUNCTIONS, clock, spans)
 
 
 def _load_random_experts(model: KimiK3ForCausalLM, gen: torch.Generator) -> None:
@@ -156,32 +138,15 @@ def main() -> None:
     results = []
     for mode in modes:
         with envs.SGLANG_K3_KDA_PREFILL.override(mode):
-            run()  # compiles every Triton kernel of this shape
-            totals = []
-            for _ in range(args.repeats):
-                begin = clock.mark()
-                run()
-                end = clock.mark()
-                if cuda:
-                    torch.cuda.synchronize()
-                totals.append(clock.ms(begin, end))
-            prefill_ms = sorted(totals)[len(totals) // 2]
+            prefill_ms = median_run_ms(run, clock, args.repeats)
             times = module_times(model, run, clock, time_kda_parts)
             gflop = module_gflop(model, run)
         rows = module_rows(times, gflop, 0.0, {})
-        hooked_ms = times["model"][1]
-        print(
-            f"\nKimi K3 prefill, {tokens} tokens, layers KDA+dense / KDA+MoE / MLA+MoE, "
-            f"{args.experts} experts, KDA prefill {mode}, {name}\n"
-            f"prefill (GPU part of TTFT): {prefill_ms:.2f} ms; with the per-module events: "
-            f"{hooked_ms:.2f} ms\n"
+        title = (
+            f"Kimi K3 prefill, {tokens} tokens, layers KDA+dense / KDA+MoE / MLA+MoE, "
+            f"{args.experts} experts, KDA prefill {mode}, {name}"
         )
-        print(
-            f"{'module':<40} {'calls':>5} {'ms':>9} {'self ms':>9} {'%':>6} {'GFLOP':>9} "
-            f"{'TFLOP/s':>7} {'%peak':>6}"
-        )
-        for row in sorted(rows, key=lambda r: r.name if r.name != "model" else ""):
-            print(row.line(hooked_ms, args.peak_tflops))
+        print_module_table(title, prefill_ms, times["model"][1], rows, args.peak_tflops)
         results.append({"kda": mode, "prefill_ms": prefill_ms, "rows": [asdict(r) for r in rows]})
     if args.json:
         with open(args.json, "w") as f:

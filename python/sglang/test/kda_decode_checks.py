@@ -127,7 +127,9 @@ def check_conv_decode(dev: str) -> None:
         assert float(excess.max()) <= 1.0, (b, c, width, dtype, float(excess.max()))
 
 
-def _layer(dtype: torch.dtype, dev: str, heads: int, head_dim: int) -> KimiDeltaAttention:
+def kda_test_layer(dtype: torch.dtype, dev: str, heads: int, head_dim: int) -> KimiDeltaAttention:
+    """A KDA layer (hidden 64, conv 4, safe gate, full-rank output gate), every parameter
+    random."""
     cfg = KDAConfig(64, heads, head_dim, 4, gate_lower_bound=-5.0, full_rank_gate=True)
     layer = KimiDeltaAttention(cfg, LayerBuildSpec(dtype=dtype, device=dev))
     randomize_params_(layer, torch.Generator(dev).manual_seed(2), vector_scale=0.5)
@@ -167,7 +169,7 @@ def _forward(
 
 def check_layer_decode(dev: str) -> None:
     for dtype in (torch.float32, torch.bfloat16):
-        layer = _layer(dtype, dev, heads=4, head_dim=16)
+        layer = kda_test_layer(dtype, dev, heads=4, head_dim=16)
         gen = torch.Generator(dev).manual_seed(3)
         states = _random_states(layer, 4, dtype, gen, dev)
         ref = [KDAState(s.conv.clone(), s.recurrent.clone()) for s in states]
@@ -190,7 +192,7 @@ def check_layer_decode(dev: str) -> None:
 
 
 def check_fallback_reasons(dev: str) -> None:
-    layer = _layer(torch.float32, dev, heads=2, head_dim=16)
+    layer = kda_test_layer(torch.float32, dev, heads=2, head_dim=16)
     gen = torch.Generator(dev).manual_seed(4)
     mixed = torch.randn(2, 3 * layer.local_width, device=dev)
     w = layer.conv_weight()

@@ -29,14 +29,13 @@ from sglang.kernels.ops.kda.chunk_prefill import (
 )
 from sglang.kernels.ops.kda.conv_prefill import kda_conv_prefill
 from sglang.srt.environ import envs
-from sglang.srt.layers.attention.kda import KDAConfig, KDASegment, KimiDeltaAttention
+from sglang.srt.layers.attention.kda import KDASegment, KimiDeltaAttention
 from sglang.srt.layers.attention.kda_chunk import kda_chunked
 from sglang.srt.layers.attention.kda_conv import causal_conv_prefill, conv_state_after
 from sglang.srt.layers.attention.kda_gate import kda_forget_gate, l2norm
 from sglang.srt.layers.attention.kda_prefill import prefill_kernel_reason
-from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.mem_cache.kimi_k3_cache import KDAState
-from sglang.test.random_params import randomize_params_
+from sglang.test.kda_decode_checks import kda_test_layer
 
 # of the largest entry, against float64 (fp32 chunked torch: ~2-5e-6 measured)
 TOLERANCE = {"ieee": 2e-5, "tf32x3": 2e-5, "tf32": 1e-2}
@@ -123,13 +122,6 @@ def check_against_float64(
         assert torch.equal(out2, out) and torch.equal(state, s_out), ("in place", case)
 
 
-def _layer(dtype: torch.dtype, dev: str, heads: int, head_dim: int) -> KimiDeltaAttention:
-    cfg = KDAConfig(64, heads, head_dim, 4, gate_lower_bound=-5.0, full_rank_gate=True)
-    layer = KimiDeltaAttention(cfg, LayerBuildSpec(dtype=dtype, device=dev))
-    randomize_params_(layer, torch.Generator(dev).manual_seed(2), vector_scale=0.5)
-    return layer
-
-
 def _layer_forward(
     layer: KimiDeltaAttention,
     x: torch.Tensor,
@@ -147,7 +139,7 @@ def _layer_forward(
 def check_layer_prefill(dev: str) -> None:
     lengths = [70, 1, 23]  # two prefill segments around a decode row
     for dtype in (torch.float32, torch.bfloat16):
-        layer = _layer(dtype, dev, heads=2, head_dim=16)
+        layer = kda_test_layer(dtype, dev, heads=2, head_dim=16)
         gen = torch.Generator(dev).manual_seed(3)
         d, width = layer.config.head_dim, 3 * layer.local_width
         states = [

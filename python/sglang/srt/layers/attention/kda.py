@@ -173,7 +173,7 @@ class KimiDeltaAttention(nn.Module):
         rows = slice(seg.start, seg.start + seg.length)
         mode = envs.SGLANG_K3_KDA_PREFILL.get()
         why = prefill_kernel_reason(mixed, self.config.head_dim, self.config.gate_lower_bound, mode)
-        log_path_once(logger, "Kimi K3 KDA prefill", why)
+        log_path_once(logger, f"Kimi K3 KDA prefill (SGLANG_K3_KDA_PREFILL={mode})", why)
         if why is None:
             conv_out = kda_conv_prefill(mixed[rows], weight, seg.state.conv)
             conv_state = conv_state_after(mixed[rows], seg.state.conv)

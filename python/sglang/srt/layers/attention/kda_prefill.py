@@ -19,7 +19,7 @@ def prefill_kernel_reason(
 ) -> str | None:
     """Why a prefill segment takes the torch path; None when the kernels run it."""
     if mode == "torch":
-        return "SGLANG_K3_KDA_PREFILL=torch"
+        return "the torch form was asked for"
     if not triton_can_run(q):
         return "not a CUDA tensor (and the Triton interpreter is off)"
     return chunk_prefill_reason(head_dim, head_dim, gate_lower_bound)

@@ -4,15 +4,17 @@
 Per chunk of ``CHUNK`` tokens (G = the in-chunk cumulative log decay, per key channel):
   1. ``G``: the cumulative sums, one program per (chunk, head).
   2. ``Aqk[i, j] = sum_c q_i k_j exp(G_i - G_j)`` (j <= i) and
-     ``Akk[i, j] = beta_i sum_c k_i k_j exp(G_i - G_j)`` (j < i), one program per (chunk, head).
-     The pairwise decay is factored through a reference row, ``exp(G_i - G_r) * exp(G_r - G_j)``,
-     so each block is one ``tl.dot``. ``r`` is the first row of the ``SUB``-row block that holds
-     ``i``. Both factors stay finite in fp32 only while a block decays by less than
-     ``MAX_FACTOR_EXP`` nats: ``(SUB - 1) * |lower bound| <= 80``, which the safe gate (bound
-     -5, 75 nats) meets and the unbounded gate does not (``chunk_prefill_reason``).
+     ``Akk[i, j] = beta_i sum_c k_i k_j exp(G_i - G_j)`` (j < i), one program per (``SUB``-row
+     block, head) against its chunk's columns. The pairwise decay is factored through a
+     reference row, ``exp(G_i - G_r) * exp(G_r - G_j)``, so each block is one ``tl.dot``; ``r``
+     is the block's first row. Both factors stay finite in fp32 only while a block decays by
+     less than ``MAX_FACTOR_EXP`` nats: ``(SUB - 1) * |lower bound| <= 80``, which the safe gate
+     (bound -5, 75 nats) meets and the unbounded gate does not (``chunk_prefill_reason``). The
+     same program inverts its diagonal ``(I + Akk)`` block row by row and stores
+     ``Q * exp(G)`` and ``K * exp(G_last - G)`` for step 4.
   3. ``(I + Akk) W = diag(beta) (K * exp(G))`` and ``(I + Akk) U = diag(beta) V`` by block
-     forward substitution. Each diagonal ``SUB x SUB`` block is inverted row by row, the rest are
-     ``tl.dot``.
+     forward substitution, one program per (chunk, head): ``tl.dot`` with the blocks above and
+     the diagonal block's inverse.
   4. The sequential part, one program per (head, block of V columns), the state ``S [K, BV]`` in
      registers across the chunks:
      ``V' = U - W S``, ``O = (Q * exp(G)) S + Aqk V'``,
@@ -288,14 +290,21 @@ def chunk_prefill_reason(
     return None
 
 
-def default_block_v(value_dim: int, heads: int) -> int:
+def default_block_v(value_dim: int, heads: int, sms: int = 132) -> int:
     """V columns a program of the sequential pass: 64, or fewer while the (head, V block)
-    programs would not fill the H200's 132 SMs once (12 heads of 128: 32 columns took 1.34 ms
-    against 2.38 for 64; 96 heads: 64 took 3.52 against 3.90, ``bench_kda_prefill.py``)."""
+    programs would not fill the ``sms`` SMs once. On the H200 (``bench_kda_prefill.py``, 8192
+    tokens, heads of 128) the pass took, for 12 heads, 1.00 ms at 16 columns, 1.35 at 32 and
+    2.42 at 64; for 96 heads 3.55 at 64, 3.89 at 32 and 4.66 at 16."""
     bv = min(64, value_dim)
-    while bv > MIN_HEAD_DIM and heads * (value_dim // bv) < 132:
+    while bv > MIN_HEAD_DIM and heads * (value_dim // bv) < sms:
         bv //= 2
     return bv
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # the interpreter: the H200's count keeps its choice
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _check(t: torch.Tensor, name: str, shape: tuple[int, ...]) -> None:
@@ -327,7 +336,7 @@ def kda_chunk_prefill_(
     ``chunk_prefill_reason`` accepts: the kernels do not read its values back to check."""
     t, h, dk = k.shape
     dv = v.shape[-1]
-    why = chunk_prefill_reason(dk, dv, -1.0)
+    why = chunk_prefill_reason(dk, dv, -1.0)  # the widths only: the gate is the caller's
     if why is not None:
         raise ValueError(why)
     if precision not in PRECISIONS:
@@ -348,7 +357,7 @@ def kda_chunk_prefill_(
         raise ValueError("KDA chunk prefill: state and state_out need the same strides")
     if out.dtype != torch.float32 or g.dtype != torch.float32:
         raise ValueError("KDA chunk prefill: out and g must be fp32")
-    bv = block_v or default_block_v(dv, h)
+    bv = block_v or default_block_v(dv, h, _sm_count(k.device))
     if bv < MIN_HEAD_DIM or bv & (bv - 1) or dv % bv:
         raise ValueError(
             f"KDA chunk prefill: block_v {bv} must be a power of two >= 16 dividing {dv}"

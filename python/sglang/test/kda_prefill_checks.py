@@ -199,7 +199,8 @@ def check_reasons_and_errors(dev: str) -> None:
     assert "power of two" in str(chunk_prefill_reason(8, 8, -5.0))
     assert "-5.333" in str(chunk_prefill_reason(16, 16, -6.0))
     assert chunk_prefill_reason(16, 16, -max_gate_bound_magnitude()) is None
-    assert default_block_v(128, 96) == 64 and default_block_v(128, 12) < 64
+    assert default_block_v(128, 96) == 64 and default_block_v(128, 12) == 16
+    assert default_block_v(128, 12, sms=40) == 32 and default_block_v(128, 12, sms=24) == 64
     assert default_block_v(16, 1) == 16
     x = prefill_inputs(5, 1, 16, 16, "mixed", torch.Generator(dev).manual_seed(5), dev)
     args = [x[n] for n in ("q", "k", "v", "g", "beta")]

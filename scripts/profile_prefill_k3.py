@@ -75,7 +75,7 @@ def profile_config(experts: int, smoke: bool) -> dict[str, Any]:
 _KDA_METHODS = (("project", "", "project"), ("finish", "", "finish"))
 _KDA_FUNCTIONS = (
     ("conv", kda_module, "causal_conv_prefill"),
-    ("conv", kda_module, "kda_conv_prefill"),
+    ("conv", kda_module, "kernel_conv_prefill"),
     ("core", kda_module, "kernel_prefill"),
     ("core", kda_module, "kda_chunked"),
 )

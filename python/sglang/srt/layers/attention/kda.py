@@ -28,18 +28,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from sglang.kernels.ops.kda.conv_prefill import kda_conv_prefill
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.kda_chunk import DEFAULT_CHUNK_SIZE, kda_chunked
-from sglang.srt.layers.attention.kda_conv import (
-    causal_conv_decode,
-    causal_conv_prefill,
-    conv_state_after,
-)
+from sglang.srt.layers.attention.kda_conv import causal_conv_decode, causal_conv_prefill
 from sglang.srt.layers.attention.kda_decode import decode_rows, kernel_decode, kernel_decode_reason
 from sglang.srt.layers.attention.kda_gate import kda_beta, kda_forget_gate, l2norm
 from sglang.srt.layers.attention.kda_params import ShortConvWeight, a_log_param
-from sglang.srt.layers.attention.kda_prefill import kernel_prefill, prefill_kernel_reason
+from sglang.srt.layers.attention.kda_prefill import (
+    kernel_conv_prefill,
+    kernel_prefill,
+    prefill_kernel_reason,
+)
 from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
@@ -174,11 +173,8 @@ class KimiDeltaAttention(nn.Module):
         mode = envs.SGLANG_K3_KDA_PREFILL.get()
         why = prefill_kernel_reason(mixed, self.config.head_dim, self.config.gate_lower_bound, mode)
         log_path_once(logger, f"Kimi K3 KDA prefill (SGLANG_K3_KDA_PREFILL={mode})", why)
-        if why is None:
-            conv_out = kda_conv_prefill(mixed[rows], weight, seg.state.conv)
-            conv_state = conv_state_after(mixed[rows], seg.state.conv)
-        else:
-            conv_out, conv_state = causal_conv_prefill(mixed[rows], weight, seg.state.conv)
+        conv = causal_conv_prefill if why is not None else kernel_conv_prefill
+        conv_out, conv_state = conv(mixed[rows], weight, seg.state.conv)
         q, k, v = self.split_qkv(conv_out)
         recurrent = seg.state.recurrent
         if why is None:

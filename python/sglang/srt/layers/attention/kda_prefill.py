@@ -11,7 +11,9 @@ import torch
 from torch import Tensor
 
 from sglang.kernels.ops.kda.chunk_prefill import chunk_prefill_reason, kda_chunk_prefill_
+from sglang.kernels.ops.kda.conv_prefill import kda_conv_prefill
 from sglang.kernels.ops.triton_dispatch import triton_can_run
+from sglang.srt.layers.attention.kda_conv import conv_state_after
 
 
 def prefill_kernel_reason(
@@ -23,6 +25,11 @@ def prefill_kernel_reason(
     if not triton_can_run(q):
         return "not a CUDA tensor (and the Triton interpreter is off)"
     return chunk_prefill_reason(head_dim, head_dim, gate_lower_bound)
+
+
+def kernel_conv_prefill(x: Tensor, weight: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    """``causal_conv_prefill`` through the Triton kernel: ``(silu(conv) [T, C], new state)``."""
+    return kda_conv_prefill(x, weight, state), conv_state_after(x, state)
 
 
 def kernel_prefill(

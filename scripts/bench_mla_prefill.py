@@ -2,7 +2,8 @@
 aligned when the prompt continues a cached prefix) through torch SDPA, per form and backend, on
 one GPU: the 3-D boolean-masked call the layer made before (SDPA's fused kernels refuse 3-D
 inputs, so it ran the math path), the same mask in 4-D, ``is_causal`` / ``causal_lower_right`` in
-4-D (what the layer does now) with each SDPA backend forced, and v zero-padded to 192.
+4-D with SDPA's own pick and with each backend forced, v zero-padded to 192, and the layer's
+``causal_prefill_attention`` (flash over the padded v).
 ``TFLOP/s`` counts the causal half only (2 * h * (qk + v) FLOPs a query-key pair seen).
 ``err``: largest difference from the masked form over its largest entry.
 
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
+from sglang.srt.layers.attention.mla_nope import causal_prefill_attention
 from sglang.srt.utils.cuda_timing import median_cuda_ms
 
 QK, V = 192, 128
@@ -60,7 +62,7 @@ def first_calls(count: int, heads: int) -> None:
 
     gen = torch.Generator("cuda").manual_seed(1)
     forms = {
-        "causal, auto": partial(_causal),
+        "causal, SDPA's pick": partial(_causal),
         "causal, cudnn": partial(_forced, SDPBackend.CUDNN_ATTENTION, _causal),
         "v padded, flash": partial(_forced, SDPBackend.FLASH_ATTENTION, _padded_v),
         "causal, efficient": partial(_forced, SDPBackend.EFFICIENT_ATTENTION, _causal),
@@ -109,7 +111,8 @@ def main() -> None:
             forms: list[tuple[str, Callable[[], torch.Tensor]]] = [
                 ("3-D mask (before)", partial(_masked, q[0], k[0], v[0], prefix)),
                 ("4-D mask", partial(_masked, q, k, v, prefix)),
-                ("causal, auto (now)", partial(_causal, q, k, v, prefix)),
+                ("causal, SDPA's pick", partial(_causal, q, k, v, prefix)),
+                ("the layer (now)", partial(causal_prefill_attention, q, k, v, prefix, QK**-0.5)),
             ]
             for name, backend in (
                 ("efficient", SDPBackend.EFFICIENT_ATTENTION),

@@ -34,6 +34,7 @@ from sglang.srt.layers.attention.kda_chunk import kda_chunked
 from sglang.srt.layers.attention.kda_conv import causal_conv_prefill, conv_state_after
 from sglang.srt.layers.attention.kda_gate import kda_forget_gate, l2norm
 from sglang.srt.layers.attention.kda_prefill import prefill_kernel_reason
+from sglang.srt.layers.attention.kda_recurrent import kda_recurrent
 from sglang.srt.mem_cache.kimi_k3_cache import KDAState
 from sglang.test.kda_decode_checks import kda_test_layer
 
@@ -60,16 +61,10 @@ def recurrence64(
     beta: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The delta rule token by token in float64: ``[T, H, *]`` inputs, ``state [H, V, K]``."""
-    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
-    s = state.double().clone()
-    out = []
-    for i in range(q.shape[0]):
-        s = s * torch.exp(g[i])[:, None, :]
-        u = beta[i][:, None] * (v[i] - torch.einsum("hvk,hk->hv", s, k[i]))
-        s = s + u[:, :, None] * k[i][:, None, :]
-        out.append(torch.einsum("hvk,hk->hv", s, q[i]))
-    return torch.stack(out), s
+    """``kda_recurrent`` (token by token) in float64 on one sequence: ``[T, H, *]`` inputs,
+    ``state [H, V, K]``."""
+    o, s = kda_recurrent(*(x.double()[None] for x in (q, k, v, g, beta, state)))
+    return o[0], s[0]
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -225,6 +220,8 @@ def check_reasons_and_errors(dev: str) -> None:
 
 def run_all(dev: str) -> None:
     check_against_float64(dev, CPU_CASES, "ieee")
+    # the interpreter computes every dot in fp32 whatever the precision: this only checks that
+    # tf32x3 compiles into the kernels; its numbers are checked on the GPU
     check_against_float64(dev, CPU_CASES[:3], "tf32x3")
     check_conv_prefill(dev)
     check_layer_prefill(dev)

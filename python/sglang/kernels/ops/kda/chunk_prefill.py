@@ -270,15 +270,23 @@ def max_gate_bound_magnitude() -> float:
     return MAX_FACTOR_EXP / (SUB - 1)
 
 
-def chunk_prefill_reason(
-    key_dim: int, value_dim: int, gate_lower_bound: float | None
-) -> str | None:
-    """Why the kernels cannot run heads of these widths under this gate; None when they can."""
+def head_dims_reason(key_dim: int, value_dim: int) -> str | None:
+    """Why the kernels cannot run heads of these widths; None when they can."""
     for name, n in (("key", key_dim), ("value", value_dim)):
         if n < MIN_HEAD_DIM or n > MAX_HEAD_DIM or n & (n - 1):
             return (
                 f"KDA {name} head dim {n} is not a power of two in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
             )
+    return None
+
+
+def chunk_prefill_reason(
+    key_dim: int, value_dim: int, gate_lower_bound: float | None
+) -> str | None:
+    """Why the kernels cannot run heads of these widths under this gate; None when they can."""
+    why = head_dims_reason(key_dim, value_dim)
+    if why is not None:
+        return why
     if gate_lower_bound is None:
         return "the unbounded KDA gate can decay a block past fp32's range (needs the safe gate)"
     if -gate_lower_bound > max_gate_bound_magnitude():
@@ -336,7 +344,7 @@ def kda_chunk_prefill_(
     ``chunk_prefill_reason`` accepts: the kernels do not read its values back to check."""
     t, h, dk = k.shape
     dv = v.shape[-1]
-    why = chunk_prefill_reason(dk, dv, -1.0)  # the widths only: the gate is the caller's
+    why = head_dims_reason(dk, dv)  # the gate is the caller's to check
     if why is not None:
         raise ValueError(why)
     if precision not in PRECISIONS:

@@ -60,12 +60,31 @@ logger = get_logger(__name__)
 
 
 # The prefill attention's SDPA kernels on a GPU, in order of preference; never cuDNN, which
-# plans per shape (``_attend_expanded``).
+# plans per shape (``causal_prefill_attention``).
 _PREFILL_BACKENDS = [
     SDPBackend.FLASH_ATTENTION,
     SDPBackend.EFFICIENT_ATTENTION,
     SDPBackend.MATH,
 ]
+
+
+def causal_prefill_attention(q: Tensor, k: Tensor, v: Tensor, prefix: int, scale: float) -> Tensor:
+    """``q [1, h, n, qk]`` at positions ``prefix ..`` over ``k [1, h, S, qk]``, ``v [1, h, S, v]``
+    (``S = prefix + n``): query i sees keys ``0 .. prefix + i``, causal aligned to the bottom
+    right. SDPA's fused kernels take only 4-D inputs (3-D ones fall back to the math path, which
+    materialises every score) and skip the blocks above the diagonal only for a causal form, not
+    a boolean mask (``scripts/bench_mla_prefill.py``)."""
+    n, s = q.shape[-2], k.shape[-2]
+    causal = {"is_causal": True} if prefix == 0 else {"attn_mask": causal_lower_right(n, s)}
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, **causal)
+    # Flash attention, v zero-padded to the q/k width it needs: cuDNN's kernel is faster once
+    # planned but builds a plan per new prompt length (~65 ms on the H200).
+    width, v_dim = q.shape[-1], v.shape[-1]
+    v_in = F.pad(v, (0, width - v_dim)) if v_dim < width else v
+    with sdpa_kernel(_PREFILL_BACKENDS):
+        o = F.scaled_dot_product_attention(q, k, v_in, scale=scale, **causal)
+    return o[..., :v_dim]
 
 
 @dataclass(frozen=True)
@@ -216,29 +235,15 @@ class MLANoPEAttention(nn.Module):
         """``q [n, h, qk]`` for positions ``prefix ..``, over ``kv [S, L + rope]`` ->
         ``[n, h, v]``."""
         c = self.config
-        n, s = q.shape[0], kv.shape[0]
+        s = kv.shape[0]
         ckv, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
         kvb = self.kv_b_proj(ckv).view(s, self.local_heads, c.qk_nope_head_dim + c.v_head_dim)
         k_nope, v = kvb.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
         k = torch.cat(
             [k_nope, k_pe.unsqueeze(1).expand(s, self.local_heads, c.qk_rope_head_dim)], dim=-1
         )
-        # query i (absolute position prefix + i) sees keys 0 .. prefix + i: causal aligned to
-        # the bottom right. SDPA's fused kernels take only 4-D inputs (3-D ones fall back to the
-        # math path, which materialises every score) and skip the blocks above the diagonal only
-        # for a causal form, not a boolean mask (scripts/bench_mla_prefill.py).
         qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-        causal = {"is_causal": True} if prefix == 0 else {"attn_mask": causal_lower_right(n, s)}
-        if not q.is_cuda:
-            o = F.scaled_dot_product_attention(qh, kh, vh, scale=self.scale, **causal)
-            return o[0].transpose(0, 1)
-        # Flash attention, v zero-padded to the q/k width it needs: cuDNN's kernel is faster
-        # once planned but builds a plan per new prompt length (~65 ms on the H200).
-        width = qh.shape[-1]
-        v_in = F.pad(vh, (0, width - vh.shape[-1])) if vh.shape[-1] < width else vh
-        with sdpa_kernel(_PREFILL_BACKENDS):
-            o = F.scaled_dot_product_attention(qh, kh, v_in, scale=self.scale, **causal)
-        return o[0, ..., : c.v_head_dim].transpose(0, 1)
+        return causal_prefill_attention(qh, kh, vh, prefix, self.scale)[0].transpose(0, 1)
 
     def _attend_absorbed(self, q: Tensor, kv: Tensor, w_kc: Tensor, w_vc: Tensor) -> Tensor:
         """One query ``q [1, h, qk]`` over all of ``kv`` in the latent space (fp32 maths);

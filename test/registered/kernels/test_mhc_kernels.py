@@ -410,10 +410,14 @@ _INTERP_SCRIPT = textwrap.dedent("""
     cases = [(3, 64, torch.float32), (17, 128, torch.bfloat16), (1, 2560, torch.bfloat16),
              (2, 96, torch.bfloat16), (0, 64, torch.bfloat16)]
     # Each case with the finalize's row in registers (one pass), then looping over 1024-wide
-    # blocks (the path of larger batches and of rows wider than _ONE_PASS_MAX_H).
-    one_pass_max_hs = (mhc_triton._ONE_PASS_MAX_H, 0)
-    for one_pass_max_h, (t, h, dtype) in [(m, c) for m in one_pass_max_hs for c in cases]:
+    # blocks (the path of larger batches and of rows wider than _ONE_PASS_MAX_H); then with the
+    # mixes on the bf16-MMA kernel (mhc_mix_mma) wherever it takes the case (bf16, H a multiple
+    # of its step; the rest fall back to the split kernel).
+    never = 1 << 40
+    settings = ((mhc_triton._ONE_PASS_MAX_H, never), (0, never), (0, 0))
+    for (one_pass_max_h, mma_min_t), (t, h, dtype) in [(m, c) for m in settings for c in cases]:
         mhc_triton._ONE_PASS_MAX_H = one_pass_max_h
+        mhc_triton.MMA_MIN_T = mma_min_t
         assert t <= mhc_triton._ONE_PASS_MAX_T
         r = (torch.randn(t, 4, h, generator=gen) * 2).to(dtype)
         fn = torch.randn(24, 4 * h, generator=gen) * 0.05
@@ -457,7 +461,7 @@ _INTERP_SCRIPT = textwrap.dedent("""
             close(fcomb, rcomb, 2e-6)
             close(fy, ry, 1e-5, ulp)
             # Fused post+pre kernel == the post kernel, then the pre kernel on its output: the
-            # same code and order of operations, so bit for bit.
+            # same code and order of operations, so bit for bit (the MMA kernel too: one tile).
             unfused = (r2, *mhc.mhc_pre(r2, fn, sc, b, **E, **nkw))
             for got, want in zip((fr, fy, fpost, fcomb), unfused):
                 assert torch.equal(got, want)

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import torch
 
+from sglang.kernels.ops.layernorm import mhc_mix_mma
 from sglang.kernels.ops.layernorm.mhc_tilelang import NMIX_PAD
 
 try:  # Triton is optional: without it only mhc.py's torch backend runs
     import triton
     import triton.language as tl
+
+    from sglang.kernels.ops.layernorm.mhc_post_stream import post_stream
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - Triton missing
@@ -40,22 +43,6 @@ def _require_triton() -> None:
 
 
 if HAS_TRITON:
-
-    @triton.jit
-    def _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, J: tl.constexpr):
-        # New stream J: post_J * x + sum_k comb[k, J] * R_k (comb row k = old stream k).
-        p = tl.load(post_ptr + offs_t * 4 + J, mask=mask_t, other=0.0).to(tl.float32)
-        c0 = tl.load(comb_ptr + offs_t * 16 + 0 * 4 + J, mask=mask_t, other=0.0).to(tl.float32)
-        c1 = tl.load(comb_ptr + offs_t * 16 + 1 * 4 + J, mask=mask_t, other=0.0).to(tl.float32)
-        c2 = tl.load(comb_ptr + offs_t * 16 + 2 * 4 + J, mask=mask_t, other=0.0).to(tl.float32)
-        c3 = tl.load(comb_ptr + offs_t * 16 + 3 * 4 + J, mask=mask_t, other=0.0).to(tl.float32)
-        return (
-            p[:, None] * xv
-            + c0[:, None] * r0
-            + c1[:, None] * r1
-            + c2[:, None] * r2
-            + c3[:, None] * r3
-        )
 
     @triton.jit
     def _mix_dot(
@@ -125,16 +112,16 @@ if HAS_TRITON:
                     x_ptr + offs_t.to(tl.int64)[:, None] * H + offs_d[None, :], mask=m2, other=0.0
                 )
                 xv = xv.to(tl.float32)
-                n0 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 0).to(
+                n0 = post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 0).to(
                     out_ty
                 )
-                n1 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 1).to(
+                n1 = post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 1).to(
                     out_ty
                 )
-                n2 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 2).to(
+                n2 = post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 2).to(
                     out_ty
                 )
-                n3 = _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 3).to(
+                n3 = post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 3).to(
                     out_ty
                 )
                 tl.store(new_res_ptr + ptrs, n0, mask=m2)
@@ -297,26 +284,29 @@ if HAS_TRITON:
         out_ty = new_res_ptr.dtype.element_ty
         tl.store(
             new_res_ptr + ptrs,
-            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 0).to(out_ty),
+            post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 0).to(out_ty),
             mask=m2,
         )
         tl.store(
             new_res_ptr + ptrs + H,
-            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 1).to(out_ty),
+            post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 1).to(out_ty),
             mask=m2,
         )
         tl.store(
             new_res_ptr + ptrs + 2 * H,
-            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 2).to(out_ty),
+            post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 2).to(out_ty),
             mask=m2,
         )
         tl.store(
             new_res_ptr + ptrs + 3 * H,
-            _post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 3).to(out_ty),
+            post_stream(xv, r0, r1, r2, r3, post_ptr, comb_ptr, offs_t, mask_t, 3).to(out_ty),
             mask=m2,
         )
 
 
+# From this many tokens the mixes run on bf16 tensor cores (mhc_mix_mma); below it the split
+# kernel's tf32x3 dots, which fill the GPU at decode sizes (numbers: docs/performance.md).
+MMA_MIN_T = 512
 _ONE_PASS_MAX_H = 8192
 _ONE_PASS_MAX_T = 256
 _TARGET_PROGRAMS = 256  # ~2 per SM on an H200: enough splits that small T still fills the GPU
@@ -341,6 +331,45 @@ def _partial_config(t: int, h: int) -> tuple[int, int, int, int, int]:
 def _dot_precision(device: torch.device) -> str:
     # tf32x3: three tf32 MMAs, ~fp32 accuracy (plain tf32 would cost ~1e-3 in the mixes).
     return "tf32x3" if device.type == "cuda" else "ieee"
+
+
+def _mix_partials(
+    residual: torch.Tensor,
+    x: torch.Tensor | None,
+    post_prev: torch.Tensor | None,
+    comb_prev: torch.Tensor | None,
+    new_residual: torch.Tensor | None,
+    fn: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-over-H mix kernel (tf32x3 dots): ``(part, sq)`` for the finalize."""
+    t, hc, h = residual.shape
+    dev = residual.device
+    fuse = x is not None
+    block_t, block_d, warps, chunk, n_splits = _partial_config(t, h)
+    part = torch.empty(n_splits, t, NMIX_PAD, dtype=torch.float32, device=dev)
+    sq = torch.empty(n_splits, t, dtype=torch.float32, device=dev)
+    _mix_partial_kernel[(triton.cdiv(t, block_t), n_splits)](
+        residual,
+        x if fuse else residual,
+        post_prev if fuse else fn,
+        comb_prev if fuse else fn,
+        new_residual if fuse else residual,
+        fn,
+        part,
+        sq,
+        t,
+        h,
+        chunk,
+        FUSE_POST=fuse,
+        NMIX=(2 + hc) * hc,
+        NMIX_PAD=NMIX_PAD,
+        BLOCK_T=block_t,
+        BLOCK_D=block_d,
+        PRECISION=_dot_precision(dev),
+        num_warps=warps,
+        num_stages=2,  # the H loop is short at decode sizes; 3 stages would double shared memory
+    )
+    return part, sq
 
 
 def mhc_fused_post_pre_triton(
@@ -368,31 +397,12 @@ def mhc_fused_post_pre_triton(
     if t == 0:
         return post, comb
     fuse = x is not None
-    block_t, block_d, warps, chunk, n_splits = _partial_config(t, h)
-    part = torch.empty(n_splits, t, NMIX_PAD, dtype=torch.float32, device=dev)
-    sq = torch.empty(n_splits, t, dtype=torch.float32, device=dev)
     fn = fn.float().contiguous()
-    _mix_partial_kernel[(triton.cdiv(t, block_t), n_splits)](
-        residual,
-        x if fuse else residual,
-        post_prev if fuse else fn,
-        comb_prev if fuse else fn,
-        new_residual if fuse else residual,
-        fn,
-        part,
-        sq,
-        t,
-        h,
-        chunk,
-        FUSE_POST=fuse,
-        NMIX=(2 + hc) * hc,
-        NMIX_PAD=NMIX_PAD,
-        BLOCK_T=block_t,
-        BLOCK_D=block_d,
-        PRECISION=_dot_precision(dev),
-        num_warps=warps,
-        num_stages=2,  # the H loop is short at decode sizes; 3 stages would double shared memory
-    )
+    if t >= MMA_MIN_T and not mhc_mix_mma.mix_mma_supports(residual, fuse):
+        part, sq = mhc_mix_mma.mix_partials_mma(residual, x, post_prev, comb_prev, new_residual, fn)
+    else:
+        part, sq = _mix_partials(residual, x, post_prev, comb_prev, new_residual, fn)
+    n_splits = part.shape[0]
     src = new_residual if fuse else residual
     has_norm = norm_weight is not None
     # Decode-sized batches finalise each row in registers in one pass (enough warps to keep about

@@ -304,9 +304,10 @@ if HAS_TRITON:
         )
 
 
-# From this many tokens the mixes run on bf16 tensor cores (mhc_mix_mma); below it the split
-# kernel's tf32x3 dots, which fill the GPU at decode sizes (numbers: docs/performance.md).
-MMA_MIN_T = 512
+# From this many tokens the mixes run on bf16 tensor cores (mhc_mix_mma): 1.03-1.21x at 256,
+# 2.5-3.2x at 8192; at 128 its pre measured 0.88x, so smaller batches keep the split kernel's
+# tf32x3 dots (H200, scripts/bench_mhc_mix.py; docs/performance.md "mHC at prefill sizes").
+MMA_MIN_T = 256
 _ONE_PASS_MAX_H = 8192
 _ONE_PASS_MAX_T = 256
 _TARGET_PROGRAMS = 256  # ~2 per SM on an H200: enough splits that small T still fills the GPU

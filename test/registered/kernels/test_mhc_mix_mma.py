@@ -82,7 +82,7 @@ def test_kernel_compiles_for_sm90(fused: bool) -> None:
     }  # fmt: skip
     const = {
         "FUSE_POST": fused, "NMIX_PAD": m.NMIX_PAD, "W_ROWS": m.W_ROWS,
-        "BLOCK_T": cfg.block_t, "BLOCK_D": cfg.block_d, "UPCAST_DOT": False,
+        "BLOCK_T": cfg.block_t, "BLOCK_D": cfg.block_d, "DOT_F32": False,
     }  # fmt: skip
     kernel = compile_sm90(m._mix_mma_kernel, sig, const, cfg.num_warps, cfg.num_stages)
     usage = ptxas_usage(kernel)

@@ -27,19 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.ops.interp_dot import dot
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 _SPLIT_PARTS = 3  # bf16 parts that hold an fp32 significand (8 + 8 + 8 bits)
-
-
-@triton.jit
-def _mma(a, b, acc, DOT_F32: tl.constexpr):
-    """``a @ b (+ acc)``, fp32 accumulation. ``DOT_F32``: the Triton interpreter, whose bf16 dot
-    is wrong (measured on triton 3.9), gets the same bf16 values as fp32 operands."""
-    if DOT_F32:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -60,11 +51,11 @@ def _tile_update(
     """One key tile ``k [BLOCK_N, D]`` (rows where ``live``) into the running max ``m``, sum
     ``l_sum`` and output ``acc`` of ``G`` heads."""
     kt = tl.trans(k)
-    s = _mma(q0, kt, None, DOT_F32)
+    s = dot(q0, kt, None, DOT_F32)
     if Q_PARTS > 1:
-        s = _mma(q1, kt, s, DOT_F32)
+        s = dot(q1, kt, s, DOT_F32)
     if Q_PARTS > 2:
-        s = _mma(q2, kt, s, DOT_F32)
+        s = dot(q2, kt, s, DOT_F32)
     s = s * scale
     s = tl.where(live[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -72,13 +63,13 @@ def _tile_update(
     prob = tl.exp(s - m_new[:, None])
     l_sum = l_sum * alpha + tl.sum(prob, axis=1)
     hi = prob.to(k.dtype)
-    pv = _mma(hi, k, None, DOT_F32)
+    pv = dot(hi, k, None, DOT_F32)
     if PV_PARTS > 1:
         rest = prob - hi.to(tl.float32)
         mid = rest.to(k.dtype)
-        pv = _mma(mid, k, pv, DOT_F32)
+        pv = dot(mid, k, pv, DOT_F32)
         if PV_PARTS > 2:
-            pv = _mma((rest - mid.to(tl.float32)).to(k.dtype), k, pv, DOT_F32)
+            pv = dot((rest - mid.to(tl.float32)).to(k.dtype), k, pv, DOT_F32)
     acc = acc * alpha[:, None] + pv
     return m_new, l_sum, acc
 

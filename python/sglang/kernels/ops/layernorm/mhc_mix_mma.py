@@ -30,7 +30,9 @@ try:  # Triton is optional: without it only mhc.py's torch backend runs
     import triton.language as tl
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from sglang.kernels.ops.interp_dot import dot
     from sglang.kernels.ops.layernorm.mhc_post_stream import post_stream
+    from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - Triton missing
@@ -86,12 +88,9 @@ if HAS_TRITON:
         tl.store(ptrs + 3 * stride, tl.zeros_like(hi), mask=mask_k[None, :])
 
     @triton.jit
-    def _piece_dot(acc, r, w_desc, col, UPCAST: tl.constexpr):
+    def _piece_dot(acc, r, w_desc, col, DOT_F32: tl.constexpr):
         # acc[t, p*LANES + m] += sum_d r[t, d] * piece_p(fn)[m, col + d]
-        w = w_desc.load([0, col])
-        if UPCAST:  # the CPU interpreter's bf16 dot is wrong; fp32 of bf16 values is the same sum
-            return tl.dot(r.to(tl.float32), w.T.to(tl.float32), acc, input_precision="ieee")
-        return tl.dot(r, w.T, acc)
+        return dot(r, w_desc.load([0, col]).T, acc, DOT_F32)
 
     @triton.jit
     def _sq(r):
@@ -116,7 +115,7 @@ if HAS_TRITON:
         W_ROWS: tl.constexpr,
         BLOCK_T: tl.constexpr,
         BLOCK_D: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
+        DOT_F32: tl.constexpr,
     ):
         pid_t = tl.program_id(0)
         pid_s = tl.program_id(1)
@@ -147,10 +146,10 @@ if HAS_TRITON:
                 new_res_desc.store([t0, 2 * H + d0], r2)
                 new_res_desc.store([t0, 3 * H + d0], r3)
             # The stored (rounded) values are what gets mixed, as an unfused pre reads them back.
-            acc = _piece_dot(acc, r0, w_desc, d0, UPCAST_DOT)
-            acc = _piece_dot(acc, r1, w_desc, H + d0, UPCAST_DOT)
-            acc = _piece_dot(acc, r2, w_desc, 2 * H + d0, UPCAST_DOT)
-            acc = _piece_dot(acc, r3, w_desc, 3 * H + d0, UPCAST_DOT)
+            acc = _piece_dot(acc, r0, w_desc, d0, DOT_F32)
+            acc = _piece_dot(acc, r1, w_desc, H + d0, DOT_F32)
+            acc = _piece_dot(acc, r2, w_desc, 2 * H + d0, DOT_F32)
+            acc = _piece_dot(acc, r3, w_desc, 3 * H + d0, DOT_F32)
             sq += _sq(r0) + _sq(r1) + _sq(r2) + _sq(r3)
         mixes = tl.sum(tl.reshape(acc, (BLOCK_T, W_ROWS // NMIX_PAD, NMIX_PAD)), axis=1)
         out_row = (pid_s * T + offs_t).to(tl.int64)
@@ -233,7 +232,7 @@ def mix_partials_mma(
         W_ROWS=W_ROWS,
         BLOCK_T=cfg.block_t,
         BLOCK_D=cfg.block_d,
-        UPCAST_DOT=residual.device.type != "cuda",  # CPU tensors: the Triton interpreter
+        DOT_F32=interpreter_enabled(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -184,6 +184,20 @@ def median_run_ms(run: Callable[[], object], clock: Clock, repeats: int) -> floa
     return sorted(totals)[len(totals) // 2]
 
 
+def gpu_busy_ms(run: Callable[[], object]) -> tuple[float, int]:
+    """(summed GPU kernel time in ms, kernel count) of one run under the torch profiler. Against
+    the run's wall time on the GPU clock this says how much of it the GPU sat idle waiting for
+    the host to launch work."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.time_range.elapsed_us() for e in kernels) / 1e3, len(kernels)
+
+
 def print_module_table(
     title: str, prefill_ms: float, hooked_ms: float, rows: list[ModuleRow], peak_tflops: float
 ) -> None:
@@ -382,6 +396,12 @@ def main() -> None:
             f"attention core {core}, {name}"
         )
         print_module_table(title, prefill_ms, times["model"][1], rows, args.peak_tflops)
+        if cuda:
+            busy, launches = gpu_busy_ms(run)
+            print(
+                f"GPU kernels: {busy:.2f} ms busy in {launches} launches, "
+                f"{100 * (1 - busy / prefill_ms):.0f}% of the prefill's {prefill_ms:.2f} ms idle"
+            )
         results.append({"core": core, "prefill_ms": prefill_ms, "rows": [asdict(r) for r in rows]})
     _force_torch_core(False)
     if args.json:

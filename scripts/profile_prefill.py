@@ -198,6 +198,28 @@ def gpu_busy_ms(run: Callable[[], object]) -> tuple[float, int]:
     return sum(e.time_range.elapsed_us() for e in kernels) / 1e3, len(kernels)
 
 
+def print_host_trace(run: Callable[[], object], top: int = 12) -> None:
+    """One run under the torch profiler with host activity: the CUDA runtime calls that can stall
+    the host (synchronise, copies, malloc / free) and the ops with the most host time, to say why
+    the GPU waits."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    stalls = ("Synchronize", "Memcpy", "cudaMalloc", "cudaFree", "cudaHostAlloc")
+    print("\nhost: CUDA runtime calls that can stall, and the ops with the most host time")
+    print(f"{'call / op':<60} {'count':>6} {'self host ms':>12}")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total):
+        if any(s in e.key for s in stalls):
+            print(f"{e.key[:60]:<60} {e.count:>6} {e.self_cpu_time_total / 1e3:>12.3f}")
+    print("--")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+        print(f"{e.key[:60]:<60} {e.count:>6} {e.self_cpu_time_total / 1e3:>12.3f}")
+
+
 def print_module_table(
     title: str, prefill_ms: float, hooked_ms: float, rows: list[ModuleRow], peak_tflops: float
 ) -> None:
@@ -360,6 +382,9 @@ def main() -> None:
         "--cores", default="auto", help="comma list of auto (the layer's pick), torch"
     )
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--host-trace", action="store_true", help="also the host-side profile of one run (GPU)"
+    )
     args = parser.parse_args()
     cuda = not args.smoke
     device = "cuda" if cuda else "cpu"
@@ -402,6 +427,8 @@ def main() -> None:
                 f"GPU kernels: {busy:.2f} ms busy in {launches} launches, "
                 f"{100 * (1 - busy / prefill_ms):.0f}% of the prefill's {prefill_ms:.2f} ms idle"
             )
+            if args.host_trace:
+                print_host_trace(run)
         results.append({"core": core, "prefill_ms": prefill_ms, "rows": [asdict(r) for r in rows]})
     _force_torch_core(False)
     if args.json:

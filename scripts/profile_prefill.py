@@ -198,16 +198,19 @@ def gpu_busy_ms(run: Callable[[], object]) -> tuple[float, int]:
     return sum(e.time_range.elapsed_us() for e in kernels) / 1e3, len(kernels)
 
 
-def print_host_trace(run: Callable[[], object], top: int = 12) -> None:
+def print_host_trace(run: Callable[[], object], cuda: bool, top: int = 12) -> None:
     """One run under the torch profiler with host activity: the CUDA runtime calls that can stall
     the host (synchronise, copies, malloc / free) and the ops with the most host time, to say why
     the GPU waits."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
         torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        run()
+        if cuda:
+            torch.cuda.synchronize()
     events = prof.key_averages()
     stalls = ("Synchronize", "Memcpy", "cudaMalloc", "cudaFree", "cudaHostAlloc")
     print("\nhost: CUDA runtime calls that can stall, and the ops with the most host time")
@@ -383,7 +386,7 @@ def main() -> None:
     )
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument(
-        "--host-trace", action="store_true", help="also the host-side profile of one run (GPU)"
+        "--host-trace", action="store_true", help="also the host-side profile of one run"
     )
     args = parser.parse_args()
     cuda = not args.smoke
@@ -427,8 +430,8 @@ def main() -> None:
                 f"GPU kernels: {busy:.2f} ms busy in {launches} launches, "
                 f"{100 * (1 - busy / prefill_ms):.0f}% of the prefill's {prefill_ms:.2f} ms idle"
             )
-            if args.host_trace:
-                print_host_trace(run)
+        if args.host_trace:
+            print_host_trace(run, cuda)
         results.append({"core": core, "prefill_ms": prefill_ms, "rows": [asdict(r) for r in rows]})
     _force_torch_core(False)
     if args.json:

@@ -54,8 +54,9 @@ def test_profile_decode_smoke() -> None:
 
 
 def test_profile_prefill_smoke() -> None:
-    out = _run("profile_prefill.py")
+    out = _run("profile_prefill.py", "--host-trace")
     assert "prefill (GPU part of TTFT)" in out and "layers.0.attn" in out
+    assert "host: CUDA runtime calls that can stall" in out
 
 
 def test_profile_prefill_k3_smoke() -> None:

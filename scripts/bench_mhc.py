@@ -47,15 +47,16 @@ def inputs(t: int, h: int) -> dict[str, torch.Tensor]:
     return a
 
 
-def run_pre(a: dict[str, torch.Tensor]) -> torch.Tensor:
-    layer_input, _post, _comb = mhc.mhc_pre(
+def pre_outputs(a: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """(layer input, post, comb) of ``mhc_pre`` with the fused RMSNorm."""
+    return mhc.mhc_pre(
         a["residual"], a["fn"], a["scale"], a["base"], norm_weight=a["norm_weight"], **MIX
     )
-    return layer_input
 
 
-def run_fused(a: dict[str, torch.Tensor]) -> torch.Tensor:
-    _new_residual, layer_input, _post, _comb = mhc.mhc_fused_post_pre(
+def fused_outputs(a: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """(layer input, post, comb) of ``mhc_fused_post_pre`` (the new residual left out)."""
+    _new_residual, layer_input, post, comb = mhc.mhc_fused_post_pre(
         a["x"],
         a["residual"],
         a["post"],
@@ -66,7 +67,15 @@ def run_fused(a: dict[str, torch.Tensor]) -> torch.Tensor:
         norm_weight=a["norm_weight"],
         **MIX,
     )
-    return layer_input
+    return layer_input, post, comb
+
+
+def run_pre(a: dict[str, torch.Tensor]) -> torch.Tensor:
+    return pre_outputs(a)[0]
+
+
+def run_fused(a: dict[str, torch.Tensor]) -> torch.Tensor:
+    return fused_outputs(a)[0]
 
 
 def stream_bytes(op: str, t: int, h: int) -> int:

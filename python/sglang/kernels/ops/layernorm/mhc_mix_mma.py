@@ -55,7 +55,9 @@ class MixMmaConfig:
 # 128 token rows keep the weight tile's L2 traffic (W_ROWS rows a step) at the residual's. Both
 # ops take the same tile and so the same splits and summation order: fused post+pre equals post
 # then pre bit for bit, as on the split kernel. 32 columns a step because the fused post holds
-# four fp32 stream tiles and x as well (64 spilled ~900 bytes; for pre alone 64 measured 4% faster).
+# four fp32 stream tiles and x as well: at 64 it spills 892 bytes and asks for 234 KB of shared
+# memory, over Hopper's 227 (sm_90 compile on the CPU, Triton 3.9, sglang.test.sm90_compile);
+# the pre alone measured 3-4% faster at 64 (docs/performance.md).
 PRE_CONFIG = MixMmaConfig(block_t=128, block_d=32, num_warps=8, num_stages=3)
 FUSED_CONFIG = MixMmaConfig(block_t=128, block_d=32, num_warps=8, num_stages=2)
 _TARGET_PROGRAMS = 264  # two per SM on an H200

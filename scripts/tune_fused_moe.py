@@ -14,8 +14,13 @@ turn after the sweep (a first timing runs a few percent slow). Tables go to
 ``python/sglang/kernels/ops/moe/configs/`` (``tuned_configs.py`` reads them), one JSON file per
 (shape, dtype, device); ``--merge`` replaces only the buckets tuned in this run.
 
+With ``--merge`` a prefill bucket's stored TMA winner is timed again as one more candidate, so a
+sweep of some kinds only (``--kinds half``: half tiles, ``whole``: ``block_m``-row tiles) keeps
+it unless something beats it.
+
 Usage: python scripts/tune_fused_moe.py [--shapes dsv4,k3] [--dtypes bf16,fp8]
-       [--batches 2048,8192] [--check-batches 1,16,64,128,512] [--merge] [--out-dir DIR]
+       [--batches 2048,8192] [--check-batches 1,16,64,128,512] [--kinds whole,half] [--merge]
+       [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_moe import SHAPES, Shape, make_batch, make_weights
 from sglang.kernels.ops.activation import activation_code
-from sglang.kernels.ops.moe.align import moe_align_block_size
+from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_half_tiles
 from sglang.kernels.ops.moe.fused_moe import (
     check_moe_inputs,
     fused_experts,
@@ -113,6 +118,33 @@ CANDIDATES: dict[str, list[tuple[int, bool, list[TmaGemmTile], list[TmaGemmTile]
             [T(128, 128, 32, 8, 4), T(128, 128, 32, 8, 4, rescale=True)],
             [T(256, 128, 32, 8, 3), T(128, 128, 32, 8, 4, rescale=True)],
         ),
+        (
+            128,
+            True,
+            [T(128, 128, 16, 8, 3, rescale=True), T(128, 128, 16, 8, 4, rescale=True)],
+            [T(128, 128, 16, 8, 4, rescale=True), T(128, 128, 16, 8, 3, rescale=True)],
+        ),
+    ],
+}
+# Half tiles (``TmaMoeConfig.half_tiles``): 128-row tiles whose last one an expert may run at 64
+# rows; at 8192 tokens DSv4 averages 192 rows an expert (256 computed with whole tiles). The
+# per-tile branch rules out warp specialisation (``tma_config_fits``).
+HALF_TILE_CANDIDATES: dict[str, list[tuple[int, bool, list[TmaGemmTile], list[TmaGemmTile]]]] = {
+    "bf16": [
+        (
+            128,
+            False,
+            [T(128, 64, 16, 8, 4, paired=True), T(128, 64, 16, 8, 4), T(128, 64, 16, 8, 3)],
+            [T(256, 64, 16, 8, 3), T(128, 64, 16, 8, 4), T(256, 64, 16, 8, 4)],
+        ),
+        (
+            128,
+            True,
+            [T(128, 64, 16, 8, 4, paired=True), T(128, 64, 16, 8, 4)],
+            [T(256, 64, 16, 8, 3), T(128, 64, 16, 8, 4)],
+        ),
+    ],
+    "fp8": [
         (
             128,
             True,
@@ -272,12 +304,22 @@ class Case:
         return [FusedMoeConfig(block_m, t1, t2) for t1 in tiles1 for t2 in tiles2]
 
     def sweep(
-        self, block_m: int, sorted_a: bool, g1s: list[TmaGemmTile], g2s: list[TmaGemmTile]
+        self,
+        block_m: int,
+        sorted_a: bool,
+        g1s: list[TmaGemmTile],
+        g2s: list[TmaGemmTile],
+        half_tiles: bool = False,
     ) -> list[TmaMoeConfig]:
         """The two fastest gate-up tiles, then the two fastest down tiles on the first's output:
         their pairs, for whole-path timing (as the two-launch sweep)."""
         sh, w = self.shape, self.w
-        align = moe_align_block_size(self.ids, block_m, sh.experts)
+        tiles = None
+        if half_tiles:
+            *three, table, num_tiles = moe_align_half_tiles(self.ids, block_m, sh.experts)
+            align, tiles = tuple(three), (table, num_tiles)
+        else:
+            align = moe_align_block_size(self.ids, block_m, sh.experts)
         padded = align[0].shape[0]
         h_dtype = FP8_DTYPE if self.fp8 else self.x.dtype
         h = torch.empty((padded, sh.inter), dtype=h_dtype, device=self.dev)
@@ -310,6 +352,7 @@ class Case:
                 limit=self.limit,
                 num_sms=self.sms,
                 a_sorted=sorted_a,
+                tiles=tiles,
             )
 
         def down_proj(tile: TmaGemmTile) -> None:
@@ -326,14 +369,21 @@ class Case:
                 tile=tile,
                 scale_block=128,
                 num_sms=self.sms,
+                tiles=tiles,
             )
 
-        tiles1 = ranked_tiles(block_m, g1s, gate_up)[:2]
+        if half_tiles:  # warp specialisation is refused with half tiles
+            g1s = [t for t in g1s if not t.warp_specialize]
+            g2s = [t for t in g2s if not t.warp_specialize]
+        variants = () if half_tiles else VARIANTS
+        tiles1 = ranked_tiles(block_m, g1s, gate_up, variants)[:2]
         if not tiles1:
             return []
         gate_up(tiles1[0])  # the winner's output feeds the down sweep
-        tiles2 = ranked_tiles(block_m, g2s, down_proj)[:2]
-        return [TmaMoeConfig(block_m, t1, t2, sorted_a) for t1 in tiles1 for t2 in tiles2]
+        tiles2 = ranked_tiles(block_m, g2s, down_proj, variants)[:2]
+        return [
+            TmaMoeConfig(block_m, t1, t2, sorted_a, half_tiles) for t1 in tiles1 for t2 in tiles2
+        ]
 
 
 def ranked_tiles(block_m: int, tiles, launch, variants=VARIANTS):  # type: ignore[no-untyped-def]
@@ -350,23 +400,36 @@ def ranked_tiles(block_m: int, tiles, launch, variants=VARIANTS):  # type: ignor
 
 
 def tune_prefill(  # type: ignore[no-untyped-def]
-    shape: Shape, dtype: str, m: int, weights, limit: float | None
+    shape: Shape,
+    dtype: str,
+    m: int,
+    weights,
+    limit: float | None,
+    kinds: tuple[str, ...] = ("whole", "half"),
+    incumbent: TmaMoeConfig | None = None,
 ) -> dict[str, object]:
-    """A prefill bucket: sweep the TMA tiles and compare with the two-launch path."""
+    """A prefill bucket: sweep the TMA tiles of ``kinds`` (whole row tiles, half tiles) and
+    compare with the two-launch path; ``incumbent`` (the table's TMA winner, ``--merge``) is
+    timed as one more candidate, so a partial sweep never replaces a faster stored config."""
     case = Case(shape, dtype, m, weights, limit)
     old = get_config(
         m, shape.experts, shape.hidden, shape.inter, weights.w13.dtype, top_k=shape.top_k
     )
     t_old = case.whole_us(old)
     best: tuple[float, TmaMoeConfig | None] = (float("inf"), None)
-    for block_m, sorted_a, g1s, g2s in CANDIDATES[dtype]:
-        for cfg in case.sweep(block_m, sorted_a, g1s, g2s):
-            if tma_config_fits(cfg, shape.hidden, shape.inter, case.fp8, 128):
-                continue
-            t = case.whole_us(cfg)
-            print(f"  M={m} bm={block_m} sorted_a={sorted_a}: whole TMA path {t:.0f} us with {cfg}")
-            if t < best[0]:
-                best = (t, cfg)
+    swept: list[TmaMoeConfig] = [incumbent] if incumbent is not None else []
+    groups = [(c, False) for c in CANDIDATES[dtype]] if "whole" in kinds else []
+    groups += [(c, True) for c in HALF_TILE_CANDIDATES[dtype]] if "half" in kinds else []
+    for (block_m, sorted_a, g1s, g2s), half_tiles in groups:
+        swept += case.sweep(block_m, sorted_a, g1s, g2s, half_tiles)
+    for cfg in swept:
+        if tma_config_fits(cfg, shape.hidden, shape.inter, case.fp8, 128):
+            continue
+        t = case.whole_us(cfg)
+        tag = "incumbent" if cfg is incumbent else f"bm={cfg.block_m}"
+        print(f"  M={m} {tag}: whole TMA path {t:.0f} us with {cfg}")
+        if t < best[0]:
+            best = (t, cfg)
     if best[1] is not None:  # the winner and the two-launch path in turn, as in tune_decode
         pair = [(case.whole_us(old), case.whole_us(best[1])) for _ in range(2)]
         t_old = min(t_old, *(a for a, _ in pair))
@@ -434,6 +497,13 @@ def tune_decode(  # type: ignore[no-untyped-def]
     return bucket
 
 
+def _stored_tma(stored: dict[int, dict[str, object]], m: int) -> TmaMoeConfig | None:
+    bucket = stored.get(m)
+    if bucket is None or bucket["kernel"] != "tma":
+        return None
+    return tma_config_from_dict(bucket["config"])  # type: ignore[arg-type]
+
+
 def _us_or_none(us: float) -> float | None:
     return round(us, 1) if us < float("inf") else None
 
@@ -451,8 +521,16 @@ def main() -> None:
     parser.add_argument(
         "--merge", action="store_true", help="keep the table's other buckets (and TMA winner)"
     )
+    parser.add_argument(
+        "--kinds",
+        default="whole,half",
+        help="TMA row tilings to sweep at prefill: whole (block_m rows), half (half tiles)",
+    )
     parser.add_argument("--out-dir", default=str(CONFIG_DIR))
     args = parser.parse_args()
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    if not kinds or set(kinds) - {"whole", "half"}:
+        parser.error(f"--kinds takes whole and/or half, got {args.kinds!r}")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name()
@@ -470,7 +548,11 @@ def main() -> None:
                 kept = json.loads((out_dir / name).read_text())["buckets"]
             weights = make_weights(shape, dtype == "fp8", torch.device("cuda"))
             print(f"{shape_key} {dtype}")
-            swept = {m: tune_prefill(shape, dtype, m, weights, limit) for m in prefill}
+            stored = {int(b["m"]): b for b in kept}  # type: ignore[call-overload]
+            swept = {
+                m: tune_prefill(shape, dtype, m, weights, limit, kinds, _stored_tma(stored, m))
+                for m in prefill
+            }
             tma_buckets = [b for b in [*swept.values(), *kept] if b["kernel"] == "tma"]
             tma_buckets.sort(key=lambda b: int(b["m"]))  # type: ignore[call-overload]
             first = tma_buckets[0]["config"] if tma_buckets else None

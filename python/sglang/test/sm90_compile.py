@@ -33,6 +33,7 @@ class TmaKernelSpec:
     rescale: bool = False
     paired: bool = False
     sorted_a: bool = False
+    half_tiles: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Usage:
 def _signature(spec: TmaKernelSpec) -> dict[str, str]:
     el = "fp8e4nv" if spec.fp8 else "bf16"
     a_tile = f"tensordesc<{el}[{spec.block_m}, {spec.block_k}]>"
+    a_half = f"tensordesc<{el}[{spec.block_m // 2}, {spec.block_k}]>" if spec.half_tiles else a_tile
     w_block = (
         f"[2, {spec.block_n}, {spec.block_k}]"
         if spec.paired
@@ -54,7 +56,8 @@ def _signature(spec: TmaKernelSpec) -> dict[str, str]:
     ids = {"sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32"}
     if spec.gate_up:
         return {
-            "a_ptr": a_tile if spec.sorted_a else f"*{el}", "a_scale_ptr": "*fp32",
+            "a_ptr": a_tile if spec.sorted_a else f"*{el}",
+            "a_half_ptr": a_half if spec.sorted_a else f"*{el}", "a_scale_ptr": "*fp32",
             "w_desc": w_desc, "w_scale_ptr": "*fp32", "out_ptr": f"*{el}",
             "out_scale_ptr": "*fp32", **ids, "num_slots": "i32", "inter": "i32",
             "k_dim": "i32", "top_k": "i32", "stride_am": "i32", "stride_asm": "i32",
@@ -62,7 +65,8 @@ def _signature(spec: TmaKernelSpec) -> dict[str, str]:
             "limit": "fp32", "eps": "fp32",
         }  # fmt: skip
     return {
-        "a_desc": a_tile, "a_scale_ptr": "*fp32", "w_desc": w_desc, "w_scale_ptr": "*fp32",
+        "a_desc": a_tile, "a_half_desc": a_half, "a_scale_ptr": "*fp32", "w_desc": w_desc,
+        "w_scale_ptr": "*fp32",
         "out_ptr": "*bf16", "topk_weights_ptr": "*fp32", **ids, "num_slots": "i32",
         "n_cols": "i32", "k_dim": "i32", "stride_asm": "i32", "stride_wse": "i32",
         "stride_wsn": "i32", "stride_om": "i32",
@@ -77,7 +81,7 @@ def compile_tma_kernel(spec: TmaKernelSpec) -> Any:
     const: dict[str, Any] = {
         "SCALE_BLOCK": 128, "FP8": spec.fp8, "BLOCK_M": spec.block_m, "BLOCK_N": spec.block_n,
         "BLOCK_K": spec.block_k, "GROUP_M": 16, "NUM_PROGRAMS": 132, "WARP_SPECIALIZE": False,
-        "RESCALE": spec.rescale,
+        "RESCALE": spec.rescale, "HALF_TILES": spec.half_tiles,
     }  # fmt: skip
     if spec.gate_up:
         const.update(ACTIVATION=0, HAS_LIMIT=True, PAIRED=spec.paired, A_SORTED=spec.sorted_a)

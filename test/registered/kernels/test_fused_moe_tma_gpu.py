@@ -45,12 +45,23 @@ def tma_configs(fp8: bool) -> list[Any]:
                 T(128, 128, 16, 8, 4, rescale=True),
                 sorted_a=True,
             ),
+            # Half tiles: an expert's last tile 64 (32) rows high where that covers it.
+            C(
+                128,
+                T(128, 128, 16, 8, 3, rescale=True),
+                T(128, 128, 16, 8, 4, rescale=True),
+                sorted_a=True,
+                half_tiles=True,
+            ),
+            C(64, T(128, 128, 32, 8, 4), T(256, 128, 32, 8, 3), half_tiles=True),
         ]
     return [
         C(128, T(128, 64, 16, 8, 4), T(256, 64, 16, 8, 3)),
         C(64, T(64, 64, 16, 4, 4, persistent=False), T(128, 64, 16, 4, 4)),
         C(128, T(128, 64, 16, 8, 4, paired=True), T(256, 64, 16, 8, 3)),
         C(128, T(128, 64, 16, 8, 4), T(256, 64, 16, 8, 3), sorted_a=True),
+        C(128, T(128, 64, 16, 8, 4, paired=True), T(256, 64, 16, 8, 3), half_tiles=True),
+        C(128, T(128, 64, 16, 8, 4), T(128, 64, 16, 8, 4), sorted_a=True, half_tiles=True),
     ]
 
 
@@ -194,6 +205,36 @@ def test_fused_quant_epilogue_equals_separate_quant() -> None:
     want = rq.float().view(used, -1, 128) * rs[:, :, None]
     assert rel_err(deq[real], want[real]) < 2e-2
     assert (deq[~real] == 0).all(), "padding rows quantise to zero"
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_half_tiles_compute_each_row_as_whole_tiles(fp8: bool) -> None:
+    """Half tiles change which rows share a tile, not a row's sums (same K loop, same
+    accumulation order): the output equals the whole-tile one bit for bit, at a size where the
+    table holds both tile heights; and fewer rows are computed."""
+    from dataclasses import replace
+
+    from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_half_tiles
+    from sglang.kernels.ops.moe.fused_moe import fused_experts
+
+    weights = expert_weights("dsv4", fp8)
+    e = SHAPES["dsv4"][0]
+    hidden, tw, ids = routing(8192, "dsv4", seed=21, experts_used=None)
+    whole = next(
+        c for c in tma_configs(fp8) if c.block_m == 128 and c.sorted_a and not c.half_tiles
+    )
+    kw = dict(weights, activation="swiglu", swiglu_limit=1.0)
+    want = fused_experts(hidden, topk_weights=tw, topk_ids=ids, config=whole, **kw)
+    out = torch.full_like(hidden, float("nan"))
+    cfg = replace(whole, half_tiles=True)
+    fused_experts(hidden, topk_weights=tw, topk_ids=ids, out=out, config=cfg, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want), f"max diff {(out.float() - want.float()).abs().max().item()}"
+    _, _, _, table, n = moe_align_half_tiles(ids, 128, e)
+    halves = int(table[: int(n.item()), 2].sum())
+    assert 0 < halves < int(n.item()), "both tile heights must run"
+    rows_half = int(n.item()) * 128 - 64 * halves
+    assert rows_half < int(moe_align_block_size(ids, 128, e)[2].item())
 
 
 def test_tma_path_cuda_graph_replay() -> None:

@@ -84,6 +84,39 @@ def check_alignment(
     assert changes == max(int((counts > 0).sum()) - 1, 0)
 
 
+def check_half_tiles(
+    topk_ids: torch.Tensor, block_m: int, num_experts: int, result: tuple[torch.Tensor, ...]
+) -> None:
+    """``moe_align_half_tiles``: an alignment to ``block_m / 2``, and a tile table whose first
+    ``num_tiles`` tiles cover every used row exactly once, in order, each inside one expert's
+    segment, ``block_m`` rows high except an expert's last tile when half of it covers the rest."""
+    half = block_m // 2
+    check_alignment(topk_ids, half, num_experts, result[:3])
+    _, expert_ids, ntpp, table, num_tiles = (t.cpu() for t in result)
+    n = int(num_tiles.item())
+    assert table.dtype == num_tiles.dtype == torch.int32
+    assert table.shape == (expert_ids.shape[0], 3)
+    assert torch.equal(
+        table[n:], torch.tensor([0, -1, 0], dtype=torch.int32).expand(len(table) - n, 3)
+    )
+    covered = torch.zeros(int(ntpp.item()) // half, dtype=torch.int64)
+    next_row = 0
+    for t in range(n):
+        row0, e, is_half = (int(v) for v in table[t])
+        rows = half if is_half else block_m
+        assert row0 == next_row and row0 % half == 0, f"tile {t} does not follow the previous"
+        blocks = expert_ids[row0 // half : (row0 + rows) // half]
+        assert blocks.numel() == rows // half and (blocks == e).all(), f"tile {t} leaves expert {e}"
+        covered[row0 // half : (row0 + rows) // half] += 1
+        last = t + 1 == n or int(table[t + 1, 1]) != e
+        assert not is_half or last, f"tile {t}: only an expert's last tile may be half"
+        if last:  # the segment ends here, and a whole tile would have run past it
+            end = row0 + rows
+            assert end == len(expert_ids) * half or int(expert_ids[end // half]) != e
+        next_row = row0 + rows
+    assert (covered == 1).all() and next_row == int(ntpp.item())
+
+
 ALIGN_CASES = [
     # (tokens, top_k, experts, block_m, fraction of masked slots)
     (1, 6, 256, 16, 0.0),
@@ -115,6 +148,31 @@ def test_align_torch(case: tuple[int, int, int, int, float]) -> None:
     tokens, k, experts, block_m, masked = case
     ids = _random_ids(tokens, k, experts, masked, seed=tokens * 131 + experts)
     check_alignment(ids, block_m, experts, moe_align_block_size(ids, block_m, experts))
+
+
+@pytest.mark.parametrize("case", ALIGN_CASES)
+def test_align_half_tiles_torch(case: tuple[int, int, int, int, float]) -> None:
+    from sglang.kernels.ops.moe.align import moe_align_half_tiles
+
+    tokens, k, experts, block_m, masked = case
+    ids = _random_ids(tokens, k, experts, masked, seed=tokens * 7 + experts)
+    check_half_tiles(ids, block_m, experts, moe_align_half_tiles(ids, block_m, experts))
+    with pytest.raises(ValueError, match="even block_m"):
+        moe_align_half_tiles(ids, 33, experts)
+
+
+def test_align_half_tiles_count() -> None:
+    """Experts of 12, 16, 17 and 0 rows at block_m 8 (half tiles of 4 rows): one whole tile and
+    a half, two whole, two whole and a half (17 rows pad to 20), nothing."""
+    from sglang.kernels.ops.moe.align import moe_align_half_tiles
+
+    ids = torch.tensor([0] * 12 + [1] * 16 + [2] * 17, dtype=torch.int32).reshape(-1, 1)
+    out = moe_align_half_tiles(ids, 8, 4)
+    check_half_tiles(ids, 8, 4, out)
+    n = int(out[4].item())
+    assert out[3][:n].tolist() == [
+        [0, 0, 0], [8, 0, 1], [12, 1, 0], [20, 1, 0], [28, 2, 0], [36, 2, 0], [44, 2, 1]
+    ]  # fmt: skip
 
 
 def test_align_one_hot_expert_and_ties() -> None:
@@ -420,6 +478,19 @@ def test_interp_align_kernel(case: tuple[int, int, int, int, float]) -> None:
     assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
 
 
+@interp_only
+@pytest.mark.parametrize("case", [c for c in ALIGN_CASES if c[3] >= 2])
+def test_interp_align_half_tiles_kernel(case: tuple[int, int, int, int, float]) -> None:
+    from sglang.kernels.ops.moe.align import half_tile_table_torch, moe_align_half_tiles
+
+    tokens, k, experts, block_m, masked = case
+    ids = _random_ids(tokens, k, experts, masked, seed=tokens * 19 + experts)
+    got = moe_align_half_tiles(ids, block_m, experts)
+    check_half_tiles(ids, block_m, experts, got)
+    table, num_tiles = half_tile_table_torch(got[1], block_m)
+    assert torch.equal(got[3], table) and torch.equal(got[4], num_tiles)
+
+
 @pytest.mark.parametrize("k,experts,block_m", [(6, 256, 16), (16, 384, 16), (3, 5, 32)])
 def test_align_one_token_torch(k: int, experts: int, block_m: int) -> None:
     _check_one_token_align(k, experts, block_m)
@@ -536,22 +607,40 @@ def _tiny_tma_configs() -> list[object]:
         ),
         TmaMoeConfig(16, TmaGemmTile(16, 32, 2, 4, 2, paired=True), TmaGemmTile(32, 16, 2, 4, 2)),
         TmaMoeConfig(16, TmaGemmTile(32, 16, 2, 4, 2), TmaGemmTile(16, 32, 2, 4, 2), sorted_a=True),
+        # Half tiles: 32-row tiles, and 16-row ones closing an expert (gathered and sorted A).
+        TmaMoeConfig(
+            32, TmaGemmTile(16, 32, 2, 4, 2), TmaGemmTile(32, 16, 2, 4, 2), half_tiles=True
+        ),
+        TmaMoeConfig(
+            32,
+            TmaGemmTile(16, 32, 2, 4, 2, paired=True),
+            TmaGemmTile(16, 32, 1, 4, 2),
+            sorted_a=True,
+            half_tiles=True,
+        ),
     ]
 
 
 @interp_only
-@pytest.mark.parametrize("cfg_index", [0, 1, 2, 3])
+@pytest.mark.parametrize("cfg_index", [0, 1, 2, 3, 4, 5])
 def test_interp_tma_fused_experts_fp32(cfg_index: int) -> None:
     """The Hopper prefill kernels (tensor descriptors, persistent tile loop, sorted intermediate)
     on fp32 under the interpreter: 13 tokens, 5 experts (some empty), non-multiple row counts."""
     import sglang.kernels.ops.moe.fused_moe as fm
 
     activation, limit = ACTS[cfg_index % len(ACTS)]  # one a config keeps the subprocess short
-    moe = make_moe(13, 5, 2, 64, 32, torch.float32, fp8=False, seed=40 + cfg_index)
+    cfg = _tiny_tma_configs()[cfg_index]
+    tokens = 120 if cfg.half_tiles else 13  # type: ignore[attr-defined]
+    moe = make_moe(tokens, 5, 2, 64, 32, torch.float32, fp8=False, seed=40 + cfg_index)
     moe["topk_ids"][moe["topk_ids"] == 4] = 3  # expert 4 gets no rows
+    if cfg.half_tiles:  # type: ignore[attr-defined]
+        from sglang.kernels.ops.moe.align import moe_align_half_tiles
+
+        _, _, _, table, n = moe_align_half_tiles(moe["topk_ids"], cfg.block_m, 5)  # type: ignore[attr-defined]
+        kinds = set(table[: int(n), 2].tolist())
+        assert kinds == {0, 1}, f"the case must run whole and half tiles, got {kinds}"
     want = fm.fused_experts_torch(**moe, activation=activation, swiglu_limit=limit)
     out = torch.full_like(want, float("nan"))
-    cfg = _tiny_tma_configs()[cfg_index]
     fm.fused_experts(**moe, activation=activation, swiglu_limit=limit, out=out, config=cfg)
     assert torch.isfinite(out).all()
     assert rel_err(out, want) < 1e-5
@@ -595,6 +684,9 @@ def test_interp_tma_fp8_rescaled_accumulator_equals_scaled_products(down_block_n
     assert torch.equal(fm.fused_experts(**kw, config=replace(plain, sorted_a=True)), want)
     sorted_rescaled = fm.fused_experts(**kw, config=replace(rescaled, sorted_a=True))
     assert torch.equal(sorted_rescaled, out)
+    # Half tiles (16-row tiles under a 32-row block here): the same products per row.
+    halves = fm.fused_experts(**kw, config=replace(rescaled, block_m=32, half_tiles=True))
+    assert rel_err(halves, out) < 5e-3
 
 
 @interp_only
@@ -634,12 +726,19 @@ def test_interp_sorted_rows_are_the_tokens_rows(group: int | None) -> None:
 def test_tma_kernels_compile_for_sm90(gate_up: bool) -> None:
     """The Hopper MoE kernels go through Triton's whole compiler for sm_90 on the CPU (the
     interpreter runs them as Python and lets through what the compiler refuses, e.g. a global
-    that is not a ``tl.constexpr``): FP8 with the rescaled accumulator and sorted activations."""
+    that is not a ``tl.constexpr``): FP8 with the rescaled accumulator and sorted activations.
+    With half tiles both tile bodies are built (twice the wgmmas); without them the half-height
+    body must not be (it would cost registers and compile time for nothing)."""
     pytest.importorskip("triton.backends.nvidia")
     from sglang.test.sm90_compile import TmaKernelSpec, compile_tma_kernel
 
-    spec = TmaKernelSpec(gate_up, True, 128, 128, 128, 8, 3, rescale=True, sorted_a=gate_up)
-    assert compile_tma_kernel(spec).asm.get("cubin"), "no cubin for sm_90"
+    whole = TmaKernelSpec(gate_up, True, 128, 128, 128, 8, 3, rescale=True, sorted_a=gate_up)
+    wgmmas = []
+    for half_tiles in (False, True):
+        kernel = compile_tma_kernel(replace(whole, half_tiles=half_tiles))
+        assert kernel.asm.get("cubin"), f"no cubin for sm_90 (half_tiles={half_tiles})"
+        wgmmas.append(kernel.asm["ptx"].count("wgmma.mma_async"))
+    assert wgmmas[0] > 0 and wgmmas[1] == 2 * wgmmas[0], wgmmas
 
 
 if __name__ == "__main__":

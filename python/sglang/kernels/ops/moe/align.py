@@ -14,6 +14,12 @@ up to ``block_m`` always suffices, and stays small at decode.
 On CUDA two Triton launches do the work (count + scan in one program, then a parallel scatter
 with atomics, so the order inside a segment is not fixed); elsewhere a torch version with a
 stable order. Either order gives the same GEMM rows.
+
+Half tiles (:func:`moe_align_half_tiles`): segments padded to ``block_m / 2`` only, and a tile
+table that covers each segment with whole ``block_m``-row tiles and, where the segment leaves
+exactly half a tile, one half-height tile at its end. An expert of 192 rows then computes 192
+rows (one whole tile and one half) instead of 256: the prefill GEMMs' padding at 100-300 rows
+an expert. The scan program writes the table too (no extra launch).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ def _align_scan_kernel(
     expert_ids_ptr,
     ntpp_ptr,
     cursor_ptr,
+    tiles_ptr,
+    num_tiles_ptr,
     num_slots,
     num_experts,
     padded_len,
@@ -45,8 +53,10 @@ def _align_scan_kernel(
     NUM_BINS: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    TILES: tl.constexpr,
 ):
-    # One program: count per expert, pad, scan, then describe every block and fill sentinels.
+    # One program: count per expert, pad, scan, then describe every block and fill sentinels;
+    # with TILES also the table of 2*BLOCK_M-row tiles (a half one closing an odd segment).
     counts = tl.zeros((NUM_BINS,), dtype=tl.int32)
     for start in range(0, num_slots, BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -69,6 +79,10 @@ def _align_scan_kernel(
         eid = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
         eid = tl.where(row < total, eid, -1)
         tl.store(expert_ids_ptr + blk, eid, mask=blk < num_blocks)
+    if TILES:
+        _tile_table(
+            tiles_ptr, num_tiles_ptr, padded, is_expert, num_blocks, BLOCK_M, NUM_BINS, BLOCK_B
+        )
     for p0 in range(0, padded_len, BLOCK):
         offs = p0 + tl.arange(0, BLOCK)
         tl.store(
@@ -76,6 +90,45 @@ def _align_scan_kernel(
             num_slots + tl.zeros((BLOCK,), dtype=tl.int32),
             mask=offs < padded_len,
         )
+
+
+@triton.jit
+def _tile_table(
+    tiles_ptr,
+    num_tiles_ptr,
+    padded,
+    is_expert,
+    max_tiles,
+    HALF: tl.constexpr,
+    NUM_BINS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    # ``padded`` [bins]: each expert's segment length, a multiple of HALF. Tile t of the table is
+    # (first row, expert, 1 if half height else 0); the experts wholly before t are those whose
+    # tiles end at or before it, and sums over them give t's first tile and first row (no gather
+    # from registers: sums of masked [BLOCK_T, bins] tiles, as for the block experts).
+    halves = padded // HALF
+    n_tiles = (halves + 1) // 2
+    tile_ends = tl.cumsum(n_tiles, axis=0)
+    total = tl.sum(n_tiles, axis=0)
+    tl.store(num_tiles_ptr, total)
+    tile_ends = tl.where(is_expert, tile_ends, 2147483647)
+    bins = tl.arange(0, NUM_BINS)
+    for t0 in range(0, max_tiles, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        before = tile_ends[None, :] <= t[:, None]
+        eid = tl.sum(before.to(tl.int32), axis=1)
+        first_tile = tl.sum(tl.where(before, n_tiles[None, :], 0), axis=1)
+        seg_start = tl.sum(tl.where(before, padded[None, :], 0), axis=1)
+        seg_len = tl.sum(tl.where(bins[None, :] == eid[:, None], padded[None, :], 0), axis=1)
+        used = t < total
+        offset = (t - first_tile) * (2 * HALF)
+        row0 = tl.where(used, seg_start + offset, 0)
+        half = tl.where(used & (seg_len - offset == HALF), 1, 0)
+        ok = t < max_tiles
+        tl.store(tiles_ptr + 3 * t, row0, mask=ok)
+        tl.store(tiles_ptr + 3 * t + 1, tl.where(used, eid, -1), mask=ok)
+        tl.store(tiles_ptr + 3 * t + 2, half, mask=ok)
 
 
 @triton.jit
@@ -91,14 +144,16 @@ def _align_scatter_kernel(
 
 
 def _align_triton(
-    ids: torch.Tensor, block_m: int, num_experts: int, length: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ids: torch.Tensor, block_m: int, num_experts: int, length: int, tiles: bool = False
+) -> tuple[torch.Tensor, ...]:
     num_slots = ids.numel()
     dev = ids.device
     sorted_ids = torch.empty(length, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(length // block_m, dtype=torch.int32, device=dev)
     ntpp = torch.empty(1, dtype=torch.int32, device=dev)
     cursor = torch.empty(num_experts, dtype=torch.int32, device=dev)
+    table = torch.empty((length // block_m if tiles else 1, 3), dtype=torch.int32, device=dev)
+    num_tiles = torch.empty(1, dtype=torch.int32, device=dev)
     num_bins = triton.next_power_of_2(num_experts + 1)
     _align_scan_kernel[(1,)](
         ids,
@@ -106,6 +161,8 @@ def _align_triton(
         expert_ids,
         ntpp,
         cursor,
+        table,
+        num_tiles,
         num_slots,
         num_experts,
         length,
@@ -113,6 +170,7 @@ def _align_triton(
         NUM_BINS=num_bins,
         BLOCK=1024,
         BLOCK_B=max(1, 8192 // num_bins),
+        TILES=tiles,
         num_warps=8,
     )
     if num_slots:
@@ -120,6 +178,8 @@ def _align_triton(
         _align_scatter_kernel[(triton.cdiv(num_slots, block),)](
             ids, sorted_ids, cursor, num_slots, num_experts, BLOCK=block, num_warps=4
         )
+    if tiles:
+        return sorted_ids, expert_ids, ntpp, table, num_tiles
     return sorted_ids, expert_ids, ntpp
 
 
@@ -164,6 +224,55 @@ def moe_align_block_size(
     if ids.dtype != torch.int32 or not ids.is_contiguous():
         ids = ids.to(torch.int32).contiguous()
     return _align_triton(ids, block_m, num_experts, padded_size(ids.numel(), block_m, num_experts))
+
+
+def half_tile_table_torch(
+    expert_ids: torch.Tensor, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tile table of :func:`moe_align_half_tiles` from an alignment to ``block_m // 2``
+    (its ``expert_ids`` per half block): (table int32 [n_half_blocks, 3], num_tiles int32 [1])."""
+    half = block_m // 2
+    n = expert_ids.shape[0]
+    dev = expert_ids.device
+    used = expert_ids[expert_ids >= 0].to(torch.int64)
+    num_experts = int(used.max()) + 1 if used.numel() else 1
+    halves = torch.bincount(used, minlength=num_experts)
+    n_tiles = (halves + 1) // 2
+    tile_ends = torch.cumsum(n_tiles, 0)
+    seg_start = (torch.cumsum(halves, 0) - halves) * half
+    total = int(n_tiles.sum())
+    t = torch.arange(total, device=dev)
+    eid = torch.searchsorted(tile_ends, t, right=True)
+    offset = (t - (tile_ends[eid] - n_tiles[eid])) * block_m
+    table = torch.zeros((n, 3), dtype=torch.int32, device=dev)
+    table[:, 1] = -1
+    table[:total, 0] = (seg_start[eid] + offset).to(torch.int32)
+    table[:total, 1] = eid.to(torch.int32)
+    table[:total, 2] = (halves[eid] * half - offset == half).to(torch.int32)
+    return table, torch.tensor([total], dtype=torch.int32, device=dev)
+
+
+def moe_align_half_tiles(
+    topk_ids: torch.Tensor, block_m: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`moe_align_block_size` to ``block_m // 2`` (its three outputs, segments padded to
+    half tiles), then ``(tiles int32 [P / (block_m/2), 3], num_tiles int32 [1])``: tile ``t`` of
+    the first ``num_tiles`` is ``(first row, expert, half)``, ``block_m`` rows, or ``block_m/2``
+    where ``half`` is 1 (only an expert's last tile, when its segment is an odd number of half
+    tiles); the rest of the table is ``(0, -1, 0)``. Tiles follow the segments in expert order."""
+    if block_m < 2 or block_m % 2:
+        raise ValueError(f"half tiles need an even block_m, got {block_m}")
+    half = block_m // 2
+    if num_experts <= 0:
+        raise ValueError(f"num_experts must be positive, got {num_experts}")
+    if not triton_can_run(topk_ids):
+        sorted_ids, expert_ids, ntpp = moe_align_block_size_torch(topk_ids, half, num_experts)
+        return sorted_ids, expert_ids, ntpp, *half_tile_table_torch(expert_ids, block_m)
+    ids = topk_ids.reshape(-1)
+    if ids.dtype != torch.int32 or not ids.is_contiguous():
+        ids = ids.to(torch.int32).contiguous()
+    length = padded_size(ids.numel(), half, num_experts)
+    return _align_triton(ids, half, num_experts, length, tiles=True)  # type: ignore[return-value]
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from sglang.kernels.ops.moe.align import moe_align_block_size
+from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_half_tiles
 from sglang.kernels.ops.moe.grouped_gemm_tma import (
     TmaMoeConfig,
     launch_down_tma,
@@ -56,7 +56,12 @@ def run_tma_chunk(
     e, two_i, _ = w13.shape
     inter = two_i // 2
     fp8 = w13.dtype == FP8_DTYPE
-    align = moe_align_block_size(ids, cfg.block_m, e)
+    tiles: tuple[torch.Tensor, torch.Tensor] | None = None
+    if cfg.half_tiles:  # segments padded to half tiles, and the table of (mixed) row tiles
+        sorted_ids, expert_ids, ntpp, table, num_tiles = moe_align_half_tiles(ids, cfg.block_m, e)
+        align, tiles = (sorted_ids, expert_ids, ntpp), (table, num_tiles)
+    else:
+        align = moe_align_block_size(ids, cfg.block_m, e)
     padded = align[0].shape[0]
     sms = num_sms_of(x.device)
     x_scale = None
@@ -92,6 +97,7 @@ def run_tma_chunk(
         limit=limit,
         num_sms=sms,
         a_sorted=cfg.sorted_a,
+        tiles=tiles,
     )
     launch_down_tma(
         h,
@@ -106,4 +112,5 @@ def run_tma_chunk(
         tile=cfg.gemm2,
         scale_block=scale_block,
         num_sms=sms,
+        tiles=tiles,
     )

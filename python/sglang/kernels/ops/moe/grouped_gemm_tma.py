@@ -18,6 +18,9 @@ Tile order: ``GROUP_M`` consecutive row tiles (rows of one expert, or of neighbo
 for each column tile before the next, so the weight tile a wave reads is shared by the row tiles
 running at the same time and is fetched from HBM about once. With ``NUM_PROGRAMS`` below the tile
 count the grid is persistent: each program loops over tiles ``pid, pid + NUM_PROGRAMS, ...``.
+Row tiles are ``BLOCK_M`` rows of one expert, or with ``HALF_TILES`` taken from a tile table in
+which an expert's last tile may be ``BLOCK_M / 2`` rows (``moe_align_half_tiles``): each tile
+runs one of two bodies compiled for the two heights, so padding stays under half a tile.
 FP8 scales are applied per K block (``BLOCK_K`` divides the 128-wide scale block), in one of two
 ways (``TmaGemmTile.rescale``): each K block's product in a fresh accumulator, scaled and added to
 the running one (two accumulators live), or one accumulator that is re-expressed over the next K
@@ -66,12 +69,16 @@ class TmaMoeConfig:
     by one pass before it (``sorted_rows.py``; FP8 quantises in that pass), as plain tiles
     through a tensor descriptor, instead of gathering rows by token in its K loop, whose pointer
     tile holds registers that 128-row tiles need (ptxas: FP8 64x128 gate-up 316 bytes of spills
-    gathered, none sorted)."""
+    gathered, none sorted).
+    ``half_tiles``: segments padded to ``block_m / 2`` and an expert's last row tile half height
+    when that covers it (``moe_align_half_tiles``): at 192 rows an expert, 192 rows computed
+    instead of 256. The kernels then branch per tile between two tile bodies."""
 
     block_m: int
     gemm1: TmaGemmTile
     gemm2: TmaGemmTile
     sorted_a: bool = False
+    half_tiles: bool = False
 
 
 @triton.jit
@@ -228,8 +235,130 @@ def _gate_up_paired(
 
 
 @triton.jit
+def _tile_at(pid_m, expert_ids_ptr, BLOCK_M: tl.constexpr, HALF_TILES: tl.constexpr):
+    """Row tile ``pid_m``'s first row and expert: from the tile table of
+    ``moe_align_half_tiles`` (rows ``(first row, expert, half)``) with HALF_TILES, else the
+    ``BLOCK_M``-row blocks of ``moe_align_block_size`` (``expert_ids`` per block)."""
+    if HALF_TILES:
+        row0 = tl.load(expert_ids_ptr + 3 * pid_m)
+        expert = tl.load(expert_ids_ptr + 3 * pid_m + 1)
+    else:
+        row0 = pid_m * BLOCK_M
+        expert = tl.load(expert_ids_ptr + pid_m)
+    return row0, expert
+
+
+@triton.jit
+def _gate_up_tile(
+    a_ptr,
+    a_scale_ptr,
+    w_desc,
+    w_scale_ptr,
+    out_ptr,
+    out_scale_ptr,
+    sorted_ids_ptr,
+    row0,
+    expert,
+    pid_n,
+    num_slots,
+    inter,
+    top_k,
+    k_steps,
+    stride_am,
+    stride_asm,
+    stride_wse,
+    stride_wsn,
+    stride_om,
+    stride_osm,
+    limit,
+    eps,
+    SCALE_BLOCK: tl.constexpr,
+    FP8: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_LIMIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PAIRED: tl.constexpr,
+    RESCALE: tl.constexpr,
+    A_SORTED: tl.constexpr,
+):
+    # One [BLOCK_M, BLOCK_N] output tile of rows row0.. (one expert's) through the epilogue.
+    pos = row0 + tl.arange(0, BLOCK_M)
+    slot = tl.load(sorted_ids_ptr + pos)
+    row_ok = slot < num_slots
+    if A_SORTED:  # ``a_ptr`` is a tensor descriptor over the sorted rows [P, H]
+        a_src = a_ptr
+        as_ptrs = a_scale_ptr + pos.to(tl.int64) * stride_asm
+    else:  # gathered by token, row by row
+        a_row = (slot // top_k).to(tl.int64)
+        a_src = a_ptr + a_row[:, None] * stride_am + tl.arange(0, BLOCK_K)[None, :]
+        as_ptrs = a_scale_ptr + a_row * stride_asm
+    ws_base = w_scale_ptr + expert.to(tl.int64) * stride_wse
+    if PAIRED:
+        acc_g, acc_u = _gate_up_paired(
+            a_src,
+            row0,
+            as_ptrs,
+            row_ok,
+            w_desc,
+            ws_base,
+            stride_wsn,
+            expert,
+            pid_n,
+            inter,
+            k_steps,
+            SCALE_BLOCK,
+            FP8,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            A_SORTED,
+        )
+    else:
+        acc_g, acc_u = _gate_up_split(
+            a_src,
+            row0,
+            as_ptrs,
+            row_ok,
+            w_desc,
+            ws_base,
+            stride_wsn,
+            expert,
+            pid_n,
+            inter,
+            k_steps,
+            SCALE_BLOCK,
+            FP8,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            A_SORTED,
+            RESCALE,
+        )
+    act = gated_act(acc_g, acc_u, limit, ACTIVATION, HAS_LIMIT)
+    # Padding rows computed act(0, 0) = 0: they are written too, so the down GEMM reads
+    # whole tiles (their products are never stored).
+    out_rows = pos.to(tl.int64)
+    out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_ptrs = out_ptr + out_rows[:, None] * stride_om + out_cols[None, :]
+    if FP8:
+        # The bf16 rounding the unfused path stores, then that path's per-128 quantisation.
+        h = act.to(tl.bfloat16).to(tl.float32)
+        groups: tl.constexpr = BLOCK_N // SCALE_BLOCK
+        q, s = quant_rows_fp8(tl.reshape(h, (BLOCK_M * groups, SCALE_BLOCK)), eps)
+        tl.store(out_ptrs, tl.reshape(q, (BLOCK_M, BLOCK_N)).to(out_ptr.dtype.element_ty))
+        g_idx = pid_n * groups + tl.arange(0, groups)
+        s_ptrs = out_scale_ptr + out_rows[:, None] * stride_osm + g_idx[None, :]
+        tl.store(s_ptrs, tl.reshape(s, (BLOCK_M, groups)))
+    else:
+        tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _gate_up_tma_kernel(
     a_ptr,
+    a_half_ptr,
     a_scale_ptr,
     w_desc,
     w_scale_ptr,
@@ -263,92 +392,195 @@ def _gate_up_tma_kernel(
     PAIRED: tl.constexpr,
     RESCALE: tl.constexpr,
     A_SORTED: tl.constexpr,
+    HALF_TILES: tl.constexpr,
 ):
-    num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M  # only the used part of the sorted rows
+    # HALF_TILES: ``expert_ids_ptr`` is the tile table and ``ntpp_ptr`` its length (align.py);
+    # ``a_half_ptr`` is the half-height descriptor of the sorted rows (A_SORTED).
+    if HALF_TILES:
+        num_m_blocks = tl.load(ntpp_ptr)
+    else:
+        num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M  # only the used part of the sorted rows
     num_n_blocks = inter // BLOCK_N
     num_tiles = num_m_blocks * num_n_blocks
     k_steps = k_dim // BLOCK_K
-    offs_k = tl.arange(0, BLOCK_K)
     for tile in tl.range(
         tl.program_id(0), num_tiles, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE
     ):
         pid_m, pid_n = _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
-        expert = tl.load(expert_ids_ptr + pid_m)
-        row0 = pid_m * BLOCK_M
-        pos = row0 + tl.arange(0, BLOCK_M)
-        slot = tl.load(sorted_ids_ptr + pos)
-        row_ok = slot < num_slots
-        if A_SORTED:  # ``a_ptr`` is a tensor descriptor over the sorted rows [P, H]
-            a_src = a_ptr
-            as_ptrs = a_scale_ptr + pos.to(tl.int64) * stride_asm
-        else:  # gathered by token, row by row
-            a_row = (slot // top_k).to(tl.int64)
-            a_src = a_ptr + a_row[:, None] * stride_am + offs_k[None, :]
-            as_ptrs = a_scale_ptr + a_row * stride_asm
-        ws_base = w_scale_ptr + expert.to(tl.int64) * stride_wse
-        if PAIRED:
-            acc_g, acc_u = _gate_up_paired(
-                a_src,
-                row0,
-                as_ptrs,
-                row_ok,
-                w_desc,
-                ws_base,
-                stride_wsn,
-                expert,
-                pid_n,
-                inter,
-                k_steps,
-                SCALE_BLOCK,
-                FP8,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                A_SORTED,
-            )
+        row0, expert = _tile_at(pid_m, expert_ids_ptr, BLOCK_M, HALF_TILES)
+        if HALF_TILES:  # the tile table says which of two bodies a tile runs
+            if tl.load(expert_ids_ptr + 3 * pid_m + 2) != 0:
+                _gate_up_tile(
+                    a_half_ptr,
+                    a_scale_ptr,
+                    w_desc,
+                    w_scale_ptr,
+                    out_ptr,
+                    out_scale_ptr,
+                    sorted_ids_ptr,
+                    row0,
+                    expert,
+                    pid_n,
+                    num_slots,
+                    inter,
+                    top_k,
+                    k_steps,
+                    stride_am,
+                    stride_asm,
+                    stride_wse,
+                    stride_wsn,
+                    stride_om,
+                    stride_osm,
+                    limit,
+                    eps,
+                    SCALE_BLOCK,
+                    FP8,
+                    ACTIVATION,
+                    HAS_LIMIT,
+                    BLOCK_M // 2,
+                    BLOCK_N,
+                    BLOCK_K,
+                    PAIRED,
+                    RESCALE,
+                    A_SORTED,
+                )
+            else:
+                _gate_up_tile(
+                    a_ptr,
+                    a_scale_ptr,
+                    w_desc,
+                    w_scale_ptr,
+                    out_ptr,
+                    out_scale_ptr,
+                    sorted_ids_ptr,
+                    row0,
+                    expert,
+                    pid_n,
+                    num_slots,
+                    inter,
+                    top_k,
+                    k_steps,
+                    stride_am,
+                    stride_asm,
+                    stride_wse,
+                    stride_wsn,
+                    stride_om,
+                    stride_osm,
+                    limit,
+                    eps,
+                    SCALE_BLOCK,
+                    FP8,
+                    ACTIVATION,
+                    HAS_LIMIT,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                    PAIRED,
+                    RESCALE,
+                    A_SORTED,
+                )
         else:
-            acc_g, acc_u = _gate_up_split(
-                a_src,
-                row0,
-                as_ptrs,
-                row_ok,
+            _gate_up_tile(
+                a_ptr,
+                a_scale_ptr,
                 w_desc,
-                ws_base,
-                stride_wsn,
+                w_scale_ptr,
+                out_ptr,
+                out_scale_ptr,
+                sorted_ids_ptr,
+                row0,
                 expert,
                 pid_n,
+                num_slots,
                 inter,
+                top_k,
                 k_steps,
+                stride_am,
+                stride_asm,
+                stride_wse,
+                stride_wsn,
+                stride_om,
+                stride_osm,
+                limit,
+                eps,
                 SCALE_BLOCK,
                 FP8,
+                ACTIVATION,
+                HAS_LIMIT,
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
-                A_SORTED,
+                PAIRED,
                 RESCALE,
+                A_SORTED,
             )
-        act = gated_act(acc_g, acc_u, limit, ACTIVATION, HAS_LIMIT)
-        # Padding rows computed act(0, 0) = 0: they are written too, so the down GEMM reads
-        # whole tiles (their products are never stored).
-        out_rows = pos.to(tl.int64)
-        out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        out_ptrs = out_ptr + out_rows[:, None] * stride_om + out_cols[None, :]
-        if FP8:
-            # The bf16 rounding the unfused path stores, then that path's per-128 quantisation.
-            h = act.to(tl.bfloat16).to(tl.float32)
-            groups: tl.constexpr = BLOCK_N // SCALE_BLOCK
-            q, s = quant_rows_fp8(tl.reshape(h, (BLOCK_M * groups, SCALE_BLOCK)), eps)
-            tl.store(out_ptrs, tl.reshape(q, (BLOCK_M, BLOCK_N)).to(out_ptr.dtype.element_ty))
-            g_idx = pid_n * groups + tl.arange(0, groups)
-            s_ptrs = out_scale_ptr + out_rows[:, None] * stride_osm + g_idx[None, :]
-            tl.store(s_ptrs, tl.reshape(s, (BLOCK_M, groups)))
+
+
+@triton.jit
+def _down_tile(
+    a_desc,
+    a_scale_ptr,
+    w_desc,
+    w_scale_ptr,
+    out_ptr,
+    topk_weights_ptr,
+    sorted_ids_ptr,
+    row0,
+    expert,
+    pid_n,
+    num_slots,
+    n_cols,
+    k_steps,
+    stride_asm,
+    stride_wse,
+    stride_wsn,
+    stride_om,
+    SCALE_BLOCK: tl.constexpr,
+    FP8: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    RESCALE: tl.constexpr,
+):
+    w_row = expert * n_cols + pid_n * BLOCK_N
+    if FP8:
+        pos = row0 + tl.arange(0, BLOCK_M)
+        as_ptrs = a_scale_ptr + pos.to(tl.int64) * stride_asm
+        ws_base = w_scale_ptr + expert.to(tl.int64) * stride_wse
+        if RESCALE:  # the tile's columns lie in one scale block: one weight scale
+            ws_ptrs = ws_base + (pid_n * BLOCK_N // SCALE_BLOCK) * stride_wsn
         else:
-            tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty))
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            ws_ptrs = ws_base + (cols // SCALE_BLOCK) * stride_wsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    sa = tl.full((BLOCK_M,), 1.0, tl.float32)  # the scales acc is held in (RESCALE)
+    sw = tl.full((), 1.0, tl.float32)
+    for kb in range(k_steps):
+        k0 = kb * BLOCK_K
+        a = a_desc.load([row0, k0])
+        w = w_desc.load([w_row, k0])
+        if FP8:
+            ks = k0 // SCALE_BLOCK
+            a_s = tl.load(as_ptrs + ks)
+            w_s = tl.load(ws_ptrs + ks)
+            acc, sa, sw = _fp8_kblock(acc, a, w, a_s, w_s, sa, sw, RESCALE)
+        else:
+            acc = tl.dot(a, w.T, acc)
+    if FP8:
+        acc = _fp8_unscaled(acc, sa, sw, RESCALE)
+    slot = tl.load(sorted_ids_ptr + row0 + tl.arange(0, BLOCK_M))
+    row_ok = slot < num_slots
+    weight = tl.load(topk_weights_ptr + slot, mask=row_ok, other=0.0)
+    acc = acc * weight[:, None]
+    out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_ptrs = out_ptr + slot.to(tl.int64)[:, None] * stride_om + out_cols[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
 def _down_tma_kernel(
     a_desc,
+    a_half_desc,
     a_scale_ptr,
     w_desc,
     w_scale_ptr,
@@ -373,8 +605,13 @@ def _down_tma_kernel(
     NUM_PROGRAMS: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     RESCALE: tl.constexpr,
+    HALF_TILES: tl.constexpr,
 ):
-    num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M
+    # HALF_TILES as in the gate-up kernel; ``a_half_desc`` reads half-height row tiles.
+    if HALF_TILES:
+        num_m_blocks = tl.load(ntpp_ptr)
+    else:
+        num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M
     num_n_blocks = n_cols // BLOCK_N
     num_tiles = num_m_blocks * num_n_blocks
     k_steps = k_dim // BLOCK_K
@@ -382,41 +619,86 @@ def _down_tma_kernel(
         tl.program_id(0), num_tiles, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE
     ):
         pid_m, pid_n = _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
-        expert = tl.load(expert_ids_ptr + pid_m)
-        row0 = pid_m * BLOCK_M
-        w_row = expert * n_cols + pid_n * BLOCK_N
-        if FP8:
-            pos = row0 + tl.arange(0, BLOCK_M)
-            as_ptrs = a_scale_ptr + pos.to(tl.int64) * stride_asm
-            ws_base = w_scale_ptr + expert.to(tl.int64) * stride_wse
-            if RESCALE:  # the tile's columns lie in one scale block: one weight scale
-                ws_ptrs = ws_base + (pid_n * BLOCK_N // SCALE_BLOCK) * stride_wsn
+        row0, expert = _tile_at(pid_m, expert_ids_ptr, BLOCK_M, HALF_TILES)
+        if HALF_TILES:  # the tile table says which of two bodies a tile runs
+            if tl.load(expert_ids_ptr + 3 * pid_m + 2) != 0:
+                _down_tile(
+                    a_half_desc,
+                    a_scale_ptr,
+                    w_desc,
+                    w_scale_ptr,
+                    out_ptr,
+                    topk_weights_ptr,
+                    sorted_ids_ptr,
+                    row0,
+                    expert,
+                    pid_n,
+                    num_slots,
+                    n_cols,
+                    k_steps,
+                    stride_asm,
+                    stride_wse,
+                    stride_wsn,
+                    stride_om,
+                    SCALE_BLOCK,
+                    FP8,
+                    BLOCK_M // 2,
+                    BLOCK_N,
+                    BLOCK_K,
+                    RESCALE,
+                )
             else:
-                cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-                ws_ptrs = ws_base + (cols // SCALE_BLOCK) * stride_wsn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        sa = tl.full((BLOCK_M,), 1.0, tl.float32)  # the scales acc is held in (RESCALE)
-        sw = tl.full((), 1.0, tl.float32)
-        for kb in range(k_steps):
-            k0 = kb * BLOCK_K
-            a = a_desc.load([row0, k0])
-            w = w_desc.load([w_row, k0])
-            if FP8:
-                ks = k0 // SCALE_BLOCK
-                a_s = tl.load(as_ptrs + ks)
-                w_s = tl.load(ws_ptrs + ks)
-                acc, sa, sw = _fp8_kblock(acc, a, w, a_s, w_s, sa, sw, RESCALE)
-            else:
-                acc = tl.dot(a, w.T, acc)
-        if FP8:
-            acc = _fp8_unscaled(acc, sa, sw, RESCALE)
-        slot = tl.load(sorted_ids_ptr + row0 + tl.arange(0, BLOCK_M))
-        row_ok = slot < num_slots
-        weight = tl.load(topk_weights_ptr + slot, mask=row_ok, other=0.0)
-        acc = acc * weight[:, None]
-        out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        out_ptrs = out_ptr + slot.to(tl.int64)[:, None] * stride_om + out_cols[None, :]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+                _down_tile(
+                    a_desc,
+                    a_scale_ptr,
+                    w_desc,
+                    w_scale_ptr,
+                    out_ptr,
+                    topk_weights_ptr,
+                    sorted_ids_ptr,
+                    row0,
+                    expert,
+                    pid_n,
+                    num_slots,
+                    n_cols,
+                    k_steps,
+                    stride_asm,
+                    stride_wse,
+                    stride_wsn,
+                    stride_om,
+                    SCALE_BLOCK,
+                    FP8,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                    RESCALE,
+                )
+        else:
+            _down_tile(
+                a_desc,
+                a_scale_ptr,
+                w_desc,
+                w_scale_ptr,
+                out_ptr,
+                topk_weights_ptr,
+                sorted_ids_ptr,
+                row0,
+                expert,
+                pid_n,
+                num_slots,
+                n_cols,
+                k_steps,
+                stride_asm,
+                stride_wse,
+                stride_wsn,
+                stride_om,
+                SCALE_BLOCK,
+                FP8,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                RESCALE,
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -427,6 +709,11 @@ def _down_tma_kernel(
 def tma_config_fits(cfg: TmaMoeConfig, hidden: int, inter: int, fp8: bool, scale_block: int) -> str:
     """Why ``cfg`` cannot run these shapes ('' when it can): the kernels take whole tiles."""
     g1, g2 = cfg.gemm1, cfg.gemm2
+    if cfg.half_tiles:
+        if cfg.block_m % 32:
+            return f"half tiles need block_m a multiple of 32 (16-row dots), got {cfg.block_m}"
+        if g1.warp_specialize or g2.warp_specialize:
+            return "half tiles branch per tile; warp-specialised loops are not built for that"
     if inter % g1.block_n or hidden % g1.block_k:
         return f"gate-up tile {g1.block_n}x{g1.block_k} does not divide I={inter}, H={hidden}"
     if hidden % g2.block_n or inter % g2.block_k:
@@ -465,10 +752,15 @@ def launch_gate_up_tma(
     limit: float | None,
     num_sms: int,
     a_sorted: bool = False,
+    tiles: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """``out`` [P, I] in sorted row order (bf16, or e4m3 with ``out_scale`` [P, I/128] fp32).
-    ``a`` is [T, H] by token, or with ``a_sorted`` [P, H] in sorted order (``sorted_rows``)."""
+    ``a`` is [T, H] by token, or with ``a_sorted`` [P, H] in sorted order (``sorted_rows``).
+    ``tiles``: the half-tile table and its length (``moe_align_half_tiles``, ``align`` then to
+    ``block_m / 2``); without it, ``align``'s ``block_m``-row blocks."""
     sorted_ids, expert_ids, ntpp = align
+    if tiles is not None:
+        expert_ids, ntpp = tiles
     e, two_i, h = w13.shape
     inter = two_i // 2
     fp8 = w13.dtype == FP8_DTYPE
@@ -484,8 +776,12 @@ def launch_gate_up_tma(
     scale_w = w13_scale if w13_scale is not None else a
     scale_o = out_scale if out_scale is not None else out
     a_arg = TensorDescriptor.from_tensor(a, [block_m, tile.block_k]) if a_sorted else a
+    a_half = a_arg
+    if a_sorted and tiles is not None:
+        a_half = TensorDescriptor.from_tensor(a, [block_m // 2, tile.block_k])
     _gate_up_tma_kernel[(programs,)](
         a_arg,
+        a_half,
         scale_a,
         w_desc,
         scale_w,
@@ -519,6 +815,7 @@ def launch_gate_up_tma(
         PAIRED=tile.paired,
         RESCALE=tile.rescale,
         A_SORTED=a_sorted,
+        HALF_TILES=tiles is not None,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )
@@ -538,13 +835,20 @@ def launch_down_tma(
     tile: TmaGemmTile,
     scale_block: int,
     num_sms: int,
+    tiles: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """``a`` [P, I] sorted (from :func:`launch_gate_up_tma`) -> ``out`` [S, H] by (token, slot)
-    row, each row times its top-k weight (fp32 ``topk_weights`` flattened [S])."""
+    row, each row times its top-k weight (fp32 ``topk_weights`` flattened [S]); ``tiles`` as
+    for the gate-up."""
     sorted_ids, expert_ids, ntpp = align
+    if tiles is not None:
+        expert_ids, ntpp = tiles
     e, h, inter = w2.shape
     fp8 = w2.dtype == FP8_DTYPE
     a_desc = TensorDescriptor.from_tensor(a, [block_m, tile.block_k])
+    a_half = a_desc
+    if tiles is not None:
+        a_half = TensorDescriptor.from_tensor(a, [block_m // 2, tile.block_k])
     w_desc = TensorDescriptor.from_tensor(w2.view(e * h, inter), [tile.block_n, tile.block_k])
     max_tiles = expert_ids.shape[0] * (h // tile.block_n)
     programs = _num_programs(tile, max_tiles, num_sms)
@@ -552,6 +856,7 @@ def launch_down_tma(
     scale_w = w2_scale if w2_scale is not None else a
     _down_tma_kernel[(programs,)](
         a_desc,
+        a_half,
         scale_a,
         w_desc,
         scale_w,
@@ -576,6 +881,7 @@ def launch_down_tma(
         NUM_PROGRAMS=programs,
         WARP_SPECIALIZE=tile.warp_specialize,
         RESCALE=tile.rescale,
+        HALF_TILES=tiles is not None,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )

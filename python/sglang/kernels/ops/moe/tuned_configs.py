@@ -59,6 +59,7 @@ def tma_config_from_dict(d: dict[str, Any]) -> TmaMoeConfig:
         TmaGemmTile(**d["gemm1"]),
         TmaGemmTile(**d["gemm2"]),
         sorted_a=bool(d.get("sorted_a", False)),
+        half_tiles=bool(d.get("half_tiles", False)),
     )
 
 

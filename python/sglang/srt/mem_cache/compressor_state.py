@@ -94,6 +94,42 @@ class CompressorState:
     def pending_score(self) -> torch.Tensor:
         return self._pending_score[: self.num_pending]
 
+    @property
+    def pending_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole ``[ratio, coff*D]`` pending buffers (rows ``0 .. num_pending`` are used)."""
+        return self._pending_kv, self._pending_score
+
+    def finish_blocks(
+        self, kv: torch.Tensor, score: torch.Tensor, nb: int, ape: torch.Tensor
+    ) -> None:
+        """After a kernel pooled ``nb`` blocks from the pending rows and the new ``kv`` /
+        ``score`` rows without writing the state (``compress_prefill``): with overlap the last
+        block's first halves (scores plus ``ape``) become the previous block, and the rows past
+        the blocks become the pending rows; the same values :meth:`take_complete_blocks` and
+        ``KVCompressor.append``'s torch path leave. The entries are the caller's to append."""
+        ratio, pend, new = self.ratio, self.num_pending, kv.shape[0]
+        if nb and self.overlap:
+            assert self.prev_kv is not None and self.prev_score is not None
+            d, start = self.dim, (nb - 1) * ratio - pend  # the last block's first row in ``kv``
+            if start >= 0:
+                last_kv, last_score = kv[start : start + ratio, :d], score[start : start + ratio]
+                last_score = last_score[:, :d]
+            else:  # one block, begun in the pending rows
+                last_kv = torch.cat([self._pending_kv[:pend, :d], kv[: ratio - pend, :d]])
+                last_score = torch.cat([self._pending_score[:pend, :d], score[: ratio - pend, :d]])
+            self.prev_kv.copy_(last_kv)
+            torch.add(last_score, ape.float()[:, :d], out=self.prev_score)
+        if nb:
+            left = nb * ratio - pend  # the first row of ``kv`` not in a block
+            rest = new - left
+            self._pending_kv[:rest] = kv[left:]
+            self._pending_score[:rest] = score[left:]
+        else:
+            rest = pend + new
+            self._pending_kv[pend:rest] = kv
+            self._pending_score[pend:rest] = score
+        self.num_pending = rest
+
     def sync_to(self, num_tokens: int) -> None:
         """Set the host counters for ``num_tokens`` consumed tokens (after a static decode wrote
         the buffers itself)."""

@@ -150,19 +150,18 @@ def _keep_previous(
 
 
 @triton.jit
-def _emit(
-    even, odd, i, pos, slot, table_ptr, table_stride, norm_w_ptr, inv_freq_ptr, entries_ptr,
-    rows_per_block, eps, rope_factor,
+def norm_rope_entry(
+    even, odd, i, block, norm_w_ptr, inv_freq_ptr, eps, rope_factor,
     RATIO: tl.constexpr, D: tl.constexpr, ROPE_HALF: tl.constexpr,
 ):  # fmt: skip
-    """RMSNorm, RoPE and the entry write of a pooled row (``even`` / ``odd`` channels ``2i`` /
-    ``2i + 1``, fp32)."""
+    """RMSNorm and RoPE of block ``block``'s pooled row (``even`` / ``odd`` channels ``2i`` /
+    ``2i + 1``, fp32) -> the entry's channels, fp32: ``KVCompressor.emit``'s maths after the
+    pooling (shared with the prefill kernel)."""
     # RMSNorm: x * rsqrt(mean(x^2) + eps) * weight
     rs = tl.rsqrt((tl.sum(even * even, axis=0) + tl.sum(odd * odd, axis=0)) / D + eps)
     even = even * rs * tl.load(norm_w_ptr + 2 * i)
     odd = odd * rs * tl.load(norm_w_ptr + 2 * i + 1)
     # RoPE on the last ROPE_HALF pairs at the block's first position
-    block = pos // RATIO
     k = i - (D // 2 - ROPE_HALF)
     rot = k >= 0
     inv = tl.load(inv_freq_ptr + k, mask=rot, other=0.0)
@@ -171,6 +170,21 @@ def _emit(
     s = tl.sin(freq) * rope_factor
     out_even = tl.where(rot, even * c - odd * s, even)
     out_odd = tl.where(rot, odd * c + even * s, odd)
+    return out_even, out_odd
+
+
+@triton.jit
+def _emit(
+    even, odd, i, pos, slot, table_ptr, table_stride, norm_w_ptr, inv_freq_ptr, entries_ptr,
+    rows_per_block, eps, rope_factor,
+    RATIO: tl.constexpr, D: tl.constexpr, ROPE_HALF: tl.constexpr,
+):  # fmt: skip
+    """RMSNorm, RoPE and the entry write of a pooled row (``even`` / ``odd`` channels ``2i`` /
+    ``2i + 1``, fp32)."""
+    block = pos // RATIO
+    out_even, out_odd = norm_rope_entry(
+        even, odd, i, block, norm_w_ptr, inv_freq_ptr, eps, rope_factor, RATIO, D, ROPE_HALF
+    )
     # The entry's address through the block table (paged_index.row_address)
     blk = tl.load(table_ptr + slot * table_stride + block // rows_per_block).to(tl.int64)
     dst = entries_ptr + (blk * rows_per_block + block % rows_per_block) * D

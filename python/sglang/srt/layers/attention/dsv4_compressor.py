@@ -19,11 +19,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang.kernels.ops.attention.compressor_prefill import (
+    compress_prefill,
+    compress_prefill_reason,
+)
+from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
 from sglang.srt.mem_cache.compressor_state import CompressorState
+from sglang.srt.utils.log import get_logger, log_path_once
+
+logger = get_logger(__name__)
 
 
 class KVCompressor(nn.Module):
@@ -85,7 +93,30 @@ class KVCompressor(nn.Module):
         rotary: InterleavedRotaryEmbedding,
     ) -> torch.Tensor:
         """Feed one request's next tokens' projections; emit (into ``state.entries``) and return the
-        entries of every block they complete, ``[nb, D]`` in the state's entry dtype."""
+        entries of every block they complete, ``[nb, D]`` in the state's entry dtype. Where
+        Triton runs and the block fits one tile (ratio 4) one kernel pools every block
+        (``compress_prefill``; the torch chain below is its reference and the CPU path)."""
+        if self._use_prefill_kernel(state, kv, score, rotary):
+            pending_kv, pending_score = state.pending_buffers
+            entries = compress_prefill(
+                kv,
+                score,
+                pending_kv=pending_kv,
+                pending_score=pending_score,
+                num_pending=state.num_pending,
+                prev_kv=state.prev_kv,
+                prev_score=state.prev_score,
+                first_block=state.num_entries,
+                ape=self.ape,
+                norm_weight=self.norm.weight,
+                eps=self.norm.eps,
+                inv_freq=rotary.inv_freq,
+                rope_factor=rotary.spec.attention_factor,
+                entry_dtype=state.entries.buf.dtype,
+            )
+            state.finish_blocks(kv, score, entries.shape[0], self.ape)
+            state.entries.append(entries)
+            return entries
         blocks_kv, blocks_score, first = state.take_complete_blocks(kv, score)
         nb = blocks_kv.shape[0]
         if nb == 0:
@@ -106,6 +137,29 @@ class KVCompressor(nn.Module):
         entries = self.emit(cand_kv, cand_score, blocks, rotary, state.entries.buf.dtype)
         state.entries.append(entries)
         return entries
+
+    def _use_prefill_kernel(
+        self,
+        state: CompressorState,
+        kv: torch.Tensor,
+        score: torch.Tensor,
+        rotary: InterleavedRotaryEmbedding,
+    ) -> bool:
+        why = (
+            compress_prefill_reason(
+                kv,
+                score,
+                self.ratio,
+                self.dim,
+                self.overlap,
+                rotary.inv_freq.shape[0],
+                state.entries.buf.dtype,
+            )
+            if triton_can_run(kv)
+            else "Triton cannot run on these tensors"
+        )
+        log_path_once(logger, f"DeepSeek V4 compressor prefill (ratio {self.ratio})", why)
+        return why is None
 
     def emit(
         self,

@@ -1,0 +1,196 @@
+"""One request's prefill chunk through DeepSeek V4's KV compressor: every block the chunk
+completes pooled into its entry in one launch (one program a block).
+
+The chunk's projected ``kv`` / ``score [T, coff*D]`` (fp32, rows may be strided) follow the
+state's ``num_pending`` pending rows: together they are rows ``0 .. num_pending + T`` of the
+blocks from ``first_block`` on, and ``nb = (num_pending + T) // ratio`` blocks complete. Program
+``b`` pools block ``first_block + b`` over its candidates (a per-channel softmax of ``score +
+ape`` weighting ``kv``; with overlap the previous block's rows through channels ``[:D]`` -- for
+``b = 0`` the state's kept previous block, whose scores already carry ``ape`` -- and the block's
+own rows through ``[D:]``), then RMSNorm, RoPE at position ``block * ratio`` and the cast
+(``norm_rope_entry``, shared with the decode kernel), and writes row ``b`` of ``out``. The maths
+is ``KVCompressor.append``'s (max, ``exp``, sum, divide, weighted sum in fp32); only summation
+order and Triton's ``exp`` differ.
+
+Reads only: the pending and previous rows are left for the caller to advance after the launch
+(``CompressorState.finish_blocks``), so no program reads what another writes. The torch chain
+it replaces was two dozen launches a chunk, which at an 8k prompt left the GPU waiting on the
+host (``docs/performance.md``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.kernels.ops.attention.compressor_decode import norm_rope_entry
+from sglang.kernels.ops.triton_dispatch import interpreter_enabled
+
+_TILE_ELEMS = 4096  # candidates x D/2 in one tile: ratio 4 (more candidates keep the torch path)
+_ENTRY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _block_candidates(
+    b, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
+    prev_score_ptr, ape_ptr, num_pending,
+    RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
+    CHUNK: tl.constexpr, OVERLAP: tl.constexpr,
+):  # fmt: skip
+    """Block ``b``'s candidates on channels ``ch`` -> ``(kv, score + ape)``, each
+    ``[CHUNK, len(ch)]``; past ``NC``: kv 0, score -inf (softmax weight 0)."""
+    cand = tl.arange(0, CHUNK).to(tl.int64)
+    valid = cand < NC
+    if OVERLAP:  # candidates < RATIO: the previous block's first halves; then this block's second
+        own = valid & (cand >= RATIO)
+        j = tl.where(own, cand - RATIO, cand)
+        blk = tl.where(own, b, b - 1)
+        col = tl.where(own, D, 0)[:, None] + ch[None, :]
+        kept = valid & (blk < 0)  # block 0's previous block: the state's kept rows
+    else:
+        j = cand
+        blk = b + cand * 0
+        col = tl.zeros([CHUNK], tl.int64)[:, None] + ch[None, :]
+        kept = cand < 0
+    row = (blk * RATIO + j)[:, None]  # in the pending rows, then the chunk's
+    pend = row < num_pending
+    new = row - num_pending
+    kv_p = tl.where(pend, pend_kv_ptr + row * W + col, kv_ptr + new * kv_stride + col)
+    sc_p = tl.where(pend, pend_score_ptr + row * W + col, score_ptr + new * score_stride + col)
+    if OVERLAP:
+        prev = j[:, None] * D + ch[None, :]
+        kv_p = tl.where(kept[:, None], prev_kv_ptr + prev, kv_p)
+        sc_p = tl.where(kept[:, None], prev_score_ptr + prev, sc_p)
+    m = valid[:, None] & (ch[None, :] < D)
+    kv = tl.load(kv_p, mask=m, other=0.0)
+    sc = tl.load(sc_p, mask=m, other=float("-inf"))
+    # The kept previous rows already carry their ape (added when they were a block's own).
+    ape = tl.load(ape_ptr + j[:, None] * W + col, mask=m & ~kept[:, None], other=0.0)
+    return kv, sc + ape
+
+
+@triton.jit
+def _pooled(
+    b, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
+    prev_score_ptr, ape_ptr, num_pending,
+    RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
+    CHUNK: tl.constexpr, OVERLAP: tl.constexpr,
+):  # fmt: skip
+    """``sum_c softmax_c(score)[c] * kv[c]`` of block ``b`` on channels ``ch`` (fp32)."""
+    kv, sc = _block_candidates(
+        b, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
+        prev_kv_ptr, prev_score_ptr, ape_ptr, num_pending, RATIO, D, W, NC, CHUNK, OVERLAP,
+    )  # fmt: skip
+    e = tl.exp(sc - tl.max(sc, axis=0)[None, :])
+    prob = e / tl.sum(e, axis=0)[None, :]
+    return tl.sum(prob * kv, axis=0)
+
+
+@triton.jit
+def _prefill_kernel(
+    kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
+    prev_score_ptr, ape_ptr, norm_w_ptr, inv_freq_ptr, out_ptr, num_pending, first_block, eps,
+    rope_factor,
+    RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
+    CHUNK: tl.constexpr, ROPE_HALF: tl.constexpr, OVERLAP: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, D // 2).to(tl.int64)
+    # Even and odd channels pooled as separate tiles: each RoPE pair meets in one thread.
+    even = _pooled(
+        b, 2 * i, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
+        prev_kv_ptr, prev_score_ptr, ape_ptr, num_pending, RATIO, D, W, NC, CHUNK, OVERLAP,
+    )  # fmt: skip
+    odd = _pooled(
+        b, 2 * i + 1, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
+        prev_kv_ptr, prev_score_ptr, ape_ptr, num_pending, RATIO, D, W, NC, CHUNK, OVERLAP,
+    )  # fmt: skip
+    block = first_block + b
+    out_even, out_odd = norm_rope_entry(
+        even, odd, i, block, norm_w_ptr, inv_freq_ptr, eps, rope_factor,
+        RATIO, D, ROPE_HALF,
+    )  # fmt: skip
+    ty = out_ptr.dtype.element_ty
+    tl.store(out_ptr + b * D + 2 * i, out_even.to(ty))
+    tl.store(out_ptr + b * D + 2 * i + 1, out_odd.to(ty))
+
+
+def compress_prefill_reason(
+    kv: torch.Tensor, score: torch.Tensor, ratio: int, dim: int, overlap: bool, rope_half: int,
+    entry_dtype: torch.dtype,
+) -> str | None:  # fmt: skip
+    """Why :func:`compress_prefill` cannot take these (None: it can)."""
+    if dim < 2 or dim & (dim - 1):
+        return f"the kernel needs a power-of-two entry width, got {dim}"
+    candidates = (2 if overlap else 1) * ratio
+    if triton.next_power_of_2(candidates) * (dim // 2) > _TILE_ELEMS:
+        return f"{candidates} candidates x {dim // 2} channels do not fit one tile (ratio 4 does)"
+    if not 0 < 2 * rope_half <= dim:
+        return f"rope dims {2 * rope_half} do not fit the entry width {dim}"
+    if entry_dtype not in _ENTRY_DTYPES:
+        return f"the kernel writes fp32/bf16/fp16 entries, not {entry_dtype}"
+    if kv.dtype != torch.float32 or score.dtype != torch.float32:
+        return "the kernel takes fp32 projections"
+    if kv.dim() != 2 or kv.stride(-1) != 1 or score.dim() != 2 or score.stride(-1) != 1:
+        return "the kernel takes [T, width] projections with unit channel stride"
+    return None
+
+
+def compress_prefill(
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    *,
+    pending_kv: torch.Tensor,
+    pending_score: torch.Tensor,
+    num_pending: int,
+    prev_kv: torch.Tensor | None,
+    prev_score: torch.Tensor | None,
+    first_block: int,
+    ape: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    inv_freq: torch.Tensor,
+    rope_factor: float,
+    entry_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The entries ``[nb, D]`` (``entry_dtype``) of the blocks the chunk ``kv`` / ``score [T,
+    coff*D]`` completes after ``num_pending`` pending rows (``pending_kv`` / ``pending_score
+    [ratio, coff*D]`` fp32, contiguous); with overlap the kept previous block ``prev_kv`` /
+    ``prev_score [ratio, D]``. Nothing in the state is written (see the module docstring)."""
+    ratio, width = pending_kv.shape
+    d = norm_weight.shape[0]
+    overlap = prev_kv is not None
+    if (prev_score is not None) != overlap:
+        raise ValueError("prev_kv and prev_score come together (overlap) or not at all")
+    coff = 2 if overlap else 1
+    if kv.shape != score.shape or kv.shape[-1] != width or width != coff * d:
+        raise ValueError(
+            f"kv/score {tuple(kv.shape)}/{tuple(score.shape)} and pending rows "
+            f"{tuple(pending_kv.shape)} do not match {coff} x entry width {d}"
+        )
+    if not 0 <= num_pending < ratio:
+        raise ValueError(f"num_pending must be in [0, {ratio}), got {num_pending}")
+    why = compress_prefill_reason(kv, score, ratio, d, overlap, inv_freq.shape[0], entry_dtype)
+    if why is not None:
+        raise ValueError(why)
+    for name, t in (("pending_kv", pending_kv), ("pending_score", pending_score),
+                    ("prev_kv", prev_kv), ("prev_score", prev_score)):  # fmt: skip
+        if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
+            raise ValueError(f"{name} must be contiguous fp32")
+    nb = (num_pending + kv.shape[0]) // ratio
+    out = torch.empty(nb, d, dtype=entry_dtype, device=kv.device)
+    if nb == 0:
+        return out
+    nc = coff * ratio
+    # fp-contraction off: the torch path rounds every product (a fused e*c - o*s would not).
+    opts = {} if interpreter_enabled() else {"enable_fp_fusion": False}
+    _prefill_kernel[(nb,)](
+        kv, kv.stride(0), score, score.stride(0), pending_kv, pending_score,
+        prev_kv if overlap else pending_kv, prev_score if overlap else pending_score,
+        ape.float().contiguous(), norm_weight.float().contiguous(), inv_freq.float().contiguous(),
+        out, num_pending, first_block, float(eps), float(rope_factor),
+        RATIO=ratio, D=d, W=width, NC=nc, CHUNK=triton.next_power_of_2(nc),
+        ROPE_HALF=inv_freq.shape[0], OVERLAP=overlap, num_warps=4 if d <= 128 else 8, **opts,
+    )  # fmt: skip
+    return out

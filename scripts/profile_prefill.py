@@ -49,6 +49,7 @@ from sglang.srt.default_model.config import default_model_config
 from sglang.srt.default_model.generate import random_weights
 from sglang.srt.layers.attention import dsv4_attention as attn_module
 from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention
+from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
@@ -373,6 +374,19 @@ def _force_torch_core(force: bool) -> None:
     attn_module.prefill_kernel_reason = forced if force else _LAYER_KERNEL_REASON
 
 
+_COMPRESSOR_KERNEL = KVCompressor._use_prefill_kernel
+
+
+def _force_torch_compressor(force: bool) -> None:
+    """Make the compressors' prefill take the torch chain (``--cores compressor-torch``: the
+    attention kernels stay) or the fused kernel where it fits."""
+
+    def forced(*args: object) -> bool:
+        return False
+
+    KVCompressor._use_prefill_kernel = forced if force else _COMPRESSOR_KERNEL  # type: ignore[method-assign]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=8192)
@@ -382,7 +396,10 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--json", default=None)
     parser.add_argument(
-        "--cores", default="auto", help="comma list of auto (the layer's pick), torch"
+        "--cores",
+        default="auto",
+        help="comma list of auto (the layer's pick), torch (attention core and indexer select), "
+        "compressor-torch (the compressors' prefill torch chain, kernels elsewhere)",
     )
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument(
@@ -412,9 +429,10 @@ def main() -> None:
     name = torch.cuda.get_device_name() if cuda else "cpu (smoke)"
     results = []
     for core in args.cores.split(","):
-        if core not in ("auto", "torch"):
-            raise SystemExit(f"--cores takes auto and torch, got {core!r}")
+        if core not in ("auto", "torch", "compressor-torch"):
+            raise SystemExit(f"--cores takes auto, torch and compressor-torch, got {core!r}")
         _force_torch_core(core == "torch")
+        _force_torch_compressor(core == "compressor-torch")
         prefill_ms = median_run_ms(run, clock, args.repeats)
         times = module_times(model, run, clock)
         gflop = module_gflop(model, run)
@@ -434,6 +452,7 @@ def main() -> None:
             print_host_trace(run, cuda)
         results.append({"core": core, "prefill_ms": prefill_ms, "rows": [asdict(r) for r in rows]})
     _force_torch_core(False)
+    _force_torch_compressor(False)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"tokens": tokens, "runs": results}, f)

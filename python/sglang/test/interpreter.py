@@ -49,3 +49,12 @@ def call_in_interpreter(file: str, function: str, *args: object, timeout: float 
         f"ns[{function!r}]({call}); print('INTERPRETED_OK')"
     )
     run_under_interpreter(marker="INTERPRETED_OK", code=code, timeout=timeout)
+
+
+def run_interp_tests(file: str, flag: str, timeout: float = 300) -> None:
+    """Rerun the ``interp_`` tests of the test file ``file`` under the interpreter, with the
+    environment variable ``flag`` set to 1 so they know they are there (they skip elsewhere);
+    fails unless they all ran and passed."""
+    argv = ["-m", "pytest", file, "-q", "-k", "interp_", "-p", "no:cacheprovider"]
+    out = run_under_interpreter(marker="passed", argv=argv, env={flag: "1"}, timeout=timeout)
+    assert "skipped" not in out.splitlines()[-1], out[-4000:]

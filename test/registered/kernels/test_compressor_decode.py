@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +39,7 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import run_interp_tests
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=25)
@@ -237,20 +236,7 @@ def test_interp_bad_shapes_take_the_torch_path() -> None:
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_kernel_under_interpreter() -> None:
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", **{_FLAG: "1"})
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-k", "interp_"]
-    proc = subprocess.run(
-        [*cmd, "-p", "no:cacheprovider"],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, tail
-    assert "skipped" not in proc.stdout.splitlines()[-1], tail
+    run_interp_tests(str(Path(__file__).resolve()), _FLAG)
 
 
 def test_cpu_tensors_take_the_torch_path() -> None:

@@ -18,8 +18,6 @@ width with an 8192-token chunk.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +29,7 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
 from sglang.srt.mem_cache.compressor_state import CompressorState
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import run_interp_tests
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=20)
@@ -156,20 +155,7 @@ def test_interp_kernel_matches_torch(
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_kernel_under_interpreter() -> None:
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", **{_FLAG: "1"})
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-k", "interp_"]
-    proc = subprocess.run(
-        [*cmd, "-p", "no:cacheprovider"],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, tail
-    assert "skipped" not in proc.stdout.splitlines()[-1], tail
+    run_interp_tests(str(Path(__file__).resolve()), _FLAG)
 
 
 def test_unfit_cases_are_refused_with_the_reason() -> None:

@@ -167,6 +167,9 @@ def test_unfit_cases_are_refused_with_the_reason() -> None:
         compress_prefill_reason(kv.half(), kv.half(), 4, 512, True, 8, torch.float32)
     )
     assert "entries" in str(compress_prefill_reason(kv, kv, 4, 512, True, 8, torch.int8))
+    strided = torch.zeros(4, 2048)[:, ::2]
+    why = compress_prefill_reason(kv, kv, 4, 512, True, 8, torch.float32, (strided, None))
+    assert "contiguous fp32 pending" in str(why)
 
 
 def test_cpu_tensors_take_the_torch_path() -> None:

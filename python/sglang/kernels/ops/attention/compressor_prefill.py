@@ -118,9 +118,13 @@ def _prefill_kernel(
 
 def compress_prefill_reason(
     kv: torch.Tensor, score: torch.Tensor, ratio: int, dim: int, overlap: bool, rope_half: int,
-    entry_dtype: torch.dtype,
+    entry_dtype: torch.dtype, state: tuple[torch.Tensor | None, ...] = (),
 ) -> str | None:  # fmt: skip
-    """Why :func:`compress_prefill` cannot take these (None: it can)."""
+    """Why :func:`compress_prefill` cannot take these (None: it can); ``state``: the pending and
+    previous-block buffers it would read."""
+    for t in state:
+        if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
+            return "the kernel takes contiguous fp32 pending and previous-block rows"
     if dim < 2 or dim & (dim - 1):
         return f"the kernel needs a power-of-two entry width, got {dim}"
     candidates = (2 if overlap else 1) * ratio
@@ -171,13 +175,12 @@ def compress_prefill(
         )
     if not 0 <= num_pending < ratio:
         raise ValueError(f"num_pending must be in [0, {ratio}), got {num_pending}")
-    why = compress_prefill_reason(kv, score, ratio, d, overlap, inv_freq.shape[0], entry_dtype)
+    state = (pending_kv, pending_score, prev_kv, prev_score)
+    why = compress_prefill_reason(
+        kv, score, ratio, d, overlap, inv_freq.shape[0], entry_dtype, state
+    )
     if why is not None:
         raise ValueError(why)
-    for name, t in (("pending_kv", pending_kv), ("pending_score", pending_score),
-                    ("prev_kv", prev_kv), ("prev_score", prev_score)):  # fmt: skip
-        if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
-            raise ValueError(f"{name} must be contiguous fp32")
     nb = (num_pending + kv.shape[0]) // ratio
     out = torch.empty(nb, d, dtype=entry_dtype, device=kv.device)
     if nb == 0:

@@ -154,6 +154,7 @@ class KVCompressor(nn.Module):
                 self.overlap,
                 rotary.inv_freq.shape[0],
                 state.entries.buf.dtype,
+                (*state.pending_buffers, state.prev_kv, state.prev_score),
             )
             if triton_can_run(kv)
             else "Triton cannot run on these tensors"

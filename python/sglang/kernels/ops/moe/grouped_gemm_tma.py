@@ -251,27 +251,7 @@ def _tile_at(pid_m, expert_ids_ptr, BLOCK_M: tl.constexpr, HALF_TILES: tl.conste
 @triton.jit
 def _gate_up_tile(
     a_ptr,
-    a_scale_ptr,
-    w_desc,
-    w_scale_ptr,
-    out_ptr,
-    out_scale_ptr,
-    sorted_ids_ptr,
-    row0,
-    expert,
-    pid_n,
-    num_slots,
-    inter,
-    top_k,
-    k_steps,
-    stride_am,
-    stride_asm,
-    stride_wse,
-    stride_wsn,
-    stride_om,
-    stride_osm,
-    limit,
-    eps,
+    args,
     SCALE_BLOCK: tl.constexpr,
     FP8: tl.constexpr,
     ACTIVATION: tl.constexpr,
@@ -283,6 +263,11 @@ def _gate_up_tile(
     RESCALE: tl.constexpr,
     A_SORTED: tl.constexpr,
 ):
+    # ``args``: the kernel's runtime arguments and this tile's coordinates (one tuple, as the
+    # kernel passes it to each of its tile bodies).
+    (a_scale_ptr, w_desc, w_scale_ptr, out_ptr, out_scale_ptr, sorted_ids_ptr, row0, expert,
+     pid_n, num_slots, inter, top_k, k_steps, stride_am, stride_asm, stride_wse, stride_wsn,
+     stride_om, stride_osm, limit, eps) = args  # fmt: skip
     # One [BLOCK_M, BLOCK_N] output tile of rows row0.. (one expert's) through the epilogue.
     pos = row0 + tl.arange(0, BLOCK_M)
     slot = tl.load(sorted_ids_ptr + pos)
@@ -408,133 +393,33 @@ def _gate_up_tma_kernel(
     ):
         pid_m, pid_n = _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
         row0, expert = _tile_at(pid_m, expert_ids_ptr, BLOCK_M, HALF_TILES)
+        args = (
+            a_scale_ptr, w_desc, w_scale_ptr, out_ptr, out_scale_ptr, sorted_ids_ptr, row0, expert,
+            pid_n, num_slots, inter, top_k, k_steps, stride_am, stride_asm, stride_wse,
+            stride_wsn, stride_om, stride_osm, limit, eps,
+        )  # fmt: skip
         if HALF_TILES:  # the tile table says which of two bodies a tile runs
             if tl.load(expert_ids_ptr + 3 * pid_m + 2) != 0:
                 _gate_up_tile(
-                    a_half_ptr,
-                    a_scale_ptr,
-                    w_desc,
-                    w_scale_ptr,
-                    out_ptr,
-                    out_scale_ptr,
-                    sorted_ids_ptr,
-                    row0,
-                    expert,
-                    pid_n,
-                    num_slots,
-                    inter,
-                    top_k,
-                    k_steps,
-                    stride_am,
-                    stride_asm,
-                    stride_wse,
-                    stride_wsn,
-                    stride_om,
-                    stride_osm,
-                    limit,
-                    eps,
-                    SCALE_BLOCK,
-                    FP8,
-                    ACTIVATION,
-                    HAS_LIMIT,
-                    BLOCK_M // 2,
-                    BLOCK_N,
-                    BLOCK_K,
-                    PAIRED,
-                    RESCALE,
-                    A_SORTED,
-                )
+                    a_half_ptr, args, SCALE_BLOCK, FP8, ACTIVATION, HAS_LIMIT, BLOCK_M // 2,
+                    BLOCK_N, BLOCK_K, PAIRED, RESCALE, A_SORTED,
+                )  # fmt: skip
             else:
                 _gate_up_tile(
-                    a_ptr,
-                    a_scale_ptr,
-                    w_desc,
-                    w_scale_ptr,
-                    out_ptr,
-                    out_scale_ptr,
-                    sorted_ids_ptr,
-                    row0,
-                    expert,
-                    pid_n,
-                    num_slots,
-                    inter,
-                    top_k,
-                    k_steps,
-                    stride_am,
-                    stride_asm,
-                    stride_wse,
-                    stride_wsn,
-                    stride_om,
-                    stride_osm,
-                    limit,
-                    eps,
-                    SCALE_BLOCK,
-                    FP8,
-                    ACTIVATION,
-                    HAS_LIMIT,
-                    BLOCK_M,
-                    BLOCK_N,
-                    BLOCK_K,
-                    PAIRED,
-                    RESCALE,
-                    A_SORTED,
-                )
+                    a_ptr, args, SCALE_BLOCK, FP8, ACTIVATION, HAS_LIMIT, BLOCK_M, BLOCK_N,
+                    BLOCK_K, PAIRED, RESCALE, A_SORTED,
+                )  # fmt: skip
         else:
             _gate_up_tile(
-                a_ptr,
-                a_scale_ptr,
-                w_desc,
-                w_scale_ptr,
-                out_ptr,
-                out_scale_ptr,
-                sorted_ids_ptr,
-                row0,
-                expert,
-                pid_n,
-                num_slots,
-                inter,
-                top_k,
-                k_steps,
-                stride_am,
-                stride_asm,
-                stride_wse,
-                stride_wsn,
-                stride_om,
-                stride_osm,
-                limit,
-                eps,
-                SCALE_BLOCK,
-                FP8,
-                ACTIVATION,
-                HAS_LIMIT,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                PAIRED,
-                RESCALE,
-                A_SORTED,
-            )
+                a_ptr, args, SCALE_BLOCK, FP8, ACTIVATION, HAS_LIMIT, BLOCK_M, BLOCK_N, BLOCK_K,
+                PAIRED, RESCALE, A_SORTED,
+            )  # fmt: skip
 
 
 @triton.jit
 def _down_tile(
     a_desc,
-    a_scale_ptr,
-    w_desc,
-    w_scale_ptr,
-    out_ptr,
-    topk_weights_ptr,
-    sorted_ids_ptr,
-    row0,
-    expert,
-    pid_n,
-    num_slots,
-    n_cols,
-    k_steps,
-    stride_asm,
-    stride_wse,
-    stride_wsn,
-    stride_om,
+    args,
     SCALE_BLOCK: tl.constexpr,
     FP8: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -542,6 +427,10 @@ def _down_tile(
     BLOCK_K: tl.constexpr,
     RESCALE: tl.constexpr,
 ):
+    # ``args`` as for ``_gate_up_tile``.
+    (a_scale_ptr, w_desc, w_scale_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, row0, expert,
+     pid_n, num_slots, n_cols, k_steps, stride_asm, stride_wse, stride_wsn,
+     stride_om) = args  # fmt: skip
     w_row = expert * n_cols + pid_n * BLOCK_N
     if FP8:
         pos = row0 + tl.arange(0, BLOCK_M)
@@ -620,85 +509,20 @@ def _down_tma_kernel(
     ):
         pid_m, pid_n = _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
         row0, expert = _tile_at(pid_m, expert_ids_ptr, BLOCK_M, HALF_TILES)
+        args = (
+            a_scale_ptr, w_desc, w_scale_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, row0,
+            expert, pid_n, num_slots, n_cols, k_steps, stride_asm, stride_wse, stride_wsn,
+            stride_om,
+        )  # fmt: skip
         if HALF_TILES:  # the tile table says which of two bodies a tile runs
             if tl.load(expert_ids_ptr + 3 * pid_m + 2) != 0:
                 _down_tile(
-                    a_half_desc,
-                    a_scale_ptr,
-                    w_desc,
-                    w_scale_ptr,
-                    out_ptr,
-                    topk_weights_ptr,
-                    sorted_ids_ptr,
-                    row0,
-                    expert,
-                    pid_n,
-                    num_slots,
-                    n_cols,
-                    k_steps,
-                    stride_asm,
-                    stride_wse,
-                    stride_wsn,
-                    stride_om,
-                    SCALE_BLOCK,
-                    FP8,
-                    BLOCK_M // 2,
-                    BLOCK_N,
-                    BLOCK_K,
-                    RESCALE,
+                    a_half_desc, args, SCALE_BLOCK, FP8, BLOCK_M // 2, BLOCK_N, BLOCK_K, RESCALE
                 )
             else:
-                _down_tile(
-                    a_desc,
-                    a_scale_ptr,
-                    w_desc,
-                    w_scale_ptr,
-                    out_ptr,
-                    topk_weights_ptr,
-                    sorted_ids_ptr,
-                    row0,
-                    expert,
-                    pid_n,
-                    num_slots,
-                    n_cols,
-                    k_steps,
-                    stride_asm,
-                    stride_wse,
-                    stride_wsn,
-                    stride_om,
-                    SCALE_BLOCK,
-                    FP8,
-                    BLOCK_M,
-                    BLOCK_N,
-                    BLOCK_K,
-                    RESCALE,
-                )
+                _down_tile(a_desc, args, SCALE_BLOCK, FP8, BLOCK_M, BLOCK_N, BLOCK_K, RESCALE)
         else:
-            _down_tile(
-                a_desc,
-                a_scale_ptr,
-                w_desc,
-                w_scale_ptr,
-                out_ptr,
-                topk_weights_ptr,
-                sorted_ids_ptr,
-                row0,
-                expert,
-                pid_n,
-                num_slots,
-                n_cols,
-                k_steps,
-                stride_asm,
-                stride_wse,
-                stride_wsn,
-                stride_om,
-                SCALE_BLOCK,
-                FP8,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                RESCALE,
-            )
+            _down_tile(a_desc, args, SCALE_BLOCK, FP8, BLOCK_M, BLOCK_N, BLOCK_K, RESCALE)
 
 
 # --------------------------------------------------------------------------------------------

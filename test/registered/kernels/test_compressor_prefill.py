@@ -7,7 +7,8 @@ sizes cover no block completed, exactly one, one begun in the pending rows, many
 chunk. Projections are column halves of one tensor (as ``KVCompressor.project`` returns them).
 Checked after every chunk: pending and previous-block rows bit-equal (copies and one fp32 add on
 both sides), entries to 1e-6 of the largest (fp32; only summation order and ``exp`` differ) or
-within one bf16 ulp, and the counters. Cases: overlap (ratio 4) at the indexer (128) and
+within one bf16 ulp of the larger of the pair plus that 1e-6 (``assert_bf16_close``: two fp32 values
+1e-6 apart round to bf16 values that far apart too, which decides tiny entries), and the counters. Cases: overlap (ratio 4) at the indexer (128) and
 attention (512) widths, no overlap (ratio 8, width 128), fp32 and bf16 entries.
 
 On CPU the kernel runs under the Triton interpreter (``test_kernel_under_interpreter`` reruns
@@ -29,6 +30,7 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
 from sglang.srt.mem_cache.compressor_state import CompressorState
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.tolerance import assert_bf16_close, bf16_mismatches
 from sglang.test.interpreter import run_interp_tests
 from sglang.test.run import run_this_file
 
@@ -87,11 +89,6 @@ def make_states(
     return states[0], states[1]
 
 
-def ulp_bf16(x: torch.Tensor) -> torch.Tensor:
-    mag = x.float().abs().clamp_min(2.0**-120)
-    return torch.exp2(torch.floor(torch.log2(mag)) - 7)
-
-
 def check_states(got: CompressorState, want: CompressorState, entry_dtype: torch.dtype) -> None:
     assert (got.num_pending, got.num_entries) == (want.num_pending, want.num_entries)
     for a, b in zip(got.pending_buffers, want.pending_buffers, strict=True):
@@ -104,7 +101,7 @@ def check_states(got: CompressorState, want: CompressorState, entry_dtype: torch
         scale = e_want.abs().max().clamp_min(1e-30)
         assert ((e_got - e_want).abs().max() / scale).item() <= FP32_TOL
     else:
-        assert ((e_got - e_want).abs() <= ulp_bf16(e_want)).all(), "entries beyond one bf16 ulp"
+        assert_bf16_close(e_got, e_want, FP32_TOL)
 
 
 def run_chunks(
@@ -182,6 +179,19 @@ def test_cpu_tensors_take_the_torch_path() -> None:
 
 
 @pytest.mark.gpu
+def test_bf16_check_flags_two_ulps_and_passes_rounding_flips() -> None:
+    want = torch.tensor([1.0, 0.5, 3.0, 1e-4, 2e-4]).bfloat16()
+    got = want.float().clone()
+    got[0] = 1.0 + 2 * 2.0**-7  # two ulps: flagged
+    got[1] = 0.5 - 2.0**-9  # one ulp, across a power of two: allowed
+    got[3] = 1e-4 + 2e-6  # tiny entry, within 1e-6 of the largest (3.0): allowed
+    got[4] = got[4] + 1e-5  # tiny entry beyond the fp32 slack (3e-6) plus its ulp: flagged
+    bad = bf16_mismatches(got.bfloat16(), want, FP32_TOL)
+    assert bad.tolist() == [True, False, False, False, True]
+    with pytest.raises(AssertionError, match="2 of 5"):
+        assert_bf16_close(got, want, FP32_TOL)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dim,entry_dtype", [(512, torch.bfloat16), (128, torch.float32)])
 def test_gpu_kernel_matches_torch(

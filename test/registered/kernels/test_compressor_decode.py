@@ -40,9 +40,9 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
 from sglang.test.ci_register import register_cpu_ci
-from sglang.test.tolerance import assert_bf16_close
 from sglang.test.interpreter import run_interp_tests
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import assert_bf16_close
 
 register_cpu_ci(est_time=25)
 

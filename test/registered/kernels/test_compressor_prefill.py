@@ -7,9 +7,10 @@ sizes cover no block completed, exactly one, one begun in the pending rows, many
 chunk. Projections are column halves of one tensor (as ``KVCompressor.project`` returns them).
 Checked after every chunk: pending and previous-block rows bit-equal (copies and one fp32 add on
 both sides), entries to 1e-6 of the largest (fp32; only summation order and ``exp`` differ) or
-within one bf16 ulp of the larger of the pair plus that 1e-6 (``assert_bf16_close``: two fp32 values
-1e-6 apart round to bf16 values that far apart too, which decides tiny entries), and the counters. Cases: overlap (ratio 4) at the indexer (128) and
-attention (512) widths, no overlap (ratio 8, width 128), fp32 and bf16 entries.
+within one bf16 ulp of the larger of the pair plus that 1e-6 (``assert_bf16_close``: fp32 values
+that far apart stay as far apart in bf16, which decides tiny entries), and the counters. Cases:
+overlap (ratio 4) at the indexer (128) and attention (512) widths, no overlap (ratio 8, width
+128), fp32 and bf16 entries.
 
 On CPU the kernel runs under the Triton interpreter (``test_kernel_under_interpreter`` reruns
 the ``interp_`` tests in a subprocess); the ``gpu`` test runs the compiled kernel at the bench
@@ -30,9 +31,9 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
 from sglang.srt.mem_cache.compressor_state import CompressorState
 from sglang.test.ci_register import register_cpu_ci
-from sglang.test.tolerance import assert_bf16_close, bf16_mismatches
 from sglang.test.interpreter import run_interp_tests
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import assert_bf16_close, bf16_mismatches
 
 register_cpu_ci(est_time=20)
 

@@ -179,7 +179,6 @@ def test_cpu_tensors_take_the_torch_path() -> None:
     assert not comp._use_prefill_kernel(state, kv, kv, rotary)
 
 
-@pytest.mark.gpu
 def test_bf16_check_flags_two_ulps_and_passes_rounding_flips() -> None:
     want = torch.tensor([1.0, 0.5, 3.0, 1e-4, 2e-4]).bfloat16()
     got = want.float().clone()
@@ -193,6 +192,7 @@ def test_bf16_check_flags_two_ulps_and_passes_rounding_flips() -> None:
         assert_bf16_close(got, want, FP32_TOL)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dim,entry_dtype", [(512, torch.bfloat16), (128, torch.float32)])
 def test_gpu_kernel_matches_torch(

@@ -149,13 +149,13 @@ def run_case(
     tile: int | None = None,
 ) -> float:
     """``tile``: a smaller tile budget, so the candidates loop over chunks / split channels."""
-    old_tile = compressor_decode._TILE_ELEMS
+    old_tile = compressor_decode.TILE_ELEMS
     if tile is not None:
-        compressor_decode._TILE_ELEMS = tile
+        compressor_decode.TILE_ELEMS = tile
     try:
         return _run_case(ratio, overlap, dim, entry_dtype, device, steps)
     finally:
-        compressor_decode._TILE_ELEMS = old_tile
+        compressor_decode.TILE_ELEMS = old_tile
 
 
 def _run_case(

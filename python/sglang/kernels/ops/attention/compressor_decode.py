@@ -29,10 +29,14 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.ops.attention.compressor_entry import (
+    TILE_ELEMS,
+    EntryMaths,
+    entry_input_reason,
+    entry_warps,
+    norm_rope_entry,
+)
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
-
-_TILE_ELEMS = 4096  # candidates x D/2 per tile; larger candidate sets loop over chunks
-_ENTRY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -147,30 +151,6 @@ def _keep_previous(
     tl.debug_barrier()  # every thread has read the old previous block (the candidates)
     tl.store(prev_kv_ptr + prev, kv, mask=live)
     tl.store(prev_score_ptr + prev, sc, mask=live)
-
-
-@triton.jit
-def norm_rope_entry(
-    even, odd, i, block, norm_w_ptr, inv_freq_ptr, eps, rope_factor,
-    RATIO: tl.constexpr, D: tl.constexpr, ROPE_HALF: tl.constexpr,
-):  # fmt: skip
-    """RMSNorm and RoPE of block ``block``'s pooled row (``even`` / ``odd`` channels ``2i`` /
-    ``2i + 1``, fp32) -> the entry's channels, fp32: ``KVCompressor.emit``'s maths after the
-    pooling (shared with the prefill kernel)."""
-    # RMSNorm: x * rsqrt(mean(x^2) + eps) * weight
-    rs = tl.rsqrt((tl.sum(even * even, axis=0) + tl.sum(odd * odd, axis=0)) / D + eps)
-    even = even * rs * tl.load(norm_w_ptr + 2 * i)
-    odd = odd * rs * tl.load(norm_w_ptr + 2 * i + 1)
-    # RoPE on the last ROPE_HALF pairs at the block's first position
-    k = i - (D // 2 - ROPE_HALF)
-    rot = k >= 0
-    inv = tl.load(inv_freq_ptr + k, mask=rot, other=0.0)
-    freq = (block * RATIO).to(tl.float32) * inv
-    c = tl.cos(freq) * rope_factor
-    s = tl.sin(freq) * rope_factor
-    out_even = tl.where(rot, even * c - odd * s, even)
-    out_odd = tl.where(rot, odd * c + even * s, odd)
-    return out_even, out_odd
 
 
 @triton.jit
@@ -301,17 +281,9 @@ def compress_decode_reason(
     rope_half: int,
 ) -> str | None:
     """Why :func:`compress_decode` cannot take these tensors (None: it can)."""
-    d = entries.shape[-1]
-    if d < 2 or d & (d - 1):
-        return f"the kernel needs a power-of-two entry width, got {d}"
-    if not 0 < 2 * rope_half <= d:
-        return f"rope dims {2 * rope_half} do not fit the entry width {d}"
-    if entries.dtype not in _ENTRY_DTYPES:
-        return f"the kernel writes fp32/bf16/fp16 entries, not {entries.dtype}"
-    if kv.dtype != torch.float32 or score.dtype != torch.float32:
-        return "the kernel takes fp32 projections"
-    if kv.dim() != 2 or kv.stride(-1) != 1 or score.dim() != 2 or score.stride(-1) != 1:
-        return "the kernel takes [bs, width] projections with unit channel stride"
+    why = entry_input_reason(kv, score, entries.shape[-1], rope_half, entries.dtype)
+    if why is not None:
+        return why
     if pending_kv.dtype != torch.float32 or not pending_kv.is_contiguous():
         return "the kernel takes contiguous fp32 pending rows"
     if not entries.is_contiguous():
@@ -335,11 +307,7 @@ def compress_decode(
     prev_kv: torch.Tensor | None,
     prev_score: torch.Tensor | None,
     entries: torch.Tensor,
-    ape: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    inv_freq: torch.Tensor,
-    rope_factor: float,
+    maths: EntryMaths,
 ) -> None:
     """Update the compressor state in place for ``kv`` / ``score [bs, coff*D]`` (fp32; rows may
     be strided, e.g. halves of one projection) of tokens at ``positions [bs]`` of the requests
@@ -347,9 +315,8 @@ def compress_decode(
 
     State: ``pending_kv`` / ``pending_score [S, ratio, coff*D]`` fp32; with overlap (``coff`` 2)
     ``prev_kv`` / ``prev_score [S, ratio, D]`` fp32 (both None without); ``entries
-    [num_blocks + 1, R, D]`` read through ``table [S, max_blocks]``. Parameters: ``ape [ratio,
-    coff*D]``, the RMSNorm ``norm_weight [D]`` and ``eps``, the rotary ``inv_freq [half]`` (the
-    last ``2 * half`` channels rotate) and its attention factor.
+    [num_blocks + 1, R, D]`` read through ``table [S, max_blocks]``; ``maths``: the
+    compressor's ape, RMSNorm and RoPE parameters.
 
     Few candidates (ratio 4) run as one program a row; many (ratio 128: one program would read
     the whole block alone) as programs per row and channel block, then one a row for the norm,
@@ -366,10 +333,10 @@ def compress_decode(
             f"kv/score {tuple(kv.shape)}/{tuple(score.shape)} and pending rows "
             f"{tuple(pending_kv.shape)} do not match {coff} x entry width {d}"
         )
-    if pending_score.shape != pending_kv.shape or ape.shape != (ratio, width):
+    if pending_score.shape != pending_kv.shape or maths.ape.shape != (ratio, width):
         raise ValueError(
-            f"pending scores {tuple(pending_score.shape)} / ape {tuple(ape.shape)} do not match "
-            f"the pending rows {tuple(pending_kv.shape)}"
+            f"pending scores {tuple(pending_score.shape)} / ape {tuple(maths.ape.shape)} do not "
+            f"match the pending rows {tuple(pending_kv.shape)}"
         )
     if overlap and (prev_kv.shape != (slots_total, ratio, d) or prev_score.shape != prev_kv.shape):
         raise ValueError(
@@ -378,7 +345,9 @@ def compress_decode(
         )
     if positions.shape != (bs,) or slots.shape != (bs,):
         raise ValueError(f"positions / slots must be [{bs}], got {tuple(positions.shape)}")
-    half = inv_freq.shape[0]
+    half = maths.rope_half
+    if maths.dim != d:
+        raise ValueError(f"the norm weight has {maths.dim} channels, the entries {d}")
     why = compress_decode_reason(kv, score, pending_kv, prev_kv, entries, table, half)
     if why is not None:
         raise ValueError(why)
@@ -387,34 +356,35 @@ def compress_decode(
     nc, nc_p2 = coff * ratio, triton.next_power_of_2(coff * ratio)
     # fp-contraction off: the torch path rounds every product (a fused e*c - o*s would not).
     opts = {} if interpreter_enabled() else {"enable_fp_fusion": False}
+    ape, norm_weight, inv_freq = maths.fp32_tensors()
     state = (
         pending_kv,
         pending_score,
         prev_kv if overlap else pending_kv,  # unread without overlap
         prev_score if overlap else pending_score,
-        ape.float().contiguous(),
+        ape,
     )
     emit_args = (
         table,
         table.stride(0),
-        norm_weight.float().contiguous(),
-        inv_freq.float().contiguous(),
+        norm_weight,
+        inv_freq,
         entries,
         entries.shape[1],
-        float(eps),
-        float(rope_factor),
+        float(maths.eps),
+        float(maths.rope_factor),
     )
     inputs = (kv, kv.stride(0), score, score.stride(0), positions, slots)
     ratio_p2 = triton.next_power_of_2(ratio)
-    if nc_p2 * (d // 2) <= _TILE_ELEMS:
+    if nc_p2 * (d // 2) <= TILE_ELEMS:
         _fused_kernel[(bs,)](
             *inputs[:6], *emit_args[:2], *state, *emit_args[2:],
             RATIO=ratio, RATIO_P2=ratio_p2, D=d, W=width, NC=nc, CHUNK=nc_p2, ROPE_HALF=half,
-            OVERLAP=overlap, num_warps=4 if d <= 128 else 8, **opts,
+            OVERLAP=overlap, num_warps=entry_warps(d), **opts,
         )  # fmt: skip
         return
-    block_c = min(d, max(16, _TILE_ELEMS // nc_p2))
-    chunk = min(nc_p2, _TILE_ELEMS // block_c)
+    block_c = min(d, max(16, TILE_ELEMS // nc_p2))
+    chunk = min(nc_p2, TILE_ELEMS // block_c)
     pooled = torch.empty(bs, d, dtype=torch.float32, device=kv.device)
     _pool_split_kernel[(bs, d // block_c)](
         *inputs, *state, pooled,
@@ -423,5 +393,5 @@ def compress_decode(
     )  # fmt: skip
     _emit_kernel[(bs,)](
         pooled, positions, slots, *emit_args,
-        RATIO=ratio, D=d, ROPE_HALF=half, num_warps=4 if d <= 128 else 8, **opts,
+        RATIO=ratio, D=d, ROPE_HALF=half, num_warps=entry_warps(d), **opts,
     )  # fmt: skip

@@ -24,11 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.kernels.ops.attention.compressor_decode import norm_rope_entry
+from sglang.kernels.ops.attention.compressor_entry import (
+    TILE_ELEMS,
+    EntryMaths,
+    entry_input_reason,
+    entry_warps,
+    norm_rope_entry,
+)
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
-
-_TILE_ELEMS = 4096  # candidates x D/2 in one tile: ratio 4 (more candidates keep the torch path)
-_ENTRY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -125,19 +128,13 @@ def compress_prefill_reason(
     for t in state:
         if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
             return "the kernel takes contiguous fp32 pending and previous-block rows"
-    if dim < 2 or dim & (dim - 1):
-        return f"the kernel needs a power-of-two entry width, got {dim}"
+    why = entry_input_reason(kv, score, dim, rope_half, entry_dtype)
+    if why is not None:
+        return why
     candidates = (2 if overlap else 1) * ratio
-    if triton.next_power_of_2(candidates) * (dim // 2) > _TILE_ELEMS:
+    # More candidates (ratio 128) keep the torch path: one program would hold the whole block.
+    if triton.next_power_of_2(candidates) * (dim // 2) > TILE_ELEMS:
         return f"{candidates} candidates x {dim // 2} channels do not fit one tile (ratio 4 does)"
-    if not 0 < 2 * rope_half <= dim:
-        return f"rope dims {2 * rope_half} do not fit the entry width {dim}"
-    if entry_dtype not in _ENTRY_DTYPES:
-        return f"the kernel writes fp32/bf16/fp16 entries, not {entry_dtype}"
-    if kv.dtype != torch.float32 or score.dtype != torch.float32:
-        return "the kernel takes fp32 projections"
-    if kv.dim() != 2 or kv.stride(-1) != 1 or score.dim() != 2 or score.stride(-1) != 1:
-        return "the kernel takes [T, width] projections with unit channel stride"
     return None
 
 
@@ -151,19 +148,16 @@ def compress_prefill(
     prev_kv: torch.Tensor | None,
     prev_score: torch.Tensor | None,
     first_block: int,
-    ape: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    inv_freq: torch.Tensor,
-    rope_factor: float,
+    maths: EntryMaths,
     entry_dtype: torch.dtype,
 ) -> torch.Tensor:
     """The entries ``[nb, D]`` (``entry_dtype``) of the blocks the chunk ``kv`` / ``score [T,
     coff*D]`` completes after ``num_pending`` pending rows (``pending_kv`` / ``pending_score
     [ratio, coff*D]`` fp32, contiguous); with overlap the kept previous block ``prev_kv`` /
-    ``prev_score [ratio, D]``. Nothing in the state is written (see the module docstring)."""
+    ``prev_score [ratio, D]``; ``maths``: the compressor's ape, RMSNorm and RoPE parameters.
+    Nothing in the state is written (see the module docstring)."""
     ratio, width = pending_kv.shape
-    d = norm_weight.shape[0]
+    d = maths.dim
     overlap = prev_kv is not None
     if (prev_score is not None) != overlap:
         raise ValueError("prev_kv and prev_score come together (overlap) or not at all")
@@ -173,12 +167,14 @@ def compress_prefill(
             f"kv/score {tuple(kv.shape)}/{tuple(score.shape)} and pending rows "
             f"{tuple(pending_kv.shape)} do not match {coff} x entry width {d}"
         )
+    if maths.ape.shape != (ratio, width):
+        raise ValueError(
+            f"ape {tuple(maths.ape.shape)} does not match the pending rows {(ratio, width)}"
+        )
     if not 0 <= num_pending < ratio:
         raise ValueError(f"num_pending must be in [0, {ratio}), got {num_pending}")
     state = (pending_kv, pending_score, prev_kv, prev_score)
-    why = compress_prefill_reason(
-        kv, score, ratio, d, overlap, inv_freq.shape[0], entry_dtype, state
-    )
+    why = compress_prefill_reason(kv, score, ratio, d, overlap, maths.rope_half, entry_dtype, state)
     if why is not None:
         raise ValueError(why)
     nb = (num_pending + kv.shape[0]) // ratio
@@ -191,9 +187,9 @@ def compress_prefill(
     _prefill_kernel[(nb,)](
         kv, kv.stride(0), score, score.stride(0), pending_kv, pending_score,
         prev_kv if overlap else pending_kv, prev_score if overlap else pending_score,
-        ape.float().contiguous(), norm_weight.float().contiguous(), inv_freq.float().contiguous(),
-        out, num_pending, first_block, float(eps), float(rope_factor),
+        *maths.fp32_tensors(), out, num_pending, first_block, float(maths.eps),
+        float(maths.rope_factor),
         RATIO=ratio, D=d, W=width, NC=nc, CHUNK=triton.next_power_of_2(nc),
-        ROPE_HALF=inv_freq.shape[0], OVERLAP=overlap, num_warps=4 if d <= 128 else 8, **opts,
+        ROPE_HALF=maths.rope_half, OVERLAP=overlap, num_warps=entry_warps(d), **opts,
     )  # fmt: skip
     return out

@@ -126,17 +126,7 @@ def _fp8_unscaled(acc, prev_a, prev_w, RESCALE: tl.constexpr):
 
 @triton.jit
 def _gate_up_split(
-    a_src,
-    row0,
-    as_ptrs,
-    row_ok,
-    w_desc,
-    ws_base,
-    stride_wsn,
-    expert,
-    pid_n,
-    inter,
-    k_steps,
+    operands,
     SCALE_BLOCK: tl.constexpr,
     FP8: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -145,6 +135,8 @@ def _gate_up_split(
     A_SORTED: tl.constexpr,
     RESCALE: tl.constexpr,
 ):
+    (a_src, row0, as_ptrs, row_ok, w_desc, ws_base, stride_wsn, expert, pid_n, inter,
+     k_steps) = operands  # fmt: skip
     # Gate and up tiles as two loads and two dots over a 2-D descriptor on w13 [E*2I, H].
     gate_row = expert * (2 * inter) + pid_n * BLOCK_N
     up_row = gate_row + inter
@@ -188,17 +180,7 @@ def _gate_up_split(
 
 @triton.jit
 def _gate_up_paired(
-    a_src,
-    row0,
-    as_ptrs,
-    row_ok,
-    w_desc,
-    ws_base,
-    stride_wsn,
-    expert,
-    pid_n,
-    inter,
-    k_steps,
+    operands,
     SCALE_BLOCK: tl.constexpr,
     FP8: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -206,6 +188,8 @@ def _gate_up_paired(
     BLOCK_K: tl.constexpr,
     A_SORTED: tl.constexpr,
 ):
+    (a_src, row0, as_ptrs, row_ok, w_desc, ws_base, stride_wsn, expert, pid_n, inter,
+     k_steps) = operands  # fmt: skip
     # Gate and up tiles in one load over a 3-D descriptor on w13 viewed [E*2, I, H] (block
     # [2, BLOCK_N, BLOCK_K]) and one dot [BLOCK_M, 2*BLOCK_N]: the tensor cores see one wide
     # tile, as a plain GEMM over the stacked gate-up rows would.
@@ -280,19 +264,12 @@ def _gate_up_tile(
         a_src = a_ptr + a_row[:, None] * stride_am + tl.arange(0, BLOCK_K)[None, :]
         as_ptrs = a_scale_ptr + a_row * stride_asm
     ws_base = w_scale_ptr + expert.to(tl.int64) * stride_wse
+    # The gate-up products' runtime operands, one tuple for either form.
+    operands = (a_src, row0, as_ptrs, row_ok, w_desc, ws_base, stride_wsn, expert, pid_n, inter,
+                k_steps)  # fmt: skip
     if PAIRED:
         acc_g, acc_u = _gate_up_paired(
-            a_src,
-            row0,
-            as_ptrs,
-            row_ok,
-            w_desc,
-            ws_base,
-            stride_wsn,
-            expert,
-            pid_n,
-            inter,
-            k_steps,
+            operands,
             SCALE_BLOCK,
             FP8,
             BLOCK_M,
@@ -302,17 +279,7 @@ def _gate_up_tile(
         )
     else:
         acc_g, acc_u = _gate_up_split(
-            a_src,
-            row0,
-            as_ptrs,
-            row_ok,
-            w_desc,
-            ws_base,
-            stride_wsn,
-            expert,
-            pid_n,
-            inter,
-            k_steps,
+            operands,
             SCALE_BLOCK,
             FP8,
             BLOCK_M,

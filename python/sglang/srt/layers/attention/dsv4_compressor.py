@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang.kernels.ops.attention.compressor_entry import EntryMaths
 from sglang.kernels.ops.attention.compressor_prefill import (
     compress_prefill,
     compress_prefill_reason,
@@ -107,11 +108,7 @@ class KVCompressor(nn.Module):
                 prev_kv=state.prev_kv,
                 prev_score=state.prev_score,
                 first_block=state.num_entries,
-                ape=self.ape,
-                norm_weight=self.norm.weight,
-                eps=self.norm.eps,
-                inv_freq=rotary.inv_freq,
-                rope_factor=rotary.spec.attention_factor,
+                maths=self.entry_maths(rotary),
                 entry_dtype=state.entries.buf.dtype,
             )
             state.finish_blocks(kv, score, entries.shape[0], self.ape)
@@ -137,6 +134,16 @@ class KVCompressor(nn.Module):
         entries = self.emit(cand_kv, cand_score, blocks, rotary, state.entries.buf.dtype)
         state.entries.append(entries)
         return entries
+
+    def entry_maths(self, rotary: InterleavedRotaryEmbedding) -> EntryMaths:
+        """The parameters the compressor kernels make entries with (the torch chain's ``emit``)."""
+        return EntryMaths(
+            ape=self.ape,
+            norm_weight=self.norm.weight,
+            eps=self.norm.eps,
+            inv_freq=rotary.inv_freq,
+            rope_factor=rotary.spec.attention_factor,
+        )
 
     def _use_prefill_kernel(
         self,

@@ -54,11 +54,7 @@ def compress_decode_step(
             prev_kv=store.prev_kv,
             prev_score=store.prev_score,
             entries=store.entries,
-            ape=compressor.ape,
-            norm_weight=compressor.norm.weight,
-            eps=compressor.norm.eps,
-            inv_freq=rotary.inv_freq,
-            rope_factor=rotary.spec.attention_factor,
+            maths=compressor.entry_maths(rotary),
         )
         return
     compress_decode_torch(compressor, store, kv, score, positions, slots, table, rotary)

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import torch
 
+MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
 
-def ulp_bf16(x: torch.Tensor) -> torch.Tensor:
-    """The bf16 spacing at each entry's magnitude (8 significand bits)."""
-    mag = x.float().abs().clamp_min(2.0**-120)
-    return torch.exp2(torch.floor(torch.log2(mag)) - 7)
+
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype`` at each entry's magnitude (fp64, so a value just below a power of
+    two keeps the smaller spacing)."""
+    mag = x.double().abs().clamp_min(1e-30)
+    return torch.exp2(torch.floor(torch.log2(mag)) - MANTISSA_BITS[dtype])
 
 
 def bf16_mismatches(got: torch.Tensor, want: torch.Tensor, fp32_tol: float) -> torch.Tensor:
     """Mask of entries beyond one bf16 ulp (of the larger of the pair) plus ``fp32_tol`` times
     the largest wanted magnitude."""
-    a, b = got.float(), want.float()
+    a, b = got.double(), want.double()
     slack = fp32_tol * float(b.abs().max()) if b.numel() else 0.0
-    return (a - b).abs() > ulp_bf16(torch.maximum(a.abs(), b.abs())) + slack
+    return (a - b).abs() > ulp(torch.maximum(a.abs(), b.abs()), torch.bfloat16) + slack
 
 
 def assert_bf16_close(got: torch.Tensor, want: torch.Tensor, fp32_tol: float) -> None:

@@ -26,10 +26,9 @@ import torch
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.interpreter import run_under_interpreter
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import ulp
 
 register_cpu_ci(est_time=20)
-
-_MANTISSA = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
 
 
 def assert_ulp_close(
@@ -39,8 +38,8 @@ def assert_ulp_close(
     assert got.dtype == ref.dtype and got.shape == ref.shape, (got.dtype, ref.dtype)
     g, r = got.double(), ref.double()
     assert torch.isfinite(g).all()
-    ulp = torch.exp2(torch.floor(torch.log2(r.abs().clamp_min(1e-30))) - _MANTISSA[got.dtype])
-    bound = ulps * ulp + atol
+    spacing = ulp(r, got.dtype)
+    bound = ulps * spacing + atol
     bad = (g - r).abs() > bound
     assert not bad.any(), f"{int(bad.sum())} values off, worst {float((g - r).abs().max())}"
 

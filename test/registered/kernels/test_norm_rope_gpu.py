@@ -28,12 +28,12 @@ from sglang.srt.layers.rotary_embedding import RopeSpec, YarnScaling, rope_inv_f
 from sglang.srt.utils.cuda_timing import median_cuda_ms
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import ulp
 
 register_cuda_ci(est_time=30)
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
-_MANTISSA = {torch.float32: 23, torch.bfloat16: 7}
 
 
 def _check(got: torch.Tensor, ref: torch.Tensor) -> None:
@@ -43,9 +43,9 @@ def _check(got: torch.Tensor, ref: torch.Tensor) -> None:
     g, r = got.double(), ref.double()
     assert torch.isfinite(g).all()
     row = r.abs().amax(dim=-1, keepdim=True)
-    ulp = torch.exp2(torch.floor(torch.log2(r.abs().clamp_min(1e-30))) - _MANTISSA[got.dtype])
+    spacing = ulp(r, got.dtype)
     ulps = 1 if got.dtype == torch.bfloat16 else 8
-    bad = (g - r).abs() > ulps * ulp + 4 * 2.0**-23 * row
+    bad = (g - r).abs() > ulps * spacing + 4 * 2.0**-23 * row
     assert not bad.any(), f"{int(bad.sum())} values off, worst {float((g - r).abs().max())}"
     if got.dtype == torch.bfloat16:
         equal = float((got == ref).float().mean())

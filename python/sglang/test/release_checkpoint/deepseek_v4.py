@@ -58,6 +58,7 @@ from sglang.test.release_checkpoint.layout import (
 DenseFormat = Literal["fp8", "bf16"]
 ExpertFormat = Literal["mxfp4", "fp8", "bf16"]
 ScaleFormat = Literal["ue8m0", "fp32"]
+BF16, FP32 = torch.bfloat16, torch.float32
 
 # --- presets -------------------------------------------------------------------------------------
 
@@ -97,6 +98,20 @@ TINY_CONFIG: dict[str, Any] = dict(
         "beta_slow": 1,
     },
 )
+
+
+def tiny_config(layers: int | None = None, num_experts: int | None = None) -> dict[str, Any]:
+    """:data:`TINY_CONFIG`, optionally with ``layers`` layers (ratios cycling 0 / 4 / 128, the
+    first hash-routed) and ``num_experts`` routed experts (top-2 or fewer)."""
+    out = dict(TINY_CONFIG)
+    if layers is not None:
+        out["num_hidden_layers"] = layers
+        out["compress_ratios"] = [(0, 4, 128)[i % 3] for i in range(layers)]
+        out["num_hash_layers"] = min(1, layers)
+    if num_experts is not None:
+        out["n_routed_experts"] = num_experts
+        out["num_experts_per_tok"] = min(2, num_experts)
+    return out
 
 
 def flash_config(
@@ -221,6 +236,11 @@ class _Formats:
     dense: DenseFormat
     experts: ExpertFormat
     scale: ScaleFormat
+    plain: torch.dtype | None  # the release's bf16 tensors (None: each given tensor's dtype)
+
+    @property
+    def fp32(self) -> torch.dtype | None:
+        return None if self.plain is None else FP32
 
     def fp8_scale(self, name: str) -> tuple[str, torch.dtype]:
         base = name.removesuffix(".weight")
@@ -230,7 +250,7 @@ class _Formats:
 
     def dense_spec(self, name: str, shape: tuple[int, ...], split: Split) -> TensorSpec:
         if self.dense == "bf16":
-            return TensorSpec(name, shape, Format.PLAIN, Group.DENSE_PLAIN, split, dtype=BF16)
+            return TensorSpec(name, shape, Format.PLAIN, Group.DENSE_PLAIN, split, dtype=self.plain)
         scale, dtype = self.fp8_scale(name)
         return TensorSpec(
             name,
@@ -246,7 +266,7 @@ class _Formats:
         split = Split.ROUTED_EXPERT
         if self.experts == "bf16":
             return TensorSpec(
-                name, shape, Format.PLAIN, Group.EXPERTS, split, dtype=BF16, stack=stack
+                name, shape, Format.PLAIN, Group.EXPERTS, split, dtype=self.plain, stack=stack
             )
         scale = name.removesuffix(".weight") + ".scale"
         if self.experts == "fp8":
@@ -267,39 +287,36 @@ class _Formats:
         )
 
 
-BF16, FP32 = torch.bfloat16, torch.float32
-
-
 def _small(
     name: str,
     shape: tuple[int, ...],
     init: Init,
-    dtype: torch.dtype,
+    dtype: torch.dtype | None,
     split: Split = Split.REPLICATED,
 ) -> TensorSpec:
     return TensorSpec(name, shape, Format.PLAIN, Group.SMALL, split, init=init, dtype=dtype)
 
 
-def _plain(name: str, shape: tuple[int, ...], split: Split = Split.REPLICATED) -> TensorSpec:
-    return TensorSpec(name, shape, Format.PLAIN, Group.DENSE_PLAIN, split, dtype=BF16)
+def _plain(name: str, shape: tuple[int, ...], f: _Formats) -> TensorSpec:
+    return TensorSpec(name, shape, Format.PLAIN, Group.DENSE_PLAIN, Split.REPLICATED, dtype=f.plain)
 
 
-def _mhc(prefix: str, rows: int, width: int, extra: int) -> list[TensorSpec]:
+def _mhc(prefix: str, rows: int, width: int, extra: int, f: _Formats) -> list[TensorSpec]:
     """One mHC parameter triplet: ``fn [rows, width]``, ``base [rows]``, ``scale [extra]``."""
     return [
-        _small(f"{prefix}fn", (rows, width), FAN_IN, FP32),
-        _small(f"{prefix}base", (rows,), VECTOR, FP32),
-        _small(f"{prefix}scale", (extra,), MHC_SCALE, FP32),
+        _small(f"{prefix}fn", (rows, width), FAN_IN, f.fp32),
+        _small(f"{prefix}base", (rows,), VECTOR, f.fp32),
+        _small(f"{prefix}scale", (extra,), MHC_SCALE, f.fp32),
     ]
 
 
-def _compressor(prefix: str, h: int, dim: int, ratio: int) -> list[TensorSpec]:
+def _compressor(prefix: str, h: int, dim: int, ratio: int, f: _Formats) -> list[TensorSpec]:
     width = dim * (2 if ratio == 4 else 1)  # ratio 4 overlaps two blocks
     return [
-        _plain(f"{prefix}wkv.weight", (width, h)),
-        _plain(f"{prefix}wgate.weight", (width, h)),
-        _small(f"{prefix}ape", (ratio, width), FAN_IN, FP32),
-        _small(f"{prefix}norm.weight", (dim,), NORM, FP32),
+        _plain(f"{prefix}wkv.weight", (width, h), f),
+        _plain(f"{prefix}wgate.weight", (width, h), f),
+        _small(f"{prefix}ape", (ratio, width), FAN_IN, f.fp32),
+        _small(f"{prefix}norm.weight", (dim,), NORM, f.fp32),
     ]
 
 
@@ -314,30 +331,30 @@ def _layer_specs(
     mix = (2 + hc) * hc
     a = f"{prefix}attn."
     specs = [
-        *_mhc(f"{prefix}hc_attn_", mix, hc * h, 3),
-        *_mhc(f"{prefix}hc_ffn_", mix, hc * h, 3),
-        _small(f"{prefix}attn_norm.weight", (h,), NORM, BF16),
-        _small(f"{prefix}ffn_norm.weight", (h,), NORM, BF16),
+        *_mhc(f"{prefix}hc_attn_", mix, hc * h, 3, f),
+        *_mhc(f"{prefix}hc_ffn_", mix, hc * h, 3, f),
+        _small(f"{prefix}attn_norm.weight", (h,), NORM, f.plain),
+        _small(f"{prefix}ffn_norm.weight", (h,), NORM, f.plain),
         f.dense_spec(f"{a}wq_a.weight", (q_rank, h), Split.REPLICATED),
-        _small(f"{a}q_norm.weight", (q_rank,), NORM, BF16),
+        _small(f"{a}q_norm.weight", (q_rank,), NORM, f.plain),
         f.dense_spec(f"{a}wq_b.weight", (heads * hd, q_rank), Split.TP),
         f.dense_spec(f"{a}wkv.weight", (hd, h), Split.REPLICATED),
-        _small(f"{a}kv_norm.weight", (hd,), NORM, BF16),
+        _small(f"{a}kv_norm.weight", (hd,), NORM, f.plain),
         f.dense_spec(f"{a}wo_a.weight", (groups * o_rank, heads * hd // groups), Split.TP),
         f.dense_spec(f"{a}wo_b.weight", (h, groups * o_rank), Split.TP),
-        _small(f"{a}attn_sink", (heads,), VECTOR, FP32, Split.TP),
+        _small(f"{a}attn_sink", (heads,), VECTOR, f.fp32, Split.TP),
     ]
     if ratio:
-        specs += _compressor(f"{a}compressor.", h, hd, ratio)
+        specs += _compressor(f"{a}compressor.", h, hd, ratio, f)
     if ratio == 4:
         ih, idim = int(c.get("index_n_heads", 64)), int(c.get("index_head_dim", 128))
         specs += [
             f.dense_spec(f"{a}indexer.wq_b.weight", (ih * idim, q_rank), Split.REPLICATED),
-            _plain(f"{a}indexer.weights_proj.weight", (ih, h)),
-            *_compressor(f"{a}indexer.compressor.", h, idim, 4),
+            _plain(f"{a}indexer.weights_proj.weight", (ih, h), f),
+            *_compressor(f"{a}indexer.compressor.", h, idim, 4, f),
         ]
     g = f"{prefix}ffn."
-    specs.append(_plain(f"{g}gate.weight", (experts, h)))
+    specs.append(_plain(f"{g}gate.weight", (experts, h), f))
     if hashed:
         top_k = int(c["num_experts_per_tok"])
         specs.append(
@@ -352,7 +369,7 @@ def _layer_specs(
             )
         )
     else:
-        specs.append(_small(f"{g}gate.bias", (experts,), VECTOR, FP32))
+        specs.append(_small(f"{g}gate.bias", (experts,), VECTOR, f.fp32))
     for proj, shape in (("w1", (inter, h)), ("w3", (inter, h)), ("w2", (h, inter))):
         stack = f"{g}experts.*.{proj}"
         specs += [
@@ -373,10 +390,10 @@ def _mtp_specs(c: Mapping[str, Any], f: _Formats) -> list[TensorSpec]:
     specs = [
         f.dense_spec(f"{p}e_proj.weight", (h, h), Split.REPLICATED),
         f.dense_spec(f"{p}h_proj.weight", (h, h), Split.REPLICATED),
-        _small(f"{p}enorm.weight", (h,), NORM, BF16),
-        _small(f"{p}hnorm.weight", (h,), NORM, BF16),
-        _small(f"{p}norm.weight", (h,), NORM, BF16),
-        *_mhc(f"{p}hc_head_", hc, hc * h, 1),
+        _small(f"{p}enorm.weight", (h,), NORM, f.plain),
+        _small(f"{p}hnorm.weight", (h,), NORM, f.plain),
+        _small(f"{p}norm.weight", (h,), NORM, f.plain),
+        *_mhc(f"{p}hc_head_", hc, hc * h, 1, f),
         *_layer_specs(p, c, ratio=0, hashed=False, f=f),
     ]
     return [_not_loaded(s) for s in specs]
@@ -389,10 +406,12 @@ def tensor_specs(
     experts: ExpertFormat = "mxfp4",
     scale_format: ScaleFormat = "ue8m0",
     mtp: bool = True,
+    plain_dtype: torch.dtype | None = BF16,
 ) -> Iterator[TensorSpec]:
-    """Every tensor of the release checkpoint for ``config``, layer by layer (lazily: a real
-    width's spec list is cheap, but callers stream the tensors)."""
-    f = _Formats(dense, experts, scale_format)
+    """Every tensor of the release checkpoint for ``config``, layer by layer. ``plain_dtype``
+    is the dtype of the release's bf16 tensors (fp32 ones stay fp32); ``None`` keeps every
+    given unquantised tensor's dtype (an exact reload of an fp32 reference)."""
+    f = _Formats(dense, experts, scale_format, plain_dtype)
     c = {**RELEASE_DEFAULTS, **config}
     h, hc, vocab = int(c["hidden_size"]), int(c["hc_mult"]), int(c["vocab_size"])
     n, hashed = int(c["num_hidden_layers"]), int(c["num_hash_layers"])
@@ -404,16 +423,16 @@ def tensor_specs(
         Group.EMBEDDINGS,
         Split.REPLICATED,
         init=EMBEDDING,
-        dtype=BF16,
+        dtype=f.plain,
     )
     for i in range(n):
         yield from _layer_specs(f"layers.{i}.", c, ratios[i], i < hashed, f)
     if mtp:
         yield from _mtp_specs(c, f)
-    yield _small("norm.weight", (h,), NORM, BF16)
-    yield from _mhc("hc_head_", hc, hc * h, 1)
+    yield _small("norm.weight", (h,), NORM, f.plain)
+    yield from _mhc("hc_head_", hc, hc * h, 1, f)
     yield TensorSpec(
-        "head.weight", (vocab, h), Format.PLAIN, Group.EMBEDDINGS, Split.REPLICATED, dtype=BF16
+        "head.weight", (vocab, h), Format.PLAIN, Group.EMBEDDINGS, Split.REPLICATED, dtype=f.plain
     )
 
 
@@ -545,15 +564,24 @@ def write_from_tensors(
     experts: ExpertFormat = "mxfp4",
     scale_format: ScaleFormat = "ue8m0",
     mtp: bool = True,
+    plain_dtype: torch.dtype | None = BF16,
     seed: int = 0,
     max_shard_bytes: int | None = None,
 ) -> ReleaseCheckpoint:
     """Quantise ``tensors`` (release names, unquantised, e.g. :func:`from_transformers`) into a
     release checkpoint at ``path``. With ``mtp``, MTP tensors missing from ``tensors`` (a
     reference model has none) are drawn at random from ``seed``. The result's ``values`` hold
-    what every tensor stands for (``to_transformers`` maps them onto a reference model)."""
+    what every tensor stands for (``to_transformers`` maps them onto a reference model);
+    ``plain_dtype=None`` keeps the unquantised tensors' own dtype instead of the release's bf16."""
     specs = list(
-        tensor_specs(config, dense=dense, experts=experts, scale_format=scale_format, mtp=mtp)
+        tensor_specs(
+            config,
+            dense=dense,
+            experts=experts,
+            scale_format=scale_format,
+            mtp=mtp,
+            plain_dtype=plain_dtype,
+        )
     )
 
     def drawn_at_random(name: str) -> bool:
@@ -613,10 +641,18 @@ def release_tensors(
     dense: DenseFormat = "fp8",
     experts: ExpertFormat = "mxfp4",
     scale_format: ScaleFormat = "ue8m0",
+    plain_dtype: torch.dtype | None = BF16,
 ) -> ReleaseTensors:
     """The quantised release tensors of ``tensors`` in memory (no MTP layer), for tests that
-    load a name -> tensor mapping."""
+    load a name -> tensor mapping or write an edited copy (``shards.save_sharded``)."""
     specs = list(
-        tensor_specs(config, dense=dense, experts=experts, scale_format=scale_format, mtp=False)
+        tensor_specs(
+            config,
+            dense=dense,
+            experts=experts,
+            scale_format=scale_format,
+            mtp=False,
+            plain_dtype=plain_dtype,
+        )
     )
     return in_memory(specs, given_source(tensors, specs), num_experts=_num_experts(config))

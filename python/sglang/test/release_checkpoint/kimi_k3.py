@@ -106,6 +106,29 @@ TINY_CONFIG: dict[str, Any] = {
 }
 
 
+def _mla_layers(layers: int) -> list[int]:
+    """The release's schedule: MLA at every fourth layer (1-based) and the last, KDA elsewhere."""
+    return sorted({i for i in range(1, layers + 1) if i % 4 == 0} | {layers})
+
+
+def tiny_config(layers: int | None = None, num_experts: int | None = None) -> dict[str, Any]:
+    """:data:`TINY_CONFIG`, optionally with ``layers`` layers (MLA at every fourth and the last)
+    and ``num_experts`` routed experts (top-3 or fewer)."""
+    out = dict(TINY_CONFIG)
+    if layers is not None:
+        mla = _mla_layers(layers)
+        out["num_hidden_layers"] = layers
+        out["linear_attn_config"] = {
+            **TINY_CONFIG["linear_attn_config"],
+            "kda_layers": [i for i in range(1, layers + 1) if i not in mla],
+            "full_attn_layers": mla,
+        }
+    if num_experts is not None:
+        out["num_experts"] = num_experts
+        out["num_experts_per_token"] = min(3, num_experts)
+    return out
+
+
 def k3_config(
     layers: int = 4, *, num_experts: int = 896, vocab_size: int = 163840
 ) -> dict[str, Any]:
@@ -113,7 +136,7 @@ def k3_config(
     experts of intermediate 3072 top-16 plus two shared, dense layer 0 of 33792, KDA 96 x 128
     (conv 4), MLA 96 heads (q rank 1536, kv rank 512, nope 128, rope 64, v 128) at every fourth
     layer (1-based) and the last, AttnRes blocks of 12."""
-    mla = sorted({i for i in range(1, layers + 1) if i % 4 == 0} | {layers})
+    mla = _mla_layers(layers)
     return {
         "model_type": "kimi_linear",
         "architectures": ["KimiK3LinearForCausalLM"],
@@ -532,8 +555,22 @@ def release_tensors(
     *,
     experts: ExpertFormat = "mxfp4",
     dense_dtype: torch.dtype | None = None,
+    vision: bool = False,
+    seed: int = 0,
 ) -> ReleaseTensors:
     """The release tensors of ``tensors`` in memory (dense tensors in their own dtype by
     default, so a reload is exact), for tests that load a name -> tensor mapping."""
-    specs = list(tensor_specs(config, experts=experts, dense_dtype=dense_dtype))
-    return in_memory(specs, given_source(tensors, specs), num_experts=_num_experts(config))
+    specs = list(tensor_specs(config, experts=experts, dense_dtype=dense_dtype, vision=vision))
+    given = given_source(tensors, [s for s in specs if not _is_vision(s.name)])
+    device = next(iter(tensors.values())).device
+    draw = with_fallback(given, random_source(seed, device), _is_vision)
+    return in_memory(specs, draw, num_experts=_num_experts(config))
+
+
+def model_release_tensors(
+    model: KimiK3ForCausalLM, *, experts: ExpertFormat = "mxfp4", vision: bool = False
+) -> ReleaseTensors:
+    """Our (TP=1) model as the release's tensors, in memory: dense tensors in the model's dtype,
+    routed experts in ``experts``; ``values`` is what a load of them gives (the experts'
+    MXFP4 round trip), so ``load_weights(fresh_model, result.values)`` is the reference."""
+    return release_tensors(model.config.extra, from_model(model), experts=experts, vision=vision)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -70,3 +72,18 @@ class ShardedSafetensorsWriter:
         index = {"metadata": {"total_size": self._total}, "weight_map": weight_map}
         (self.path / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         return weight_map
+
+
+def save_sharded(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> None:
+    """Write ``tensors`` exactly as given (already in file form, e.g. an edited copy of a
+    release's tensors) as shards + index, with ``config.json``."""
+    writer = ShardedSafetensorsWriter(path, max_shard_bytes)
+    for name, t in tensors.items():
+        writer.put(name, t.detach().to("cpu", copy=True).contiguous())
+    writer.close()
+    (Path(path) / "config.json").write_text(json.dumps(dict(config), indent=2) + "\n")

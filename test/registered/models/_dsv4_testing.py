@@ -16,45 +16,16 @@ from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.test.dsv4_parity import randomize_  # one randomiser for the tests and the parity sweep
+from sglang.test.release_checkpoint.deepseek_v4 import TINY_BASE, TINY_CONFIG
 
 # transformers warns that the tiny YaRN factor disagrees with max_position_embeddings; irrelevant.
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
-_BASE: dict[str, Any] = {
-    "vocab_size": 96,
-    "hidden_size": 64,
-    "moe_intermediate_size": 32,
-    "num_attention_heads": 4,
-    "head_dim": 32,
-    "qk_rope_head_dim": 8,
-    "q_lora_rank": 16,
-    "o_groups": 2,
-    "o_lora_rank": 8,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    # 16 indexer heads: an entry scores exactly 0 (a tie) only if all 16 ReLUs clip, so
-    # transformers' topk and our stable sort (ties -> earlier entry) pick the same entries.
-    "index_n_heads": 16,
-    "index_head_dim": 16,
-    "index_topk": 4,
-    "sliding_window": 8,
-    "max_position_embeddings": 4096,
-}
+# The tiny configs start from the release-checkpoint kit's preset (one owner for the numbers).
+_BASE: dict[str, Any] = TINY_BASE
 
 # A: ratios 0/4/128, one hash layer, YaRN on the compressed layers, window 8, top-4 of the indexer.
-CONFIG_A: dict[str, Any] = dict(
-    _BASE,
-    num_hidden_layers=3,
-    compress_ratios=[0, 4, 128],
-    num_hash_layers=1,
-    rope_scaling={
-        "type": "yarn",
-        "factor": 4.0,
-        "original_max_position_embeddings": 64,
-        "beta_fast": 32,
-        "beta_slow": 1,
-    },
-)
+CONFIG_A: dict[str, Any] = TINY_CONFIG
 # B: 4 layers (4, 128, 0, 4), two hash layers, plain RoPE everywhere, a clamp that bites, fewer
 # Sinkhorn iterations, more heads and groups, wider window and indexer top-k.
 CONFIG_B: dict[str, Any] = dict(

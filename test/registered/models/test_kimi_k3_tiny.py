@@ -15,60 +15,16 @@ from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.release_checkpoint.kimi_k3 import TINY_CONFIG
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=3)
 
-VOCAB = 97
-
-# A: K3's shape in miniature. 8 layers, AttnRes blocks of 3 (bank writes at layers 0, 3, 6),
-# MLA at 1-based 4 and 8, dense layer 0, latent MoE with norm, safe gate, full-rank gates.
-CONFIG_A: dict[str, Any] = {
-    "model_type": "kimi_linear",
-    "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "num_hidden_layers": 8,
-    "intermediate_size": 96,
-    "hidden_act": "situ",
-    "activation_situ_beta": 4.0,
-    "activation_situ_linear_beta": 25.0,
-    "rms_norm_eps": 1e-5,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "q_lora_rank": 24,
-    "kv_lora_rank": 32,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 16,
-    "mla_use_nope": True,
-    "mla_use_output_gate": True,
-    "num_experts": 8,
-    "num_experts_per_token": 3,
-    "num_shared_experts": 2,
-    "moe_intermediate_size": 32,
-    "routed_expert_hidden_size": 32,
-    "latent_moe_use_norm": True,
-    "moe_router_activation_func": "sigmoid",
-    "moe_renormalize": True,
-    "routed_scaling_factor": 1.0,
-    "topk_method": "noaux_tc",
-    "use_grouped_topk": True,
-    "num_expert_group": 1,
-    "topk_group": 1,
-    "first_k_dense_replace": 1,
-    "moe_layer_freq": 1,
-    "attn_res_block_size": 3,
-    "linear_attn_config": {
-        "kda_layers": [1, 2, 3, 5, 6, 7],
-        "full_attn_layers": [4, 8],
-        "num_heads": 2,
-        "head_dim": 16,
-        "short_conv_kernel_size": 4,
-        "use_full_rank_gate": True,
-        "gate_lower_bound": -5.0,
-    },
-    "tie_word_embeddings": False,
-}
+# A: K3's shape in miniature (the release-checkpoint kit's preset). 8 layers, AttnRes blocks of 3
+# (bank writes at layers 0, 3, 6), MLA at 1-based 4 and 8, dense layer 0, latent MoE with norm,
+# safe gate, full-rank gates.
+CONFIG_A: dict[str, Any] = TINY_CONFIG
+VOCAB = CONFIG_A["vocab_size"]
 
 # B: the other branches. Blocks of 4, MLA at 1-based 1, 6 and 7 (two in a row), no q LoRA, no
 # output gates, Kimi Linear's softplus gate with the low-rank output gate, no latent norm,

@@ -7,19 +7,16 @@ path and the MegaMoE layout's fallback), prefill + decode included."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.layers.quantization.mxfp4 import dequant_mxfp4, quant_mxfp4
 from sglang.srt.model_loader.kimi_k3_loader import WeightLoadError, load_kimi_k3, load_weights
 from sglang.srt.model_loader.kimi_k3_names import canonical_name
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
@@ -27,6 +24,8 @@ from sglang.srt.models.kimi_k3_config import ConfigError, KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
+from sglang.test.release_checkpoint import kimi_k3 as release
+from sglang.test.release_checkpoint.emit import ReleaseTensors
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,59 +37,17 @@ from sglang.srt.model_loader.load_options import LoadOptions
 register_cpu_ci(est_time=10)
 
 
-def export_checkpoint(model: KimiK3ForCausalLM, *, mxfp4: bool = True) -> dict[str, torch.Tensor]:
-    """The model in the released wrapper's naming. Dense tensors keep their dtype (fp32 here, so a
-    reload is exact); routed experts become MXFP4; ``A_log`` is padded to ``[head_dim]`` as
-    released."""
-    out: dict[str, torch.Tensor] = {}
-    c = model.config
-    for name, p in model.named_parameters():
-        layer = name.split(".")[2] if name.startswith("model.layers.") else None
-        ckpt = "language_model." + name
-        if layer is not None and c.is_moe(int(layer)):
-            ckpt = ckpt.replace(".mlp.", ".block_sparse_moe.")
-        t = p.detach().clone()
-        if name.endswith("A_log"):
-            t = torch.cat([t, torch.full((c.kda_head_dim - t.shape[0],), 7.0)])
-        out[ckpt] = t
-    for i, layer in enumerate(model.decoder_layers):
-        if not isinstance(layer.mlp, KimiK3MoE):
-            continue
-        w = layer.mlp.experts.weights
-        assert w is not None
-        inter = w.intermediate_size
-        stacked = {"w1": w.w13[:, :inter], "w3": w.w13[:, inter:], "w2": w.w2}
-        # one quantisation call a stacked tensor (per-expert calls dominate the test's run time)
-        packed = {k: quant_mxfp4(t) if mxfp4 else (t, None) for k, t in stacked.items()}
-        for e in range(w.num_experts):
-            pre = f"language_model.model.layers.{i}.block_sparse_moe.experts.{e}"
-            for name, (q, scale) in packed.items():
-                if scale is None:
-                    out[f"{pre}.{name}.weight"] = q[e].clone()
-                else:
-                    out[f"{pre}.{name}.weight_packed"] = q[e].clone()
-                    out[f"{pre}.{name}.weight_scale"] = scale[e].clone()
-    return out
-
-
-def _mxfp4_rounded(model: KimiK3ForCausalLM) -> None:
-    """Replace the model's experts by what an MXFP4 checkpoint of them holds."""
-    for layer in model.decoder_layers:
-        if isinstance(layer.mlp, KimiK3MoE):
-            w = layer.mlp.experts.weights
-            assert w is not None
-            layer.mlp.experts.load_weights(
-                ExpertWeights(
-                    dequant_mxfp4(*quant_mxfp4(w.w13), torch.float32),
-                    dequant_mxfp4(*quant_mxfp4(w.w2), torch.float32),
-                )
-            )
-
-
 def _fresh(raw: dict[str, Any], **kw: Any) -> KimiK3ForCausalLM:
     return KimiK3ForCausalLM(
         config(raw), LayerBuildSpec(dtype=torch.float32, moe_runner="torch", **kw)
     )
+
+
+def _from_values(raw: dict[str, Any], values: Mapping[str, torch.Tensor]) -> KimiK3ForCausalLM:
+    """A model built from the values a release checkpoint stands for (experts dequantised)."""
+    model = _fresh(raw)
+    load_weights(model, values, LoadOptions(progress=False))
+    return model.eval()
 
 
 # --- names and config ---------------------------------------------------------------------------
@@ -166,18 +123,21 @@ def test_other_situ_constants_are_rejected() -> None:
 
 
 @pytest.fixture(scope="module")
-def source_model() -> KimiK3ForCausalLM:
-    model = make_model(CONFIG_A, seed=3)
-    _mxfp4_rounded(model)  # so a reload from the MXFP4 checkpoint is exact
-    return model
+def checkpoint() -> ReleaseTensors:
+    """CONFIG_A's random model in the release's tensors (MXFP4 experts, vision tensors)."""
+    return release.model_release_tensors(make_model(CONFIG_A, seed=3), vision=True)
+
+
+@pytest.fixture(scope="module")
+def source_model(checkpoint: ReleaseTensors) -> KimiK3ForCausalLM:
+    return _from_values(CONFIG_A, checkpoint.values)  # experts as the MXFP4 checkpoint holds them
 
 
 def test_released_naming_with_mxfp4_experts_loads_exactly(
-    source_model: KimiK3ForCausalLM, caplog: pytest.LogCaptureFixture
+    checkpoint: ReleaseTensors, source_model: KimiK3ForCausalLM, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ckpt = export_checkpoint(source_model)
-    ckpt["vision_tower.patch_embed.proj.weight"] = torch.zeros(4, 4)
-    ckpt["mm_projector.linear_1.weight"] = torch.zeros(4, 4)
+    ckpt = checkpoint.tensors
+    assert sum(n.startswith(("vision_tower.", "mm_projector.")) for n in ckpt) == 2
     model = _fresh(CONFIG_A)
     logging.getLogger("sglang").propagate = True
     with caplog.at_level(logging.INFO, logger="sglang"):
@@ -193,8 +153,8 @@ def test_released_naming_with_mxfp4_experts_loads_exactly(
     )
 
 
-def test_errors_name_the_tensor(source_model: KimiK3ForCausalLM) -> None:
-    ckpt = export_checkpoint(source_model)
+def test_errors_name_the_tensor(checkpoint: ReleaseTensors) -> None:
+    ckpt = checkpoint.tensors
 
     def load(edit: dict[str, torch.Tensor | None], **kw: Any) -> None:
         bad = dict(ckpt)
@@ -242,12 +202,9 @@ def test_errors_name_the_tensor(source_model: KimiK3ForCausalLM) -> None:
 
 def test_directory_round_trip_with_bf16_experts(tmp_path: Path) -> None:
     src = make_model(CONFIG_B, seed=5)
-    save_file(
-        {k: v.contiguous() for k, v in export_checkpoint(src, mxfp4=False).items()},
-        str(tmp_path / "model.safetensors"),
-    )
-    (tmp_path / "config.json").write_text(
-        json.dumps({"model_type": "kimi_k3", "text_config": CONFIG_B})
+    # unquantised experts, every tensor in the model's own dtype (fp32): the reload is exact
+    release.write_from_tensors(
+        tmp_path, CONFIG_B, release.from_model(src), experts="bf16", dense_dtype=None
     )
     model = load_kimi_k3(
         tmp_path,
@@ -260,10 +217,10 @@ def test_directory_round_trip_with_bf16_experts(tmp_path: Path) -> None:
     )
 
 
-def test_mega_weight_builder_gets_this_ranks_raw_experts(source_model: KimiK3ForCausalLM) -> None:
+def test_mega_weight_builder_gets_this_ranks_raw_experts() -> None:
     mega = {**CONFIG_A, "routed_expert_hidden_size": 512, "moe_intermediate_size": 128}
     src = make_model(mega, seed=9)
-    ckpt = export_checkpoint(src)
+    ckpt = release.model_release_tensors(src).tensors
     got: dict[int, dict[str, Any]] = {}
 
     def builder(layer_id: int, raw: dict[str, torch.Tensor | None]) -> Any:
@@ -342,16 +299,11 @@ def test_tp2_equals_tp1(tmp_path: Path) -> None:
         },
     }
     src = make_model(mega, seed=11)
-    _mxfp4_rounded(src)
-    save_file(
-        {k: v.contiguous() for k, v in export_checkpoint(src).items()},
-        str(tmp_path / "model.safetensors"),
-    )
-    (tmp_path / "config.json").write_text(
-        json.dumps({"model_type": "kimi_k3", "text_config": mega})
-    )
+    # MXFP4 experts, dense tensors in fp32 (the reference's dtype)
+    ckpt = release.write_from_tensors(tmp_path, mega, release.from_model(src), dense_dtype=None)
+    assert ckpt.values is not None
     ids = tokens(12, seed=12)
-    want = src(ids, torch.arange(12))
+    want = _from_values(mega, ckpt.values)(ids, torch.arange(12))
     for rank, out in enumerate(run_distributed(_rank_logits, 2, str(tmp_path), ids)):
         for key in ("none", "megamoe", "steps"):
             torch.testing.assert_close(

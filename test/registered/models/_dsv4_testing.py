@@ -4,6 +4,7 @@ reference, and our model loaded from it. Not a test file (no ``test_`` prefix)."
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -16,7 +17,9 @@ from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.test.dsv4_parity import randomize_  # one randomiser for the tests and the parity sweep
+from sglang.test.release_checkpoint import deepseek_v4 as release
 from sglang.test.release_checkpoint.deepseek_v4 import TINY_BASE, TINY_CONFIG
+from sglang.test.release_checkpoint.emit import ReleaseCheckpoint
 
 # transformers warns that the tiny YaRN factor disagrees with max_position_embeddings; irrelevant.
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -104,3 +107,23 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def token_ids(n: int, vocab: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def write_release(
+    path: str | os.PathLike[str],
+    config: dict[str, Any],
+    hf: HFDeepseekV4,
+    *,
+    quantised: bool = False,
+    **kw: Any,
+) -> ReleaseCheckpoint:
+    """``hf`` (built from ``config``) written as a DeepSeek V4 release checkpoint (release names,
+    shards + index, an MTP layer). ``quantised``: FP8 dense weights and MXFP4 experts, bf16
+    elsewhere, as released; otherwise every tensor unquantised in its own dtype, so the served
+    model equals ``hf``."""
+    formats: dict[str, Any] = (
+        {} if quantised else {"dense": "bf16", "experts": "bf16", "plain_dtype": None}
+    )
+    formats.update(kw)  # e.g. FP8 dense weights alone: dense="fp8"
+    state = release.from_transformers(hf.state_dict())
+    return release.write_from_tensors(path, config, state, **formats)

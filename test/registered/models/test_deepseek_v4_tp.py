@@ -1,4 +1,5 @@
-"""DeepSeek V4 at tensor parallel 2 (two CPU ranks over gloo) gives the TP=1 logits: attention
+"""DeepSeek V4 at tensor parallel 2 (two CPU ranks over gloo) gives the TP=1 logits, both loaded
+from a release-format checkpoint with FP8 128x128 dense weights (written by the test kit): attention
 heads / output groups / sinks split by rank with the wo_b all-reduce, experts and shared expert
 split over the intermediate dim with one MoE all-reduce; and, with ``moe_a2a_backend=megamoe``
 and no MegaMoE kernel, expert-parallel experts (whole experts a rank) through FusedMoE's fallback
@@ -13,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_A, reference_model, rel_err, token_ids
+from _dsv4_testing import CONFIG_A, reference_model, rel_err, token_ids, write_release
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.load_options import LoadOptions
@@ -61,7 +62,7 @@ def _rank_logits(
 
 def test_tp2_matches_tp1(tmp_path: Path) -> None:
     hf = reference_model(CONFIG_A, seed=12)
-    hf.save_pretrained(tmp_path)
+    write_release(tmp_path, CONFIG_A, hf, dense="fp8")  # FP8 dense weights cut by rank
     ids = token_ids(T, CONFIG_A["vocab_size"], seed=13)
     single = _load(str(tmp_path), 0, 1, "none")(ids, torch.arange(T))
     ranks = run_distributed(_rank_logits, 2, str(tmp_path), ids, timeout_s=300)

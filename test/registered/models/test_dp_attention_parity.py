@@ -23,14 +23,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dp_attention_testing import DECODES, greedy, load_dsv4, load_kimi, run_rank
 from _dsv4_testing import CONFIG_A as DSV4_CONFIG
-from _dsv4_testing import reference_model
+from _dsv4_testing import reference_model, write_release
 from _moe_placement_testing import expert_placement
-from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
 from test_kimi_k3_tiny import make_model
 
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
+from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=100)
@@ -40,8 +40,10 @@ register_cpu_ci(est_time=100)
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Both checkpoints (DSv4 on disk, Kimi K3 as tensors) and TP=1's run of the schedule."""
     path = tmp_path_factory.mktemp("dsv4")
-    reference_model(DSV4_CONFIG, seed=21).save_pretrained(path)
-    kimi_ckpt = export_checkpoint(make_model(KIMI_CONFIG, seed=22), mxfp4=False)
+    write_release(path, DSV4_CONFIG, reference_model(DSV4_CONFIG, seed=21))
+    kimi_ckpt = dict(
+        k3_release.model_release_tensors(make_model(KIMI_CONFIG, seed=22), experts="bf16").tensors
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: one thread is faster on a busy CPU
     try:

@@ -21,10 +21,10 @@ from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM, _forward_mega_experts
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe, mxfp4_mega_experts
+from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A, config, make_model, random_experts, randomize_, tokens
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
@@ -84,7 +84,8 @@ def test_latent_moe_block_mega_path_equals_normal_path(monkeypatch: pytest.Monke
 
 
 def test_loader_builds_mega_weights_and_logits_match(monkeypatch: pytest.MonkeyPatch) -> None:
-    ckpt = export_checkpoint(make_model(MEGA, seed=6))  # MXFP4 experts in the release naming
+    # MXFP4 experts in the release naming
+    ckpt = dict(k3_release.model_release_tensors(make_model(MEGA, seed=6)).tensors)
     ids = tokens(10, seed=7)
 
     def loaded(a2a: str) -> KimiK3ForCausalLM:

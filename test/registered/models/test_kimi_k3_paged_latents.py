@@ -15,17 +15,14 @@ without it caches stay per request and the startup line says how to page them.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, make_model, tokens
 
 from sglang.srt.managers.schedule_batch import Req
@@ -38,6 +35,7 @@ from sglang.srt.model_executor.model_runner import DecodeSetup, ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=20)
@@ -125,12 +123,9 @@ def test_runner_pages_latents_and_admits_by_blocks(
 ) -> None:
     monkeypatch.setenv("SGLANG_K3_STATIC_DECODE", "0")  # the eager decode on paged latents
     src = make_model(CONFIG_B, seed=73)
-    save_file(
-        {k: v.contiguous() for k, v in export_checkpoint(src, mxfp4=False).items()},
-        str(tmp_path / "model.safetensors"),
-    )
-    (tmp_path / "config.json").write_text(
-        json.dumps({"model_type": "kimi_k3", "text_config": CONFIG_B})
+    # the release layout with unquantised experts, every tensor in the model's dtype (fp32)
+    k3_release.write_from_tensors(
+        tmp_path, CONFIG_B, k3_release.from_model(src), experts="bf16", dense_dtype=None
     )
     paged, setup = _runner(tmp_path, 512)
     eager, plain = _runner(tmp_path, None)

@@ -24,10 +24,10 @@ from sglang.srt.model_loader.weight_source import as_weight_source
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A, config, make_model
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
@@ -58,7 +58,10 @@ LAYOUTS = [
 @pytest.fixture(scope="module")
 def checkpoints() -> dict[str, dict[str, torch.Tensor]]:
     src = make_model(RAW, seed=11)
-    return {"mxfp4": export_checkpoint(src), "bf16": export_checkpoint(src, mxfp4=False)}
+    return {
+        "mxfp4": dict(k3_release.model_release_tensors(src).tensors),
+        "bf16": dict(k3_release.model_release_tensors(src, experts="bf16").tensors),
+    }
 
 
 def _previous_way(ckpt: dict[str, torch.Tensor], layer_id: int, experts: FusedMoE) -> FusedMoE:
@@ -146,7 +149,7 @@ def test_shard_first_equals_dequantise_then_shard(
 
 def test_mxfp4_slice_must_cover_whole_scale_groups() -> None:
     # intermediate 32 over 2 ranks: 16 columns of w2 a rank, half a 32-value scale group
-    ckpt = export_checkpoint(make_model(CONFIG_A, seed=1))
+    ckpt = dict(k3_release.model_release_tensors(make_model(CONFIG_A, seed=1)).tensors)
     model = KimiK3ForCausalLM(
         config(CONFIG_A),
         LayerBuildSpec(dtype=torch.float32, moe_runner="torch", tp_rank=1, tp_size=2),

@@ -24,17 +24,14 @@ whole prefill orders the sums differently too; measured ~1e-5).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, CONFIG_C, make_model, tokens
 
 from sglang.srt.mem_cache.kimi_k3_cache import KDAState, KimiK3RequestCache, MLALatentCache
@@ -45,6 +42,7 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=15)
@@ -178,12 +176,9 @@ def test_static_decode_rejects_unpooled_and_full_caches(model_a: KimiK3ForCausal
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("k3")
     src = make_model(CONFIG_B, seed=44)
-    save_file(
-        {k: v.contiguous() for k, v in export_checkpoint(src, mxfp4=False).items()},
-        str(path / "model.safetensors"),
-    )
-    (path / "config.json").write_text(
-        json.dumps({"model_type": "kimi_k3", "text_config": CONFIG_B})
+    # the release layout with unquantised experts, every tensor in the model's dtype (fp32)
+    k3_release.write_from_tensors(
+        path, CONFIG_B, k3_release.from_model(src), experts="bf16", dense_dtype=None
     )
     return path
 

@@ -20,9 +20,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dsv4_testing import CONFIG_A as DSV4_CONFIG
-from _dsv4_testing import reference_model
+from _dsv4_testing import reference_model, write_release
 from _moe_placement_testing import expert_placement, moe_held
-from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
 from test_kimi_k3_tiny import config as kimi_config
 from test_kimi_k3_tiny import make_model
@@ -31,6 +30,7 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.multiprocess import run_distributed
+from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=70)
@@ -124,8 +124,10 @@ def _rank(
 @pytest.mark.parametrize(("world", "ep_size"), [(2, 2), (4, 2)])
 def test_ep_greedy_tokens_equal_tp1(tmp_path: Path, world: int, ep_size: int) -> None:
     dsv4_cfg, kimi_cfg = CONFIGS[world]
-    reference_model(dsv4_cfg, seed=21).save_pretrained(tmp_path)
-    kimi_ckpt = export_checkpoint(make_model(kimi_cfg, seed=22), mxfp4=False)
+    write_release(tmp_path, dsv4_cfg, reference_model(dsv4_cfg, seed=21))
+    kimi_ckpt = dict(
+        k3_release.model_release_tensors(make_model(kimi_cfg, seed=22), experts="bf16").tensors
+    )
     want = {
         "dsv4": _greedy(
             _load_dsv4(str(tmp_path), 0, 1, "none"), _prompts(DSV4_CONFIG["vocab_size"])

@@ -457,6 +457,7 @@ def from_model(model: KimiK3ForCausalLM) -> dict[str, torch.Tensor]:
     from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 
     c = model.config
+    dtype = next(model.parameters()).dtype  # the model's dtype
     out: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters():
         layer = int(name.split(".")[2]) if name.startswith("model.layers.") else None
@@ -475,12 +476,13 @@ def from_model(model: KimiK3ForCausalLM) -> dict[str, torch.Tensor]:
         w = layer.mlp.experts.weights
         if w is None:
             raise ValueError(f"layer {i}: the model's routed experts are not loaded")
-        inter = w.intermediate_size
+        w13, w2 = w.dequantized(dtype)  # float experts: as stored
+        inter = w13.shape[1] // 2
         pre = f"{PREFIX}model.layers.{i}.block_sparse_moe.experts"
-        for e in range(w.num_experts):
-            out[f"{pre}.{e}.w1.weight"] = w.w13[e, :inter].clone()
-            out[f"{pre}.{e}.w3.weight"] = w.w13[e, inter:].clone()
-            out[f"{pre}.{e}.w2.weight"] = w.w2[e].clone()
+        for e in range(w13.shape[0]):
+            out[f"{pre}.{e}.w1.weight"] = w13[e, :inter].clone()
+            out[f"{pre}.{e}.w3.weight"] = w13[e, inter:].clone()
+            out[f"{pre}.{e}.w2.weight"] = w2[e].clone()
     return out
 
 

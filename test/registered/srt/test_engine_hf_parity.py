@@ -1,7 +1,8 @@
-"""Greedy tokens served from a transformers ``save_pretrained`` DeepSeek V4 directory equal
-transformers' greedy decoding of the same prompts (fully random tiny models: hash routing, ratios
-0/4/128, YaRN), through the whole serving path: scheduler process, chunked prefill, the
-per-request cache across decode steps, sampling.
+"""Greedy tokens served from a DeepSeek V4 checkpoint in the release layout (written by the test
+kit: FP8 128x128 dense weights with UE8M0 scales, MXFP4 experts, shards, an MTP layer) equal
+transformers' greedy decoding of the same prompts on the dequantised weights (fully random tiny
+models: hash routing, ratios 0/4/128, YaRN), through the whole serving path: scheduler process,
+chunked prefill, the per-request cache across decode steps, sampling.
 
 The second test is the reported failure (issue 14): window 16, indexer top-k 5, mixed layer types,
 hash-routed first layers, fp32, prompts cut from one random sequence at lengths 30..47 and around
@@ -21,10 +22,11 @@ import torch
 from sglang import Engine
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_parity import reference_model as tied_reference_model
+from sglang.test.release_checkpoint.deepseek_v4 import to_transformers
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
-from _dsv4_testing import _BASE, CONFIG_A, reference_model, token_ids
+from _dsv4_testing import _BASE, CONFIG_A, reference_model, token_ids, write_release
 
 register_cpu_ci(est_time=45)
 
@@ -42,7 +44,9 @@ def _hf_greedy(hf: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
 
 def test_served_greedy_equals_transformers(tmp_path: Path) -> None:
     hf = reference_model(CONFIG_A, seed=5)
-    hf.save_pretrained(tmp_path)
+    ckpt = write_release(tmp_path, CONFIG_A, hf, quantised=True)
+    assert ckpt.values is not None
+    hf.load_state_dict(to_transformers(ckpt.values))  # what the checkpoint stands for
     prompts = [token_ids(150, CONFIG_A["vocab_size"], seed=s).tolist() for s in (1, 2)]
     want = [_hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
@@ -73,7 +77,9 @@ ISSUE_LENGTHS = [*range(30, 48), 128, 129, 140, 150]
 @torch.no_grad()
 def test_served_greedy_at_the_reported_lengths(tmp_path: Path) -> None:
     hf, ties = tied_reference_model(ISSUE_CONFIG, seed=14)
-    hf.save_pretrained(tmp_path)
+    ckpt = write_release(tmp_path, ISSUE_CONFIG, hf, quantised=True)
+    assert ckpt.values is not None
+    hf.load_state_dict(to_transformers(ckpt.values))
     seq = token_ids(max(ISSUE_LENGTHS), ISSUE_CONFIG["vocab_size"], seed=14).tolist()
     prompts = [seq[:n] for n in ISSUE_LENGTHS]
     params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}

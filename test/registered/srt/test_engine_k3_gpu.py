@@ -1,6 +1,6 @@
 """Kimi K3 served on CUDA (run on the H200; skipped elsewhere): a tiny random K3 checkpoint on disk
-(CONFIG_A's shape with rope 16, the absorbed MLA kernel's widths; fp32, triton MoE runner),
-served by the Engine with token ids. With ``SGLANG_K3_STATIC_DECODE`` on (the default) decode
+in the release layout (the test kit's writer; CONFIG_A's shape with rope 16, the absorbed MLA
+kernel's widths; fp32, triton MoE runner), served by the Engine with token ids. With ``SGLANG_K3_STATIC_DECODE`` on (the default) decode
 takes the slot pool and CUDA graphs without ``--max-total-tokens`` (K3's memory model bounds
 it), and the greedy tokens of graph replay equal those of the same static decode run eagerly at
 the same padded sizes (``SGLANG_STATIC_DECODE_WITHOUT_GRAPHS``): same kernels, same shapes. One
@@ -9,7 +9,6 @@ prefill + decode steps, batch sizes changing as requests end: every request comp
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.engine_graph_check import (
@@ -25,10 +23,10 @@ from sglang.test.engine_graph_check import (
     assert_same_tokens,
     serve_eager_static_then_graphs,
 )
+from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
-from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_tiny import CONFIG_A, VOCAB, make_model
 
 register_cuda_ci(est_time=90)
@@ -40,10 +38,9 @@ GREEDY = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
 
 def _checkpoint(root: Path) -> str:
     src = make_model(CONFIG_GPU, seed=11)
-    tensors = {k: v.contiguous() for k, v in export_checkpoint(src, mxfp4=False).items()}
-    save_file(tensors, str(root / "model.safetensors"))
-    (root / "config.json").write_text(
-        json.dumps({"model_type": "kimi_k3", "text_config": CONFIG_GPU})
+    # the release layout (shards, wrapper config), experts and dense tensors unquantised in fp32
+    k3_release.write_from_tensors(
+        root, CONFIG_GPU, k3_release.from_model(src), experts="bf16", dense_dtype=None
     )
     return str(root)
 

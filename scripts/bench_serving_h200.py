@@ -7,19 +7,23 @@ by ``launch_server`` with one feature on and off, loaded by our ``bench_serving`
 this tree against another checkout of the repo at ``DIR`` (its ``python/`` first on the second
 server's PYTHONPATH), same flags, both with graphs: a slowdown check in one run.
 
-Model (random weights, bf16, generated on the GPU into ``--model-dir`` on first use, ~13 GB a
-layer): hidden 4096, 256 routed experts top-6 (intermediate 2048) + one shared expert, 64 heads of
-512 (q rank 1024, 8 output groups of rank 1024), window 128, layers of compress ratios 4 / 128 / 4
-(indexer 64 heads of 128, top-512), the first layer hash-routed, vocab 4096 (no tokenizer: the
-benchmark sends token ids). Workload: fixed 256 input and 128 output tokens, greedy, 2x the
-concurrency in prompts (at least 4), after an untimed warm-up as wide as the run.
+Model (random weights written on the GPU into ``--model-dir`` on first use by the test kit's
+release writer): hidden 4096, 256 routed experts top-6 (intermediate 2048) + one shared expert, 64
+heads of 512 (q rank 1024, 8 output groups of rank 1024), window 128, layers of compress ratios
+4 / 128 / 4 (indexer 64 heads of 128, top-512), the first layer hash-routed, vocab 4096 (no
+tokenizer: the benchmark sends token ids). ``--weights bf16``: every tensor bf16 (~13 GB a
+layer); ``--weights release``: the layout DeepSeek publishes, FP8 dense weights with UE8M0
+128x128 scales, MXFP4 experts, an MTP layer (~3.5 GB a layer). Workload: fixed 256 input and
+128 output tokens, greedy, 2x the concurrency in prompts (at least 4), after an untimed warm-up
+as wide as the run.
 
 Prints one table: TTFT and TPOT (median ms), output and total throughput (tok/s) for both servers,
 then on/off ratios (TPOT < 1 and throughput > 1 mean the feature helps). Each server's log goes
 to ``--log-dir``; this tree's servers write an activity line a second there (the steps by kind,
 decode / mixed / prefill, with their mean time: where a TTFT or TPOT goes).
 Usage: python scripts/bench_serving_h200.py [--compare graphs|symm-mem] [--tp-size N]
-       [--concurrency 1,8,32] [--layers 3] [--model-dir DIR] [--keep-model]
+       [--concurrency 1,8,32] [--layers 3] [--weights bf16|release] [--model-dir DIR]
+       [--keep-model]
 About 2.5 minutes on one H200 with --layers 2 (generation 30 s, two server starts, six runs).
 """
 
@@ -39,10 +43,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from sglang.bench_serving import build_parser, run_benchmark
-from sglang.srt.default_model.generate import parameter_shapes
+from sglang.test.release_checkpoint import deepseek_v4 as release
 from sglang.test.wide_dsv4 import wide_dsv4_config
 
 CONCURRENCY = (1, 8, 32)
@@ -55,44 +58,37 @@ def model_config(layers: int) -> dict[str, Any]:
     return wide_dsv4_config(ratios, num_hash_layers=1, max_positions=4096)
 
 
-def _random(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-    # Same scales as the built-in model's random_weights, drawn on the GPU (CPU draws of ~40 GB
-    # would take most of the time budget).
-    t = torch.randn(shape, generator=g, device="cuda")
-    if len(shape) >= 2:
-        t *= shape[-1] ** -0.5
-    elif name.endswith(("norm.weight", "_scale")):
-        t = 1.0 + 0.1 * t
-    else:
-        t *= 0.5
-    return t.to(torch.bfloat16).cpu()
+# --weights: how the bench model's checkpoint is written (the release kit's writer either way).
+WEIGHTS: dict[str, dict[str, Any]] = {
+    # every tensor bf16, no MTP layer: the engine's resident format without conversions
+    "bf16": {"dense": "bf16", "experts": "bf16", "mtp": False},
+    # as DeepSeek releases it: FP8 128x128 dense weights (UE8M0 scales), MXFP4 experts, an MTP
+    # layer (skipped at load), sharded with an index
+    "release": {"dense": "fp8", "experts": "mxfp4", "mtp": True},
+}
 
 
-def build_model(directory: Path, layers: int) -> None:
+def build_model(directory: Path, layers: int, weights: str) -> None:
     config = model_config(layers)
+    fmt = WEIGHTS[weights]
+    want = release.release_config(config, dense=fmt["dense"], mtp=fmt["mtp"])
     if (directory / "READY").exists():
-        if json.loads((directory / "config.json").read_text()) == config:
+        same = (directory / "READY").read_text().strip() == weights
+        if same and json.loads((directory / "config.json").read_text()) == want:
             print(f"model: reusing {directory}")
             return
+    if directory.exists():  # another model, or a write that did not finish
         shutil.rmtree(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    g = torch.Generator(device="cuda").manual_seed(0)
-    shards: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
-    for name, shape in sorted(parameter_shapes(config).items()):
-        key = name.split(".")[1] if name.startswith("layers.") else "rest"
-        shards.setdefault(key, []).append((name, shape))
-    for key, items in shards.items():
-        tensors = {name: _random(name, shape, g) for name, shape in items}
-        if key == "0":  # the hash layer's token -> experts table: distinct experts per token
-            cfg_e, cfg_k = config["n_routed_experts"], config["num_experts_per_tok"]
-            scores = torch.rand(config["vocab_size"], cfg_e, generator=g, device="cuda")
-            tensors["layers.0.ffn.gate.tid2eid"] = scores.argsort(-1)[:, :cfg_k].int().cpu()
-        save_file(tensors, str(directory / f"model-{key}.safetensors"), metadata={"format": "pt"})
-        del tensors
-    (directory / "config.json").write_text(json.dumps(config, indent=2))
-    (directory / "READY").write_text("ok\n")
-    print(f"model: generated {layers} layers in {directory} ({time.perf_counter() - started:.0f}s)")
+    # Drawn and quantised on the GPU (CPU draws of ~40 GB would take most of the time budget).
+    ckpt = release.write_random(directory, config, device="cuda", keep_values=False, **fmt)
+    (directory / "READY").write_text(f"{weights}\n")
+    print(
+        f"model: wrote {layers} layers ({weights} weights, "
+        f"{ckpt.layout.total_bytes() / 1e9:.1f} GB) in {directory} "
+        f"({time.perf_counter() - started:.0f}s)"
+    )
+    print(ckpt.layout.format_table())
 
 
 def _healthy(port: int) -> bool:
@@ -210,7 +206,12 @@ def serve_and_bench(
 
 
 def print_table(
-    cmp: Comparison, on: dict[int, Any], off: dict[int, Any], concurrency: list[int], tp_size: int
+    cmp: Comparison,
+    on: dict[int, Any],
+    off: dict[int, Any],
+    concurrency: list[int],
+    tp_size: int,
+    weights: str,
 ) -> None:
     def row(label: str, m: dict[str, Any]) -> str:
         return (
@@ -219,8 +220,8 @@ def print_table(
         )
 
     print(
-        f"\nDeepSeek V4-architecture model, {INPUT_LEN} in / {OUTPUT_LEN} out, bf16, triton MoE, "
-        f"TP={tp_size}"
+        f"\nDeepSeek V4-architecture model, {INPUT_LEN} in / {OUTPUT_LEN} out, {weights} "
+        f"checkpoint, triton MoE, TP={tp_size}"
     )
     print("| mode, conc.      | TTFT ms   | TPOT ms   | out tok/s  | total tok/s |")
     print("|------------------|----------:|----------:|-----------:|------------:|")
@@ -251,6 +252,13 @@ def main() -> None:
         "--enable-symm-mem (needs --tp-size > 1).",
     )
     parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument(
+        "--weights",
+        choices=tuple(WEIGHTS),
+        default="bf16",
+        help="bf16: every tensor bf16; release: the model as DeepSeek releases it (FP8 dense "
+        "weights with UE8M0 block scales, MXFP4 experts, an MTP layer).",
+    )
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     parser.add_argument("--model-dir", default="/tmp/sglang-bench-dsv4-h200")
     parser.add_argument("--keep-model", action="store_true", help="Keep the generated weights.")
@@ -269,7 +277,7 @@ def main() -> None:
     tp = ["--tp-size", str(args.tp_size)]
     model_dir = Path(args.model_dir)
     started = time.perf_counter()
-    build_model(model_dir, args.layers)
+    build_model(model_dir, args.layers, args.weights)
     torch.cuda.empty_cache()  # the servers need the GPU
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -297,7 +305,7 @@ def main() -> None:
     finally:
         if not args.keep_model:
             shutil.rmtree(model_dir, ignore_errors=True)
-    print_table(cmp, on, off, concurrency, args.tp_size)
+    print_table(cmp, on, off, concurrency, args.tp_size, args.weights)
     print(f"\ntotal {time.perf_counter() - started:.0f}s")
 
 

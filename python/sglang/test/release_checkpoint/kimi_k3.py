@@ -460,10 +460,7 @@ def from_model(model: KimiK3ForCausalLM) -> dict[str, torch.Tensor]:
     dtype = next(model.parameters()).dtype  # the model's dtype
     out: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters():
-        layer = int(name.split(".")[2]) if name.startswith("model.layers.") else None
-        release = PREFIX + name
-        if layer is not None and c.is_moe(layer):
-            release = release.replace(".mlp.", ".block_sparse_moe.", 1)
+        release = _release_name(model, name)
         t = p.detach().clone()
         if name.endswith("A_log"):
             if t.shape[0] > c.kda_head_dim:
@@ -484,6 +481,40 @@ def from_model(model: KimiK3ForCausalLM) -> dict[str, torch.Tensor]:
             out[f"{pre}.{e}.w3.weight"] = w13[e, inter:].clone()
             out[f"{pre}.{e}.w2.weight"] = w2[e].clone()
     return out
+
+
+def _release_name(model: KimiK3ForCausalLM, name: str) -> str:
+    """The release name of one of the model's parameter names (``from_model``'s rule)."""
+    release = PREFIX + name
+    if name.startswith("model.layers.") and model.config.is_moe(int(name.split(".")[2])):
+        release = release.replace(".mlp.", ".block_sparse_moe.", 1)
+    return release
+
+
+def into_model(model: KimiK3ForCausalLM, values: Mapping[str, torch.Tensor]) -> None:
+    """Set a (TP=1) model's weights to release-named ``values`` (e.g. a written checkpoint's
+    dequantised values) by the naming rule alone, without the engine's loader: the inverse of
+    :func:`from_model`, so a reference built this way does not share the loader's mapping."""
+    from sglang.srt.layers.moe.expert_weights import ExpertWeights
+    from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            t = values[_release_name(model, name)]
+            p.copy_(t[: p.shape[0]] if name.endswith("A_log") else t)  # A_log: [D] -> [H]
+        for i, layer in enumerate(model.decoder_layers):
+            if not isinstance(layer.mlp, KimiK3MoE):
+                continue
+            pre = f"{PREFIX}model.layers.{i}.block_sparse_moe.experts"
+            n = int(model.config.num_experts)
+            gate_up = [
+                torch.cat([values[f"{pre}.{e}.w1.weight"], values[f"{pre}.{e}.w3.weight"]])
+                for e in range(n)
+            ]
+            w13 = torch.stack(gate_up)
+            w2 = torch.stack([values[f"{pre}.{e}.w2.weight"] for e in range(n)])
+            dtype = next(model.parameters()).dtype
+            layer.mlp.experts.load_weights(ExpertWeights(w13.to(dtype), w2.to(dtype)))
 
 
 # --- writers -------------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """Kimi K3 served on CUDA (run on the H200; skipped elsewhere): a tiny random K3 checkpoint on disk
 in the release layout (the test kit's writer; CONFIG_A's shape with rope 16, the absorbed MLA
-kernel's widths; fp32, triton MoE runner), served by the Engine with token ids. With ``SGLANG_K3_STATIC_DECODE`` on (the default) decode
-takes the slot pool and CUDA graphs without ``--max-total-tokens`` (K3's memory model bounds
-it), and the greedy tokens of graph replay equal those of the same static decode run eagerly at
-the same padded sizes (``SGLANG_STATIC_DECODE_WITHOUT_GRAPHS``): same kernels, same shapes. One
-prompt at a time (steps then do not depend on arrival), then all together with graphs (mixed
-prefill + decode steps, batch sizes changing as requests end: every request completes)."""
+kernel's widths; fp32, triton MoE runner), served by the Engine with token ids. With
+``SGLANG_K3_STATIC_DECODE`` on (the default) decode takes the slot pool and CUDA graphs without
+``--max-total-tokens`` (K3's memory model bounds it), and the greedy tokens of graph replay equal
+those of the same static decode run eagerly at the same padded sizes
+(``SGLANG_STATIC_DECODE_WITHOUT_GRAPHS``): same kernels, same shapes. One prompt at a time (steps
+then do not depend on arrival), then all together with graphs (mixed prefill + decode steps,
+batch sizes changing as requests end: every request completes)."""
 
 from __future__ import annotations
 

@@ -215,10 +215,7 @@ def release_config(
     plus one (0) for the MTP layer, ``num_nextn_predict_layers`` and, for FP8 dense weights,
     ``quantization_config``."""
     out = {**RELEASE_DEFAULTS, **config}
-    n = int(out["num_hidden_layers"])
-    ratios = list(out.get("compress_ratios") or ())
-    if len(ratios) != n:
-        raise ValueError(f"compress_ratios needs one ratio per layer ({n}), got {ratios}")
+    ratios = _ratios(out)
     out["compress_ratios"] = ratios + [0] if mtp else ratios
     out["num_nextn_predict_layers"] = 1 if mtp else 0
     if dense == "fp8":
@@ -226,6 +223,19 @@ def release_config(
     else:
         out.pop("quantization_config", None)
     return out
+
+
+def _ratios(config: Mapping[str, Any]) -> list[int]:
+    """The per-layer compress ratios (the release's ``compress_ratios``; a trailing MTP entry is
+    dropped)."""
+    n = int(config["num_hidden_layers"])
+    ratios = list(config.get("compress_ratios") or ())[:n]
+    if len(ratios) != n:
+        raise ValueError(
+            f"the release layout needs compress_ratios with one ratio per layer ({n}), got "
+            f"{config.get('compress_ratios')}"
+        )
+    return ratios
 
 
 # --- the tensors ---------------------------------------------------------------------------------
@@ -415,7 +425,7 @@ def tensor_specs(
     c = {**RELEASE_DEFAULTS, **config}
     h, hc, vocab = int(c["hidden_size"]), int(c["hc_mult"]), int(c["vocab_size"])
     n, hashed = int(c["num_hidden_layers"]), int(c["num_hash_layers"])
-    ratios = list(c["compress_ratios"])[:n]
+    ratios = _ratios(c)
     yield TensorSpec(
         "embed.weight",
         (vocab, h),

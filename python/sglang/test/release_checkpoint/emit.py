@@ -232,7 +232,7 @@ def _one_cpu_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def emit_specs(
+def _emit_specs(
     specs: Iterable[TensorSpec],
     draw: Draw,
     sink: ShardedSafetensorsWriter | None,
@@ -258,7 +258,7 @@ def write_checkpoint(
     """Write ``config.json``, the shards and the index into ``path``."""
     root = Path(path)
     sink = ShardedSafetensorsWriter(root, max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
-    emitter = emit_specs(specs, draw, sink, keep_values)
+    emitter = _emit_specs(specs, draw, sink, keep_values)
     sink.close()
     (root / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return ReleaseCheckpoint(
@@ -271,7 +271,7 @@ def write_checkpoint(
 
 def in_memory(specs: Iterable[TensorSpec], draw: Draw, *, num_experts: int) -> ReleaseTensors:
     """The same tensors, kept in memory (for tests that load a name -> tensor mapping)."""
-    emitter = emit_specs(specs, draw, None, keep_values=True)
+    emitter = _emit_specs(specs, draw, None, keep_values=True)
     return ReleaseTensors(
         tensors=MappingProxyType(emitter.tensors),
         layout=CheckpointLayout.of(emitter.entries, num_experts),

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -493,6 +495,39 @@ def test_writer_refuses_a_state_dict_that_does_not_fit(tmp_path: Path) -> None:
     values["layers.2.attn.wo_b.weight"] = values["layers.2.attn.wo_b.weight"].t()
     with pytest.raises(ValueError, match=r"layers.2.attn.wo_b.weight.*needs \(64, 16\)"):
         deepseek_v4.write_from_tensors(tmp_path, DS, values)
+
+
+def test_bad_formats_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"dense='fp4' is not one of \('fp8', 'bf16'\)"):
+        list(deepseek_v4.tensor_specs(DS, dense="fp4"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"experts='fp8' is not one of \('mxfp4', 'bf16'\)"):
+        list(kimi_k3.tensor_specs(K3, experts="fp8"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="compress_ratios with one ratio per layer"):
+        deepseek_v4.release_config({**DS, "compress_ratios": [0, 4]})
+
+
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "write_release_checkpoint.py"
+
+
+@pytest.mark.parametrize("model", ["deepseek_v4", "kimi_k3"])
+def test_write_release_checkpoint_script(
+    model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ckpt"
+    argv = [str(SCRIPT), "--model", model, "--preset", "tiny", "--layers", "2"]
+    argv += ["--experts", "4", "--out", str(out), "--tp-size", "2", "--max-shard-gb", "0.0001"]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    printed = capsys.readouterr().out
+    shards = len(list(out.glob("model-*-of-*.safetensors")))
+    assert shards >= 2 and f"2 layers, 4 routed experts -> {out} ({shards} shards" in printed
+    assert "| routed experts | " in printed and "rank of tp2" in printed
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(index["weight_map"]) == int(re.search(r"\| total \| (\d+) \|", printed)[1])
+    monkeypatch.setattr(sys, "argv", argv)  # the directory is not empty now
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert "is not empty" in capsys.readouterr().err
 
 
 def _dsv4_random_values() -> dict[str, torch.Tensor]:

@@ -248,6 +248,15 @@ class _Formats:
     scale: ScaleFormat
     plain: torch.dtype | None  # the release's bf16 tensors (None: each given tensor's dtype)
 
+    def __post_init__(self) -> None:
+        for what, value, allowed in (
+            ("dense", self.dense, ("fp8", "bf16")),
+            ("experts", self.experts, ("mxfp4", "fp8", "bf16")),
+            ("scale_format", self.scale, ("ue8m0", "fp32")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{what}={value!r} is not one of {allowed}")
+
     @property
     def fp32(self) -> torch.dtype | None:
         return None if self.plain is None else FP32

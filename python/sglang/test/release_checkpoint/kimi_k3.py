@@ -425,6 +425,8 @@ def tensor_specs(
     """Every tensor of the release checkpoint for text config ``config``, layer by layer.
     ``dense_dtype=None`` keeps each given tensor's dtype (an exact reload of an fp32 model);
     ``vision`` adds a few vision-tower / projector tensors (the text engine skips them)."""
+    if experts not in ("mxfp4", "bf16"):
+        raise ValueError(f"experts={experts!r} is not one of ('mxfp4', 'bf16')")
     c = config
     h, vocab = int(c["hidden_size"]), int(c["vocab_size"])
     rep = Split.REPLICATED

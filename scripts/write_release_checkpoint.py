@@ -6,7 +6,7 @@ Presets: ``tiny`` (the CPU tests' configs) and ``wide`` (real widths: DeepSeek V
 4096, 256 experts top-6 of 2048, 64 heads of 512; Kimi K3's hidden 7168, latent 3584, 896 experts
 top-16 of 3072, KDA 96 x 128, MLA 96 heads), ``--layers`` layers and ``--experts`` routed experts.
 On a GPU machine draw and quantise there (``--device cuda``): a 4-layer V4-Flash-width checkpoint
-(~16 GB with its MTP layer) takes about a minute, mostly writing.
+(20 GB with its MTP layer, 16.4 GB without) takes about a minute, mostly writing.
 
 Usage: python scripts/write_release_checkpoint.py --model deepseek_v4 --preset wide --layers 4
        --out /tmp/dsv4-flash-4l --device cuda [--experts 256] [--no-mtp] [--tp-size 8]

@@ -10,10 +10,10 @@ All layouts keep the checkpoint's 4-bit bytes and UE8M0 scales (resident bytes =
   four UE8M0 bytes along K (the lowest byte the first group), stored MN-major (``[E, N, K/128]``
   with stride 1 along N): the scales of a tile of rows are one contiguous run, read in 16-byte
   loads instead of one 4-byte load a row.
-- **MegaMoE** (:func:`mega_moe_mxfp4_weights`): DeepGEMM's SM100 ``fp8_fp4_mega_moe`` layout, read
-  in place (on Blackwell these bytes are the only copy): ``w13`` rows interleaved gate/up in granules
-  of :data:`GATE_UP_GRANULE`, scales as MN-major int32 words whose rows are interleaved the same way
-  and then UTCCP-transposed within each 128-row block (:func:`utccp_storage_row`).
+- **MegaMoE** (:func:`mega_moe_mxfp4_weights`): DeepGEMM's SM100 ``fp8_fp4_mega_moe`` layout,
+  read in place (on Blackwell these bytes are the only copy): ``w13`` rows interleaved gate/up in
+  granules of :data:`GATE_UP_GRANULE`, scales as MN-major int32 words whose rows are interleaved
+  the same way and then UTCCP-transposed within each 128-row block (:func:`utccp_storage_row`).
 
 The layout is described by :class:`Mxfp4Layout` (constexpr flags of the kernels) and carried by
 :class:`Mxfp4MoeWeights`, whose :meth:`~Mxfp4MoeWeights.dequantized` view (the plain ``[gate; up]``
@@ -47,8 +47,8 @@ class Mxfp4Layout:
     """How the experts' rows and scales are laid out (the kernels' constexpr layout flags).
 
     ``gate_up_granule``: 0 when ``w13`` rows are ``[gate; up]`` halves; G when gate and up rows
-    alternate in runs of G (gate rows of columns ``[G*j, G*j+G)`` at rows ``[2*G*j, 2*G*j+G)``, their
-    up rows right after). ``scale_utccp``: each 128-row block of scale rows is stored 4 x 32
+    alternate in runs of G (gate rows of columns ``[G*j, G*j+G)`` at rows ``[2*G*j, 2*G*j+G)``,
+    their up rows right after). ``scale_utccp``: each 128-row block of scale rows is stored 4 x 32
     transposed (:func:`utccp_storage_row`)."""
 
     gate_up_granule: int = 0
@@ -64,7 +64,7 @@ MEGA_MOE_LAYOUT = Mxfp4Layout(gate_up_granule=GATE_UP_GRANULE, scale_utccp=True)
 
 
 def gate_up_rows(inter: int, granule: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """int64 [2I]: the stored row of each plain ``[gate; up]`` row (identity when ``granule`` is 0)."""
+    """int64 [2I]: the stored row of each plain ``[gate; up]`` row (identity for granule 0)."""
     n = torch.arange(inter, device=device)
     if granule == 0:
         return torch.arange(2 * inter, device=device)
@@ -110,8 +110,8 @@ def word_bytes(words: torch.Tensor) -> torch.Tensor:
 class Mxfp4MoeWeights:
     """One layer's (or rank's) routed experts in MXFP4, as the W4A16 kernels read them.
 
-    ``w13`` uint8/int8 ``[E, 2I, H/2]``, ``w2`` ``[E, H, I/2]``, scales as UE8M0 bytes ``[E, N, K/32]``
-    or int32 words ``[E, N, K/128]`` (any strides), laid out as ``layout`` says."""
+    ``w13`` uint8/int8 ``[E, 2I, H/2]``, ``w2`` ``[E, H, I/2]``, scales as UE8M0 bytes
+    ``[E, N, K/32]`` or int32 words ``[E, N, K/128]`` (any strides), laid out as ``layout`` says."""
 
     w13: torch.Tensor
     w2: torch.Tensor
@@ -154,8 +154,8 @@ class Mxfp4MoeWeights:
         self, experts: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """UE8M0 bytes ``[E', 2I, H/32]`` / ``[E', H, I/32]`` in the plain row order."""
-        s13, s2 = (scale_words(s, name) for s, name in ((self.w13_scale, "w13_scale"),
-                                                         (self.w2_scale, "w2_scale")))  # fmt: skip
+        s13 = scale_words(self.w13_scale, "w13_scale")
+        s2 = scale_words(self.w2_scale, "w2_scale")
         if experts is not None:
             s13, s2 = s13[experts], s2[experts]
         dev = s13.device
@@ -234,8 +234,8 @@ def check_mxfp4_experts(
             want = (e, rows, k // MXFP4_GROUP)
         else:
             raise TypeError(
-                f"{name}: MXFP4 scales must be UE8M0 bytes (uint8 / float8_e8m0fnu) or int32 words, "
-                f"got {s.dtype}"
+                f"{name}: MXFP4 scales must be UE8M0 bytes (uint8 / float8_e8m0fnu) or int32 "
+                f"words, got {s.dtype}"
             )
         if tuple(s.shape) != want:
             raise ValueError(f"{name} has shape {tuple(s.shape)}, expected {want} ({s.dtype})")

@@ -224,6 +224,26 @@ def test_default_configs_fit_the_model_shapes(shape: tuple[int, int, int, int]) 
         assert mxfp4_config_fits(cfg, h, i) is None, (m, cfg)
 
 
+@not_in_interp
+def test_tuned_table_round_trips(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table as the tuner writes it loads back into the same configs, sorted by M."""
+    import json
+
+    import sglang.kernels.ops.moe.mxfp4_config as mc
+
+    cfgs = [mc.default_mxfp4_config(m, 256, 6) for m in (8192, 1)]
+    name = mc.table_name(256, 4096, 2048, 6, mc.DTYPE_KEY, "Some GPU")
+    data = {"buckets": [{"m": m, "config": mc.config_to_dict(c)} for m, c in zip((8192, 1), cfgs)]}
+    (tmp_path / name).write_text(json.dumps(data))
+    monkeypatch.setattr(mc, "CONFIG_DIR", tmp_path)
+    mc.load_mxfp4_table.cache_clear()
+    try:
+        assert mc.load_mxfp4_table(name) == ((1, cfgs[1]), (8192, cfgs[0]))
+        assert mc.load_mxfp4_table("missing.json") is None
+    finally:
+        mc.load_mxfp4_table.cache_clear()
+
+
 # --------------------------------------------------------------------------------------------
 # The torch oracle
 # --------------------------------------------------------------------------------------------

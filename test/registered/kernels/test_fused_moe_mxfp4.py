@@ -72,51 +72,63 @@ def _bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
     return as_f32.astype(np.float64)
 
 
-def _emulate_word_ptx(words: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:
-    """The PTX of ``e2m1_word_ptx`` op by op (its table), in numpy: uint32 words [N], scale bytes
-    [N] -> float64 [N, 8] (element i of each word), including the 2**-62 offset."""
+def _emulate_byte_ptx(packed: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:
+    """The PTX of ``e2m1_byte_ptx`` op by op (its tables), in numpy: uint8 [N, 4] (one
+    invocation's four bytes), scale bytes [N, 4] -> float64 [N, 4, 2]: the low- and high-nibble
+    values of each byte, including the 2**-62 offset."""
     from sglang.kernels.ops.moe import mxfp4_operand as op
 
     s = np.minimum(scale_bytes.astype(np.int64), op.ASM_SCALE_MAX_BYTE)
-    mult_bits = ((s + op.ASM_SCALE_EXP_OFFSET) << 7).astype(np.uint16)
-    mult = _bf16_bits_to_float(mult_bits)
-    out = np.zeros((words.shape[0], 8))
-    for shift, mask, factor, lo, hi in op.E2M1_WORD_PAIRS:
-        src = words >> np.uint32(shift)
-        t = ((src & np.uint32(mask)).astype(np.uint64) * factor) & 0xFFFFFFFF
-        t = t.astype(np.uint32) & np.uint32(op.BF16_E2M1_BITS)
-        for half, idx in ((0, lo), (1, hi)):
-            bits = ((t >> np.uint32(16 * half)) & np.uint32(0xFFFF)).astype(np.uint16)
-            prod = _bf16_bits_to_float(bits) * mult
-            # mul.rn.bf16x2: the product of a 2-bit significand and a power of two is exact as
-            # long as it is a normal bf16; check it is, so rounding never enters.
-            nz = prod != 0
-            assert np.all(np.abs(prod[nz]) >= 2.0**-126) and np.all(np.abs(prod) < 2.0**127)
-            out[:, idx] = prod
+    mult = _bf16_bits_to_float(((s + op.ASM_SCALE_EXP_OFFSET) << 7).astype(np.uint16))
+    word = np.zeros(packed.shape[0], dtype=np.uint32)
+    for i in range(4):
+        word |= packed[:, i].astype(np.uint32) << np.uint32(8 * i)
+    out = np.zeros((packed.shape[0], 4, 2))
+    for spread, sel in enumerate(op.E2M1_SPREAD_SELECTORS):
+        # prmt with a zero second operand: nibble i of the selector picks result byte i
+        src = np.zeros_like(word)
+        for i in range(4):
+            pick = (sel >> (4 * i)) & 0xF  # bytes 0-3 of the word, 4-7 of the zero operand
+            if pick < 4:
+                src |= ((word >> np.uint32(8 * pick)) & np.uint32(0xFF)) << np.uint32(8 * i)
+        for kind, (mask, factor) in enumerate(op.E2M1_NIBBLE_PAIRS):
+            t = ((src & np.uint32(mask)).astype(np.uint64) * factor) & 0xFFFFFFFF
+            t = t.astype(np.uint32) & np.uint32(op.BF16_E2M1_BITS)
+            for half in range(2):  # the two bytes of this spread: 2*spread + half
+                byte = 2 * spread + half
+                bits = ((t >> np.uint32(16 * half)) & np.uint32(0xFFFF)).astype(np.uint16)
+                prod = _bf16_bits_to_float(bits) * mult[:, byte]
+                # mul.rn.bf16x2: a 2-bit significand times a power of two is exact as long as it
+                # is a normal bf16; check it is, so rounding never enters.
+                nz = prod != 0
+                assert np.all(np.abs(prod[nz]) >= 2.0**-126) and np.all(np.abs(prod) < 2.0**127)
+                out[:, byte, kind] = prod
     return out
 
 
 @not_in_interp
-def test_word_ptx_trick_is_exact() -> None:
-    """Every code at every nibble position, with every scale byte from 2**-63 to 2**63: the PTX's
-    bf16 values times 2**62 are the E2M1 values times the scale."""
+def test_byte_ptx_trick_is_exact() -> None:
+    """Every code in both nibbles of every byte of an invocation, with every scale byte from
+    2**-63 to 2**63 (each byte its own): the PTX's bf16 values times 2**62 are the E2M1 values
+    times the scale."""
     from sglang.kernels.ops.moe import mxfp4_operand as op
     from sglang.kernels.ops.quant.mxfp4 import e2m1_table
 
-    ptx = op.e2m1_word_ptx()
-    assert ptx.count("mul.rn.bf16x2") == 4 and ptx.count("mov.b32 {") == 4
+    ptx = op.e2m1_byte_ptx()
+    assert ptx.count("mul.rn.bf16x2") == 4 and ptx.count("prmt.b32") == 2
     table = e2m1_table().double().numpy()
     rng = np.random.default_rng(0)
-    codes = np.stack([np.roll(np.arange(16), j) for j in range(8)], axis=1)  # [16, 8]
-    codes = np.concatenate([codes, rng.integers(0, 16, (512, 8))])
-    words = np.zeros(codes.shape[0], dtype=np.uint32)
-    for i in range(8):
-        words |= codes[:, i].astype(np.uint32) << np.uint32(4 * i)
-    for s in range(127 - 63, 127 + 64):
-        sb = np.full(words.shape, s)
-        got = _emulate_word_ptx(words, sb) * 2.0**op.ASM_ACC_EXP
-        want = table[codes] * 2.0 ** (s - 127)
-        assert np.array_equal(got, want), s
+    every = np.arange(256, dtype=np.uint8)
+    packed = np.stack([np.roll(every, 17 * i) for i in range(4)], axis=1)  # [256, 4]
+    packed = np.concatenate([packed, rng.integers(0, 256, (256, 4), dtype=np.uint8)])
+    lo, hi = table[packed & 0xF], table[packed >> 4]
+    for first in range(127 - 63, 127 + 64, 8):
+        sb = first + rng.integers(0, 8, packed.shape)
+        sb = np.minimum(sb, 127 + 63)
+        got = _emulate_byte_ptx(packed, sb) * 2.0**op.ASM_ACC_EXP
+        scale = 2.0 ** (sb - 127.0)
+        assert np.array_equal(got[..., 0], lo * scale), first
+        assert np.array_equal(got[..., 1], hi * scale), first
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,22 +316,15 @@ def test_triton_kernels_under_interpreter() -> None:
 
 
 @triton.jit
-def _assembly_kernel(words_ptr, sb_ptr, a_ptr, b_ptr, pos_ptr, ROWS: tl.constexpr):
-    # The portable tile put in dot order (a) and the fast path's assembly of the eight
-    # per-element tensors (b), from the same words; and dot_order_position of 256 columns.
+def _assembly_kernel(packed_ptr, sb_ptr, a_ptr, b_ptr, pos_ptr, ROWS: tl.constexpr):
+    # The weight tile as the kernels build it (a), and the physical tile put in dot order by the
+    # activations' reordering (b), from the same bytes; and dot_order_position of 256 columns.
     r = tl.arange(0, ROWS)
-    offs = r[:, None] * 16 + tl.arange(0, 16)[None, :]
-    words = tl.load(words_ptr + offs)
-    sb = tl.load(sb_ptr + offs)
-    a = mxop.to_dot_order(mxop.e2m1_tile(words, sb, ROWS, tl.float32), ROWS, 128)
-    sc = (sb << 23).to(tl.float32, bitcast=True)
-    b = mxop.words_to_dot_order(
-        mxop.e2m1_f32(words & 0xF) * sc, mxop.e2m1_f32((words >> 4) & 0xF) * sc,
-        mxop.e2m1_f32((words >> 8) & 0xF) * sc, mxop.e2m1_f32((words >> 12) & 0xF) * sc,
-        mxop.e2m1_f32((words >> 16) & 0xF) * sc, mxop.e2m1_f32((words >> 20) & 0xF) * sc,
-        mxop.e2m1_f32((words >> 24) & 0xF) * sc, mxop.e2m1_f32((words >> 28) & 0xF) * sc,
-        ROWS,
-    )  # fmt: skip
+    packed = tl.load(packed_ptr + r[:, None] * 64 + tl.arange(0, 64)[None, :])
+    scales = tl.load(sb_ptr + r[:, None] * 4 + tl.arange(0, 4)[None, :])
+    a = mxop.weight_tile(packed, scales, ROWS, tl.float32, False)
+    lo, hi = mxop.e2m1_nibbles(packed, mxop.byte_scales(scales, ROWS), tl.float32)
+    b = mxop.to_dot_order(tl.join(lo, hi).reshape(ROWS, 128), ROWS, 128)
     out = r[:, None] * 128 + tl.arange(0, 128)[None, :]
     tl.store(a_ptr + out, a)
     tl.store(b_ptr + out, b)
@@ -328,25 +333,23 @@ def _assembly_kernel(words_ptr, sb_ptr, a_ptr, b_ptr, pos_ptr, ROWS: tl.constexp
 
 
 @interp_only
-def test_interp_word_assembly_matches_dot_order() -> None:
-    """The fast path's assembly of eight per-element tensors into the dot-ordered tile (joins and
-    a permute) equals the portable path's physical tile put in dot order, and
-    ``dot_order_position`` is where ``to_dot_order`` puts each column."""
+def test_interp_weight_tile_is_in_dot_order() -> None:
+    """The weight tile (low and high nibbles joined and permuted) equals the physical tile put
+    in dot order as the activations are, and ``dot_order_position`` is where ``to_dot_order``
+    puts each column."""
+    from sglang.kernels.ops.quant.mxfp4 import dequant_mxfp4
+
     rows = 16
     g = torch.Generator().manual_seed(5)
-    words = torch.randint(-(2**31), 2**31 - 1, (rows, 16), generator=g, dtype=torch.int32)
-    sb = torch.randint(120, 130, (rows, 16), generator=g, dtype=torch.int32)
+    packed = torch.randint(0, 256, (rows, 64), generator=g, dtype=torch.uint8)
+    sb = torch.randint(120, 130, (rows, 4), generator=g, dtype=torch.uint8)
     a = torch.empty(rows, 128)
     b = torch.empty(rows, 128)
     pos = torch.empty(256, dtype=torch.int32)
-    _assembly_kernel[(1,)](words, sb, a, b, pos, ROWS=rows)
+    _assembly_kernel[(1,)](packed, sb, a, b, pos, ROWS=rows)
     assert torch.equal(a, b)
     # dot_order_position inverts to_dot_order: a[:, pos[p]] is physical column p.
-    from sglang.kernels.ops.quant.mxfp4 import e2m1_table
-
-    codes = (words.long().unsqueeze(-1) >> (4 * torch.arange(8))) & 0xF
-    phys = (e2m1_table()[codes] * torch.exp2(sb.float() - 127).unsqueeze(-1)).reshape(rows, 128)
-    assert torch.equal(a[:, pos[:128].long()], phys)
+    assert torch.equal(a[:, pos[:128].long()], dequant_mxfp4(packed, sb, torch.float32))
     assert torch.equal(pos[128:], pos[:128] + 128)
     assert sorted(pos[:128].tolist()) == list(range(128))
 
@@ -468,14 +471,14 @@ def compile_mxfp4_gemm(gate_up: bool, cfg: Any, layout: Any) -> Any:
         "BLOCK_M": cfg.block_m, "BLOCK_N": tile.block_n, "GROUP_M": tile.group_m,
     }  # fmt: skip
     if gate_up:
-        sig = {"x_ptr": "*bf16", "w_ptr": "*i32", "ws_ptr": "*i32", "out_ptr": "*bf16", **_IDS,
+        sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "out_ptr": "*bf16", **_IDS,
                **common, "top_k": "i32", "stride_xm": "i32", **strides,
                "limit": "fp32"}  # fmt: skip
         const.update(ACTIVATION=0, HAS_LIMIT=True, X_IN_DOT_ORDER=cfg.x_in_dot_order,
                      GATE_UP_GRANULE=layout.gate_up_granule)  # fmt: skip
         fn = fm._mxfp4_gemm1_kernel
     else:
-        sig = {"a_ptr": "*bf16", "w_ptr": "*i32", "ws_ptr": "*i32", "out_ptr": "*bf16",
+        sig = {"a_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "out_ptr": "*bf16",
                "topk_weights_ptr": "*fp32", **_IDS, **common, "stride_am": "i32",
                **strides}  # fmt: skip
         fn = fm._mxfp4_gemm2_kernel

@@ -1,8 +1,8 @@
 """Fused MoE experts on MXFP4 weights (W4A16): the 4-bit bytes and UE8M0 scales are read as they
 are resident and dequantised in registers; bf16 MMAs with fp32 accumulation.
 
-Hopper has no FP4 MMA, so each GEMM loads a tile of packed weights (int32 words, eight E2M1 values
-each) and one scale word a row, turns them into bf16 in the MMA's own operand layout
+Hopper has no FP4 MMA, so each GEMM loads a tile of packed weights (64 bytes, 128 E2M1 values a
+row) and the row's four scale bytes, turns them into bf16 in the MMA's own operand layout
 (``mxfp4_operand.py``: every E2M1 value times a power of two in bf16's range is a bf16 value, so
 this is exact) and multiplies by the activations. At decode the MoE streams weights, and these are
 a quarter of the bf16 bytes (plus one scale byte per 32 values).
@@ -64,7 +64,7 @@ from sglang.kernels.ops.triton_dispatch import interpreter_enabled, triton_can_r
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 _BK = tl.constexpr(MXFP4_BLOCK_K)
-_WORDS = tl.constexpr(MXFP4_BLOCK_K // 8)  # int32 words of packed weights a tile row
+_BYTES = tl.constexpr(MXFP4_BLOCK_K // 2)  # packed weight bytes of a tile row
 _ACC_SCALE = tl.constexpr(ASM_ACC_SCALE)
 _UTCCP_A = tl.constexpr(UTCCP_BLOCK[0])
 _UTCCP_B = tl.constexpr(UTCCP_BLOCK[1])
@@ -143,27 +143,37 @@ def _mxfp4_gemm1_kernel(
         gate = cols
         up = cols + n_cols
     w_base = w_ptr + expert * stride_we
-    offs_w = tl.arange(0, _WORDS)
-    g_ptrs = w_base + gate.to(tl.int64)[:, None] * stride_wn + offs_w[None, :]
-    u_ptrs = w_base + up.to(tl.int64)[:, None] * stride_wn + offs_w[None, :]
+    offs_b = tl.arange(0, _BYTES)
+    g_ptrs = w_base + gate.to(tl.int64)[:, None] * stride_wn + offs_b[None, :]
+    u_ptrs = w_base + up.to(tl.int64)[:, None] * stride_wn + offs_b[None, :]
     s_base = ws_ptr + expert * stride_wse
-    gs_ptrs = s_base + _scale_rows(gate, SCALE_UTCCP).to(tl.int64) * stride_wsn
-    us_ptrs = s_base + _scale_rows(up, SCALE_UTCCP).to(tl.int64) * stride_wsn
+    offs_s = tl.arange(0, 4)[None, :]  # the four scale bytes of a row's 128 values of K
+    gs_ptrs = s_base + _scale_rows(gate, SCALE_UTCCP).to(tl.int64)[:, None] * stride_wsn + offs_s
+    us_ptrs = s_base + _scale_rows(up, SCALE_UTCCP).to(tl.int64)[:, None] * stride_wsn + offs_s
     x_ptrs = x_ptr + x_row[:, None] * stride_xm + tl.arange(0, _BK)[None, :]
 
     acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for _ in range(0, k_dim, _BK):
-        xt = _act_operand(x_ptrs, row_ok, X_IN_DOT_ORDER, BLOCK_M)
-        wg = weight_tile(tl.load(g_ptrs), tl.load(gs_ptrs), BLOCK_N, x_ptr.dtype.element_ty, ASM)
-        acc_g = dot(wg, xt, acc_g, DOT_F32)
-        wu = weight_tile(tl.load(u_ptrs), tl.load(us_ptrs), BLOCK_N, x_ptr.dtype.element_ty, ASM)
-        acc_u = dot(wu, xt, acc_u, DOT_F32)
-        x_ptrs += _BK
-        g_ptrs += _WORDS
-        u_ptrs += _WORDS
+    # Scale bytes are too small for the asynchronous copies: each tile's are loaded one tile
+    # ahead by hand.
+    gs = tl.load(gs_ptrs)
+    us = tl.load(us_ptrs)
+    for kb in range(0, k_dim, _BK):
         gs_ptrs += stride_wsk
         us_ptrs += stride_wsk
+        more = (kb + _BK + tl.zeros((BLOCK_N, 4), dtype=tl.int32)) < k_dim
+        gs_next = tl.load(gs_ptrs, mask=more, other=0)
+        us_next = tl.load(us_ptrs, mask=more, other=0)
+        xt = _act_operand(x_ptrs, row_ok, X_IN_DOT_ORDER, BLOCK_M)
+        wg = weight_tile(tl.load(g_ptrs), gs, BLOCK_N, x_ptr.dtype.element_ty, ASM)
+        acc_g = dot(wg, xt, acc_g, DOT_F32)
+        wu = weight_tile(tl.load(u_ptrs), us, BLOCK_N, x_ptr.dtype.element_ty, ASM)
+        acc_u = dot(wu, xt, acc_u, DOT_F32)
+        x_ptrs += _BK
+        g_ptrs += _BYTES
+        u_ptrs += _BYTES
+        gs = gs_next
+        us = us_next
 
     if ASM:  # the fast path's weights entered the MMA scaled by 2**-62
         acc_g = acc_g * _ACC_SCALE
@@ -216,19 +226,24 @@ def _mxfp4_gemm2_kernel(
         w_ptr
         + expert * stride_we
         + cols.to(tl.int64)[:, None] * stride_wn
-        + tl.arange(0, _WORDS)[None, :]
+        + tl.arange(0, _BYTES)[None, :]
     )
-    s_ptrs = ws_ptr + expert * stride_wse + _scale_rows(cols, SCALE_UTCCP).to(tl.int64) * stride_wsn
+    s_rows = _scale_rows(cols, SCALE_UTCCP).to(tl.int64)
+    s_ptrs = ws_ptr + expert * stride_wse + s_rows[:, None] * stride_wsn + tl.arange(0, 4)[None, :]
     a_ptrs = a_ptr + a_row[:, None] * stride_am + tl.arange(0, _BK)[None, :]
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for _ in range(0, k_dim, _BK):
+    ws = tl.load(s_ptrs)  # scale bytes one tile ahead, as in GEMM 1
+    for kb in range(0, k_dim, _BK):
+        s_ptrs += stride_wsk
+        more = (kb + _BK + tl.zeros((BLOCK_N, 4), dtype=tl.int32)) < k_dim
+        ws_next = tl.load(s_ptrs, mask=more, other=0)
         at = _act_operand(a_ptrs, row_ok, True, BLOCK_M)  # GEMM 1 wrote it in dot order
-        w = weight_tile(tl.load(w_ptrs), tl.load(s_ptrs), BLOCK_N, a_ptr.dtype.element_ty, ASM)
+        w = weight_tile(tl.load(w_ptrs), ws, BLOCK_N, a_ptr.dtype.element_ty, ASM)
         acc = dot(w, at, acc, DOT_F32)
         a_ptrs += _BK
-        w_ptrs += _WORDS
-        s_ptrs += stride_wsk
+        w_ptrs += _BYTES
+        ws = ws_next
 
     weight = tl.load(topk_weights_ptr + a_row, mask=row_ok, other=0.0).to(tl.float32)
     if ASM:

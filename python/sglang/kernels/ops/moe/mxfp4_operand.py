@@ -1,36 +1,38 @@
 """MXFP4 weight tiles dequantised in registers straight into the MMA's operand layout.
 
 The W4A16 GEMMs (``fused_moe_mxfp4.py``) compute ``W @ X^T``: the weight tile is the MMA's left
-operand ``[rows, BLOCK_K]`` (BLOCK_K = 128: one int32 word of four UE8M0 scales a row) and the
-activations its right operand. A weight row's packed bytes are read as int32 words (eight E2M1
-values each); each word becomes eight bf16 values in registers.
+operand ``[rows, BLOCK_K]`` (BLOCK_K = 128: 64 packed bytes and four UE8M0 scale bytes a row) and
+the activations its right operand.
 
 **Dot order.** The MMA's left-operand fragment gives a thread, per row and per 16-wide K step
 ``c``, the values ``k = 16c + 2q + t`` and ``16c + 8 + 2q + t`` (``q`` the lane within its quad,
 ``t`` in {0, 1}). The sum over K does not care which K is which as long as weights and activations
 agree, so each tile's K is renumbered: logical ``kl = 16c + 8h + 2q + t`` holds the physical value
 
-    p = q * BLOCK_K/4 + 8 * (c // 2) + 4t + 2 * (c % 2) + h.
+    p = q * BLOCK_K/4 + 8 * (c // 2) + 4t + 2 * (c % 2) + h,
 
-Then a thread's values are the 32 contiguous physical values of its quad (16 bytes: one vector
-load from shared memory, one scale group) and every bf16 pair the MMA wants
-in one register is a pair the word trick below produces in one register: nothing is shuffled
-between threads or through shared memory. The activations go through the same renumbering
-(:func:`to_dot_order`, or once for the whole tensor ahead of the GEMM); GEMM 1 writes its output in
-GEMM 2's dot order (:func:`dot_order_position`), so GEMM 2 reads it as it lies.
+i.e. byte ``p // 2`` of the row, low nibble for ``h = 0``. A thread's values are then the 32
+contiguous physical values of its quad: 16 bytes (one vector load from shared memory) and one scale
+group. The compiler keeps the dequantised values in the fragment's registers: nothing goes
+between threads or through shared memory (checked on the TTGIR and SASS of Triton 3.6 and 3.9).
+The activations go through the same renumbering (:func:`to_dot_order`, per tile or once for the
+whole tensor ahead of the GEMM); GEMM 1 writes its output in GEMM 2's dot order
+(:func:`dot_order_position`), so GEMM 2 reads it as it lies.
 
-**Word trick** (the inline PTX, bf16 only): nibble ``a`` and ``a+4`` of a word sit 16 bits apart,
-so one mask, one multiply (two shifts at once: the magnitude bits to bf16 bits 6-8, the sign to
-bit 15) and one mask give both as bf16 bit patterns whose value is the E2M1 value times 2**-126
-(exponent field = E2M1 exponent; the E2M1 subnormal 0.5 becomes the bf16 subnormal 2**-127, which
-the bf16 multiply keeps). One ``mul.bf16x2`` by ``2**(s - 63)`` (an exact power of two, a normal
-bf16 for any scale byte up to 190) then gives ``value * 2**(s-127) * 2**-62``: exact, and kept away
-from bf16's subnormal range for scales down to ``2**-63``. The GEMMs multiply their fp32
-accumulators by ``2**62`` (:data:`ASM_ACC_SCALE`). About two instructions per weight value.
+**Nibble trick** (the inline PTX, bf16 only): a byte permute spreads two packed bytes 16 bits
+apart; then for the low (and the high) nibbles of both, one mask, one multiply (two shifts at once:
+the magnitude bits to bf16 bits 6-8, the sign to bit 15) and one mask give two bf16 bit patterns
+whose value is the E2M1 value times 2**-126 (exponent field = E2M1 exponent; the E2M1 subnormal
+0.5 becomes the bf16 subnormal 2**-127, which the bf16 multiply keeps). One ``mul.bf16x2`` by
+``2**(s - 63)`` (an exact power of two, a normal bf16 for any scale byte up to 190) then gives
+``value * 2**(s-127) * 2**-62``: exact, and clear of bf16's subnormal range for scales down to
+``2**-63``. The GEMMs multiply their fp32 accumulators by ``2**62`` (:data:`ASM_ACC_SCALE`).
+About 2.3 instructions a weight value. The PTX is elementwise (each result depends on its own byte
+and scale only), so it is right whichever elements the compiler hands one invocation.
 
-The portable path (:func:`e2m1_tile`) computes the same values with plain Triton
-arithmetic in fp32 (exact) and casts them to the operand dtype: fp16 activations and the
-interpreter use it, and it shares everything else (loads, ordering, scales) with the fast path.
+The portable path (:func:`e2m1_nibbles`) computes the same values with plain Triton arithmetic
+in fp32 (exact) and casts them to the operand dtype: fp16 activations and the interpreter use it;
+everything else (loads, ordering, scales) is shared with the fast path.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# (right shift of the word, mask of the two nibbles, multiplier placing magnitude and sign,
-#  output of the low half, output of the high half): nibble i is element i of the word.
-E2M1_WORD_PAIRS = (
-    (0, 0x000F000F, (1 << 6) + (1 << 12), 0, 4),
-    (0, 0x00F000F0, (1 << 2) + (1 << 8), 1, 5),
-    (8, 0x000F000F, (1 << 6) + (1 << 12), 2, 6),
-    (8, 0x00F000F0, (1 << 2) + (1 << 8), 3, 7),
+# The inline PTX takes four packed bytes (one register) and spreads two of them 16 bits apart
+# with a byte permute (selectors below: bytes 0 and 1, bytes 2 and 3), so that each nibble pair
+# (mask, multiplier placing magnitude and sign) gives two bf16 values in one register: the low
+# nibbles (even elements) of both bytes, then the high nibbles (odd elements).
+E2M1_SPREAD_SELECTORS = (0x4140, 0x4342)
+E2M1_NIBBLE_PAIRS = (
+    (0x000F000F, (1 << 6) + (1 << 12)),  # low nibbles: magnitude to bits 6-8, sign to bit 15
+    (0x00F000F0, (1 << 2) + (1 << 8)),  # high nibbles
 )
 BF16_E2M1_BITS = 0x81C081C0  # per half: sign (bit 15) and exponent/mantissa bits 6-8
 # The bf16 multiplier 2**(s - 63) has exponent field s + 64 (s <= 190 keeps it finite).
@@ -62,24 +65,25 @@ _SCALE_EXP_OFFSET = tl.constexpr(ASM_SCALE_EXP_OFFSET)
 _SCALE_MAX_BYTE = tl.constexpr(ASM_SCALE_MAX_BYTE)
 
 
-def e2m1_word_ptx() -> str:
-    """The inline PTX: ``$8`` one word of eight packed E2M1 values, ``$9`` the bf16x2 multiplier;
-    ``$0..$7`` the eight bf16 results (element i of the word in ``$i``)."""
-    lines = ["{", ".reg .b32 m, u, t;", "shr.b32 u, $8, 8;"]
-    for shift, mask, mult, lo, hi in E2M1_WORD_PAIRS:
-        src = "u" if shift else "$8"
-        lines += [
-            f"and.b32 m, {src}, {mask:#010x};",
-            f"mul.lo.u32 t, m, {mult:#x};",
-            f"and.b32 t, t, {BF16_E2M1_BITS:#010x};",
-            "mul.rn.bf16x2 t, t, $9;",
-            f"mov.b32 {{${lo}, ${hi}}}, t;",
-        ]
+def e2m1_byte_ptx() -> str:
+    """The inline PTX (``pack=4``): ``$4`` four packed bytes, ``$5``/``$6`` the bf16 multipliers
+    of bytes 0-1 / 2-3; ``$0``/``$1`` the low-nibble values of bytes 0-1 / 2-3, ``$2``/``$3`` the
+    high-nibble values. Elementwise: each output depends on its own byte and multiplier only."""
+    lines = ["{", ".reg .b32 s0, s1, v;"]
+    lines += [f"prmt.b32 s{i}, $4, 0, {sel:#06x};" for i, sel in enumerate(E2M1_SPREAD_SELECTORS)]
+    for kind, (mask, mult) in enumerate(E2M1_NIBBLE_PAIRS):
+        for spread in range(2):
+            lines += [
+                f"and.b32 v, s{spread}, {mask:#010x};",
+                f"mul.lo.u32 v, v, {mult:#x};",
+                f"and.b32 v, v, {BF16_E2M1_BITS:#010x};",
+                f"mul.rn.bf16x2 ${2 * kind + spread}, v, ${5 + spread};",
+            ]
     lines.append("}")
     return "\n".join(lines)
 
 
-E2M1_WORD_ASM = tl.constexpr(e2m1_word_ptx())
+E2M1_BYTE_ASM = tl.constexpr(e2m1_byte_ptx())
 
 
 @triton.jit
@@ -115,58 +119,57 @@ def e2m1_f32(code):
 
 
 @triton.jit
-def e2m1_tile(words, scale_bytes, ROWS: tl.constexpr, DTYPE: tl.constexpr):
-    """Portable path: int32 words [ROWS, 16] and their UE8M0 bytes [ROWS, 16] -> the values
-    [ROWS, 128] in physical K order, ``DTYPE`` (no offset)."""
-    codes = (words[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]) & 0xF
+def e2m1_nibbles(packed, scale_bytes, DTYPE: tl.constexpr):
+    """Portable path: packed bytes (uint8) and their UE8M0 bytes (int32), same shape -> the values
+    of the low and of the high nibbles, ``DTYPE`` (no offset)."""
+    b = packed.to(tl.int32)
     scale = (scale_bytes << 23).to(tl.float32, bitcast=True)  # 2**(s-127); s = 0 flushes to 0
-    values = e2m1_f32(codes) * scale[:, :, None]
-    return values.to(DTYPE).reshape(ROWS, _BLOCK_K)
+    lo = (e2m1_f32(b & 0xF) * scale).to(DTYPE)
+    hi = (e2m1_f32(b >> 4) * scale).to(DTYPE)
+    return lo, hi
 
 
 @triton.jit
-def e2m1_values_asm(words, scale_bytes):
-    """Fast path (bf16, inline PTX): the same eight values times 2**-62 (module docstring)."""
+def e2m1_nibbles_asm(packed, scale_bytes):
+    """Fast path (bf16, inline PTX): the same values times 2**-62 (module docstring)."""
     mult = (tl.minimum(scale_bytes, _SCALE_MAX_BYTE) + _SCALE_EXP_OFFSET) << 7
-    mult = mult * 0x10001  # the bf16 multiplier in both halves
+    mult = mult.to(tl.int16).to(tl.bfloat16, bitcast=True)  # 2**(s - 63)
     return tl.inline_asm_elementwise(
-        E2M1_WORD_ASM,
-        "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
-        [words, mult],
-        dtype=(tl.bfloat16,) * 8,
+        E2M1_BYTE_ASM,
+        "=r,=r,=r,=r,r,r,r",
+        [packed, mult],
+        dtype=(tl.bfloat16, tl.bfloat16),
         is_pure=True,
-        pack=1,
+        pack=4,
     )
 
 
 @triton.jit
-def word_scale_bytes(scale_words, ROWS: tl.constexpr):
-    """The UE8M0 byte of each data word of a tile: ``scale_words`` int32 [ROWS] (each row's word
-    of four scales covering the tile's 128 values of K) -> int32 [ROWS, 16]."""
-    groups = (scale_words[:, None] >> (8 * tl.arange(0, 4))[None, :]) & 0xFF
-    return tl.broadcast_to(groups[:, :, None], (ROWS, 4, 4)).reshape(ROWS, 16)
+def byte_scales(scales, ROWS: tl.constexpr):
+    """The UE8M0 byte of each packed byte of a tile: ``scales`` [ROWS, 4] (each row's four scales
+    of the tile's 128 values of K, uint8) -> int32 [ROWS, 64]."""
+    groups = scales.to(tl.int32)
+    return tl.broadcast_to(groups[:, :, None], (ROWS, 4, 16)).reshape(ROWS, 64)
 
 
 @triton.jit
-def words_to_dot_order(e0, e1, e2, e3, e4, e5, e6, e7, ROWS: tl.constexpr):
-    """Element i of every word of a tile (eight [ROWS, 16] tensors) -> the tile [ROWS, 128] in
-    dot order."""
-    # [R, W, t, h, c0] holding element 4t + 2*c0 + h of each word (joins append the last dim;
-    # (e_i, e_i+4) first: the pairs the word trick leaves in one register)
-    lo = tl.join(tl.join(e0, e4), tl.join(e1, e5))
-    hi = tl.join(tl.join(e2, e6), tl.join(e3, e7))
-    v = tl.join(lo, hi).reshape(ROWS, 4, 4, 2, 2, 2)  # word w = q * 4 + cc
-    return v.permute(0, 2, 5, 4, 1, 3).reshape(ROWS, _BLOCK_K)  # (cc, c0, h, q, t)
+def nibbles_to_dot_order(lo, hi, ROWS: tl.constexpr):
+    """Low- and high-nibble values of a tile's bytes ([ROWS, 64] each) -> the tile [ROWS, 128]
+    in dot order."""
+    # byte j = 16q + 4cc + 2t + c0 holds elements 2j (low nibble) and 2j + 1 (high)
+    lo = lo.reshape(ROWS, 4, 4, 2, 2)
+    hi = hi.reshape(ROWS, 4, 4, 2, 2)
+    v = tl.join(lo, hi)  # (q, cc, t, c0, h)
+    return v.permute(0, 2, 4, 5, 1, 3).reshape(ROWS, _BLOCK_K)  # (cc, c0, h, q, t)
 
 
 @triton.jit
-def weight_tile(words, scale_words, ROWS: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr):
-    """A loaded MXFP4 tile of 128 values of K (``words`` int32 [ROWS, 16], ``scale_words`` int32
-    [ROWS]) -> the MMA left operand [ROWS, 128] in dot order (times 2**-62 with ``ASM``)."""
-    sb = word_scale_bytes(scale_words, ROWS)
+def weight_tile(packed, scales, ROWS: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr):
+    """A loaded MXFP4 tile of 128 values of K (``packed`` uint8 [ROWS, 64], ``scales`` uint8
+    [ROWS, 4]) -> the MMA left operand [ROWS, 128] in dot order (times 2**-62 with ``ASM``)."""
+    sb = byte_scales(scales, ROWS)
     if ASM:
-        e0, e1, e2, e3, e4, e5, e6, e7 = e2m1_values_asm(words, sb)
-        v = words_to_dot_order(e0, e1, e2, e3, e4, e5, e6, e7, ROWS)
+        lo, hi = e2m1_nibbles_asm(packed, sb)
     else:
-        v = to_dot_order(e2m1_tile(words, sb, ROWS, DTYPE), ROWS, _BLOCK_K)
-    return v
+        lo, hi = e2m1_nibbles(packed, sb, DTYPE)
+    return nibbles_to_dot_order(lo, hi, ROWS)

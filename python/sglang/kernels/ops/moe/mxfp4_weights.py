@@ -106,6 +106,22 @@ def word_bytes(words: torch.Tensor) -> torch.Tensor:
     return row_major.view(torch.uint8)
 
 
+def scale_byte_view(scale: torch.Tensor, what: str) -> torch.Tensor:
+    """UE8M0 scales as uint8 ``[..., N, K/128, 4]`` (no copy, any strides but the last): the four
+    bytes of each word, lowest (the first group of 32) first."""
+    words = scale_words(scale, what)
+    if scale.dtype != torch.int32:  # bytes with a contiguous last dim: a plain view
+        return scale.view(torch.uint8).unflatten(-1, (-1, SF_PER_WORD))
+    byte_strides = (*(st * SF_PER_WORD for st in words.stride()), 1)
+    out = torch.empty(0, dtype=torch.uint8, device=words.device)
+    return out.set_(
+        words.untyped_storage(),
+        words.storage_offset() * SF_PER_WORD,
+        (*words.shape, SF_PER_WORD),
+        byte_strides,
+    )
+
+
 @dataclass(frozen=True)
 class Mxfp4MoeWeights:
     """One layer's (or rank's) routed experts in MXFP4, as the W4A16 kernels read them.
@@ -141,13 +157,13 @@ class Mxfp4MoeWeights:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What the kernels take: weights as int32 words (eight values each) ``[E, N, K/8]`` and
-        scales as int32 words ``[E, N, K/128]``; views, no copies."""
+        """What the kernels take: packed weights as uint8 ``[E, N, K/2]`` and scales as uint8
+        ``[E, N, K/128, 4]`` (the bytes of each scale word); views, no copies."""
         return (
-            self.w13.view(torch.uint8).view(torch.int32),
-            self.w2.view(torch.uint8).view(torch.int32),
-            scale_words(self.w13_scale, "w13_scale"),
-            scale_words(self.w2_scale, "w2_scale"),
+            self.w13.view(torch.uint8),
+            self.w2.view(torch.uint8),
+            scale_byte_view(self.w13_scale, "w13_scale"),
+            scale_byte_view(self.w2_scale, "w2_scale"),
         )
 
     def plain_scales(

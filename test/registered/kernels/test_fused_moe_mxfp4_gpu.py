@@ -100,34 +100,34 @@ def routing(m: int, shape: Shape, seed: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 @triton.jit
-def _dequant_kernel(words_ptr, scales_ptr, out_ptr, ASM: tl.constexpr, ROWS: tl.constexpr):
+def _dequant_kernel(packed_ptr, scales_ptr, out_ptr, ASM: tl.constexpr, ROWS: tl.constexpr):
     r = tl.arange(0, ROWS)
-    words = tl.load(words_ptr + r[:, None] * 16 + tl.arange(0, 16)[None, :])
-    tile = mxop.weight_tile(words, tl.load(scales_ptr + r), ROWS, tl.bfloat16, ASM)
+    packed = tl.load(packed_ptr + r[:, None] * 64 + tl.arange(0, 64)[None, :])
+    scales = tl.load(scales_ptr + r[:, None] * 4 + tl.arange(0, 4)[None, :])
+    tile = mxop.weight_tile(packed, scales, ROWS, tl.bfloat16, ASM)
     tl.store(out_ptr + r[:, None] * 128 + tl.arange(0, 128)[None, :], tile.to(tl.float32))
 
 
 def test_inline_ptx_dequant_is_exact() -> None:
-    """Rows of 128 values covering all 16 codes in every position, times every scale byte from
-    64 to 190 (2**-63 .. 2**63): the fast path's tile times 2**62 equals the portable path's
-    (fp32 construction) and the torch reference, bit for bit."""
+    """Rows of 128 values covering all 16 codes in every group, times every scale byte from 64
+    to 190 (2**-63 .. 2**63): the fast path's tile times 2**62 equals the portable path's (fp32
+    construction) and the torch reference, bit for bit."""
     from sglang.kernels.ops.quant.mxfp4 import dequant_mxfp4
 
     rows = 64
     g = torch.Generator(device="cuda").manual_seed(0)
     codes = torch.randint(0, 16, (rows, 4, 32), generator=g, device="cuda")
     codes[:, :, :16] = torch.arange(16, device="cuda")  # every code in every group
+    codes[1::2, :, :16] = codes[1::2, :, :16].flip(-1)  # at even and odd positions
     codes = codes.reshape(rows, 128)
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
-    words = packed.view(torch.int32).contiguous()
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).contiguous()
     for offset in (0, 63):  # 256 (row, group) pairs a pass: every scale byte in [64, 190]
         sbytes = (64 + (offset + torch.arange(4 * rows, device="cuda")) % 127).to(torch.uint8)
-        sbytes = sbytes.view(rows, 4)
-        scale_words = sbytes.view(torch.int32).reshape(rows).contiguous()
+        sbytes = sbytes.view(rows, 4).contiguous()
         fast = torch.empty(rows, 128, device="cuda")
         portable = torch.empty(rows, 128, device="cuda")
-        _dequant_kernel[(1,)](words, scale_words, fast, ASM=True, ROWS=rows)
-        _dequant_kernel[(1,)](words, scale_words, portable, ASM=False, ROWS=rows)
+        _dequant_kernel[(1,)](packed, sbytes, fast, ASM=True, ROWS=rows)
+        _dequant_kernel[(1,)](packed, sbytes, portable, ASM=False, ROWS=rows)
         want = dequant_mxfp4(packed, sbytes, torch.float32)
         assert torch.isfinite(fast).all()
         fast = fast * mxop.ASM_ACC_SCALE
@@ -208,7 +208,7 @@ def _mega_layout(weights: Any) -> Any:
         print(f"MegaMoE bytes from the torch layout ({type(err).__name__}: {err})"[:200])
         return ours
     built = mega_moe_mxfp4_weights(l1, l2)
-    for a, b in zip(built.kernel_operands(), ours.kernel_operands(), strict=True):
+    for a, b in zip(built.kernel_operands, ours.kernel_operands, strict=True):
         assert torch.equal(a, b), "DeepGEMM's MegaMoE layout differs from the torch one"
     return built
 

@@ -399,7 +399,7 @@ def fused_experts_mxfp4_weights(
     result = resolve_moe_output(hidden, inplace, out)
     if p.tokens == 0:
         return result
-    w13, w2, s13, s2 = weights.kernel_operands()
+    w13, w2, s13, s2 = weights.kernel_operands
     ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
     ids = ids.contiguous()
     tw = topk_weights.float().contiguous()

@@ -25,6 +25,7 @@ DeepGEMM and imports them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -156,9 +157,10 @@ class Mxfp4MoeWeights:
         tensors = (self.w13, self.w2, self.w13_scale, self.w2_scale)
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    @cached_property
     def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """What the kernels take: packed weights as uint8 ``[E, N, K/2]`` and scales as uint8
-        ``[E, N, K/128, 4]`` (the bytes of each scale word); views, no copies."""
+        ``[E, N, K/128, 4]`` (the bytes of each scale word); views, no copies, made once."""
         return (
             self.w13.view(torch.uint8),
             self.w2.view(torch.uint8),

@@ -58,12 +58,12 @@ def default_mxfp4_config(m: int, e: int, top_k: int) -> Mxfp4MoeConfig:
     pipelines; many (prefill) -> 64- and 128-row tiles. Compiled for sm_90 on the CPU by the
     tests (no spills, shared memory fits); the H200 tables refine them."""
     rows = m * top_k / max(e, 1)
+    # GEMM 2 takes 128 weight rows a tile (fewer instructions a weight value than 64, checked in
+    # SASS); GEMM 1 reads 64 gate and 64 up rows, and keeps enough tiles for 132 SMs at batch 1.
     if rows <= 16:
-        tile = Mxfp4GemmTile(64, 1, 4, 4)
-        return Mxfp4MoeConfig(16, tile, tile)
+        return Mxfp4MoeConfig(16, Mxfp4GemmTile(64, 1, 4, 4), Mxfp4GemmTile(128, 1, 4, 4))
     if rows <= 48:
-        tile = Mxfp4GemmTile(64, 4, 4, 4)
-        return Mxfp4MoeConfig(32, tile, tile)
+        return Mxfp4MoeConfig(32, Mxfp4GemmTile(64, 4, 4, 4), Mxfp4GemmTile(128, 4, 4, 4))
     if rows <= 96:
         tile = Mxfp4GemmTile(64, 8, 4, 3)
         return Mxfp4MoeConfig(64, tile, tile, x_in_dot_order=True)

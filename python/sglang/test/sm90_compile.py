@@ -89,17 +89,28 @@ def compile_tma_kernel(spec: TmaKernelSpec) -> Any:
 
 
 def compile_sm90(
-    fn: Any, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int
+    fn: Any,
+    signature: dict[str, str],
+    constexprs: dict[str, Any],
+    num_warps: int,
+    num_stages: int,
+    divisible_by_16: tuple[str, ...] = (),
 ) -> Any:
     """Any ``@triton.jit`` kernel for sm_90: ``signature`` types its runtime arguments by name
-    (``"*fp32"``, ``"i32"``...), ``constexprs`` gives the rest their values."""
+    (``"*fp32"``, ``"i32"``...), ``constexprs`` gives the rest their values. Arguments named in
+    ``divisible_by_16`` get the divisibility a launch gives 16-aligned pointers and multiples of
+    16 (what decides vectorised loads), so the compile matches a real launch."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     sig = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     names = fn.arg_names
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in divisible_by_16}
     src = ASTSource(
-        fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}
+        fn=fn,
+        signature=sig,
+        constexprs={(names.index(k),): v for k, v in constexprs.items()},
+        attrs=attrs,
     )
     options = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

@@ -31,6 +31,9 @@ from typing import Any
 
 import torch
 
+from sglang.kernels.ops.moe.mxfp4_weights import GATE_UP_GRANULE as INTERLEAVE_ROWS
+from sglang.kernels.ops.moe.mxfp4_weights import SF_PER_WORD as SF_PER_INT32
+from sglang.kernels.ops.moe.mxfp4_weights import UTCCP_BLOCK
 from sglang.srt.layers.deep_gemm_adapter import resolve_entry_point
 from sglang.srt.layers.quantization.mxfp4 import (
     MXFP4_DTYPES,
@@ -42,10 +45,7 @@ from sglang.srt.layers.quantization.mxfp4 import (
 Tensor = torch.Tensor
 MegaWeights = tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]
 
-INTERLEAVE_ROWS = 8  # gate/up granule of the L1 rows
-UTCCP_BLOCK = (4, 32)  # a 128-row scale block is read as 4 x 32 rows, transposed
 MXFP4_SF_RECIPE = (1, MXFP4_GROUP)  # one scale per row and per 32 values along K
-SF_PER_INT32 = 4  # UE8M0 bytes packed into one int32 word along K
 FP8_BLOCK = 128
 _UE8M0_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
 

@@ -11,12 +11,12 @@ a B200 and a CPU.
 
 Residency, in words (first match):
 1. bf16 checkpoints stay in the model dtype;
-2. ``--dtype float32`` (the exactness-check mode) dequantises MXFP4 to fp32 at load;
-3. ``--moe-a2a-backend megamoe`` where DeepGEMM's MegaMoE kernel takes the layer keeps its layout
+2. ``--moe-a2a-backend megamoe`` where DeepGEMM's MegaMoE kernel takes the layer keeps its layout
    as the only copy: Blackwell's ``fp8_fp4_mega_moe`` reads MXFP4, Hopper's ``fp8_mega_moe``
    reads FP8 (an FP8 checkpoint, or MXFP4 converted to FP8 at load, exactly where a block allows:
-   ``quantization/mxfp4_to_fp8.py``); batches the kernel does not take read the experts they use
-   from that copy;
+   ``quantization/mxfp4_to_fp8.py``; bf16 activations only); batches the kernel does not take
+   read the experts they use from that copy;
+3. ``--dtype float32`` (the exactness-check mode) dequantises MXFP4 to fp32 at load;
 4. ``--moe-runner-backend deep_gemm`` with MXFP4 converts to FP8 (its grouped GEMMs are FP8/bf16);
 5. otherwise the checkpoint's format stays: MXFP4 runs through the Triton W4A16 kernel
    (``triton``) or is dequantised expert by expert on use (``torch``).
@@ -109,6 +109,7 @@ class ExpertPlan:
     conversion: Conversion
     mega_kernel: str | None  # DeepGEMM's MegaMoE kernel that reads the resident copy
     runner_path: str  # what the runner runs on these experts
+    mega_reason: str | None = None  # why no MegaMoE kernel keeps them (--moe-a2a-backend megamoe)
 
     @property
     def is_mega(self) -> bool:
@@ -214,25 +215,44 @@ REFUSALS: tuple[tuple[Callable[[Case], bool], Callable[[Case], str]], ...] = (
 # --- residency -----------------------------------------------------------------------------------
 
 
-def _mega_kernel_for(c: Case) -> str | None:
-    """DeepGEMM's MegaMoE kernel that can keep this layer's experts as its only copy, or None."""
-    if c.a2a != "megamoe" or not c.facts.deep_gemm or c.facts.arch < _FIRST_DEEP_GEMM_ARCH:
-        return None
-    if c.fmt is WeightFormat.BF16 or c.exactness_mode:
-        return None
+def mega_kernel_reason(c: Case) -> str | None:
+    """Why DeepGEMM's MegaMoE kernel cannot keep this layer's experts as its only copy (None: it
+    can; then :func:`_mega_kernel_for` names it)."""
+    if c.a2a != "megamoe":
+        return f"--moe-a2a-backend {c.a2a} runs no MegaMoE kernel"
+    if not c.facts.deep_gemm:
+        return f"DeepGEMM is unusable on {c.facts.name}"
+    if c.facts.arch < _FIRST_DEEP_GEMM_ARCH:
+        return f"DeepGEMM has no MegaMoE kernel for {c.facts.name}"
+    if c.fmt is WeightFormat.BF16:
+        return "bf16 experts have no MegaMoE layout"
     kernel = mega_moe_kernel_name(c.facts.arch)
     wants = MEGA_KERNEL_FORMAT[kernel]
     # Hopper's kernel reads FP8, which MXFP4 becomes at load; Blackwell's reads MXFP4 only.
     convertible = wants is WeightFormat.FP8 and c.fmt is WeightFormat.MXFP4
     if c.fmt is not wants and not convertible:
-        return None
-    if mega_moe_shape_reason(c.shape.mega_params, c.facts.arch) is not None:
-        return None
+        return (
+            f"DeepGEMM's {kernel} on sm_{c.facts.arch} takes {wants.value} experts; these are "
+            f"{c.fmt.value}"
+        )
+    shape = mega_moe_shape_reason(c.shape.mega_params, c.facts.arch)
+    if shape is not None:
+        return f"DeepGEMM's {kernel}: {shape}"
     if c.shape.hidden % FP8_BLOCK or c.shape.intermediate % FP8_BLOCK:
-        return None  # the MegaMoE weight layout tiles both by 128
+        return (
+            f"the MegaMoE weight layout tiles hidden ({c.shape.hidden}) and intermediate "
+            f"({c.shape.intermediate}) by {FP8_BLOCK}"
+        )
     if c.facts.arch < _FIRST_BLACKWELL_ARCH and c.dtype != torch.bfloat16:
-        return None  # Hopper's pre-dispatch takes bf16 activations
-    return kernel
+        return f"DeepGEMM's {kernel} pre-dispatch takes bf16 activations, not {c.dtype}"
+    return None
+
+
+def _mega_kernel_for(c: Case) -> str | None:
+    """DeepGEMM's MegaMoE kernel that can keep this layer's experts as its only copy, or None."""
+    if mega_kernel_reason(c) is not None:
+        return None
+    return mega_moe_kernel_name(c.facts.arch)
 
 
 @dataclass(frozen=True)
@@ -277,8 +297,8 @@ def _as_stored(c: Case) -> Residency | None:
 # First match wins (the module docstring's list, in order).
 RESIDENCY: tuple[Callable[[Case], Residency | None], ...] = (
     _keep_unquantised,
-    _dequantise_for_exactness,
     _mega_copy_only,
+    _dequantise_for_exactness,
     _fp8_for_deep_gemm,
     _as_stored,
 )
@@ -338,4 +358,5 @@ def plan_experts(
         conversion=r.conversion,
         mega_kernel=r.mega_kernel,
         runner_path=runner_path(case.runner, r.resident, r.layout, facts),
+        mega_reason=None if a2a != "megamoe" or r.mega_kernel else mega_kernel_reason(case),
     )

@@ -177,12 +177,16 @@ def _deep_gemm_mxfp4_off_grid(c: Case) -> bool:
     )
 
 
-REFUSALS: tuple[tuple[Callable[[Case], bool], Callable[[Case], str]], ...] = (
+Refusal = tuple[Callable[[Case], bool], Callable[[Case], str]]
+
+# Refusals the flags and the device decide alone (``ServerArgs.validate`` asks these before the
+# model loads: :func:`flags_refusal`).
+FLAG_REFUSALS: tuple[Refusal, ...] = (
     (
         _needs_cuda,
         lambda c: (
             f"--moe-runner-backend {c.runner} needs a CUDA device, this is {c.facts.name}; use "
-            "--moe-runner-backend torch (or auto)"
+            "--moe-runner-backend auto (torch off CUDA) or torch"
         ),
     ),
     (
@@ -199,6 +203,12 @@ REFUSALS: tuple[tuple[Callable[[Case], bool], Callable[[Case], str]], ...] = (
             "--dtype bfloat16, or --moe-runner-backend torch for the exactness check"
         ),
     ),
+)
+
+# Refusals that also need the checkpoint's expert format and the layer's shapes (the loader asks
+# them for every layer before it reads a tensor).
+REFUSALS: tuple[Refusal, ...] = (
+    *FLAG_REFUSALS,
     (
         _deep_gemm_mxfp4_off_grid,
         lambda c: (
@@ -331,6 +341,26 @@ def runner_path(
         "triton": f"fused_experts (Triton), {kind}",
         "deep_gemm": f"DeepGEMM grouped GEMMs, {kind} (Triton where it measured faster)",
     }.get(runner, kind)
+
+
+def live_flag_facts(device: torch.device, runner: str) -> DeviceFacts:
+    """The facts :func:`flags_refusal` reads, from this machine (DeepGEMM is looked up only for
+    the deep_gemm runner on CUDA)."""
+    deep_gemm = False
+    if device.type == "cuda" and resolve_runner(runner, device.type) == "deep_gemm":
+        from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
+
+        deep_gemm = deep_gemm_status().usable
+    return DeviceFacts(device.type, device.type, 0, deep_gemm=deep_gemm, mxfp4_kernel=False)
+
+
+def flags_refusal(runner: str, a2a: str, dtype: torch.dtype, facts: DeviceFacts) -> str | None:
+    """Why these flags cannot run on a device with ``facts`` whatever the checkpoint holds
+    (:data:`FLAG_REFUSALS`), or None."""
+    # A placeholder layer: the flag-level rules read neither the format nor the shapes.
+    shape = ExpertShape(1, FP8_BLOCK, FP8_BLOCK, FP8_BLOCK, 1)
+    case = Case(resolve_runner(runner, facts.kind), a2a, WeightFormat.BF16, dtype, facts, shape)
+    return next((message(case) for when, message in FLAG_REFUSALS if when(case)), None)
 
 
 def plan_experts(

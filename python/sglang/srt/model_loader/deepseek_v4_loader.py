@@ -27,7 +27,12 @@ from sglang.kernels.ops.quant.fp8 import block_dequant_fp8
 from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import FP8_BLOCK, WeightFormat
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
-from sglang.srt.model_loader.checkpoint_loop import CheckpointRules, load_checkpoint, load_model_dir
+from sglang.srt.model_loader.checkpoint_loop import (
+    CheckpointRules,
+    LoadReport,
+    load_checkpoint,
+    load_model_dir,
+)
 from sglang.srt.model_loader.deepseek_v4_names import canonical_name
 from sglang.srt.model_loader.expert_loading import FP8_DTYPES
 from sglang.srt.model_loader.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
@@ -90,12 +95,13 @@ def load_weights(
     model: DeepseekV4ForCausalLM,
     source: WeightSource | Mapping[str, torch.Tensor],
     opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
-) -> None:
-    """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping).
+) -> LoadReport:
+    """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping);
+    returns what is resident against the checkpoint bytes of this rank's share.
 
     Expert-parallel (MegaMoE) layers also get their MegaMoE weights from
     ``opts.mega_weight_builder`` (default: DeepGEMM's layout when DeepGEMM is usable)."""
-    load_checkpoint(model, as_weight_source(source), checkpoint_rules(model), opts)
+    return load_checkpoint(model, as_weight_source(source), checkpoint_rules(model), opts)
 
 
 def load_deepseek_v4(

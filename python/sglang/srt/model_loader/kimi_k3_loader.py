@@ -27,7 +27,12 @@ import torch
 from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import WeightFormat
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
-from sglang.srt.model_loader.checkpoint_loop import CheckpointRules, load_checkpoint, load_model_dir
+from sglang.srt.model_loader.checkpoint_loop import (
+    CheckpointRules,
+    LoadReport,
+    load_checkpoint,
+    load_model_dir,
+)
 from sglang.srt.model_loader.expert_loading import FP8_DTYPES
 from sglang.srt.model_loader.kimi_k3_names import canonical_name, layer_of
 from sglang.srt.model_loader.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
@@ -90,9 +95,10 @@ def load_weights(
     model: KimiK3ForCausalLM,
     source: WeightSource | Mapping[str, torch.Tensor],
     opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
-) -> None:
-    """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping)."""
-    load_checkpoint(model, as_weight_source(source), checkpoint_rules(model), opts)
+) -> LoadReport:
+    """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping);
+    returns what is resident against the checkpoint bytes of this rank's share."""
+    return load_checkpoint(model, as_weight_source(source), checkpoint_rules(model), opts)
 
 
 def load_kimi_k3(

@@ -44,6 +44,10 @@ class WeightBytes:
     def __add__(self, other: WeightBytes) -> WeightBytes:
         return WeightBytes.of((*k, v) for part in (self, other) for k, v in part.entries.items())
 
+    def only(self, *groups: str) -> WeightBytes:
+        """The entries of ``groups`` alone."""
+        return WeightBytes({k: v for k, v in self.entries.items() if k[1] in groups})
+
     def total(self) -> int:
         return sum(self.entries.values())
 

@@ -34,10 +34,10 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _GROUP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     (re.compile(p), g)
     for p, g in (
-        (r"(^|\.)shared_experts\.", "shared_experts"),
-        (r"(^|\.)experts\.", "routed_experts"),
-        (r"(^|\.)(attn|self_attn)\.", "attention"),
-        (r"(^|\.)(embed|embed_tokens|head|lm_head)\.", "embeddings_head"),
+        (r"(^|\.)shared_experts(\.|$)", "shared_experts"),
+        (r"(^|\.)experts(\.|$)", "routed_experts"),
+        (r"(^|\.)(attn|self_attn)(\.|$)", "attention"),
+        (r"(^|\.)(embed|embed_tokens|head|lm_head)(\.|$)", "embeddings_head"),
     )
 )
 _FORMAT_OF_DTYPE = {

@@ -135,7 +135,7 @@ def _default_max_total_tokens(
         return worst
     free, total = torch.cuda.mem_get_info(runner.device)
     room = int(total * args.mem_fraction_static) - (total - free)
-    if log:
+    if log and isinstance(runner.model, torch.nn.Module):
         logger.info(weights_note(resident_weight_bytes(runner.model), total - free))
     chunk = args.chunked_prefill_size if args.chunked_prefill_size > 0 else context_length
     # Under DP attention each group computes up to the cap and rank 0 receives every group's

@@ -7,11 +7,11 @@ keeps this rank's shard. Formats:
   also ``weight_scale_inv``), dequantised to the model dtype at load (the CPU/reference path; the
   maths then equals the dequantised checkpoint's);
 - routed experts: per-expert ``w1``/``w2``/``w3`` (or transformers' stacked ``gate_up_proj`` /
-  ``down_proj``) in bf16, FP8 128x128 (kept FP8 for the expert runners) or MXFP4 (packed bytes +
-  UE8M0 scales per 32, dequantised), through ``expert_weights_from_checkpoint``; only this rank's
-  part is read and cut as stored, so MXFP4 is dequantised for that part alone;
-- MegaMoE (``a2a_backend="megamoe"``): after each layer's experts load, this rank's checkpoint
-  experts are re-laid out for DeepGEMM (``mega_moe_prep``) and set as the layer's MegaMoE weights.
+  ``down_proj``) in bf16, FP8 128x128 or MXFP4 (packed bytes + UE8M0 scales per 32); only this
+  rank's part is read and cut as stored, then kept as the layer's plan says
+  (``layers/moe/expert_plan.py``; docs/quantization.md): MXFP4 stays packed, or becomes FP8 for
+  DeepGEMM on Hopper, or DeepGEMM's MegaMoE layout as the only copy (``mega_moe_prep``), or fp32
+  in the exactness-check mode.
 A missing, mis-shaped or (with ``strict``) unexpected tensor raises :class:`WeightLoadError` naming
 it. ``mtp.*`` tensors are skipped with one log line.
 """

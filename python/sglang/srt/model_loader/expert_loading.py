@@ -5,8 +5,9 @@ in bf16, FP8 with 128x128 block scales, or MXFP4: two E2M1 values a byte plus on
 per 32) or stacked the way transformers keeps them in memory (``gate_up_proj [E, 2I, H]`` with
 the gate rows first, ``down_proj [E, H, I]``, unquantised). The models differ only in how a
 weight's scale is named, which the caller passes in. :func:`load_layer_experts` is the whole
-per-layer step a loader runs: read this rank's part, hand it to the ``FusedMoE``, and (expert
-parallel) build its MegaMoE weights.
+per-layer step a loader runs: read this rank's part and keep it as the layer's plan says
+(``layers/moe/expert_plan.py``): cast, kept FP8, kept packed MXFP4, dequantised (exactness
+check), converted to FP8, or laid out for DeepGEMM's MegaMoE kernel as the only copy.
 """
 
 from __future__ import annotations
@@ -322,7 +323,7 @@ def load_layer_experts(
     if plan is None:
         if facts is None:
             facts = loader_device_facts(experts.device, needs_deep_gemm=True)
-        plan = plan_layer(experts, expert_checkpoint_format(index, prefix, shard), dtype, facts)
+        plan = experts.plan_experts(expert_checkpoint_format(index, prefix, shard), dtype, facts)
     ckpt = read_experts(
         index,
         prefix,
@@ -356,10 +357,3 @@ def load_layer_experts(
     if not mega:
         mega = attach_mega_weights(experts, layer_id, ckpt, mega_weight_builder)
     return LayerExpertsLoad(plan, mega, stats, ckpt.nbytes)
-
-
-def plan_layer(
-    experts: FusedMoE, fmt: WeightFormat, dtype: torch.dtype, facts: DeviceFacts
-) -> ExpertPlan:
-    """``experts.plan_experts``, its refusal raised as it is (the message names the flag)."""
-    return experts.plan_experts(fmt, dtype, facts)

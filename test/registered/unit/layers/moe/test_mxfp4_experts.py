@@ -30,7 +30,7 @@ from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_deep_gemm import FakeDeepGemmGemms
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=6)
+register_cpu_ci(est_time=10)
 
 E, H, I, K = 6, 256, 128, 2
 

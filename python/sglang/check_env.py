@@ -1,7 +1,9 @@
 """``python -m sglang.check_env``: what this machine offers the engine, and what it would choose.
 
-Prints versions, the GPUs, whether DeepGEMM is usable (and why not), the MegaMoE SM budget per
-GPU, and every environment knob with its value. Exits non-zero when a knob holds a bad value.
+Prints versions, the GPUs, whether DeepGEMM is usable (and why not), which kernels each routed
+expert format (bf16, FP8, MXFP4) takes here and in what format it stays resident (the MoE expert
+table, ``layers/moe/expert_plan.py``), the MegaMoE SM budget per GPU, and every environment knob
+with its value. Exits non-zero when a knob holds a bad value.
 """
 
 from __future__ import annotations
@@ -13,6 +15,16 @@ import torch
 
 from sglang.srt.environ import Envs, EnvValueError
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
+from sglang.srt.layers.moe.expert_plan import (
+    CPU,
+    DeviceFacts,
+    ExpertPlanError,
+    ExpertShape,
+    plan_experts,
+)
+from sglang.srt.layers.moe.expert_weights import WeightFormat
+from sglang.srt.layers.moe.moe_runner.path_table import DSV4, K3, MoeShape
+from sglang.srt.layers.moe.moe_runner.triton_runner import fused_experts_mxfp4_kernel
 from sglang.srt.layers.moe.sm_budget import _mega_moe_max_num_sms, mega_moe_sm_budget
 from sglang.srt.utils.device import device_sm_info
 from sglang.srt.utils.env_check import unknown_env_vars
@@ -49,6 +61,52 @@ def _mega_moe_summary(deep_gemm_usable: bool) -> str:
     )
 
 
+def _shape(shape: MoeShape, activation: str, limit: float | None) -> ExpertShape:
+    return ExpertShape(
+        shape.experts, shape.hidden, shape.inter, shape.inter, shape.top_k, activation, limit
+    )
+
+
+# The routed experts of the two models at their release widths (one rank).
+MODEL_EXPERTS = (
+    ("DeepSeek V4", _shape(DSV4, "swiglu", 10.0)),
+    ("Kimi K3", _shape(K3, "situ", None)),
+)
+
+
+def device_facts_here(deep_gemm_usable: bool) -> DeviceFacts:
+    if not torch.cuda.is_available():
+        return CPU
+    info = device_sm_info()
+    return DeviceFacts(
+        f"{torch.cuda.get_device_name()} (sm_{info.arch})",
+        "cuda",
+        info.arch,
+        deep_gemm=deep_gemm_usable,
+        mxfp4_kernel=fused_experts_mxfp4_kernel() is not None,
+    )
+
+
+def expert_plan_lines(facts: DeviceFacts, dtype: torch.dtype = torch.bfloat16) -> list[str]:
+    """Per expert format and a2a backend (``--moe-runner-backend auto``), what each model's
+    routed experts keep resident and which kernels run them on a device with ``facts``."""
+    lines = []
+    for fmt in WeightFormat:
+        for a2a in ("none", "megamoe"):
+            for model, shape in MODEL_EXPERTS:
+                try:
+                    plan = plan_experts(
+                        runner="auto", a2a=a2a, fmt=fmt, dtype=dtype, facts=facts, shape=shape
+                    )
+                    text = plan.describe()
+                    if plan.mega_reason is not None:
+                        text += f" (no MegaMoE kernel: {plan.mega_reason})"
+                except ExpertPlanError as exc:
+                    text = f"refused: {exc}"
+                lines.append(f"{fmt.value} experts, --moe-a2a-backend {a2a}, {model}: {text}")
+    return lines
+
+
 def main() -> int:
     print(f"sglang {__version__}, Python {platform.python_version()}, torch {torch.__version__}")
     for name in ("triton", "transformers", "tilelang"):
@@ -56,6 +114,14 @@ def main() -> int:
     status = deep_gemm_status()
     print(f"  DeepGEMM: {'usable' if status.usable else 'unusable'} ({status.reason})")
     print(f"  --moe-a2a-backend megamoe runs: {_mega_moe_summary(status.usable)}")
+    facts = device_facts_here(status.usable)
+    dtype = torch.bfloat16 if facts.kind == "cuda" else torch.float32  # --dtype auto
+    print(
+        f"\nRouted experts on {facts.name} (--moe-runner-backend auto, --dtype "
+        f"{str(dtype).removeprefix('torch.')}):"
+    )
+    for line in expert_plan_lines(facts, dtype):
+        print(f"  {line}")
 
     ok = True
     print("\nEnvironment knobs:")

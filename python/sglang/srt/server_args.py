@@ -336,25 +336,19 @@ class ServerArgs:
             f"--tp-size {self.tp_size} needs {need} GPUs{where} but {gpus} are visible; lower "
             "--tp-size or make more GPUs visible (CUDA_VISIBLE_DEVICES)",
         )
-        if self.dtype == "float32" and self.moe_runner_backend == "deep_gemm":
-            raise ServerArgsError(
-                "--moe-runner-backend deep_gemm runs bf16/FP8 experts; use --dtype bfloat16"
-            )
 
     def _validate_moe(self) -> None:
-        if self.moe_runner_backend == "auto":
-            return
+        """The flag-level rows of the MoE expert table (``layers/moe/expert_plan.py``); the rows
+        that need the checkpoint's expert format are asked by the loader before it reads."""
         import torch
 
-        from sglang.srt.layers.moe.moe_runner import MOE_RUNNERS, MoERunConfig
+        from sglang.srt.layers.moe.expert_plan import flags_refusal, live_flag_facts
 
-        runner = MOE_RUNNERS.create(self.moe_runner_backend, MoERunConfig())
-        why = runner.unavailable_reason(torch.device(self.device or "cpu"))
-        _check(
-            why is None,
-            f"--moe-runner-backend {self.moe_runner_backend} cannot run on {self.device}: {why}. "
-            "Use --moe-runner-backend auto (torch on CPU, triton on CUDA)",
-        )
+        device = torch.device(self.device or "cpu")
+        dtype = {"float32": torch.float32, "float16": torch.float16}.get(self.dtype, torch.bfloat16)
+        facts = live_flag_facts(device, self.moe_runner_backend)
+        why = flags_refusal(self.moe_runner_backend, self.moe_a2a_backend, dtype, facts)
+        _check(why is None, str(why))
 
 
 def resolve_expert_parallel(a2a: str, ep_size: int, tp_size: int) -> tuple[str, int]:

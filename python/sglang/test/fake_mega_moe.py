@@ -76,23 +76,28 @@ class MegaMoERecorder:
 
 
 def install_fake_mega_moe(
-    monkeypatch: pytest.MonkeyPatch, *, cap: int, all_reduce_modules: Sequence[ModuleType] = ()
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    cap: int,
+    all_reduce_modules: Sequence[ModuleType] = (),
+    arch: int = 100,
 ) -> MegaMoERecorder:
-    """A fake DeepGEMM on a 132-SM sm_100 device, MegaMoE buffers of ``cap`` rows a rank, the
-    pre-dispatch spied on, and ``tensor_model_parallel_all_reduce`` recorded in the a2a combine
-    (the one MoE all-reduce) and in ``all_reduce_modules``."""
+    """A fake DeepGEMM on a 132-SM device of compute capability ``arch`` (sm_100 by default;
+    90 for Hopper's ``fp8_mega_moe``), MegaMoE buffers of ``cap`` rows a rank, the pre-dispatch
+    spied on, and ``tensor_model_parallel_all_reduce`` recorded in the a2a combine (the one MoE
+    all-reduce) and in ``all_reduce_modules``."""
     monkeypatch.setenv(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.name, str(cap))
     monkeypatch.delenv(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.name, raising=False)
     mega_moe.clear_mega_moe_symm_buffers()
-    dg = FakeDeepGemmGemms(num_sms=_NUM_SMS)
+    dg = FakeDeepGemmGemms(num_sms=_NUM_SMS, arch=arch)
     rec = MegaMoERecorder(dg)
     monkeypatch.setattr(mega_moe_a2a, "get_deep_gemm", lambda: dg)
     # the loaders' post-load MegaMoE weight build sees the same fake
     monkeypatch.setattr(mega_moe_prep, "get_deep_gemm", lambda: dg)
     monkeypatch.setattr(mega_moe_a2a, "get_tp_group_or_none", lambda: "ep-group")
-    blackwell = lambda device=None: DeviceSMInfo(0, _NUM_SMS, (10, 0))
-    monkeypatch.setattr(mega_moe, "device_sm_info", blackwell)
-    monkeypatch.setattr(sm_budget, "device_sm_info", blackwell)
+    device = lambda device=None: DeviceSMInfo(0, _NUM_SMS, (arch // 10, arch % 10))
+    monkeypatch.setattr(mega_moe, "device_sm_info", device)
+    monkeypatch.setattr(sm_budget, "device_sm_info", device)
     monkeypatch.setattr(
         mega_moe, "mega_moe_pre_dispatch", rec.pre_dispatch(mega_moe.mega_moe_pre_dispatch)
     )

@@ -116,7 +116,9 @@ def _default_max_total_tokens(
         logits_reservation_note,
         max_total_tokens_for_memory,
         memory_model_of,
+        weights_note,
     )
+    from sglang.srt.model_loader.resident_weights import resident_weight_bytes
 
     assert args.max_running_requests is not None and args.chunked_prefill_size is not None
     worst = context_length * args.max_running_requests
@@ -133,6 +135,8 @@ def _default_max_total_tokens(
         return worst
     free, total = torch.cuda.mem_get_info(runner.device)
     room = int(total * args.mem_fraction_static) - (total - free)
+    if log and isinstance(runner.model, torch.nn.Module):
+        logger.info(weights_note(resident_weight_bytes(runner.model), total - free))
     chunk = args.chunked_prefill_size if args.chunked_prefill_size > 0 else context_length
     # Under DP attention each group computes up to the cap and rank 0 receives every group's
     # rows; every rank reserves that (the smallest rank's budget is everyone's anyway).

@@ -28,7 +28,6 @@ from sglang.srt.distributed.device_communicators.pynccl_allocator import set_gra
 from sglang.srt.model_executor.model_abilities import (
     ServedModel,
     SupportsStaticDecode,
-    moe_runners,
     require_ability,
     static_decode_reason,
 )
@@ -61,13 +60,12 @@ def graph_unavailable_reason(
     if why is not None:
         return why
     # The MegaMoE path is capture-safe (our Triton kernel reads its status back only outside
-    # capture), and its fallback is the runner's path (checked below); ep's is not.
+    # capture), and its fallback is the runner's path; ep's is not. Each layer answers for its
+    # a2a backend, its runner and how the runner reads its experts.
     for layer in model.moe_layers():
-        if layer.a2a.capture_unsafe_reason is not None:
-            return layer.a2a.capture_unsafe_reason
-    for runner in moe_runners(model):
-        if not runner.capture_safe:
-            return runner.capture_unsafe_reason
+        why = layer.capture_unsafe_reason
+        if why is not None:
+            return why
     return None
 
 

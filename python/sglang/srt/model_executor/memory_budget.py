@@ -29,6 +29,7 @@ import torch
 
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
 from sglang.srt.mem_cache.memory_models.memory_model import MemoryModel
+from sglang.srt.mem_cache.memory_models.weight_bytes import WeightBytes, human_bytes
 from sglang.srt.mem_cache.memory_models.workspace import gib as _gib
 from sglang.srt.model_executor.model_abilities import SupportsMemoryModel
 
@@ -40,6 +41,7 @@ __all__ = [
     "max_total_tokens_for_memory",
     "memory_model_of",
     "unbounded_budget_reason",
+    "weights_note",
 ]
 
 
@@ -79,6 +81,19 @@ def logits_reservation_note(
         f"{_gib(shape.logits_bytes(whole))} for every row of a {chunked_prefill_size}-token "
         f"chunk plus {max_running_requests} decodes; activations "
         f"{_gib(shape.activation_bytes(whole))}"
+    )
+
+
+def weights_note(resident: WeightBytes, in_use_bytes: int) -> str:
+    """The startup line on what the weights hold of the GPU memory in use before the caches:
+    their resident bytes per format (MXFP4 experts at ~0.53 B a parameter, FP8 at ~1 B, bf16 at
+    2 B), counted from the tensors themselves, and what else is in use (CUDA context, workspace
+    pools)."""
+    formats = ", ".join(f"{fmt} {human_bytes(n)}" for fmt, n in resident.by_format().items())
+    other = in_use_bytes - resident.total()
+    return (
+        f"memory budget: weights resident {human_bytes(resident.total())} ({formats}); "
+        f"{human_bytes(max(other, 0))} more in use on the GPU before the caches"
     )
 
 

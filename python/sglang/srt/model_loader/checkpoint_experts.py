@@ -19,3 +19,12 @@ class CheckpointExperts:
     w2: torch.Tensor
     w13_scale: torch.Tensor | None = None
     w2_scale: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of these tensors as stored (this rank's share of the checkpoint)."""
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.w13, self.w2, self.w13_scale, self.w2_scale)
+            if t is not None
+        )

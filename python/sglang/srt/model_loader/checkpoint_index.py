@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -24,13 +24,30 @@ class WeightLoadError(ValueError):
 
 
 @dataclass
+class ReadBytes:
+    """The bytes of the checkpoint tensors read inside one :meth:`CheckpointIndex.counting`
+    block, by stored dtype (a checkpoint tensor read twice in a load counts once)."""
+
+    by_dtype: dict[torch.dtype, int] = field(default_factory=dict)
+
+    def add(self, dtype: torch.dtype, nbytes: int) -> None:
+        self.by_dtype[dtype] = self.by_dtype.get(dtype, 0) + nbytes
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_dtype.values())
+
+
+@dataclass
 class CheckpointIndex:
     """Canonical (model) name -> checkpoint name, built once per load; remembers what was used so
-    the loader can name tensors nothing asked for."""
+    the loader can name tensors nothing asked for, and counts the bytes it reads."""
 
     source: WeightSource
     by_canon: dict[str, str]
     used: set[str]
+    _counted: set[str] = field(default_factory=set)
+    _counters: list[ReadBytes] = field(default_factory=list)
 
     @classmethod
     def build(
@@ -59,7 +76,30 @@ class CheckpointIndex:
         if canon not in self.by_canon:
             raise WeightLoadError(f"checkpoint is missing tensor {canon!r}")
         self.used.add(canon)
-        return self.source.get(self.by_canon[canon])
+        name = self.by_canon[canon]
+        tensor = self.source.get(name)
+        if self._counters and name not in self._counted:
+            self._counted.add(name)
+            for counter in self._counters:
+                counter.add(tensor.dtype, tensor.numel() * tensor.element_size())
+        return tensor
+
+    def dtype_of(self, canon: str) -> torch.dtype:
+        """The stored dtype of ``canon``, without reading it (nor counting it as used)."""
+        if canon not in self.by_canon:
+            raise WeightLoadError(f"checkpoint is missing tensor {canon!r}")
+        return self.source.dtype_of(self.by_canon[canon])
+
+    @contextmanager
+    def counting(self) -> Iterator[ReadBytes]:
+        """Count the bytes of the checkpoint tensors read in the block (the loader's record of
+        what a rank's share of the checkpoint holds)."""
+        counter = ReadBytes()
+        self._counters.append(counter)
+        try:
+            yield counter
+        finally:
+            self._counters.remove(counter)
 
     def mark_used(self, *canons: str) -> None:
         """Count those of ``canons`` the checkpoint has as used without reading them (another

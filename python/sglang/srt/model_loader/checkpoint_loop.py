@@ -21,13 +21,29 @@ from typing import Any, TypeVar
 import torch
 from tqdm.auto import tqdm
 
+from sglang.srt.layers.moe.expert_plan import Conversion, resolve_runner
 from sglang.srt.layers.moe.layer import FusedMoE
-from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
-from sglang.srt.model_loader.expert_loading import ScaleSuffixes, load_layer_experts
+from sglang.srt.mem_cache.memory_models.weight_bytes import BytesRatio, WeightBytes, human_bytes
+from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, ReadBytes, WeightLoadError
+from sglang.srt.model_loader.expert_loading import (
+    ExpertShard,
+    LayerExpertsLoad,
+    ScaleSuffixes,
+    expert_checkpoint_format,
+    load_layer_experts,
+)
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.model_loader.mega_moe_prep import (
+    default_mega_weight_builder,
+    loader_device_facts,
     log_mega_weights_built,
-    resolve_mega_weight_builder,
+)
+from sglang.srt.model_loader.resident_weights import (
+    dtype_format,
+    layer_of,
+    log_resident_weights,
+    resident_weight_bytes,
+    weight_group,
 )
 from sglang.srt.model_loader.weight_source import SafetensorsWeightSource, WeightSource
 from sglang.srt.models.cached_lm import CachedCausalLM
@@ -84,20 +100,106 @@ def expert_layers(model: torch.nn.Module) -> list[tuple[str, int, FusedMoE]]:
     return found
 
 
+@dataclass(frozen=True)
+class LoadReport:
+    """What a load left resident on this rank, what the checkpoint holds of this rank's share
+    (both by layer, group and format), and their ratio per layer and for the whole model."""
+
+    resident: WeightBytes
+    checkpoint: WeightBytes
+    ratios: list[BytesRatio]
+
+
+def plan_expert_layers(
+    index: CheckpointIndex,
+    experts: list[tuple[str, int, FusedMoE]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    """Plan every MoE layer from its checkpoint format (the stored dtype, nothing read) before
+    any tensor is copied, so a flag combination that cannot run is refused at once, by name."""
+    needs_deep_gemm = any(
+        layer.uses_mega_weights or resolve_runner(layer.config.runner, device.type) == "deep_gemm"
+        for _, _, layer in experts
+    )
+    facts = loader_device_facts(device, needs_deep_gemm=needs_deep_gemm)
+    for prefix, _, layer in experts:
+        fmt = expert_checkpoint_format(index, prefix, ExpertShard.of(layer))
+        layer.plan_experts(fmt, dtype, facts)
+
+
+def _checkpoint_share(
+    name: str, read: ReadBytes, kept: float
+) -> list[tuple[int | None, str, str, int]]:
+    """A parameter's checkpoint bytes times the fraction of them this rank keeps; an FP8 weight
+    and its scale count as one ``fp8`` entry."""
+    fp8 = torch.float8_e4m3fn in read.by_dtype
+    parts = {"fp8": read.total} if fp8 else {dtype_format(d): n for d, n in read.by_dtype.items()}
+    return [(layer_of(name), weight_group(name), f, int(n * kept)) for f, n in parts.items()]
+
+
+def _log_expert_plans(model_name: str, loads: list[LayerExpertsLoad]) -> None:
+    by_plan: dict[str, int] = {}
+    for load in loads:
+        text = load.plan.describe()
+        by_plan[text] = by_plan.get(text, 0) + 1
+    for text, count in by_plan.items():
+        logger.info(f"{model_name} routed experts ({count} MoE layers): {text}")
+    unbuilt = [x for x in loads if x.plan.mega_reason is not None and not x.mega_weights]
+    if unbuilt:
+        plan = unbuilt[0].plan
+        logger.warning(
+            f"MegaMoE weights are not built ({plan.checkpoint.value} experts): "
+            f"{plan.mega_reason}; {len(unbuilt)} MoE layers use the normal path"
+        )
+    dequantised = [x for x in loads if x.plan.conversion is Conversion.DEQUANTISE]
+    if dequantised:
+        logger.info(
+            f"{model_name}: --dtype float32 (the exactness check): MXFP4 experts of "
+            f"{len(dequantised)} MoE layers dequantised to fp32 at load, "
+            f"{human_bytes(sum(x.checkpoint_bytes for x in dequantised))} as stored"
+        )
+    stats = [x.conversion for x in loads if x.conversion is not None]
+    if stats:
+        total = stats[0]
+        for part in stats[1:]:
+            total = total + part
+        kernel = {x.plan.mega_kernel or x.plan.runner for x in loads if x.conversion is not None}
+        exact = (
+            "every block exact"
+            if not total.inexact_blocks
+            else f"{total.inexact_blocks} inexact (rounded, largest error "
+            f"{total.max_error_to_amax:.2e} of the block's largest magnitude)"
+        )
+        logger.info(
+            f"{model_name}: MXFP4 experts of {len(stats)} MoE layers converted to FP8 128x128 "
+            f"blocks at load for {', '.join(sorted(kernel))}: "
+            f"{human_bytes(total.fp8_bytes)} resident against "
+            f"{human_bytes(total.mxfp4_bytes)} as MXFP4 "
+            f"(+{human_bytes(total.fp8_bytes - total.mxfp4_bytes)}, "
+            f"{total.fp8_bytes / max(total.mxfp4_bytes, 1):.2f}x); {total.blocks} blocks, {exact}"
+        )
+
+
 def load_checkpoint(
     model: CachedCausalLM[Any], source: WeightSource, rules: CheckpointRules, opts: LoadOptions
-) -> None:
-    """Fill ``model`` (this rank's shard) from ``source`` as ``rules`` say."""
+) -> LoadReport:
+    """Fill ``model`` (this rank's shard) from ``source`` as ``rules`` say; log and return what
+    is resident against the checkpoint bytes of this rank's share."""
     index = _build_index(source, rules)
     if rules.tied is not None:
         index.tie(*rules.tied)
     params = dict(model.named_parameters())
     index.require([*params, *rules.extra_tensors], rules.names_hint)
     experts = expert_layers(model)
-    builder = resolve_mega_weight_builder(
-        opts.mega_weight_builder, model.device, (layer for _, _, layer in experts)
-    )
-    built = 0
+    plan_expert_layers(index, experts, model.dtype, model.device)
+    layout_builder = None
+    if opts.mega_weight_builder is None and any(
+        layer.expert_plan is not None and layer.expert_plan.is_mega for _, _, layer in experts
+    ):
+        layout_builder = default_mega_weight_builder(model.device)
+    share: list[tuple[int | None, str, str, int]] = []
+    loads: list[LayerExpertsLoad] = []
     with tqdm(
         total=len(params) + len(rules.extra_tensors) + len(experts),
         desc=f"Loading {rules.model_name} weights",
@@ -105,25 +207,39 @@ def load_checkpoint(
         unit="tensor",
     ) as bar:
         for name, param in params.items():
-            index.load_param(name, param, rules.dense(index, name))
+            with index.counting() as read:
+                full = rules.dense(index, name)
+            index.load_param(name, param, full)
+            share += _checkpoint_share(name, read, param.numel() / max(full.numel(), 1))
             bar.update()
         for name, load in rules.extra_tensors.items():
-            with index.naming(name):
+            with index.naming(name), index.counting() as read:
                 load(index.get(name))
+            share += _checkpoint_share(name, read, 1.0)
             bar.update()
         for prefix, layer_id, layer in experts:
-            built += load_layer_experts(
+            result = load_layer_experts(
                 index,
                 layer,
                 prefix,
                 layer_id=layer_id,
                 scale_suffixes=rules.scale_suffixes,
                 dtype=model.dtype,
-                mega_weight_builder=builder,
+                mega_weight_builder=opts.mega_weight_builder,
+                mega_layout_builder=layout_builder,
+            )
+            loads.append(result)
+            share.append(
+                (layer_id, "routed_experts", result.plan.checkpoint.value, result.checkpoint_bytes)
             )
             bar.update()
     index.check_all_used(strict=opts.strict, logger=logger)
-    log_mega_weights_built(rules.model_name, built, len(experts))
+    log_mega_weights_built(rules.model_name, sum(x.mega_weights for x in loads), len(experts))
+    _log_expert_plans(rules.model_name, loads)
+    checkpoint = WeightBytes.of(share)
+    resident = resident_weight_bytes(model)
+    ratios = log_resident_weights(rules.model_name, resident, checkpoint)
+    return LoadReport(resident, checkpoint, ratios)
 
 
 def load_model_dir(

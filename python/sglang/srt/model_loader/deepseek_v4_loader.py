@@ -7,11 +7,11 @@ keeps this rank's shard. Formats:
   also ``weight_scale_inv``), dequantised to the model dtype at load (the CPU/reference path; the
   maths then equals the dequantised checkpoint's);
 - routed experts: per-expert ``w1``/``w2``/``w3`` (or transformers' stacked ``gate_up_proj`` /
-  ``down_proj``) in bf16, FP8 128x128 (kept FP8 for the expert runners) or MXFP4 (packed bytes +
-  UE8M0 scales per 32, dequantised), through ``expert_weights_from_checkpoint``; only this rank's
-  part is read and cut as stored, so MXFP4 is dequantised for that part alone;
-- MegaMoE (``a2a_backend="megamoe"``): after each layer's experts load, this rank's checkpoint
-  experts are re-laid out for DeepGEMM (``mega_moe_prep``) and set as the layer's MegaMoE weights.
+  ``down_proj``) in bf16, FP8 128x128 or MXFP4 (packed bytes + UE8M0 scales per 32); only this
+  rank's part is read and cut as stored, then kept as the layer's plan says
+  (``layers/moe/expert_plan.py``; docs/quantization.md): MXFP4 stays packed, or becomes FP8 for
+  DeepGEMM on Hopper, or DeepGEMM's MegaMoE layout as the only copy (``mega_moe_prep``), or fp32
+  in the exactness-check mode.
 A missing, mis-shaped or (with ``strict``) unexpected tensor raises :class:`WeightLoadError` naming
 it. ``mtp.*`` tensors are skipped with one log line.
 """
@@ -27,7 +27,12 @@ from sglang.kernels.ops.quant.fp8 import block_dequant_fp8
 from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import FP8_BLOCK, WeightFormat
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
-from sglang.srt.model_loader.checkpoint_loop import CheckpointRules, load_checkpoint, load_model_dir
+from sglang.srt.model_loader.checkpoint_loop import (
+    CheckpointRules,
+    LoadReport,
+    load_checkpoint,
+    load_model_dir,
+)
 from sglang.srt.model_loader.deepseek_v4_names import canonical_name
 from sglang.srt.model_loader.expert_loading import FP8_DTYPES
 from sglang.srt.model_loader.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
@@ -90,12 +95,13 @@ def load_weights(
     model: DeepseekV4ForCausalLM,
     source: WeightSource | Mapping[str, torch.Tensor],
     opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
-) -> None:
-    """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping).
+) -> LoadReport:
+    """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping);
+    returns what is resident against the checkpoint bytes of this rank's share.
 
     Expert-parallel (MegaMoE) layers also get their MegaMoE weights from
     ``opts.mega_weight_builder`` (default: DeepGEMM's layout when DeepGEMM is usable)."""
-    load_checkpoint(model, as_weight_source(source), checkpoint_rules(model), opts)
+    return load_checkpoint(model, as_weight_source(source), checkpoint_rules(model), opts)
 
 
 def load_deepseek_v4(

@@ -5,8 +5,9 @@ in bf16, FP8 with 128x128 block scales, or MXFP4: two E2M1 values a byte plus on
 per 32) or stacked the way transformers keeps them in memory (``gate_up_proj [E, 2I, H]`` with
 the gate rows first, ``down_proj [E, H, I]``, unquantised). The models differ only in how a
 weight's scale is named, which the caller passes in. :func:`load_layer_experts` is the whole
-per-layer step a loader runs: read this rank's part, hand it to the ``FusedMoE``, and (expert
-parallel) build its MegaMoE weights.
+per-layer step a loader runs: read this rank's part and keep it as the layer's plan says
+(``layers/moe/expert_plan.py``): cast, kept FP8, kept packed MXFP4, dequantised (exactness
+check), converted to FP8, or laid out for DeepGEMM's MegaMoE kernel as the only copy.
 """
 
 from __future__ import annotations
@@ -16,17 +17,27 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.srt.layers.moe.expert_plan import Conversion, DeviceFacts, ExpertPlan
 from sglang.srt.layers.moe.expert_weights import (
     FP8_BLOCK,
+    ExpertWeights,
     WeightFormat,
     expert_weights_from_checkpoint,
+    mxfp4_experts,
     stack_expert_tensors,
 )
 from sglang.srt.layers.moe.layer import FusedMoE
+from sglang.srt.layers.moe.mega_moe_weights import MegaMoEWeightError
 from sglang.srt.layers.quantization.mxfp4 import MXFP4_DTYPES, MXFP4_GROUP
+from sglang.srt.layers.quantization.mxfp4_to_fp8 import ConversionStats, mxfp4_to_fp8_blocks
 from sglang.srt.model_loader.checkpoint_experts import CheckpointExperts
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
-from sglang.srt.model_loader.mega_moe_prep import MegaWeightBuilder, attach_mega_weights
+from sglang.srt.model_loader.mega_moe_prep import (
+    MegaWeightBuilder,
+    attach_mega_weights,
+    default_mega_weight_builder,
+    loader_device_facts,
+)
 
 FP8_DTYPES = (torch.float8_e4m3fn,)
 
@@ -93,12 +104,16 @@ def _check_shardable(fmt: WeightFormat, shard: ExpertShard, layer_id: int) -> No
     )
 
 
-def expert_format(w: torch.Tensor) -> WeightFormat:
-    if w.dtype in MXFP4_DTYPES:
+def format_of_dtype(dtype: torch.dtype) -> WeightFormat:
+    if dtype in MXFP4_DTYPES:
         return WeightFormat.MXFP4
-    if w.dtype in FP8_DTYPES:
+    if dtype in FP8_DTYPES:
         return WeightFormat.FP8
     return WeightFormat.BF16
+
+
+def expert_format(w: torch.Tensor) -> WeightFormat:
+    return format_of_dtype(w.dtype)
 
 
 def _expert_scale(
@@ -213,21 +228,71 @@ def read_experts(
     return CheckpointExperts(fmt, w13, w2, s13, s2)
 
 
-def load_experts(
-    experts: FusedMoE, layer_id: int, ckpt: CheckpointExperts, dtype: torch.dtype
-) -> None:
-    """Hand ``ckpt`` (this rank's part, from :func:`read_experts` with ``ExpertShard.of(experts)``)
-    to the layer's ``FusedMoE``; MXFP4 is dequantised here, for this part only."""
-    try:
-        experts.load_local_weights(
-            expert_weights_from_checkpoint(
-                ckpt.fmt, ckpt.w13, ckpt.w2, ckpt.w13_scale, ckpt.w2_scale, dtype=dtype
-            )
+@dataclass(frozen=True)
+class LayerExpertsLoad:
+    """What loading one layer's experts did: its plan, whether it got MegaMoE weights, the
+    MXFP4 -> FP8 conversion's stats (None: no conversion) and the bytes of this rank's share of
+    the checkpoint experts."""
+
+    plan: ExpertPlan
+    mega_weights: bool
+    conversion: ConversionStats | None
+    checkpoint_bytes: int
+
+
+def expert_checkpoint_format(
+    index: CheckpointIndex, prefix: str, shard: ExpertShard
+) -> WeightFormat:
+    """The format of the experts under ``prefix``, from the stored dtype of this rank's first
+    expert (nothing is read)."""
+    if index.has(f"{prefix}.gate_up_proj"):
+        return format_of_dtype(index.dtype_of(f"{prefix}.gate_up_proj"))
+    return format_of_dtype(index.dtype_of(f"{prefix}.{shard.experts.start}.w1.weight"))
+
+
+def resident_experts(
+    ckpt: CheckpointExperts,
+    plan: ExpertPlan,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    build_mega: MegaWeightBuilder | None,
+    layer_id: int,
+) -> tuple[ExpertWeights, ConversionStats | None]:
+    """This rank's checkpoint experts as ``plan`` keeps them on ``device``: cast, kept FP8,
+    kept packed MXFP4, dequantised (exactness-check mode) or converted to FP8 (on the device,
+    a few experts at a time), and, for a MegaMoE plan, re-laid out by ``build_mega`` as the only
+    copy."""
+    if ckpt.fmt is WeightFormat.MXFP4 and plan.conversion is not Conversion.DEQUANTISE:
+        assert ckpt.w13_scale is not None and ckpt.w2_scale is not None
+        weights = mxfp4_experts(ckpt.w13, ckpt.w2, ckpt.w13_scale, ckpt.w2_scale)
+    else:
+        weights = expert_weights_from_checkpoint(
+            ckpt.fmt, ckpt.w13, ckpt.w2, ckpt.w13_scale, ckpt.w2_scale, dtype=dtype
         )
-    except (ValueError, TypeError) as exc:
-        raise WeightLoadError(
-            f"layer {layer_id} routed experts ({ckpt.fmt.value}): {exc}"
-        ) from None
+    weights = weights.to(device)
+    stats = None
+    if plan.conversion is Conversion.MXFP4_TO_FP8:
+        assert weights.w13_scale is not None and weights.w2_scale is not None
+        q13, s13, st13 = mxfp4_to_fp8_blocks(weights.w13, weights.w13_scale)
+        q2, s2, st2 = mxfp4_to_fp8_blocks(weights.w2, weights.w2_scale)
+        weights, stats = ExpertWeights(q13, q2, s13, s2), st13 + st2
+    if plan.is_mega:
+        if build_mega is None:
+            raise WeightLoadError(
+                f"layer {layer_id}: the plan keeps the MegaMoE layout but no builder is set"
+            )
+        raw = {
+            "w13": weights.w13,
+            "w2": weights.w2,
+            "w13_scale": weights.w13_scale,
+            "w2_scale": weights.w2_scale,
+        }
+        try:
+            weights = ExpertWeights.from_mega(build_mega(layer_id, raw))
+        except MegaMoEWeightError as exc:
+            raise WeightLoadError(f"layer {layer_id} MegaMoE weights: {exc}") from None
+    return weights, stats
 
 
 def load_layer_experts(
@@ -239,13 +304,26 @@ def load_layer_experts(
     scale_suffixes: ScaleSuffixes,
     dtype: torch.dtype,
     mega_weight_builder: MegaWeightBuilder | None,
-) -> bool:
-    """Load one layer's routed experts under ``prefix`` (this rank's part) into ``experts``; True
-    when its MegaMoE weights were also set (see :func:`attach_mega_weights`).
+    mega_layout_builder: MegaWeightBuilder | None = None,
+    facts: DeviceFacts | None = None,
+) -> LayerExpertsLoad:
+    """Load one layer's routed experts under ``prefix`` (this rank's part) into ``experts`` as
+    its plan says (planned here from ``facts`` if the loading loop has not planned it).
 
-    The expert count and sizes come from ``experts.config``: the layer already holds what the
+    ``mega_weight_builder``: the caller's own MegaMoE builder (``LoadOptions``), or None. A layer
+    whose plan keeps the MegaMoE layout is built by it, else by ``mega_layout_builder`` (the
+    loop's DeepGEMM builder, made here when not given); on a layer whose plan keeps no MegaMoE
+    layout, the caller's builder still gets this rank's checkpoint experts and its result is set
+    beside (:func:`attach_mega_weights`). The
+    expert count and sizes come from ``experts.config``: the layer already holds what the
     checkpoint must match, so every model reads its experts the same way."""
     c = experts.config
+    shard = ExpertShard.of(experts)
+    plan = experts.expert_plan
+    if plan is None:
+        if facts is None:
+            facts = loader_device_facts(experts.device, needs_deep_gemm=True)
+        plan = experts.plan_experts(expert_checkpoint_format(index, prefix, shard), dtype, facts)
     ckpt = read_experts(
         index,
         prefix,
@@ -254,7 +332,28 @@ def load_layer_experts(
         hidden=c.hidden_size,
         inter=c.intermediate_size,
         scale_suffixes=scale_suffixes,
-        shard=ExpertShard.of(experts),
+        shard=shard,
     )
-    load_experts(experts, layer_id, ckpt, dtype)
-    return attach_mega_weights(experts, layer_id, ckpt, mega_weight_builder)
+    if ckpt.fmt is not plan.checkpoint:
+        raise WeightLoadError(
+            f"layer {layer_id}: routed experts are {ckpt.fmt.value}, planned for "
+            f"{plan.checkpoint.value}"
+        )
+    build = mega_weight_builder or mega_layout_builder
+    if plan.is_mega and build is None:
+        build = default_mega_weight_builder(experts.device)
+    try:
+        weights, stats = resident_experts(
+            ckpt, plan, dtype=dtype, device=experts.device, build_mega=build, layer_id=layer_id
+        )
+        experts.load_local_weights(weights)
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, WeightLoadError):
+            raise
+        raise WeightLoadError(
+            f"layer {layer_id} routed experts ({ckpt.fmt.value}): {exc}"
+        ) from None
+    mega = plan.is_mega
+    if not mega:
+        mega = attach_mega_weights(experts, layer_id, ckpt, mega_weight_builder)
+    return LayerExpertsLoad(plan, mega, stats, ckpt.nbytes)

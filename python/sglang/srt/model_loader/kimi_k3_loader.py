@@ -3,15 +3,14 @@
 Every parameter is looked up by its model name after mapping the checkpoint's spelling (see
 ``kimi_k3_names``); each parameter's ``weight_loader`` checks the full shape and keeps this rank's
 shard (TP: heads / intermediate rows; fp32 KDA tensors stay fp32). Routed experts:
-- per-expert ``experts.E.w1|w2|w3`` in bf16, MXFP4 (``weight_packed`` two E2M1 values a byte +
-  ``weight_scale`` one UE8M0 byte per 32, dequantised to the model dtype), or FP8 with 128x128
-  block scales (``weight_scale_inv``), or transformers' stacked ``gate_up_proj`` / ``down_proj``;
+- per-expert ``experts.E.w1|w2|w3`` in bf16, MXFP4 (compressed-tensors: ``weight_packed`` two
+  E2M1 values a byte + ``weight_scale`` one UE8M0 byte per 32), or FP8 with 128x128 block scales
+  (``weight_scale_inv``), or transformers' stacked ``gate_up_proj`` / ``down_proj``;
 - only this rank's part is read and cut *as stored* (TP: a slice of the intermediate dim; MegaMoE:
-  whole experts), so MXFP4 is dequantised for that part alone, then stacked as ``w13 = [w1; w3]``
-  and handed to ``FusedMoE.load_local_weights``;
-- MegaMoE (expert-parallel layers): this rank's stacked checkpoint experts also go to
-  ``mega_weight_builder`` (default: DeepGEMM's layout, when DeepGEMM is usable; see
-  ``mega_moe_prep``) and the result is set as the layer's MegaMoE weights.
+  whole experts), stacked as ``w13 = [w1; w3]`` and kept as the layer's plan says
+  (``layers/moe/expert_plan.py``, docs/quantization.md): MXFP4 stays packed for the SiTU
+  runners, becomes ``fp8_fp4_mega_moe``'s layout as the only copy on Blackwell MegaMoE, or fp32
+  in the exactness-check mode.
 A missing, mis-shaped, wrongly typed or (with ``strict``) unexpected tensor raises
 :class:`WeightLoadError` naming it. Vision tensors, and layers past ``num_hidden_layers`` (MTP),
 are skipped with one log line.
@@ -27,7 +26,12 @@ import torch
 from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import WeightFormat
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
-from sglang.srt.model_loader.checkpoint_loop import CheckpointRules, load_checkpoint, load_model_dir
+from sglang.srt.model_loader.checkpoint_loop import (
+    CheckpointRules,
+    LoadReport,
+    load_checkpoint,
+    load_model_dir,
+)
 from sglang.srt.model_loader.expert_loading import FP8_DTYPES
 from sglang.srt.model_loader.kimi_k3_names import canonical_name, layer_of
 from sglang.srt.model_loader.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
@@ -90,9 +94,10 @@ def load_weights(
     model: KimiK3ForCausalLM,
     source: WeightSource | Mapping[str, torch.Tensor],
     opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
-) -> None:
-    """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping)."""
-    load_checkpoint(model, as_weight_source(source), checkpoint_rules(model), opts)
+) -> LoadReport:
+    """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping);
+    returns what is resident against the checkpoint bytes of this rank's share."""
+    return load_checkpoint(model, as_weight_source(source), checkpoint_rules(model), opts)
 
 
 def load_kimi_k3(

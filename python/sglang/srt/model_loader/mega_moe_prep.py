@@ -1,32 +1,36 @@
-"""The post-load step that gives each expert-parallel ``FusedMoE`` its MegaMoE weights.
+"""How the loader gives expert-parallel ``FusedMoE`` layers their MegaMoE weights, and the
+device facts its expert plans are made from.
 
-With ``--moe-a2a-backend megamoe`` and DeepGEMM usable, every MoE layer's experts, as this rank
-read them from the checkpoint (MXFP4 or FP8, before dequantisation), are re-laid out once by
-:func:`build_mega_moe_experts_weights` and set with ``FusedMoE.set_mega_weights``. The kernel the
-runtime picks depends on the GPU, so the format is checked against it here: Blackwell
-(``fp8_fp4_mega_moe``) needs MXFP4 experts, Hopper (``fp8_mega_moe``) FP8 ones.
+With ``--moe-a2a-backend megamoe`` and DeepGEMM usable, a layer whose plan
+(``layers/moe/expert_plan.py``) keeps DeepGEMM's layout has this rank's experts re-laid out once
+by :func:`build_mega_moe_experts_weights` (MXFP4 as stored for Blackwell's ``fp8_fp4_mega_moe``,
+FP8 for Hopper's ``fp8_mega_moe``: an FP8 checkpoint, or MXFP4 converted at load) and keeps that
+layout as its only copy. The kernel the runtime picks depends on the GPU, so the format is
+checked against it here too.
 
-A format with no MegaMoE layout (bf16 experts, or one the GPU's kernel does not take) leaves the
-layers on the normal path with one warning, as when DeepGEMM is missing; a malformed tensor is a
-load error naming the layer.
+A caller's own builder (``LoadOptions.mega_weight_builder``) on a layer whose plan keeps no
+MegaMoE layout gets the checkpoint experts as stored and its result is set beside the runner's
+weights (:func:`attach_mega_weights`); a malformed tensor is a load error naming the layer.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from sglang.srt.layers.deep_gemm_adapter import get_deep_gemm
 from sglang.srt.layers.moe import mega_moe as _mega_moe
+from sglang.srt.layers.moe.expert_plan import DeviceFacts
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.mega_moe_weights import (
     MegaMoEFormatError,
     MegaMoEWeightError,
     build_mega_moe_experts_weights,
 )
+from sglang.srt.layers.moe.moe_runner.triton_runner import fused_experts_mxfp4_kernel
 from sglang.srt.layers.quantization.mxfp4 import MXFP4_DTYPES
 from sglang.srt.model_loader.checkpoint_experts import CheckpointExperts
 from sglang.srt.model_loader.checkpoint_index import WeightLoadError
@@ -81,24 +85,32 @@ def default_mega_weight_builder(device: torch.device) -> MegaWeightBuilder | Non
     return deep_gemm_mega_weight_builder(deep_gemm, arch)
 
 
-def resolve_mega_weight_builder(
-    builder: MegaWeightBuilder | None, device: torch.device, layers: Iterable[FusedMoE]
-) -> MegaWeightBuilder | None:
-    """The builder a loader uses for ``layers`` (its model's MoE layers): ``builder`` when given,
-    else the default for ``device`` when any layer's a2a backend runs the MegaMoE kernel, else
-    ``None``. Only those layers get MegaMoE weights, so DeepGEMM is not looked up (nor its
-    absence logged) for a model that has none."""
-    if builder is None and any(layer.uses_mega_weights for layer in layers):
-        return default_mega_weight_builder(device)
-    return builder
+def loader_device_facts(device: torch.device, *, needs_deep_gemm: bool) -> DeviceFacts:
+    """The facts the expert plans of a model on ``device`` are made from: the GPU's compute
+    capability, DeepGEMM's usability (looked up only when ``needs_deep_gemm``: a MegaMoE or
+    deep_gemm layer) and whether the Triton W4A16 MXFP4 kernel is installed. The same lookups as
+    :func:`default_mega_weight_builder`, so the plan and the layout it builds agree."""
+    deep_gemm = get_deep_gemm() if needs_deep_gemm else None
+    on_gpu = device.type == "cuda"
+    arch = 0
+    if on_gpu or deep_gemm is not None:
+        arch = _mega_moe.device_sm_info(device if on_gpu else None).arch
+    return DeviceFacts(
+        name=f"{device.type} (sm_{arch})" if arch else device.type,
+        kind=device.type,
+        arch=arch,
+        deep_gemm=deep_gemm is not None,
+        mxfp4_kernel=on_gpu and fused_experts_mxfp4_kernel() is not None,
+    )
 
 
 def attach_mega_weights(
     experts: FusedMoE, layer_id: int, ckpt: CheckpointExperts, builder: MegaWeightBuilder | None
 ) -> bool:
-    """Build and set one layer's MegaMoE weights from this rank's checkpoint experts. True when
-    set; False (the layer keeps the normal path) when its backend is not MegaMoE's, no builder, or a
-    format with no MegaMoE layout (logged once)."""
+    """Build one layer's MegaMoE weights from this rank's checkpoint experts with a caller's own
+    ``builder`` and set them beside the runner's. True when set; False (the layer keeps the
+    normal path) when its backend is not MegaMoE's, no builder, or a format with no MegaMoE
+    layout (logged once)."""
     if builder is None or not experts.uses_mega_weights:
         return False
     raw = {"w13": ckpt.w13, "w2": ckpt.w2, "w13_scale": ckpt.w13_scale, "w2_scale": ckpt.w2_scale}

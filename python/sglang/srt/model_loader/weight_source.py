@@ -19,10 +19,32 @@ if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11
 
 
+# safetensors header dtype names -> torch dtypes (the ones checkpoints of these models use).
+_SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "BOOL": torch.bool,
+}
+
+
 class WeightSource(Protocol):
     def names(self) -> list[str]: ...
 
     def get(self, name: str) -> torch.Tensor: ...
+
+    def dtype_of(self, name: str) -> torch.dtype:
+        """The stored dtype, without reading the tensor."""
+        ...
 
 
 class DictWeightSource:
@@ -34,6 +56,9 @@ class DictWeightSource:
 
     def get(self, name: str) -> torch.Tensor:
         return self._tensors[name]
+
+    def dtype_of(self, name: str) -> torch.dtype:
+        return self._tensors[name].dtype
 
 
 class SafetensorsWeightSource:
@@ -72,6 +97,17 @@ class SafetensorsWeightSource:
         if handle is None:
             handle = self._handles[path] = safe_open(path, framework="pt", device="cpu")
         return handle.get_tensor(name)
+
+    def dtype_of(self, name: str) -> torch.dtype:
+        """Read from the file's header: the tensor itself is not loaded."""
+        path = self._file_of[name]
+        handle = self._handles.get(path)
+        if handle is None:
+            handle = self._handles[path] = safe_open(path, framework="pt", device="cpu")
+        stored = handle.get_slice(name).get_dtype()
+        if stored not in _SAFETENSORS_DTYPES:
+            return handle.get_tensor(name).dtype  # a dtype this table does not name: read it
+        return _SAFETENSORS_DTYPES[stored]
 
     def close(self) -> None:
         self._handles.clear()

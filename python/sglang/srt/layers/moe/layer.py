@@ -15,11 +15,19 @@ from torch import nn
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.a2a import MoEA2ABackend, RankExperts, create_a2a_backend
-from sglang.srt.layers.moe.expert_weights import ExpertWeights
+from sglang.srt.layers.moe.expert_plan import (
+    DeviceFacts,
+    ExpertPlan,
+    ExpertShape,
+    plan_experts,
+    resolve_runner,
+)
+from sglang.srt.layers.moe.expert_weights import ExpertWeights, WeightFormat
 from sglang.srt.layers.moe.fused_moe_config import A2ABackend, FusedMoEConfig
 from sglang.srt.layers.moe.mega_moe import MegaMoEParams
 from sglang.srt.layers.moe.mega_moe_weights import MegaWeights
 from sglang.srt.layers.moe.moe_runner import MoERunConfig, MoERunner, create_moe_runner
+from sglang.srt.layers.moe.moe_runner.on_use import run_on_used_experts
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.utils.log import get_logger, log_once
 
@@ -30,9 +38,7 @@ __all__ = ["A2ABackend", "FusedMoE", "FusedMoEConfig", "resolve_runner_name"]
 
 def resolve_runner_name(name: str, device: torch.device) -> str:
     """``auto`` -> triton on CUDA, torch elsewhere."""
-    if name == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    return name
+    return resolve_runner(name, device.type)
 
 
 class FusedMoE(nn.Module):
@@ -59,7 +65,10 @@ class FusedMoE(nn.Module):
         if why is not None:
             raise ValueError(f"--moe-runner-backend {name} cannot run here: {why}")
         self.weights: ExpertWeights | None = None
-        self.mega_weights: MegaWeights | None = None
+        # MegaMoE weights set beside ``weights`` (a loader's own builder, tests); a layer whose
+        # ``weights`` are in the MegaMoE layout reads them from there instead.
+        self._extra_mega_weights: MegaWeights | None = None
+        self.expert_plan: ExpertPlan | None = None
         c = config
         # What the MegaMoE kernels are told about this layer (fixed by the config).
         self.mega_params = MegaMoEParams(
@@ -119,46 +128,112 @@ class FusedMoE(nn.Module):
     def local_intermediate(self) -> range:
         return self.a2a.local_intermediate
 
+    def expert_shape(self) -> ExpertShape:
+        c = self.config
+        return ExpertShape(
+            num_experts=c.num_experts,
+            hidden=c.hidden_size,
+            intermediate=c.intermediate_size,
+            local_intermediate=len(self.local_intermediate),
+            top_k=c.top_k,
+            activation=c.activation,
+            swiglu_limit=c.swiglu_limit,
+        )
+
+    def plan_experts(self, fmt: WeightFormat, dtype: torch.dtype, facts: DeviceFacts) -> ExpertPlan:
+        """Decide (and keep) how this layer holds and runs ``fmt`` experts on a model of
+        ``dtype`` on a device with ``facts`` (:func:`~.expert_plan.plan_experts`)."""
+        self.expert_plan = plan_experts(
+            runner=self.config.runner,
+            a2a=self.config.a2a_backend,
+            fmt=fmt,
+            dtype=dtype,
+            facts=facts,
+            shape=self.expert_shape(),
+        )
+        return self.expert_plan
+
     def load_weights(self, full: ExpertWeights) -> None:
         """Take the full (all experts, unsharded) weights and keep this rank's part."""
         c = self.config
-        want = (c.num_experts, 2 * c.intermediate_size, c.hidden_size)
-        if tuple(full.w13.shape) != want:
-            raise ValueError(f"MoE w13 has shape {tuple(full.w13.shape)}, expected {want}")
+        want = (c.num_experts, c.intermediate_size, c.hidden_size)
+        got = (full.num_experts, full.intermediate_size, full.hidden_size)
+        if got != want:
+            raise ValueError(
+                f"MoE weights hold (experts, intermediate, hidden) {got}, expected {want}"
+            )
         # This rank's experts (all of them under TP), then its slice of each over the ranks
         # that share them (the TP group under TP, the MoE-TP group under EP, none when whole).
-        r = self.local_experts
-        part = ExpertWeights(
-            full.w13[r.start : r.stop],
-            full.w2[r.start : r.stop],
-            None if full.w13_scale is None else full.w13_scale[r.start : r.stop],
-            None if full.w2_scale is None else full.w2_scale[r.start : r.stop],
-        ).shard(self.a2a.moe_tp_rank, self.a2a.moe_tp_size)
+        part = full.experts(self.local_experts).shard(self.a2a.moe_tp_rank, self.a2a.moe_tp_size)
         self.load_local_weights(part)
 
     def load_local_weights(self, part: ExpertWeights) -> None:
         """Take weights already cut to this rank's part (``local_experts`` x
-        ``local_intermediate``): loaders slice quantised checkpoints before dequantising."""
-        want = (len(self.local_experts), 2 * len(self.local_intermediate), self.config.hidden_size)
-        if tuple(part.w13.shape) != want:
+        ``local_intermediate``), in any resident format and layout: loaders slice quantised
+        checkpoints as stored."""
+        want = (len(self.local_experts), len(self.local_intermediate), self.config.hidden_size)
+        got = (part.num_experts, part.intermediate_size, part.hidden_size)
+        if got != want:
             raise ValueError(
-                f"this rank's MoE w13 has shape {tuple(part.w13.shape)}, expected {want}"
+                f"this rank's MoE weights hold (experts, intermediate, hidden) {got}, expected "
+                f"{want}"
             )
-        self.weights = ExpertWeights(
-            *(
-                None if t is None else t.to(self.device)
-                for t in (part.w13, part.w2, part.w13_scale, part.w2_scale)
-            )
-        )
+        self.weights = part.to(self.device)
+
+    @property
+    def mega_weights(self) -> MegaWeights | None:
+        """DeepGEMM-layout weights ``((l1, l1_sf), (l2, l2_sf))`` for the MegaMoE kernel: the
+        resident experts themselves when they are kept in that layout."""
+        if self._extra_mega_weights is not None:
+            return self._extra_mega_weights
+        if self.weights is not None and self.weights.is_mega:
+            return self.weights.mega_weights
+        return None
+
+    @property
+    def mega_weights_beside(self) -> MegaWeights | None:
+        """MegaMoE weights set beside the runner's (:meth:`set_mega_weights`), if any."""
+        return self._extra_mega_weights
 
     def set_mega_weights(self, mega_weights: MegaWeights | None) -> None:
-        """DeepGEMM-layout weights ((l1, l1_sf), (l2, l2_sf)) for the MegaMoE kernel."""
-        self.mega_weights = mega_weights
+        """MegaMoE weights kept beside the runner's (a loader's own builder, tests); loaders
+        that keep the MegaMoE layout as the only copy load it as ``weights`` instead."""
+        self._extra_mega_weights = mega_weights
+
+    @property
+    def capture_unsafe_reason(self) -> str | None:
+        """Why a decode step through this layer cannot be captured in a CUDA graph (None: it
+        can): the a2a backend's reason, the runner's, or a runner that reads these experts on
+        use. The MegaMoE layout's on-use reads are the kernel's fallback, which graph-sized
+        batches never take (it raises if one does)."""
+        if self.a2a.capture_unsafe_reason is not None:
+            return self.a2a.capture_unsafe_reason
+        if not self.runner.capture_safe:
+            return self.runner.capture_unsafe_reason
+        w = self.weights
+        if w is not None and not w.is_mega:
+            why = self.runner.unreadable_reason(w)
+            if why is not None:
+                return (
+                    f"the {self.runner.name} MoE runner reads these experts on use ({why}), "
+                    "which reads the routing back to the host"
+                )
+        return None
 
     def _rank_experts(self, caller: str) -> RankExperts:
         if self.weights is None:
             raise RuntimeError(f"FusedMoE.{caller} before load_weights")
         return RankExperts(self.weights, self.mega_weights, self.mega_params)
+
+    def run_runner(
+        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, *, inplace: bool
+    ) -> torch.Tensor:
+        """The runner on ``weights``, directly where it reads them, else on the experts this
+        batch routes to, selected on use."""
+        why = self.runner.unreadable_reason(weights)
+        if why is None:
+            return self.runner.run(hidden, topk, weights, inplace=inplace)
+        return run_on_used_experts(self.runner, hidden, topk, weights, inplace=inplace, why=why)
 
     def forward(
         self, hidden: torch.Tensor, topk: TopKOutput, *, shared: torch.Tensor | None = None
@@ -170,7 +245,7 @@ class FusedMoE(nn.Module):
         dispatched = self.a2a.dispatch(hidden, topk, experts)
         routed = dispatched.combined
         if routed is None:  # no fused kernel took the rows: the runner computes them
-            routed = self.runner.run(
+            routed = self.run_runner(
                 dispatched.hidden,
                 dispatched.topk,
                 experts.weights,

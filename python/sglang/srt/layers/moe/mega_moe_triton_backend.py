@@ -45,6 +45,8 @@ def triton_mega_unavailable_reason(
             "the Triton MegaMoE kernel runs on one GPU and this expert-parallel group has "
             f"{group_size} ranks"
         )
+    if weights.is_mega:
+        return "the experts are kept in DeepGEMM's MegaMoE layout, which it does not read"
     if weights.w13.dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
         return (
             f"expert weights of dtype {weights.w13.dtype} (bf16, fp16 or FP8 128x128 blocks "

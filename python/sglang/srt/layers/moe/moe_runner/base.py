@@ -81,6 +81,17 @@ class MoERunner(ABC):
         """Why this runner cannot run on ``device`` (None: it can)."""
         return None
 
+    def unreadable_reason(self, weights: ExpertWeights) -> str | None:
+        """Why :meth:`run` cannot read ``weights`` as they are resident (None: it can). The
+        layer then hands it the experts a batch routes to, selected and unpacked on use
+        (:func:`~sglang.srt.layers.moe.moe_runner.on_use.run_on_used_experts`). Every runner
+        reads bf16 and FP8 128x128 experts in the standard layout."""
+        if weights.is_mega:
+            return "its experts are in DeepGEMM's MegaMoE layout"
+        if weights.is_mxfp4:
+            return f"the {self.name} runner has no MXFP4 kernel"
+        return None
+
     def _run_fused(
         self,
         fused_experts: Callable[..., torch.Tensor],

@@ -24,7 +24,6 @@ from sglang.srt.layers.moe.expert_plan import (
 )
 from sglang.srt.layers.moe.expert_weights import WeightFormat
 from sglang.srt.layers.moe.moe_runner.path_table import DSV4, K3, MoeShape
-from sglang.srt.layers.moe.moe_runner.triton_runner import fused_experts_mxfp4_kernel
 from sglang.srt.layers.moe.sm_budget import _mega_moe_max_num_sms, mega_moe_sm_budget
 from sglang.srt.utils.device import device_sm_info
 from sglang.srt.utils.env_check import unknown_env_vars
@@ -83,7 +82,6 @@ def device_facts_here(deep_gemm_usable: bool) -> DeviceFacts:
         "cuda",
         info.arch,
         deep_gemm=deep_gemm_usable,
-        mxfp4_kernel=fused_experts_mxfp4_kernel() is not None,
     )
 
 

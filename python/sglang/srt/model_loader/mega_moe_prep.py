@@ -30,7 +30,6 @@ from sglang.srt.layers.moe.mega_moe_weights import (
     MegaMoEWeightError,
     build_mega_moe_experts_weights,
 )
-from sglang.srt.layers.moe.moe_runner.triton_runner import fused_experts_mxfp4_kernel
 from sglang.srt.layers.quantization.mxfp4 import MXFP4_DTYPES
 from sglang.srt.model_loader.checkpoint_experts import CheckpointExperts
 from sglang.srt.model_loader.checkpoint_index import WeightLoadError
@@ -100,7 +99,6 @@ def loader_device_facts(device: torch.device, *, needs_deep_gemm: bool) -> Devic
         kind=device.type,
         arch=arch,
         deep_gemm=deep_gemm is not None,
-        mxfp4_kernel=on_gpu and fused_experts_mxfp4_kernel() is not None,
     )
 
 

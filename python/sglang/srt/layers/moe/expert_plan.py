@@ -47,19 +47,17 @@ MEGA_KERNEL_FORMAT = {"fp8_fp4_mega_moe": WeightFormat.MXFP4, "fp8_mega_moe": We
 @dataclass(frozen=True)
 class DeviceFacts:
     """What the decision needs of the device: ``kind`` "cuda" or "cpu", the compute capability
-    (0 off CUDA), whether DeepGEMM is usable and whether the Triton W4A16 MXFP4 kernel is
-    installed. ``name`` is for messages."""
+    (0 off CUDA) and whether DeepGEMM is usable. ``name`` is for messages."""
 
     name: str
     kind: str
     arch: int
     deep_gemm: bool
-    mxfp4_kernel: bool
 
 
-H200 = DeviceFacts("H200 (sm_90)", "cuda", 90, deep_gemm=True, mxfp4_kernel=True)
-B200 = DeviceFacts("B200 (sm_100)", "cuda", 100, deep_gemm=True, mxfp4_kernel=True)
-CPU = DeviceFacts("CPU", "cpu", 0, deep_gemm=False, mxfp4_kernel=False)
+H200 = DeviceFacts("H200 (sm_90)", "cuda", 90, deep_gemm=True)
+B200 = DeviceFacts("B200 (sm_100)", "cuda", 100, deep_gemm=True)
+CPU = DeviceFacts("CPU", "cpu", 0, deep_gemm=False)
 
 
 @dataclass(frozen=True)
@@ -321,6 +319,8 @@ def runner_path(
     runner: str, resident: WeightFormat, layout: ExpertLayout, facts: DeviceFacts
 ) -> str:
     """What ``runner`` runs on experts kept as ``resident`` in ``layout``."""
+    if layout is ExpertLayout.MEGA and resident is WeightFormat.MXFP4 and runner == "triton":
+        return "fused_experts_mxfp4 reading the MegaMoE copy in place (Triton W4A16)"
     if layout is ExpertLayout.MEGA:
         return (
             "batches the MegaMoE kernel does not take read the experts they route to from the "
@@ -328,12 +328,7 @@ def runner_path(
         )
     if resident is WeightFormat.MXFP4:
         if runner == "triton":
-            if facts.mxfp4_kernel:
-                return "fused_experts_mxfp4 (Triton W4A16, 4-bit weights read in the kernel)"
-            return (
-                "the routed experts dequantised on use, then fused_experts (the Triton W4A16 "
-                "MXFP4 kernel is not installed)"
-            )
+            return "fused_experts_mxfp4 (Triton W4A16, 4-bit weights read in the kernel)"
         return "the routed experts dequantised on use, then the runner's torch loop"
     kind = {WeightFormat.FP8: "FP8 128x128 (W8A8)", WeightFormat.BF16: "unquantised"}[resident]
     return {
@@ -351,7 +346,7 @@ def live_flag_facts(device: torch.device, runner: str) -> DeviceFacts:
         from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
 
         deep_gemm = deep_gemm_status().usable
-    return DeviceFacts(device.type, device.type, 0, deep_gemm=deep_gemm, mxfp4_kernel=False)
+    return DeviceFacts(device.type, device.type, 0, deep_gemm=deep_gemm)
 
 
 def flags_refusal(runner: str, a2a: str, dtype: torch.dtype, facts: DeviceFacts) -> str | None:

@@ -149,7 +149,7 @@ def test_refusals_name_the_flag_and_the_flag_rows_are_the_servers() -> None:
             # format-independent refusals are the ones ServerArgs asks before the load
             flags = flags_refusal(runner, a2a, torch.bfloat16, DEVICES[device])
             assert flags is not None and flags in got
-    no_dg = DeviceFacts("H100 without DeepGEMM", "cuda", 90, deep_gemm=False, mxfp4_kernel=True)
+    no_dg = DeviceFacts("H100 without DeepGEMM", "cuda", 90, deep_gemm=False)
     why = flags_refusal("deep_gemm", "none", torch.bfloat16, no_dg)
     assert why is not None and "needs a usable DeepGEMM" in why
     why = flags_refusal("deep_gemm", "none", torch.float32, H200)
@@ -204,13 +204,14 @@ def test_shapes_off_the_fp8_grid() -> None:
     assert _answer(plan) == "mxfp4" and "intermediate <= 4096" in (plan.mega_reason or "")
 
 
-def test_without_the_w4a16_kernel_the_triton_runner_says_so() -> None:
-    no_kernel = DeviceFacts("H200, no W4A16 kernel", "cuda", 90, deep_gemm=True, mxfp4_kernel=False)
-    plan = plan_experts(
-        runner="triton", a2a="none", fmt=WeightFormat.MXFP4, dtype=torch.bfloat16,
-        facts=no_kernel, shape=DSV4,
-    )  # fmt: skip
-    assert plan.resident is WeightFormat.MXFP4 and "not installed" in plan.runner_path
+def test_triton_runner_reads_mxfp4_in_both_layouts_with_the_w4a16_kernel() -> None:
+    for a2a, facts in (("none", H200), ("megamoe", B200)):
+        plan = plan_experts(
+            runner="triton", a2a=a2a, fmt=WeightFormat.MXFP4, dtype=torch.bfloat16,
+            facts=facts, shape=DSV4,
+        )  # fmt: skip
+        assert plan.resident is WeightFormat.MXFP4, (a2a, plan)
+        assert "fused_experts_mxfp4" in plan.runner_path, (a2a, plan.runner_path)
 
 
 # --- the combinations a CPU runs, run ------------------------------------------------------------

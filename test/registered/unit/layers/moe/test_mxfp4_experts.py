@@ -23,7 +23,6 @@ from sglang.srt.layers.moe.moe_runner.base import MoERunConfig
 from sglang.srt.layers.moe.moe_runner.on_use import run_on_used_experts, used_experts
 from sglang.srt.layers.moe.moe_runner.triton_runner import (
     TritonMoERunner,
-    fused_experts_mxfp4_kernel,
 )
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.test.ci_register import register_cpu_ci
@@ -169,45 +168,37 @@ def test_layer_forward_reads_mxfp4_on_use_and_keeps_it_packed() -> None:
     assert layer.weights.is_mxfp4
 
 
-def test_triton_runner_has_one_import_point_and_says_when_the_kernel_is_missing(
+def test_triton_runner_hands_both_mxfp4_layouts_to_the_w4a16_kernel(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The plain layout and DeepGEMM's SM100 MegaMoE layout reach the kernel as they are (no
+    copy, no dequantised experts); what the kernel computes is checked in its own tests."""
+    from sglang.kernels.ops.moe import fused_moe_mxfp4
+
     runner = TritonMoERunner(MoERunConfig())
     w = _packed(10)
-    fused_experts_mxfp4_kernel.cache_clear()
-    try:
-        installed = fused_experts_mxfp4_kernel() is not None
-        why = runner.unreadable_reason(w)
-        assert (why is None) == installed
-        if not installed:
-            assert why is not None and "fused_moe_mxfp4" in why and "not installed" in why
-        # the MegaMoE layout is read on use by every runner until the kernel reads it by flags
-        dg = FakeDeepGemmGemms()
-        assert w.w13_scale is not None and w.w2_scale is not None
-        mega = ExpertWeights.from_mega(
-            build_mega_moe_experts_weights(dg, w.w13, w.w2, w.w13_scale, w.w2_scale)
-        )
-        assert runner.unreadable_reason(mega) == "its experts are in DeepGEMM's MegaMoE layout"
-        # a layer whose runner reads its standard experts on use is not captured in a graph
-        calls: list[tuple[object, ...]] = []
+    assert w.w13_scale is not None and w.w2_scale is not None
+    dg = FakeDeepGemmGemms()
+    mega = ExpertWeights.from_mega(
+        build_mega_moe_experts_weights(dg, w.w13, w.w2, w.w13_scale, w.w2_scale)
+    )
+    assert runner.unreadable_reason(w) is None and runner.unreadable_reason(mega) is None
+    seen: list[object] = []
 
-        def fake_kernel(*args: object, **kwargs: object) -> torch.Tensor:
-            calls.append(args)
-            out = kwargs["out"]
-            assert isinstance(out, torch.Tensor)
-            return out.zero_()
+    def fake_kernel(hidden: torch.Tensor, bundle: object, *args: object, **kwargs: object):
+        seen.append(bundle)
+        out = kwargs["out"]
+        assert isinstance(out, torch.Tensor)
+        return out.zero_()
 
-        monkeypatch.setattr(
-            "sglang.srt.layers.moe.moe_runner.triton_runner.fused_experts_mxfp4_kernel",
-            lambda: fake_kernel,
-        )
-        assert runner.unreadable_reason(w) is None
-        x = torch.randn(2, H).bfloat16()
-        runner.run(x, _routing(2, 1), w)
-        (args,) = calls
-        assert args[1] is w.w13 and args[3] is w.w13_scale and args[4] is w.w2_scale
-    finally:
-        fused_experts_mxfp4_kernel.cache_clear()
+    monkeypatch.setattr(fused_moe_mxfp4, "fused_experts_mxfp4_weights", fake_kernel)
+    x = torch.randn(2, H).bfloat16()
+    runner.run(x, _routing(2, 1), w)
+    runner.run(x, _routing(2, 1), mega)
+    plain, laid = seen
+    assert plain.w13 is w.w13 and plain.w13_scale is w.w13_scale  # type: ignore[attr-defined]
+    assert laid.w13 is mega.w13 and laid.w2_scale is mega.w2_scale  # type: ignore[attr-defined]
+    assert laid.layout.gate_up_granule != plain.layout.gate_up_granule  # type: ignore[attr-defined]
 
 
 def test_capture_reason_names_a_runner_reading_on_use(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,6 @@ output."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -13,27 +12,11 @@ from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner.base import MoERunner, allocate_moe_output
 from sglang.srt.layers.moe.topk import TopKOutput
 
-MXFP4_KERNEL_MODULE = "sglang.kernels.ops.moe.fused_moe_mxfp4"
-
 
 def _fused_experts() -> Callable[..., torch.Tensor]:  # lazily: triton is not needed on CPU
     from sglang.kernels.ops.moe.fused_moe import fused_experts
 
     return fused_experts
-
-
-@functools.cache
-def fused_experts_mxfp4_kernel() -> Callable[..., torch.Tensor] | None:
-    """The Triton W4A16 MXFP4 kernel (``fused_experts_mxfp4``), or None where it is not
-    installed. The one place the engine imports it."""
-    import importlib
-
-    try:
-        module = importlib.import_module(MXFP4_KERNEL_MODULE)
-    except ImportError:
-        return None
-    kernel = getattr(module, "fused_experts_mxfp4", None)
-    return kernel if callable(kernel) else None
 
 
 class TritonMoERunner(MoERunner):
@@ -47,9 +30,9 @@ class TritonMoERunner(MoERunner):
         return None
 
     def unreadable_reason(self, weights: ExpertWeights) -> str | None:
-        if weights.is_mxfp4 and not weights.is_mega:
-            if fused_experts_mxfp4_kernel() is None:
-                return f"the Triton W4A16 MXFP4 kernel ({MXFP4_KERNEL_MODULE}) is not installed"
+        # The W4A16 kernel reads MXFP4 in the checkpoint layout and in DeepGEMM's SM100 MegaMoE
+        # layout (the single resident copy on Blackwell), so neither is copied on use.
+        if weights.is_mxfp4:
             return None
         return super().unreadable_reason(weights)
 
@@ -68,16 +51,23 @@ class TritonMoERunner(MoERunner):
     def _run_mxfp4(
         self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, inplace: bool
     ) -> torch.Tensor:
-        kernel = fused_experts_mxfp4_kernel()
-        if kernel is None or weights.is_mega:
-            raise RuntimeError(f"the triton runner cannot read {weights.describe()} experts")
+        from sglang.kernels.ops.moe.fused_moe_mxfp4 import fused_experts_mxfp4_weights
+        from sglang.kernels.ops.moe.mxfp4_weights import (
+            PLAIN_LAYOUT,
+            Mxfp4MoeWeights,
+            mega_moe_mxfp4_weights,
+        )
+
         assert weights.w13_scale is not None and weights.w2_scale is not None
-        return kernel(
+        if weights.is_mega:
+            bundle = mega_moe_mxfp4_weights(*weights.mega_weights)
+        else:
+            bundle = Mxfp4MoeWeights(
+                weights.w13, weights.w2, weights.w13_scale, weights.w2_scale, PLAIN_LAYOUT
+            )
+        return fused_experts_mxfp4_weights(
             hidden,
-            weights.w13,
-            weights.w2,
-            weights.w13_scale,
-            weights.w2_scale,
+            bundle,
             topk.topk_weights,
             topk.topk_ids,
             activation=self.config.activation,

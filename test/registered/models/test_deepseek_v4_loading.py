@@ -83,9 +83,22 @@ def _release_tensors(saved_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def _release_config(hf) -> dict:  # type: ignore[no-untyped-def]
-    """config.json the way the release writes it (per-layer ratios incl. one for the MTP layer)."""
+# What the release's config.json says of its FP8 dense weights.
+FP8_QUANTIZATION_CONFIG = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "scale_fmt": "ue8m0",
+    "weight_block_size": [128, 128],
+    "activation_scheme": "dynamic",
+}
+
+
+def _release_config(hf, quantized: bool = False) -> dict:  # type: ignore[no-untyped-def]
+    """config.json the way the release writes it (per-layer ratios incl. one for the MTP layer;
+    ``quantized``: its FP8 ``quantization_config``)."""
     raw = {k: v for k, v in CONFIG_A.items()}
+    if quantized:
+        raw["quantization_config"] = FP8_QUANTIZATION_CONFIG
     raw.update(
         model_type="deepseek_v4", architectures=["DeepseekV4ForCausalLM"], num_key_value_heads=1
     )
@@ -198,13 +211,14 @@ def test_fp8_dense_and_mxfp4_experts(hf, saved_dir: Path, tmp_path: Path) -> Non
     quant, dequant = _quantised_release(_release_tensors(saved_dir), experts="mxfp4")
     assert quant["layers.1.attn.wq_b.weight"].dtype == torch.float8_e4m3fn
     assert quant["layers.1.ffn.experts.0.w1.weight"].dtype == torch.uint8
-    _write(tmp_path / "q", quant, _release_config(hf))
+    _write(tmp_path / "q", quant, _release_config(hf, quantized=True))
     model = load_deepseek_v4(
         tmp_path / "q",
         LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),
         LoadOptions(progress=False),
     )
     # Both formats dequantise exactly, so the model equals one built from the dequantised values.
+    # fp32: the FP8 dense weights are dequantised at load, so the maths is the dequantised one.
     assert torch.equal(_logits(model), _logits(_from_tensors(_release_config(hf), dequant)))
 
 
@@ -223,7 +237,7 @@ def test_fp8_experts_stay_fp8(tmp_path: Path) -> None:
     hf = reference_model(config, seed=6)
     hf.save_pretrained(tmp_path / "hf")
     quant, dequant = _quantised_release(_release_tensors(tmp_path / "hf"), experts="fp8")
-    release_config = dict(_release_config(hf), **wide)
+    release_config = dict(_release_config(hf, quantized=True), **wide)
     _write(tmp_path / "q8", quant, release_config, shards=1)
     model = load_deepseek_v4(
         tmp_path / "q8",
@@ -239,7 +253,9 @@ def test_fp8_experts_stay_fp8(tmp_path: Path) -> None:
         want13 = torch.cat([dequant[f"{p}.w1.weight"], dequant[f"{p}.w3.weight"]])
         assert torch.equal(w13[e], want13) and torch.equal(w2[e], dequant[f"{p}.w2.weight"])
     # The FP8 runner also quantises activations (e4m3, per 128 values): a few % of error.
-    err = rel_err(_logits(model), _logits(_from_tensors(release_config, dequant)))
+    reference = dict(release_config)
+    del reference["quantization_config"]  # the dequantised values as float tensors
+    err = rel_err(_logits(model), _logits(_from_tensors(reference, dequant)))
     print(f"FP8 experts vs dequantised: rel max err {err:.2e}")
     assert err < 0.1, err
 

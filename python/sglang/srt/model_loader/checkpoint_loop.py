@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sglang.srt.layers.moe.layer import FusedMoE
+from sglang.srt.layers.quantization.block_fp8 import BlockFp8Weight
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
 from sglang.srt.model_loader.expert_loading import ScaleSuffixes, load_layer_experts
 from sglang.srt.model_loader.load_options import LoadOptions
@@ -54,8 +55,9 @@ class CheckpointRules:
     skip_reason: Callable[[str], str]
     # How the model's names are spelled, for the missing-tensor error.
     names_hint: str
-    # A non-expert tensor as the parameter's loader takes it (dequantised, or refused).
-    dense: Callable[[CheckpointIndex, str], torch.Tensor]
+    # A non-expert tensor as the parameter's loader takes it: a float tensor, a block-FP8 weight
+    # with its scale (the layer keeps or dequantises it), or refused.
+    dense: Callable[[CheckpointIndex, str], torch.Tensor | BlockFp8Weight]
     # The names an expert weight's scale may have, per stored format.
     scale_suffixes: ScaleSuffixes
     # (LM head, embedding) when the checkpoint stores the table once for both.

@@ -89,17 +89,29 @@ def compile_tma_kernel(spec: TmaKernelSpec) -> Any:
 
 
 def compile_sm90(
-    fn: Any, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int
+    fn: Any,
+    signature: dict[str, str],
+    constexprs: dict[str, Any],
+    num_warps: int,
+    num_stages: int,
+    *,
+    aligned: tuple[str, ...] = (),
 ) -> Any:
     """Any ``@triton.jit`` kernel for sm_90: ``signature`` types its runtime arguments by name
-    (``"*fp32"``, ``"i32"``...), ``constexprs`` gives the rest their values."""
+    (``"*fp32"``, ``"i32"``...), ``constexprs`` gives the rest their values. ``aligned`` names
+    the arguments a launch passes divisible by 16 (16-byte aligned pointers, strides that are
+    multiples of 16), which Triton's launcher specialises on: vector loads and the async-copy
+    pipeline depend on it."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     sig = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     names = fn.arg_names
     src = ASTSource(
-        fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}
+        fn=fn,
+        signature=sig,
+        constexprs={(names.index(k),): v for k, v in constexprs.items()},
+        attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned},
     )
     options = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

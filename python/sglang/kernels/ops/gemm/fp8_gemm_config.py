@@ -52,9 +52,12 @@ class Fp8GemmConfig:
 # (largest M, tile), first match wins; beyond the last entry the last tile. Every entry compiles
 # for sm_90 within SM90_SHARED_LIMIT without register spills (test_fp8_dense_gemm.py checks it
 # with Triton's compiler and ptxas on the CPU).
+# Up to 32 rows the tile is computed transposed (``swap_ab``): 64 weight rows fill the Hopper
+# MMA's 64-row side and the few token rows its narrow side, where the plain orientation would fall
+# back to the older mma.sync instructions (ptxas: no wgmma for a 16-row tile).
 CONFIG_TABLE: tuple[tuple[int, Fp8GemmConfig], ...] = (
-    (16, Fp8GemmConfig(16, 64, num_warps=4, num_stages=5)),
-    (32, Fp8GemmConfig(32, 64, num_warps=4, num_stages=5)),
+    (16, Fp8GemmConfig(16, 64, num_warps=4, num_stages=5, swap_ab=True)),
+    (32, Fp8GemmConfig(32, 64, num_warps=4, num_stages=5, swap_ab=True)),
     (64, Fp8GemmConfig(64, 64, num_warps=4, num_stages=4)),
     (128, Fp8GemmConfig(64, 128, num_warps=4, num_stages=4)),
     (1 << 62, Fp8GemmConfig(128, 128, num_warps=8, num_stages=4)),
@@ -89,8 +92,9 @@ def split_k_for(m: int, n: int, k: int, groups: int, cfg: Fp8GemmConfig, num_sms
     k_blocks = -(-k // cfg.block_k)
     if m > 256 or tiles >= num_sms:
         return 1
-    want = -(-num_sms // tiles)
-    return max(1, min(want, k_blocks // MIN_K_BLOCKS_PER_SPLIT, MAX_SPLIT_K))
+    want = max(1, min(-(-num_sms // tiles), k_blocks // MIN_K_BLOCKS_PER_SPLIT, MAX_SPLIT_K))
+    per_split = -(-k_blocks // want)
+    return -(-k_blocks // per_split)  # the splits that get K blocks (the last may get fewer)
 
 
 def choose_config(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -136,14 +136,22 @@ def fp8_linear(
     if backend == "torch":
         y = fp8_block_gemm_torch(a.q, a.scale, weight, scale, out_dtype)
     elif backend == "deep_gemm":
-        y = torch.empty((a.rows, n), dtype=out_dtype, device=weight.device)
-        if a.rows:
-            module = deep_gemm_status().module
-            with deep_gemm_call_guard():
-                resolve_entry_point(module, "fp8_gemm")((a.q, a.scale), (weight, scale), y)
+        y = deep_gemm_fp8_gemm(deep_gemm_status().module, a, weight, scale, out_dtype)
     else:
         y = fp8_block_gemm(a.q, a.scale, weight, scale, out_dtype=out_dtype)
     return y.view(*lead, n)
+
+
+def deep_gemm_fp8_gemm(
+    module: Any, a: Fp8Activation, weight: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """``a`` times ``weight`` through ``module``'s ``fp8_gemm_nt`` (SM90: A and B K-major, fp32
+    scales, A's MN-major), into a fresh ``[M, N]``."""
+    y = torch.empty((a.rows, weight.shape[0]), dtype=out_dtype, device=weight.device)
+    if a.rows:
+        with deep_gemm_call_guard():
+            resolve_entry_point(module, "fp8_gemm")((a.q, a.scale), (weight, scale), y)
+    return y
 
 
 def fp8_grouped_linear(

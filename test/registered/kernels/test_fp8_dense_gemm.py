@@ -166,6 +166,21 @@ def test_interp_gemm_quantising_epilogue(groups: int, cfg: str) -> None:
 
 
 @interp_only
+def test_interp_gemm_partials_add_up_to_the_gemm() -> None:
+    """Split-K partials left for the consumer (the q norm's reduction) sum to the product."""
+    from sglang.kernels.ops.gemm.fp8_block_gemm import fp8_block_gemm_torch, fp8_gemm_partials
+
+    a_q, a_s, w_q, w_s = _operands(3, 128, 512, seed=8)
+    parts = fp8_gemm_partials(a_q, a_s, w_q, w_s, config=_cfg("16-64-128-2-swap"))
+    assert parts.shape == (2, 3, 128) and parts.dtype == torch.float32
+    want = fp8_block_gemm_torch(a_q, a_s, w_q, w_s, torch.float32)
+    torch.testing.assert_close(parts.sum(0), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    one = fp8_gemm_partials(a_q, a_s, w_q, w_s, config=_cfg("16-64-128-1-swap"))
+    assert one.shape == (1, 3, 128)
+    torch.testing.assert_close(one[0], want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+@interp_only
 @pytest.mark.parametrize("n", [256, 200])
 def test_interp_rms_norm_quant(n: int) -> None:
     from sglang.kernels.ops.quant.fused_quant import rms_norm_quant_fp8, rms_norm_quant_fp8_torch

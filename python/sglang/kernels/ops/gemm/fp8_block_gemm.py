@@ -341,6 +341,7 @@ def _launch(
     config: Fp8GemmConfig | None,
     quant_out: bool,
     eps: float,
+    keep_partials: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
@@ -374,13 +375,15 @@ def _launch(
     if tuple(out.shape) != (m, n_total) or out.stride(-1) != 1:
         raise ValueError(f"out must be [{m}, {n_total}] with contiguous rows")
     if m == 0 or n_total == 0:
+        if keep_partials:
+            return torch.zeros((1, m, n_total), dtype=torch.float32, device=dev), None
         return out, scale_out
 
     k_blocks = triton.cdiv(k, config.block_k)
     per_split = triton.cdiv(k_blocks, config.split_k)
     splits = triton.cdiv(k_blocks, per_split)
     partial = None
-    if splits > 1:
+    if splits > 1 or keep_partials:
         partial = torch.empty((splits, m, n_total), dtype=torch.float32, device=dev)
     a_strides = (a_q.stride(0), a_q.stride(1) if groups > 1 else 0)
     as_strides = (
@@ -428,6 +431,9 @@ def _launch(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
+    if keep_partials:
+        assert partial is not None
+        return partial, None
     if partial is not None:
         block = FP8_SCALE_BLOCK if quant_out else min(1024, triton.next_power_of_2(n_total))
         rmode = _OUT_QUANT if quant_out else _OUT_PLAIN
@@ -509,6 +515,34 @@ def fp8_grouped_gemm(
         eps=DEFAULT_EPS,
     )
     return y
+
+
+def fp8_gemm_partials(
+    a_q: torch.Tensor,
+    a_s: torch.Tensor,
+    w_q: torch.Tensor,
+    w_s: torch.Tensor,
+    *,
+    config: Fp8GemmConfig | None = None,
+) -> torch.Tensor:
+    """The plain GEMM's fp32 split-K partial sums ``[S, M, N]`` (``S = 1`` when the tile does not
+    split K), left for a consumer that adds them in its own launch
+    (``fused_quant.rms_norm_quant_fp8``: the reduction, the norm and the next GEMM's
+    quantisation in one)."""
+    partials, _ = _launch(
+        a_q,
+        a_s,
+        w_q,
+        w_s,
+        groups=1,
+        out_dtype=torch.bfloat16,
+        out=None,
+        config=config,
+        quant_out=False,
+        eps=DEFAULT_EPS,
+        keep_partials=True,
+    )
+    return partials
 
 
 def fp8_gemm_quant_out(

@@ -126,7 +126,7 @@ def param_bytes(*modules: nn.Module | torch.Tensor | None) -> float:
     for m in modules:
         if m is None:
             continue
-        tensors = [m] if isinstance(m, torch.Tensor) else list(m.parameters())
+        tensors = [m] if isinstance(m, torch.Tensor) else [*m.parameters(), *m.buffers()]
         total += sum(t.numel() * t.element_size() for t in tensors)
     return float(total)
 

@@ -237,6 +237,19 @@ class Envs:
         "'contiguous', 'masked' or 'triton'.",
         choices=("auto", "contiguous", "masked", "triton"),
     )
+    SGLANG_FP8_DENSE_GEMM = EnvStr(
+        "auto",
+        "Which GEMM runs the block-FP8 dense layers on CUDA: 'auto' (DeepGEMM's fp8_gemm_nt "
+        "where it is usable and takes the shape, else our Triton kernel), 'deep_gemm' (the same, "
+        "but a shape it cannot take is logged as a warning) or 'triton' (always Triton).",
+        choices=("auto", "deep_gemm", "triton"),
+    )
+    SGLANG_FP8_FUSED_ACT_QUANT = EnvBool(
+        False,
+        "DeepSeek V4 with FP8 dense layers: quantise activations inside their producers (q_norm "
+        "after wq_a, the shared expert's activation, wo_a's epilogue for wo_b) instead of a "
+        "separate quantiser launch per GEMM. Same maths; off until measured to pay.",
+    )
     SGLANG_MHC_BACKEND = EnvStr(
         "auto",
         "Backend of the mHC pre and fused post+pre kernels (DeepSeek V4) for CUDA tensors: 'auto' "

@@ -101,6 +101,45 @@ class FakeDeepGemmGemms(FakeDeepGemm):
             m = int(masked_m[e])
             out[e, :m] = (lhs[e, :m] @ rhs[e].T).to(out.dtype)
 
+    def fp8_fp4_gemm_nt(
+        self,
+        a: Any,
+        b: Any,
+        d: Any,
+        c: Any = None,
+        recipe: Any = None,
+        recipe_a: Any = None,
+        recipe_b: Any = None,
+        compiled_dims: str = "",
+        disable_ue8m0_cast: bool = False,
+    ) -> None:
+        """The SM90 dense FP8 GEMM ``d = a @ b^T`` as the real one takes it: ``(fp8 [M, K],
+        fp32 [M, ceil(K/128)])`` and ``(fp8 [N, K], fp32 [ceil(N/128), ceil(K/128)])``, both
+        K-major, ``d`` bf16 ``[M, N]`` with contiguous rows, no ``c``. Records whether the
+        activation scales arrived MN-major and 16-byte aligned (the layout the real one reads;
+        any other it copies into it first)."""
+        import torch
+
+        (aq, sfa), (bq, sfb) = a, b
+        m, k = aq.shape
+        n = bq.shape[0]
+        kb = -(-k // 128)
+        assert aq.dtype == bq.dtype == torch.float8_e4m3fn, (aq.dtype, bq.dtype)
+        assert aq.stride(-1) == 1 and bq.stride(-1) == 1, "A and B must be K-major"
+        assert c is None and d.dtype == torch.bfloat16 and tuple(d.shape) == (m, n)
+        assert d.stride(-1) == 1 and bq.shape[1] == k
+        assert sfa.dtype == sfb.dtype == torch.float32
+        assert tuple(sfa.shape) == (m, kb) and tuple(sfb.shape) == (-(-n // 128), kb)
+        assert sfb.is_contiguous() or sfb.t().is_contiguous(), "SM90 SFB must be contiguous"
+        aligned = -(-m // 4) * 4
+        mn_major = (sfa.stride(0) == 1 or m == 1) and (sfa.stride(1) == aligned or kb == 1)
+        self._record("fp8_fp4_gemm_nt", {"num_sms": self.num_sms, "sfa_copied": not mn_major})
+        lhs = _dequant_act((aq, sfa))
+        rhs = _dequant_weight((bq.unsqueeze(0), sfb.unsqueeze(0)))[0]
+        d.copy_((lhs @ rhs.T).to(d.dtype))
+
+    fp8_gemm_nt = fp8_fp4_gemm_nt
+
     def m_grouped_bf16_gemm_nt_contiguous(
         self,
         a: Any,

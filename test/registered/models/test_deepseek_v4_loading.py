@@ -76,8 +76,11 @@ def _load(path: Path) -> DeepseekV4ForCausalLM:
 def _from_tensors(
     config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
 ) -> DeepseekV4ForCausalLM:
+    """A model of ``config`` built from plain (dequantised) tensors: the release's FP8
+    ``quantization_config`` is dropped, since these tensors are not FP8."""
+    plain = {k: v for k, v in config.items() if k != "quantization_config"}
     model = DeepseekV4ForCausalLM(
-        DeepseekV4ModelConfig.from_dict(config),
+        DeepseekV4ModelConfig.from_dict(plain),
         LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),
     )
     load_weights(model, tensors, LoadOptions(progress=False))

@@ -14,6 +14,8 @@ from typing import Literal
 
 import torch
 
+from sglang.srt.layers.quantization.dense_quant import DenseQuant
+
 # The process group a spec's (tp_rank, tp_size) is a place in, and the one its row-parallel layers
 # all-reduce over: the whole TP group, or (DP attention) this rank's attention-TP group.
 TpGroupName = Literal["tp", "attn_tp"]
@@ -25,7 +27,10 @@ class LayerBuildSpec:
     router biases stay fp32 whatever it is). ``moe_runner`` is a ``--moe-runner-backend`` name and
     ``a2a_backend`` a ``--moe-a2a-backend`` name; the MoE layer checks both. ``tp_group`` names
     the group ``(tp_rank, tp_size)`` are a place in (``"attn_tp"`` for attention under DP
-    attention). ``moe_ep_size`` is ``--ep-size`` (None: the a2a backend's default)."""
+    attention). ``moe_ep_size`` is ``--ep-size`` (None: the a2a backend's default).
+    ``dense_quant``: how the checkpoint quantises this layer's dense weights (None: it does not);
+    a model sets it only for the layers that ship quantised (:meth:`with_dense_quant`), never on
+    the spec it builds everything from."""
 
     dtype: torch.dtype = torch.bfloat16
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -35,6 +40,7 @@ class LayerBuildSpec:
     a2a_backend: str = "none"
     tp_group: TpGroupName = "tp"
     moe_ep_size: int | None = None
+    dense_quant: DenseQuant | None = None
 
     def __post_init__(self) -> None:
         # Callers may name the device as a string ("cuda:1"); layers compare torch.devices.
@@ -52,6 +58,11 @@ class LayerBuildSpec:
         attention-TP group (``tp_group="attn_tp"``). The group is kept unless given."""
         group = self.tp_group if tp_group is None else tp_group
         return dataclasses.replace(self, tp_rank=tp_rank, tp_size=tp_size, tp_group=group)
+
+    def with_dense_quant(self, quant: DenseQuant | None) -> LayerBuildSpec:
+        """The same spec for layers whose checkpoint weights are quantised as ``quant`` says
+        (None: shipped in a float dtype)."""
+        return dataclasses.replace(self, dense_quant=quant)
 
     def replicated(self) -> LayerBuildSpec:
         """The same spec for a layer every rank holds whole (a group of one)."""

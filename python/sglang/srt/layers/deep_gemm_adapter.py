@@ -60,6 +60,7 @@ TORCH_OF_RELEASE: tuple[tuple[tuple[str, str], tuple[tuple[int, int], tuple[int,
 # Capability -> the names it has had across releases, newest first. 0.1.5.post1 names masked FP8
 # ``m_grouped_fp8_fp4_gemm_nt_masked`` (alias ``fp8_m_grouped_gemm_nt_masked``).
 ENTRY_POINTS: dict[str, tuple[str, ...]] = {
+    "fp8_gemm": ("fp8_fp4_gemm_nt", "fp8_gemm_nt"),
     "fp8_contiguous": ("m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_contiguous"),
     "fp8_masked": (
         "m_grouped_fp8_fp4_gemm_nt_masked",

@@ -13,6 +13,7 @@ from torch import Tensor
 from sglang.srt.layers.activation import Activation, act_and_mul
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
+from sglang.srt.layers.quantization.fp8_linear import gated_act_quant
 
 
 def gated_mlp_projections(
@@ -38,7 +39,13 @@ def gated_mlp_forward(
     activation: Activation,
     *,
     swiglu_limit: float | None = None,
+    fuse_act_quant: bool = False,
 ) -> Tensor:
+    """``fuse_act_quant`` (FP8 ``down`` only): the activation writes ``down``'s FP8 input in the
+    same launch."""
+    xa = gate.prepare_input(x) if gate.fp8 and up.fp8 else x  # FP8: one quantisation for both
+    if fuse_act_quant and down.fp8:
+        return down(gated_act_quant(gate(xa), up(xa), activation, swiglu_limit))
     # gate and up are concatenated so the activation (Triton on CUDA) reads one tensor.
-    gate_up = torch.cat([gate(x), up(x)], dim=-1)
+    gate_up = torch.cat([gate(xa), up(xa)], dim=-1)
     return down(act_and_mul(gate_up, activation, swiglu_limit=swiglu_limit))

@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from sglang.srt.layers.linear import WeightShapeError, copy_checked
+from sglang.srt.layers.linear import (
+    BlockFp8Weight,
+    WeightFormatError,
+    WeightShapeError,
+    copy_checked,
+)
 from sglang.srt.model_loader.weight_source import WeightSource
 
 
@@ -116,15 +121,18 @@ class CheckpointIndex:
 
     @contextmanager
     def naming(self, canon: str) -> Iterator[None]:
-        """A layer's shape complaint about ``canon`` becomes a load error naming both spellings."""
+        """A layer's shape or format complaint about ``canon`` becomes a load error naming both
+        spellings."""
         try:
             yield
-        except WeightShapeError as exc:
+        except (WeightShapeError, WeightFormatError) as exc:
             raise WeightLoadError(
                 f"tensor {self.ckpt_name(canon)!r} (model {canon!r}): {exc}"
             ) from None
 
-    def load_param(self, canon: str, param: nn.Parameter, tensor: torch.Tensor) -> None:
+    def load_param(
+        self, canon: str, param: nn.Parameter, tensor: torch.Tensor | BlockFp8Weight
+    ) -> None:
         """``tensor`` (full, unsharded) into ``param`` through its ``weight_loader`` (this rank's
         shard), or a shape-checked copy for parameters without one (replicated norms)."""
         loader = getattr(param, "weight_loader", copy_checked)

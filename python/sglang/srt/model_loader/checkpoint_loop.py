@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from sglang.srt.layers.moe.expert_plan import Conversion, resolve_runner
 from sglang.srt.layers.moe.layer import FusedMoE
+from sglang.srt.layers.quantization.block_fp8 import BlockFp8Weight
 from sglang.srt.mem_cache.memory_models.weight_bytes import BytesRatio, WeightBytes, human_bytes
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, ReadBytes, WeightLoadError
 from sglang.srt.model_loader.expert_loading import (
@@ -70,8 +71,9 @@ class CheckpointRules:
     skip_reason: Callable[[str], str]
     # How the model's names are spelled, for the missing-tensor error.
     names_hint: str
-    # A non-expert tensor as the parameter's loader takes it (dequantised, or refused).
-    dense: Callable[[CheckpointIndex, str], torch.Tensor]
+    # A non-expert tensor as the parameter's loader takes it: a float tensor, a block-FP8 weight
+    # with its scale (the layer keeps or dequantises it), or refused.
+    dense: Callable[[CheckpointIndex, str], torch.Tensor | BlockFp8Weight]
     # The names an expert weight's scale may have, per stored format.
     scale_suffixes: ScaleSuffixes
     # (LM head, embedding) when the checkpoint stores the table once for both.
@@ -210,7 +212,9 @@ def load_checkpoint(
             with index.counting() as read:
                 full = rules.dense(index, name)
             index.load_param(name, param, full)
-            share += _checkpoint_share(name, read, param.numel() / max(full.numel(), 1))
+            # This rank's fraction of the tensor (its FP8 scale is cut the same way).
+            whole = full.weight if isinstance(full, BlockFp8Weight) else full
+            share += _checkpoint_share(name, read, param.numel() / max(whole.numel(), 1))
             bar.update()
         for name, load in rules.extra_tensors.items():
             with index.naming(name), index.counting() as read:

@@ -4,8 +4,10 @@ Every parameter of the model is looked up by its (release) name after mapping th
 spelling (see ``deepseek_v4_names``); each parameter's ``weight_loader`` checks the full shape and
 keeps this rank's shard. Formats:
 - dense weights: bf16/fp32, or FP8 e4m3 with a 128x128 block scale (``.scale``, UE8M0 or fp32;
-  also ``weight_scale_inv``), dequantised to the model dtype at load (the CPU/reference path; the
-  maths then equals the dequantised checkpoint's);
+  also ``weight_scale_inv``) for the layers the config's ``quantization_config`` declares FP8:
+  kept FP8 (W8A8) with a bf16/fp16 model, dequantised to fp32 with an fp32 one (the exactness
+  check, whose maths equals the dequantised checkpoint's); an FP8 tensor for a layer the config
+  does not declare, or a float one for a layer it does, is refused;
 - routed experts: per-expert ``w1``/``w2``/``w3`` (or transformers' stacked ``gate_up_proj`` /
   ``down_proj``) in bf16, FP8 128x128 or MXFP4 (packed bytes + UE8M0 scales per 32); only this
   rank's part is read and cut as stored, then kept as the layer's plan says
@@ -23,9 +25,9 @@ from collections.abc import Mapping
 
 import torch
 
-from sglang.kernels.ops.quant.fp8 import block_dequant_fp8
 from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
-from sglang.srt.layers.moe.expert_weights import FP8_BLOCK, WeightFormat
+from sglang.srt.layers.moe.expert_weights import WeightFormat
+from sglang.srt.layers.quantization.block_fp8 import BlockFp8Weight, WeightFormatError
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
 from sglang.srt.model_loader.checkpoint_loop import (
     CheckpointRules,
@@ -43,23 +45,23 @@ from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 __all__ = ["WeightLoadError", "checkpoint_rules", "load_deepseek_v4", "load_weights"]
 
 
-def _dense(index: CheckpointIndex, canon: str) -> torch.Tensor:
-    """A dense weight, FP8 block-dequantised to fp32 when it ships FP8."""
+def _dense(index: CheckpointIndex, canon: str) -> torch.Tensor | BlockFp8Weight:
+    """A dense weight; an FP8 one comes with its block scale, for the layer to keep FP8 (a
+    bf16/fp16 model) or dequantise (fp32)."""
     w = index.get(canon)
-    if w.dtype in FP8_DTYPES:
-        scale_name = (
-            canon[: -len(".weight")] + ".scale" if canon.endswith(".weight") else canon + ".scale"
+    if w.dtype not in FP8_DTYPES:
+        return w
+    scale_name = (
+        canon[: -len(".weight")] + ".scale" if canon.endswith(".weight") else canon + ".scale"
+    )
+    if not index.has(scale_name):
+        raise WeightLoadError(
+            f"FP8 tensor {index.ckpt_name(canon)!r} has no block scale {scale_name!r}"
         )
-        if not index.has(scale_name):
-            raise WeightLoadError(
-                f"FP8 tensor {index.ckpt_name(canon)!r} has no block scale {scale_name!r}"
-            )
-        scale = index.get(scale_name)
-        try:
-            w = block_dequant_fp8(w, scale.float(), FP8_BLOCK, dtype=torch.float32)
-        except ValueError as exc:
-            raise WeightLoadError(f"{index.ckpt_name(scale_name)!r}: {exc}") from None
-    return w
+    try:
+        return BlockFp8Weight(w, index.get(scale_name))
+    except WeightFormatError as exc:
+        raise WeightLoadError(f"{index.ckpt_name(scale_name)!r}: {exc}") from None
 
 
 def _scale_suffixes(fmt: WeightFormat) -> tuple[str, ...]:

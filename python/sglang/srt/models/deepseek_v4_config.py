@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang.srt.layers.attention.dsv4_attention_config import AttnType, DeepseekV4AttentionConfig
+from sglang.srt.layers.quantization.dense_quant import FP8_BLOCK_QUANT, DenseQuant
 from sglang.srt.layers.rotary_embedding import RopeSpec, YarnScaling
 from sglang.srt.models.config_common import ConfigError, JsonModelConfig, required
 
@@ -116,6 +117,14 @@ class DeepseekV4ModelConfig(JsonModelConfig):
         """RoPE (YaRN when configured) of compressed layers: q, window K, compressed K, indexer."""
         return RopeSpec(self.rope_head_dim, self.compress_rope_theta, self.compress_yarn)
 
+    @property
+    def dense_quant(self) -> DenseQuant | None:
+        """How the dense layers that ship quantised are stored (``quantization_config``): FP8
+        128x128 blocks for attention's wq_a/wq_b/wkv/wo_a/wo_b, the indexer's wq_b and the
+        shared expert; compressor, indexer weights_proj, router, embedding and head stay
+        float."""
+        return FP8_BLOCK_QUANT if self.quant_method == "fp8" else None
+
     def rope_for_layer(self, layer: int) -> RopeSpec:
         return self.main_rope if self.attn_types[layer] == "sliding" else self.compress_rope
 
@@ -137,6 +146,7 @@ class DeepseekV4ModelConfig(JsonModelConfig):
             index_topk=self.index_topk,
             q_head_norm=self.q_head_norm,
             rms_norm_eps=self.rms_norm_eps,
+            dense_quant=self.dense_quant,
         )
 
     # --- parsing -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import WeightShapeError, fp32_param
 from sglang.srt.layers.mlp import gated_mlp_forward, gated_mlp_projections
@@ -45,10 +46,18 @@ class SharedExpertMLP(nn.Module):
             hidden_size, intermediate_size, spec, reduce_results=False
         )
         self.swiglu_limit = swiglu_limit
+        # Opt-in: the activation writes w2's FP8 input (SGLANG_FP8_FUSED_ACT_QUANT).
+        self.fuse_act_quant = envs.SGLANG_FP8_FUSED_ACT_QUANT.get() and self.w2.fp8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gated_mlp_forward(
-            x, self.w1, self.w3, self.w2, "swiglu", swiglu_limit=self.swiglu_limit
+            x,
+            self.w1,
+            self.w3,
+            self.w2,
+            "swiglu",
+            swiglu_limit=self.swiglu_limit,
+            fuse_act_quant=self.fuse_act_quant,
         )
 
 
@@ -122,7 +131,7 @@ class DeepseekV4MoE(nn.Module):
             self.shared_experts = SharedExpertMLP(
                 c.hidden_size,
                 c.moe_intermediate_size * c.n_shared_experts,
-                self.experts.shared_expert_spec(spec),
+                self.experts.shared_expert_spec(spec).with_dense_quant(c.dense_quant),
                 swiglu_limit=c.swiglu_limit,
             )
 

@@ -41,6 +41,7 @@ def _per_token_group_quant_kernel(
     stride_x_row,
     stride_q_row,
     stride_s_row,
+    stride_s_group,
     eps,
     GROUP: tl.constexpr,
     GROUPS_PER_PROG: tl.constexpr,
@@ -52,7 +53,7 @@ def _per_token_group_quant_kernel(
     x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
     q, scale = quant_rows_fp8(x, eps)
     tl.store(q_ptr + row * stride_q_row + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + row * stride_s_row + groups, scale, mask=groups < num_groups)
+    tl.store(s_ptr + row * stride_s_row + groups * stride_s_group, scale, mask=groups < num_groups)
 
 
 def _quant_groups_torch(
@@ -65,17 +66,31 @@ def _quant_groups_torch(
     return q.view(rows, k), scale
 
 
+def empty_group_scales(
+    rows: int, groups: int, device: torch.device | str, *, mn_major: bool = False
+) -> torch.Tensor:
+    """An uninitialised fp32 ``[rows, groups]`` for per-group scales. ``mn_major``: column-major
+    with the row count padded to 4 (16 bytes), the layout DeepGEMM's SM90 FP8 GEMMs read
+    activation scales in (given any other, they copy them into it first)."""
+    if not mn_major:
+        return torch.empty((rows, groups), dtype=torch.float32, device=device)
+    aligned = -(-rows // 4) * 4
+    return torch.empty((groups, aligned), dtype=torch.float32, device=device)[:, :rows].t()
+
+
 def per_token_group_quant_fp8(
     x: torch.Tensor,
     group_size: int = 128,
     eps: float = DEFAULT_EPS,
     *,
     use_triton: bool | None = None,
+    scale_mn_major: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise ``x`` [..., K] to e4m3 with one fp32 scale per ``group_size`` values of a row.
 
     Returns ``(q [..., K] float8_e4m3fn, scale [..., K/group_size] fp32)``. ``use_triton``
-    defaults to "on CUDA or under the Triton interpreter"."""
+    defaults to "on CUDA or under the Triton interpreter". ``scale_mn_major``: the scales in
+    :func:`empty_group_scales`' column-major layout (DeepGEMM's)."""
     k = x.shape[-1]
     if k % group_size:
         raise ValueError(f"last dim {k} is not a multiple of group_size {group_size}")
@@ -85,6 +100,9 @@ def per_token_group_quant_fp8(
         use_triton = triton_can_run(x)
     if not use_triton:
         q, scale = _quant_groups_torch(x2, group_size, eps)
+        if scale_mn_major:
+            laid = empty_group_scales(*scale.shape, x.device, mn_major=True)
+            scale = laid.copy_(scale)
         return q.view(*lead, k), scale.view(*lead, k // group_size)
     if group_size & (group_size - 1):
         raise ValueError(f"the Triton quantiser needs a power-of-two group_size, got {group_size}")
@@ -92,7 +110,7 @@ def per_token_group_quant_fp8(
         x2 = x2.contiguous()
     rows, num_groups = x2.shape[0], k // group_size
     q = torch.empty((rows, k), dtype=FP8_DTYPE, device=x.device)
-    scale = torch.empty((rows, num_groups), dtype=torch.float32, device=x.device)
+    scale = empty_group_scales(rows, num_groups, x.device, mn_major=scale_mn_major)
     if rows and num_groups:
         # About 1024 values a program: enough work per CTA without spilling registers.
         per_prog = min(triton.next_power_of_2(num_groups), max(1, 1024 // group_size))
@@ -105,6 +123,7 @@ def per_token_group_quant_fp8(
             x2.stride(0),
             q.stride(0),
             scale.stride(0),
+            scale.stride(1),
             eps,
             GROUP=group_size,
             GROUPS_PER_PROG=per_prog,

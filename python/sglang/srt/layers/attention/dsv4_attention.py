@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from sglang.kernels.ops.attention.sparse_prefill_attention import sparse_prefill_attention
+from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4_attention_config import DeepseekV4AttentionConfig
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.attention.dsv4_core import dsv4_attention, prefill_kernel_reason
@@ -30,12 +31,15 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     ColumnParallelLinear,
+    GroupedColumnParallelLinear,
+    LinearInput,
     ReplicatedLinear,
     RowParallelLinear,
     dim0_sharded_param,
     per_rank,
 )
 from sglang.srt.layers.norm_rope import norm_rope
+from sglang.srt.layers.quantization.fp8_linear import rms_norm_quant
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4LayerCache
 from sglang.srt.utils.log import get_logger, log_path_once
@@ -59,7 +63,7 @@ class Projected:
 
     cos: torch.Tensor
     sin: torch.Tensor
-    q_lora: torch.Tensor
+    q_lora: LinearInput  # quantised for the FP8 wq_b's when the norm writes FP8
     q: torch.Tensor
     kv: torch.Tensor
 
@@ -95,16 +99,19 @@ class DeepseekV4Attention(nn.Module):
         device = spec.device
         h = c.hidden_size
 
-        self.wq_a = ReplicatedLinear(h, c.q_lora_rank, spec)
+        # The projections ship as the checkpoint's quantization config says (FP8 in the
+        # release); the compressor and the indexer's weights_proj are always float.
+        proj = spec.with_dense_quant(c.dense_quant)
+        self.wq_a = ReplicatedLinear(h, c.q_lora_rank, proj)
         self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, device=device)
-        self.wq_b = ColumnParallelLinear(c.q_lora_rank, c.num_attention_heads * c.head_dim, spec)
-        self.wkv = ReplicatedLinear(h, c.head_dim, spec)
+        self.wq_b = ColumnParallelLinear(c.q_lora_rank, c.num_attention_heads * c.head_dim, proj)
+        self.wkv = ReplicatedLinear(h, c.head_dim, proj)
         self.kv_norm = RMSNorm(c.head_dim, c.rms_norm_eps, device=device)
         group_in = c.num_attention_heads * c.head_dim // c.o_groups
         # wo_a is block-diagonal: group g maps its heads' outputs [group_in] to o_lora_rank rows
         # g*R .. g*R+R-1; splitting its rows by rank hands each rank its own groups.
-        self.wo_a = ColumnParallelLinear(group_in, c.o_groups * c.o_lora_rank, spec)
-        self.wo_b = RowParallelLinear(c.o_groups * c.o_lora_rank, h, spec)
+        self.wo_a = GroupedColumnParallelLinear(group_in, c.o_groups, c.o_lora_rank, proj)
+        self.wo_b = RowParallelLinear(c.o_groups * c.o_lora_rank, h, proj)
         self.attn_sink = dim0_sharded_param((c.num_attention_heads,), spec)
         self.rotary = InterleavedRotaryEmbedding(c.rope, device=device)
 
@@ -124,7 +131,14 @@ class DeepseekV4Attention(nn.Module):
                 ratio=self.ratio,
                 topk=c.index_topk,
                 rms_eps=c.rms_norm_eps,
+                dense_quant=c.dense_quant,
             )
+        # Opt-in (SGLANG_FP8_FUSED_ACT_QUANT): FP8 inputs written by their producers, the q norm
+        # (for both wq_b's) and wo_a's epilogue (for wo_b, one 128-column tile per scale).
+        fuse = envs.SGLANG_FP8_FUSED_ACT_QUANT.get() and self.wq_a.fp8
+        idx_fp8 = self.indexer is None or self.indexer.wq_b.fp8
+        self.fuse_q_norm_quant = fuse and self.wq_b.fp8 and idx_fp8
+        self.fuse_wo_a_quant = fuse and self.wo_b.fp8 and c.o_lora_rank % 128 == 0
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, segments: list[AttnSegment]
@@ -195,14 +209,19 @@ class DeepseekV4Attention(nn.Module):
         # Each norm (+ rope) is one fused kernel on the GPU (the torch ops elsewhere); every
         # input is a fresh projection, so the kernel writes over it.
         qn, kn = self.q_norm, self.kv_norm
-        q_lora = norm_rope(
-            self.wq_a(x), norm="weighted", weight=qn.weight, eps=qn.eps, reuse_input=True
-        )
+        xa = self.wq_a.prepare_input(x)  # FP8: quantised once for wq_a and wkv
+        q_lora: LinearInput
+        if self.fuse_q_norm_quant:  # the normed rows go straight to FP8 for both wq_b's
+            q_lora = rms_norm_quant(self.wq_a(xa), qn.weight, qn.eps)
+        else:
+            q_lora = norm_rope(
+                self.wq_a(xa), norm="weighted", weight=qn.weight, eps=qn.eps, reuse_input=True
+            )
         q = self.wq_b(q_lora).unflatten(-1, (self.n_local_heads, self.head_dim))
         head_norm = "unweighted" if self.q_head_norm else "none"
         q = norm_rope(q, cos, sin, norm=head_norm, eps=self.eps, reuse_input=True)
         kv = norm_rope(
-            self.wkv(x), cos, sin, norm="weighted", weight=kn.weight, eps=kn.eps, reuse_input=True
+            self.wkv(xa), cos, sin, norm="weighted", weight=kn.weight, eps=kn.eps, reuse_input=True
         )
         return Projected(cos, sin, q_lora, q, kv)
 
@@ -210,7 +229,10 @@ class DeepseekV4Attention(nn.Module):
         """fp32 attention output ``[T, local_heads, D]`` -> ``[T, H]``: inverse RoPE, grouped wo_a,
         wo_b (reduced over the TP group)."""
         o = norm_rope(o, p.cos, p.sin, inverse=True, dtype=dtype)
-        return self.wo_b(self._grouped_wo_a(o))
+        grouped = o.reshape(o.shape[0], self.n_local_groups, -1)
+        if self.fuse_wo_a_quant:  # wo_a's epilogue writes wo_b's FP8 input
+            return self.wo_b(self.wo_a.forward_quantized(grouped))
+        return self.wo_b(self.wo_a(grouped))
 
     def _compressed_entries(
         self,
@@ -246,11 +268,3 @@ class DeepseekV4Attention(nn.Module):
         if as_picks:
             return entries, self.indexer.pick(idx.q[rows], idx.w[rows], keys, pos)
         return entries, self.indexer.select(idx.q[rows], idx.w[rows], keys, pos)
-
-    def _grouped_wo_a(self, o: torch.Tensor) -> torch.Tensor:
-        """``o [T, local_heads, D]`` -> ``[T, local_groups * o_lora_rank]``: group g's slice of the
-        flattened heads times its own ``[o_lora_rank, group_in]`` block of wo_a."""
-        t = o.shape[0]
-        grouped = o.reshape(t, self.n_local_groups, -1)
-        w = self.wo_a.weight.view(self.n_local_groups, self.o_lora_rank, -1)
-        return torch.einsum("tgd,grd->tgr", grouped, w).reshape(t, -1)

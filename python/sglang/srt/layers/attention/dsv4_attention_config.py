@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from sglang.srt.layers.quantization.dense_quant import DenseQuant
 from sglang.srt.layers.rotary_embedding import RopeSpec
 
 # sliding window only; compressed sparse (ratio 4, overlapping windows, indexer); heavily
@@ -31,3 +32,6 @@ class DeepseekV4AttentionConfig:
     index_topk: int
     q_head_norm: bool
     rms_norm_eps: float
+    # How wq_a, wq_b, wkv, wo_a, wo_b and the indexer's wq_b ship (None: float); the compressor
+    # and the indexer's weights_proj always ship float.
+    dense_quant: DenseQuant | None = None

@@ -26,8 +26,9 @@ from sglang.kernels.ops.attention.indexer_scores import indexer_scores
 from sglang.kernels.ops.attention.sparse_decode_attention import kernel_head_dim_ok
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.layers.linear import LinearInput, ReplicatedLinear
 from sglang.srt.layers.norm_rope import norm_rope
+from sglang.srt.layers.quantization.dense_quant import DenseQuant
 
 # Queries scored at once; bounds the [chunk, heads, entries] temporary.
 _QUERY_CHUNK = 256
@@ -59,19 +60,24 @@ class LightningIndexer(nn.Module):
         ratio: int,
         topk: int,
         rms_eps: float,
+        dense_quant: DenseQuant | None = None,
     ) -> None:
         super().__init__()
         self.n_heads, self.head_dim, self.ratio, self.topk = n_heads, head_dim, ratio, topk
-        self.wq_b = ReplicatedLinear(q_lora_rank, n_heads * head_dim, spec)
+        # wq_b ships as the attention projections do (FP8 in the release); the rest is float.
+        self.wq_b = ReplicatedLinear(
+            q_lora_rank, n_heads * head_dim, spec.with_dense_quant(dense_quant)
+        )
         self.weights_proj = ReplicatedLinear(hidden_size, n_heads, spec)
         self.compressor = KVCompressor(
             hidden_size, head_dim, ratio, spec, overlap=True, rms_eps=rms_eps
         )
 
     def queries(
-        self, q_lora: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, q_lora: LinearInput, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (q ``[T, heads, head_dim]`` rope'd, fp32 head weights ``[T, heads]``)."""
+        """-> (q ``[T, heads, head_dim]`` rope'd, fp32 head weights ``[T, heads]``). ``q_lora``
+        may come quantised for an FP8 ``wq_b``."""
         q = self.wq_b(q_lora).unflatten(-1, (self.n_heads, self.head_dim))
         q = norm_rope(q, cos, sin, reuse_input=True)  # one fused kernel on the GPU
         w = self.weights_proj(x).float() * self.n_heads**-0.5

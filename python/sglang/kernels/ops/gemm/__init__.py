@@ -1,0 +1,1 @@
+"""Dense GEMM kernels (block-FP8 W8A8)."""

@@ -25,7 +25,8 @@ class LayerBuildSpec:
     router biases stay fp32 whatever it is). ``moe_runner`` is a ``--moe-runner-backend`` name and
     ``a2a_backend`` a ``--moe-a2a-backend`` name; the MoE layer checks both. ``tp_group`` names
     the group ``(tp_rank, tp_size)`` are a place in (``"attn_tp"`` for attention under DP
-    attention). ``moe_ep_size`` is ``--ep-size`` (None: the a2a backend's default)."""
+    attention). ``moe_ep_size`` is ``--ep-size`` (None: the a2a backend's default).
+    ``kv_cache_dtype`` is a ``--kv-cache-dtype`` name."""
 
     dtype: torch.dtype = torch.bfloat16
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -35,6 +36,9 @@ class LayerBuildSpec:
     a2a_backend: str = "none"
     tp_group: TpGroupName = "tp"
     moe_ep_size: int | None = None
+    # ``--kv-cache-dtype`` (the model resolves it for its caches); a model built without one
+    # keeps its caches in the model dtype.
+    kv_cache_dtype: str = "bf16"
 
     def __post_init__(self) -> None:
         # Callers may name the device as a string ("cuda:1"); layers compare torch.devices.

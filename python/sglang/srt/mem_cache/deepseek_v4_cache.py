@@ -16,10 +16,60 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.srt.mem_cache.compressor_state import CompressorState
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
+from sglang.srt.mem_cache.kv_cache_dtype import (
+    KVCacheChoice,
+    RowEncoding,
+    resolve_kv_cache_dtype,
+    row_encoding,
+)
 from sglang.srt.mem_cache.request_cache import RequestCache
 from sglang.srt.mem_cache.window_ring import WindowRing
+
+# What ``--kv-cache-dtype auto`` follows for DeepSeek V4 (docs/kv_cache.md).
+DSV4_FP8_RECIPE = (
+    "DeepSeek's V4 inference recipe (FP8 compressed KV in FlashMLA's layout, FP8 indexer keys)"
+)
+
+
+@dataclass(frozen=True)
+class DeepseekV4KVLayout:
+    """How DeepSeek V4's caches store their rows (``--kv-cache-dtype``): the sliding-window ring
+    always in the model dtype; the compressed entries (``head_dim`` values, the last ``rope``
+    of them positional) and the indexer keys in the model dtype or as FP8 rows."""
+
+    window: RowEncoding
+    entries: RowEncoding
+    index_keys: RowEncoding
+    choice: KVCacheChoice
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        head_dim: int,
+        rope_dim: int,
+        index_head_dim: int,
+        dtype: torch.dtype,
+        kv_cache_dtype: str,
+    ) -> DeepseekV4KVLayout:
+        choice = resolve_kv_cache_dtype(kv_cache_dtype, dtype, fp8_recipe=DSV4_FP8_RECIPE)
+        return cls(
+            window=row_encoding(head_dim, dtype, fp8=False),
+            entries=row_encoding(head_dim, dtype, fp8=choice.fp8, rope=rope_dim),
+            # DeepSeek quantises the whole indexer key (no bf16 tail): it only ranks entries
+            index_keys=row_encoding(index_head_dim, dtype, fp8=choice.fp8),
+            choice=choice,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"KV cache {self.choice.name} ({self.choice.why}): window rings "
+            f"{self.window.describe()} a row, compressed entries {self.entries.describe()}, "
+            f"indexer keys {self.index_keys.describe()}"
+        )
 
 
 @dataclass
@@ -68,8 +118,11 @@ def new_request_cache(
     index_head_dim: int,
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
+    entry_fp8: Fp8RowFormat | None = None,
+    index_fp8: Fp8RowFormat | None = None,
 ) -> DeepseekV4RequestCache:
-    """An empty cache for a model with these per-layer attention kinds and ratios."""
+    """An empty cache for a model with these per-layer attention kinds and ratios; ``entry_fp8``
+    / ``index_fp8``: compressed entries / indexer keys as FP8 rows (None: the model dtype)."""
     layers = []
     for kind, ratio in zip(attn_types, compress_ratios):
         ring = WindowRing(sliding_window - 1, head_dim, dtype=dtype, device=device)
@@ -77,11 +130,21 @@ def new_request_cache(
         if kind != "sliding":
             overlap = kind == "csa"
             comp = CompressorState(
-                ratio=ratio, dim=head_dim, overlap=overlap, entry_dtype=dtype, device=device
+                ratio=ratio,
+                dim=head_dim,
+                overlap=overlap,
+                entry_dtype=dtype,
+                device=device,
+                fp8=entry_fp8,
             )
             if kind == "csa":
                 idx = CompressorState(
-                    ratio=ratio, dim=index_head_dim, overlap=True, entry_dtype=dtype, device=device
+                    ratio=ratio,
+                    dim=index_head_dim,
+                    overlap=True,
+                    entry_dtype=dtype,
+                    device=device,
+                    fp8=index_fp8,
                 )
         layers.append(DeepseekV4LayerCache(ring, comp, idx))
     return DeepseekV4RequestCache(layers)
@@ -99,18 +162,18 @@ def slot_request_cache(pool: DeepseekV4SlotPool, slot: int) -> DeepseekV4Request
             c = store.compressor
             comp = CompressorState(
                 ratio=c.ratio,
-                dim=c.entries.shape[-1],
+                dim=c.dim,
                 overlap=c.overlap,
-                entry_dtype=c.entries.dtype,
+                entry_dtype=c.encoding.dtype,
                 storage=c.storage(slot, pool.blocks),
             )
         if store.indexer is not None:
             c = store.indexer
             idx = CompressorState(
                 ratio=c.ratio,
-                dim=c.entries.shape[-1],
+                dim=c.dim,
                 overlap=True,
-                entry_dtype=c.entries.dtype,
+                entry_dtype=c.encoding.dtype,
                 storage=c.storage(slot, pool.blocks),
             )
         layers.append(DeepseekV4LayerCache(ring, comp, idx))

@@ -47,6 +47,7 @@ from sglang.srt.layers.mhc import (
     mhc_pre_torch,
 )
 from sglang.srt.mem_cache.deepseek_v4_cache import (
+    DeepseekV4KVLayout,
     DeepseekV4RequestCache,
     new_request_cache,
     slot_request_cache,
@@ -169,6 +170,13 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
         self.hc_head_scale = fp32_param(1, device=device)
         self.head = ReplicatedLinear(c.hidden_size, c.vocab_size, spec)
         self.slot_pool: DeepseekV4SlotPool | None = None  # see enable_slot_pool
+        self.kv_layout = DeepseekV4KVLayout.build(
+            head_dim=c.head_dim,
+            rope_dim=c.rope_head_dim,
+            index_head_dim=c.index_head_dim,
+            dtype=spec.dtype,
+            kv_cache_dtype=spec.kv_cache_dtype,
+        )
 
     @property
     def decoder_layers(self) -> list[DeepseekV4DecoderLayer]:
@@ -187,12 +195,15 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
             index_head_dim=c.index_head_dim,
             dtype=self.dtype,
             device=self.device,
+            entry_fp8=self.kv_layout.entries.fp8,
+            index_fp8=self.kv_layout.index_keys.fp8,
         )
 
     def memory_model(self) -> CacheShape:
         """What a cached token, a request's window rings and a step's workspace cost this rank
-        (the default ``--max-total-tokens``)."""
-        return CacheShape.from_model_config(self.config, self.dtype.itemsize)
+        (the default ``--max-total-tokens``), in the bytes the caches store
+        (``--kv-cache-dtype``)."""
+        return CacheShape.from_model_config(self.config, self.dtype.itemsize, self.kv_layout)
 
     # --- slot pool -----------------------------------------------------------------------------
 
@@ -223,6 +234,8 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
             num_blocks=num_blocks,
             block_tokens=block_tokens,
             total_tokens=total_tokens,
+            entry_fp8=self.kv_layout.entries.fp8,
+            index_fp8=self.kv_layout.index_keys.fp8,
         )
         return self.slot_pool
 

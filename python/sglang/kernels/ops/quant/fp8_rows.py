@@ -280,3 +280,38 @@ def load_rows(
         r = tl.load(bf + (row_off // 2)[:, None] + (cols - F)[None, :], mask=tail, other=0.0)
         v = tl.where(is8[None, :], v, r.to(tl.float32))
     return v
+
+
+def fp8_constexprs(fmt: Fp8RowFormat | None) -> dict[str, int | bool]:
+    """The compile-time arguments every kernel that reads or writes FP8 rows declares
+    (``FP8``, ``FP8_F``, ``FP8_ROPE``, ``FP8_ROPE_OFF``, ``FP8_SCALE_OFF``, ``FP8_G``,
+    ``FP8_NG``, ``FP8_SCALES``, ``FP8_ROW``); ``fmt`` None: plain rows (``FP8`` False, the rest
+    placeholders)."""
+    if fmt is None:
+        return {
+            "FP8": False, "FP8_F": 2, "FP8_ROPE": 0, "FP8_ROPE_OFF": 0, "FP8_SCALE_OFF": 0,
+            "FP8_G": 2, "FP8_NG": 1, "FP8_SCALES": 1, "FP8_ROW": 8,
+        }  # fmt: skip
+    return {
+        "FP8": True,
+        "FP8_F": fmt.fp8_dims,
+        "FP8_ROPE": fmt.rope,
+        "FP8_ROPE_OFF": fmt.rope_offset,
+        "FP8_SCALE_OFF": fmt.scale_offset,
+        "FP8_G": fmt.group,
+        "FP8_NG": triton.next_power_of_2(fmt.num_scales),
+        "FP8_SCALES": fmt.num_scales,
+        "FP8_ROW": fmt.row_bytes,
+    }
+
+
+def fp8_rows_reason(rows: torch.Tensor, fmt: Fp8RowFormat) -> str | None:
+    """Why ``rows`` is not a store of contiguous FP8 rows of ``fmt`` (None: it is)."""
+    if rows.dtype != torch.uint8 or rows.shape[-1] != fmt.row_bytes:
+        return (
+            f"FP8 rows of {fmt.row_bytes} bytes are uint8 [..., {fmt.row_bytes}], got "
+            f"{rows.dtype} {tuple(rows.shape)}"
+        )
+    if rows.stride(-1) != 1 or (rows.dim() > 1 and rows.stride(-2) != fmt.row_bytes):
+        return "FP8 rows must be contiguous"
+    return None

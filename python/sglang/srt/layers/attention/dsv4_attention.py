@@ -159,7 +159,9 @@ class DeepseekV4Attention(nn.Module):
             why = prefill_kernel_reason(q, window.buf.dtype)
             log_path_once(logger, "DeepSeek V4 prefill attention", why)
             fast = why is None
+            # ``entries``: the stored rows (the model dtype, or FP8 rows: ``encoding``)
             entries, visible = self._compressed_entries(seg.cache, rows, pos, comp, idx, fast)
+            encoding = seg.cache.compressor.encoding if seg.cache.compressor else None
             if fast:  # only the keys each query sees; ``visible`` is the indexer's picks or None
                 sparse_prefill_attention(
                     q[rows],
@@ -173,8 +175,11 @@ class DeepseekV4Attention(nn.Module):
                     ratio=self.ratio,
                     picks=visible,
                     out=o[rows],
+                    entry_fp8=encoding.fp8 if encoding is not None else None,
                 )
             else:
+                if entries is not None and encoding is not None:
+                    entries = encoding.decode(entries, torch.float32)
                 o[rows] = dsv4_attention(
                     q[rows],
                     pos,
@@ -222,8 +227,8 @@ class DeepseekV4Attention(nn.Module):
         as_picks: bool = False,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Feed one request's new tokens to its compressor(s); return all its compressed entries
-        ``[N, D]`` and which of them each new query attends ``[n, N]`` (``None`` when the layer
-        does not compress). ``as_picks`` (the kernel's form): the indexer's picks ``[n, k]``
+        as stored ``[N, width]`` (``cache.compressor.encoding``) and which of them each new query
+        attends ``[n, N]`` (``None`` when the layer does not compress). ``as_picks`` (the kernel's form): the indexer's picks ``[n, k]``
         instead, and None for ratio 128 (query ``p`` sees entries ``< (p + 1) // ratio``)."""
         if self.compressor is None or comp is None:
             return None, None
@@ -243,9 +248,10 @@ class DeepseekV4Attention(nn.Module):
             raise RuntimeError(f"layer {self.layer_id}: the request cache has no indexer state")
         self.indexer.compressor.append(cache.indexer, idx.kv[rows], idx.score[rows], self.rotary)
         keys = cache.indexer.entries.rows()
+        key_fp8 = cache.indexer.encoding.fp8
         if as_picks:
-            return entries, self.indexer.pick(idx.q[rows], idx.w[rows], keys, pos)
-        return entries, self.indexer.select(idx.q[rows], idx.w[rows], keys, pos)
+            return entries, self.indexer.pick(idx.q[rows], idx.w[rows], keys, pos, key_fp8)
+        return entries, self.indexer.select(idx.q[rows], idx.w[rows], keys, pos, key_fp8)
 
     def _grouped_wo_a(self, o: torch.Tensor) -> torch.Tensor:
         """``o [T, local_heads, D]`` -> ``[T, local_groups * o_lora_rank]``: group g's slice of the

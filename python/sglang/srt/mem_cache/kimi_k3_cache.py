@@ -5,7 +5,8 @@ Per layer, one of:
   (the last ``W - 1`` pre-conv q/k/v rows, ``[W - 1, 3 * H_local * D]``, model dtype) and the
   recurrent state (``[H_local, V, K]``, V-major, fp32 by default);
 - MLA: the latent KV rows, ``[n, kv_lora_rank + qk_rope_head_dim]`` (the normed ``c_kv`` then the
-  shared, unrotated ``k_pe``), growing by one row a token.
+  shared, unrotated ``k_pe``), growing by one row a token, in the model dtype or as FP8 rows
+  (``--kv-cache-dtype``: :class:`KimiK3KVLayout`).
 The request also counts its tokens, so a forward can check that positions continue the cache.
 
 A plain per-request store that the reference layers read directly, or, for the MLA latents, rows
@@ -22,7 +23,14 @@ from typing import Literal
 
 import torch
 
+from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.srt.mem_cache.growable_rows import GrowableRows
+from sglang.srt.mem_cache.kv_cache_dtype import (
+    KVCacheChoice,
+    RowEncoding,
+    resolve_kv_cache_dtype,
+    row_encoding,
+)
 from sglang.srt.mem_cache.paged_rows import PagedRows
 from sglang.srt.mem_cache.request_cache import RequestCache
 
@@ -37,13 +45,63 @@ class KDAState:
 
 @dataclass
 class MLALatentCache:
-    rows: GrowableRows  # [n, kv_lora_rank + qk_rope_head_dim]
+    """One MLA layer's latent rows ``[n, kv_lora_rank + qk_rope_head_dim]`` as stored: in the
+    model dtype (``encoding`` None, or plain), or FP8 rows (``--kv-cache-dtype fp8_e4m3``)."""
+
+    rows: GrowableRows
+    encoding: RowEncoding | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def fp8(self) -> Fp8RowFormat | None:
+        return None if self.encoding is None else self.encoding.fp8
+
+    def append(self, latents: torch.Tensor) -> None:
+        """Append latent rows ``[m, L + rope]`` (values), encoded as this cache stores them."""
+        if self.encoding is None:
+            self.rows.append(latents)
+        elif isinstance(self.rows, PagedRows):
+            self.rows.append(latents, self.encoding)
+        else:
+            self.rows.append(self.encoding.encode(latents))
+
+    def values(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Every latent row, decoded (``dtype``: default the stored dtype, or for FP8 rows the
+        model dtype; FP8 rows decode exactly into fp32 and bf16)."""
+        stored = self.rows.rows()
+        if self.encoding is None:
+            return stored if dtype is None else stored.to(dtype)
+        return self.encoding.decode(stored, dtype)
+
 
 LayerCache = KDAState | MLALatentCache
+
+
+@dataclass(frozen=True)
+class KimiK3KVLayout:
+    """How Kimi K3's MLA latents are stored (``--kv-cache-dtype``): the model dtype, or FP8 rows
+    (``c_kv`` e4m3 in groups of 64 with UE8M0 scales, ``k_pe`` bf16: 648 bytes at 512 + 64).
+    ``auto`` keeps the model dtype: no published recipe caches K3's latents in FP8. The KDA
+    states are fixed-size and stay as they are."""
+
+    latents: RowEncoding
+    choice: KVCacheChoice
+
+    @classmethod
+    def build(
+        cls, *, kv_lora_rank: int, rope_dim: int, dtype: torch.dtype, kv_cache_dtype: str
+    ) -> KimiK3KVLayout:
+        choice = resolve_kv_cache_dtype(kv_cache_dtype, dtype, fp8_recipe=None)
+        latents = row_encoding(kv_lora_rank + rope_dim, dtype, fp8=choice.fp8, rope=rope_dim)
+        return cls(latents=latents, choice=choice)
+
+    def describe(self) -> str:
+        return (
+            f"KV cache {self.choice.name} ({self.choice.why}): MLA latents "
+            f"{self.latents.describe()} a row"
+        )
 
 
 class KimiK3RequestCache(RequestCache[LayerCache]):
@@ -74,9 +132,11 @@ def new_request_cache(
     dtype: torch.dtype,
     state_dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    latent_encoding: RowEncoding | None = None,
 ) -> KimiK3RequestCache:
     """An empty cache; ``kda_heads`` is this rank's head count. Zero states are the correct start
-    of a sequence (no prefix)."""
+    of a sequence (no prefix). ``latent_encoding``: how the MLA latents are stored (None: the
+    model dtype)."""
     layers: list[LayerCache] = []
     for kind in layer_kinds:
         if kind == "kda":
@@ -88,7 +148,9 @@ def new_request_cache(
             )
             layers.append(KDAState(conv, rec))
         elif kind == "mla":
-            layers.append(MLALatentCache(GrowableRows(mla_latent_dim, dtype=dtype, device=device)))
+            enc = latent_encoding or RowEncoding(mla_latent_dim, dtype)
+            rows = GrowableRows(enc.width, dtype=enc.store_dtype, device=device)
+            layers.append(MLALatentCache(rows, latent_encoding))
         else:
             raise ValueError(f"unknown layer kind {kind!r}; expected 'kda' or 'mla'")
     return KimiK3RequestCache(layers)

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.kernels.ops.quant.fp8_row_write import write_fp8_rows
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
+from sglang.kernels.ops.triton_dispatch import triton_can_run
 
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")
 # Model dtypes whose caches may hold FP8 rows (``--dtype`` names).
@@ -116,6 +118,16 @@ class RowEncoding:
         if self.fp8 is None:
             return rows.to(out)
         return self.fp8.dequantize(rows, out)
+
+    def write(self, store: torch.Tensor, dest: torch.Tensor, values: torch.Tensor) -> None:
+        """``values [m, dim]`` into rows ``dest [m]`` (int64 on the store's device) of ``store
+        [N, width]`` (a flat view of a row store): FP8 rows quantised and scattered in one kernel
+        where Triton runs (``write_fp8_rows``, the cache write of rows made outside a kernel),
+        else encoded by torch and copied in. No host sync (CUDA-graph safe)."""
+        if self.fp8 is not None and triton_can_run(store):
+            write_fp8_rows(values.contiguous(), store, dest, self.fp8)
+            return
+        store.index_copy_(0, dest, self.encode(values))
 
     def describe(self) -> str:
         if self.fp8 is not None:

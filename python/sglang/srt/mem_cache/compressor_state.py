@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.srt.mem_cache.growable_rows import GrowableRows
-from sglang.srt.mem_cache.kv_cache_dtype import RowEncoding
+from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class CompressorStorage:
     pending_score: torch.Tensor
     prev_kv: torch.Tensor | None
     prev_score: torch.Tensor | None
-    encoding: RowEncoding
+    encoding: RowCodec
 
 
 def reset_previous(prev_kv: torch.Tensor, prev_score: torch.Tensor) -> None:
@@ -57,16 +56,16 @@ class CompressorState:
         entry_dtype: torch.dtype,
         device: torch.device | str = "cpu",
         storage: CompressorStorage | None = None,
-        fp8: Fp8RowFormat | None = None,
+        encoding: RowCodec | None = None,
     ) -> None:
-        """Entries of ``dim`` values in ``entry_dtype`` (the model dtype), or FP8 rows of the
-        format ``fp8``; with ``storage`` its encoding is the entries'."""
+        """Entries of ``dim`` values in ``entry_dtype`` (the model dtype), or stored as
+        ``encoding`` says (FP8 rows); with ``storage`` its encoding is the entries'."""
         if ratio < 1:
             raise ValueError(f"compress ratio must be >= 1, got {ratio}")
         self.ratio, self.dim, self.overlap = ratio, dim, overlap
         width = (2 if overlap else 1) * dim
         self.entries: GrowableRows
-        self.encoding = RowEncoding(dim, entry_dtype, fp8)
+        self.encoding: RowCodec = encoding or PlainRows(dim, entry_dtype)
         if storage is None:
             f32 = torch.float32
             self._pending_kv = torch.zeros(ratio, width, dtype=f32, device=device)

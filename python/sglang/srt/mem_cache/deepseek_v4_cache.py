@@ -16,60 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.srt.mem_cache.compressor_state import CompressorState
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
-from sglang.srt.mem_cache.kv_cache_dtype import (
-    KVCacheChoice,
-    RowEncoding,
-    resolve_kv_cache_dtype,
-    row_encoding,
-)
 from sglang.srt.mem_cache.request_cache import RequestCache
+from sglang.srt.mem_cache.row_codec import RowCodec
 from sglang.srt.mem_cache.window_ring import WindowRing
-
-# What ``--kv-cache-dtype auto`` follows for DeepSeek V4 (docs/kv_cache.md).
-DSV4_FP8_RECIPE = (
-    "DeepSeek's V4 inference recipe (FP8 compressed KV in FlashMLA's layout, FP8 indexer keys)"
-)
-
-
-@dataclass(frozen=True)
-class DeepseekV4KVLayout:
-    """How DeepSeek V4's caches store their rows (``--kv-cache-dtype``): the sliding-window ring
-    always in the model dtype; the compressed entries (``head_dim`` values, the last ``rope``
-    of them positional) and the indexer keys in the model dtype or as FP8 rows."""
-
-    window: RowEncoding
-    entries: RowEncoding
-    index_keys: RowEncoding
-    choice: KVCacheChoice
-
-    @classmethod
-    def build(
-        cls,
-        *,
-        head_dim: int,
-        rope_dim: int,
-        index_head_dim: int,
-        dtype: torch.dtype,
-        kv_cache_dtype: str,
-    ) -> DeepseekV4KVLayout:
-        choice = resolve_kv_cache_dtype(kv_cache_dtype, dtype, fp8_recipe=DSV4_FP8_RECIPE)
-        return cls(
-            window=row_encoding(head_dim, dtype, fp8=False),
-            entries=row_encoding(head_dim, dtype, fp8=choice.fp8, rope=rope_dim),
-            # DeepSeek quantises the whole indexer key (no bf16 tail): it only ranks entries
-            index_keys=row_encoding(index_head_dim, dtype, fp8=choice.fp8),
-            choice=choice,
-        )
-
-    def describe(self) -> str:
-        return (
-            f"KV cache {self.choice.name} ({self.choice.why}): window rings "
-            f"{self.window.describe()} a row, compressed entries {self.entries.describe()}, "
-            f"indexer keys {self.index_keys.describe()}"
-        )
 
 
 @dataclass
@@ -118,11 +69,12 @@ def new_request_cache(
     index_head_dim: int,
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
-    entry_fp8: Fp8RowFormat | None = None,
-    index_fp8: Fp8RowFormat | None = None,
+    entry_codec: RowCodec | None = None,
+    index_codec: RowCodec | None = None,
 ) -> DeepseekV4RequestCache:
-    """An empty cache for a model with these per-layer attention kinds and ratios; ``entry_fp8``
-    / ``index_fp8``: compressed entries / indexer keys as FP8 rows (None: the model dtype)."""
+    """An empty cache for a model with these per-layer attention kinds and ratios;
+    ``entry_codec`` / ``index_codec``: how compressed entries / indexer keys are stored (None:
+    the model dtype)."""
     layers = []
     for kind, ratio in zip(attn_types, compress_ratios):
         ring = WindowRing(sliding_window - 1, head_dim, dtype=dtype, device=device)
@@ -135,7 +87,7 @@ def new_request_cache(
                 overlap=overlap,
                 entry_dtype=dtype,
                 device=device,
-                fp8=entry_fp8,
+                encoding=entry_codec,
             )
             if kind == "csa":
                 idx = CompressorState(
@@ -144,7 +96,7 @@ def new_request_cache(
                     overlap=True,
                     entry_dtype=dtype,
                     device=device,
-                    fp8=index_fp8,
+                    encoding=index_codec,
                 )
         layers.append(DeepseekV4LayerCache(ring, comp, idx))
     return DeepseekV4RequestCache(layers)

@@ -30,11 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.srt.mem_cache.compressor_state import CompressorStorage, reset_previous
-from sglang.srt.mem_cache.kv_cache_dtype import RowEncoding
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 from sglang.srt.mem_cache.paged_rows import PagedRows
+from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
 from sglang.srt.mem_cache.slot_blocks import SlotBlocks
 
 
@@ -47,7 +46,7 @@ class CompressorSlots:
     pending_score: torch.Tensor
     prev_kv: torch.Tensor | None
     prev_score: torch.Tensor | None
-    encoding: RowEncoding
+    encoding: RowCodec
 
     @property
     def dim(self) -> int:
@@ -66,11 +65,11 @@ class CompressorSlots:
         overlap: bool,
         dtype: torch.dtype,
         device: torch.device,
-        fp8: Fp8RowFormat | None = None,
+        encoding: RowCodec | None = None,
     ) -> CompressorSlots:
-        """Entries in ``dtype`` (the model dtype) or, with ``fp8``, FP8 rows of that format."""
+        """Entries in ``dtype`` (the model dtype), or stored as ``encoding`` says (FP8 rows)."""
         width = (2 if overlap else 1) * dim
-        encoding = RowEncoding(dim, dtype, fp8)
+        encoding = encoding or PlainRows(dim, dtype)
 
         def f32(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=torch.float32, device=device)
@@ -148,13 +147,13 @@ class DeepseekV4SlotPool(SlotBlocks):
         num_blocks: int | None = None,
         block_tokens: int | None = None,
         total_tokens: int | None = None,
-        entry_fp8: Fp8RowFormat | None = None,
-        index_fp8: Fp8RowFormat | None = None,
+        entry_codec: RowCodec | None = None,
+        index_codec: RowCodec | None = None,
     ) -> None:
         """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
         request's) size the block pool; neither: every slot can hold a whole-capacity request.
-        ``entry_fp8`` / ``index_fp8``: the compressed entries / indexer keys as FP8 rows of that
-        format (None: the model dtype); the window rings are the model dtype."""
+        ``entry_codec`` / ``index_codec``: how the compressed entries / indexer keys are stored
+        (None: the model dtype; FP8 rows); the window rings are the model dtype."""
         dev = torch.device(device)
         self.window = sliding_window
         block_tokens = block_tokens or default_block_tokens(compress_ratios)
@@ -187,7 +186,7 @@ class DeepseekV4SlotPool(SlotBlocks):
                     overlap=kind == "csa",
                     dtype=dtype,
                     device=dev,
-                    fp8=entry_fp8,
+                    encoding=entry_codec,
                 )
                 if kind == "csa":
                     idx = CompressorSlots.allocate(
@@ -199,7 +198,7 @@ class DeepseekV4SlotPool(SlotBlocks):
                         overlap=True,
                         dtype=dtype,
                         device=dev,
-                        fp8=index_fp8,
+                        encoding=index_codec,
                     )
             self.layers.append(LayerSlots(window, comp, idx))
         for slot in range(rows):

@@ -6,7 +6,7 @@ Per layer, one of:
   recurrent state (``[H_local, V, K]``, V-major, fp32 by default);
 - MLA: the latent KV rows, ``[n, kv_lora_rank + qk_rope_head_dim]`` (the normed ``c_kv`` then the
   shared, unrotated ``k_pe``), growing by one row a token, in the model dtype or as FP8 rows
-  (``--kv-cache-dtype``: :class:`KimiK3KVLayout`).
+  (``--kv-cache-dtype``: ``layers/attention/mla_kv_layout.py``).
 The request also counts its tokens, so a forward can check that positions continue the cache.
 
 A plain per-request store that the reference layers read directly, or, for the MLA latents, rows
@@ -23,16 +23,10 @@ from typing import Literal
 
 import torch
 
-from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.srt.mem_cache.growable_rows import GrowableRows
-from sglang.srt.mem_cache.kv_cache_dtype import (
-    KVCacheChoice,
-    RowEncoding,
-    resolve_kv_cache_dtype,
-    row_encoding,
-)
 from sglang.srt.mem_cache.paged_rows import PagedRows
 from sglang.srt.mem_cache.request_cache import RequestCache
+from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
 
 LayerKind = Literal["kda", "mla"]
 
@@ -49,14 +43,10 @@ class MLALatentCache:
     model dtype (``encoding`` None, or plain), or FP8 rows (``--kv-cache-dtype fp8_e4m3``)."""
 
     rows: GrowableRows
-    encoding: RowEncoding | None = None
+    encoding: RowCodec | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
-
-    @property
-    def fp8(self) -> Fp8RowFormat | None:
-        return None if self.encoding is None else self.encoding.fp8
 
     def append(self, latents: torch.Tensor) -> None:
         """Append latent rows ``[m, L + rope]`` (values), encoded as this cache stores them."""
@@ -77,31 +67,6 @@ class MLALatentCache:
 
 
 LayerCache = KDAState | MLALatentCache
-
-
-@dataclass(frozen=True)
-class KimiK3KVLayout:
-    """How Kimi K3's MLA latents are stored (``--kv-cache-dtype``): the model dtype, or FP8 rows
-    (``c_kv`` e4m3 in groups of 64 with UE8M0 scales, ``k_pe`` bf16: 648 bytes at 512 + 64).
-    ``auto`` keeps the model dtype: no published recipe caches K3's latents in FP8. The KDA
-    states are fixed-size and stay as they are."""
-
-    latents: RowEncoding
-    choice: KVCacheChoice
-
-    @classmethod
-    def build(
-        cls, *, kv_lora_rank: int, rope_dim: int, dtype: torch.dtype, kv_cache_dtype: str
-    ) -> KimiK3KVLayout:
-        choice = resolve_kv_cache_dtype(kv_cache_dtype, dtype, fp8_recipe=None)
-        latents = row_encoding(kv_lora_rank + rope_dim, dtype, fp8=choice.fp8, rope=rope_dim)
-        return cls(latents=latents, choice=choice)
-
-    def describe(self) -> str:
-        return (
-            f"KV cache {self.choice.name} ({self.choice.why}): MLA latents "
-            f"{self.latents.describe()} a row"
-        )
 
 
 class KimiK3RequestCache(RequestCache[LayerCache]):
@@ -132,7 +97,7 @@ def new_request_cache(
     dtype: torch.dtype,
     state_dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
-    latent_encoding: RowEncoding | None = None,
+    latent_encoding: RowCodec | None = None,
 ) -> KimiK3RequestCache:
     """An empty cache; ``kda_heads`` is this rank's head count. Zero states are the correct start
     of a sequence (no prefix). ``latent_encoding``: how the MLA latents are stored (None: the
@@ -148,7 +113,7 @@ def new_request_cache(
             )
             layers.append(KDAState(conv, rec))
         elif kind == "mla":
-            enc = latent_encoding or RowEncoding(mla_latent_dim, dtype)
+            enc = latent_encoding or PlainRows(mla_latent_dim, dtype)
             rows = GrowableRows(enc.width, dtype=enc.store_dtype, device=device)
             layers.append(MLALatentCache(rows, latent_encoding))
         else:

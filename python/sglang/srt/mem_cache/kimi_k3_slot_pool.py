@@ -33,8 +33,8 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
     LayerKind,
     MLALatentCache,
 )
-from sglang.srt.mem_cache.kv_cache_dtype import RowEncoding
 from sglang.srt.mem_cache.paged_rows import PagedRows
+from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
 from sglang.srt.mem_cache.slot_blocks import SlotBlocks
 
 # Tokens a latent block holds unless told otherwise (as the eager latent pool's blocks).
@@ -76,7 +76,7 @@ class KimiK3SlotPool(SlotBlocks):
         num_blocks: int | None = None,
         block_tokens: int | None = None,
         total_tokens: int | None = None,
-        latent_encoding: RowEncoding | None = None,
+        latent_encoding: RowCodec | None = None,
     ) -> None:
         """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
         request's) size the latent blocks; neither: every slot can hold a whole-capacity
@@ -86,7 +86,7 @@ class KimiK3SlotPool(SlotBlocks):
             raise ValueError(f"unknown layer kinds {bad}; expected 'kda' or 'mla'")
         dev = torch.device(device)
         self.shape = shape
-        self.latent_encoding = latent_encoding or RowEncoding(shape.latent_dim, dtype)
+        self.latent_encoding: RowCodec = latent_encoding or PlainRows(shape.latent_dim, dtype)
         if self.latent_encoding.dim != shape.latent_dim:
             raise ValueError(
                 f"latent rows of {self.latent_encoding.dim} values in a pool of {shape.latent_dim}"

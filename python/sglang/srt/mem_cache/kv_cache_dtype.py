@@ -1,4 +1,5 @@
-"""``--kv-cache-dtype``: how the caches that grow with every token store their rows.
+"""``--kv-cache-dtype``: how the caches that grow with every token store their rows (the choice;
+``row_codec.py`` is how a row is then stored).
 
 - ``bf16``: the model dtype (the name follows SGLang's flag; with ``--dtype float32`` the rows
   are fp32).
@@ -21,12 +22,10 @@ FP8 rows need bf16 or fp32 compute (the bf16 tail and the exact dequantisation i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
-import torch
-
-from sglang.kernels.ops.quant.fp8_row_write import write_fp8_rows
-from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
-from sglang.kernels.ops.triton_dispatch import triton_can_run
+if TYPE_CHECKING:  # the flag's checks stay importable without torch (server_args)
+    import torch
 
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")
 # Model dtypes whose caches may hold FP8 rows (``--dtype`` names).
@@ -74,67 +73,17 @@ def resolve_kv_cache_dtype(
         return KVCacheChoice(False, f"--kv-cache-dtype bf16 (the model dtype, {dtype_name})")
     if fp8_recipe is None:
         return KVCacheChoice(False, f"auto: the model dtype ({dtype_name}), no FP8 recipe")
-    if model_dtype != torch.bfloat16:
+    if dtype_name != "bfloat16":
         return KVCacheChoice(False, f"auto: the model dtype ({dtype_name}); FP8 with bf16 only")
     return KVCacheChoice(True, f"auto: {fp8_recipe}")
 
 
-@dataclass(frozen=True)
-class RowEncoding:
-    """How one kind of cached row is stored: ``dim`` values in the model dtype ``dtype``, or FP8
-    rows (``fp8``)."""
-
-    dim: int
-    dtype: torch.dtype
-    fp8: Fp8RowFormat | None = None
-
-    def __post_init__(self) -> None:
-        if self.fp8 is not None and self.fp8.dim != self.dim:
-            raise ValueError(f"FP8 rows of {self.fp8.dim} values for rows of {self.dim}")
+class KVLayout(Protocol):
+    """What a model's cache layout tells the executor (DeepSeek V4's and Kimi K3's)."""
 
     @property
-    def store_dtype(self) -> torch.dtype:
-        return torch.uint8 if self.fp8 is not None else self.dtype
-
-    @property
-    def width(self) -> int:
-        """Stored columns a row (bytes for FP8 rows)."""
-        return self.fp8.row_bytes if self.fp8 is not None else self.dim
-
-    @property
-    def row_bytes(self) -> int:
-        return self.width * self.store_dtype.itemsize
-
-    def encode(self, values: torch.Tensor) -> torch.Tensor:
-        """``values [..., dim]`` -> stored rows ``[..., width]`` of :attr:`store_dtype`."""
-        if self.fp8 is None:
-            return values.to(self.dtype)
-        return self.fp8.quantize(values)
-
-    def decode(self, rows: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Stored rows -> values in ``dtype`` (default: the model dtype); FP8 rows dequantise
-        exactly into fp32 and bf16."""
-        out = dtype or self.dtype
-        if self.fp8 is None:
-            return rows.to(out)
-        return self.fp8.dequantize(rows, out)
-
-    def write(self, store: torch.Tensor, dest: torch.Tensor, values: torch.Tensor) -> None:
-        """``values [m, dim]`` into rows ``dest [m]`` (int64 on the store's device) of ``store
-        [N, width]`` (a flat view of a row store): FP8 rows quantised and scattered in one kernel
-        where Triton runs (``write_fp8_rows``, the cache write of rows made outside a kernel),
-        else encoded by torch and copied in. No host sync (CUDA-graph safe)."""
-        if self.fp8 is not None and triton_can_run(store):
-            write_fp8_rows(values.contiguous(), store, dest, self.fp8)
-            return
-        store.index_copy_(0, dest, self.encode(values))
+    def choice(self) -> KVCacheChoice: ...
 
     def describe(self) -> str:
-        if self.fp8 is not None:
-            return f"FP8 {self.fp8.describe()}"
-        return f"{str(self.dtype).removeprefix('torch.')} {self.dim} = {self.row_bytes} B"
-
-
-def row_encoding(dim: int, dtype: torch.dtype, *, fp8: bool, rope: int = 0) -> RowEncoding:
-    """Rows of ``dim`` values: FP8 (the last ``rope`` kept bf16) or the model dtype."""
-    return RowEncoding(dim, dtype, Fp8RowFormat(dim, rope) if fp8 else None)
+        """One line: the choice and how every kind of cached row is stored (bytes a row)."""
+        ...

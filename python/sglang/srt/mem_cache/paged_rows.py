@@ -16,7 +16,7 @@ import torch
 
 from sglang.srt.mem_cache.block_pool import RequestBlocks
 from sglang.srt.mem_cache.growable_rows import GrowableRows
-from sglang.srt.mem_cache.kv_cache_dtype import RowEncoding
+from sglang.srt.mem_cache.row_codec import RowCodec
 
 
 class PagedRows(GrowableRows):
@@ -37,7 +37,7 @@ class PagedRows(GrowableRows):
         flat = self.buf[self.table_row[:blocks]].reshape(-1, self.buf.shape[-1])
         return flat[: self.n]
 
-    def append(self, rows: torch.Tensor, encoding: RowEncoding | None = None) -> None:
+    def append(self, rows: torch.Tensor, encoding: RowCodec | None = None) -> None:
         """Append ``rows``: stored rows as they are, or (``encoding``) values encoded as the
         store holds them (FP8 rows quantised and scattered by one kernel where Triton runs)."""
         m = rows.shape[0]
@@ -70,7 +70,7 @@ class PagedRows(GrowableRows):
 
 
 def append_one_each(
-    rows: Sequence[PagedRows], new: torch.Tensor, encoding: RowEncoding | None = None
+    rows: Sequence[PagedRows], new: torch.Tensor, encoding: RowCodec | None = None
 ) -> None:
     """Append row ``new[i]`` to ``rows[i]`` for every ``i`` (views of one store): a decode step's
     write for many requests as one scatter, instead of a few small kernels per request. The

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.attention.dsv4_attention import AttnSegment, DeepseekV4Attention
+from sglang.srt.layers.attention.dsv4_kv_layout import DeepseekV4KVLayout
 from sglang.srt.layers.attention.dsv4_static_decode import static_decode_attention
 from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
 from sglang.srt.layers.dp_attention import attention_spec, dp_gather, dp_scatter
@@ -47,7 +48,6 @@ from sglang.srt.layers.mhc import (
     mhc_pre_torch,
 )
 from sglang.srt.mem_cache.deepseek_v4_cache import (
-    DeepseekV4KVLayout,
     DeepseekV4RequestCache,
     new_request_cache,
     slot_request_cache,
@@ -195,15 +195,24 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
             index_head_dim=c.index_head_dim,
             dtype=self.dtype,
             device=self.device,
-            entry_fp8=self.kv_layout.entries.fp8,
-            index_fp8=self.kv_layout.index_keys.fp8,
+            entry_codec=self.kv_layout.entries,
+            index_codec=self.kv_layout.index_keys,
         )
 
     def memory_model(self) -> CacheShape:
         """What a cached token, a request's window rings and a step's workspace cost this rank
         (the default ``--max-total-tokens``), in the bytes the caches store
         (``--kv-cache-dtype``)."""
-        return CacheShape.from_model_config(self.config, self.dtype.itemsize, self.kv_layout)
+        layout = self.kv_layout
+        if not layout.choice.fp8:  # every row in the model dtype: the shape's own arithmetic
+            return CacheShape.from_model_config(self.config, self.dtype.itemsize)
+        return CacheShape.from_model_config(
+            self.config,
+            self.dtype.itemsize,
+            entry_bytes=layout.entries.row_bytes,
+            index_key_bytes=layout.index_keys.row_bytes,
+            kv_cache=layout.choice.name,
+        )
 
     # --- slot pool -----------------------------------------------------------------------------
 
@@ -234,8 +243,8 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
             num_blocks=num_blocks,
             block_tokens=block_tokens,
             total_tokens=total_tokens,
-            entry_fp8=self.kv_layout.entries.fp8,
-            index_fp8=self.kv_layout.index_keys.fp8,
+            entry_codec=self.kv_layout.entries,
+            index_codec=self.kv_layout.index_keys,
         )
         return self.slot_pool
 

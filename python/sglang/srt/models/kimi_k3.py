@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from sglang.srt.layers.attention.kda import KDAConfig, KDASegment, KimiDeltaAttention
+from sglang.srt.layers.attention.mla_kv_layout import KimiK3KVLayout
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention, MLANoPEConfig, MLASegment
 from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
 from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
@@ -44,7 +45,6 @@ from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.mem_cache.kimi_k3_cache import (
     KDAState,
-    KimiK3KVLayout,
     KimiK3RequestCache,
     MLALatentCache,
     new_request_cache,

@@ -25,7 +25,7 @@ from sglang.srt.layers.attention.kda_static_decode import kda_static_decode
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
 from sglang.srt.layers.attention.mla_static_decode import mla_static_decode
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3PoolShape, KimiK3SlotPool
-from sglang.srt.mem_cache.kv_cache_dtype import RowEncoding
+from sglang.srt.mem_cache.row_codec import RowCodec
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 
 
@@ -76,7 +76,7 @@ def new_slot_pool(
     num_blocks: int | None = None,
     block_tokens: int | None = None,
     total_tokens: int | None = None,
-    latent_encoding: RowEncoding | None = None,
+    latent_encoding: RowCodec | None = None,
 ) -> KimiK3SlotPool:
     """The slot pool of a model with this config; ``kda_heads`` is this rank's head count,
     ``latent_encoding`` how its MLA latents are stored (None: the model dtype)."""
@@ -108,8 +108,6 @@ def static_attend(pool: KimiK3SlotPool, positions: Tensor, slots: Tensor) -> Sta
             return kda_static_decode(attn, x, slots, kda.conv, kda.recurrent)
         store = pool.latents[i]
         assert store is not None, f"layer {i} is MLA, the pool holds KDA states there"
-        return mla_static_decode(
-            attn, x, positions, slots, store, table, pool.latent_encoding
-        )
+        return mla_static_decode(attn, x, positions, slots, store, table, pool.latent_encoding)
 
     return attend

@@ -161,9 +161,7 @@ def _prefill_kernel(
                     FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G,
                 ).to(win_ptr.dtype.element_ty)  # fmt: skip
             else:
-                k = tl.load(
-                    ent_ptr + e[:, None] * D + cols[None, :], mask=live[:, None], other=0.0
-                )
+                k = tl.load(ent_ptr + e[:, None] * D + cols[None, :], mask=live[:, None], other=0.0)
             m, l_sum, acc = _tile_update(
                 q0, q1, q2, k, live, m, l_sum, acc, scale, Q_PARTS, PV_PARTS, DOT_F32
             )

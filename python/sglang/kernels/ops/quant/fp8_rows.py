@@ -57,7 +57,9 @@ class Fp8RowFormat:
 
     def __post_init__(self) -> None:
         if not 0 <= self.rope < self.dim:
-            raise ValueError(f"an FP8 row needs 0 <= rope < dim, got dim {self.dim}, rope {self.rope}")
+            raise ValueError(
+                f"an FP8 row needs 0 <= rope < dim, got dim {self.dim}, rope {self.rope}"
+            )
         if self.fp8_dims % 2:
             raise ValueError(f"an FP8 row needs an even number of e4m3 values, got {self.fp8_dims}")
 
@@ -123,8 +125,7 @@ class Fp8RowFormat:
         and bf16)."""
         if rows.dtype != torch.uint8 or rows.shape[-1] != self.row_bytes:
             raise ValueError(
-                f"FP8 rows are uint8 [..., {self.row_bytes}], got {rows.dtype} "
-                f"{tuple(rows.shape)}"
+                f"FP8 rows are uint8 [..., {self.row_bytes}], got {rows.dtype} {tuple(rows.shape)}"
             )
         lead = rows.shape[:-1]
         r = rows.reshape(-1, self.row_bytes)

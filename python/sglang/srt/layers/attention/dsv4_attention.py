@@ -27,6 +27,7 @@ from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.attention.dsv4_core import dsv4_attention, prefill_kernel_reason
 from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
 from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     ColumnParallelLinear,
@@ -175,7 +176,7 @@ class DeepseekV4Attention(nn.Module):
                     ratio=self.ratio,
                     picks=visible,
                     out=o[rows],
-                    entry_fp8=encoding.fp8 if encoding is not None else None,
+                    entry_fp8=fp8_format(encoding),
                 )
             else:
                 if entries is not None and encoding is not None:
@@ -228,8 +229,9 @@ class DeepseekV4Attention(nn.Module):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Feed one request's new tokens to its compressor(s); return all its compressed entries
         as stored ``[N, width]`` (``cache.compressor.encoding``) and which of them each new query
-        attends ``[n, N]`` (``None`` when the layer does not compress). ``as_picks`` (the kernel's form): the indexer's picks ``[n, k]``
-        instead, and None for ratio 128 (query ``p`` sees entries ``< (p + 1) // ratio``)."""
+        attends ``[n, N]`` (``None`` when the layer does not compress). ``as_picks`` (the
+        kernel's form): the indexer's picks ``[n, k]`` instead, and None for ratio 128 (query
+        ``p`` sees entries ``< (p + 1) // ratio``)."""
         if self.compressor is None or comp is None:
             return None, None
         if cache.compressor is None:
@@ -248,7 +250,7 @@ class DeepseekV4Attention(nn.Module):
             raise RuntimeError(f"layer {self.layer_id}: the request cache has no indexer state")
         self.indexer.compressor.append(cache.indexer, idx.kv[rows], idx.score[rows], self.rotary)
         keys = cache.indexer.entries.rows()
-        key_fp8 = cache.indexer.encoding.fp8
+        key_fp8 = fp8_format(cache.indexer.encoding)
         if as_picks:
             return entries, self.indexer.pick(idx.q[rows], idx.w[rows], keys, pos, key_fp8)
         return entries, self.indexer.select(idx.q[rows], idx.w[rows], keys, pos, key_fp8)

@@ -26,6 +26,7 @@ from sglang.kernels.ops.attention.compressor_prefill import (
 )
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
@@ -112,7 +113,7 @@ class KVCompressor(nn.Module):
                 first_block=state.num_entries,
                 maths=self.entry_maths(rotary),
                 entry_dtype=enc.dtype,
-                fp8=enc.fp8,
+                fp8=fp8_format(enc),
             )
             state.finish_blocks(kv, score, entries.shape[0], self.ape)
             state.entries.append(entries)
@@ -165,7 +166,7 @@ class KVCompressor(nn.Module):
                 rotary.inv_freq.shape[0],
                 state.encoding.dtype,
                 (*state.pending_buffers, state.prev_kv, state.prev_score),
-                fp8=state.encoding.fp8,
+                fp8=fp8_format(state.encoding),
             )
             if triton_can_run(kv)
             else "Triton cannot run on these tensors"

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from sglang.kernels.ops.attention.indexer_scores import indexer_scores
-from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.kernels.ops.attention.sparse_decode_attention import kernel_head_dim_ok
+from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import ReplicatedLinear

@@ -21,6 +21,7 @@ import torch
 from sglang.kernels.ops.attention.compressor_decode import compress_decode, compress_decode_reason
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
 from sglang.srt.mem_cache.paged_index import row_address
@@ -55,7 +56,7 @@ def compress_decode_step(
             prev_score=store.prev_score,
             entries=store.entries,
             maths=compressor.entry_maths(rotary),
-            fp8=store.encoding.fp8,
+            fp8=fp8_format(store.encoding),
         )
         return
     compress_decode_torch(compressor, store, kv, score, positions, slots, table, rotary)
@@ -79,7 +80,7 @@ def use_decode_kernel(
             store.entries,
             table,
             half,
-            fp8=store.encoding.fp8,
+            fp8=fp8_format(store.encoding),
             entry_dtype=store.encoding.dtype,
         )
         if triton_can_run(kv)

@@ -41,6 +41,7 @@ from sglang.kernels.ops.attention.sparse_decode_attention import (
 )
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
 from sglang.srt.mem_cache.paged_index import gather_slot_rows, row_address
 from sglang.srt.utils.log import get_logger, log_path_once
@@ -149,7 +150,7 @@ def _kernel_attention(
             visible,
             scale,
             table=table,
-            key_fp8=idx_store.encoding.fp8,
+            key_fp8=fp8_format(idx_store.encoding),
         )
         k = min(attn.indexer.topk, scores.shape[1])
         if envs.SGLANG_DSV4_TOPK_KERNEL.get():
@@ -172,7 +173,7 @@ def _kernel_attention(
         ratio=attn.ratio,
         picks=picks,
         table=table,
-        entry_fp8=comp.encoding.fp8,
+        entry_fp8=fp8_format(comp.encoding),
     )
 
 

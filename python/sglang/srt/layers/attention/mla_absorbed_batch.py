@@ -35,9 +35,10 @@ from sglang.kernels.ops.attention.absorbed_mla_decode import (
 )
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.kernels.ops.triton_dispatch import triton_can_run
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
-from sglang.srt.mem_cache.kv_cache_dtype import RowEncoding
 from sglang.srt.mem_cache.paged_rows import PagedRows
+from sglang.srt.mem_cache.row_codec import RowCodec
 
 # 2^18 padded rows: at K3's 512 + 64 latent that is 0.6 GB of fp32 latents (plus 0.3 GB for a
 # bf16 gather) and, at 64 heads, 67 MB of scores per group; bs 64 at 8k context is two groups.
@@ -72,11 +73,11 @@ class PagedLatents:
     table: Tensor  # [B, ceil(longest / R)] int64
     lengths: Tensor  # [B] int64
     longest: int
-    encoding: RowEncoding | None = None  # None: the latents in the store's dtype
+    encoding: RowCodec | None = None  # None: the latents in the store's dtype
 
     @property
     def fp8(self) -> Fp8RowFormat | None:
-        return None if self.encoding is None else self.encoding.fp8
+        return fp8_format(self.encoding)
 
 
 def paged_latents(caches: Sequence[MLALatentCache]) -> PagedLatents | None:
@@ -106,7 +107,7 @@ def decode_kernel_unavailable(caches: Sequence[MLALatentCache], rope_dim: int) -
         return "the latents are not pages of one block store"
     if not triton_can_run(first.buf):
         return "Triton cannot run on the latents' device"
-    fp8 = caches[0].fp8
+    fp8 = fp8_format(caches[0].encoding)
     width = first.buf.shape[-1] if fp8 is None else fp8.dim
     return absorbed_decode_unsupported(width - rope_dim, rope_dim, first.buf.dtype, fp8)
 
@@ -117,9 +118,7 @@ def gather_latents(caches: Sequence[MLALatentCache]) -> tuple[Tensor, Tensor]:
     may hold a former owner's rows: zeroed so a non-finite one cannot reach ``0 * x``)."""
     paged = paged_latents(caches)
     if paged is not None:
-        kv = gather_paged(
-            paged.store, paged.table, paged.lengths, paged.longest, paged.encoding
-        )
+        kv = gather_paged(paged.store, paged.table, paged.lengths, paged.longest, paged.encoding)
         return kv, paged.lengths
     lens = [len(c) for c in caches]
     lengths = torch.tensor(lens, dtype=torch.long, device=caches[0].rows.buf.device)
@@ -128,7 +127,7 @@ def gather_latents(caches: Sequence[MLALatentCache]) -> tuple[Tensor, Tensor]:
 
 
 def gather_paged(
-    store: Tensor, table: Tensor, lengths: Tensor, s: int, encoding: RowEncoding | None = None
+    store: Tensor, table: Tensor, lengths: Tensor, s: int, encoding: RowCodec | None = None
 ) -> Tensor:
     """``[B, s, D]`` fp32: rows ``0 .. s - 1`` of each request through its block-table row
     ``table [B, >= ceil(s / rows_per_block)]`` into ``store [blocks + 1, rows_per_block, width]``

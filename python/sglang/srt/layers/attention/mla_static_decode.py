@@ -24,12 +24,13 @@ from sglang.srt.layers.attention.mla_absorbed_batch import (
     absorbed_decode_paged,
 )
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
-from sglang.srt.mem_cache.kv_cache_dtype import RowEncoding
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.mem_cache.paged_index import gather_slot_rows, row_address
+from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
 
 
 def static_kernel_reason(
-    attn: MLANoPEAttention, store: Tensor, encoding: RowEncoding | None = None
+    attn: MLANoPEAttention, store: Tensor, encoding: RowCodec | None = None
 ) -> str | None:
     """Why the static step takes the torch pass over these latents (stored as ``encoding``
     says); None: the kernel runs."""
@@ -38,7 +39,7 @@ def static_kernel_reason(
     if not triton_can_run(store):
         return "Triton cannot run on the latents' device"
     rope = attn.config.qk_rope_head_dim
-    fp8 = None if encoding is None else encoding.fp8
+    fp8 = fp8_format(encoding)
     width = store.shape[-1] if fp8 is None else fp8.dim
     return absorbed_decode_unsupported(width - rope, rope, store.dtype, fp8)
 
@@ -50,7 +51,7 @@ def mla_static_decode(
     slots: Tensor,
     store: Tensor,
     table: Tensor,
-    encoding: RowEncoding | None = None,
+    encoding: RowCodec | None = None,
 ) -> Tensor:
     """``x [bs, hidden]`` -> ``[bs, hidden]``; writes each row's latent into ``store [blocks + 1,
     R, width]`` at ``positions [bs]`` of ``slots [bs]`` through ``table [S, max_blocks]``, as
@@ -59,7 +60,7 @@ def mla_static_decode(
     rope = attn.config.qk_rope_head_dim
     q = attn.queries(x)
     block, offset = row_address(table, slots, positions, store.shape[1])
-    enc = encoding or RowEncoding(store.shape[-1], store.dtype)
+    enc = encoding or PlainRows(store.shape[-1], store.dtype)
     enc.write(store.view(-1, store.shape[-1]), block * store.shape[1] + offset, attn.latents(x))
     lengths = positions + 1
     w_kc, w_vc = attn.absorbed_weights()

@@ -7,12 +7,9 @@ streams (``hidden * hc_mult`` wide) and the logits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sglang.srt.mem_cache.memory_models.workspace import StepWorkspace, activation_bytes, mib
-
-if TYPE_CHECKING:
-    from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4KVLayout
 
 
 @dataclass(frozen=True)
@@ -36,17 +33,16 @@ class CacheShape(StepWorkspace):
 
     @classmethod
     def from_model_config(
-        cls, cfg: Any, dtype_bytes: int, layout: DeepseekV4KVLayout | None = None
+        cls,
+        cfg: Any,
+        dtype_bytes: int,
+        *,
+        entry_bytes: int | None = None,
+        index_key_bytes: int | None = None,
+        kv_cache: str = "bf16",
     ) -> CacheShape:
-        """``layout``: the model's ``--kv-cache-dtype`` layout (None: every row in the model
-        dtype)."""
-        rows: dict[str, Any] = {}
-        if layout is not None:
-            rows = {
-                "entry_bytes": layout.entries.row_bytes,
-                "index_key_bytes": layout.index_keys.row_bytes,
-                "kv_cache": layout.choice.name,
-            }
+        """``entry_bytes`` / ``index_key_bytes``: a stored row of the ``--kv-cache-dtype``
+        layout ``kv_cache`` (None: the model dtype's)."""
         return cls(
             num_layers=cfg.num_hidden_layers,
             hidden_size=cfg.hidden_size,
@@ -58,7 +54,9 @@ class CacheShape(StepWorkspace):
             compress_ratios=tuple(getattr(cfg, "compress_ratios", ())),
             attn_types=tuple(getattr(cfg, "attn_types", ())),
             dtype_bytes=dtype_bytes,
-            **rows,
+            entry_bytes=entry_bytes,
+            index_key_bytes=index_key_bytes,
+            kv_cache=kv_cache,
         )
 
     @property
@@ -104,8 +102,8 @@ class CacheShape(StepWorkspace):
             for (r, k), n in sorted(kinds.items())
         )
         return (
-            f"DeepSeek V4 ({self.kv_cache} KV cache): {self.bytes_per_cached_token():.1f} B per "
-            f"cached token (per layer: {per_kind or 'none'}; entries {self.entry_row_bytes} B, "
+            f"DeepSeek V4: {self.bytes_per_cached_token():.1f} B per cached token ({self.kv_cache} "
+            f"KV cache; per layer: {per_kind or 'none'}; entries {self.entry_row_bytes} B, "
             f"indexer keys {self.index_key_row_bytes} B a row), "
             f"{mib(self.window_bytes_per_request())} per running request "
             f"({self.num_layers} layers' {self.sliding_window}-row window rings)"

@@ -92,9 +92,9 @@ class KimiK3MemoryModel(StepWorkspace):
 
     def describe(self) -> str:
         return (
-            f"Kimi K3 ({self.kv_cache} KV cache): {self.bytes_per_cached_token():.0f} B per cached "
-            f"token ({self.num_mla} MLA layers x {self.latent_bytes} B: "
-            f"{self.pool.latent_dim}-wide latents), {mib(self.request_state_bytes())} "
+            f"Kimi K3: {self.bytes_per_cached_token():.0f} B per cached token ({self.num_mla} "
+            f"MLA layers' {self.pool.latent_dim}-wide latents, {self.latent_bytes} B a row in "
+            f"the {self.kv_cache} KV cache), {mib(self.request_state_bytes())} "
             f"per running request ({self.num_kda} KDA layers' conv and recurrent states, "
             f"{self.pool.kda_heads} heads on this rank) plus its block-table row"
         )

@@ -197,7 +197,8 @@ def compress_prefill(
     if fp8 is None:
         out = torch.empty(nb, d, dtype=entry_dtype, device=kv.device)
     else:
-        out = torch.empty(nb, fp8.row_bytes, dtype=torch.uint8, device=kv.device)
+        # zeros: the row's pad bytes, which nothing writes, stay defined
+        out = torch.zeros(nb, fp8.row_bytes, dtype=torch.uint8, device=kv.device)
     if nb == 0:
         return out
     nc = coff * ratio

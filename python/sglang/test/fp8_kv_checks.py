@@ -108,7 +108,9 @@ def _load_kernel(
     r = tl.arange(0, N_P2)
     live = r < n
     cols = tl.arange(0, DIM_P2)
-    v = load_rows(rows_ptr, r.to(tl.int64) * row_bytes, cols, live, F, ROPE, ROPE_OFF, SCALE_OFF, G)
+    v = load_rows(
+        rows_ptr, r.to(tl.int64) * row_bytes, live, 0, DIM_P2, F, ROPE, ROPE_OFF, SCALE_OFF, G
+    )
     mask = live[:, None] & (cols < DIM)[None, :]
     tl.store(out_ptr + r[:, None] * DIM + cols[None, :], v, mask=mask)
 

@@ -60,6 +60,8 @@ class AbsorbedDecodeConfig:
 # heads in M (mma.sync), 16 heads x 64 keys, 8 warps: the fastest exact config measured at bs 1
 # and 16 (docs/performance.md)
 DEFAULT_CONFIG = AbsorbedDecodeConfig()
+# FP8 latents: 32-key tiles (the dequantisation's temporaries spilled 2.4 KB at 64 on sm_90)
+FP8_CONFIG = AbsorbedDecodeConfig(block_n=32)
 
 
 @triton.jit
@@ -263,12 +265,10 @@ def _split_kernel(
             if FP8:  # dequantised into bf16 values (the query parts' dtype), exactly
                 off = blk * block_stride + (j % rows_per_block).to(tl.int64) * FP8_ROW
                 ckv = load_rows(
-                    store_ptr, off, lat_cols, live,
-                    FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G,
+                    store_ptr, off, live, 0, L, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G,
                 ).to(parts_ptr.dtype.element_ty)  # fmt: skip
                 kpe = load_rows(
-                    store_ptr, off, L + pe_cols, live,
-                    FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G,
+                    store_ptr, off, live, L, P, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G,
                 ).to(parts_ptr.dtype.element_ty)  # fmt: skip
             else:
                 key = store_ptr + blk * block_stride + (j % rows_per_block).to(tl.int64) * (L + P)
@@ -417,7 +417,7 @@ def absorbed_mla_decode(
     *,
     q_parts: int = 3,
     p_parts: int = 3,
-    config: AbsorbedDecodeConfig = DEFAULT_CONFIG,
+    config: AbsorbedDecodeConfig | None = None,
     fp8: Fp8RowFormat | None = None,
 ) -> torch.Tensor:
     """``q_lat [bs, heads, L]`` and ``q_pe [bs, heads, P]`` (fp32, or the store's dtype: then one
@@ -431,6 +431,8 @@ def absorbed_mla_decode(
     part e4m3, the rope part bf16), dequantised into bf16 values as they are read."""
     bs, heads, latent = q_lat.shape
     rope = q_pe.shape[-1]
+    if config is None:
+        config = DEFAULT_CONFIG if fp8 is None else FP8_CONFIG
     why = absorbed_decode_unsupported(latent, rope, store.dtype, fp8)
     if why is not None:
         raise ValueError(why)

@@ -85,7 +85,7 @@ def _scores_kernel(
             off = slot * key_slot_stride + n64 * row_len
         if FP8:  # dequantised keys are bf16 values: exact in q's dtype
             k = load_rows(
-                keys_ptr, off, cols, live, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G
+                keys_ptr, off, live, 0, D, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G
             ).to(q.dtype)
         else:
             k = tl.load(keys_ptr + off[:, None] + cols[None, :], mask=live[:, None], other=0.0)
@@ -126,7 +126,7 @@ def indexer_scores(
             raise ValueError(why or f"FP8 keys of {key_fp8.dim} values for head dim {d}")
     elif keys.stride(1) != d or keys.stride(2) != 1:
         raise ValueError("indexer keys must be contiguous rows")
-    block_n = 64
+    block_n = 64 if key_fp8 is None else 32  # FP8: the dequantisation spilled at 64 (sm_90)
     _scores_kernel[(bs, triton.cdiv(n_cols, block_n))](
         q.contiguous(),
         w.float().contiguous(),

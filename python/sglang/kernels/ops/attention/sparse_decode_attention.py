@@ -132,7 +132,7 @@ def _split_kernel(
                     off = slot * ent_slot_stride + e * row_len
                 if FP8:  # dequantised rows are bf16 values: exact in the key tile
                     k += load_rows(
-                        ent_ptr, off, cols, in_ent,
+                        ent_ptr, off, in_ent, 0, D,
                         FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G,
                     ).to(k.dtype)  # fmt: skip
                 else:
@@ -249,7 +249,10 @@ def sparse_decode_attention(
             raise ValueError("the block table must be contiguous int64 rows")
     group = 16  # heads a program takes (the dot's smallest M; fewer heads are padded)
     n_groups = triton.cdiv(heads, group)
-    block_n = 32
+    # FP8 entries: half the key tile on twice the warps (the dequantisation's temporaries spilled
+    # at 32 x 4; ptxas on sm_90: 32 bytes of spills here against the bf16 tile's 636)
+    fp8 = entries is not None and entry_fp8 is not None
+    block_n, warps = (16, 8) if fp8 else (32, 4)
     window = ring.shape[1]
     has_entries = entries is not None
     indexed = picks is not None
@@ -291,8 +294,8 @@ def sparse_decode_attention(
         HAS_ENTRIES=has_entries,
         INDEXED=indexed,
         PAGED=paged,
-        **fp8_constexprs(entry_fp8 if has_entries else None),
-        num_warps=4,
+        **fp8_constexprs(entry_fp8 if fp8 else None),
+        num_warps=warps,
         num_stages=2,
     )
     _combine_kernel[(bs, heads)](

@@ -157,7 +157,7 @@ def _prefill_kernel(
                 e = j.to(tl.int64)
             if FP8:  # dequantised into bf16 values: the window rows' dtype, exactly
                 k = load_rows(
-                    ent_ptr, e * FP8_ROW, cols, live,
+                    ent_ptr, e * FP8_ROW, live, 0, D,
                     FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G,
                 ).to(win_ptr.dtype.element_ty)  # fmt: skip
             else:
@@ -204,7 +204,7 @@ def sparse_prefill_attention(
     pv_parts: int = 2,
     heads_per_program: int = 16,
     block_n: int = 32,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int = 2,
     entry_fp8: Fp8RowFormat | None = None,
 ) -> torch.Tensor:
@@ -254,6 +254,8 @@ def sparse_prefill_attention(
         q_parts = _SPLIT_PARTS
     win_kv = win_kv.contiguous()
     has_entries = entries is not None and entries.shape[0] > 0
+    # FP8 entries default to 8 warps: the dequantisation's temporaries spilled at 4 (sm_90)
+    fp8 = has_entries and entry_fp8 is not None
     ent = entries.contiguous() if has_entries else win_kv
     indexed = has_entries and picks is not None
     if indexed:
@@ -288,8 +290,8 @@ def sparse_prefill_attention(
         Q_PARTS=q_parts,
         PV_PARTS=pv_parts,
         DOT_F32=interpreter_enabled(),
-        **fp8_constexprs(entry_fp8 if has_entries else None),
-        num_warps=num_warps,
+        **fp8_constexprs(entry_fp8 if fp8 else None),
+        num_warps=num_warps or (8 if fp8 else 4),
         num_stages=num_stages,
     )
     return out

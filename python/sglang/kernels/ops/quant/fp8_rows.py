@@ -46,6 +46,9 @@ ROW_ALIGN = 8
 K_MIN = -116
 K_MAX = 119
 _UE8M0_BIAS = 127
+# The same bounds as the kernels read them (a jit function reads constexpr globals only).
+_K_MIN_C = tl.constexpr(K_MIN)
+_K_MAX_C = tl.constexpr(K_MAX)
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,7 @@ def group_exponent(amax):
     bits = amax.to(tl.int32, bitcast=True)
     e = ((bits >> 23) & 0xFF) - 127
     k = e - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    return tl.minimum(tl.maximum(k, K_MIN), K_MAX)
+    return tl.minimum(tl.maximum(k, _K_MIN_C), _K_MAX_C)
 
 
 @triton.jit
@@ -262,23 +265,43 @@ def store_scales(
 
 
 @triton.jit
+def e4m3_bits_to_f32(code):
+    """e4m3 codes (uint8) -> their values times ``2^-8``, fp32, exactly: the code's bits placed in
+    an fp16 (same 3 fraction bits, exponent bias 15 instead of 7: subnormals included)."""
+    c = code.to(tl.int16)
+    half = ((c & 0x80) << 8) | ((c & 0x7F) << 7)
+    return half.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def load_rows(
-    base_ptr, row_off, cols, live,
-    F: tl.constexpr, ROPE: tl.constexpr, ROPE_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
-    G: tl.constexpr,
+    base_ptr, row_off, live,
+    COL0: tl.constexpr, C: tl.constexpr, F: tl.constexpr, ROPE: tl.constexpr,
+    ROPE_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
-    """The FP8 rows at byte offsets ``row_off [N]`` (int64) from ``base_ptr`` (uint8), columns
-    ``cols [C]``, rows where ``live [N]`` (else 0) -> fp32 ``[N, C]``, exact (and exact in bf16)."""
-    is8 = cols < F
-    m8 = live[:, None] & is8[None, :]
+    """Columns ``COL0 .. COL0 + C`` of the FP8 rows at byte offsets ``row_off [N]`` (int64) from
+    ``base_ptr`` (uint8), rows where ``live [N]`` (else 0) -> fp32 ``[N, C]``, exact (and exact
+    in bf16). ``COL0`` is a multiple of the group ``G`` (so is ``C`` where it covers e4m3
+    columns): each group's scale is loaded once a row and applied to its ``G`` columns."""
+    cols = COL0 + tl.arange(0, C)
     addr = base_ptr + row_off[:, None]
-    code = tl.load(addr + cols[None, :], mask=m8, other=0).to(tl.int32)
-    k = tl.load(addr + SCALE_OFF + (cols // G)[None, :], mask=m8, other=127).to(tl.int32) - 127
-    v = decode_e4m3(code, k)
-    if ROPE > 0:
-        bf = (base_ptr + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))
-        tail = live[:, None] & (cols >= F)[None, :] & (cols < F + ROPE)[None, :]
-        r = tl.load(bf + (row_off // 2)[:, None] + (cols - F)[None, :], mask=tail, other=0.0)
+    if COL0 >= F:  # the bf16 tail only
+        tail = (base_ptr + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))
+        m = live[:, None] & (cols < F + ROPE)[None, :]
+        r = tl.load(tail + (row_off // 2)[:, None] + (cols - F)[None, :], mask=m, other=0.0)
+        return r.to(tl.float32)
+    is8 = cols < F
+    code = tl.load(addr + cols[None, :], mask=live[:, None] & is8[None, :], other=0)
+    n: tl.constexpr = code.shape[0]
+    ng: tl.constexpr = C // G
+    grp = COL0 // G + tl.arange(0, ng)
+    kb = tl.load(addr + SCALE_OFF + grp[None, :], mask=live[:, None] & (grp * G < F)[None, :])
+    scale = pow2(kb.to(tl.int32) - 127 + 8)  # the codes' fp16 reading is 2^-8 of their value
+    v = tl.reshape(tl.reshape(e4m3_bits_to_f32(code), [n, ng, G]) * scale[:, :, None], [n, C])
+    if COL0 + C > F:  # these columns reach the bf16 tail
+        tail = (base_ptr + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))
+        m = live[:, None] & (~is8 & (cols < F + ROPE))[None, :]
+        r = tl.load(tail + (row_off // 2)[:, None] + (cols - F)[None, :], mask=m, other=0.0)
         v = tl.where(is8[None, :], v, r.to(tl.float32))
     return v
 

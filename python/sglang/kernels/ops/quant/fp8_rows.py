@@ -200,15 +200,6 @@ def encode_e4m3(y):
 
 
 @triton.jit
-def decode_e4m3(code, k):
-    """e4m3 codes (int32 0..255) times ``2^k`` -> fp32, exactly: the code's bits placed in an
-    fp16 (same 3 fraction bits, exponent bias 15 instead of 7: subnormals included) and scaled
-    by ``2^(k + 8)``. NaN codes are not reproduced (the encoder writes them only for NaN input)."""
-    half = (((code & 0x80) << 8) | ((code & 0x7F) << 7)).to(tl.int16)
-    return half.to(tl.float16, bitcast=True).to(tl.float32) * pow2(k + 8)
-
-
-@triton.jit
 def bf16_bits(v):
     """fp32 ``v`` rounded to bf16 (nearest even; NaN stays NaN), as the int16 bit pattern: the
     same rounding as torch's cast on every backend (the interpreter's own cast truncates)."""
@@ -295,7 +286,10 @@ def load_rows(
     n: tl.constexpr = code.shape[0]
     ng: tl.constexpr = C // G
     grp = COL0 // G + tl.arange(0, ng)
-    kb = tl.load(addr + SCALE_OFF + grp[None, :], mask=live[:, None] & (grp * G < F)[None, :])
+    # masked lanes read the scale 2^0: a defined factor for their zero codes (never inf * 0)
+    kb = tl.load(
+        addr + SCALE_OFF + grp[None, :], mask=live[:, None] & (grp * G < F)[None, :], other=127
+    )
     scale = pow2(kb.to(tl.int32) - 127 + 8)  # the codes' fp16 reading is 2^-8 of their value
     v = tl.reshape(tl.reshape(e4m3_bits_to_f32(code), [n, ng, G]) * scale[:, :, None], [n, C])
     if COL0 + C > F:  # these columns reach the bf16 tail

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sglang.srt.mem_cache.kv_cache_dtype import KV_CACHE_DTYPES, kv_cache_dtype_error
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
@@ -68,6 +69,7 @@ class ServerArgs:
     context_length: int | None = None
     # --- runtime
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     device: str | None = None
     tp_size: int = 1
     dp_size: int = 1
@@ -203,6 +205,8 @@ class ServerArgs:
             ("--moe-runner-backend", self.moe_runner_backend, moe_runner_choices()),
         ):
             _check(choice in choices, f"{choice_flag} must be one of {choices}, got {choice!r}")
+        why_kv = kv_cache_dtype_error(self.kv_cache_dtype, self.dtype)
+        _check(why_kv is None, str(why_kv))
         for flag, value in (
             ("--max-running-requests", self.max_running_requests),
             ("--max-total-tokens", self.max_total_tokens),
@@ -471,6 +475,17 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         str,
         "Weight and activation dtype. auto: bfloat16 on CUDA, float32 on CPU.",
         DTYPE_CHOICES,
+    )
+    _add_option(
+        g,
+        "--kv-cache-dtype",
+        str,
+        "How the caches that grow with every token store their rows: bf16 (the model dtype), "
+        "fp8_e4m3 (FP8 rows with UE8M0 group scales, positional dims bf16: DeepSeek V4's "
+        "compressed entries and indexer keys, Kimi K3's MLA latents; about 1.75x the tokens "
+        "in the same memory), or auto (DeepSeek V4 in bf16: fp8_e4m3, as DeepSeek's inference "
+        "recipe; otherwise the model dtype). docs/kv_cache.md.",
+        KV_CACHE_DTYPES,
     )
     _add_option(
         g,

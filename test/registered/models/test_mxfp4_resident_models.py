@@ -41,12 +41,12 @@ from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe
+from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dsv4_testing import CONFIG_C, reference_model, token_ids
 from test_deepseek_v4_mega_moe_weights import MEGA_SHAPES, mxfp4_release_checkpoint
-from test_kimi_k3_loading import export_checkpoint
 from test_kimi_k3_shard_loading import RAW as K3_MEGA_CONFIG
 from test_kimi_k3_tiny import CONFIG_A as K3_CONFIG
 from test_kimi_k3_tiny import config as k3_config
@@ -138,7 +138,7 @@ def test_dsv4_mxfp4_engine_equals_the_dequantised_reference(dtype: torch.dtype) 
 @functools.cache
 def k3_checkpoint(raw_key: str) -> dict[str, torch.Tensor]:
     raw = K3_CONFIG if raw_key == "tiny" else K3_MEGA_CONFIG
-    return export_checkpoint(k3_make_model(raw, seed=5))
+    return dict(k3_release.model_release_tensors(k3_make_model(raw, seed=5)).tensors)
 
 
 def k3(

@@ -30,7 +30,7 @@ class LayerBuildSpec:
     attention). ``moe_ep_size`` is ``--ep-size`` (None: the a2a backend's default).
     ``dense_quant``: how the checkpoint quantises this layer's dense weights (None: it does not);
     a model sets it only for the layers that ship quantised (:meth:`with_dense_quant`), never on
-    the spec it builds everything from."""
+    the spec it builds everything from. ``kv_cache_dtype`` is a ``--kv-cache-dtype`` name."""
 
     dtype: torch.dtype = torch.bfloat16
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -41,6 +41,9 @@ class LayerBuildSpec:
     tp_group: TpGroupName = "tp"
     moe_ep_size: int | None = None
     dense_quant: DenseQuant | None = None
+    # ``--kv-cache-dtype`` (the model resolves it for its caches); a model built without one
+    # keeps its caches in the model dtype.
+    kv_cache_dtype: str = "bf16"
 
     def __post_init__(self) -> None:
         # Callers may name the device as a string ("cuda:1"); layers compare torch.devices.

@@ -133,3 +133,4 @@ class ModelInfo:
     mega_moe_sm_budget: int | None
     cuda_graph: str
     extra: dict[str, Any] = field(default_factory=dict)
+    kv_cache_dtype: str = "bf16"  # what --kv-cache-dtype resolved to (bf16: the model dtype)

@@ -168,6 +168,20 @@ def _default_max_total_tokens(
     return tokens
 
 
+def _kv_cache_line(runner: Any, budget: int, context_length: int) -> str:
+    """The startup line on the KV cache: its layout (bytes a row of each kind), what a cached
+    token costs per layer kind (the memory model) and the capacity that follows."""
+    from sglang.srt.model_executor.memory_budget import memory_model_of
+
+    shape = memory_model_of(runner.model)
+    cost = f"; {shape.describe()}" if shape is not None else ""
+    return (
+        f"{runner.kv_cache_layout()}{cost}; capacity {budget} cached tokens "
+        f"({budget // max(context_length, 1)} requests of the whole {context_length}-token "
+        "context)"
+    )
+
+
 def check_dp_attention(args: ServerArgs) -> None:
     """Before the load: a model that cannot serve DP attention fails with its reason."""
     from sglang.srt.model_executor.model_registry import (
@@ -303,6 +317,8 @@ def run_scheduler_process(
                 f"the cache slots of {context_length}-token requests that fit --max-total-tokens "
                 f"{budget}"
             )
+        if tp_rank == 0:
+            logger.info(_kv_cache_line(runner, budget, context_length))
         moe_runner = runner.moe_runner_name()
         sm_budget = _sm_budget(runner.device)
         symm = _symm_mem_state(args, tp_size)
@@ -339,6 +355,7 @@ def run_scheduler_process(
             symm_mem=symm,
             mega_moe_sm_budget=sm_budget,
             cuda_graph=cuda_graph,
+            kv_cache_dtype=runner.kv_cache_dtype(),
         )
         status.put(("ready", tp_rank, info if tp_rank == 0 else None))
         started = True

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from sglang.srt.mem_cache.growable_rows import GrowableRows
+from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
 
 
 @dataclass(frozen=True)
 class CompressorStorage:
-    """One request's compressor buffers: ``entries`` (rows ``[n, D]`` of the entry dtype, paged in
-    the pool's blocks), ``pending_kv`` /
+    """One request's compressor buffers: ``entries`` (stored rows ``[n, width]``, paged in the
+    pool's blocks; ``encoding`` says how), ``pending_kv`` /
     ``pending_score [ratio, coff*D]`` fp32, ``prev_kv`` / ``prev_score [ratio, D]`` fp32 (overlap
     only, else ``None``)."""
 
@@ -36,6 +37,7 @@ class CompressorStorage:
     pending_score: torch.Tensor
     prev_kv: torch.Tensor | None
     prev_score: torch.Tensor | None
+    encoding: RowCodec
 
 
 def reset_previous(prev_kv: torch.Tensor, prev_score: torch.Tensor) -> None:
@@ -54,12 +56,16 @@ class CompressorState:
         entry_dtype: torch.dtype,
         device: torch.device | str = "cpu",
         storage: CompressorStorage | None = None,
+        encoding: RowCodec | None = None,
     ) -> None:
+        """Entries of ``dim`` values in ``entry_dtype`` (the model dtype), or stored as
+        ``encoding`` says (FP8 rows); with ``storage`` its encoding is the entries'."""
         if ratio < 1:
             raise ValueError(f"compress ratio must be >= 1, got {ratio}")
         self.ratio, self.dim, self.overlap = ratio, dim, overlap
         width = (2 if overlap else 1) * dim
         self.entries: GrowableRows
+        self.encoding: RowCodec = encoding or PlainRows(dim, entry_dtype)
         if storage is None:
             f32 = torch.float32
             self._pending_kv = torch.zeros(ratio, width, dtype=f32, device=device)
@@ -70,16 +76,22 @@ class CompressorState:
                 self.prev_kv = torch.empty(ratio, dim, dtype=f32, device=device)
                 self.prev_score = torch.empty(ratio, dim, dtype=f32, device=device)
                 reset_previous(self.prev_kv, self.prev_score)
-            self.entries = GrowableRows(dim, dtype=entry_dtype, device=device)
+            enc = self.encoding
+            self.entries = GrowableRows(enc.width, dtype=enc.store_dtype, device=device)
         else:
             self._pending_kv, self._pending_score = storage.pending_kv, storage.pending_score
             self.prev_kv, self.prev_score = storage.prev_kv, storage.prev_score
             self.entries = storage.entries
+            self.encoding = storage.encoding
         self.num_pending = 0
 
     @property
     def num_entries(self) -> int:
         return len(self.entries)
+
+    def entry_values(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Every entry ``[n, dim]``, decoded (``dtype``: default the model dtype)."""
+        return self.encoding.decode(self.entries.rows(), dtype)
 
     @property
     def num_tokens(self) -> int:

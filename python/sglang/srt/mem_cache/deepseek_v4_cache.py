@@ -19,6 +19,7 @@ import torch
 from sglang.srt.mem_cache.compressor_state import CompressorState
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.mem_cache.request_cache import RequestCache
+from sglang.srt.mem_cache.row_codec import RowCodec
 from sglang.srt.mem_cache.window_ring import WindowRing
 
 
@@ -68,8 +69,12 @@ def new_request_cache(
     index_head_dim: int,
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
+    entry_codec: RowCodec | None = None,
+    index_codec: RowCodec | None = None,
 ) -> DeepseekV4RequestCache:
-    """An empty cache for a model with these per-layer attention kinds and ratios."""
+    """An empty cache for a model with these per-layer attention kinds and ratios;
+    ``entry_codec`` / ``index_codec``: how compressed entries / indexer keys are stored (None:
+    the model dtype)."""
     layers = []
     for kind, ratio in zip(attn_types, compress_ratios):
         ring = WindowRing(sliding_window - 1, head_dim, dtype=dtype, device=device)
@@ -77,11 +82,21 @@ def new_request_cache(
         if kind != "sliding":
             overlap = kind == "csa"
             comp = CompressorState(
-                ratio=ratio, dim=head_dim, overlap=overlap, entry_dtype=dtype, device=device
+                ratio=ratio,
+                dim=head_dim,
+                overlap=overlap,
+                entry_dtype=dtype,
+                device=device,
+                encoding=entry_codec,
             )
             if kind == "csa":
                 idx = CompressorState(
-                    ratio=ratio, dim=index_head_dim, overlap=True, entry_dtype=dtype, device=device
+                    ratio=ratio,
+                    dim=index_head_dim,
+                    overlap=True,
+                    entry_dtype=dtype,
+                    device=device,
+                    encoding=index_codec,
                 )
         layers.append(DeepseekV4LayerCache(ring, comp, idx))
     return DeepseekV4RequestCache(layers)
@@ -99,18 +114,18 @@ def slot_request_cache(pool: DeepseekV4SlotPool, slot: int) -> DeepseekV4Request
             c = store.compressor
             comp = CompressorState(
                 ratio=c.ratio,
-                dim=c.entries.shape[-1],
+                dim=c.dim,
                 overlap=c.overlap,
-                entry_dtype=c.entries.dtype,
+                entry_dtype=c.encoding.dtype,
                 storage=c.storage(slot, pool.blocks),
             )
         if store.indexer is not None:
             c = store.indexer
             idx = CompressorState(
                 ratio=c.ratio,
-                dim=c.entries.shape[-1],
+                dim=c.dim,
                 overlap=True,
-                entry_dtype=c.entries.dtype,
+                entry_dtype=c.encoding.dtype,
                 storage=c.storage(slot, pool.blocks),
             )
         layers.append(DeepseekV4LayerCache(ring, comp, idx))

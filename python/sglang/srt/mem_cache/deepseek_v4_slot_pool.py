@@ -9,7 +9,8 @@ rows write, so they never touch a real request), per layer, the fixed-size state
 - per compressor (ratio 4 / 128; plus the ratio-4 indexer's own): ``pending_kv`` /
   ``pending_score [S, ratio, coff*D]`` fp32 and, with overlapping windows, ``prev_kv`` /
   ``prev_score [S, ratio, D]`` fp32.
-Paged, per compressor: ``entries [num_blocks + 1, B // ratio, D]``, where a block of ``B`` tokens
+Paged, per compressor: ``entries [num_blocks + 1, B // ratio, width]`` (``D`` values of the model
+dtype, or FP8 rows of ``width`` bytes: ``--kv-cache-dtype``), where a block of ``B`` tokens
 (``block_tokens``, a multiple of every ratio) holds those tokens' entries. One block table
 (:class:`PagedBlockTable`, ``[S, ceil(capacity / B)]`` on the device) serves every layer: a
 request's block ``i`` holds its entries of tokens ``i * B ..`` in every compressor. The extra
@@ -32,6 +33,7 @@ import torch
 from sglang.srt.mem_cache.compressor_state import CompressorStorage, reset_previous
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 from sglang.srt.mem_cache.paged_rows import PagedRows
+from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
 from sglang.srt.mem_cache.slot_blocks import SlotBlocks
 
 
@@ -39,11 +41,17 @@ from sglang.srt.mem_cache.slot_blocks import SlotBlocks
 class CompressorSlots:
     ratio: int
     overlap: bool
-    entries: torch.Tensor
+    entries: torch.Tensor  # [num_blocks + 1, B // ratio, encoding.width] stored rows
     pending_kv: torch.Tensor
     pending_score: torch.Tensor
     prev_kv: torch.Tensor | None
     prev_score: torch.Tensor | None
+    encoding: RowCodec
+
+    @property
+    def dim(self) -> int:
+        """Values an entry holds."""
+        return self.encoding.dim
 
     @classmethod
     def allocate(
@@ -57,8 +65,11 @@ class CompressorSlots:
         overlap: bool,
         dtype: torch.dtype,
         device: torch.device,
+        encoding: RowCodec | None = None,
     ) -> CompressorSlots:
+        """Entries in ``dtype`` (the model dtype), or stored as ``encoding`` says (FP8 rows)."""
         width = (2 if overlap else 1) * dim
+        encoding = encoding or PlainRows(dim, dtype)
 
         def f32(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=torch.float32, device=device)
@@ -72,12 +83,17 @@ class CompressorSlots:
             overlap=overlap,
             # +1: the null block (see the module doc)
             entries=torch.zeros(
-                num_blocks + 1, block_tokens // ratio, dim, dtype=dtype, device=device
+                num_blocks + 1,
+                block_tokens // ratio,
+                encoding.width,
+                dtype=encoding.store_dtype,
+                device=device,
             ),
             pending_kv=f32(slots, ratio, width),
             pending_score=f32(slots, ratio, width),
             prev_kv=prev_kv,
             prev_score=prev_score,
+            encoding=encoding,
         )
 
     def storage(self, slot: int, table: PagedBlockTable) -> CompressorStorage:
@@ -87,6 +103,7 @@ class CompressorSlots:
             self.pending_score[slot],
             None if self.prev_kv is None else self.prev_kv[slot],
             None if self.prev_score is None else self.prev_score[slot],
+            self.encoding,
         )
 
     def reset(self, slot: int) -> None:
@@ -130,9 +147,13 @@ class DeepseekV4SlotPool(SlotBlocks):
         num_blocks: int | None = None,
         block_tokens: int | None = None,
         total_tokens: int | None = None,
+        entry_codec: RowCodec | None = None,
+        index_codec: RowCodec | None = None,
     ) -> None:
         """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
-        request's) size the block pool; neither: every slot can hold a whole-capacity request."""
+        request's) size the block pool; neither: every slot can hold a whole-capacity request.
+        ``entry_codec`` / ``index_codec``: how the compressed entries / indexer keys are stored
+        (None: the model dtype; FP8 rows); the window rings are the model dtype."""
         dev = torch.device(device)
         self.window = sliding_window
         block_tokens = block_tokens or default_block_tokens(compress_ratios)
@@ -157,11 +178,27 @@ class DeepseekV4SlotPool(SlotBlocks):
             comp = idx = None
             if kind != "sliding":
                 comp = CompressorSlots.allocate(
-                    rows, nb, bt, ratio, head_dim, overlap=kind == "csa", dtype=dtype, device=dev
+                    rows,
+                    nb,
+                    bt,
+                    ratio,
+                    head_dim,
+                    overlap=kind == "csa",
+                    dtype=dtype,
+                    device=dev,
+                    encoding=entry_codec,
                 )
                 if kind == "csa":
                     idx = CompressorSlots.allocate(
-                        rows, nb, bt, ratio, index_head_dim, overlap=True, dtype=dtype, device=dev
+                        rows,
+                        nb,
+                        bt,
+                        ratio,
+                        index_head_dim,
+                        overlap=True,
+                        dtype=dtype,
+                        device=dev,
+                        encoding=index_codec,
                     )
             self.layers.append(LayerSlots(window, comp, idx))
         for slot in range(rows):

@@ -5,7 +5,8 @@ Per layer, one of:
   (the last ``W - 1`` pre-conv q/k/v rows, ``[W - 1, 3 * H_local * D]``, model dtype) and the
   recurrent state (``[H_local, V, K]``, V-major, fp32 by default);
 - MLA: the latent KV rows, ``[n, kv_lora_rank + qk_rope_head_dim]`` (the normed ``c_kv`` then the
-  shared, unrotated ``k_pe``), growing by one row a token.
+  shared, unrotated ``k_pe``), growing by one row a token, in the model dtype or as FP8 rows
+  (``--kv-cache-dtype``: ``layers/attention/mla_kv_layout.py``).
 The request also counts its tokens, so a forward can check that positions continue the cache.
 
 A plain per-request store that the reference layers read directly, or, for the MLA latents, rows
@@ -25,6 +26,7 @@ import torch
 from sglang.srt.mem_cache.growable_rows import GrowableRows
 from sglang.srt.mem_cache.paged_rows import PagedRows
 from sglang.srt.mem_cache.request_cache import RequestCache
+from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
 
 LayerKind = Literal["kda", "mla"]
 
@@ -37,10 +39,31 @@ class KDAState:
 
 @dataclass
 class MLALatentCache:
-    rows: GrowableRows  # [n, kv_lora_rank + qk_rope_head_dim]
+    """One MLA layer's latent rows ``[n, kv_lora_rank + qk_rope_head_dim]`` as stored: in the
+    model dtype (``encoding`` None, or plain), or FP8 rows (``--kv-cache-dtype fp8_e4m3``)."""
+
+    rows: GrowableRows
+    encoding: RowCodec | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def append(self, latents: torch.Tensor) -> None:
+        """Append latent rows ``[m, L + rope]`` (values), encoded as this cache stores them."""
+        if self.encoding is None:
+            self.rows.append(latents)
+        elif isinstance(self.rows, PagedRows):
+            self.rows.append(latents, self.encoding)
+        else:
+            self.rows.append(self.encoding.encode(latents))
+
+    def values(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Every latent row, decoded (``dtype``: default the stored dtype, or for FP8 rows the
+        model dtype; FP8 rows decode exactly into fp32 and bf16)."""
+        stored = self.rows.rows()
+        if self.encoding is None:
+            return stored if dtype is None else stored.to(dtype)
+        return self.encoding.decode(stored, dtype)
 
 
 LayerCache = KDAState | MLALatentCache
@@ -74,9 +97,11 @@ def new_request_cache(
     dtype: torch.dtype,
     state_dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    latent_encoding: RowCodec | None = None,
 ) -> KimiK3RequestCache:
     """An empty cache; ``kda_heads`` is this rank's head count. Zero states are the correct start
-    of a sequence (no prefix)."""
+    of a sequence (no prefix). ``latent_encoding``: how the MLA latents are stored (None: the
+    model dtype)."""
     layers: list[LayerCache] = []
     for kind in layer_kinds:
         if kind == "kda":
@@ -88,7 +113,9 @@ def new_request_cache(
             )
             layers.append(KDAState(conv, rec))
         elif kind == "mla":
-            layers.append(MLALatentCache(GrowableRows(mla_latent_dim, dtype=dtype, device=device)))
+            enc = latent_encoding or PlainRows(mla_latent_dim, dtype)
+            rows = GrowableRows(enc.width, dtype=enc.store_dtype, device=device)
+            layers.append(MLALatentCache(rows, latent_encoding))
         else:
             raise ValueError(f"unknown layer kind {kind!r}; expected 'kda' or 'mla'")
     return KimiK3RequestCache(layers)

@@ -7,7 +7,8 @@ Per slot (``S = max_slots + 1`` rows; the last is the scratch slot, where a padd
 rows write, so they never touch a real request), per KDA layer:
 - ``conv [S, W - 1, 3 * H_local * D]`` (model dtype): the last ``W - 1`` pre-conv q/k/v rows;
 - ``recurrent [S, H_local, D, D]`` (the state dtype, fp32 by default): the delta-rule state.
-Paged, per MLA layer: ``latents [num_blocks + 1, B, kv_lora_rank + rope]``, block ``i`` of a
+Paged, per MLA layer: ``latents [num_blocks + 1, B, width]`` (``kv_lora_rank + rope`` values of the
+model dtype, or FP8 rows of ``width`` bytes: ``--kv-cache-dtype``), block ``i`` of a
 slot's table row holding its tokens ``i * B ..`` in every MLA layer (one
 :class:`PagedBlockTable`, ``[S, ceil(capacity / B)]`` on the device). The extra block is the null
 block that unused table entries (and the scratch slot, whose row never gets a block) point to.
@@ -33,6 +34,7 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
     MLALatentCache,
 )
 from sglang.srt.mem_cache.paged_rows import PagedRows
+from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
 from sglang.srt.mem_cache.slot_blocks import SlotBlocks
 
 # Tokens a latent block holds unless told otherwise (as the eager latent pool's blocks).
@@ -74,15 +76,21 @@ class KimiK3SlotPool(SlotBlocks):
         num_blocks: int | None = None,
         block_tokens: int | None = None,
         total_tokens: int | None = None,
+        latent_encoding: RowCodec | None = None,
     ) -> None:
         """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
         request's) size the latent blocks; neither: every slot can hold a whole-capacity
-        request."""
+        request. ``latent_encoding``: how the latents are stored (None: the model dtype)."""
         bad = [k for k in shape.layer_kinds if k not in ("kda", "mla")]
         if bad:
             raise ValueError(f"unknown layer kinds {bad}; expected 'kda' or 'mla'")
         dev = torch.device(device)
         self.shape = shape
+        self.latent_encoding: RowCodec = latent_encoding or PlainRows(shape.latent_dim, dtype)
+        if self.latent_encoding.dim != shape.latent_dim:
+            raise ValueError(
+                f"latent rows of {self.latent_encoding.dim} values in a pool of {shape.latent_dim}"
+            )
         super().__init__(
             max_slots=max_slots,
             capacity=capacity,
@@ -104,8 +112,9 @@ class KimiK3SlotPool(SlotBlocks):
                 self.kda.append(KDASlots(conv, rec))
                 self.latents.append(None)
             else:
+                enc = self.latent_encoding
                 store = torch.zeros(
-                    num_blocks + 1, self.block_tokens, shape.latent_dim, dtype=dtype, device=dev
+                    num_blocks + 1, self.block_tokens, enc.width, dtype=enc.store_dtype, device=dev
                 )
                 self.kda.append(None)
                 self.latents.append(store)
@@ -132,7 +141,8 @@ class KimiK3SlotPool(SlotBlocks):
             else:
                 assert store is not None
                 held = self.blocks.blocks(slot)
-                layers.append(MLALatentCache(PagedRows(store, self.blocks.table[slot], held)))
+                rows = PagedRows(store, self.blocks.table[slot], held)
+                layers.append(MLALatentCache(rows, self.latent_encoding))
         cache = KimiK3RequestCache(layers)
         cache.slot = slot
         return cache

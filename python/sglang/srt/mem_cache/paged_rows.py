@@ -16,6 +16,7 @@ import torch
 
 from sglang.srt.mem_cache.block_pool import RequestBlocks
 from sglang.srt.mem_cache.growable_rows import GrowableRows
+from sglang.srt.mem_cache.row_codec import RowCodec
 
 
 class PagedRows(GrowableRows):
@@ -36,14 +37,23 @@ class PagedRows(GrowableRows):
         flat = self.buf[self.table_row[:blocks]].reshape(-1, self.buf.shape[-1])
         return flat[: self.n]
 
-    def append(self, rows: torch.Tensor) -> None:
+    def append(self, rows: torch.Tensor, encoding: RowCodec | None = None) -> None:
+        """Append ``rows``: stored rows as they are, or (``encoding``) values encoded as the
+        store holds them (FP8 rows quantised and scattered by one kernel where Triton runs)."""
         m = rows.shape[0]
         if m == 0:
             return
         self.check_room(m)
         block, offset = self._locate(self.n, m)
-        self.buf[block, offset] = rows.to(self.buf.dtype)
+        if encoding is None:
+            self.buf[block, offset] = rows.to(self.buf.dtype)
+        else:
+            encoding.write(self.flat_store(), block * self.rows_per_block + offset, rows)
         self.n += m
+
+    def flat_store(self) -> torch.Tensor:
+        """The whole store as ``[(num_blocks + 1) * rows_per_block, width]`` rows (a view)."""
+        return self.buf.view(-1, self.buf.shape[-1])
 
     def check_room(self, m: int) -> None:
         """The request's reserved blocks hold ``m`` more rows (else a clear error, nothing
@@ -59,10 +69,13 @@ class PagedRows(GrowableRows):
         raise AssertionError("PagedRows never grows its store")
 
 
-def append_one_each(rows: Sequence[PagedRows], new: torch.Tensor) -> None:
+def append_one_each(
+    rows: Sequence[PagedRows], new: torch.Tensor, encoding: RowCodec | None = None
+) -> None:
     """Append row ``new[i]`` to ``rows[i]`` for every ``i`` (views of one store): a decode step's
     write for many requests as one scatter, instead of a few small kernels per request. The
-    target rows come from the host block tables, so the only transfer is their indices."""
+    target rows come from the host block tables, so the only transfer is their indices.
+    ``encoding``: ``new`` holds values to encode as the store holds them (else stored rows)."""
     if not rows:
         return
     store = rows[0].buf
@@ -79,6 +92,9 @@ def append_one_each(rows: Sequence[PagedRows], new: torch.Tensor) -> None:
     if len(set(flat)) != len(flat):
         raise ValueError("append_one_each: two views write the same store row")
     idx = torch.tensor(flat, dtype=torch.long).to(store.device, non_blocking=True)
-    store.view(-1, store.shape[-1]).index_copy_(0, idx, new.to(store.dtype))
+    if encoding is None:
+        store.view(-1, store.shape[-1]).index_copy_(0, idx, new.to(store.dtype))
+    else:
+        encoding.write(rows[0].flat_store(), idx, new)
     for r in rows:
         r.n += 1

@@ -2,7 +2,8 @@
 the static decode (slot pool + CUDA-graph body) is the optional :class:`SupportsStaticDecode` (which
 a model may keep closed behind :class:`GatedStaticDecode`), paged caches without it (eager
 decode) the optional :class:`SupportsPagedCache`, and what its caches and workspace cost (the
-default ``--max-total-tokens``) the optional :class:`SupportsMemoryModel`.
+default ``--max-total-tokens``) the optional :class:`SupportsMemoryModel`, and how its caches
+store their rows (``--kv-cache-dtype``) the optional :class:`SupportsKVCacheDtype`.
 
 Models implement these structurally (no import of this file). The executor checks them with
 ``isinstance`` and, where an ability is required, :func:`require_ability` names what is missing,
@@ -19,6 +20,7 @@ import torch
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.moe_runner import MoERunner
 from sglang.srt.mem_cache.block_pool import BlockPool
+from sglang.srt.mem_cache.kv_cache_dtype import KVLayout
 from sglang.srt.mem_cache.memory_models.memory_model import MemoryModel
 
 # One static decode step: (input_ids, positions, slots) [bs] -> logits [bs, V].
@@ -133,6 +135,15 @@ class SupportsMemoryModel(Protocol):
     the worst case (context x max running requests)."""
 
     def memory_model(self) -> MemoryModel: ...
+
+
+@runtime_checkable
+class SupportsKVCacheDtype(Protocol):
+    """Caches whose rows follow ``--kv-cache-dtype`` (the layout the model resolved it to);
+    a model without it keeps every cache in the model dtype."""
+
+    @property
+    def kv_layout(self) -> KVLayout: ...
 
 
 @runtime_checkable

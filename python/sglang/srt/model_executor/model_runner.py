@@ -34,6 +34,7 @@ from sglang.srt.model_executor.memory_budget import unbounded_budget_reason
 from sglang.srt.model_executor.mixed_step import MixedSplit, split_mixed_step
 from sglang.srt.model_executor.model_abilities import (
     ServedModel,
+    SupportsKVCacheDtype,
     SupportsPagedCache,
     SupportsStaticDecode,
     moe_runners,
@@ -103,9 +104,15 @@ class ModelRunner:
             moe_runner=args.moe_runner_backend,
             a2a_backend=args.moe_a2a_backend,
             moe_ep_size=args.ep_size,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         loaded = self.entry.load(args.model_path, spec, LoadOptions(progress=tp_rank == 0))
         self.model: ServedModel = require_ability(loaded, ServedModel)
+        if args.kv_cache_dtype == "fp8_e4m3" and not isinstance(loaded, SupportsKVCacheDtype):
+            raise ValueError(
+                f"--kv-cache-dtype fp8_e4m3: {type(loaded).__name__} has no FP8 cache layout; "
+                "use --kv-cache-dtype auto or bf16"
+            )
         self.load_time_s = time.perf_counter() - started
         self.caches: dict[str, Any] = {}
         # Set by init_decode when caches live in the model's slot pool (decode: static_decode).
@@ -130,6 +137,18 @@ class ModelRunner:
     def pooled(self) -> bool:
         """Caches live in the model's slot pool and decode runs through ``static_decode``."""
         return self.static_model is not None
+
+    def kv_cache_dtype(self) -> str:
+        """What ``--kv-cache-dtype`` resolved to for this model (``bf16``: the model dtype)."""
+        if isinstance(self.model, SupportsKVCacheDtype):
+            return self.model.kv_layout.choice.name
+        return "bf16"
+
+    def kv_cache_layout(self) -> str:
+        """The startup log's line on how the caches store their rows."""
+        if isinstance(self.model, SupportsKVCacheDtype):
+            return self.model.kv_layout.describe()
+        return f"KV cache in the model dtype ({type(self.model).__name__} has no FP8 layout)"
 
     def moe_runner_name(self) -> str:
         """The runner the MoE layers actually use (``auto`` resolved)."""

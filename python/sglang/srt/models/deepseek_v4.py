@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.attention.dsv4_attention import AttnSegment, DeepseekV4Attention
+from sglang.srt.layers.attention.dsv4_kv_layout import DeepseekV4KVLayout
 from sglang.srt.layers.attention.dsv4_static_decode import static_decode_attention
 from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
 from sglang.srt.layers.dp_attention import attention_spec, dp_gather, dp_scatter
@@ -169,6 +170,13 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
         self.hc_head_scale = fp32_param(1, device=device)
         self.head = ReplicatedLinear(c.hidden_size, c.vocab_size, spec)
         self.slot_pool: DeepseekV4SlotPool | None = None  # see enable_slot_pool
+        self.kv_layout = DeepseekV4KVLayout.build(
+            head_dim=c.head_dim,
+            rope_dim=c.rope_head_dim,
+            index_head_dim=c.index_head_dim,
+            dtype=spec.dtype,
+            kv_cache_dtype=spec.kv_cache_dtype,
+        )
 
     @property
     def decoder_layers(self) -> list[DeepseekV4DecoderLayer]:
@@ -187,12 +195,24 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
             index_head_dim=c.index_head_dim,
             dtype=self.dtype,
             device=self.device,
+            entry_codec=self.kv_layout.entries,
+            index_codec=self.kv_layout.index_keys,
         )
 
     def memory_model(self) -> CacheShape:
         """What a cached token, a request's window rings and a step's workspace cost this rank
-        (the default ``--max-total-tokens``)."""
-        return CacheShape.from_model_config(self.config, self.dtype.itemsize)
+        (the default ``--max-total-tokens``), in the bytes the caches store
+        (``--kv-cache-dtype``)."""
+        layout = self.kv_layout
+        if not layout.choice.fp8:  # every row in the model dtype: the shape's own arithmetic
+            return CacheShape.from_model_config(self.config, self.dtype.itemsize)
+        return CacheShape.from_model_config(
+            self.config,
+            self.dtype.itemsize,
+            entry_bytes=layout.entries.row_bytes,
+            index_key_bytes=layout.index_keys.row_bytes,
+            kv_cache=layout.choice.name,
+        )
 
     # --- slot pool -----------------------------------------------------------------------------
 
@@ -223,6 +243,8 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
             num_blocks=num_blocks,
             block_tokens=block_tokens,
             total_tokens=total_tokens,
+            entry_codec=self.kv_layout.entries,
+            index_codec=self.kv_layout.index_keys,
         )
         return self.slot_pool
 

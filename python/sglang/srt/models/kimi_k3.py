@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from sglang.srt.layers.attention.kda import KDAConfig, KDASegment, KimiDeltaAttention
+from sglang.srt.layers.attention.mla_kv_layout import KimiK3KVLayout
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention, MLANoPEConfig, MLASegment
 from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
 from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
@@ -195,6 +196,12 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         self.lm_head = ReplicatedLinear(c.hidden_size, c.vocab_size, spec)
         self.latent_pool: KimiK3LatentPool | None = None  # see enable_latent_pool
         self.slot_pool: KimiK3SlotPool | None = None  # see enable_slot_pool
+        self.kv_layout = KimiK3KVLayout.build(
+            kv_lora_rank=c.kv_lora_rank,
+            rope_dim=c.qk_rope_head_dim,
+            dtype=spec.dtype,
+            kv_cache_dtype=spec.kv_cache_dtype,
+        )
 
     @property
     def decoder_layers(self) -> list[KimiK3DecoderLayer]:
@@ -214,6 +221,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
             dtype=self.dtype,
             state_dtype=_STATE_DTYPES[c.kda_state_dtype],
             device=self.device,
+            latent_encoding=self.kv_layout.latents,
         )
 
     def memory_model(self) -> KimiK3MemoryModel:
@@ -228,6 +236,8 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
             bank_rows=c.num_bank_rows,
             dtype_bytes=self.dtype.itemsize,
             state_dtype_bytes=_STATE_DTYPES[c.kda_state_dtype].itemsize,
+            latent_row_bytes=self.kv_layout.latents.row_bytes,
+            kv_cache=self.kv_layout.choice.name,
         )
 
     @property
@@ -244,14 +254,15 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         by up to ``max_requests`` requests of up to ``capacity`` tokens (KDA state stays per
         request: it is fixed-size). Replaces any earlier pool."""
         c = self.config
+        enc = self.kv_layout.latents  # the stored row: latent_dim values, or FP8 bytes
         self.latent_pool = KimiK3LatentPool(
             layer_kinds=c.layer_kinds,
-            latent_dim=c.mla_latent_dim,
+            latent_dim=enc.width,
             max_requests=max_requests,
             capacity=capacity,
             num_blocks=num_blocks,
             block_tokens=block_tokens,
-            dtype=self.dtype,
+            dtype=enc.store_dtype,
             device=self.device,
         )
         return self.latent_pool
@@ -263,6 +274,9 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         cache = self.new_request_cache()
         cache.row = pool.alloc()
         pool.attach(cache, cache.row)
+        for layer in cache.layers:  # the pool's rows are stored as the layout says
+            if isinstance(layer, MLALatentCache):
+                layer.encoding = self.kv_layout.latents
         return cache
 
     def free_paged_cache(self, cache: KimiK3RequestCache) -> None:
@@ -338,6 +352,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
             num_blocks=num_blocks,
             block_tokens=block_tokens,
             total_tokens=total_tokens,
+            latent_encoding=self.kv_layout.latents,
         )
         return self.slot_pool
 

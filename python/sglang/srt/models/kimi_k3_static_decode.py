@@ -25,6 +25,7 @@ from sglang.srt.layers.attention.kda_static_decode import kda_static_decode
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
 from sglang.srt.layers.attention.mla_static_decode import mla_static_decode
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3PoolShape, KimiK3SlotPool
+from sglang.srt.mem_cache.row_codec import RowCodec
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 
 
@@ -75,8 +76,10 @@ def new_slot_pool(
     num_blocks: int | None = None,
     block_tokens: int | None = None,
     total_tokens: int | None = None,
+    latent_encoding: RowCodec | None = None,
 ) -> KimiK3SlotPool:
-    """The slot pool of a model with this config; ``kda_heads`` is this rank's head count."""
+    """The slot pool of a model with this config; ``kda_heads`` is this rank's head count,
+    ``latent_encoding`` how its MLA latents are stored (None: the model dtype)."""
     return KimiK3SlotPool(
         slot_pool_shape(config, kda_heads=kda_heads),
         max_slots=max_slots,
@@ -87,6 +90,7 @@ def new_slot_pool(
         num_blocks=num_blocks,
         block_tokens=block_tokens,
         total_tokens=total_tokens,
+        latent_encoding=latent_encoding,
     )
 
 
@@ -104,6 +108,6 @@ def static_attend(pool: KimiK3SlotPool, positions: Tensor, slots: Tensor) -> Sta
             return kda_static_decode(attn, x, slots, kda.conv, kda.recurrent)
         store = pool.latents[i]
         assert store is not None, f"layer {i} is MLA, the pool holds KDA states there"
-        return mla_static_decode(attn, x, positions, slots, store, table)
+        return mla_static_decode(attn, x, positions, slots, store, table, pool.latent_encoding)
 
     return attend

@@ -7,6 +7,8 @@ For request ``b`` with ``n = lengths[b]`` live rows, row ``j`` at ``store[table[
   s_j   = (q_lat . ckv_j + q_pe . kpe_j) * scale
   o_lat = sum_j softmax(s)_j ckv_j                                [bs, heads, L] fp32
 (the ``w_vc`` output absorption stays with the caller). A request with no live row gets zeros.
+The latents may be FP8 rows (``--kv-cache-dtype fp8_e4m3``: ``quant/fp8_rows.py``, ``ckv`` e4m3,
+``kpe`` bf16), dequantised in the key tile into bf16 values: the products below stay exact.
 
 Flash-decoding in three launches with shapes fixed by the batch (CUDA-graph safe: the lengths
 and the block table are read from device memory):
@@ -31,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs, load_rows
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 _EMPTY = tl.constexpr(-1.0e30)  # the running max of a slice with no live key (finite: no inf - inf)
@@ -57,6 +60,8 @@ class AbsorbedDecodeConfig:
 # heads in M (mma.sync), 16 heads x 64 keys, 8 warps: the fastest exact config measured at bs 1
 # and 16 (docs/performance.md)
 DEFAULT_CONFIG = AbsorbedDecodeConfig()
+# FP8 latents: 32-key tiles (the dequantisation's temporaries spilled 2.4 KB at 64 on sm_90)
+FP8_CONFIG = AbsorbedDecodeConfig(block_n=32)
 
 
 @triton.jit
@@ -210,6 +215,15 @@ def _split_kernel(
     Q_RESIDENT: tl.constexpr,
     HEADS_MINOR: tl.constexpr,
     DOT_F32: tl.constexpr,
+    FP8: tl.constexpr,
+    FP8_F: tl.constexpr,
+    FP8_ROPE: tl.constexpr,
+    FP8_ROPE_OFF: tl.constexpr,
+    FP8_SCALE_OFF: tl.constexpr,
+    FP8_G: tl.constexpr,
+    FP8_NG: tl.constexpr,
+    FP8_SCALES: tl.constexpr,
+    FP8_ROW: tl.constexpr,
 ):
     hg = tl.program_id(0)  # fastest: the head groups of one key slice share its tiles in L2
     b = tl.program_id(1)
@@ -248,9 +262,18 @@ def _split_kernel(
             j = j0 + tl.arange(0, BLOCK_N)
             live = j < end
             blk = tl.load(table_row + j // rows_per_block, mask=live, other=0).to(tl.int64)
-            key = store_ptr + blk * block_stride + (j % rows_per_block).to(tl.int64) * (L + P)
-            ckv = tl.load(key[:, None] + lat_cols[None, :], mask=live[:, None], other=0.0)
-            kpe = tl.load(key[:, None] + L + pe_cols[None, :], mask=live[:, None], other=0.0)
+            if FP8:  # dequantised into bf16 values (the query parts' dtype), exactly
+                off = blk * block_stride + (j % rows_per_block).to(tl.int64) * FP8_ROW
+                ckv = load_rows(
+                    store_ptr, off, live, 0, L, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G,
+                ).to(parts_ptr.dtype.element_ty)  # fmt: skip
+                kpe = load_rows(
+                    store_ptr, off, live, L, P, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G,
+                ).to(parts_ptr.dtype.element_ty)  # fmt: skip
+            else:
+                key = store_ptr + blk * block_stride + (j % rows_per_block).to(tl.int64) * (L + P)
+                ckv = tl.load(key[:, None] + lat_cols[None, :], mask=live[:, None], other=0.0)
+                kpe = tl.load(key[:, None] + L + pe_cols[None, :], mask=live[:, None], other=0.0)
             s = _scores(
                 parts_ptr,
                 q0,
@@ -351,9 +374,15 @@ def _pow2(d: int) -> bool:
     return d >= 16 and d & (d - 1) == 0
 
 
-def absorbed_decode_unsupported(latent: int, rope: int, store_dtype: torch.dtype) -> str | None:
-    """Why the kernel cannot take these widths / this store, or None."""
-    if store_dtype not in (torch.bfloat16, torch.float16):
+def absorbed_decode_unsupported(
+    latent: int, rope: int, store_dtype: torch.dtype, fp8: Fp8RowFormat | None = None
+) -> str | None:
+    """Why the kernel cannot take these widths / this store (``fp8``: FP8 latent rows), or
+    None."""
+    if fp8 is not None:
+        if store_dtype != torch.uint8 or fp8.dim != latent + rope or fp8.rope != rope:
+            return f"FP8 latents need uint8 rows of {latent} e4m3 + {rope} bf16 values"
+    elif store_dtype not in (torch.bfloat16, torch.float16):
         return f"the latent store is {store_dtype}, the kernel reads bf16 or fp16"
     if not (_pow2(latent) and _pow2(rope)):
         return f"latent {latent} and rope {rope} widths must be powers of two >= 16"
@@ -388,7 +417,8 @@ def absorbed_mla_decode(
     *,
     q_parts: int = 3,
     p_parts: int = 3,
-    config: AbsorbedDecodeConfig = DEFAULT_CONFIG,
+    config: AbsorbedDecodeConfig | None = None,
+    fp8: Fp8RowFormat | None = None,
 ) -> torch.Tensor:
     """``q_lat [bs, heads, L]`` and ``q_pe [bs, heads, P]`` (fp32, or the store's dtype: then one
     exact part) over the paged latents ``store [num_blocks, R, L + P]`` (bf16/fp16) of each
@@ -396,18 +426,23 @@ def absorbed_mla_decode(
     ``store[table[b, j // R], j % R]``), the first ``lengths[b]`` rows live (``<= nb * R``; 0:
     the output row is zero) -> ``o_lat [bs, heads, L]`` fp32. The key slices cover ``nb * R``
     keys: slice ``table`` to the longest request's blocks when the host knows it.
-    ``q_parts`` / ``p_parts``: bf16 parts of the fp32 queries / probabilities (3: exact)."""
+    ``q_parts`` / ``p_parts``: bf16 parts of the fp32 queries / probabilities (3: exact).
+    ``fp8``: the store holds FP8 latent rows ``[num_blocks, R, row_bytes]`` uint8 (the latent
+    part e4m3, the rope part bf16), dequantised into bf16 values as they are read."""
     bs, heads, latent = q_lat.shape
     rope = q_pe.shape[-1]
-    why = absorbed_decode_unsupported(latent, rope, store.dtype)
+    if config is None:
+        config = DEFAULT_CONFIG if fp8 is None else FP8_CONFIG
+    why = absorbed_decode_unsupported(latent, rope, store.dtype, fp8)
     if why is not None:
         raise ValueError(why)
-    if q_pe.shape[:2] != (bs, heads) or store.dim() != 3 or store.shape[-1] != latent + rope:
+    width = latent + rope if fp8 is None else fp8.row_bytes
+    if q_pe.shape[:2] != (bs, heads) or store.dim() != 3 or store.shape[-1] != width:
         raise ValueError(
             f"absorbed decode shapes disagree: q_lat {tuple(q_lat.shape)}, q_pe "
-            f"{tuple(q_pe.shape)}, store {tuple(store.shape)} (want [blocks, rows, L + P])"
+            f"{tuple(q_pe.shape)}, store {tuple(store.shape)} (want [blocks, rows, {width}])"
         )
-    if store.stride(2) != 1 or store.stride(1) != latent + rope:
+    if store.stride(2) != 1 or store.stride(1) != width:
         raise ValueError("the latent store must hold contiguous rows")
     if table.dim() != 2 or table.shape[0] != bs or table.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"table must be [bs={bs}, blocks] int32/int64, got {tuple(table.shape)}")
@@ -424,10 +459,12 @@ def absorbed_mla_decode(
         return out
     if table.stride(1) != 1:
         table = table.contiguous()
-    lat_parts = _parts_for(q_lat, store.dtype, q_parts)
-    pe_parts = _parts_for(q_pe, store.dtype, q_parts)
+    # the dtype the keys are read in: the store's, or bf16 for FP8 rows (their exact values)
+    key_dtype = store.dtype if fp8 is None else torch.bfloat16
+    lat_parts = _parts_for(q_lat, key_dtype, q_parts)
+    pe_parts = _parts_for(q_pe, key_dtype, q_parts)
     n_parts = max(lat_parts, pe_parts)
-    parts = torch.empty(bs, n_parts, heads, latent + rope, dtype=store.dtype, device=q_lat.device)
+    parts = torch.empty(bs, n_parts, heads, latent + rope, dtype=key_dtype, device=q_lat.device)
     for t in (q_lat, q_pe):
         if t.stride(-1) != 1:
             raise ValueError("the queries' last dimension must be contiguous")
@@ -480,6 +517,7 @@ def absorbed_mla_decode(
         Q_RESIDENT=config.q_resident,
         HEADS_MINOR=config.heads_minor,
         DOT_F32=interpreter_enabled(),
+        **fp8_constexprs(fp8),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

@@ -7,8 +7,9 @@ Per row ``b`` (request ``slots[b]`` at ``positions[b] = p``):
   its candidates (a per-channel softmax of ``score + ape`` weighting ``kv``; with overlap the
   kept previous block's rows through channels ``[:D]``, whose scores already carry ``ape``, and
   this block's rows through ``[D:]``), RMS-normed (fp32 weight), rotated (interleaved RoPE on the
-  last ``2 * half`` channels at position ``block * ratio``), cast to the entries' dtype and
-  written to ``entries[table[slot, block // R], block % R]``; with overlap the block's first
+  last ``2 * half`` channels at position ``block * ratio``), cast to the entries' dtype (or
+  quantised as an FP8 row, ``--kv-cache-dtype fp8_e4m3``) and written to
+  ``entries[table[slot, block // R], block % R]``; with overlap the block's first
   channel halves (scores plus ``ape[:, :D]``) become the slot's previous block.
 A row that completes nothing writes only its pending row. The maths is the torch path's
 (``KVCompressor.emit``) in fp32: softmax as max, ``exp``, sum, divide, then the weighted sum;
@@ -35,7 +36,9 @@ from sglang.kernels.ops.attention.compressor_entry import (
     entry_input_reason,
     entry_warps,
     norm_rope_entry,
+    store_entry,
 )
+from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs, fp8_rows_reason
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 
@@ -158,19 +161,26 @@ def _emit(
     even, odd, i, pos, slot, table_ptr, table_stride, norm_w_ptr, inv_freq_ptr, entries_ptr,
     rows_per_block, eps, rope_factor,
     RATIO: tl.constexpr, D: tl.constexpr, ROPE_HALF: tl.constexpr,
+    FP8: tl.constexpr, FP8_F: tl.constexpr, FP8_ROPE: tl.constexpr, FP8_ROPE_OFF: tl.constexpr,
+    FP8_SCALE_OFF: tl.constexpr, FP8_G: tl.constexpr, FP8_NG: tl.constexpr,
+    FP8_SCALES: tl.constexpr, FP8_ROW: tl.constexpr,
 ):  # fmt: skip
     """RMSNorm, RoPE and the entry write of a pooled row (``even`` / ``odd`` channels ``2i`` /
-    ``2i + 1``, fp32)."""
+    ``2i + 1``, fp32): cast to the entries' dtype, or quantised as an FP8 row."""
     block = pos // RATIO
     out_even, out_odd = norm_rope_entry(
         even, odd, i, block, norm_w_ptr, inv_freq_ptr, eps, rope_factor, RATIO, D, ROPE_HALF
     )
     # The entry's address through the block table (paged_index.row_address)
     blk = tl.load(table_ptr + slot * table_stride + block // rows_per_block).to(tl.int64)
-    dst = entries_ptr + (blk * rows_per_block + block % rows_per_block) * D
-    ty = entries_ptr.dtype.element_ty
-    tl.store(dst + 2 * i, out_even.to(ty))
-    tl.store(dst + 2 * i + 1, out_odd.to(ty))
+    if FP8:
+        dst = entries_ptr + (blk * rows_per_block + block % rows_per_block) * FP8_ROW
+    else:
+        dst = entries_ptr + (blk * rows_per_block + block % rows_per_block) * D
+    store_entry(
+        dst, out_even, out_odd, i,
+        FP8, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G, FP8_NG, FP8_SCALES,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -180,6 +190,9 @@ def _fused_kernel(
     entries_ptr, rows_per_block, eps, rope_factor,
     RATIO: tl.constexpr, RATIO_P2: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
     NC: tl.constexpr, CHUNK: tl.constexpr, ROPE_HALF: tl.constexpr, OVERLAP: tl.constexpr,
+    FP8: tl.constexpr, FP8_F: tl.constexpr, FP8_ROPE: tl.constexpr, FP8_ROPE_OFF: tl.constexpr,
+    FP8_SCALE_OFF: tl.constexpr, FP8_G: tl.constexpr, FP8_NG: tl.constexpr,
+    FP8_SCALES: tl.constexpr, FP8_ROW: tl.constexpr,
 ):  # fmt: skip
     """One program a row, the whole step (candidates x D/2 fit one tile: ratio 4)."""
     b = tl.program_id(0).to(tl.int64)
@@ -206,6 +219,7 @@ def _fused_kernel(
         _emit(
             even, odd, i, pos, slot, table_ptr, table_stride, norm_w_ptr, inv_freq_ptr,
             entries_ptr, rows_per_block, eps, rope_factor, RATIO, D, ROPE_HALF,
+        FP8, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G, FP8_NG, FP8_SCALES, FP8_ROW,
         )  # fmt: skip
         if OVERLAP:
             _keep_previous(
@@ -256,6 +270,9 @@ def _emit_kernel(
     pooled_ptr, pos_ptr, slot_ptr, table_ptr, table_stride, norm_w_ptr, inv_freq_ptr,
     entries_ptr, rows_per_block, eps, rope_factor,
     RATIO: tl.constexpr, D: tl.constexpr, ROPE_HALF: tl.constexpr,
+    FP8: tl.constexpr, FP8_F: tl.constexpr, FP8_ROPE: tl.constexpr, FP8_ROPE_OFF: tl.constexpr,
+    FP8_SCALE_OFF: tl.constexpr, FP8_G: tl.constexpr, FP8_NG: tl.constexpr,
+    FP8_SCALES: tl.constexpr, FP8_ROW: tl.constexpr,
 ):  # fmt: skip
     """After :func:`_pool_split_kernel`: one program a row, the completed rows' entries."""
     b = tl.program_id(0).to(tl.int64)
@@ -268,6 +285,7 @@ def _emit_kernel(
         _emit(
             even, odd, i, pos, slot, table_ptr, table_stride, norm_w_ptr, inv_freq_ptr,
             entries_ptr, rows_per_block, eps, rope_factor, RATIO, D, ROPE_HALF,
+        FP8, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G, FP8_NG, FP8_SCALES, FP8_ROW,
         )  # fmt: skip
 
 
@@ -279,9 +297,18 @@ def compress_decode_reason(
     entries: torch.Tensor,
     table: torch.Tensor,
     rope_half: int,
+    *,
+    fp8: Fp8RowFormat | None = None,
+    entry_dtype: torch.dtype | None = None,
 ) -> str | None:
-    """Why :func:`compress_decode` cannot take these tensors (None: it can)."""
-    why = entry_input_reason(kv, score, entries.shape[-1], rope_half, entries.dtype)
+    """Why :func:`compress_decode` cannot take these tensors (None: it can); ``fp8``: the entries
+    are FP8 rows of that format (for a model computing in ``entry_dtype``)."""
+    if fp8 is None:
+        why = entry_input_reason(kv, score, entries.shape[-1], rope_half, entries.dtype)
+    else:
+        why = fp8_rows_reason(entries, fp8) or entry_input_reason(
+            kv, score, fp8.dim, rope_half, entry_dtype or torch.bfloat16, fp8
+        )
     if why is not None:
         return why
     if pending_kv.dtype != torch.float32 or not pending_kv.is_contiguous():
@@ -308,6 +335,7 @@ def compress_decode(
     prev_score: torch.Tensor | None,
     entries: torch.Tensor,
     maths: EntryMaths,
+    fp8: Fp8RowFormat | None = None,
 ) -> None:
     """Update the compressor state in place for ``kv`` / ``score [bs, coff*D]`` (fp32; rows may
     be strided, e.g. halves of one projection) of tokens at ``positions [bs]`` of the requests
@@ -315,15 +343,16 @@ def compress_decode(
 
     State: ``pending_kv`` / ``pending_score [S, ratio, coff*D]`` fp32; with overlap (``coff`` 2)
     ``prev_kv`` / ``prev_score [S, ratio, D]`` fp32 (both None without); ``entries
-    [num_blocks + 1, R, D]`` read through ``table [S, max_blocks]``; ``maths``: the
-    compressor's ape, RMSNorm and RoPE parameters.
+    [num_blocks + 1, R, D]`` (or, with ``fp8``, FP8 rows ``[num_blocks + 1, R, row_bytes]``
+    uint8, quantised as they are written) read through ``table [S, max_blocks]``; ``maths``:
+    the compressor's ape, RMSNorm and RoPE parameters.
 
     Few candidates (ratio 4) run as one program a row; many (ratio 128: one program would read
     the whole block alone) as programs per row and channel block, then one a row for the norm,
     RoPE and entry write."""
     bs, width = kv.shape
     slots_total, ratio, pend_width = pending_kv.shape
-    d = entries.shape[-1]
+    d = entries.shape[-1] if fp8 is None else fp8.dim
     overlap = prev_kv is not None
     if (prev_score is None) != (prev_kv is None):
         raise ValueError("prev_kv and prev_score come together (overlap) or not at all")
@@ -348,7 +377,9 @@ def compress_decode(
     half = maths.rope_half
     if maths.dim != d:
         raise ValueError(f"the norm weight has {maths.dim} channels, the entries {d}")
-    why = compress_decode_reason(kv, score, pending_kv, prev_kv, entries, table, half)
+    why = compress_decode_reason(
+        kv, score, pending_kv, prev_kv, entries, table, half, fp8=fp8, entry_dtype=kv.dtype
+    )
     if why is not None:
         raise ValueError(why)
     if bs == 0:
@@ -380,7 +411,7 @@ def compress_decode(
         _fused_kernel[(bs,)](
             *inputs[:6], *emit_args[:2], *state, *emit_args[2:],
             RATIO=ratio, RATIO_P2=ratio_p2, D=d, W=width, NC=nc, CHUNK=nc_p2, ROPE_HALF=half,
-            OVERLAP=overlap, num_warps=entry_warps(d), **opts,
+            OVERLAP=overlap, **fp8_constexprs(fp8), num_warps=entry_warps(d), **opts,
         )  # fmt: skip
         return
     block_c = min(d, max(16, TILE_ELEMS // nc_p2))
@@ -393,5 +424,6 @@ def compress_decode(
     )  # fmt: skip
     _emit_kernel[(bs,)](
         pooled, positions, slots, *emit_args,
-        RATIO=ratio, D=d, ROPE_HALF=half, num_warps=entry_warps(d), **opts,
+        RATIO=ratio, D=d, ROPE_HALF=half, **fp8_constexprs(fp8), num_warps=entry_warps(d),
+        **opts,
     )  # fmt: skip

@@ -1,5 +1,6 @@
 """What turns a DeepSeek V4 compressor's pooled block into its entry, shared by the decode and
-prefill kernels: the parameters (``EntryMaths``), the RMSNorm + RoPE (``norm_rope_entry``) and
+prefill kernels: the parameters (``EntryMaths``), the RMSNorm + RoPE (``norm_rope_entry``), the
+entry's store in the cache's form (``store_entry``: a cast, or an FP8 row quantised in place) and
 the checks on the inputs both kernels read the same way (``entry_input_reason``)."""
 
 from __future__ import annotations
@@ -9,6 +10,14 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
+
+from sglang.kernels.ops.quant.fp8_rows import (
+    Fp8RowFormat,
+    group_exponent,
+    group_exponents,
+    store_row,
+    store_scales,
+)
 
 TILE_ELEMS = 4096  # candidates x D/2 in one register tile
 ENTRY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -44,9 +53,17 @@ class EntryMaths:
 
 
 def entry_input_reason(
-    kv: torch.Tensor, score: torch.Tensor, dim: int, rope_half: int, entry_dtype: torch.dtype
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    dim: int,
+    rope_half: int,
+    entry_dtype: torch.dtype,
+    fp8: Fp8RowFormat | None = None,
 ) -> str | None:
-    """Why a compressor kernel cannot take these projections / this entry layout (None: it can)."""
+    """Why a compressor kernel cannot take these projections / this entry layout (None: it can);
+    ``fp8``: the entries are FP8 rows of that format (else ``entry_dtype`` values)."""
+    if fp8 is not None and fp8.dim != dim:
+        return f"FP8 rows of {fp8.dim} values for entries of {dim}"
     if dim < 2 or dim & (dim - 1):
         return f"the kernel needs a power-of-two entry width, got {dim}"
     if not 0 < 2 * rope_half <= dim:
@@ -86,3 +103,30 @@ def norm_rope_entry(
     out_even = tl.where(rot, even * c - odd * s, even)
     out_odd = tl.where(rot, odd * c + even * s, odd)
     return out_even, out_odd
+
+
+@triton.jit
+def store_entry(
+    dst, even, odd, i,
+    FP8: tl.constexpr, FP8_F: tl.constexpr, FP8_ROPE: tl.constexpr, FP8_ROPE_OFF: tl.constexpr,
+    FP8_SCALE_OFF: tl.constexpr, FP8_G: tl.constexpr, FP8_NG: tl.constexpr,
+    FP8_SCALES: tl.constexpr,
+):  # fmt: skip
+    """An entry's channels ``2i`` / ``2i + 1`` (``even`` / ``odd``, fp32) into its row at ``dst``:
+    cast to the entries' dtype, or (``FP8``) quantised as one FP8 row: the group maxima over both
+    halves, then the e4m3 codes, the bf16 tail and the scales (``fp8_rows.py``)."""
+    if FP8:
+        ce = 2 * i
+        co = 2 * i + 1
+        amax = tl.maximum(
+            group_exponents(even, ce, FP8_F, FP8_G, FP8_NG),
+            group_exponents(odd, co, FP8_F, FP8_G, FP8_NG),
+        )
+        k = group_exponent(amax)
+        store_row(dst, even, ce, k, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_G, FP8_NG)
+        store_row(dst, odd, co, k, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_G, FP8_NG)
+        store_scales(dst, k, FP8_SCALE_OFF, FP8_NG, FP8_SCALES)
+    else:
+        ty = dst.dtype.element_ty
+        tl.store(dst + 2 * i, even.to(ty))
+        tl.store(dst + 2 * i + 1, odd.to(ty))

@@ -8,7 +8,8 @@ blocks from ``first_block`` on, and ``nb = (num_pending + T) // ratio`` blocks c
 ape`` weighting ``kv``; with overlap the previous block's rows through channels ``[:D]`` -- for
 ``b = 0`` the state's kept previous block, whose scores already carry ``ape`` -- and the block's
 own rows through ``[D:]``), then RMSNorm, RoPE at position ``block * ratio`` and the cast
-(``norm_rope_entry``, shared with the decode kernel), and writes row ``b`` of ``out``. The maths
+(``norm_rope_entry``, shared with the decode kernel), and writes row ``b`` of ``out`` (a cast
+to the entries' dtype, or an FP8 row quantised in place: ``store_entry``). The maths
 is ``KVCompressor.append``'s (max, ``exp``, sum, divide, weighted sum in fp32); only summation
 order and Triton's ``exp`` differ.
 
@@ -30,7 +31,9 @@ from sglang.kernels.ops.attention.compressor_entry import (
     entry_input_reason,
     entry_warps,
     norm_rope_entry,
+    store_entry,
 )
+from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 
@@ -97,6 +100,9 @@ def _prefill_kernel(
     rope_factor,
     RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
     CHUNK: tl.constexpr, ROPE_HALF: tl.constexpr, OVERLAP: tl.constexpr,
+    FP8: tl.constexpr, FP8_F: tl.constexpr, FP8_ROPE: tl.constexpr, FP8_ROPE_OFF: tl.constexpr,
+    FP8_SCALE_OFF: tl.constexpr, FP8_G: tl.constexpr, FP8_NG: tl.constexpr,
+    FP8_SCALES: tl.constexpr, FP8_ROW: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, D // 2).to(tl.int64)
@@ -114,21 +120,27 @@ def _prefill_kernel(
         even, odd, i, block, norm_w_ptr, inv_freq_ptr, eps, rope_factor,
         RATIO, D, ROPE_HALF,
     )  # fmt: skip
-    ty = out_ptr.dtype.element_ty
-    tl.store(out_ptr + b * D + 2 * i, out_even.to(ty))
-    tl.store(out_ptr + b * D + 2 * i + 1, out_odd.to(ty))
+    if FP8:
+        row = out_ptr + b * FP8_ROW
+    else:
+        row = out_ptr + b * D
+    store_entry(
+        row, out_even, out_odd, i,
+        FP8, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G, FP8_NG, FP8_SCALES,
+    )  # fmt: skip
 
 
 def compress_prefill_reason(
     kv: torch.Tensor, score: torch.Tensor, ratio: int, dim: int, overlap: bool, rope_half: int,
     entry_dtype: torch.dtype, state: tuple[torch.Tensor | None, ...] = (),
+    fp8: Fp8RowFormat | None = None,
 ) -> str | None:  # fmt: skip
     """Why :func:`compress_prefill` cannot take these (None: it can); ``state``: the pending and
-    previous-block buffers it would read."""
+    previous-block buffers it would read; ``fp8``: the entries are FP8 rows of that format."""
     for t in state:
         if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
             return "the kernel takes contiguous fp32 pending and previous-block rows"
-    why = entry_input_reason(kv, score, dim, rope_half, entry_dtype)
+    why = entry_input_reason(kv, score, dim, rope_half, entry_dtype, fp8)
     if why is not None:
         return why
     candidates = (2 if overlap else 1) * ratio
@@ -150,10 +162,12 @@ def compress_prefill(
     first_block: int,
     maths: EntryMaths,
     entry_dtype: torch.dtype,
+    fp8: Fp8RowFormat | None = None,
 ) -> torch.Tensor:
-    """The entries ``[nb, D]`` (``entry_dtype``) of the blocks the chunk ``kv`` / ``score [T,
-    coff*D]`` completes after ``num_pending`` pending rows (``pending_kv`` / ``pending_score
-    [ratio, coff*D]`` fp32, contiguous); with overlap the kept previous block ``prev_kv`` /
+    """The entries ``[nb, D]`` (``entry_dtype``; with ``fp8`` FP8 rows ``[nb, row_bytes]``
+    uint8, quantised in the kernel) of the blocks the chunk ``kv`` / ``score [T, coff*D]``
+    completes after ``num_pending`` pending rows (``pending_kv`` / ``pending_score [ratio,
+    coff*D]`` fp32, contiguous); with overlap the kept previous block ``prev_kv`` /
     ``prev_score [ratio, D]``; ``maths``: the compressor's ape, RMSNorm and RoPE parameters.
     Nothing in the state is written (see the module docstring)."""
     ratio, width = pending_kv.shape
@@ -174,11 +188,17 @@ def compress_prefill(
     if not 0 <= num_pending < ratio:
         raise ValueError(f"num_pending must be in [0, {ratio}), got {num_pending}")
     state = (pending_kv, pending_score, prev_kv, prev_score)
-    why = compress_prefill_reason(kv, score, ratio, d, overlap, maths.rope_half, entry_dtype, state)
+    why = compress_prefill_reason(
+        kv, score, ratio, d, overlap, maths.rope_half, entry_dtype, state, fp8
+    )
     if why is not None:
         raise ValueError(why)
     nb = (num_pending + kv.shape[0]) // ratio
-    out = torch.empty(nb, d, dtype=entry_dtype, device=kv.device)
+    if fp8 is None:
+        out = torch.empty(nb, d, dtype=entry_dtype, device=kv.device)
+    else:
+        # zeros: the row's pad bytes, which nothing writes, stay defined
+        out = torch.zeros(nb, fp8.row_bytes, dtype=torch.uint8, device=kv.device)
     if nb == 0:
         return out
     nc = coff * ratio
@@ -190,6 +210,7 @@ def compress_prefill(
         *maths.fp32_tensors(), out, num_pending, first_block, float(maths.eps),
         float(maths.rope_factor),
         RATIO=ratio, D=d, W=width, NC=nc, CHUNK=triton.next_power_of_2(nc),
-        ROPE_HALF=maths.rope_half, OVERLAP=overlap, num_warps=entry_warps(d), **opts,
+        ROPE_HALF=maths.rope_half, OVERLAP=overlap, **fp8_constexprs(fp8),
+        num_warps=entry_warps(d), **opts,
     )  # fmt: skip
     return out

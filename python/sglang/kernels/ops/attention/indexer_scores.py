@@ -5,9 +5,10 @@ against only its visible indexer keys, read in place from the slot pool.
 visible entries ``n < visible[b]``, ``-inf`` for the rest of the ``C`` columns (so a stable sort
 of a row puts the visible entries first, exactly as the torch scoring does). Blocks past the
 visible count only write ``-inf``; nothing is gathered into a copy. Keys are per slot
-(``[S, C, d]``) or paged (the shared block store, read through the slot's block table). bf16
-operands, fp32 accumulation (the products are exact; only the summation order differs from fp32
-torch).
+(``[S, C, d]``) or paged (the shared block store, read through the slot's block table), in q's
+dtype or as FP8 rows (``--kv-cache-dtype fp8_e4m3``), dequantised in the tile into bf16 values.
+bf16 operands, fp32 accumulation (the products are exact; only the summation order differs from
+fp32 torch).
 """
 
 from __future__ import annotations
@@ -15,6 +16,15 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from sglang.kernels.ops.interp_dot import dot
+from sglang.kernels.ops.quant.fp8_rows import (
+    Fp8RowFormat,
+    fp8_constexprs,
+    fp8_rows_reason,
+    load_rows,
+)
+from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 
 @triton.jit
@@ -36,6 +46,16 @@ def _scores_kernel(
     D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    FP8: tl.constexpr,
+    FP8_F: tl.constexpr,
+    FP8_ROPE: tl.constexpr,
+    FP8_ROPE_OFF: tl.constexpr,
+    FP8_SCALE_OFF: tl.constexpr,
+    FP8_G: tl.constexpr,
+    FP8_NG: tl.constexpr,
+    FP8_SCALES: tl.constexpr,
+    FP8_ROW: tl.constexpr,
 ):
     b = tl.program_id(0)
     nb = tl.program_id(1)
@@ -52,15 +72,24 @@ def _scores_kernel(
         )  # [HEADS_PAD, D]
         live = n < vis
         n64 = n.to(tl.int64)
+        if FP8:
+            row_len = FP8_ROW
+        else:
+            row_len = D
         if PAGED:  # key n lives in block table[slot, n // R] at row n % R
             blk = tl.load(
                 table_ptr + slot * table_stride + n64 // rows_per_block, mask=live, other=0
             )
-            row = keys_ptr + blk.to(tl.int64) * key_slot_stride + (n64 % rows_per_block) * D
+            off = blk.to(tl.int64) * key_slot_stride + (n64 % rows_per_block) * row_len
         else:
-            row = keys_ptr + slot * key_slot_stride + n64 * D
-        k = tl.load(row[:, None] + cols[None, :], mask=live[:, None], other=0.0)
-        dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * scale  # [HEADS, BLOCK_N]
+            off = slot * key_slot_stride + n64 * row_len
+        if FP8:  # dequantised keys are bf16 values: exact in q's dtype
+            k = load_rows(
+                keys_ptr, off, live, 0, D, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G
+            ).to(q.dtype)
+        else:
+            k = tl.load(keys_ptr + off[:, None] + cols[None, :], mask=live[:, None], other=0.0)
+        dots = tl.maximum(dot(q, tl.trans(k), None, DOT_F32), 0.0) * scale  # [HEADS, BLOCK_N]
         w = tl.load(w_ptr + b * heads + h, mask=h_ok, other=0.0)
         score = tl.where(live, tl.sum(dots * w[:, None], axis=0), float("-inf"))
     tl.store(out_ptr + b * n_cols + n, score, mask=n < n_cols)
@@ -74,9 +103,11 @@ def indexer_scores(
     visible: torch.Tensor,
     scale: float,
     table: torch.Tensor | None = None,
+    key_fp8: Fp8RowFormat | None = None,
 ) -> torch.Tensor:
     """``q [bs, heads, d]`` (bf16), fp32 head weights ``w [bs, heads]``, the pool's indexer keys
-    ``[S, C, d]``, ``slots`` / ``visible [bs]`` -> fp32 ``[bs, C]``.
+    ``[S, C, d]``, ``slots`` / ``visible [bs]`` -> fp32 ``[bs, C]``. ``key_fp8``: the keys are FP8
+    rows of that format (``[S, C, row_bytes]`` uint8), dequantised as they are read.
 
     Paged keys: with the block table ``table [S, max_blocks]`` (int64), ``keys`` is the block
     store ``[num_blocks + 1, R, d]``, key ``n`` of slot ``s`` is ``keys[table[s, n // R], n % R]``
@@ -89,9 +120,13 @@ def indexer_scores(
     out = torch.empty(bs, n_cols, dtype=torch.float32, device=q.device)
     if bs == 0 or n_cols == 0:
         return out
-    if keys.stride(1) != d or keys.stride(2) != 1:
+    if key_fp8 is not None:
+        why = fp8_rows_reason(keys, key_fp8)
+        if why is not None or key_fp8.dim != d:
+            raise ValueError(why or f"FP8 keys of {key_fp8.dim} values for head dim {d}")
+    elif keys.stride(1) != d or keys.stride(2) != 1:
         raise ValueError("indexer keys must be contiguous rows")
-    block_n = 64
+    block_n = 64 if key_fp8 is None else 32  # FP8: the dequantisation spilled at 64 (sm_90)
     _scores_kernel[(bs, triton.cdiv(n_cols, block_n))](
         q.contiguous(),
         w.float().contiguous(),
@@ -110,6 +145,8 @@ def indexer_scores(
         D=d,
         BLOCK_N=block_n,
         PAGED=paged,
+        DOT_F32=interpreter_enabled(),
+        **fp8_constexprs(key_fp8),
         num_warps=4,
     )
     return out

@@ -10,7 +10,9 @@ Per request ``b`` (cache slot ``slots[b]`` at position ``p = positions[b]``):
 - the sink: an extra logit per head whose value row is zero.
 K = V (one shared KV head). Only those rows are read; nothing is gathered into a copy. Entries
 are per slot (``[S, C, D]``) or paged (the shared block store, read through the slot's block
-table: only the blocks holding the read entries are touched).
+table: only the blocks holding the read entries are touched), in the ring's dtype or as FP8 rows
+(``--kv-cache-dtype fp8_e4m3``: ``quant/fp8_rows.py``), dequantised in the key tile; the
+dequantised values are bf16 values, so the products stay exact.
 
 Flash-decoding in two launches, both with shapes fixed by the batch (CUDA-graph safe; lengths
 are read from device memory): the split kernel walks a slice of the request's key list for ``G``
@@ -26,6 +28,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from sglang.kernels.ops.quant.fp8_rows import (
+    Fp8RowFormat,
+    fp8_constexprs,
+    fp8_rows_reason,
+    load_rows,
+)
 
 _EMPTY = tl.constexpr(-1.0e30)  # the running max of a slice with no live key (finite: no inf - inf)
 _TARGET_PROGRAMS = 264  # two waves of the H200's 132 SMs
@@ -61,6 +70,15 @@ def _split_kernel(
     HAS_ENTRIES: tl.constexpr,
     INDEXED: tl.constexpr,
     PAGED: tl.constexpr,
+    FP8: tl.constexpr,
+    FP8_F: tl.constexpr,
+    FP8_ROPE: tl.constexpr,
+    FP8_ROPE_OFF: tl.constexpr,
+    FP8_SCALE_OFF: tl.constexpr,
+    FP8_G: tl.constexpr,
+    FP8_NG: tl.constexpr,
+    FP8_SCALES: tl.constexpr,
+    FP8_ROW: tl.constexpr,
 ):
     b = tl.program_id(0)
     hg = tl.program_id(1)
@@ -88,7 +106,6 @@ def _split_kernel(
         l_sum = tl.zeros([G], tl.float32)
         acc = tl.zeros([G, D], tl.float32)
         ring_base = ring_ptr + slot * ring_slot_stride
-        ent_base = ent_ptr + slot * ent_slot_stride  # unpaged entries: the slot's row
         table_row = table_ptr + slot * table_stride  # paged: the slot's block table
         for j0 in range(start, end, BLOCK_N):
             j = j0 + tl.arange(0, BLOCK_N)
@@ -104,13 +121,24 @@ def _split_kernel(
                 other=0.0,
             )
             if HAS_ENTRIES:
+                if FP8:
+                    row_len = FP8_ROW
+                else:
+                    row_len = D
                 if PAGED:  # entry e lives in block table[slot, e // R] at row e % R
                     blk = tl.load(table_row + e // rows_per_block, mask=in_ent, other=0)
-                    ent_row = ent_ptr + blk.to(tl.int64) * ent_slot_stride
-                    ent_row += (e % rows_per_block) * D
+                    off = blk.to(tl.int64) * ent_slot_stride + (e % rows_per_block) * row_len
                 else:
-                    ent_row = ent_base + e * D
-                k += tl.load(ent_row[:, None] + cols[None, :], mask=in_ent[:, None], other=0.0)
+                    off = slot * ent_slot_stride + e * row_len
+                if FP8:  # dequantised rows are bf16 values: exact in the key tile
+                    k += load_rows(
+                        ent_ptr, off, in_ent, 0, D,
+                        FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G,
+                    ).to(k.dtype)  # fmt: skip
+                else:
+                    k += tl.load(
+                        ent_ptr + off[:, None] + cols[None, :], mask=in_ent[:, None], other=0.0
+                    )
             s = tl.dot(q, tl.trans(k)) * scale  # [G, BLOCK_N] fp32
             s = tl.where(live[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -185,10 +213,13 @@ def sparse_decode_attention(
     ratio: int = 0,
     picks: torch.Tensor | None = None,
     table: torch.Tensor | None = None,
+    entry_fp8: Fp8RowFormat | None = None,
 ) -> torch.Tensor:
     """``q [bs, heads, D]`` (bf16) of requests in ``slots [bs]`` at ``positions [bs]``, the pool's
     window ring ``[S, W, D]``, its compressed ``entries [S, C, D]`` (ratio ``ratio``) and, for
     indexed layers, the chosen entry ids ``picks [bs, K]`` best first -> fp32 ``[bs, heads, D]``.
+    ``entry_fp8``: the entries are FP8 rows of that format (``[S, C, row_bytes]`` uint8),
+    dequantised as they are read (exact in the ring's dtype: bf16 or fp32).
 
     Paged entries: with the block table ``table [S, max_blocks]`` (int64, on the device),
     ``entries`` is the shared block store ``[num_blocks + 1, R, D]`` and entry ``e`` of slot ``s``
@@ -200,9 +231,14 @@ def sparse_decode_attention(
         return out
     if not kernel_head_dim_ok(d) or ring.shape[-1] != d:
         raise ValueError(f"head dim {d} must be a power of two >= 16 and match the ring's")
-    for t in (ring, entries):
-        if t is not None and (t.stride(2) != 1 or t.stride(1) != d):
-            raise ValueError("the ring and the entries must be contiguous rows")
+    if ring.stride(2) != 1 or ring.stride(1) != d:
+        raise ValueError("the ring must hold contiguous rows")
+    if entries is not None and entry_fp8 is not None:
+        why = fp8_rows_reason(entries, entry_fp8)
+        if why is not None or entry_fp8.dim != d:
+            raise ValueError(why or f"FP8 rows of {entry_fp8.dim} values for head dim {d}")
+    elif entries is not None and (entries.stride(2) != 1 or entries.stride(1) != d):
+        raise ValueError("the entries must be contiguous rows")
     if picks is not None and picks.stride(1) != 1:
         picks = picks.contiguous()
     paged = table is not None
@@ -213,7 +249,10 @@ def sparse_decode_attention(
             raise ValueError("the block table must be contiguous int64 rows")
     group = 16  # heads a program takes (the dot's smallest M; fewer heads are padded)
     n_groups = triton.cdiv(heads, group)
-    block_n = 32
+    # FP8 entries: half the key tile on twice the warps (the dequantisation's temporaries spilled
+    # at 32 x 4; ptxas on sm_90: 32 bytes of spills here against the bf16 tile's 636)
+    fp8 = entries is not None and entry_fp8 is not None
+    block_n, warps = (16, 8) if fp8 else (32, 4)
     window = ring.shape[1]
     has_entries = entries is not None
     indexed = picks is not None
@@ -255,7 +294,8 @@ def sparse_decode_attention(
         HAS_ENTRIES=has_entries,
         INDEXED=indexed,
         PAGED=paged,
-        num_warps=4,
+        **fp8_constexprs(entry_fp8 if fp8 else None),
+        num_warps=warps,
         num_stages=2,
     )
     _combine_kernel[(bs, heads)](

@@ -9,7 +9,9 @@ Query ``i`` sits at position ``p = q_first + i`` and attends:
   invisible ones), else entries ``0 .. min(N, (p + 1) // ratio) - 1``;
 - the sink: an extra logit per head whose value row is zero.
 K = V, one KV head shared by all heads (MQA): a program takes ``G`` heads of one query, so each key
-tile is read once for ``G`` heads. Only the rows a query sees are read; nothing is gathered.
+tile is read once for ``G`` heads. Only the rows a query sees are read; nothing is gathered. The
+entries may be FP8 rows (``--kv-cache-dtype fp8_e4m3``: ``quant/fp8_rows.py``), dequantised in
+the key tile into bf16 values, so the exactness below holds for them as read.
 
 Exactness: keys are bf16, so ``q . k`` is exact per product when q is bf16 (one part) or split
 into three bf16 parts (an fp32 q: 8 + 8 + 8 significant bits). The fp32 probabilities enter the
@@ -28,6 +30,12 @@ import triton
 import triton.language as tl
 
 from sglang.kernels.ops.interp_dot import dot
+from sglang.kernels.ops.quant.fp8_rows import (
+    Fp8RowFormat,
+    fp8_constexprs,
+    fp8_rows_reason,
+    load_rows,
+)
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 _SPLIT_PARTS = 3  # bf16 parts that hold an fp32 significand (8 + 8 + 8 bits)
@@ -99,6 +107,15 @@ def _prefill_kernel(
     Q_PARTS: tl.constexpr,
     PV_PARTS: tl.constexpr,
     DOT_F32: tl.constexpr,
+    FP8: tl.constexpr,
+    FP8_F: tl.constexpr,
+    FP8_ROPE: tl.constexpr,
+    FP8_ROPE_OFF: tl.constexpr,
+    FP8_SCALE_OFF: tl.constexpr,
+    FP8_G: tl.constexpr,
+    FP8_NG: tl.constexpr,
+    FP8_SCALES: tl.constexpr,
+    FP8_ROW: tl.constexpr,
 ):
     i = tl.program_id(0).to(tl.int64)
     hg = tl.program_id(1)
@@ -138,7 +155,13 @@ def _prefill_kernel(
                 e = tl.load(picks_ptr + i * picks_stride + j, mask=live, other=0).to(tl.int64)
             else:
                 e = j.to(tl.int64)
-            k = tl.load(ent_ptr + e[:, None] * D + cols[None, :], mask=live[:, None], other=0.0)
+            if FP8:  # dequantised into bf16 values: the window rows' dtype, exactly
+                k = load_rows(
+                    ent_ptr, e * FP8_ROW, live, 0, D,
+                    FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G,
+                ).to(win_ptr.dtype.element_ty)  # fmt: skip
+            else:
+                k = tl.load(ent_ptr + e[:, None] * D + cols[None, :], mask=live[:, None], other=0.0)
             m, l_sum, acc = _tile_update(
                 q0, q1, q2, k, live, m, l_sum, acc, scale, Q_PARTS, PV_PARTS, DOT_F32
             )
@@ -181,14 +204,16 @@ def sparse_prefill_attention(
     pv_parts: int = 2,
     heads_per_program: int = 16,
     block_n: int = 32,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int = 2,
+    entry_fp8: Fp8RowFormat | None = None,
 ) -> torch.Tensor:
     """``q [n, heads, D]`` (bf16, or fp32 split into three bf16 parts) at positions
     ``q_first .. q_first + n - 1``; ``win_kv [m, D]`` (bf16) the raw rows of positions
     ``win_first ..``, covering every query's window; ``sink [heads]``; with ``ratio``, the
-    compressed ``entries [N, D]`` (bf16) and, for indexed layers, ``picks [n, K]`` (entry ids
-    best first).
+    compressed ``entries [N, D]`` (bf16; with ``entry_fp8`` FP8 rows ``[N, row_bytes]`` uint8,
+    dequantised as they are read) and, for indexed layers, ``picks [n, K]`` (entry ids best
+    first).
     Writes fp32 ``[n, heads, D]`` into ``out`` (contiguous; allocated when None) and returns it."""
     n, heads, d = q.shape
     if out is None:
@@ -200,10 +225,16 @@ def sparse_prefill_attention(
     reason = prefill_shape_reason(d, win_kv.dtype)
     if reason is not None:
         raise ValueError(reason)
-    if win_kv.shape[-1] != d or (entries is not None and entries.shape[-1] != d):
-        raise ValueError(f"key rows must be {d} wide like q")
-    if entries is not None and entries.dtype != win_kv.dtype:
-        raise ValueError(f"entries are {entries.dtype}, the window rows {win_kv.dtype}")
+    if entries is not None and entry_fp8 is not None:
+        why = fp8_rows_reason(entries, entry_fp8)
+        if why is not None or entry_fp8.dim != d:
+            raise ValueError(why or f"FP8 rows of {entry_fp8.dim} values for head dim {d}")
+    elif entries is not None and (entries.shape[-1] != d or entries.dtype != win_kv.dtype):
+        raise ValueError(
+            f"entries {entries.dtype} {tuple(entries.shape)} are not {d}-wide {win_kv.dtype} rows"
+        )
+    if win_kv.shape[-1] != d:
+        raise ValueError(f"window rows must be {d} wide like q")
     if win_first > q_first or q_first + n - win_first > win_kv.shape[0]:
         raise ValueError(
             f"win_kv holds positions {win_first} .. {win_first + win_kv.shape[0] - 1}, "
@@ -223,6 +254,8 @@ def sparse_prefill_attention(
         q_parts = _SPLIT_PARTS
     win_kv = win_kv.contiguous()
     has_entries = entries is not None and entries.shape[0] > 0
+    # FP8 entries default to 8 warps: the dequantisation's temporaries spilled at 4 (sm_90)
+    fp8 = has_entries and entry_fp8 is not None
     ent = entries.contiguous() if has_entries else win_kv
     indexed = has_entries and picks is not None
     if indexed:
@@ -257,7 +290,8 @@ def sparse_prefill_attention(
         Q_PARTS=q_parts,
         PV_PARTS=pv_parts,
         DOT_F32=interpreter_enabled(),
-        num_warps=num_warps,
+        **fp8_constexprs(entry_fp8 if fp8 else None),
+        num_warps=num_warps or (8 if fp8 else 4),
         num_stages=num_stages,
     )
     return out

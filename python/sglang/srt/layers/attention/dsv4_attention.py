@@ -28,6 +28,7 @@ from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.attention.dsv4_core import dsv4_attention, prefill_kernel_reason
 from sglang.srt.layers.attention.dsv4_indexer import LightningIndexer
 from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     ColumnParallelLinear,
@@ -173,7 +174,9 @@ class DeepseekV4Attention(nn.Module):
             why = prefill_kernel_reason(q, window.buf.dtype)
             log_path_once(logger, "DeepSeek V4 prefill attention", why)
             fast = why is None
+            # ``entries``: the stored rows (the model dtype, or FP8 rows: ``encoding``)
             entries, visible = self._compressed_entries(seg.cache, rows, pos, comp, idx, fast)
+            encoding = seg.cache.compressor.encoding if seg.cache.compressor else None
             if fast:  # only the keys each query sees; ``visible`` is the indexer's picks or None
                 sparse_prefill_attention(
                     q[rows],
@@ -187,8 +190,11 @@ class DeepseekV4Attention(nn.Module):
                     ratio=self.ratio,
                     picks=visible,
                     out=o[rows],
+                    entry_fp8=fp8_format(encoding),
                 )
             else:
+                if entries is not None and encoding is not None:
+                    entries = encoding.decode(entries, torch.float32)
                 o[rows] = dsv4_attention(
                     q[rows],
                     pos,
@@ -244,9 +250,10 @@ class DeepseekV4Attention(nn.Module):
         as_picks: bool = False,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Feed one request's new tokens to its compressor(s); return all its compressed entries
-        ``[N, D]`` and which of them each new query attends ``[n, N]`` (``None`` when the layer
-        does not compress). ``as_picks`` (the kernel's form): the indexer's picks ``[n, k]``
-        instead, and None for ratio 128 (query ``p`` sees entries ``< (p + 1) // ratio``)."""
+        as stored ``[N, width]`` (``cache.compressor.encoding``) and which of them each new query
+        attends ``[n, N]`` (``None`` when the layer does not compress). ``as_picks`` (the
+        kernel's form): the indexer's picks ``[n, k]`` instead, and None for ratio 128 (query
+        ``p`` sees entries ``< (p + 1) // ratio``)."""
         if self.compressor is None or comp is None:
             return None, None
         if cache.compressor is None:
@@ -265,6 +272,7 @@ class DeepseekV4Attention(nn.Module):
             raise RuntimeError(f"layer {self.layer_id}: the request cache has no indexer state")
         self.indexer.compressor.append(cache.indexer, idx.kv[rows], idx.score[rows], self.rotary)
         keys = cache.indexer.entries.rows()
+        key_fp8 = fp8_format(cache.indexer.encoding)
         if as_picks:
-            return entries, self.indexer.pick(idx.q[rows], idx.w[rows], keys, pos)
-        return entries, self.indexer.select(idx.q[rows], idx.w[rows], keys, pos)
+            return entries, self.indexer.pick(idx.q[rows], idx.w[rows], keys, pos, key_fp8)
+        return entries, self.indexer.select(idx.q[rows], idx.w[rows], keys, pos, key_fp8)

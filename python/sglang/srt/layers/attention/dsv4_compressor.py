@@ -26,6 +26,7 @@ from sglang.kernels.ops.attention.compressor_prefill import (
 )
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, apply_interleaved_rope
@@ -94,9 +95,11 @@ class KVCompressor(nn.Module):
         rotary: InterleavedRotaryEmbedding,
     ) -> torch.Tensor:
         """Feed one request's next tokens' projections; emit (into ``state.entries``) and return the
-        entries of every block they complete, ``[nb, D]`` in the state's entry dtype. Where
-        Triton runs and the block fits one tile (ratio 4) one kernel pools every block
+        entries of every block they complete, ``[nb, width]`` as the state stores them (the model
+        dtype, or FP8 rows: ``state.encoding``). Where Triton runs and the block fits one tile
+        (ratio 4) one kernel pools every block and writes them in the stored form
         (``compress_prefill``; the torch chain below is its reference and the CPU path)."""
+        enc = state.encoding
         if self._use_prefill_kernel(state, kv, score, rotary):
             pending_kv, pending_score = state.pending_buffers
             entries = compress_prefill(
@@ -109,7 +112,8 @@ class KVCompressor(nn.Module):
                 prev_score=state.prev_score,
                 first_block=state.num_entries,
                 maths=self.entry_maths(rotary),
-                entry_dtype=state.entries.buf.dtype,
+                entry_dtype=enc.dtype,
+                fp8=fp8_format(enc),
             )
             state.finish_blocks(kv, score, entries.shape[0], self.ape)
             state.entries.append(entries)
@@ -131,7 +135,7 @@ class KVCompressor(nn.Module):
         else:
             cand_kv, cand_score = blocks_kv, blocks_score
         blocks = first + torch.arange(nb, device=cand_kv.device)
-        entries = self.emit(cand_kv, cand_score, blocks, rotary, state.entries.buf.dtype)
+        entries = enc.encode(self.emit(cand_kv, cand_score, blocks, rotary))
         state.entries.append(entries)
         return entries
 
@@ -160,8 +164,9 @@ class KVCompressor(nn.Module):
                 self.dim,
                 self.overlap,
                 rotary.inv_freq.shape[0],
-                state.entries.buf.dtype,
+                state.encoding.dtype,
                 (*state.pending_buffers, state.prev_kv, state.prev_score),
+                fp8=fp8_format(state.encoding),
             )
             if triton_can_run(kv)
             else "Triton cannot run on these tensors"
@@ -175,11 +180,11 @@ class KVCompressor(nn.Module):
         cand_score: torch.Tensor,
         blocks: torch.Tensor,
         rotary: InterleavedRotaryEmbedding,
-        dtype: torch.dtype,
     ) -> torch.Tensor:
         """The entries of blocks ``blocks [nb]`` from their candidates ``cand_kv`` /
         ``cand_score [nb, candidates, D]`` (fp32, ``ape`` already added to the scores):
-        softmax-pool, RMSNorm, RoPE at the block's first position, cast to ``dtype``.
+        softmax-pool, RMSNorm, RoPE at the block's first position, in fp32 (the caller encodes
+        them as its cache stores them: a cast to the model dtype, or FP8 rows).
 
         Shared by :meth:`append` and the static decode step so both emit with the same ops in
         the same order (the static path's only difference from the reference is summation order
@@ -187,7 +192,7 @@ class KVCompressor(nn.Module):
         pooled = (torch.softmax(cand_score, dim=1) * cand_kv).sum(dim=1)
         normed = self.norm(pooled)
         cos, sin = rotary.cos_sin(blocks * self.ratio)
-        return apply_interleaved_rope(normed, cos, sin).to(dtype)
+        return apply_interleaved_rope(normed, cos, sin)
 
 
 def _one_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -12,7 +12,10 @@ with the Triton ``indexer_scores`` (half-precision products are exact; the sums'
 from the fp32 torch scoring, so a near-tie at the k-th place may pick differently).
 
 (SGLang additionally applies a Hadamard rotation to q and k before an FP8 cast; the rotation is
-orthogonal, so without the FP8 cast it leaves every score unchanged and is omitted here.)
+orthogonal, so without the FP8 cast it leaves every score unchanged and is omitted here. With
+``--kv-cache-dtype fp8_e4m3`` the keys are FP8 rows, still unrotated: e4m3 is a floating format
+whose relative error per value does not depend on the other values of its group, so spreading
+outliers buys nothing the per-64 scales do not (docs/kv_cache.md).)
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch import nn
 
 from sglang.kernels.ops.attention.indexer_scores import indexer_scores
 from sglang.kernels.ops.attention.sparse_decode_attention import kernel_head_dim_ok
+from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import LinearInput, ReplicatedLinear
@@ -36,13 +40,20 @@ _QUERY_CHUNK = 256
 _KERNEL_CHUNK = 4096
 
 
-def _scores_kernel_reason(q: torch.Tensor, keys: torch.Tensor) -> str | None:
-    """None when :func:`indexer_scores` scores ``q`` against ``keys``, else why the torch scoring
-    runs. CUDA only: the Triton interpreter's bf16 dot is wrong (triton 3.9)."""
+def _scores_kernel_reason(
+    q: torch.Tensor, keys: torch.Tensor, key_fp8: Fp8RowFormat | None
+) -> str | None:
+    """None when :func:`indexer_scores` scores ``q`` against ``keys`` (FP8 rows of ``key_fp8``,
+    or values), else why the torch scoring runs. CUDA only here (the eager prefill; the
+    interpreter runs the kernel in its own tests)."""
     if not q.is_cuda:
         return "the indexer scores kernel runs on CUDA only"
-    if q.dtype != keys.dtype or q.dtype not in (torch.bfloat16, torch.float16):
-        return f"q {q.dtype} and keys {keys.dtype}: the kernel takes one half-precision dtype"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"q is {q.dtype}: the kernel takes half-precision queries"
+    if key_fp8 is None and q.dtype != keys.dtype:
+        return f"q {q.dtype} and keys {keys.dtype}: the kernel takes one dtype"
+    if key_fp8 is not None and q.dtype != torch.bfloat16:
+        return f"FP8 keys dequantise into bf16, q is {q.dtype}"
     if not kernel_head_dim_ok(q.shape[-1]) or keys.stride(-1) != 1:
         return f"indexer head dim {q.shape[-1]} is not a power of two >= 16, or rows not contiguous"
     return None
@@ -84,10 +95,17 @@ class LightningIndexer(nn.Module):
         return q, w
 
     def select(
-        self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
+        self,
+        q: torch.Tensor,
+        w: torch.Tensor,
+        keys: torch.Tensor,
+        positions: torch.Tensor,
+        key_fp8: Fp8RowFormat | None = None,
     ) -> torch.Tensor:
-        """Boolean ``[n, N]``: which of the ``N`` entries ``keys [N, head_dim]`` each query at
-        ``positions [n]`` attends."""
+        """Boolean ``[n, N]``: which of the ``N`` entries ``keys [N, head_dim]`` (or FP8 rows of
+        ``key_fp8``) each query at ``positions [n]`` attends."""
+        if key_fp8 is not None:
+            keys = key_fp8.dequantize(keys)
         n, num = q.shape[0], keys.shape[0]
         chosen = torch.zeros(n, num, dtype=torch.bool, device=q.device)
         for a, b, top, ok in self._chunk_tops(q, w, keys, positions):
@@ -98,15 +116,21 @@ class LightningIndexer(nn.Module):
         return chosen
 
     def pick(
-        self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
+        self,
+        q: torch.Tensor,
+        w: torch.Tensor,
+        keys: torch.Tensor,
+        positions: torch.Tensor,
+        key_fp8: Fp8RowFormat | None = None,
     ) -> torch.Tensor:
         """The entries :meth:`select` marks, as ids: ``[n, k]`` best first, ``k = min(topk, N)``.
         A query at ``p`` attends its first ``min(k, (p + 1) // ratio)`` picks (the stable sort
-        puts every visible entry before the invisible ones); the rest are arbitrary."""
+        puts every visible entry before the invisible ones); the rest are arbitrary. ``keys``:
+        values, or FP8 rows of ``key_fp8`` (the kernel reads them as they are)."""
         n, num = q.shape[0], keys.shape[0]
         k = min(self.topk, num)
         picks = torch.empty(n, k, dtype=torch.int64, device=q.device)
-        if _scores_kernel_reason(q, keys) is None and n > 0 and num > 0:
+        if _scores_kernel_reason(q, keys, key_fp8) is None and n > 0 and num > 0:
             # The Triton scores: only the visible keys of each query, bf16 products (exact) with
             # fp32 sums, -inf past the visible ones; then the same stable sort as top_entries.
             visible = (positions + 1) // self.ratio
@@ -114,10 +138,18 @@ class LightningIndexer(nn.Module):
             for a in range(0, n, _KERNEL_CHUNK):
                 b = min(a + _KERNEL_CHUNK, n)
                 scores = indexer_scores(
-                    q[a:b], w[a:b], keys[None], slot[: b - a], visible[a:b], self.head_dim**-0.5
+                    q[a:b],
+                    w[a:b],
+                    keys[None],
+                    slot[: b - a],
+                    visible[a:b],
+                    self.head_dim**-0.5,
+                    key_fp8=key_fp8,
                 )
                 picks[a:b] = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
             return picks
+        if key_fp8 is not None:
+            keys = key_fp8.dequantize(keys)
         for a, b, top, _ok in self._chunk_tops(q, w, keys, positions):
             picks[a:b] = top
         return picks

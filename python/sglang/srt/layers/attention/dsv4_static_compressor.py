@@ -21,6 +21,7 @@ import torch
 from sglang.kernels.ops.attention.compressor_decode import compress_decode, compress_decode_reason
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
 from sglang.srt.mem_cache.paged_index import row_address
@@ -55,6 +56,7 @@ def compress_decode_step(
             prev_score=store.prev_score,
             entries=store.entries,
             maths=compressor.entry_maths(rotary),
+            fp8=fp8_format(store.encoding),
         )
         return
     compress_decode_torch(compressor, store, kv, score, positions, slots, table, rotary)
@@ -71,7 +73,15 @@ def use_decode_kernel(
     half = rotary.inv_freq.shape[0]
     why = (
         compress_decode_reason(
-            kv, score, store.pending_kv, store.prev_kv, store.entries, table, half
+            kv,
+            score,
+            store.pending_kv,
+            store.prev_kv,
+            store.entries,
+            table,
+            half,
+            fp8=fp8_format(store.encoding),
+            entry_dtype=store.encoding.dtype,
         )
         if triton_can_run(kv)
         else "Triton cannot run on these tensors"
@@ -110,7 +120,7 @@ def compress_decode_torch(
     else:
         cand_kv, cand_score = block_kv, block_score
     block = torch.div(positions, ratio, rounding_mode="floor")
-    entry = compressor.emit(cand_kv, cand_score, block, rotary, store.entries.dtype)
+    entry = store.encoding.encode(compressor.emit(cand_kv, cand_score, block, rotary))
     where, offset = row_address(table, slots, block, store.entries.shape[1])
     old = store.entries[where, offset]
     store.entries[where, offset] = torch.where(complete[:, None], entry, old)

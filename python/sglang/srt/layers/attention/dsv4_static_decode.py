@@ -12,6 +12,10 @@ compressed entries and indexer keys are read and written through the block table
 - one softmax over [window rows | chosen entries | sink], as :func:`dsv4_attention`.
 The eager path is the reference; only summation order differs.
 
+Compressed entries and indexer keys are stored as the pool's encoding says (the model dtype, or FP8
+rows with ``--kv-cache-dtype fp8_e4m3``): the kernels dequantise them as they read them, the torch
+path decodes what it gathers (exactly, into the ring's dtype).
+
 On CUDA with a bf16/fp16 pool (unless ``SGLANG_DSV4_LENGTH_AWARE_DECODE=0``), the indexer
 scores and the attention run as length-aware Triton kernels (:mod:`sglang.kernels.ops.attention`):
 they read only the live window rows, the visible indexer keys and the chosen entries, in place:
@@ -37,6 +41,7 @@ from sglang.kernels.ops.attention.sparse_decode_attention import (
 )
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
 from sglang.srt.mem_cache.paged_index import gather_slot_rows, row_address
 from sglang.srt.utils.log import get_logger, log_path_once
@@ -138,7 +143,14 @@ def _kernel_attention(
         visible = torch.div(positions + 1, attn.ratio, rounding_mode="floor")
         scale = attn.indexer.head_dim**-0.5
         scores = indexer_scores(
-            iq.to(q.dtype), iw, idx_store.entries, slots, visible, scale, table=table
+            iq.to(q.dtype),
+            iw,
+            idx_store.entries,
+            slots,
+            visible,
+            scale,
+            table=table,
+            key_fp8=fp8_format(idx_store.encoding),
         )
         k = min(attn.indexer.topk, scores.shape[1])
         if envs.SGLANG_DSV4_TOPK_KERNEL.get():
@@ -161,6 +173,7 @@ def _kernel_attention(
         ratio=attn.ratio,
         picks=picks,
         table=table,
+        entry_fp8=fp8_format(comp.encoding),
     )
 
 
@@ -184,7 +197,8 @@ def _torch_attention(
         assert comp is not None
         visible = torch.div(positions + 1, attn.ratio, rounding_mode="floor")
         if attn.indexer is None:
-            entries = gather_slot_rows(comp.entries, table, slots)  # ratio 128: all candidates
+            # ratio 128: all candidates, decoded into the ring's dtype (FP8 rows exactly)
+            entries = comp.encoding.decode(gather_slot_rows(comp.entries, table, slots), ring.dtype)
             ids = torch.arange(entries.shape[1], device=x.device)
             keys.append(entries)
             valid.append(ids[None, :] < visible[:, None])
@@ -197,10 +211,12 @@ def _torch_attention(
             )
             iq, iw = attn.indexer.queries(p.q_lora, x, p.cos, p.sin)
             # Fixed k = min(topk, C) picks per row; picks past the visible count are masked out.
-            idx_keys = gather_slot_rows(idx_store.entries, table, slots)
+            idx_keys = idx_store.encoding.decode(
+                gather_slot_rows(idx_store.entries, table, slots), torch.float32
+            )
             top, ok = attn.indexer.top_entries(iq, iw, idx_keys, visible)
             block, offset = row_address(table, slots[:, None], top, comp.entries.shape[1])
-            keys.append(comp.entries[block, offset])
+            keys.append(comp.encoding.decode(comp.entries[block, offset], ring.dtype))
             valid.append(ok.gather(1, top))
 
     return sink_attention(

@@ -14,7 +14,8 @@ indexing op; other caches are padded from their own rows. The padded fp32 batch 
 ``B * S * (L + rope) * 4`` bytes, so :func:`decode_chunks` splits the requests into groups of at
 most ``max_rows`` padded rows (a request longer than that alone is one group).
 
-Paged bf16/fp16 latents where Triton runs take the flash-decoding kernel instead
+FP8 latents (``--kv-cache-dtype fp8_e4m3``) are decoded as they are gathered (exactly). Paged
+bf16/fp16 or FP8 latents where Triton runs take the flash-decoding kernel instead
 (:func:`absorbed_decode_paged`, ``kernels/ops/attention/absorbed_mla_decode.py``): the same
 maths, exact bf16 parts of the fp32 operands, the latents read in place through the block table
 (no padded copy, so no groups), the ``w_kc`` / ``w_vc`` absorption as here.
@@ -32,9 +33,12 @@ from sglang.kernels.ops.attention.absorbed_mla_decode import (
     absorbed_decode_unsupported,
     absorbed_mla_decode,
 )
+from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.kernels.ops.triton_dispatch import triton_can_run
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 from sglang.srt.mem_cache.paged_rows import PagedRows
+from sglang.srt.mem_cache.row_codec import RowCodec
 
 # 2^18 padded rows: at K3's 512 + 64 latent that is 0.6 GB of fp32 latents (plus 0.3 GB for a
 # bf16 gather) and, at 64 heads, 67 MB of scores per group; bs 64 at 8k context is two groups.
@@ -65,10 +69,15 @@ class PagedLatents:
     ``store[table[b, j // R], j % R]``, the first ``lengths[b]`` live; ``table`` covers the
     longest request's blocks (``longest`` rows, known on the host)."""
 
-    store: Tensor  # [num_blocks + 1, R, L + rope]
+    store: Tensor  # [num_blocks + 1, R, L + rope], or FP8 rows [num_blocks + 1, R, row_bytes]
     table: Tensor  # [B, ceil(longest / R)] int64
     lengths: Tensor  # [B] int64
     longest: int
+    encoding: RowCodec | None = None  # None: the latents in the store's dtype
+
+    @property
+    def fp8(self) -> Fp8RowFormat | None:
+        return fp8_format(self.encoding)
 
 
 def paged_latents(caches: Sequence[MLALatentCache]) -> PagedLatents | None:
@@ -86,7 +95,7 @@ def paged_latents(caches: Sequence[MLALatentCache]) -> PagedLatents | None:
     nb = -(-max(lens) // first.buf.shape[1])
     table = torch.stack([r.table_row[:nb] for r in paged])  # [B, nb]
     lengths = torch.tensor(lens, dtype=torch.long, device=first.buf.device)
-    return PagedLatents(first.buf, table, lengths, max(lens))
+    return PagedLatents(first.buf, table, lengths, max(lens), caches[0].encoding)
 
 
 def decode_kernel_unavailable(caches: Sequence[MLALatentCache], rope_dim: int) -> str | None:
@@ -98,7 +107,9 @@ def decode_kernel_unavailable(caches: Sequence[MLALatentCache], rope_dim: int) -
         return "the latents are not pages of one block store"
     if not triton_can_run(first.buf):
         return "Triton cannot run on the latents' device"
-    return absorbed_decode_unsupported(first.buf.shape[-1] - rope_dim, rope_dim, first.buf.dtype)
+    fp8 = fp8_format(caches[0].encoding)
+    width = first.buf.shape[-1] if fp8 is None else fp8.dim
+    return absorbed_decode_unsupported(width - rope_dim, rope_dim, first.buf.dtype, fp8)
 
 
 def gather_latents(caches: Sequence[MLALatentCache]) -> tuple[Tensor, Tensor]:
@@ -107,21 +118,26 @@ def gather_latents(caches: Sequence[MLALatentCache]) -> tuple[Tensor, Tensor]:
     may hold a former owner's rows: zeroed so a non-finite one cannot reach ``0 * x``)."""
     paged = paged_latents(caches)
     if paged is not None:
-        return gather_paged(paged.store, paged.table, paged.lengths, paged.longest), paged.lengths
+        kv = gather_paged(paged.store, paged.table, paged.lengths, paged.longest, paged.encoding)
+        return kv, paged.lengths
     lens = [len(c) for c in caches]
     lengths = torch.tensor(lens, dtype=torch.long, device=caches[0].rows.buf.device)
-    rows = [c.rows.rows() for c in caches]  # zero-padded past each length
-    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).float(), lengths
+    rows = [c.values(torch.float32) for c in caches]  # zero-padded past each length
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths
 
 
-def gather_paged(store: Tensor, table: Tensor, lengths: Tensor, s: int) -> Tensor:
+def gather_paged(
+    store: Tensor, table: Tensor, lengths: Tensor, s: int, encoding: RowCodec | None = None
+) -> Tensor:
     """``[B, s, D]`` fp32: rows ``0 .. s - 1`` of each request through its block-table row
-    ``table [B, >= ceil(s / rows_per_block)]`` into ``store [blocks + 1, rows_per_block, D]``,
-    zero past ``lengths [B]``. One gather, no host sync (``s`` is the host's longest length)."""
+    ``table [B, >= ceil(s / rows_per_block)]`` into ``store [blocks + 1, rows_per_block, width]``
+    (decoded by ``encoding``: FP8 rows), zero past ``lengths [B]``. One gather, no host sync
+    (``s`` is the host's longest length)."""
     per_block = store.shape[1]
     nb = -(-s // per_block)
     kv = store[table[:, :nb]].reshape(table.shape[0], nb * per_block, store.shape[-1])
-    kv = kv[:, :s].float()
+    kv = kv[:, :s]
+    kv = kv.float() if encoding is None else encoding.decode(kv, torch.float32)
     valid = torch.arange(s, device=store.device) < lengths[:, None]
     return kv.masked_fill_(~valid[..., None], 0.0)
 
@@ -178,5 +194,7 @@ def absorbed_decode_paged(
     q_nope, q_pe = q.split([qk - rope_dim, rope_dim], dim=-1)
     q_lat = torch.einsum("bhn,hnl->bhl", q_nope.float(), w_kc)
     # q_pe stays in the model dtype: one part when that is the store's (bf16 values are exact)
-    o_lat = absorbed_mla_decode(q_lat, q_pe, latents.store, latents.table, latents.lengths, scale)
+    o_lat = absorbed_mla_decode(
+        q_lat, q_pe, latents.store, latents.table, latents.lengths, scale, fp8=latents.fp8
+    )
     return torch.einsum("bhl,hvl->bhv", o_lat, w_vc)

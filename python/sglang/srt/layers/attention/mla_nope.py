@@ -5,6 +5,7 @@ For normed input ``x [T, hidden]``:
   q = q_b(q_a_layernorm(q_a(x)))  (or q_proj(x))               [T, h, nope + rope]
   c_kv | k_pe = kv_a_proj_with_mqa(x);  c_kv = kv_a_layernorm(c_kv)
   cache <- [c_kv | k_pe]                                       one row a token, shared by all heads
+                                  (model dtype, or FP8 rows: --kv-cache-dtype; read back as cached)
   k_nope | v = kv_b(c_kv) per head;  k = [k_nope | k_pe]       (k_pe unrotated: NoPE)
   o = causal softmax(q k^T * (nope + rope)^-1/2) v            [T, h * v_dim]
   o = o * sigmoid(g_proj(x))  (the sigmoid rounded to the activation dtype, as K3's kernel does)
@@ -15,8 +16,8 @@ Two equal forms: a multi-token segment expands the cached latents to per-head K/
 many queries share them); a single-token segment (decode) absorbs ``kv_b`` into the query and the
 output (``w_kc``/``w_vc``) and attends in the 512-wide latent space directly. All single-token
 segments of a forward attend together in one padded batch (:mod:`mla_absorbed_batch`, bounded in
-padded rows), or, on paged bf16/fp16 latents where Triton runs, in one flash-decoding kernel that
-reads the latents in place (``decode_kernel = False`` keeps the torch pass);
+padded rows), or, on paged bf16/fp16 (or FP8) latents where Triton runs, in one flash-decoding
+kernel that reads the latents in place (``decode_kernel = False`` keeps the torch pass);
 ``batched_decode = False`` runs them one by one, the reference the tests compare to.
 
 Tensor parallel: heads split by rank (``q_b``/``q_proj``, ``kv_b``, ``g_proj`` column-parallel;
@@ -205,8 +206,9 @@ class MLANoPEAttention(nn.Module):
                 continue
             rows = slice(seg.start, seg.start + seg.length)
             prefix = len(seg.cache)
-            seg.cache.rows.append(latent[rows])
-            kv = seg.cache.rows.rows()
+            seg.cache.append(latent[rows])
+            # read back as cached (FP8 rows decode exactly into the model dtype)
+            kv = seg.cache.values(latent.dtype)
             if seg.length == 1:
                 assert absorbed is not None
                 out[rows] = self._attend_absorbed(q[rows], kv, *absorbed)
@@ -298,12 +300,13 @@ class MLANoPEAttention(nn.Module):
 
 def _append_decode_latents(latent: Tensor, segs: Sequence[MLASegment]) -> None:
     """Each single-token segment's latent row onto its cache: one scatter when the caches are
-    pages of one store (the latent pool), else one append each."""
+    pages of one store (the latent pool; FP8 rows quantised in the same launch), else one append
+    each."""
     views = [seg.cache.rows for seg in segs]
     paged = [v for v in views if isinstance(v, PagedRows)]
     if len(paged) == len(views) and all(v.buf is paged[0].buf for v in paged):
         idx = torch.tensor([seg.start for seg in segs], dtype=torch.long, device=latent.device)
-        append_one_each(paged, latent.index_select(0, idx))
+        append_one_each(paged, latent.index_select(0, idx), segs[0].cache.encoding)
         return
-    for seg, view in zip(segs, views):
-        view.append(latent[seg.start : seg.start + 1])
+    for seg in segs:
+        seg.cache.append(latent[seg.start : seg.start + 1])

@@ -24,17 +24,24 @@ from sglang.srt.layers.attention.mla_absorbed_batch import (
     absorbed_decode_paged,
 )
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
+from sglang.srt.layers.kv_cache_rows import fp8_format
 from sglang.srt.mem_cache.paged_index import gather_slot_rows, row_address
+from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
 
 
-def static_kernel_reason(attn: MLANoPEAttention, store: Tensor) -> str | None:
-    """Why the static step takes the torch pass over these latents; None: the kernel runs."""
+def static_kernel_reason(
+    attn: MLANoPEAttention, store: Tensor, encoding: RowCodec | None = None
+) -> str | None:
+    """Why the static step takes the torch pass over these latents (stored as ``encoding``
+    says); None: the kernel runs."""
     if not attn.decode_kernel:
         return "the decode kernel is turned off on this layer"
     if not triton_can_run(store):
         return "Triton cannot run on the latents' device"
     rope = attn.config.qk_rope_head_dim
-    return absorbed_decode_unsupported(store.shape[-1] - rope, rope, store.dtype)
+    fp8 = fp8_format(encoding)
+    width = store.shape[-1] if fp8 is None else fp8.dim
+    return absorbed_decode_unsupported(width - rope, rope, store.dtype, fp8)
 
 
 def mla_static_decode(
@@ -44,22 +51,27 @@ def mla_static_decode(
     slots: Tensor,
     store: Tensor,
     table: Tensor,
+    encoding: RowCodec | None = None,
 ) -> Tensor:
     """``x [bs, hidden]`` -> ``[bs, hidden]``; writes each row's latent into ``store [blocks + 1,
-    R, L + rope]`` at ``positions [bs]`` of ``slots [bs]`` through ``table [S, max_blocks]``."""
+    R, width]`` at ``positions [bs]`` of ``slots [bs]`` through ``table [S, max_blocks]``, as
+    ``encoding`` stores it (None: the store's dtype; FP8 rows: quantised and scattered by one
+    kernel)."""
     rope = attn.config.qk_rope_head_dim
     q = attn.queries(x)
     block, offset = row_address(table, slots, positions, store.shape[1])
-    store[block, offset] = attn.latents(x).to(store.dtype)
+    enc = encoding or PlainRows(store.shape[-1], store.dtype)
+    enc.write(store.view(-1, store.shape[-1]), block * store.shape[1] + offset, attn.latents(x))
     lengths = positions + 1
     w_kc, w_vc = attn.absorbed_weights()
-    if static_kernel_reason(attn, store) is None:
+    if static_kernel_reason(attn, store, enc) is None:
         tables = table[slots]  # [bs, max_blocks]: slices past a row's length exit at once
         keys = tables.shape[1] * store.shape[1]
-        latents = PagedLatents(store, tables, lengths, keys)
+        latents = PagedLatents(store, tables, lengths, keys, enc)
         o = absorbed_decode_paged(q, latents, w_kc, w_vc, rope_dim=rope, scale=attn.scale)
         return attn.finish(x, o.to(x.dtype))
-    kv = gather_slot_rows(store, table, slots).float()  # [bs, max_blocks * R, L + rope]
+    # [bs, max_blocks * R, L + rope], decoded (FP8 rows exactly)
+    kv = enc.decode(gather_slot_rows(store, table, slots), torch.float32)
     # Rows past a length may hold a former owner's values or the padding rows' writes: zeroed,
     # so that a non-finite one cannot reach 0 * x.
     valid = torch.arange(kv.shape[1], device=kv.device) < lengths[:, None]

@@ -1,7 +1,8 @@
 """DeepSeek V4's memory model. A request holds a fixed sliding-window ring per layer plus
-compressed entries that grow by ``head_dim / ratio`` per token (and the indexer's keys on ratio-4
-layers); the step workspace is the mHC residual streams (``hidden * hc_mult`` wide) and the
-logits."""
+compressed entries that grow by one row per ``ratio`` tokens (and the indexer's keys on ratio-4
+layers), each row the bytes its cache stores (``--kv-cache-dtype``: ``head_dim`` values of the
+model dtype, or a 584-byte FP8 row at head dim 512); the step workspace is the mHC residual
+streams (``hidden * hc_mult`` wide) and the logits."""
 
 from __future__ import annotations
 
@@ -23,9 +24,25 @@ class CacheShape(StepWorkspace):
     compress_ratios: tuple[int, ...]
     attn_types: tuple[str, ...]
     dtype_bytes: int
+    # Bytes of one stored compressed entry / indexer key (None: the model dtype's
+    # ``head_dim * dtype_bytes`` / ``index_head_dim * dtype_bytes``); ``kv_cache``: the layout's
+    # name for the startup log.
+    entry_bytes: int | None = None
+    index_key_bytes: int | None = None
+    kv_cache: str = "bf16"
 
     @classmethod
-    def from_model_config(cls, cfg: Any, dtype_bytes: int) -> CacheShape:
+    def from_model_config(
+        cls,
+        cfg: Any,
+        dtype_bytes: int,
+        *,
+        entry_bytes: int | None = None,
+        index_key_bytes: int | None = None,
+        kv_cache: str = "bf16",
+    ) -> CacheShape:
+        """``entry_bytes`` / ``index_key_bytes``: a stored row of the ``--kv-cache-dtype``
+        layout ``kv_cache`` (None: the model dtype's)."""
         return cls(
             num_layers=cfg.num_hidden_layers,
             hidden_size=cfg.hidden_size,
@@ -37,15 +54,31 @@ class CacheShape(StepWorkspace):
             compress_ratios=tuple(getattr(cfg, "compress_ratios", ())),
             attn_types=tuple(getattr(cfg, "attn_types", ())),
             dtype_bytes=dtype_bytes,
+            entry_bytes=entry_bytes,
+            index_key_bytes=index_key_bytes,
+            kv_cache=kv_cache,
         )
 
+    @property
+    def entry_row_bytes(self) -> int:
+        return self.entry_bytes or self.head_dim * self.dtype_bytes
+
+    @property
+    def index_key_row_bytes(self) -> int:
+        return self.index_key_bytes or self.index_head_dim * self.dtype_bytes
+
+    def layer_bytes_per_token(self, ratio: int, kind: str) -> float:
+        """What one more cached token costs one layer of this ratio and kind (0 for sliding
+        layers: their ring is fixed)."""
+        if ratio <= 0:
+            return 0.0
+        per_row = self.entry_row_bytes + (self.index_key_row_bytes if kind == "csa" else 0)
+        return per_row / ratio
+
     def bytes_per_cached_token(self) -> float:
-        total = 0.0
-        for ratio, kind in zip(self.compress_ratios, self.attn_types):
-            if ratio > 0:
-                total += self.head_dim * self.dtype_bytes / ratio
-                if kind == "csa":
-                    total += self.index_head_dim * self.dtype_bytes / ratio
+        total = sum(
+            self.layer_bytes_per_token(r, k) for r, k in zip(self.compress_ratios, self.attn_types)
+        )
         return max(total, 1.0)
 
     def window_bytes_per_request(self) -> int:
@@ -59,10 +92,19 @@ class CacheShape(StepWorkspace):
         return activation_bytes(tokens_in_flight, self.hidden_size * self.hc_mult)
 
     def describe(self) -> str:
-        compressed = sum(1 for r in self.compress_ratios if r > 0)
+        kinds: dict[tuple[int, str], int] = {}
+        for ratio, kind in zip(self.compress_ratios, self.attn_types):
+            if ratio > 0:
+                kinds[(ratio, kind)] = kinds.get((ratio, kind), 0) + 1
+        per_kind = ", ".join(
+            f"{n} x ratio {r}{' + indexer' if k == 'csa' else ''} "
+            f"{self.layer_bytes_per_token(r, k):.2f} B"
+            for (r, k), n in sorted(kinds.items())
+        )
         return (
-            f"DeepSeek V4: {self.bytes_per_cached_token():.1f} B per cached token "
-            f"({compressed} compressed layers' entries and indexer keys), "
+            f"DeepSeek V4: {self.bytes_per_cached_token():.1f} B per cached token ({self.kv_cache} "
+            f"KV cache; per layer: {per_kind or 'none'}; entries {self.entry_row_bytes} B, "
+            f"indexer keys {self.index_key_row_bytes} B a row), "
             f"{mib(self.window_bytes_per_request())} per running request "
             f"({self.num_layers} layers' {self.sliding_window}-row window rings)"
         )

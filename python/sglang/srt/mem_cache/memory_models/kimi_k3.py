@@ -1,7 +1,8 @@
 """Kimi K3's memory model, from the shape its slot pool allocates (``kimi_k3_slot_pool.py``).
 
-- Per cached token: every MLA layer's latent row, ``kv_lora_rank + qk_rope_head_dim`` wide, in
-  the model dtype (the latents are replicated over the attention-TP ranks).
+- Per cached token: every MLA layer's latent row, ``kv_lora_rank + qk_rope_head_dim`` wide, as the
+  cache stores it (``--kv-cache-dtype``: the model dtype, or a 648-byte FP8 row at 512 + 64;
+  the latents are replicated over the attention-TP ranks).
 - Fixed, per running request: every KDA layer's conv state ``[W - 1, 3 * H_local * D]`` (model
   dtype) and recurrent state ``[H_local, D, D]`` (the state dtype, fp32 by default), and the slot's
   block-table row (int64, ``ceil(context / B)`` entries). Once per pool: the scratch slot (one
@@ -32,6 +33,8 @@ class KimiK3MemoryModel(StepWorkspace):
     dtype_bytes: int
     state_dtype_bytes: int  # the KDA recurrent state's
     block_tokens: int = DEFAULT_BLOCK_TOKENS
+    latent_row_bytes: int | None = None  # one stored latent row (None: latent_dim model values)
+    kv_cache: str = "bf16"  # the --kv-cache-dtype layout's name, for the startup log
 
     def __post_init__(self) -> None:
         if min(self.dtype_bytes, self.state_dtype_bytes, self.block_tokens) < 1:
@@ -48,8 +51,13 @@ class KimiK3MemoryModel(StepWorkspace):
     def num_kda(self) -> int:
         return sum(1 for k in self.pool.layer_kinds if k == "kda")
 
+    @property
+    def latent_bytes(self) -> int:
+        """One MLA layer's stored latent row."""
+        return self.latent_row_bytes or self.pool.latent_dim * self.dtype_bytes
+
     def bytes_per_cached_token(self) -> float:
-        return max(float(self.num_mla * self.pool.latent_dim * self.dtype_bytes), 1.0)
+        return max(float(self.num_mla * self.latent_bytes), 1.0)
 
     def request_state_bytes(self) -> int:
         """Every KDA layer's conv and recurrent state of one request (fixed: any length)."""
@@ -64,7 +72,7 @@ class KimiK3MemoryModel(StepWorkspace):
 
     def null_block_bytes(self) -> int:
         """The block every latent store allocates once more (unused table entries point there)."""
-        return self.num_mla * self.block_tokens * self.pool.latent_dim * self.dtype_bytes
+        return self.num_mla * self.block_tokens * self.latent_bytes
 
     def fixed_bytes(self, running_requests: int, context_length: int) -> int:
         slots = running_requests + 1  # and the scratch slot
@@ -85,7 +93,8 @@ class KimiK3MemoryModel(StepWorkspace):
     def describe(self) -> str:
         return (
             f"Kimi K3: {self.bytes_per_cached_token():.0f} B per cached token ({self.num_mla} "
-            f"MLA layers' {self.pool.latent_dim}-wide latents), {mib(self.request_state_bytes())} "
+            f"MLA layers' {self.pool.latent_dim}-wide latents, {self.latent_bytes} B a row in "
+            f"the {self.kv_cache} KV cache), {mib(self.request_state_bytes())} "
             f"per running request ({self.num_kda} KDA layers' conv and recurrent states, "
             f"{self.pool.kda_heads} heads on this rank) plus its block-table row"
         )

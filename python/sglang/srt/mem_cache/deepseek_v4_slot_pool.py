@@ -32,7 +32,7 @@ import torch
 from sglang.srt.mem_cache.compressor_state import CompressorStorage, reset_previous
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 from sglang.srt.mem_cache.paged_rows import PagedRows
-from sglang.srt.mem_cache.slot_blocks import SlotBlocks
+from sglang.srt.mem_cache.slot_blocks import DEFAULT_BLOCK_TOKENS, SlotBlocks
 
 
 @dataclass(frozen=True)
@@ -108,10 +108,11 @@ class LayerSlots:
 
 
 def default_block_tokens(compress_ratios: tuple[int, ...]) -> int:
-    """The smallest multiple of every ratio that is >= 256 tokens: a block is a whole number of
-    entries of every compressor, and requests round up to at most 255 tokens."""
+    """The smallest multiple of every ratio that is >= ``DEFAULT_BLOCK_TOKENS``: a block is a
+    whole number of entries of every compressor, and a block edge is where no compressor has
+    pending rows."""
     step = math.lcm(*[r for r in compress_ratios if r > 0], 1)
-    return step * -(-256 // step)
+    return step * -(-DEFAULT_BLOCK_TOKENS // step)
 
 
 class DeepseekV4SlotPool(SlotBlocks):

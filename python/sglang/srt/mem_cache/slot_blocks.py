@@ -12,6 +12,11 @@ import torch
 from sglang.srt.mem_cache.block_pool import BlockPool
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 
+# Tokens a cache block holds unless a pool is told otherwise (DeepSeek V4 rounds it up to a
+# multiple of its compress ratios). One block of every paged layer per table entry: larger blocks
+# mean shorter tables, smaller ones less rounding per request.
+DEFAULT_BLOCK_TOKENS = 256
+
 
 class SlotPoolFullError(RuntimeError):
     """Every slot is taken; the scheduler admits at most ``max_slots`` running requests."""

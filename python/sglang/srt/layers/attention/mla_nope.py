@@ -298,7 +298,7 @@ class MLANoPEAttention(nn.Module):
 
 def _append_decode_latents(latent: Tensor, segs: Sequence[MLASegment]) -> None:
     """Each single-token segment's latent row onto its cache: one scatter when the caches are
-    pages of one store (the latent pool), else one append each."""
+    pages of one store (the slot pool's latents), else one append each."""
     views = [seg.cache.rows for seg in segs]
     paged = [v for v in views if isinstance(v, PagedRows)]
     if len(paged) == len(views) and all(v.buf is paged[0].buf for v in paged):

@@ -153,6 +153,7 @@ def _default_max_total_tokens(
         chunked_prefill_size=chunk,
         context_length=context_length,
         max_logit_rows=rows,
+        state_snapshots=_state_snapshots(args),
     )
     if log:
         capped = " (the cap: context x max running)" if tokens == worst else ""
@@ -162,6 +163,27 @@ def _default_max_total_tokens(
             f"--mem-fraction-static {args.mem_fraction_static} the weights left"
         )
     return tokens
+
+
+def _state_snapshots(args: ServerArgs) -> int:
+    """The prefix cache's snapshot rows (0: --disable-radix-cache)."""
+    return 0 if args.disable_radix_cache else args.max_state_snapshots or 0
+
+
+def _enable_prefix_cache(args: ServerArgs, runner: Any, block_tokens: int) -> tuple[int, str]:
+    """The prefix cache's snapshot rows on this rank (0: off) and the startup line's words."""
+    if args.disable_radix_cache:
+        return 0, "off (--disable-radix-cache)"
+    why = runner.prefix_cache_unavailable_reason()
+    rows = _state_snapshots(args)
+    if why is not None or rows < 1:
+        return 0, f"off ({why or '--max-state-snapshots 0'})"
+    store = runner.enable_prefix_cache(rows)
+    per = store.snapshots.row_bytes() / (1 << 20)
+    return rows, (
+        f"on (radix tree over {block_tokens}-token blocks, {rows} state snapshots of "
+        f"{per:.2f} MiB, --schedule-policy {args.schedule_policy})"
+    )
 
 
 def check_dp_attention(args: ServerArgs) -> None:
@@ -288,6 +310,7 @@ def run_scheduler_process(
             max_total_tokens=budget,
             max_running_requests=args.max_running_requests,
         )
+        snapshots, prefix_cache = _enable_prefix_cache(args, runner, decode.block_tokens)
         if args.enable_symm_mem and on_gpu and tp_size > 1:
             prealloc_symmetric_memory_pool(tp_group)
         max_running = decode.max_running_requests
@@ -314,6 +337,7 @@ def run_scheduler_process(
                 f"a2a: {args.moe_a2a_backend}; MegaMoE SM budget: "
                 f"{sm_budget if sm_budget is not None else 'n/a (no CUDA device)'}; "
                 f"symmetric memory: {symm}; CUDA graphs: {cuda_graph}; "
+                f"prefix cache: {prefix_cache}; "
                 f"context {context_length}, max total tokens {budget}, "
                 f"max running requests {max_running}, "
                 f"chunked prefill {args.chunked_prefill_size}, "
@@ -335,6 +359,7 @@ def run_scheduler_process(
             symm_mem=symm,
             mega_moe_sm_budget=sm_budget,
             cuda_graph=cuda_graph,
+            prefix_cache=prefix_cache,
         )
         status.put(("ready", tp_rank, info if tp_rank == 0 else None))
         started = True
@@ -356,6 +381,8 @@ def run_scheduler_process(
                 block_tokens=decode.block_tokens,
                 max_logit_rows=args.max_logit_rows_per_step,
                 log_stats_interval_s=args.log_stats_interval,
+                state_snapshots=snapshots,
+                schedule_policy=args.schedule_policy,
             ).run()
         else:
             run_follower(runner, tp_group)

@@ -176,6 +176,18 @@ class DeepseekV4SlotPool(SlotBlocks):
                 total += comp.nbytes() if comp is not None else 0
         return total + self.table_nbytes()
 
+    def edge_state(self) -> list[torch.Tensor]:
+        """At a block edge (a multiple of every ratio) no compressor has pending rows, so a
+        request's state besides its blocks is every layer's window ring and, with overlapping
+        windows, the last complete block's first halves (``prev_*``)."""
+        state: list[torch.Tensor] = []
+        for layer in self.layers:
+            state.append(layer.window)
+            for comp in (layer.compressor, layer.indexer):
+                if comp is not None and comp.prev_kv is not None and comp.prev_score is not None:
+                    state += [comp.prev_kv, comp.prev_score]
+        return state
+
     def _reset(self, slot: int) -> None:
         for layer in self.layers:
             for comp in (layer.compressor, layer.indexer):

@@ -52,6 +52,15 @@ class KimiK3RequestCache(RequestCache[LayerCache]):
 
     slot: int | None = None
 
+    def resume_at(self, num_tokens: int) -> None:
+        """The slot now holds the state after ``num_tokens`` tokens (a cached prefix was copied
+        in): count them into the length and every MLA layer's paged row count."""
+        self.num_tokens = num_tokens
+        for layer in self.layers:
+            if isinstance(layer, MLALatentCache):
+                assert isinstance(layer.rows, PagedRows)
+                layer.rows.n = num_tokens
+
     def count_static_token(self) -> None:
         """A static decode step wrote one more token on the device: count it into the host
         counters (the length and every MLA layer's paged row count)."""

@@ -112,6 +112,12 @@ class KimiK3SlotPool(SlotBlocks):
         total += sum(s.numel() * s.element_size() for s in self.latents if s is not None)
         return total + self.table_nbytes()
 
+    def edge_state(self) -> list[torch.Tensor]:
+        """Besides its latents (blocks), a request's state is every KDA layer's conv and
+        recurrent state: not a function of any block, so it is copied at the edges a prefix may
+        resume from."""
+        return [t for k in self.kda if k is not None for t in (k.conv, k.recurrent)]
+
     def _reset(self, slot: int) -> None:
         """A slot taken anew starts a sequence: its KDA states zeroed."""
         for k in self.kda:

@@ -24,6 +24,8 @@ import torch
 from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.dp_attention import reset_dp_state, set_dp_state_for_warmup
+from sglang.srt.mem_cache.prefix_store import PrefixStore
+from sglang.srt.mem_cache.slot_blocks import SlotBlocks
 from sglang.srt.model_executor.cuda_graph_runner import (
     CudaGraphRunner,
     capture_batch_sizes,
@@ -35,6 +37,7 @@ from sglang.srt.model_executor.memory_budget import unbounded_budget_reason
 from sglang.srt.model_executor.mixed_step import MixedSplit, split_mixed_step
 from sglang.srt.model_executor.model_abilities import (
     ServedModel,
+    SlotPool,
     SupportsSlotPool,
     SupportsStaticDecode,
     moe_runners,
@@ -42,7 +45,7 @@ from sglang.srt.model_executor.model_abilities import (
     static_decode_reason,
 )
 from sglang.srt.model_executor.model_registry import find_model, read_model_config
-from sglang.srt.model_executor.slot_plan import plan_slot_pool
+from sglang.srt.model_executor.slot_plan import SlotPlan, plan_slot_pool
 from sglang.srt.model_executor.warmup_plan import warmup_token_counts
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.server_args import ServerArgs
@@ -111,6 +114,8 @@ class ModelRunner:
         # Set as well when decode rows go through the pool's static decode (graphs or padded).
         self.static_model: SupportsStaticDecode | None = None
         self.graph_runner: CudaGraphRunner | None = None
+        # Set by enable_prefix_cache: the blocks and state snapshots the prefix cache keeps.
+        self.prefix_store: PrefixStore | None = None
         # Static decode without graphs: the sizes a batch pads to (those graphs would capture).
         self.static_sizes: list[int] = []
 
@@ -160,7 +165,9 @@ class ModelRunner:
         that it is the exact A/B of a graph replay (tests on CPU; graphs == eager on the GPU)."""
         if self.args.enable_dp_attention:  # padded static rows would break the planned sizes
             why = "DP attention: the gathered sizes change every step; decode runs eagerly"
-            return DecodeSetup(f"off ({why})", max_running_requests)
+            return self._init_eager_decode(
+                f"off ({why})", context_length, max_total_tokens, max_running_requests
+            )
         reason = graph_unavailable_reason(
             self.model, self.device, disabled=self.args.disable_cuda_graph
         )
@@ -180,7 +187,7 @@ class ModelRunner:
             max_total_tokens=max_total_tokens,
             max_running_requests=max_running_requests,
         )
-        pool = static.enable_slot_pool(plan.slots, plan.capacity, total_tokens=plan.total_tokens)
+        pool = self._enable_slot_pool(static, plan)
         self.pool_model = self.static_model = static
         gib = pool.nbytes() / (1 << 30)
         blocks = pool.block_pool
@@ -251,9 +258,7 @@ class ModelRunner:
             max_total_tokens=max_total_tokens,
             max_running_requests=max_running_requests,
         )
-        pool = self.model.enable_slot_pool(
-            plan.slots, plan.capacity, total_tokens=plan.total_tokens
-        )
+        pool = self._enable_slot_pool(self.model, plan)
         self.pool_model = self.model
         blocks = pool.block_pool
         gib = pool.nbytes() / (1 << 30)
@@ -265,6 +270,42 @@ class ModelRunner:
             max_total_tokens=blocks.num_blocks * blocks.block_tokens,
         )
 
+    def _enable_slot_pool(self, model: SupportsSlotPool, plan: SlotPlan) -> SlotPool:
+        """The model's slot pool for ``plan``, in blocks of ``--page-size`` tokens if given."""
+        try:
+            return model.enable_slot_pool(
+                plan.slots,
+                plan.capacity,
+                total_tokens=plan.total_tokens,
+                block_tokens=self.args.page_size,
+            )
+        except ValueError as exc:
+            if self.args.page_size is None:
+                raise
+            raise ValueError(f"--page-size {self.args.page_size}: {exc}") from None
+
+    # --- prefix cache --------------------------------------------------------------------------
+
+    def prefix_cache_unavailable_reason(self) -> str | None:
+        """Why this rank cannot keep a prefix cache (None: it can): the cache shares the slot
+        pool's blocks, so the caches must be pooled."""
+        if self.pool_model is None:
+            return "the request caches are not paged in a slot pool (see the CUDA graph line)"
+        return None
+
+    def enable_prefix_cache(self, snapshot_rows: int) -> PrefixStore:
+        """Keep cached prefixes in the slot pool's blocks, with ``snapshot_rows`` copies of the
+        per-request state at block edges (after :meth:`init_decode`)."""
+        why = self.prefix_cache_unavailable_reason()
+        if why is not None:
+            raise RuntimeError(f"no prefix cache: {why}")
+        assert self.pool_model is not None
+        pool = self.pool_model.slot_pool
+        if not isinstance(pool, SlotBlocks):
+            raise TypeError(f"{type(pool).__name__} is not a paged slot pool (SlotBlocks)")
+        self.prefix_store = PrefixStore(pool, snapshot_rows)
+        return self.prefix_store
+
     # --- forward -------------------------------------------------------------------------------
 
     def execute(self, plan: ForwardPlan) -> torch.Tensor | None:
@@ -273,7 +314,11 @@ class ModelRunner:
         (``dp_step``): every group's logit rows on rank 0, ``None`` elsewhere."""
         if plan.dp_plans:
             return execute_dp_plan(self, plan)
-        pool, static = self.pool_model, self.static_model
+        pool, static, store = self.pool_model, self.static_model, self.prefix_store
+        if (plan.cache_ops or plan.prefix_hits) and store is None:
+            raise RuntimeError("the plan changes the prefix cache, but this rank keeps none")
+        if store is not None and plan.cache_ops:  # before the frees: finished requests hand over
+            store.apply(plan.cache_ops, self.caches)
         for rid in plan.free_rids:
             cache = self.caches.pop(rid, None)
             if cache is not None and pool is not None:
@@ -281,6 +326,9 @@ class ModelRunner:
         new = self.model.new_request_cache if pool is None else pool.new_pooled_cache
         for rid in plan.new_rids:
             self.caches[rid] = new()
+        for hit in plan.prefix_hits:
+            assert store is not None
+            store.attach(hit, self.caches[hit.rid])
         if not plan.has_forward:
             return None
         caches = [self.caches[rid] for rid in plan.rids]

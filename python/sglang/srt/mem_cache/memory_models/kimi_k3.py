@@ -59,6 +59,10 @@ class KimiK3MemoryModel(StepWorkspace):
         recurrent = p.kda_heads * p.kda_head_dim * p.kda_head_dim * self.state_dtype_bytes
         return self.num_kda * (conv + recurrent)
 
+    def snapshot_bytes(self) -> int:
+        """A request's KDA states (the latents are shared by block)."""
+        return self.request_state_bytes()
+
     def table_row_bytes(self, context_length: int) -> int:
         """One request's block-table row: a block id per ``block_tokens`` of the context."""
         return -(-context_length // self.block_tokens) * _TABLE_ENTRY_BYTES

@@ -216,3 +216,61 @@ def replay_cuts(records: dict[str, Record], order: Sequence[str]) -> dict[str, l
                 raise AssertionError(f"{rid}: no earlier request ended a forward at {c}")
         history[rid] = sorted(set(inherited + own))
     return history
+
+
+# --- scenarios ------------------------------------------------------------------------------------
+
+
+def random_ids(n: int, vocab: int, generator: torch.Generator, low: int = 2) -> list[int]:
+    return torch.randint(low, vocab, (n,), generator=generator).tolist()
+
+
+def shared_prefix_waves(
+    base: list[int], shared: Sequence[int], vocab: int, seed: int, max_new: int = 2
+) -> list[list[Turn]]:
+    """``base`` alone, then one request a wave sharing ``s`` of its tokens for each ``s`` (then
+    random tokens to the same length): every divergence point of the sweep."""
+    g = torch.Generator().manual_seed(seed)
+    waves = [[Turn("base", base, max_new)]]
+    for s in shared:
+        waves.append([Turn(f"s{s}", base[:s] + random_ids(len(base) - s, vocab, g), max_new)])
+    return waves
+
+
+def conversation_waves(
+    first: list[int], turns: int, message: int, max_new: int, vocab: int, seed: int, name: str = "t"
+) -> list[list[Turn]]:
+    """A chat: turn ``k`` sends the whole conversation so far (every prompt and output) plus a
+    new message of ``message`` tokens."""
+    g = torch.Generator().manual_seed(seed)
+    messages = [random_ids(message, vocab, g) for _ in range(turns)]
+
+    def turn(k: int) -> PromptFn:
+        def prompt(records: dict[str, Record]) -> list[int]:
+            if k == 0:
+                return first
+            prev = records[f"{name}{k - 1}"]
+            return prev.prompt + prev.tokens + messages[k]
+
+        return prompt
+
+    return [[Turn(f"{name}{k}", turn(k), max_new)] for k in range(turns)]
+
+
+def fixed_prompts(waves: Sequence[Sequence[Turn]], records: dict[str, Record]) -> list[list[Turn]]:
+    """The same waves with the prompts a run built, fixed (for another run to replay)."""
+    return [[Turn(t.rid, records[t.rid].prompt, t.max_new) for t in w] for w in waves]
+
+
+def worst_difference(got: dict[str, Record], want: dict[str, Record]) -> tuple[float, float]:
+    """Greedy tokens must be equal; the largest |difference| of the sampled tokens' log-probs
+    and of the sampled rows' logits (relative to the largest |logit|)."""
+    lp, logits = 0.0, 0.0
+    for rid, w in want.items():
+        g = got[rid]
+        assert g.prompt == w.prompt, rid
+        assert g.tokens == w.tokens, (rid, g.tokens, w.tokens)
+        lp = max(lp, *(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)))
+        for a, b in zip(g.logits, w.logits):
+            logits = max(logits, float((a - b).abs().max() / b.abs().max()))
+    return lp, logits

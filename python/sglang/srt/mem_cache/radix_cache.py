@@ -228,24 +228,32 @@ class RadixCache:
     def evict(self, blocks: int) -> int:
         """Drop unlocked nodes (leaves first; no snapshot before snapshot; least recently used
         first) until ``blocks`` blocks are freed or none is left; returns the blocks freed."""
+        freed, snapshots = self._drop_unlocked(blocks)
+        self.evicted_blocks += freed
+        self.evicted_snapshots += snapshots
+        return freed
+
+    def flush(self) -> int:
+        """Drop every unlocked node (all of them when nothing runs); returns the blocks freed
+        (not counted as evictions)."""
+        return self._drop_unlocked(self.num_blocks)[0]
+
+    def _drop_unlocked(self, blocks: int) -> tuple[int, int]:
+        """(blocks, snapshots) dropped to free ``blocks`` blocks, in eviction order."""
         if blocks <= 0:
-            return 0
+            return 0, 0
         heap = [self._evict_key(n) for n in self._leaves() if n.lock == 0]
         heapq.heapify(heap)
-        freed = 0
+        freed = snapshots = 0
         while heap and freed < blocks:
             *_, node = heapq.heappop(heap)
             parent = node.parent
             assert parent is not None
+            snapshots += node.snapshot
             freed += self._drop(node)
             if parent is not self.root and not parent.children and parent.lock == 0:
                 heapq.heappush(heap, self._evict_key(parent))
-        self.evicted_blocks += freed
-        return freed
-
-    def flush(self) -> int:
-        """Drop every unlocked node (all of them when nothing runs); returns the blocks freed."""
-        return self.evict(self.num_blocks)
+        return freed, snapshots
 
     def _evict_key(self, node: RadixNode) -> tuple[bool, int, int, RadixNode]:
         return (node.snapshot, node.last_used, node.id, node)
@@ -269,7 +277,6 @@ class RadixCache:
         self.evictable_blocks -= n
         if node.snapshot:
             self.num_snapshots -= 1
-            self.evicted_snapshots += 1
         self._ops.append(DropNode(node.id))
         node.parent = None
         return n

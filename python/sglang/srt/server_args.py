@@ -170,7 +170,7 @@ class ServerArgs:
             cuda_graph_max_bs = min(max_running, 160)
         snapshots = self.max_state_snapshots
         if snapshots is None:
-            snapshots = max_running
+            snapshots = 2 * max_running
         a2a, ep_size = resolve_expert_parallel(self.moe_a2a_backend, self.ep_size, self.tp_size)
         return dataclasses.replace(
             self,
@@ -680,8 +680,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         int,
         "Copies of a request's fixed-size state at a block edge the prefix cache keeps (DeepSeek "
         "V4: window rings and overlap rows; Kimi K3: KDA conv and recurrent states): a cached "
-        "prefix resumes only where one is kept. Their memory comes out of the token budget. "
-        "Default: --max-running-requests.",
+        "prefix resumes only where one is kept. Their memory comes out of the token budget "
+        "(the startup line gives one's size). Default: 2 x --max-running-requests.",
     )
     g = parser.add_argument_group("HTTP server")
     _add_option(g, "--host", str, "Address to listen on.")

@@ -161,7 +161,7 @@ def test_startup_budget_reserves_the_caps_rows_and_logs_it(
         chunked_prefill_size=16,
         context_length=10**9,
         max_logit_rows=6 * dp,
-        state_snapshots=4,  # the prefix cache's default: one a running request
+        state_snapshots=8,  # the prefix cache's default: two a running request
     )
     assert got == want
     assert got != max_total_tokens_for_memory(
@@ -240,12 +240,12 @@ def test_kimi_k3_budget_is_a_bound_from_its_memory_model(
         chunked_prefill_size=16,
         context_length=context,
         max_logit_rows=6,
-        state_snapshots=4,
+        state_snapshots=8,
     )
     left = 10 * (1 << 20) - shape.workspace_bytes(20, 6) - shape.fixed_bytes(4, context)
-    left -= 4 * shape.snapshot_bytes()  # the prefix cache's snapshots: a request's KDA states
+    left -= 8 * shape.snapshot_bytes()  # the prefix cache's snapshots: a request's KDA states
     assert shape.snapshot_bytes() == shape.request_state_bytes()
-    assert _args(disable_radix_cache=True).max_state_snapshots == 4  # resolved, but unused:
+    assert _args(disable_radix_cache=True).max_state_snapshots == 8  # resolved, but unused:
     no_cache = scheduler_process._default_max_total_tokens(
         _args(disable_radix_cache=True), runner, context, log=False
     )

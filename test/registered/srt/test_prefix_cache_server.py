@@ -2,7 +2,9 @@
 so caches are paged): OpenAI responses say how many prompt tokens came from the cache
 (``usage.prompt_tokens_details.cached_tokens``), so does ``/generate`` (``meta_info``),
 ``/metrics`` exports the hit rate and the cached tokens, the activity line reports the hit rate,
-``/flush_cache`` empties the cache (the next request misses, the pool is all free again)."""
+``/flush_cache`` empties the cache (the next request misses, the pool is all free again), and
+``bench_serving``'s generated-shared-prefix and multi-turn workloads report the cached share of
+their reusable tokens (a group's system prompt, a chat's history) from the responses."""
 
 from __future__ import annotations
 
@@ -27,6 +29,16 @@ def _metric(text: str, name: str) -> float:
     match = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
     assert match is not None, name
     return float(match.group(1))
+
+
+def _bench(base: str, dataset: str, *flags: str) -> dict:
+    from sglang.bench_serving import build_parser, run_benchmark
+
+    common = ["--base-url", base, "--dataset-name", dataset, "--warmup-requests", "0"]
+    args = build_parser().parse_args([*common, "--max-concurrency", "1", *flags])
+    m = run_benchmark(args)
+    assert m["failed"] == 0, m["errors"]
+    return m
 
 
 def test_http_reports_cached_tokens_flushes_and_exports_metrics() -> None:
@@ -61,6 +73,16 @@ def test_http_reports_cached_tokens_flushes_and_exports_metrics() -> None:
         stats = httpx.get(f"{base}/server_info").json()["scheduler"]
         assert stats["free_blocks"] == stats["total_blocks"] > 0 and stats["cache_tokens"] == 0
         assert complete(" four")["prompt_tokens_details"]["cached_tokens"] == 0
+        gsp_flags = ("--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "140")
+        gsp_flags += ("--gsp-question-len", "10", "--gsp-output-len", "2")
+        gsp = _bench(base, "generated-shared-prefix", "--gsp-num-groups", "2", *gsp_flags)
+        # 4 of the 6 prompts resume from their group's first at 128 of its 140 shared tokens
+        assert gsp["total_reusable_tokens"] == 4 * 140
+        assert gsp["total_cached_tokens"] == 4 * 128, gsp
+        chat = ("--multi-turn-conversations", "2", "--multi-turn-turns", "3")
+        chat += ("--multi-turn-system-len", "130", "--multi-turn-message-len", "10")
+        chats = _bench(base, "multi-turn", *chat, "--multi-turn-output-len", "4")
+        assert chats["completed"] == 6 and chats["reusable_hit_rate"] > 0.8, chats
         logs = server.logs()
         assert "prefix cache hit rate" in logs and "prefix cache: on (radix tree" in logs, logs
     finally:

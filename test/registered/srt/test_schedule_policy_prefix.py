@@ -124,6 +124,20 @@ def test_branch_point_gets_a_snapshot_and_decode_keeps_its_latest() -> None:
     # The prompt's edge (8) keeps its snapshot; each decode edge's replaced the one before.
     assert max(seen) == seen[-1] == 2
     assert long.inserted_tokens == 40 and tree.num_blocks == 5
+    # A superseded snapshot another request resumed from stays.
+    p3 = _policy()
+    p3.add(_req("m", list(range(20)), max_new=30))  # prompt edge 16, decode edges 24 .. 48
+    while p3.running or p3.waiting:
+        step = p3.next_step()
+        _run(p3, step)
+        if p3.running and p3.running[0].inserted_tokens == 24:
+            p3.add(_req("fork", list(range(20)) + [7] * 5 + [1]))  # resumes at 24
+    tree3 = p3.prefix_cache
+    assert tree3 is not None
+    _drain(p3)
+    seq = list(range(20)) + [7] * 30  # "m"'s cache: its prompt, then its outputs (all 7)
+    kept = [e for e in (16, 24, 32, 40, 48) if tree3.match(seq, limit=e).cached_tokens == e]
+    assert kept == [16, 24, 48]  # its prompt's edge, the one "fork" resumed from, its latest
 
 
 def test_eviction_makes_room_before_a_request_waits() -> None:

@@ -33,12 +33,12 @@ class Req:
     # Prefix cache (none without one): prompt tokens the request resumed from, the tree node it
     # locks (the deepest of its path), how far its tokens are in the tree, the block edges where
     # a prefill chunk ends so a snapshot is taken there, and the node of the last snapshot it
-    # saved while decoding (replaced by the next one).
+    # saved that its next one supersedes (a chunk end inside the prompt, or while decoding).
     cached_tokens: int = 0
     prefix_node: RadixNode | None = None
     inserted_tokens: int = 0
     snapshot_cuts: list[int] = field(default_factory=list)
-    tail_snapshot: RadixNode | None = None
+    passing_snapshot: RadixNode | None = None
     # Tokens of --max-total-tokens it holds on its own (whole blocks; the cached prefix and the
     # blocks it handed to the tree are the tree's), set on admission.
     reserved: int = 0

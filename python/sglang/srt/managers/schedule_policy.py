@@ -19,7 +19,8 @@ runs on are evictable: when the pool is short for the next request, the least re
 dropped before it is made to wait. The request's own blocks go to the tree at every block edge
 its cache reaches at the end of a step (a prefill chunk that ends on one, a decode crossing one),
 with a snapshot of its state there: a prefill chunk is ended at the last block edge of the prompt
-and where its tokens leave the tree's (a branch point), so those edges get one.
+and where its tokens leave the tree's (a branch point), so those edges get one. Of the snapshots
+a request saves at other edges only the latest stays, unless another request resumed from one.
 
 With paged caches (``block_tokens > 1``: the static decode's block pool) a reservation is whole
 blocks, ``ceil((prompt + max new) / block_tokens)`` of them, and ``max_total_tokens`` is the pool's
@@ -309,6 +310,8 @@ class SchedulePolicy:
         self.reserved += need
         req.prefilled = req.cached_tokens = req.inserted_tokens = match.cached_tokens
         req.prefix_node = node
+        if node is not None:
+            node.hits += 1
         self.prompt_tokens += req.prompt_len
         self.cached_tokens += match.cached_tokens
         if cache is not None:
@@ -344,10 +347,17 @@ class SchedulePolicy:
             moved = done.new_blocks * self.block_tokens  # its own blocks, now the tree's
             req.reserved -= moved
             self.reserved -= moved
-            if end > req.prompt_len:  # decoding: keep only its latest snapshot
-                if req.tail_snapshot is not None and req.tail_snapshot is not done.node:
-                    cache.drop_snapshot(req.tail_snapshot)
-                req.tail_snapshot = done.node if done.saved_now else None
+            if not done.saved_now:
+                continue
+            # A snapshot this request saved at a chunk end inside its prompt or while decoding
+            # is superseded by the next one it saves on the same path: dropped, unless another
+            # request resumed from it meanwhile. Its prompt's last edge and a branch point stay
+            # (where a retry or the next request sharing that prefix resumes).
+            old = req.passing_snapshot
+            if old is not None and old.hits == 0:
+                cache.drop_snapshot(old)
+            kept = end in req.snapshot_cuts or end == req.prompt_len
+            req.passing_snapshot = None if kept else done.node
 
     @staticmethod
     def _take_chunk(req: Req, n: int, take: Callable[[Req, list[int], int, bool], None]) -> int:

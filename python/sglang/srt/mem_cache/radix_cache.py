@@ -44,6 +44,7 @@ class RadixNode:
     lock: int = 0  # running requests whose path goes through this node
     last_used: int = 0
     snapshot: bool = False
+    hits: int = 0  # requests that resumed from its snapshot
 
 
 @dataclass(frozen=True)
@@ -286,12 +287,27 @@ class RadixCache:
         when there is no row at all to take."""
         if self.num_snapshots < self.snapshot_rows:
             return True
+        covered = self._covered_snapshots()
         held = [n for n in self._nodes() if n.snapshot]
         if not held:
             return False
-        self.drop_snapshot(min(held, key=lambda n: (n.last_used, n.id)))
+        self.drop_snapshot(min(held, key=lambda n: (n not in covered, n.last_used, n.id)))
         self.evicted_snapshots += 1
         return True
+
+    def _covered_snapshots(self) -> set[RadixNode]:
+        """Snapshot nodes on a single path with another snapshot further along it (a chat's
+        earlier turns): a request extending the path resumes there. A node where the tree
+        branches is where requests parted before (a shared system prompt): never covered."""
+        covered: set[RadixNode] = set()
+        holds: dict[RadixNode, bool] = {}  # whether a node's subtree holds a snapshot
+        order = self._nodes()  # parents before children: walk it backwards
+        for node in reversed(order):
+            below = any(holds[c] for c in node.children.values())
+            if below and node.snapshot and len(node.children) == 1:
+                covered.add(node)
+            holds[node] = below or node.snapshot
+        return covered
 
     def _nodes(self) -> list[RadixNode]:
         out, stack = [], list(self.root.children.values())

@@ -112,6 +112,17 @@ def test_snapshot_budget_drops_the_least_recently_used() -> None:
     assert tree.num_snapshots == 2 and tree.evicted_snapshots == 1
 
 
+def test_a_snapshot_with_a_deeper_one_below_goes_first() -> None:
+    tree = RadixCache(B, snapshot_rows=3)
+    old = tree.insert(_seq(5), "c", held=None, snapshot=True).node
+    head = tree.insert(_seq(1), "a", held=None, snapshot=True).node
+    deep = tree.insert(_seq(1, 2), "a", held=head, snapshot=True).node
+    assert old.last_used < head.last_used  # "old" is the least recently used ...
+    tree.insert(_seq(7), "d", held=None, snapshot=True)
+    # ... but a request extending [1] resumes at [1, 2]: the snapshot at [1] is the one to drop
+    assert not head.snapshot and old.snapshot and deep.snapshot
+
+
 class _Pool(SlotBlocks):
     """Two per-slot state tensors (one bf16, one fp32) and the block bookkeeping."""
 

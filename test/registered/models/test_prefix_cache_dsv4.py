@@ -141,5 +141,10 @@ def test_an_evicted_prefix_misses_once_then_hits_again(ratio_4: str) -> None:
     assert lp < TOL and logits < TOL
 
 
+def test_a_page_size_off_the_compress_ratios_is_refused_by_name(ratio_4: str) -> None:
+    with pytest.raises(ValueError, match=r"--page-size 30: .*not a multiple of the compress"):
+        make_server(ratio_4, radix=True, page_size=30, max_total_tokens=1024)
+
+
 if __name__ == "__main__":
     run_this_file(__file__)

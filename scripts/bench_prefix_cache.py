@@ -184,25 +184,6 @@ def part_workloads(args: argparse.Namespace, log_dir: Path) -> None:
     print("goals: chat hit of reusable >= 90%; solo throughput on/off >= 0.98")
 
 
-def _scheduler_pids(root: int) -> list[int]:
-    """The server's descendants (the scheduler ranks), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, stack = [], [root]
-    while stack:
-        for c in children.get(stack.pop(), []):
-            out.append(c)
-            stack.append(c)
-    return out
-
-
 def _rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -214,12 +195,11 @@ def _rss_mib(pid: int) -> float:
 def part_leak(args: argparse.Namespace, log_dir: Path) -> None:
     flags = ["--context-length", "2048", "--max-total-tokens", str(32 * 256)]
     flags += ["--max-running-requests", "16", "--page-size", "256"]
-    with server(None, flags, log_dir / "prefix_leak.log") as proc:
+    with server(None, flags, log_dir / "prefix_leak.log"):
         vocab = int(_get(PORT, "/get_model_info")["vocab_size"])
         rng = random.Random(1)
         prefixes = [_ids(rng, rng.randint(300, 900), vocab) for _ in range(64)]
-        pids = _scheduler_pids(proc.pid)
-        rank0 = max(pids, key=_rss_mib)  # the scheduler holding the model
+        rank0 = int(_get(PORT, "/server_info")["scheduler_pids"][0])
         rss: list[float] = []
         cached = 0
         for block in range(10):

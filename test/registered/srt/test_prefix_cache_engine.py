@@ -10,6 +10,10 @@ blocks of 32 tokens, drawn from 6 shared prefixes with their own suffixes.
   block and snapshot: rank 0's pool is back to all free.
 The GPU-sized version (10,000 requests, RSS and free count over HTTP) is
 ``scripts/bench_prefix_cache.py --only leak``.
+
+Under DP attention (TP=2, DP=2, gloo ranks) each group keeps its own cache in its ranks' pool
+and a request goes to the group holding its prefix: the second wave resumes in the groups the
+first wave filled, and the greedy tokens are TP=1's without the cache.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from sglang.test.ci_register import register_cpu_ci
 from sglang.test.prefix_cache_check import random_ids, tiny_dsv4_checkpoint
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=40)
+register_cpu_ci(est_time=75)
 
 WAVES, PER_WAVE, VOCAB = 8, 12, 128
 # Growth of the scheduler's RSS allowed over the waves after the first: allocator noise, not
@@ -79,6 +83,39 @@ def test_engine_serves_from_the_cache_and_flushes_without_leaks(tmp_path: Path) 
         after = e.get_server_info()["scheduler"]
         assert after["free_blocks"] == after["total_blocks"] == 16
         assert after["cache_tokens"] == after["state_snapshots"] == 0
+
+
+def test_dp_attention_keeps_a_cache_per_group(tmp_path: Path) -> None:
+    path = tiny_dsv4_checkpoint(tmp_path / "dsv4", compress_ratios=[4, 4, 0])
+    g = torch.Generator().manual_seed(1)
+    a, b = random_ids(70, VOCAB, g), random_ids(75, VOCAB, g)
+    first = [a + random_ids(5, VOCAB, g), b + random_ids(6, VOCAB, g)]
+    second = [a + random_ids(7, VOCAB, g), b + random_ids(3, VOCAB, g), a + random_ids(9, VOCAB, g)]
+    greedy = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    common = {
+        "model_path": path,
+        "skip_tokenizer_init": True,
+        "device": "cpu",
+        "random_seed": 0,
+        "log_level": "warning",
+        "context_length": 512,
+        "max_total_tokens": 16 * 32,
+        "page_size": 32,
+        "max_running_requests": 4,
+    }
+    with Engine(**common, tp_size=2, dp_size=2, enable_dp_attention=True) as e:
+        info = e.get_server_info()["model_info"]
+        assert info["prefix_cache"].startswith("on") and "caches paged" in info["cuda_graph"]
+        results = e.generate(input_ids=first, sampling_params=greedy)
+        results += e.generate(input_ids=second, sampling_params=greedy)
+        assert [r["meta_info"]["cached_tokens"] for r in results] == [0, 0, 64, 64, 64]
+        assert e.flush_cache()["ok"]
+        stats = e.get_server_info()["scheduler"]
+        assert stats["free_blocks"] == stats["total_blocks"]
+    with Engine(**common, disable_radix_cache=True) as one:
+        want = one.generate(input_ids=first, sampling_params=greedy)
+        want += one.generate(input_ids=second, sampling_params=greedy)
+    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in want]
 
 
 if __name__ == "__main__":

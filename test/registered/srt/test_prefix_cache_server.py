@@ -70,8 +70,10 @@ def test_http_reports_cached_tokens_flushes_and_exports_metrics() -> None:
         assert _metric(metrics, "sglang:radix_cache_evicted_blocks_total") == 0
         flushed = httpx.post(f"{base}/flush_cache")
         assert flushed.status_code == 200 and "flushed" in flushed.json()["message"]
-        stats = httpx.get(f"{base}/server_info").json()["scheduler"]
+        info = httpx.get(f"{base}/server_info").json()
+        stats = info["scheduler"]
         assert stats["free_blocks"] == stats["total_blocks"] > 0 and stats["cache_tokens"] == 0
+        assert info["model_info"]["prefix_cache"].startswith("on (radix tree over 128-token")
         assert complete(" four")["prompt_tokens_details"]["cached_tokens"] == 0
         gsp_flags = ("--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "140")
         gsp_flags += ("--gsp-question-len", "10", "--gsp-output-len", "2")
@@ -83,8 +85,7 @@ def test_http_reports_cached_tokens_flushes_and_exports_metrics() -> None:
         chat += ("--multi-turn-system-len", "130", "--multi-turn-message-len", "10")
         chats = _bench(base, "multi-turn", *chat, "--multi-turn-output-len", "4")
         assert chats["completed"] == 6 and chats["reusable_hit_rate"] > 0.8, chats
-        logs = server.logs()
-        assert "prefix cache hit rate" in logs and "prefix cache: on (radix tree" in logs, logs
+        assert "prefix cache hit rate" in server.logs()  # the activity line
     finally:
         server.stop()
 

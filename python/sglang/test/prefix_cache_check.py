@@ -106,8 +106,11 @@ def make_server(
     chunked_prefill_size: int = 512,
     snapshots: int = 4,
     schedule_policy: str = "fcfs",
+    static_decode: bool = False,
 ) -> Server:
-    """A CPU runner on the slot pool (eager decode), with the prefix cache or without."""
+    """A CPU runner on the slot pool, with the prefix cache or without; decode eagerly, or with
+    ``static_decode`` through the static decode padded to the graph sizes (and mixed steps split
+    into it and an eager forward), as graphs would run it."""
     args = ServerArgs(
         model_path=model_path,
         device="cpu",
@@ -121,7 +124,9 @@ def make_server(
         context_length=context_length,
         max_total_tokens=max_total_tokens,
         max_running_requests=max_running,
+        static_without_graphs=static_decode,
     )
+    assert (runner.static_model is not None) == static_decode, setup.cuda_graph
     tree = None
     if radix:
         runner.enable_prefix_cache(snapshots)

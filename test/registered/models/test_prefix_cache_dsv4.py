@@ -141,6 +141,35 @@ def test_an_evicted_prefix_misses_once_then_hits_again(ratio_4: str) -> None:
     assert lp < TOL and logits < TOL
 
 
+def test_static_decode_and_mixed_steps_serve_cache_hits(
+    ratio_4: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The static decode (padded to the graph sizes, as a replay runs it) and mixed steps (its
+    decode rows beside eager prefill chunks of 16) with requests that resume mid-prompt."""
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(5)
+    stem = random_ids(70, VOCAB, g)
+    waves = [[Turn("seed", stem + random_ids(3, VOCAB, g), 3)]]
+    waves += [
+        [
+            Turn("a", stem + random_ids(5, VOCAB, g), 8),
+            Turn("b", stem + random_ids(40, VOCAB, g), 8),
+            Turn("c", random_ids(50, VOCAB, g), 8),
+        ]
+    ]
+    kw = {"page_size": 32, "max_total_tokens": 1024, "chunked_prefill_size": 16}
+    on = make_server(ratio_4, radix=True, static_decode=True, **kw)
+    mixed: list[int] = []  # the mixed steps, split into the static decode and an eager forward
+    real = on.runner._execute_mixed
+    monkeypatch.setattr(on.runner, "_execute_mixed", lambda *a: mixed.append(1) or real(*a))
+    got = run_waves(on, waves)
+    assert got["a"].cached_tokens == got["b"].cached_tokens == 64 and mixed
+    want = run_waves(make_server(ratio_4, radix=False, static_decode=True, **kw), waves)
+    lp, logits = worst_difference(got, want)
+    print(f"static decode, cache on vs off: max |d logprob| {lp:.2e}, logits rel {logits:.2e}")
+    assert lp < TOL and logits < TOL
+
+
 def test_a_page_size_off_the_compress_ratios_is_refused_by_name(ratio_4: str) -> None:
     with pytest.raises(ValueError, match=r"--page-size 30: .*not a multiple of the compress"):
         make_server(ratio_4, radix=True, page_size=30, max_total_tokens=1024)

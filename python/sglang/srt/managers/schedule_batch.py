@@ -83,8 +83,8 @@ class Req:
             limit = min(limit, max(0, self.logprob_start_len - 1))
         return limit
 
-    def tokens_upto(self, n: int) -> list[int]:
-        """The first ``n`` tokens its cache holds (prompt, then the outputs fed back)."""
-        if n <= self.prompt_len:
-            return self.input_ids[:n]
-        return self.input_ids + self.output_ids[: n - self.prompt_len]
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """Tokens ``start .. end - 1`` of its cache (the prompt, then the outputs fed back)."""
+        p = self.prompt_len
+        head = self.input_ids[start:end] if start < p else []
+        return head + self.output_ids[max(start, p) - p : max(end, p) - p]

@@ -342,7 +342,14 @@ class SchedulePolicy:
             req, end = row.req, row.cache_len
             if end % self.block_tokens or end <= req.inserted_tokens:
                 continue
-            done = cache.insert(req.tokens_upto(end), req.rid, held=req.prefix_node, snapshot=True)
+            start = req.inserted_tokens  # where the path it holds ends
+            done = cache.insert(
+                req.tokens_between(start, end),
+                req.rid,
+                held=req.prefix_node,
+                start=start,
+                snapshot=True,
+            )
             req.prefix_node, req.inserted_tokens = done.node, end
             moved = done.new_blocks * self.block_tokens  # its own blocks, now the tree's
             req.reserved -= moved

@@ -157,22 +157,27 @@ class RadixCache:
         *,
         held: RadixNode | None,
         snapshot: bool,
+        start: int = 0,
     ) -> Inserted:
-        """Cache ``tokens`` (whole blocks), the prefix ``rid``'s cache holds now: nodes for the
-        part the tree lacks take ``rid``'s blocks there, and with ``snapshot`` the node ending at
-        ``len(tokens)`` takes a copy of ``rid``'s state (if it has none and a snapshot row can be
-        freed). The request's lock moves from ``held`` to that node."""
+        """Cache ``tokens`` (whole blocks), which continue the path ``rid`` holds: the node
+        ``held`` ending at ``start`` (None: the root, ``start`` 0). Nodes for the part the tree
+        lacks take ``rid``'s blocks there, and with ``snapshot`` the node ending after ``tokens``
+        takes a copy of ``rid``'s state (if it has none and a snapshot row can be freed). The
+        request's lock moves from ``held`` to that node. Only the new tokens are walked."""
         b = self.block_tokens
-        if len(tokens) % b or not tokens:
-            raise ValueError(f"the tree caches whole blocks of {b} tokens, got {len(tokens)}")
-        node, pos, new_blocks = self.root, 0, 0
+        if len(tokens) % b or not tokens or start % b or (held is None) != (start == 0):
+            raise ValueError(
+                f"the tree caches whole blocks of {b} tokens after the held node's end, got "
+                f"{len(tokens)} tokens from {start}"
+            )
+        node, pos, new_blocks = held or self.root, 0, 0
         now = next(self._clock)
         while pos < len(tokens):
             child = node.children.get(tuple(tokens[pos : pos + b]))
             if child is None:
                 child = self._new_node(node, tuple(tokens[pos:]))
                 new_blocks = self._blocks(child)
-                self._ops.append(InsertNode(child.id, rid, pos // b, new_blocks))
+                self._ops.append(InsertNode(child.id, rid, (start + pos) // b, new_blocks))
                 pos = len(tokens)
             else:
                 same = self._common_blocks(child.key, tokens, pos, len(tokens))

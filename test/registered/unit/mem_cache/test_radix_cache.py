@@ -58,6 +58,21 @@ def test_match_is_by_whole_blocks_and_resumes_only_at_snapshots() -> None:
     assert hit == PrefixHit("b", (a.node.id,), 12)
 
 
+def test_insert_continues_the_held_path_from_its_end() -> None:
+    tree = RadixCache(B, snapshot_rows=4)
+    a = tree.insert(_seq(1, 2), "a", held=None, snapshot=False)
+    with pytest.raises(ValueError, match="whole blocks"):
+        tree.insert(_seq(3), "a", held=a.node, start=0, snapshot=False)  # held ends at 8
+    more = tree.insert(_seq(3, 4), "a", held=a.node, start=8, snapshot=True)
+    assert more.node.parent is a.node and more.new_blocks == 2
+    assert tree.take_ops()[-2:] == (
+        InsertNode(more.node.id, "a", 2, 2),
+        SaveSnapshot(more.node.id, "a"),
+    )
+    assert tree.match(_seq(1, 2, 3, 4, 5), limit=20).cached_tokens == 16
+    assert a.node.lock == 1 and more.node.lock == 1  # the lock moved down the path
+
+
 def test_a_branch_splits_the_node_and_the_snapshot_stays_at_its_end() -> None:
     tree = RadixCache(B, snapshot_rows=4)
     a = tree.insert(_seq(1, 2, 3), "a", held=None, snapshot=True)
@@ -68,7 +83,7 @@ def test_a_branch_splits_the_node_and_the_snapshot_stays_at_its_end() -> None:
     assert b.new_blocks == 0 and b.saved_now and head is not a.node
     assert head.key == tuple(_seq(1, 2)) and a.node.parent is head and a.node.snapshot
     assert tree.take_ops() == (SplitNode(a.node.id, head.id, 2), SaveSnapshot(head.id, "b"))
-    c = tree.insert(_seq(1, 2, 8, 9), "c", held=head, snapshot=False)
+    c = tree.insert(_seq(8, 9), "c", held=head, start=8, snapshot=False)  # continues "b"'s path
     assert c.new_blocks == 2 and not c.saved_now and c.node.parent is head
     assert tree.take_ops() == (InsertNode(c.node.id, "c", 2, 2),)
     assert tree.num_blocks == 5 and tree.num_snapshots == 2
@@ -79,7 +94,7 @@ def test_a_branch_splits_the_node_and_the_snapshot_stays_at_its_end() -> None:
 def test_locks_pin_paths_and_eviction_order() -> None:
     tree = RadixCache(B, snapshot_rows=8)
     base = tree.insert(_seq(1, 2), "r", held=None, snapshot=True).node
-    left = tree.insert(_seq(1, 2, 3), "r", held=base, snapshot=False).node  # no snapshot
+    left = tree.insert(_seq(3), "r", held=base, start=8, snapshot=False).node  # no snapshot
     right = tree.insert(_seq(1, 2, 4), "s", held=None, snapshot=True).node
     tree.unlock(left)
     tree.unlock(right)
@@ -116,7 +131,7 @@ def test_a_snapshot_with_a_deeper_one_below_goes_first() -> None:
     tree = RadixCache(B, snapshot_rows=3)
     old = tree.insert(_seq(5), "c", held=None, snapshot=True).node
     head = tree.insert(_seq(1), "a", held=None, snapshot=True).node
-    deep = tree.insert(_seq(1, 2), "a", held=head, snapshot=True).node
+    deep = tree.insert(_seq(2), "a", held=head, start=4, snapshot=True).node
     assert old.last_used < head.last_used  # "old" is the least recently used ...
     tree.insert(_seq(7), "d", held=None, snapshot=True)
     # ... but a request extending [1] resumes at [1, 2]: the snapshot at [1] is the one to drop

@@ -39,7 +39,7 @@ from sglang.test.prefix_cache_check import (
 )
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=40)
+register_cpu_ci(est_time=35)
 
 VOCAB = 128
 TOL = 1e-4  # fp32: summation order only (a wrong window row or entry is off by O(1))

@@ -45,7 +45,7 @@ from sglang.test.prefix_cache_check import (
 )
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=45)
+register_cpu_ci(est_time=40)
 
 # fp32: summation order only, which the KDA recurrence and the random layers after it amplify to
 # ~1e-4 (measured 6e-5 .. 9.5e-5; chunked prefill without the cache differs as much); a wrong

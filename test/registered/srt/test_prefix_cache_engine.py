@@ -27,7 +27,7 @@ from sglang.test.ci_register import register_cpu_ci
 from sglang.test.prefix_cache_check import random_ids, tiny_dsv4_checkpoint
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=75)
+register_cpu_ci(est_time=55)
 
 WAVES, PER_WAVE, VOCAB = 8, 12, 128
 # Growth of the scheduler's RSS allowed over the waves after the first: allocator noise, not

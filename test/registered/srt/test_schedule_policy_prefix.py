@@ -236,5 +236,20 @@ def test_dp_groups_keep_their_own_trees_and_route_by_prefix() -> None:
     assert step.plan.dp_plans[0].prefix_hits and not step.plan.dp_plans[1].prefix_hits
 
 
+def test_a_request_longer_than_a_slot_holds_is_refused() -> None:
+    """The pool rounds the budget up to whole blocks (at least one request's), but a request's
+    table holds only the per-request capacity: admission must not promise more."""
+    p = SchedulePolicy(
+        max_running_requests=2,
+        max_total_tokens=4 * B,
+        chunked_prefill_size=64,
+        block_tokens=B,
+        max_request_tokens=20,
+    )
+    assert p.request_limit == 20
+    assert p.can_ever_fit(_req("fits", range(15), max_new=5))
+    assert not p.can_ever_fit(_req("long", range(15), max_new=6))
+
+
 if __name__ == "__main__":
     run_this_file(__file__)

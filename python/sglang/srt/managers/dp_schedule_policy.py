@@ -41,6 +41,7 @@ class DpSchedulePolicy:
         block_tokens: int = 1,
         prefix_cache: Callable[[], RadixCache] | None = None,
         schedule_policy: str = "fcfs",
+        max_request_tokens: int | None = None,
     ) -> None:
         """``prefix_cache`` makes each group's tree (None: no prefix cache)."""
         if dp_size < 2:
@@ -54,6 +55,7 @@ class DpSchedulePolicy:
                 block_tokens=block_tokens,
                 prefix_cache=None if prefix_cache is None else prefix_cache(),
                 schedule_policy=schedule_policy,
+                max_request_tokens=max_request_tokens,
             )
             for _ in range(dp_size)
         ]
@@ -98,6 +100,10 @@ class DpSchedulePolicy:
 
     def can_ever_fit(self, req: Req) -> bool:
         return self.groups[0].can_ever_fit(req)
+
+    @property
+    def request_limit(self) -> int:
+        return self.groups[0].request_limit
 
     def pick_group(self, req: Req | None = None) -> int:
         def load(i: int) -> tuple[int, int, int]:

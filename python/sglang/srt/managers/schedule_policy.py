@@ -118,7 +118,10 @@ class SchedulePolicy:
         schedule_policy: str = "fcfs",
         lpm_max_wait_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        max_request_tokens: int | None = None,
     ) -> None:
+        """``max_request_tokens``: the most one request may hold (the slot pool's per-request
+        capacity; None: only the budget bounds it)."""
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         if schedule_policy not in SCHEDULE_POLICIES:
@@ -131,6 +134,7 @@ class SchedulePolicy:
                 f"pool's ({block_tokens})"
             )
         self.prefix_cache = prefix_cache
+        self.max_request_tokens = max_request_tokens
         self.schedule_policy = schedule_policy
         self.lpm_max_wait_s = lpm_max_wait_s
         self.clock = clock
@@ -168,8 +172,17 @@ class SchedulePolicy:
         cache = self.prefix_cache
         return 0 if cache is None else cache.num_blocks * self.block_tokens
 
+    @property
+    def request_limit(self) -> int:
+        """The most tokens (prompt + max new) one request may hold."""
+        if self.max_request_tokens is None:
+            return self.max_total_tokens
+        return min(self.max_total_tokens, self.max_request_tokens)
+
     def can_ever_fit(self, req: Req) -> bool:
-        return self.reservation(req) <= self.max_total_tokens
+        return req.reserved_tokens <= self.request_limit and (
+            self.reservation(req) <= self.max_total_tokens
+        )
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)

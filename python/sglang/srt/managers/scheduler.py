@@ -99,6 +99,7 @@ class Scheduler:
         log_stats_interval_s: float = 0.0,
         state_snapshots: int = 0,
         schedule_policy: str = "fcfs",
+        max_request_tokens: int | None = None,
     ) -> None:
         """``state_snapshots`` > 0 (with a paged pool, ``block_tokens`` > 1) turns the prefix
         cache on: the snapshot rows each rank's prefix store keeps."""
@@ -113,6 +114,7 @@ class Scheduler:
             "max_total_tokens": max_total_tokens,
             "chunked_prefill_size": chunked_prefill_size,
             "max_logit_rows": max_logit_rows,
+            "max_request_tokens": max_request_tokens,
         }
 
         def new_tree() -> RadixCache:
@@ -211,7 +213,8 @@ class Scheduler:
             self._reject(
                 msg.rid,
                 f"request needs {req.reserved_tokens} tokens (prompt {n} + max_new_tokens "
-                f"{req.max_new_tokens}) but --max-total-tokens is {self.policy.max_total_tokens}",
+                f"{req.max_new_tokens}) but --max-total-tokens {self.policy.max_total_tokens} "
+                f"allows {self.policy.request_limit} a request",
             )
             return
         if msg.sampling_params.seed is not None:
@@ -461,8 +464,7 @@ class Scheduler:
 
     def _stats(self, req_id: int) -> SchedulerStats:
         trees = self._prefix_caches()
-        pool = getattr(self.runner.pool_model, "slot_pool", None)
-        blocks = None if pool is None else pool.block_pool
+        blocks = self.runner.block_pool()
         return SchedulerStats(
             prompt_tokens=self.policy.prompt_tokens,
             cached_tokens=self.policy.cached_tokens,

@@ -383,6 +383,7 @@ def run_scheduler_process(
                 log_stats_interval_s=args.log_stats_interval,
                 state_snapshots=snapshots,
                 schedule_policy=args.schedule_policy,
+                max_request_tokens=decode.max_request_tokens,
             ).run()
         else:
             run_follower(runner, tp_group)

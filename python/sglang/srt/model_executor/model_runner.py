@@ -24,6 +24,7 @@ import torch
 from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.dp_attention import reset_dp_state, set_dp_state_for_warmup
+from sglang.srt.mem_cache.block_pool import BlockPool
 from sglang.srt.mem_cache.prefix_store import PrefixStore
 from sglang.srt.mem_cache.slot_blocks import SlotBlocks
 from sglang.srt.model_executor.cuda_graph_runner import (
@@ -78,6 +79,8 @@ class DecodeSetup:
     # out of ``max_total_tokens`` (the pool's blocks when paged).
     block_tokens: int = 1
     max_total_tokens: int | None = None
+    # The most tokens one request may hold (the pool's per-request capacity; None: unpaged).
+    max_request_tokens: int | None = None
 
 
 class ModelRunner:
@@ -198,6 +201,7 @@ class ModelRunner:
         paged = {
             "block_tokens": blocks.block_tokens,
             "max_total_tokens": blocks.num_blocks * blocks.block_tokens,
+            "max_request_tokens": plan.capacity,
         }
         sizes = capture_batch_sizes(min(self.args.cuda_graph_max_bs or plan.slots, plan.slots))
         if reason is not None:
@@ -268,6 +272,7 @@ class ModelRunner:
             plan.slots,
             block_tokens=blocks.block_tokens,
             max_total_tokens=blocks.num_blocks * blocks.block_tokens,
+            max_request_tokens=plan.capacity,
         )
 
     def _enable_slot_pool(self, model: SupportsSlotPool, plan: SlotPlan) -> SlotPool:
@@ -283,6 +288,10 @@ class ModelRunner:
             if self.args.page_size is None:
                 raise
             raise ValueError(f"--page-size {self.args.page_size}: {exc}") from None
+
+    def block_pool(self) -> BlockPool | None:
+        """The slot pool's blocks (None: caches are per request)."""
+        return None if self.pool_model is None else self.pool_model.slot_pool.block_pool
 
     # --- prefix cache --------------------------------------------------------------------------
 

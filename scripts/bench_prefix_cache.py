@@ -114,7 +114,7 @@ def _ttft(ids: list[int], out: int = 1) -> tuple[float, int]:
 
 def part_ttft(args: argparse.Namespace, log_dir: Path) -> None:
     model_dir = Path(args.model_dir)
-    build_model(model_dir, args.layers)
+    build_model(model_dir, args.layers, max_positions=16384)
     torch.cuda.empty_cache()
     flags = ["--context-length", "16384", "--max-running-requests", "8"]
     try:

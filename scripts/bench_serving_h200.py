@@ -50,9 +50,9 @@ INPUT_LEN, OUTPUT_LEN = 256, 128
 STARTUP_TIMEOUT_S = 300
 
 
-def model_config(layers: int) -> dict[str, Any]:
+def model_config(layers: int, max_positions: int = 4096) -> dict[str, Any]:
     ratios = [(4, 128)[i % 2] for i in range(layers)]
-    return wide_dsv4_config(ratios, num_hash_layers=1, max_positions=4096)
+    return wide_dsv4_config(ratios, num_hash_layers=1, max_positions=max_positions)
 
 
 def _random(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
@@ -68,8 +68,8 @@ def _random(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tens
     return t.to(torch.bfloat16).cpu()
 
 
-def build_model(directory: Path, layers: int) -> None:
-    config = model_config(layers)
+def build_model(directory: Path, layers: int, max_positions: int = 4096) -> None:
+    config = model_config(layers, max_positions)
     if (directory / "READY").exists():
         if json.loads((directory / "config.json").read_text()) == config:
             print(f"model: reusing {directory}")

@@ -11,9 +11,10 @@ blocks of 32 tokens, drawn from 6 shared prefixes with their own suffixes.
 The GPU-sized version (10,000 requests, RSS and free count over HTTP) is
 ``scripts/bench_prefix_cache.py --only leak``.
 
-Under DP attention (TP=2, DP=2, gloo ranks) each group keeps its own cache in its ranks' pool
-and a request goes to the group holding its prefix: the second wave resumes in the groups the
-first wave filled, and the greedy tokens are TP=1's without the cache.
+Under DP attention with expert parallelism (TP=2, DP=2, EP=2, gloo ranks) each group keeps its
+own cache in its ranks' pool and a request goes to the group holding its prefix: the second
+wave resumes in the groups the first wave filled, and the greedy tokens are TP=1's without the
+cache.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def test_engine_serves_from_the_cache_and_flushes_without_leaks(tmp_path: Path) 
         assert after["cache_tokens"] == after["state_snapshots"] == 0
 
 
-def test_dp_attention_keeps_a_cache_per_group(tmp_path: Path) -> None:
+def test_dp_attention_with_ep_keeps_a_cache_per_group(tmp_path: Path) -> None:
     path = tiny_dsv4_checkpoint(tmp_path / "dsv4", compress_ratios=[4, 4, 0])
     g = torch.Generator().manual_seed(1)
     a, b = random_ids(70, VOCAB, g), random_ids(75, VOCAB, g)
@@ -103,7 +104,7 @@ def test_dp_attention_keeps_a_cache_per_group(tmp_path: Path) -> None:
         "page_size": 32,
         "max_running_requests": 4,
     }
-    with Engine(**common, tp_size=2, dp_size=2, enable_dp_attention=True) as e:
+    with Engine(**common, tp_size=2, dp_size=2, enable_dp_attention=True, ep_size=2) as e:
         info = e.get_server_info()["model_info"]
         assert info["prefix_cache"].startswith("on") and "caches paged" in info["cuda_graph"]
         results = e.generate(input_ids=first, sampling_params=greedy)

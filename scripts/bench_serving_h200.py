@@ -53,9 +53,9 @@ INPUT_LEN, OUTPUT_LEN = 256, 128
 STARTUP_TIMEOUT_S = 300
 
 
-def model_config(layers: int) -> dict[str, Any]:
+def model_config(layers: int, max_positions: int = 4096) -> dict[str, Any]:
     ratios = [(4, 128)[i % 2] for i in range(layers)]
-    return wide_dsv4_config(ratios, num_hash_layers=1, max_positions=4096)
+    return wide_dsv4_config(ratios, num_hash_layers=1, max_positions=max_positions)
 
 
 # --weights: how the bench model's checkpoint is written (the release kit's writer either way).
@@ -68,8 +68,10 @@ WEIGHTS: dict[str, dict[str, Any]] = {
 }
 
 
-def build_model(directory: Path, layers: int, weights: str) -> None:
-    config = model_config(layers)
+def build_model(
+    directory: Path, layers: int, weights: str = "bf16", max_positions: int = 4096
+) -> None:
+    config = model_config(layers, max_positions)
     fmt = WEIGHTS[weights]
     want = release.release_config(config, dense=fmt["dense"], mtp=fmt["mtp"])
     if (directory / "READY").exists():

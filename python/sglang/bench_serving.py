@@ -10,9 +10,18 @@ latency and throughput, with SGLang's metric definitions.
 
 Backends: ``sglang`` (``/generate`` with token ids: exact input lengths), ``sglang-oai``
 (``/v1/completions`` with token-id prompts) and ``sglang-oai-chat`` (``/v1/chat/completions``
-with random words; input lengths approximate). Datasets: ``random`` (lengths uniform in
-``[len * range_ratio, len]``) and ``fixed`` (exactly the given lengths). Arrivals are Poisson at
-``--request-rate`` (``inf``: all at once), at most ``--max-concurrency`` in flight.
+with random words; input lengths approximate). Datasets (``sglang.bench_workloads``):
+``random`` (lengths uniform in ``[len * range_ratio, len]``), ``fixed`` (exactly the given
+lengths), ``generated-shared-prefix`` (groups of prompts sharing a system prompt) and
+``multi-turn`` (chats resending their whole history each turn; ``sglang`` sends the exact ids
+the server returned, ``sglang-oai-chat`` the messages). Arrivals are Poisson at
+``--request-rate`` (``inf``: all at once; a chat's turns follow each other), at most
+``--max-concurrency`` in flight.
+
+Prefix cache: every response says how many prompt tokens the server resumed from its cache
+(``meta_info.cached_tokens``, ``usage.prompt_tokens_details.cached_tokens``); the report gives
+the cached share of all input tokens and of the reusable ones (tokens an earlier request of the
+run sent before: a shared system prompt, a chat's history).
 Only the standard library is used, so it runs wherever the server's clients run.
 """
 
@@ -32,33 +41,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-BACKENDS = ("sglang", "sglang-oai", "sglang-oai-chat")
-_WORDS = (
-    "the",
-    "model",
-    "serves",
-    "tokens",
-    "quickly",
-    "and",
-    "a",
-    "river",
-    "of",
-    "light",
-    "runs",
-    "through",
-    "old",
-    "town",
-    "where",
-    "people",
-    "sing",
+from sglang.bench_workloads import (
+    DATASETS,
+    BenchRequest,
+    Conversation,
+    conversation_turn,
+    conversations,
+    random_requests,
+    shared_prefix_requests,
 )
 
-
-@dataclass(frozen=True)
-class BenchRequest:
-    input_ids: list[int]
-    text: str
-    output_len: int
+BACKENDS = ("sglang", "sglang-oai", "sglang-oai-chat")
 
 
 @dataclass
@@ -67,33 +60,52 @@ class RequestResult:
     error: str = ""
     input_len: int = 0
     output_len: int = 0
+    cached_len: int = 0  # prompt tokens the server took from its prefix cache
+    reusable: int = 0
     ttft: float = 0.0
     e2e: float = 0.0
     itl: list[float] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)  # the sglang backend's
+    text: str = ""
 
 
 # --- workload -----------------------------------------------------------------------------------
 
 
-def _lengths(rng: random.Random, n: int, target: int, ratio: float, fixed: bool) -> list[int]:
-    if fixed:
-        return [target] * n
-    low = max(1, int(target * ratio))
-    return [rng.randint(low, max(low, target)) for _ in range(n)]
-
-
 def make_requests(args: argparse.Namespace, vocab_size: int) -> list[BenchRequest]:
+    """The independent requests of the dataset (``multi-turn`` is made turn by turn)."""
     rng = random.Random(args.seed)
-    fixed = args.dataset_name == "fixed"
-    ins = _lengths(rng, args.num_prompts, args.random_input_len, args.random_range_ratio, fixed)
-    outs = _lengths(rng, args.num_prompts, args.random_output_len, args.random_range_ratio, fixed)
-    low = min(16, vocab_size - 1)  # skip the first ids: special tokens usually live there
-    reqs = []
-    for n_in, n_out in zip(ins, outs):
-        ids = [rng.randrange(low, vocab_size) for _ in range(n_in)]
-        text = " ".join(rng.choice(_WORDS) for _ in range(n_in))
-        reqs.append(BenchRequest(ids, text, n_out))
-    return reqs
+    if args.dataset_name == "generated-shared-prefix":
+        return shared_prefix_requests(
+            rng,
+            num_groups=args.gsp_num_groups,
+            prompts_per_group=args.gsp_prompts_per_group,
+            system_len=args.gsp_system_prompt_len,
+            question_len=args.gsp_question_len,
+            output_len=args.gsp_output_len,
+            vocab_size=vocab_size,
+        )
+    return random_requests(
+        rng,
+        num_prompts=args.num_prompts,
+        input_len=args.random_input_len,
+        output_len=args.random_output_len,
+        range_ratio=args.random_range_ratio,
+        fixed=args.dataset_name == "fixed",
+        vocab_size=vocab_size,
+    )
+
+
+def make_conversations(args: argparse.Namespace, vocab_size: int) -> list[Conversation]:
+    return conversations(
+        random.Random(args.seed),
+        num_conversations=args.multi_turn_conversations,
+        turns=args.multi_turn_turns,
+        system_len=args.multi_turn_system_len,
+        message_len=args.multi_turn_message_len,
+        output_len=args.multi_turn_output_len,
+        vocab_size=vocab_size,
+    )
 
 
 # --- one request --------------------------------------------------------------------------------
@@ -120,30 +132,44 @@ def _payload(backend: str, req: BenchRequest, model: str) -> tuple[str, dict[str
     }
     if backend == "sglang-oai":
         return "/v1/completions", {"prompt": req.input_ids, **common}
-    return "/v1/chat/completions", {"messages": [{"role": "user", "content": req.text}], **common}
+    messages = req.messages or [{"role": "user", "content": req.text}]
+    return "/v1/chat/completions", {"messages": messages, **common}
 
 
-def _chunk_tokens(backend: str, data: dict[str, Any], seen: int) -> tuple[int, int | None]:
-    """(new output tokens in this chunk, reported prompt tokens or None)."""
+@dataclass(frozen=True)
+class Chunk:
+    """What one streamed chunk says: new output tokens, and the prompt and cached token counts
+    when it reports them."""
+
+    new: int
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    text: str = ""
+
+
+def _parse_chunk(backend: str, data: dict[str, Any], seen: int) -> Chunk:
     if backend == "sglang":
+        meta = data.get("meta_info", {})
         n = len(data.get("output_ids", []))
-        return n - seen, data.get("meta_info", {}).get("prompt_tokens")
+        return Chunk(n - seen, meta.get("prompt_tokens"), meta.get("cached_tokens"))
     usage = data.get("usage")
     if usage:
-        return usage["completion_tokens"] - seen, usage["prompt_tokens"]
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens")
+        return Chunk(usage["completion_tokens"] - seen, usage["prompt_tokens"], cached)
     choices = data.get("choices") or []
     if not choices:
-        return 0, None
+        return Chunk(0)
     c = choices[0]
     piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
-    return (1 if piece else 0), None
+    return Chunk(1 if piece else 0, text=piece or "")
 
 
 def run_one(
     base_url: str, backend: str, req: BenchRequest, model: str, timeout_s: float
 ) -> RequestResult:
     path, body = _payload(backend, req, model)
-    result = RequestResult(input_len=len(req.input_ids))
+    result = RequestResult(input_len=len(req.input_ids), reusable=req.reusable)
     http = urllib.request.Request(
         base_url + path,
         data=json.dumps(body).encode(),
@@ -164,9 +190,15 @@ def run_one(
                 data = json.loads(payload)
                 if "error" in data:
                     raise RuntimeError(data["error"].get("message", "error"))
-                new, prompt_tokens = _chunk_tokens(backend, data, tokens)
-                if prompt_tokens is not None:
-                    result.input_len = prompt_tokens
+                chunk = _parse_chunk(backend, data, tokens)
+                new = chunk.new
+                if chunk.prompt_tokens is not None:
+                    result.input_len = chunk.prompt_tokens
+                if chunk.cached_tokens is not None:
+                    result.cached_len = chunk.cached_tokens
+                if backend == "sglang":
+                    result.output_ids = list(data.get("output_ids", result.output_ids))
+                result.text += chunk.text
                 if backend != "sglang" and data.get("usage"):
                     tokens += new  # usage only corrects the count; it is not an output chunk
                     continue
@@ -222,7 +254,14 @@ def compute_metrics(results: list[RequestResult], duration_s: float) -> dict[str
     tpot = [(r.e2e - r.ttft) / (r.output_len - 1) for r in ok if r.output_len > 1]
     inp = sum(r.input_len for r in ok)
     out = sum(r.output_len for r in ok)
+    cached = sum(r.cached_len for r in ok)
+    reusable = sum(r.reusable for r in ok)
     return {
+        "total_cached_tokens": cached,
+        "total_reusable_tokens": reusable,
+        # the cached share of all input tokens, and of the tokens earlier requests sent before
+        "cache_hit_rate": cached / inp if inp else 0.0,
+        "reusable_hit_rate": cached / reusable if reusable else 0.0,
         "completed": len(ok),
         "failed": len(results) - len(ok),
         "duration_s": duration_s,
@@ -246,10 +285,7 @@ def print_table(args: argparse.Namespace, m: dict[str, Any]) -> None:
     print("=" * 20 + " Serving Benchmark Result " + "=" * 20)
     rows: list[tuple[str, Any]] = [
         ("Backend", args.backend),
-        (
-            "Dataset",
-            f"{args.dataset_name} (in {args.random_input_len}, out {args.random_output_len})",
-        ),
+        ("Dataset", _dataset_line(args)),
         ("Request rate (req/s)", args.request_rate),
         ("Max concurrency", args.max_concurrency or "unlimited"),
         ("Successful requests", m["completed"]),
@@ -262,6 +298,10 @@ def print_table(args: argparse.Namespace, m: dict[str, Any]) -> None:
         ("Output token throughput (tok/s)", f"{m['output_throughput']:.2f}"),
         ("Total token throughput (tok/s)", f"{m['total_throughput']:.2f}"),
         ("Concurrency", f"{m['concurrency']:.2f}"),
+        ("Cached input tokens", m["total_cached_tokens"]),
+        ("Cache hit rate (of input tokens)", f"{m['cache_hit_rate']:.2%}"),
+        ("Reusable input tokens", m["total_reusable_tokens"]),
+        ("Cache hit rate (of reusable tokens)", f"{m['reusable_hit_rate']:.2%}"),
     ]
     for label, value in rows:
         print(f"{label + ':':<{w}}{value}")
@@ -279,11 +319,67 @@ def print_table(args: argparse.Namespace, m: dict[str, Any]) -> None:
     print("=" * 66)
 
 
+def _dataset_line(args: argparse.Namespace) -> str:
+    if args.dataset_name == "generated-shared-prefix":
+        return (
+            f"generated-shared-prefix ({args.gsp_num_groups} groups x "
+            f"{args.gsp_prompts_per_group} prompts, system {args.gsp_system_prompt_len}, "
+            f"question {args.gsp_question_len}, out {args.gsp_output_len})"
+        )
+    if args.dataset_name == "multi-turn":
+        return (
+            f"multi-turn ({args.multi_turn_conversations} chats x {args.multi_turn_turns} turns, "
+            f"system {args.multi_turn_system_len}, message {args.multi_turn_message_len}, "
+            f"out {args.multi_turn_output_len})"
+        )
+    return f"{args.dataset_name} (in {args.random_input_len}, out {args.random_output_len})"
+
+
+def _run_chats(
+    args: argparse.Namespace, base: str, model: str, chats: list[Conversation]
+) -> list[RequestResult]:
+    """Every chat's turns in order (the next one sends the answers the server gave), chats
+    concurrently (their starts Poisson at ``--request-rate``)."""
+    if args.backend == "sglang-oai":
+        raise SystemExit(
+            "--dataset-name multi-turn resends the server's answers: use --backend sglang (token "
+            "ids) or sglang-oai-chat (messages); /v1/completions returns text, not ids"
+        )
+    rng = random.Random(args.seed + 1)
+    results: list[list[RequestResult]] = [[] for _ in chats]
+
+    def chat(i: int) -> None:
+        answers: list[tuple[list[int], str]] = []
+        for turn in range(len(chats[i].messages)):
+            req = conversation_turn(chats[i], turn, answers)
+            r = run_one(base, args.backend, req, model, args.timeout)
+            results[i].append(r)
+            if not r.ok:
+                return
+            answers.append((r.output_ids, r.text))
+
+    workers = args.max_concurrency or len(chats) or 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = []
+        for i in range(len(chats)):
+            futures.append(pool.submit(chat, i))
+            if args.request_rate != float("inf") and i + 1 < len(chats):
+                time.sleep(rng.expovariate(args.request_rate))
+        for f in futures:
+            f.result()
+    return [r for rs in results for r in rs]
+
+
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     base = args.base_url or f"http://{args.host}:{args.port}"
     info = _get_json(base + "/get_model_info")
     model = args.model or info.get("served_model_name") or "default"
-    reqs = make_requests(args, int(info.get("vocab_size") or 32000))
+    vocab = int(info.get("vocab_size") or 32000)
+    if args.dataset_name == "multi-turn":
+        start = time.perf_counter()
+        results = _run_chats(args, base, model, make_conversations(args, vocab))
+        return _finish(args, results, time.perf_counter() - start)
+    reqs = make_requests(args, vocab)
     # Warm-up: full-length prompts, a few output tokens, sent as concurrently as the run will be,
     # so the prefill shapes the run hits are compiled before anything is timed.
     warm = [BenchRequest(r.input_ids, r.text, 4) for r in reqs[: args.warmup_requests]]
@@ -311,7 +407,13 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(rng.expovariate(args.request_rate))
         for f in futures:
             f.result()
-    metrics = compute_metrics(results, time.perf_counter() - start)
+    return _finish(args, results, time.perf_counter() - start)
+
+
+def _finish(
+    args: argparse.Namespace, results: list[RequestResult], duration: float
+) -> dict[str, Any]:
+    metrics = compute_metrics(results, duration)
     if args.output_file:
         with open(args.output_file, "a", encoding="utf-8") as f:
             f.write(json.dumps({"args": vars(args), **metrics}) + "\n")
@@ -327,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", type=str, default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--model", type=str, default=None, help="Default: the server's model name.")
-    p.add_argument("--dataset-name", choices=("random", "fixed"), default="random")
+    p.add_argument("--dataset-name", choices=DATASETS, default="random")
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--random-input-len", type=int, default=256)
     p.add_argument("--random-output-len", type=int, default=64)
@@ -337,6 +439,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="random dataset: lengths uniform in [len * ratio, len].",
     )
+    g = p.add_argument_group("generated-shared-prefix (SGLang's flags)")
+    g.add_argument("--gsp-num-groups", type=int, default=64, help="System prompts.")
+    g.add_argument("--gsp-prompts-per-group", type=int, default=16, help="Prompts sharing each.")
+    g.add_argument("--gsp-system-prompt-len", type=int, default=2048)
+    g.add_argument("--gsp-question-len", type=int, default=128)
+    g.add_argument("--gsp-output-len", type=int, default=256)
+    g = p.add_argument_group("multi-turn")
+    g.add_argument("--multi-turn-conversations", type=int, default=32)
+    g.add_argument("--multi-turn-turns", type=int, default=8)
+    g.add_argument("--multi-turn-system-len", type=int, default=1024)
+    g.add_argument("--multi-turn-message-len", type=int, default=256)
+    g.add_argument("--multi-turn-output-len", type=int, default=128)
     p.add_argument(
         "--request-rate",
         type=float,

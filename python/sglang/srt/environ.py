@@ -343,6 +343,12 @@ class Envs:
         "parent process is still alive.",
         min_value=0.001,
     )
+    SGLANG_LPM_MAX_WAIT_S = EnvFloat(
+        5.0,
+        "--schedule-policy lpm: a request that has waited this many seconds is offered "
+        "admission before the longest-prefix order (in arrival order), so none starves.",
+        min_value=0.0,
+    )
 
     @classmethod
     def fields(cls) -> dict[str, EnvField[Any]]:

@@ -30,6 +30,7 @@ logger = get_logger(__name__)
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 DEVICE_CHOICES = ("cuda", "cpu")
 LOG_LEVEL_CHOICES = ("debug", "info", "warning", "error", "critical")
+SCHEDULE_POLICY_CHOICES = ("fcfs", "lpm")
 
 
 class ServerArgsError(ValueError):
@@ -93,6 +94,11 @@ class ServerArgs:
     chunked_prefill_size: int | None = None
     max_logit_rows_per_step: int | None = None
     mem_fraction_static: float = 0.85
+    page_size: int | None = None
+    # --- prefix cache
+    disable_radix_cache: bool = False
+    schedule_policy: str = "fcfs"
+    max_state_snapshots: int | None = None
     # --- HTTP server
     host: str = "127.0.0.1"
     port: int = 30000
@@ -164,6 +170,9 @@ class ServerArgs:
         cuda_graph_max_bs = self.cuda_graph_max_bs
         if cuda_graph_max_bs is None:
             cuda_graph_max_bs = min(max_running, 160)
+        snapshots = self.max_state_snapshots
+        if snapshots is None:
+            snapshots = 2 * max_running
         a2a, ep_size = resolve_expert_parallel(self.moe_a2a_backend, self.ep_size, self.tp_size)
         return dataclasses.replace(
             self,
@@ -176,6 +185,7 @@ class ServerArgs:
             max_running_requests=max_running,
             max_logit_rows_per_step=max_logit_rows,
             cuda_graph_max_bs=cuda_graph_max_bs,
+            max_state_snapshots=snapshots,
         )
 
     # --- validation ---------------------------------------------------------------------------
@@ -201,6 +211,7 @@ class ServerArgs:
             ("--dtype", self.dtype, DTYPE_CHOICES),
             ("--device", self.device, DEVICE_CHOICES),
             ("--log-level", self.log_level, LOG_LEVEL_CHOICES),
+            ("--schedule-policy", self.schedule_policy, SCHEDULE_POLICY_CHOICES),
             ("--moe-a2a-backend", self.moe_a2a_backend, moe_a2a_choices()),
             ("--moe-runner-backend", self.moe_runner_backend, moe_runner_choices()),
         ):
@@ -212,6 +223,8 @@ class ServerArgs:
             ("--max-total-tokens", self.max_total_tokens),
             ("--cuda-graph-max-bs", self.cuda_graph_max_bs),
             ("--context-length", self.context_length),
+            ("--max-state-snapshots", self.max_state_snapshots),
+            ("--page-size", self.page_size),
         ):
             _check(value is None or value >= 1, f"{flag} must be >= 1, got {value}")
         _check(
@@ -640,10 +653,44 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     _add_option(
         g,
+        "--page-size",
+        int,
+        "Tokens a cache block holds: the unit of admission, of the paged caches and of the "
+        "prefix cache (a cached prefix is whole blocks). DeepSeek V4 needs a multiple of its "
+        "compress ratios. Default: 256 (DeepSeek V4: the least multiple of its ratios >= 256).",
+    )
+    _add_option(
+        g,
         "--mem-fraction-static",
         float,
         "Fraction of GPU memory the weights and request caches may use together (sizes the "
         "default --max-total-tokens on CUDA).",
+    )
+    g = parser.add_argument_group("prefix cache")
+    _add_bool(
+        g,
+        "--disable-radix-cache",
+        "Turn the prefix cache off: every request prefills its whole prompt. Otherwise a request "
+        "resumes from the longest cached prefix of whole cache blocks (a radix tree over token "
+        "ids; needs the paged slot pool, see the startup line). docs/prefix_caching.md.",
+    )
+    _add_option(
+        g,
+        "--schedule-policy",
+        str,
+        "Order of the waiting queue: fcfs (first come, first served) or lpm (longest cached "
+        "prefix first; a request waiting SGLANG_LPM_MAX_WAIT_S seconds goes first, fcfs beyond "
+        "128 waiting requests or without the prefix cache).",
+        SCHEDULE_POLICY_CHOICES,
+    )
+    _add_option(
+        g,
+        "--max-state-snapshots",
+        int,
+        "Copies of a request's fixed-size state at a block edge the prefix cache keeps (DeepSeek "
+        "V4: window rings and overlap rows; Kimi K3: KDA conv and recurrent states): a cached "
+        "prefix resumes only where one is kept. Their memory comes out of the token budget "
+        "(the startup line gives one's size). Default: 2 x --max-running-requests.",
     )
     g = parser.add_argument_group("HTTP server")
     _add_option(g, "--host", str, "Address to listen on.")

@@ -176,8 +176,8 @@ def test_model_decode_logits_batched_equal_per_request(raw: dict, paged: bool) -
     model = make_model(raw, seed=11)
     if paged:
         need = 2 * sum(-(-(n + STEPS) // BLOCK) for n in LENGTHS)
-        model.enable_latent_pool(2 * len(LENGTHS), 64, num_blocks=need, block_tokens=BLOCK)
-    new = model.new_paged_cache if paged else model.new_request_cache
+        model.enable_slot_pool(2 * len(LENGTHS), 64, num_blocks=need, block_tokens=BLOCK)
+    new = model.new_pooled_cache if paged else model.new_request_cache
     seqs = [tokens(n + STEPS, seed=20 + i) for i, n in enumerate(LENGTHS)]
     runs = []
     for on in (False, True):

@@ -1,5 +1,6 @@
-"""Kimi K3's paged MLA latent cache (blocks of a shared pool, read and written through each
-request's block table; KDA state per request, fixed-size) equals the unpaged per-request cache.
+"""Kimi K3's paged MLA latent cache (blocks of the slot pool shared by every request, read and
+written through each request's block table; KDA states by slot, fixed-size) equals the unpaged
+per-request cache on the eager forward.
 
 Fresh random weights (tiny CONFIG_A: 8 layers, MLA at layers 4 and 8), fp32 on CPU, blocks of 8
 tokens and a pool with exactly the blocks the batch needs. A batch of requests prefilled in chunks
@@ -7,10 +8,11 @@ that span block edges, then decoded across more edges, against per-request cache
 match row for row. A finished request's row and blocks are reused (the former owner's rows stay
 invisible: the new request matches a full forward), a reservation the pool cannot meet fails
 whole, and every block is back at the end. Tolerance: 1e-4 of the largest |logit|.
-Through the model runner and the scheduler's policy (a saved tiny checkpoint): with
---max-total-tokens the runner pages the latents and the policy admits by blocks (2 requests at
-once where whole-context slots would run 1), logits equal the unpaged runner's, no block leaks;
-without it caches stay per request and the startup line says how to page them.
+Through the model runner and the scheduler's policy (a saved tiny checkpoint, the static decode's
+gate closed): with --max-total-tokens the runner pages the latents in the slot pool and the policy
+admits by blocks (2 requests at once where whole-context slots would run 1), logits equal the
+unpaged runner's, no block leaks; without it caches stay per request and the startup line says
+how to page them.
 """
 
 from __future__ import annotations
@@ -52,10 +54,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_paged_latents_equal_unpaged_with_reuse_and_no_leak() -> None:
     model = make_model(CONFIG_A, seed=71)
     need = sum(-(-(n + STEPS) // BLOCK) for n in LENGTHS)
-    pool = model.enable_latent_pool(len(LENGTHS), 64, num_blocks=need, block_tokens=BLOCK)
+    pool = model.enable_slot_pool(len(LENGTHS), 64, num_blocks=need, block_tokens=BLOCK)
     seqs = [tokens(n + STEPS, seed=80 + i) for i, n in enumerate(LENGTHS)]
     plain = [model.new_request_cache() for _ in LENGTHS]
-    paged = [model.new_paged_cache() for _ in LENGTHS]
+    paged = [model.new_pooled_cache() for _ in LENGTHS]
     assert all(isinstance(layer, MLALatentCache) for layer in paged[0].layers[3::4])
     assert isinstance(paged[0].layers[3].rows, PagedRows)  # type: ignore[union-attr]
     for seq, n, a, b in zip(seqs, LENGTHS, plain, paged):
@@ -76,34 +78,34 @@ def test_paged_latents_equal_unpaged_with_reuse_and_no_leak() -> None:
                 assert lb.rows.rows().shape == la.rows.rows().shape
                 assert _rel(lb.rows.rows(), la.rows.rows()) < TOL
     # The longest finishes (4 blocks back); a request that needs 5 fails whole and holds none.
-    model.free_paged_cache(paged[3])
+    model.free_pooled_cache(paged[3])
     assert pool.block_pool.num_free == 4
-    late = model.new_paged_cache()
+    late = model.new_pooled_cache()
     with pytest.raises(BlockPoolExhausted):
         model.prefill(tokens(33, seed=90), late)
     assert pool.block_pool.num_free == 4 and len(late) == 0
-    model.free_paged_cache(late)
+    model.free_pooled_cache(late)
     for cache in paged[:3]:
-        model.free_paged_cache(cache)
+        model.free_pooled_cache(cache)
     assert pool.block_pool.num_free == pool.block_pool.num_blocks
     assert bool((pool.blocks.table == pool.blocks.null_block).all())
 
 
 def test_reused_row_and_blocks_hide_the_former_owner() -> None:
     model = make_model(CONFIG_A, seed=72)
-    pool = model.enable_latent_pool(1, 64, num_blocks=3, block_tokens=BLOCK)
-    first = model.new_paged_cache()
+    pool = model.enable_slot_pool(1, 64, num_blocks=3, block_tokens=BLOCK)
+    first = model.new_pooled_cache()
     model.prefill(tokens(23, seed=91), first)
     held = list(pool.blocks.blocks(0).table)
-    model.free_paged_cache(first)
+    model.free_pooled_cache(first)
     ids = tokens(20, seed=92)
     full = model(ids, torch.arange(20))
-    cache = model.new_paged_cache()
+    cache = model.new_pooled_cache()
     out = [model.prefill(ids[:5], cache)]
     out += [model.decode(ids[t : t + 1], [cache]) for t in range(5, 20)]
-    assert cache.row == 0 and sorted(pool.blocks.blocks(0).table) == sorted(held)
+    assert cache.slot == 0 and sorted(pool.blocks.blocks(0).table) == sorted(held)
     assert _rel(torch.cat(out), full) < TOL
-    model.free_paged_cache(cache)
+    model.free_pooled_cache(cache)
     assert pool.block_pool.num_free == 3 and pool.num_free == 1
 
 
@@ -129,13 +131,14 @@ def test_runner_pages_latents_and_admits_by_blocks(
     )
     paged, setup = _runner(tmp_path, 512)
     eager, plain = _runner(tmp_path, None)
-    assert plain.block_tokens == 1 and eager.paged_model is None
+    assert plain.block_tokens == 1 and not eager.pooled
     # On CPU the default budget is the worst case even with K3's memory model: not preallocated.
     assert plain.cuda_graph.endswith(
         "caches per request (set --max-total-tokens to page them: on cpu there is no GPU memory "
         "to measure)"
     )
-    assert paged.paged_model is not None and "caches paged in 2 blocks of 256" in setup.cuda_graph
+    assert paged.pooled and paged.static_model is None
+    assert "caches paged in 2 blocks of 256" in setup.cuda_graph
     assert (setup.block_tokens, setup.max_total_tokens) == (256, 512)
     policy = SchedulePolicy(
         max_running_requests=4, max_total_tokens=512, chunked_prefill_size=64, block_tokens=256
@@ -159,8 +162,9 @@ def test_runner_pages_latents_and_admits_by_blocks(
             if len(row.req.output_ids) == row.req.max_new_tokens:
                 policy.release(row.req)
     assert slot_concurrency(512, 512, 4) == 1 and most == 2 and worst < TOL
-    pool = paged.paged_model.latent_pool
+    pool = paged.model.slot_pool
     assert pool is not None and pool.block_pool.num_free == pool.block_pool.num_blocks
+    assert pool.num_free == pool.max_slots
     assert not paged.caches
 
 

@@ -220,7 +220,7 @@ def test_the_runner_decodes_k3_eagerly_when_the_gate_is_off(
     monkeypatch.setenv("SGLANG_STATIC_DECODE_WITHOUT_GRAPHS", "1")
     monkeypatch.setenv("SGLANG_K3_STATIC_DECODE", "0")
     eager, line = _runner(checkpoint, 1024)
-    assert not eager.pooled and eager.paged_model is not None
+    assert eager.pooled and eager.static_model is None
     assert line.startswith("off (runs on cpu, not CUDA; SGLANG_K3_STATIC_DECODE is off")
     assert "caches paged in 4 blocks of 256" in line
     monkeypatch.setenv("SGLANG_K3_STATIC_DECODE", "1")
@@ -228,7 +228,7 @@ def test_the_runner_decodes_k3_eagerly_when_the_gate_is_off(
     assert not unbounded.pooled and "set --max-total-tokens to take it" in line
     assert "no GPU memory to measure" in line
     static, line = _runner(checkpoint, 1024)
-    assert static.pooled and static.paged_model is None
+    assert static.pooled and static.static_model is not None
     assert line.startswith("off (runs on cpu, not CUDA); static decode eager at the graph batch")
     pool = static.model.slot_pool
     assert pool is not None and pool.block_pool.num_blocks == 4
@@ -274,8 +274,8 @@ def test_k3_static_decode_needs_no_max_total_tokens_where_its_memory_model_bound
     # tokens; test_memory_budget.py): a bound, so the runner preallocates it without the flag.
     runner.device = torch.device("cuda")
     assert runner._static_decode_reason() is None
-    setup = runner._init_paged_cache(model, "off (eager)", 256, 1024, 3)  # the gate-off path
-    assert runner.paged_model is model and "--max-total-tokens" not in setup.cuda_graph
+    setup = runner._init_eager_decode("off (eager)", 256, 1024, 3)  # the gate-off path
+    assert runner.pool_model is model and "--max-total-tokens" not in setup.cuda_graph
     assert setup.cuda_graph == "off (eager); caches paged in 4 blocks of 256 tokens, 0.00 GiB"
     # A paged model without a memory model: the default budget is still the worst case.
     monkeypatch.setattr(model, "__class__", _WithoutMemoryModel)

@@ -21,7 +21,6 @@ from sglang.srt.model_executor.model_abilities import (
     GatedStaticDecode,
     ServedModel,
     SupportsMemoryModel,
-    SupportsPagedCache,
     SupportsSlotPool,
     SupportsStaticDecode,
     missing_ability_reason,
@@ -68,7 +67,6 @@ def test_the_three_models_declare_their_abilities() -> None:
         assert isinstance(model, SupportsStaticDecode) and isinstance(model, SupportsSlotPool)
     # Kimi K3's static decode is gated (SGLANG_K3_STATIC_DECODE), DeepSeek V4's is not.
     assert isinstance(kimi, GatedStaticDecode) and not isinstance(dsv4, GatedStaticDecode)
-    assert isinstance(kimi, SupportsPagedCache) and not isinstance(dsv4, SupportsPagedCache)
     # Each offers its memory model (the default --max-total-tokens is then a measured bound).
     for model in (dsv4, kimi, default.model):
         assert isinstance(model, SupportsMemoryModel), type(model).__name__

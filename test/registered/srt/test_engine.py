@@ -161,7 +161,8 @@ def test_budget_queues_and_rejects(small_engine: Engine) -> None:
     with pytest.raises(RequestError, match="--max-total-tokens"):
         small_engine.generate(input_ids=list(range(100)), sampling_params={"max_new_tokens": 250})
     params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
-    prompts = [list(range(i, i + 120)) for i in range(3)]  # 160 reserved each: one at a time
+    # 160 tokens each: one of the pool's two 256-token blocks each, so two run and one waits
+    prompts = [list(range(i, i + 120)) for i in range(3)]
     together = small_engine.generate(input_ids=prompts, sampling_params=params)
     alone = [small_engine.generate(input_ids=p, sampling_params=params) for p in prompts]
     assert [r["output_ids"] for r in together] == [r["output_ids"] for r in alone]

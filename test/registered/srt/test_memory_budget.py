@@ -161,6 +161,7 @@ def test_startup_budget_reserves_the_caps_rows_and_logs_it(
         chunked_prefill_size=16,
         context_length=10**9,
         max_logit_rows=6 * dp,
+        state_snapshots=8,  # the prefix cache's default: two a running request
     )
     assert got == want
     assert got != max_total_tokens_for_memory(
@@ -197,6 +198,10 @@ def test_deepseek_v4_offers_its_cache_shape() -> None:
     assert got.bytes_per_cached_token() == 2 * (64 * 2 / 4 + 32 * 2 / 4) + 64 * 2 / 128
     assert got.fixed_bytes(3, 10**6) == 3 * got.window_bytes_per_request() == 3 * 4 * 32 * 64 * 2
     assert got.workspace_bytes(10, 3) == 10 * 128 * 4 * 4 * 32 + 3 * 256 * 8
+    # A state snapshot: the window rings, and the ratio-4 layers' fp32 previous-block rows
+    # (kv and score, [4, D] each) of the compressor and of the indexer.
+    overlap = 2 * (2 * 4 * (64 + 32) * 4)
+    assert got.snapshot_bytes() == got.window_bytes_per_request() + overlap
 
 
 def _args(**kw: object) -> ServerArgs:
@@ -235,8 +240,16 @@ def test_kimi_k3_budget_is_a_bound_from_its_memory_model(
         chunked_prefill_size=16,
         context_length=context,
         max_logit_rows=6,
+        state_snapshots=8,
     )
     left = 10 * (1 << 20) - shape.workspace_bytes(20, 6) - shape.fixed_bytes(4, context)
+    left -= 8 * shape.snapshot_bytes()  # the prefix cache's snapshots: a request's KDA states
+    assert shape.snapshot_bytes() == shape.request_state_bytes()
+    assert _args(disable_radix_cache=True).max_state_snapshots == 8  # resolved, but unused:
+    no_cache = scheduler_process._default_max_total_tokens(
+        _args(disable_radix_cache=True), runner, context, log=False
+    )
+    assert no_cache > got
     assert got == want == int(left // shape.bytes_per_cached_token()) < context * 4
     assert unbounded_budget_reason(model, cuda) is None
     lines = [

@@ -29,7 +29,11 @@ CONTEXT, BUDGET, RUNNING = 1024, 1024, 8
 
 
 def _runner(static: bool) -> tuple[ModelRunner, int, int]:
-    args = ServerArgs(model_path=ensure_default_model(), device="cpu", random_seed=0).resolved()
+    # The static decode preallocates the budget: only where it is a bound (the flag on CPU).
+    total = BUDGET if static else None
+    args = ServerArgs(
+        model_path=ensure_default_model(), device="cpu", random_seed=0, max_total_tokens=total
+    ).resolved()
     runner = ModelRunner(args, 0, 1)
     setup = runner.init_decode(
         context_length=CONTEXT,

@@ -84,6 +84,8 @@ def test_parse_and_defaults() -> None:
     assert r.resolved() == r  # idempotent
     if r.device == "cpu":
         assert r.dtype == "float32" and r.max_running_requests == 32
+    assert r.max_state_snapshots == 2 * r.max_running_requests  # the prefix cache's default
+    assert (r.disable_radix_cache, r.schedule_policy) == (False, "fcfs")
     r.validate()
 
 
@@ -120,6 +122,9 @@ def test_parse_and_defaults() -> None:
             {"max_running_requests": 64, "max_logit_rows_per_step": 63},
             "--max-logit-rows-per-step 63 is below --max-running-requests 64",
         ),
+        ({"schedule_policy": "lifo"}, "--schedule-policy must be one of ('fcfs', 'lpm')"),
+        ({"max_state_snapshots": 0}, "--max-state-snapshots must be >= 1, got 0"),
+        ({"page_size": 0}, "--page-size must be >= 1, got 0"),
     ],
 )
 def test_invalid_combinations(kwargs: dict[str, object], needle: str) -> None:

@@ -128,6 +128,12 @@ class Engine:
             "scheduler": dataclasses.asdict(stats),
         }
 
+    def flush_cache(self) -> dict[str, Any]:
+        """Drop every cached prefix; ``{"ok": bool, "message": str}`` (not ok while requests run
+        or wait)."""
+        result = self._run(self.tokenizer_manager.flush_cache())
+        return {"ok": result.ok, "message": result.message}
+
     def shutdown(self) -> None:
         if self._closed:
             return

@@ -316,10 +316,15 @@ def create_app(tm: TokenizerManager) -> FastAPI:
             pass  # serve the counters anyway; the gauges keep their last values
         return Response(tm.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.post("/flush_cache")
-    async def flush_cache() -> dict[str, str]:
-        # There is no shared prefix cache: per-request caches are freed when requests end.
-        return {"status": "ok", "message": "nothing to flush (no prefix cache)"}
+    async def flush_cache() -> Response:
+        """Drop every cached prefix: 200 when done, 400 while requests run or wait."""
+        result = await tm.flush_cache()
+        if not result.ok:
+            return error_response(result.message, 400)
+        return JSONResponse({"status": "ok", "message": result.message})
+
+    app.post("/flush_cache")(flush_cache)
+    app.get("/flush_cache")(flush_cache)  # SGLang serves both
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> dict[str, Any]:

@@ -101,14 +101,17 @@ def _stop_fields(result: dict[str, Any], params: SamplingParams) -> dict[str, An
     return {"stop_reason": stop_reason, "matched_stop": matched}
 
 
-def _usage(results: list[dict[str, Any]], prompt_results: list[dict[str, Any]]) -> dict[str, int]:
-    """Prompt tokens count once per prompt, not once per choice (as OpenAI bills ``n``)."""
+def _usage(results: list[dict[str, Any]], prompt_results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Prompt tokens count once per prompt, not once per choice (as OpenAI bills ``n``); so do
+    the prompt tokens served from the prefix cache (``prompt_tokens_details.cached_tokens``)."""
     prompt = sum(r["meta_info"]["prompt_tokens"] for r in prompt_results)
+    cached = sum(r["meta_info"].get("cached_tokens", 0) for r in prompt_results)
     completion = sum(r["meta_info"]["completion_tokens"] for r in results)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 

@@ -36,6 +36,13 @@ class StatsReq:
 
 
 @dataclass
+class FlushCacheReq:
+    """Drop every cached prefix (refused while requests run or wait)."""
+
+    req_id: int
+
+
+@dataclass
 class ShutdownReq:
     pass
 
@@ -76,6 +83,7 @@ class ReqOutput:
     finish: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens it resumed from the prefix cache
 
 
 @dataclass
@@ -111,6 +119,24 @@ class SchedulerStats:
     num_steps: int
     num_generated_tokens: int
     last_step_time_s: float
+    # Prefix cache, since start (zeros without one): admitted prompt tokens and the cached ones
+    # among them, the tokens the cached blocks hold, the blocks and snapshots evicted, and rank
+    # 0's pool as it is (free blocks of how many; -1: caches not pooled).
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    cache_tokens: int = 0
+    evicted_blocks: int = 0
+    evicted_snapshots: int = 0
+    state_snapshots: int = 0
+    free_blocks: int = -1
+    total_blocks: int = -1
+
+
+@dataclass
+class FlushCacheResult:
+    req_id: int
+    ok: bool
+    message: str
 
 
 @dataclass
@@ -132,5 +158,6 @@ class ModelInfo:
     symm_mem: str
     mega_moe_sm_budget: int | None
     cuda_graph: str
+    prefix_cache: str = "off"
     extra: dict[str, Any] = field(default_factory=dict)
     kv_cache_dtype: str = "bf16"  # what --kv-cache-dtype resolved to (bf16: the model dtype)

@@ -38,6 +38,24 @@ class ServerMetrics:
             registry=r,
         )
         self.prompt_tokens = counter("sglang:prompt_tokens", "Prompt tokens of finished requests.")
+        self.cached_tokens = counter(
+            "sglang:cached_tokens",
+            "Prompt tokens of finished requests served from the prefix cache.",
+        )
+        self.cache_hit_rate = gauge(
+            "sglang:cache_hit_rate",
+            "Share of admitted prompt tokens served from the prefix cache, since start (0..1).",
+        )
+        self.cache_usage = gauge(
+            "sglang:cache_usage", "Share of --max-total-tokens the prefix cache's blocks hold."
+        )
+        self.evicted_blocks = counter(
+            "sglang:radix_cache_evicted_blocks", "Cache blocks the prefix cache evicted."
+        )
+        self.evicted_snapshots = counter(
+            "sglang:radix_cache_evicted_snapshots", "State snapshots the prefix cache evicted."
+        )
+        self._evicted = (0, 0)  # the scheduler's totals at the last scrape
         self.generation_tokens = counter("sglang:generation_tokens", "Generated tokens.")
         self.ttft = histogram(
             "sglang:time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS
@@ -68,9 +86,12 @@ class ServerMetrics:
         if gap_s is not None:
             self.itl.labels(**self.labels).observe(gap_s)
 
-    def finished(self, finish: str, e2e_s: float, prompt_tokens: int) -> None:
+    def finished(
+        self, finish: str, e2e_s: float, prompt_tokens: int, cached_tokens: int = 0
+    ) -> None:
         self.requests.labels(**self.labels, finish=finish).inc()
         self.prompt_tokens.labels(**self.labels).inc(prompt_tokens)
+        self.cached_tokens.labels(**self.labels).inc(cached_tokens)
         self.e2e.labels(**self.labels).observe(e2e_s)
 
     def scheduler(self, stats: SchedulerStats) -> None:
@@ -80,6 +101,17 @@ class ServerMetrics:
             stats.reserved_tokens / max(1, stats.max_total_tokens)
         )
         self.active_caches.labels(**self.labels).set(stats.num_active_caches)
+        rate = stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
+        self.cache_hit_rate.labels(**self.labels).set(rate)
+        self.cache_usage.labels(**self.labels).set(
+            stats.cache_tokens / max(1, stats.max_total_tokens)
+        )
+        blocks, snapshots = self._evicted
+        self.evicted_blocks.labels(**self.labels).inc(max(0, stats.evicted_blocks - blocks))
+        self.evicted_snapshots.labels(**self.labels).inc(
+            max(0, stats.evicted_snapshots - snapshots)
+        )
+        self._evicted = (stats.evicted_blocks, stats.evicted_snapshots)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from sglang.srt.managers.io_struct import FinishReason, TokenizedGenerateReq
+from sglang.srt.mem_cache.radix_cache import RadixNode
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 
@@ -27,6 +29,19 @@ class Req:
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     input_logprobs_sent: bool = False
+    arrival: float = field(default_factory=time.monotonic)  # when it was queued (lpm's age bound)
+    # Prefix cache (none without one): prompt tokens the request resumed from, the tree node it
+    # locks (the deepest of its path), how far its tokens are in the tree, the block edges where
+    # a prefill chunk ends so a snapshot is taken there, and the node of the last snapshot it
+    # saved that its next one supersedes (a chunk end inside the prompt, or while decoding).
+    cached_tokens: int = 0
+    prefix_node: RadixNode | None = None
+    inserted_tokens: int = 0
+    snapshot_cuts: list[int] = field(default_factory=list)
+    passing_snapshot: RadixNode | None = None
+    # Tokens of --max-total-tokens it holds on its own (whole blocks; the cached prefix and the
+    # blocks it handed to the tree are the tree's), set on admission.
+    reserved: int = 0
 
     @classmethod
     def from_message(cls, msg: TokenizedGenerateReq, max_new_tokens: int) -> Req:
@@ -57,3 +72,19 @@ class Req:
     @property
     def wants_input_logprobs(self) -> bool:
         return self.return_logprob and self.logprob_start_len >= 0
+
+    @property
+    def prefix_limit(self) -> int:
+        """The longest cached prefix it can start from: the last prompt token is always
+        computed (its logits give the first output), and so is every token whose prompt
+        log-prob it asked for (row ``j`` gives token ``j + 1``'s)."""
+        limit = self.prompt_len - 1
+        if self.wants_input_logprobs:
+            limit = min(limit, max(0, self.logprob_start_len - 1))
+        return limit
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """Tokens ``start .. end - 1`` of its cache (the prompt, then the outputs fed back)."""
+        p = self.prompt_len
+        head = self.input_ids[start:end] if start < p else []
+        return head + self.output_ids[max(start, p) - p : max(end, p) - p]

@@ -4,10 +4,23 @@ Each step takes, in order:
 1. every running request whose prompt is in the cache: one decode token each;
 2. running requests still prefilling: their next chunk, while the step's prefill budget
    (``--chunked-prefill-size`` tokens) lasts;
-3. waiting requests, first come first served, while the running count stays under
-   ``--max-running-requests``, their reservation (prompt + max new tokens) fits in what is left of
-   ``--max-total-tokens``, and the prefill budget lasts. The head of the queue that does not fit
-   blocks the rest (no starvation of long requests by short ones).
+3. waiting requests, while the running count stays under ``--max-running-requests``, their
+   reservation (prompt + max new tokens) fits in what is left of ``--max-total-tokens``, and the
+   prefill budget lasts. The head of the queue that does not fit blocks the rest (no starvation
+   of long requests by short ones). The queue's order is ``--schedule-policy``: ``fcfs`` (first
+   come, first served) or ``lpm`` (longest cached prefix first, as SGLang's; requests that waited
+   ``SGLANG_LPM_MAX_WAIT_S`` or more go first, in arrival order, so none starves; fcfs beyond
+   ``LPM_MAX_QUEUE`` waiting requests, where matching every one each step would cost too much).
+
+With the prefix cache (``RadixCache``, ``--disable-radix-cache`` turns it off) a request starts
+from the longest cached prefix it can resume from: those tokens are neither computed nor
+reserved (the tree holds their blocks), and its prefill starts mid-prompt. Cached blocks nobody
+runs on are evictable: when the pool is short for the next request, the least recently used are
+dropped before it is made to wait. The request's own blocks go to the tree at every block edge
+its cache reaches at the end of a step (a prefill chunk that ends on one, a decode crossing one),
+with a snapshot of its state there: a prefill chunk is ended at the last block edge of the prompt
+and where its tokens leave the tree's (a branch point), so those edges get one. Of the snapshots
+a request saves at other edges only the latest stays, unless another request resumed from one.
 
 With paged caches (``block_tokens > 1``: the static decode's block pool) a reservation is whole
 blocks, ``ceil((prompt + max new) / block_tokens)`` of them, and ``max_total_tokens`` is the pool's
@@ -30,13 +43,20 @@ rank with the next plan.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.block_pool import blocks_for
+from sglang.srt.mem_cache.radix_cache import PrefixMatch, RadixCache
+from sglang.srt.mem_cache.radix_ops import PrefixHit
 from sglang.srt.model_executor.forward_plan import ForwardPlan
+
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+# lpm matches every waiting request against the tree each step; past this many it is fcfs.
+LPM_MAX_QUEUE = 128
 
 
 @dataclass
@@ -53,6 +73,11 @@ class StepRow:
     @property
     def last(self) -> int:
         return self.start + self.length - 1
+
+    @property
+    def cache_len(self) -> int:
+        """Tokens in the request's cache after the step."""
+        return self.prompt_pos + self.length
 
     @property
     def logprob_rows(self) -> range:
@@ -89,9 +114,33 @@ class SchedulePolicy:
         chunked_prefill_size: int,
         block_tokens: int = 1,
         max_logit_rows: int | None = None,
+        prefix_cache: RadixCache | None = None,
+        schedule_policy: str = "fcfs",
+        lpm_max_wait_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_request_tokens: int | None = None,
     ) -> None:
+        """``max_request_tokens``: the most one request may hold (the slot pool's per-request
+        capacity; None: only the budget bounds it)."""
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+        if schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"schedule policy must be one of {SCHEDULE_POLICIES}, got {schedule_policy!r}"
+            )
+        if prefix_cache is not None and prefix_cache.block_tokens != block_tokens:
+            raise ValueError(
+                f"the prefix cache's blocks ({prefix_cache.block_tokens} tokens) must be the "
+                f"pool's ({block_tokens})"
+            )
+        self.prefix_cache = prefix_cache
+        self.max_request_tokens = max_request_tokens
+        self.schedule_policy = schedule_policy
+        self.lpm_max_wait_s = lpm_max_wait_s
+        self.clock = clock
+        # Admitted prompt tokens and the cached ones among them (hit rate), since start.
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
         if max_logit_rows is not None and max_logit_rows < max_running_requests:
             raise ValueError(
                 f"max_logit_rows {max_logit_rows} is below max_running_requests "
@@ -112,12 +161,28 @@ class SchedulePolicy:
 
     # --- queue changes -------------------------------------------------------------------------
 
-    def reservation(self, req: Req) -> int:
-        """The tokens ``req`` holds from admission to finish: whole blocks when paged."""
-        return blocks_for(req.reserved_tokens, self.block_tokens) * self.block_tokens
+    def reservation(self, req: Req, cached: int = 0) -> int:
+        """The tokens ``req`` holds from admission to finish (whole blocks when paged), less a
+        cached prefix of ``cached`` tokens (whole blocks) the tree holds for it."""
+        return blocks_for(req.reserved_tokens, self.block_tokens) * self.block_tokens - cached
+
+    @property
+    def cached_cache_tokens(self) -> int:
+        """Tokens of --max-total-tokens the prefix cache's blocks hold."""
+        cache = self.prefix_cache
+        return 0 if cache is None else cache.num_blocks * self.block_tokens
+
+    @property
+    def request_limit(self) -> int:
+        """The most tokens (prompt + max new) one request may hold."""
+        if self.max_request_tokens is None:
+            return self.max_total_tokens
+        return min(self.max_total_tokens, self.max_request_tokens)
 
     def can_ever_fit(self, req: Req) -> bool:
-        return self.reservation(req) <= self.max_total_tokens
+        return req.reserved_tokens <= self.request_limit and (
+            self.reservation(req) <= self.max_total_tokens
+        )
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
@@ -137,7 +202,11 @@ class SchedulePolicy:
     def release(self, req: Req) -> None:
         """A running request is finished: return its reservation, drop its cache next step."""
         self.running.remove(req)
-        self.reserved -= self.reservation(req)
+        self.reserved -= req.reserved
+        req.reserved = 0
+        if self.prefix_cache is not None:
+            self.prefix_cache.unlock(req.prefix_node)
+            req.prefix_node = None
         self.pending_free.append(req.rid)
 
     def has_work(self) -> bool:
@@ -170,23 +239,30 @@ class SchedulePolicy:
                 # does not hold the others back (running <= cap leaves this one at least one).
                 later = len(prefilling) - 1 - i
                 want = int(min(req.prompt_len - req.prefilled, budget))
-                n = chunk_within_rows(req, want, rows_left - later)
+                n = self._cut(req, chunk_within_rows(req, want, rows_left - later))
                 if n > 0:
                     budget -= n
                     rows_left -= self._take_chunk(req, n, take)
         new_rids: list[str] = []
-        while self.waiting and len(self.running) < self.max_running and budget > 0:
-            req = self.waiting[0]
-            if self.reserved + self.reservation(req) > self.max_total_tokens:
+        hits: list[PrefixHit] = []
+        for req in self._admission_order():
+            if len(self.running) >= self.max_running or budget <= 0:
                 break
-            want = int(min(req.prompt_len, budget))
-            n = chunk_within_rows(req, want, rows_left)
+            match = self._match(req)
+            start = match.cached_tokens
+            want = int(min(req.prompt_len - start, budget))
+            n = chunk_within_rows(req, want, rows_left, start=start)
             if n == 0 < want:
                 break  # no logit rows left for its first chunk: it leads the queue next step
-            self.waiting.popleft()
+            if not self._admit(req, match):
+                break
+            del self.waiting[next(i for i, r in enumerate(self.waiting) if r is req)]
             self.running.append(req)
-            self.reserved += self.reservation(req)
             new_rids.append(req.rid)
+            hit = match.hit(req.rid)
+            if hit is not None:
+                hits.append(hit)
+            n = self._cut(req, n)
             budget -= n
             rows_left -= self._take_chunk(req, n, take)
         free, self.pending_free = self.pending_free, []
@@ -199,8 +275,109 @@ class SchedulePolicy:
             free_rids=tuple(free),
             sample_rows=tuple(r.last for r in rows if r.sample),
             logit_rows=tuple(i for r in rows for i in r.logit_rows()),
+            cache_ops=() if self.prefix_cache is None else self.prefix_cache.take_ops(),
+            prefix_hits=tuple(hits),
         )
         return Step(plan, rows)
+
+    # --- the prefix cache ---------------------------------------------------------------------
+
+    def _admission_order(self) -> list[Req]:
+        """The waiting requests in the order they are offered admission (see the module doc)."""
+        waiting = list(self.waiting)
+        cache = self.prefix_cache
+        if self.schedule_policy == "fcfs" or cache is None or len(waiting) > LPM_MAX_QUEUE:
+            return waiting
+        now = self.clock()
+        aged = [r for r in waiting if now - r.arrival >= self.lpm_max_wait_s]
+        fresh = [r for r in waiting if now - r.arrival < self.lpm_max_wait_s]
+
+        def longest_first(req: Req) -> tuple[int, int]:
+            m = cache.match(req.input_ids, req.prefix_limit)
+            return (-m.cached_tokens, -m.matched_tokens)
+
+        return aged + sorted(fresh, key=longest_first)  # stable: arrival order among equals
+
+    def _match(self, req: Req) -> PrefixMatch:
+        if self.prefix_cache is None:
+            return PrefixMatch((), 0, 0)
+        return self.prefix_cache.match(req.input_ids, req.prefix_limit)
+
+    def _admit(self, req: Req, match: PrefixMatch) -> bool:
+        """Reserve ``req``'s own blocks (the cached prefix is the tree's), evicting unlocked
+        cached blocks if the pool is short; False (nothing changed): it waits."""
+        cache = self.prefix_cache
+        node = match.nodes[-1] if match.nodes else None
+        if cache is not None:
+            cache.lock(node)  # before making room: its own prefix is not evictable
+        need = self.reservation(req, match.cached_tokens)
+        short = self.reserved + self.cached_cache_tokens + need - self.max_total_tokens
+        if short > 0:
+            blocks = blocks_for(short, self.block_tokens)
+            if cache is None or cache.evictable_blocks < blocks:
+                if cache is not None:
+                    cache.unlock(node)
+                return False
+            cache.evict(blocks)
+        req.reserved = need
+        self.reserved += need
+        req.prefilled = req.cached_tokens = req.inserted_tokens = match.cached_tokens
+        req.prefix_node = node
+        if node is not None:
+            node.hits += 1
+        self.prompt_tokens += req.prompt_len
+        self.cached_tokens += match.cached_tokens
+        if cache is not None:
+            # Snapshots where other requests would resume: the branch point (the tree's blocks
+            # go on past what it can resume from) and the prompt's last block edge.
+            last_edge = req.prompt_len // self.block_tokens * self.block_tokens
+            cuts = {match.matched_tokens, last_edge} - {req.prompt_len}
+            req.snapshot_cuts = sorted(c for c in cuts if c > match.cached_tokens)
+        return True
+
+    def _cut(self, req: Req, n: int) -> int:
+        """``n`` prompt tokens from ``req.prefilled``, ended at its next snapshot edge."""
+        start = req.prefilled
+        for cut in req.snapshot_cuts:
+            if start < cut < start + n:
+                return cut - start
+        return n
+
+    def cache_step(self, rows: list[StepRow]) -> None:
+        """After a step ran: every request whose cache now ends on a block edge past what the
+        tree has of it hands the tree its blocks and a snapshot of its state there (applied by
+        the ranks with the next plan, before that plan's frees). Call before releasing the
+        requests that finished in the step."""
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        for row in rows:
+            req, end = row.req, row.cache_len
+            if end % self.block_tokens or end <= req.inserted_tokens:
+                continue
+            start = req.inserted_tokens  # where the path it holds ends
+            done = cache.insert(
+                req.tokens_between(start, end),
+                req.rid,
+                held=req.prefix_node,
+                start=start,
+                snapshot=True,
+            )
+            req.prefix_node, req.inserted_tokens = done.node, end
+            moved = done.new_blocks * self.block_tokens  # its own blocks, now the tree's
+            req.reserved -= moved
+            self.reserved -= moved
+            if not done.saved_now:
+                continue
+            # A snapshot this request saved at a chunk end inside its prompt or while decoding
+            # is superseded by the next one it saves on the same path: dropped, unless another
+            # request resumed from it meanwhile. Its prompt's last edge and a branch point stay
+            # (where a retry or the next request sharing that prefix resumes).
+            old = req.passing_snapshot
+            if old is not None and old.hits == 0:
+                cache.drop_snapshot(old)
+            kept = end in req.snapshot_cuts or end == req.prompt_len
+            req.passing_snapshot = None if kept else done.node
 
     @staticmethod
     def _take_chunk(req: Req, n: int, take: Callable[[Req, list[int], int, bool], None]) -> int:
@@ -224,11 +401,11 @@ def chunk_logit_rows(req: Req, start: int, n: int) -> int:
     return len(row.logit_rows())
 
 
-def chunk_within_rows(req: Req, n: int, rows_left: float) -> int:
-    """The longest chunk of at most ``n`` tokens from ``req.prefilled`` that needs at most
-    ``rows_left`` logit rows (0: none fits). Rows before ``logprob_start_len`` need none, so only
-    a request with prompt log-probs or a completing sample row is ever shortened."""
-    start = req.prefilled
+def chunk_within_rows(req: Req, n: int, rows_left: float, start: int | None = None) -> int:
+    """The longest chunk of at most ``n`` tokens from ``start`` (default ``req.prefilled``) that
+    needs at most ``rows_left`` logit rows (0: none fits). Rows before ``logprob_start_len`` need
+    none, so only a request with prompt log-probs or a completing sample row is ever shortened."""
+    start = req.prefilled if start is None else start
     if chunk_logit_rows(req, start, n) <= rows_left:
         return n
     # Prompt log-prob rows grow one per token past logprob_start_len; the sample row adds one

@@ -17,11 +17,17 @@ from typing import Any
 import torch
 
 from sglang.srt.environ import envs
-from sglang.srt.managers.dp_schedule_policy import BALANCE_POLICY, DpSchedulePolicy
+from sglang.srt.managers.dp_schedule_policy import (
+    BALANCE_POLICY,
+    PREFIX_POLICY,
+    DpSchedulePolicy,
+)
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchOutput,
     FinishReason,
+    FlushCacheReq,
+    FlushCacheResult,
     ReqError,
     ReqOutput,
     SchedulerFailed,
@@ -33,6 +39,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import SchedulePolicy, Step, StepRow
 from sglang.srt.managers.step_log import StepLog
+from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampler import SampleOutput, SamplingRow, make_generator, sample
@@ -90,7 +97,12 @@ class Scheduler:
         block_tokens: int = 1,
         max_logit_rows: int | None = None,
         log_stats_interval_s: float = 0.0,
+        state_snapshots: int = 0,
+        schedule_policy: str = "fcfs",
+        max_request_tokens: int | None = None,
     ) -> None:
+        """``state_snapshots`` > 0 (with a paged pool, ``block_tokens`` > 1) turns the prefix
+        cache on: the snapshot rows each rank's prefix store keeps."""
         self.runner = runner
         self.step_log = StepLog(log_stats_interval_s)
         self.heartbeat_s = heartbeat_s
@@ -102,9 +114,19 @@ class Scheduler:
             "max_total_tokens": max_total_tokens,
             "chunked_prefill_size": chunked_prefill_size,
             "max_logit_rows": max_logit_rows,
+            "max_request_tokens": max_request_tokens,
         }
+
+        def new_tree() -> RadixCache:
+            return RadixCache(block_tokens, state_snapshots)
+
+        radix = new_tree if state_snapshots > 0 and block_tokens > 1 else None
+        order = {"schedule_policy": schedule_policy, "block_tokens": block_tokens}
         self.policy: SchedulePolicy | DpSchedulePolicy = SchedulePolicy(
-            **budget, block_tokens=block_tokens
+            **budget,
+            **order,
+            prefix_cache=None if radix is None else radix(),
+            lpm_max_wait_s=envs.SGLANG_LPM_MAX_WAIT_S.get(),
         )
         if block_tokens > 1:
             logger.info(
@@ -114,8 +136,9 @@ class Scheduler:
                 "requests never run out mid-decode, so none is retracted)"
             )
         if dp_size > 1:  # one policy per DP group (each group's ranks hold its own caches)
-            self.policy = DpSchedulePolicy(dp_size, **budget)
-            logger.info(f"DP attention: {dp_size} groups, requests balanced {BALANCE_POLICY}")
+            self.policy = DpSchedulePolicy(dp_size, **budget, **order, prefix_cache=radix)
+            routing = BALANCE_POLICY if radix is None else PREFIX_POLICY
+            logger.info(f"DP attention: {dp_size} groups, requests routed {routing}")
         self.recv_conn, self.send_conn = recv, send
         self.default_generator = make_generator(random_seed, runner.device)
         self.parent_pid = os.getppid()
@@ -124,6 +147,7 @@ class Scheduler:
         self.last_step_time = 0.0
         self.stopping = False
         self.pending_stats: list[int] = []
+        self.pending_flushes: list[FlushCacheResult] = []
         self.outputs: list[ReqOutput] = []
 
     # --- receiving -----------------------------------------------------------------------------
@@ -164,6 +188,8 @@ class Scheduler:
                 self.outputs.append(self._output(req, [], [], []))
         elif isinstance(msg, StatsReq):
             self.pending_stats.append(msg.req_id)
+        elif isinstance(msg, FlushCacheReq):
+            self.pending_flushes.append(self._flush_cache(msg.req_id))
         elif isinstance(msg, ShutdownReq):
             self.stopping = True
         else:
@@ -187,7 +213,8 @@ class Scheduler:
             self._reject(
                 msg.rid,
                 f"request needs {req.reserved_tokens} tokens (prompt {n} + max_new_tokens "
-                f"{req.max_new_tokens}) but --max-total-tokens is {self.policy.max_total_tokens}",
+                f"{req.max_new_tokens}) but --max-total-tokens {self.policy.max_total_tokens} "
+                f"allows {self.policy.request_limit} a request",
             )
             return
         if msg.sampling_params.seed is not None:
@@ -197,6 +224,26 @@ class Scheduler:
             if req.top_logprobs_num > 0:
                 req.input_top_logprobs = [None] * n
         self.policy.add(req)
+
+    def _flush_cache(self, req_id: int) -> FlushCacheResult:
+        """Drop every cached prefix; the ranks let go of the blocks with the next plan (sent at
+        once, before the answer)."""
+        trees = self._prefix_caches()
+        if not trees:
+            return FlushCacheResult(req_id, True, "no prefix cache to flush")
+        busy = len(self.policy.running) + len(self.policy.waiting)
+        if busy:
+            return FlushCacheResult(
+                req_id, False, f"cache not flushed: {busy} requests are running or waiting"
+            )
+        freed = sum(tree.flush() for tree in trees)
+        return FlushCacheResult(req_id, True, f"flushed {freed} cached blocks")
+
+    def _prefix_caches(self) -> list[RadixCache]:
+        policy = self.policy
+        if isinstance(policy, DpSchedulePolicy):
+            return policy.prefix_caches
+        return [] if policy.prefix_cache is None else [policy.prefix_cache]
 
     def _reject(self, rid: str, message: str) -> None:
         self.send_conn.send(ReqError(rid, message, 400))
@@ -248,6 +295,8 @@ class Scheduler:
             return
         self.num_steps += 1
         generated = self.num_generated
+        # The tree takes what this step left in the caches before finished requests let go.
+        self.policy.cache_step(step.rows)
         if logits is not None:
             self._process_logits(step, logits)
         self.last_step_time = time.perf_counter() - started
@@ -259,6 +308,14 @@ class Scheduler:
             line = self.step_log.line(
                 running=len(policy.running), queued=len(policy.waiting), token_usage=usage
             )
+            trees = self._prefix_caches()
+            if trees:
+                line += "; " + self.step_log.prefix_cache_text(
+                    prompt_tokens=policy.prompt_tokens,
+                    cached_tokens=policy.cached_tokens,
+                    evicted_blocks=sum(t.evicted_blocks for t in trees),
+                    cache_usage=policy.cached_cache_tokens / max(1, policy.max_total_tokens),
+                )
             logger.info(line)
 
     def _process_logits(self, step: Step, logits: torch.Tensor) -> None:
@@ -394,6 +451,7 @@ class Scheduler:
             finish=req.finish,
             prompt_tokens=req.prompt_len,
             completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
         )
         if req.input_logprobs is not None and not req.input_logprobs_sent and req.prompt_done:
             out.input_logprobs = req.input_logprobs[req.logprob_start_len :]
@@ -405,7 +463,17 @@ class Scheduler:
     # --- loop ----------------------------------------------------------------------------------
 
     def _stats(self, req_id: int) -> SchedulerStats:
+        trees = self._prefix_caches()
+        blocks = self.runner.block_pool()
         return SchedulerStats(
+            prompt_tokens=self.policy.prompt_tokens,
+            cached_tokens=self.policy.cached_tokens,
+            cache_tokens=self.policy.cached_cache_tokens,
+            evicted_blocks=sum(t.evicted_blocks for t in trees),
+            evicted_snapshots=sum(t.evicted_snapshots for t in trees),
+            state_snapshots=sum(t.num_snapshots for t in trees),
+            free_blocks=-1 if blocks is None else blocks.num_free,
+            total_blocks=-1 if blocks is None else blocks.num_blocks,
             req_id=req_id,
             num_running_reqs=len(self.policy.running),
             num_waiting_reqs=len(self.policy.waiting),
@@ -424,6 +492,9 @@ class Scheduler:
         for req_id in self.pending_stats:
             self.send_conn.send(self._stats(req_id))
         self.pending_stats = []
+        for result in self.pending_flushes:  # after the plan that let go of the blocks
+            self.send_conn.send(result)
+        self.pending_flushes = []
 
     def run(self) -> None:
         last_broadcast = time.monotonic()

@@ -157,6 +157,7 @@ def _default_max_total_tokens(
         chunked_prefill_size=chunk,
         context_length=context_length,
         max_logit_rows=rows,
+        state_snapshots=_state_snapshots(args),
     )
     if log:
         capped = " (the cap: context x max running)" if tokens == worst else ""
@@ -179,6 +180,27 @@ def _kv_cache_line(runner: Any, budget: int, context_length: int) -> str:
         f"{runner.kv_cache_layout()}{cost}; capacity {budget} cached tokens "
         f"({budget // max(context_length, 1)} requests of the whole {context_length}-token "
         "context)"
+    )
+
+
+def _state_snapshots(args: ServerArgs) -> int:
+    """The prefix cache's snapshot rows (0: --disable-radix-cache)."""
+    return 0 if args.disable_radix_cache else args.max_state_snapshots or 0
+
+
+def _enable_prefix_cache(args: ServerArgs, runner: Any, block_tokens: int) -> tuple[int, str]:
+    """The prefix cache's snapshot rows on this rank (0: off) and the startup line's words."""
+    if args.disable_radix_cache:
+        return 0, "off (--disable-radix-cache)"
+    why = runner.prefix_cache_unavailable_reason()
+    rows = _state_snapshots(args)
+    if why is not None or rows < 1:
+        return 0, f"off ({why or '--max-state-snapshots 0'})"
+    store = runner.enable_prefix_cache(rows)
+    per = store.snapshots.row_bytes() / (1 << 20)
+    return rows, (
+        f"on (radix tree over {block_tokens}-token blocks, {rows} state snapshots of "
+        f"{per:.2f} MiB, --schedule-policy {args.schedule_policy})"
     )
 
 
@@ -306,6 +328,7 @@ def run_scheduler_process(
             max_total_tokens=budget,
             max_running_requests=args.max_running_requests,
         )
+        snapshots, prefix_cache = _enable_prefix_cache(args, runner, decode.block_tokens)
         if args.enable_symm_mem and on_gpu and tp_size > 1:
             prealloc_symmetric_memory_pool(tp_group)
         max_running = decode.max_running_requests
@@ -334,6 +357,7 @@ def run_scheduler_process(
                 f"a2a: {args.moe_a2a_backend}; MegaMoE SM budget: "
                 f"{sm_budget if sm_budget is not None else 'n/a (no CUDA device)'}; "
                 f"symmetric memory: {symm}; CUDA graphs: {cuda_graph}; "
+                f"prefix cache: {prefix_cache}; "
                 f"context {context_length}, max total tokens {budget}, "
                 f"max running requests {max_running}, "
                 f"chunked prefill {args.chunked_prefill_size}, "
@@ -356,6 +380,7 @@ def run_scheduler_process(
             mega_moe_sm_budget=sm_budget,
             cuda_graph=cuda_graph,
             kv_cache_dtype=runner.kv_cache_dtype(),
+            prefix_cache=prefix_cache,
         )
         status.put(("ready", tp_rank, info if tp_rank == 0 else None))
         started = True
@@ -377,6 +402,9 @@ def run_scheduler_process(
                 block_tokens=decode.block_tokens,
                 max_logit_rows=args.max_logit_rows_per_step,
                 log_stats_interval_s=args.log_stats_interval,
+                state_snapshots=snapshots,
+                schedule_policy=args.schedule_policy,
+                max_request_tokens=decode.max_request_tokens,
             ).run()
         else:
             run_follower(runner, tp_group)

@@ -4,8 +4,11 @@ seconds, and only when steps ran).
 Each line covers the steps since the last one, split by what they carried: decode-only steps
 (one token per request: a CUDA-graph replay where one is captured), mixed steps (decode rows
 beside prefill chunks) and prefill-only steps, with each kind's count and mean wall time, then
-the generation throughput over the interval and the queue and cache state now. A TPOT or TTFT
-that moves is then readable from the log: which kind of step grew, or became more frequent.
+the generation throughput over the interval and the queue and cache state now, and with the
+prefix cache its hit rate over the interval (cached of admitted prompt tokens), the blocks evicted
+in it and the share of the token budget the cached blocks hold. A TPOT or TTFT that moves is then
+readable from the log: which kind of step grew, or became more frequent, or whether the cache
+stopped hitting.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class StepLog:
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
     generated: int = 0
     started: float = field(default_factory=time.perf_counter)
+    # The prefix cache's totals at the last line (its text shows what changed since).
+    prefix_totals: tuple[int, int, int] = (0, 0, 0)
 
     def record(
         self, seq_lens: tuple[int, ...], seconds: float, generated: int, now: float | None = None
@@ -64,3 +69,17 @@ class StepLog:
         self.seconds = dict.fromkeys(KINDS, 0.0)
         self.generated, self.started = 0, now
         return text
+
+    def prefix_cache_text(
+        self, *, prompt_tokens: int, cached_tokens: int, evicted_blocks: int, cache_usage: float
+    ) -> str:
+        """The prefix cache's part of the line, from its totals since start: the hit rate and
+        evictions since the last line, the budget share its blocks hold now."""
+        last_prompt, last_cached, last_evicted = self.prefix_totals
+        prompt, cached = prompt_tokens - last_prompt, cached_tokens - last_cached
+        self.prefix_totals = (prompt_tokens, cached_tokens, evicted_blocks)
+        rate = f"{cached / prompt:.1%}" if prompt else "n/a"
+        return (
+            f"prefix cache hit rate {rate} ({cached} of {prompt} prompt tokens), "
+            f"{evicted_blocks - last_evicted} blocks evicted, cache usage {cache_usage:.2f}"
+        )

@@ -30,6 +30,8 @@ from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchOutput,
     FinishReason,
+    FlushCacheReq,
+    FlushCacheResult,
     ReqError,
     ReqOutput,
     SchedulerFailed,
@@ -139,6 +141,7 @@ class _ReqState:
     error: RequestError | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    cached_tokens: int = 0  # prompt tokens the scheduler resumed from the prefix cache
 
 
 def load_server_tokenizer(args: ServerArgs) -> TextTokenizer | None:
@@ -166,6 +169,7 @@ class TokenizerManager:
         self.metrics = ServerMetrics(self.served_model_name) if args.enable_metrics else None
         self.states: dict[str, _ReqState] = {}
         self._stats_waiters: dict[int, asyncio.Future[SchedulerStats]] = {}
+        self._flush_waiters: dict[int, asyncio.Future[FlushCacheResult]] = {}
         self._stats_ids = itertools.count()
         self._outbox: queue.Queue[Any] = queue.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -219,9 +223,9 @@ class TokenizerManager:
                 state.error = RequestError(message, status_code)
                 state.event.set()
                 n += 1
-        for fut in self._stats_waiters.values():
-            if not fut.done():
-                fut.set_exception(RequestError(message, status_code))
+        for waiter in (*self._stats_waiters.values(), *self._flush_waiters.values()):
+            if not waiter.done():
+                waiter.set_exception(RequestError(message, status_code))
         return n
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
@@ -336,6 +340,10 @@ class TokenizerManager:
             fut = self._stats_waiters.pop(msg.req_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
+        elif isinstance(msg, FlushCacheResult):
+            flushed = self._flush_waiters.pop(msg.req_id, None)
+            if flushed is not None and not flushed.done():
+                flushed.set_result(msg)
 
     def _on_output(self, out: ReqOutput) -> None:
         state = self.states.get(out.rid)
@@ -354,6 +362,7 @@ class TokenizerManager:
             state.output_ids.extend(out.new_token_ids)
             state.logprobs.extend(out.new_logprobs)
             state.top_logprobs.extend(out.new_top_logprobs)
+        state.cached_tokens = out.cached_tokens
         if out.input_logprobs is not None:
             state.input_logprobs = out.input_logprobs
         if out.input_top_logprobs is not None:
@@ -377,7 +386,9 @@ class TokenizerManager:
         if finish is not None:
             state.finish = finish
             if self.metrics is not None:
-                self.metrics.finished(finish.kind, now - state.created, len(state.prompt_ids))
+                self.metrics.finished(
+                    finish.kind, now - state.created, len(state.prompt_ids), state.cached_tokens
+                )
         state.event.set()
 
     # --- requests ------------------------------------------------------------------------------
@@ -583,6 +594,19 @@ class TokenizerManager:
             self.metrics.scheduler(stats)
         return stats
 
+    async def flush_cache(self, timeout_s: float = 30.0) -> FlushCacheResult:
+        """Drop every cached prefix (the scheduler refuses while requests run or wait)."""
+        if not self.scheduler_alive:
+            raise RequestError("the scheduler process exited", 503)
+        req_id = next(self._stats_ids)
+        fut: asyncio.Future[FlushCacheResult] = asyncio.get_running_loop().create_future()
+        self._flush_waiters[req_id] = fut
+        self._send(FlushCacheReq(req_id))
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._flush_waiters.pop(req_id, None)
+
     # --- results -------------------------------------------------------------------------------
 
     def _token_text(self, token_id: int) -> str | None:
@@ -595,6 +619,7 @@ class TokenizerManager:
             "id": state.rid,
             "prompt_tokens": len(state.prompt_ids),
             "completion_tokens": len(state.output_ids),
+            "cached_tokens": state.cached_tokens,
             "finish_reason": None if state.finish is None else state.finish.to_json(),
             "e2e_latency": time.perf_counter() - state.created,
         }

@@ -7,6 +7,11 @@ slots. Allocation is all or nothing: a request that cannot get its blocks gets n
 caller (the scheduler) waits for blocks to come back instead of failing. Lowest free block first,
 so reuse stays predictable.
 
+A block may be held more than once: the prefix cache (``radix_cache.py``) holds the blocks of
+the prefixes it keeps, and a request that starts from a cached prefix holds them too. Each holder
+takes a reference (:meth:`BlockPool.share`) and gives it back with :meth:`BlockPool.free`; a block
+returns to the free list when its last holder lets go.
+
 This module is the allocator and its accounting; :class:`PagedBlockTable`
 (``paged_block_table.py``) mirrors the tables in device memory for the readers.
 """
@@ -33,7 +38,7 @@ class BlockPool:
             )
         self.num_blocks, self.block_tokens = num_blocks, block_tokens
         self._free = list(range(num_blocks))  # a heap: lowest id first
-        self._used: set[int] = set()
+        self._refs: dict[int, int] = {}  # allocated block -> its holders
 
     @property
     def num_free(self) -> int:
@@ -51,16 +56,35 @@ class BlockPool:
         if blocks > len(self._free):
             raise BlockPoolExhausted(f"{blocks} blocks asked, {len(self._free)} free")
         got = [heapq.heappop(self._free) for _ in range(blocks)]
-        self._used.update(got)
+        for b in got:
+            self._refs[b] = 1
         return got
 
+    def share(self, blocks: list[int]) -> None:
+        """One more holder of each of ``blocks`` (allocated blocks)."""
+        self._check_held(blocks)
+        for b in blocks:
+            self._refs[b] += 1
+
     def free(self, blocks: list[int]) -> None:
-        bad = [b for b in blocks if b not in self._used]
+        """One holder fewer of each of ``blocks``; a block nobody holds is free again."""
+        self._check_held(blocks)
+        for b in blocks:
+            left = self._refs[b] - 1
+            if left:
+                self._refs[b] = left
+            else:
+                del self._refs[b]
+                heapq.heappush(self._free, b)
+
+    def holders(self, block: int) -> int:
+        """How many holders ``block`` has (0: free)."""
+        return self._refs.get(block, 0)
+
+    def _check_held(self, blocks: list[int]) -> None:
+        bad = [b for b in blocks if b not in self._refs]
         if bad or len(set(blocks)) != len(blocks):
             raise ValueError(f"blocks {bad or blocks} are not allocated blocks of this pool")
-        for b in blocks:
-            self._used.remove(b)
-            heapq.heappush(self._free, b)
 
 
 class RequestBlocks:
@@ -83,6 +107,14 @@ class RequestBlocks:
         added = self.pool.alloc(need)
         self.table += added
         return added
+
+    def adopt(self, blocks: list[int]) -> None:
+        """Start an empty table with ``blocks`` that others hold too (a cached prefix): this
+        table becomes one more holder of each."""
+        if self.table:
+            raise RuntimeError("a cached prefix can only start an empty block table")
+        self.pool.share(blocks)
+        self.table = list(blocks)
 
     def release(self) -> None:
         self.pool.free(self.table)

@@ -47,6 +47,12 @@ class DeepseekV4RequestCache(RequestCache[DeepseekV4LayerCache]):
         self.num_tokens += 1
         self.layers_stale = True
 
+    def resume_at(self, num_tokens: int) -> None:
+        """The slot now holds the state after ``num_tokens`` tokens (a cached prefix was copied
+        in): count them; the layers' host counters follow at :meth:`sync_layers`."""
+        self.num_tokens = num_tokens
+        self.layers_stale = True
+
     def sync_layers(self) -> None:
         """Set every layer's host counters from ``num_tokens`` if a static decode step left them
         behind (a no-op otherwise); call it before eager code reads or extends the layers."""

@@ -34,7 +34,7 @@ from sglang.srt.mem_cache.compressor_state import CompressorStorage, reset_previ
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 from sglang.srt.mem_cache.paged_rows import PagedRows
 from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
-from sglang.srt.mem_cache.slot_blocks import SlotBlocks
+from sglang.srt.mem_cache.slot_blocks import DEFAULT_BLOCK_TOKENS, SlotBlocks
 
 
 @dataclass(frozen=True)
@@ -125,10 +125,11 @@ class LayerSlots:
 
 
 def default_block_tokens(compress_ratios: tuple[int, ...]) -> int:
-    """The smallest multiple of every ratio that is >= 256 tokens: a block is a whole number of
-    entries of every compressor, and requests round up to at most 255 tokens."""
+    """The smallest multiple of every ratio that is >= ``DEFAULT_BLOCK_TOKENS``: a block is a
+    whole number of entries of every compressor, and a block edge is where no compressor has
+    pending rows."""
     step = math.lcm(*[r for r in compress_ratios if r > 0], 1)
-    return step * -(-256 // step)
+    return step * -(-DEFAULT_BLOCK_TOKENS // step)
 
 
 class DeepseekV4SlotPool(SlotBlocks):
@@ -211,6 +212,18 @@ class DeepseekV4SlotPool(SlotBlocks):
             for comp in (layer.compressor, layer.indexer):
                 total += comp.nbytes() if comp is not None else 0
         return total + self.table_nbytes()
+
+    def edge_state(self) -> list[torch.Tensor]:
+        """At a block edge (a multiple of every ratio) no compressor has pending rows, so a
+        request's state besides its blocks is every layer's window ring and, with overlapping
+        windows, the last complete block's first halves (``prev_*``)."""
+        state: list[torch.Tensor] = []
+        for layer in self.layers:
+            state.append(layer.window)
+            for comp in (layer.compressor, layer.indexer):
+                if comp is not None and comp.prev_kv is not None and comp.prev_score is not None:
+                    state += [comp.prev_kv, comp.prev_score]
+        return state
 
     def _reset(self, slot: int) -> None:
         for layer in self.layers:

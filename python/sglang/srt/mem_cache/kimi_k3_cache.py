@@ -9,10 +9,9 @@ Per layer, one of:
   (``--kv-cache-dtype``: ``layers/attention/mla_kv_layout.py``).
 The request also counts its tokens, so a forward can check that positions continue the cache.
 
-A plain per-request store that the reference layers read directly, or, for the MLA latents, rows
-paged in the blocks of a :class:`~sglang.srt.mem_cache.kimi_k3_latent_pool.KimiK3LatentPool`
-shared by many requests (``row`` is then the request's row of that pool), or every state in one
-slot of the static decode's slot pool (``slot``).
+A plain per-request store that the reference layers read directly, or every state in one slot of
+a :class:`~sglang.srt.mem_cache.kimi_k3_slot_pool.KimiK3SlotPool` (``slot``): the KDA states rows
+of its pooled tensors, the MLA latents rows paged in the blocks the slots share.
 """
 
 from __future__ import annotations
@@ -70,12 +69,20 @@ LayerCache = KDAState | MLALatentCache
 
 
 class KimiK3RequestCache(RequestCache[LayerCache]):
-    """One request's layer states and token count; ``row`` is its latent-pool row (``None`` when
-    its MLA latents are its own tensors), ``slot`` its slot of a
-    :class:`~sglang.srt.mem_cache.kimi_k3_slot_pool.KimiK3SlotPool` (``None`` outside one)."""
+    """One request's layer states and token count; ``slot`` is its slot of a
+    :class:`~sglang.srt.mem_cache.kimi_k3_slot_pool.KimiK3SlotPool` (``None`` when the cache owns
+    its tensors)."""
 
-    row: int | None = None
     slot: int | None = None
+
+    def resume_at(self, num_tokens: int) -> None:
+        """The slot now holds the state after ``num_tokens`` tokens (a cached prefix was copied
+        in): count them into the length and every MLA layer's paged row count."""
+        self.num_tokens = num_tokens
+        for layer in self.layers:
+            if isinstance(layer, MLALatentCache):
+                assert isinstance(layer.rows, PagedRows)
+                layer.rows.n = num_tokens
 
     def count_static_token(self) -> None:
         """A static decode step wrote one more token on the device: count it into the host

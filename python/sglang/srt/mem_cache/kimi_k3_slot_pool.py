@@ -1,7 +1,7 @@
-"""The preallocated cache of Kimi K3's static decode: every running request owns one *slot* (a row
-of the fixed-size KDA states) and the blocks of a shared pool its MLA latents need, so a decode
-step has fixed shapes and fixed addresses (a CUDA graph can capture it) while the latents follow
-live lengths.
+"""The preallocated, paged cache of Kimi K3: every running request owns one *slot* (a row of the
+fixed-size KDA states) and the blocks of a shared pool its MLA latents need, so memory follows
+live lengths and a decode step has fixed shapes and fixed addresses (a CUDA graph can capture
+it). The same pool serves the eager decode (the static decode's gate closed) and the static one.
 
 Per slot (``S = max_slots + 1`` rows; the last is the scratch slot, where a padded batch's padding
 rows write, so they never touch a real request), per KDA layer:
@@ -35,10 +35,7 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
 )
 from sglang.srt.mem_cache.paged_rows import PagedRows
 from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
-from sglang.srt.mem_cache.slot_blocks import SlotBlocks
-
-# Tokens a latent block holds unless told otherwise (as the eager latent pool's blocks).
-DEFAULT_BLOCK_TOKENS = 256
+from sglang.srt.mem_cache.slot_blocks import DEFAULT_BLOCK_TOKENS, SlotBlocks
 
 
 @dataclass(frozen=True)
@@ -123,6 +120,12 @@ class KimiK3SlotPool(SlotBlocks):
         total = sum(k.nbytes() for k in self.kda if k is not None)
         total += sum(s.numel() * s.element_size() for s in self.latents if s is not None)
         return total + self.table_nbytes()
+
+    def edge_state(self) -> list[torch.Tensor]:
+        """Besides its latents (blocks), a request's state is every KDA layer's conv and
+        recurrent state: not a function of any block, so it is copied at the edges a prefix may
+        resume from."""
+        return [t for k in self.kda if k is not None for t in (k.conv, k.recurrent)]
 
     def _reset(self, slot: int) -> None:
         """A slot taken anew starts a sequence: its KDA states zeroed."""

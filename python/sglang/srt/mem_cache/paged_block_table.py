@@ -52,6 +52,19 @@ class PagedBlockTable:
             ids = torch.tensor(added, dtype=torch.long)
             self.table[row, start : start + len(added)] = ids.to(self.table.device)
 
+    def adopt(self, row: int, blocks: list[int]) -> None:
+        """Start row ``row`` (empty) with ``blocks`` held elsewhere too: a cached prefix whose
+        rows the request reads but never writes (its own tokens start in a block of its own)."""
+        if len(blocks) > self.max_blocks:
+            raise RuntimeError(
+                f"a cached prefix of {len(blocks)} blocks exceeds the per-request capacity "
+                f"{self.max_tokens} tokens"
+            )
+        self._rows[row].adopt(blocks)
+        if blocks:
+            ids = torch.tensor(blocks, dtype=torch.long)
+            self.table[row, : len(blocks)] = ids.to(self.table.device)
+
     def release(self, row: int) -> None:
         """Return row ``row``'s blocks to the pool and point its table at the null block."""
         held = self._rows[row]

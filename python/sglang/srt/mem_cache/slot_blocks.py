@@ -2,8 +2,9 @@
 slot (``rows = max_slots + 1``; padding rows of a padded batch use the scratch slot), a block pool
 sized for them with each slot's block table in device memory, and the free list (lowest slot
 first: reuse keeps the touched memory small and the tests predictable). A pool subclasses it,
-allocates its per-slot tensors with ``rows`` rows and says in :meth:`_reset` what a slot taken
-anew must hold."""
+allocates its per-slot tensors with ``rows`` rows, says in :meth:`_reset` what a slot taken anew
+must hold and in :meth:`edge_state` which of them a request's state at a block edge is (what the
+prefix cache snapshots; ``state_snapshots.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ import torch
 
 from sglang.srt.mem_cache.block_pool import BlockPool
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
+
+# Tokens a cache block holds unless a pool is told otherwise (DeepSeek V4 rounds it up to a
+# multiple of its compress ratios). One block of every paged layer per table entry: larger blocks
+# mean shorter tables, smaller ones less rounding per request.
+DEFAULT_BLOCK_TOKENS = 256
 
 
 class SlotPoolFullError(RuntimeError):
@@ -74,6 +80,12 @@ class SlotBlocks:
         :class:`~sglang.srt.mem_cache.block_pool.BlockPoolExhausted`, holding what it held, when
         the pool is short: the scheduler's admission by blocks keeps that from happening)."""
         self.blocks.ensure(slot, tokens)
+
+    def edge_state(self) -> list[torch.Tensor]:
+        """The per-slot tensors (first dimension: the ``rows`` slots) that, with the request's
+        blocks, make its whole state when its length is a multiple of ``block_tokens``: a copy
+        of their rows there lets another request resume at that edge."""
+        raise NotImplementedError
 
     def _reset(self, slot: int) -> None:
         """What a slot taken anew must hold (nothing here)."""

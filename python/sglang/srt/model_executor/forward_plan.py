@@ -15,6 +15,10 @@ request's last row and the prompt rows whose log-probs were asked for. The final
 are per-token, so the other rows are dropped before them; a prefill chunk of 8192 tokens would
 otherwise make ``8192 x V`` fp32 logits of which one row is read. :attr:`ForwardPlan.output_rows`
 says which batch row each returned row is.
+
+With the prefix cache, ``cache_ops`` change what every rank's prefix store holds (applied first,
+in order, before the frees: a finished request still hands its blocks to the tree), and
+``prefix_hits`` start new requests from a cached prefix (applied once their caches exist).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
+
+from sglang.srt.mem_cache.radix_ops import CacheOp, PrefixHit
 
 
 @dataclass(frozen=True)
@@ -41,14 +47,20 @@ class ForwardPlan:
     # Under DP, ``sample_rows`` index the groups' logits concatenated in group order.
     dp_plans: tuple[ForwardPlan, ...] = ()
     dp_padding: str = "sum_len"
+    # Prefix cache (see the module doc); under DP each group's sub-plan carries its own.
+    cache_ops: tuple[CacheOp, ...] = ()
+    prefix_hits: tuple[PrefixHit, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.rids) != len(self.seq_lens):
             raise ValueError(f"{len(self.rids)} requests but {len(self.seq_lens)} lengths")
         if sum(self.seq_lens) != len(self.input_ids):
             raise ValueError(f"lengths sum to {sum(self.seq_lens)}, {len(self.input_ids)} ids")
-        if self.dp_plans and self.rids:
-            raise ValueError("a DP plan carries its rows in its sub-plans only")
+        if self.dp_plans and (self.rids or self.cache_ops or self.prefix_hits):
+            raise ValueError("a DP plan carries its rows and cache changes in its sub-plans only")
+        stray = {h.rid for h in self.prefix_hits} - set(self.new_rids)
+        if stray:
+            raise ValueError(f"prefix hits for requests that are not new: {sorted(stray)[:4]}")
         if self.dp_padding not in ("max_len", "sum_len"):
             raise ValueError(f"dp_padding must be max_len or sum_len, got {self.dp_padding!r}")
         if self.logit_rows is not None:
@@ -71,7 +83,7 @@ class ForwardPlan:
 
     @property
     def is_noop(self) -> bool:
-        own = self.rids or self.new_rids or self.free_rids or self.shutdown
+        own = self.rids or self.new_rids or self.free_rids or self.shutdown or self.cache_ops
         return not own and all(p.is_noop for p in self.dp_plans)
 
     @property

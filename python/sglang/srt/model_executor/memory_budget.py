@@ -18,9 +18,10 @@ and the sampler's fp32 copy), and not a whole chunk's ``8192 x vocab``. So, with
     tokens = (room - activations(chunk + max_running) - logits(rows)
               - fixed(max_running, context)) / bytes_per_cached_token
 
-capped at ``context_length * max_running`` (more can never be used). Without a memory model, or
-without a GPU to measure, the default is that cap: the worst case, not a bound
-(:func:`unbounded_budget_reason`), which the executor then refuses to preallocate.
+capped at ``context_length * max_running`` (more can never be used). The prefix cache's state
+snapshots (``--max-state-snapshots``, each a request's fixed-size state) are fixed bytes too.
+Without a memory model, or without a GPU to measure, the default is that cap: the worst case, not a
+bound (:func:`unbounded_budget_reason`), which the executor then refuses to preallocate.
 """
 
 from __future__ import annotations
@@ -105,24 +106,28 @@ def max_total_tokens_for_memory(
     chunked_prefill_size: int,
     context_length: int,
     max_logit_rows: int,
+    state_snapshots: int = 0,
 ) -> int:
     """``max_logit_rows``: the logit rows one step computes at most on this rank (the scheduler's
-    cap; under DP attention rank 0 receives every group's)."""
+    cap; under DP attention rank 0 receives every group's); ``state_snapshots``: the prefix
+    cache's snapshot rows (0: no prefix cache)."""
     if max_logit_rows < 1:
         raise ValueError(f"max_logit_rows must be >= 1, got {max_logit_rows}")
     in_flight = _tokens_in_flight(chunked_prefill_size, max_running_requests)
     fixed = shape.workspace_bytes(in_flight, max_logit_rows) + shape.fixed_bytes(
         max_running_requests, context_length
     )
+    fixed += state_snapshots * shape.snapshot_bytes()
     left = room_bytes - fixed
     if left <= 0:
         gib = 1 << 30
         raise MemoryBudgetError(
             f"the weights leave {room_bytes / gib:.2f} GiB of the --mem-fraction-static share, but "
             f"{max_running_requests} running requests, a {chunked_prefill_size}-token prefill "
-            f"chunk and the logits of {max_logit_rows} rows need {fixed / gib:.2f} GiB before "
-            "any cached token; lower --max-running-requests, --chunked-prefill-size or "
-            "--max-logit-rows-per-step, or raise --mem-fraction-static"
+            f"chunk, the logits of {max_logit_rows} rows and {state_snapshots} prefix-cache "
+            f"state snapshots need {fixed / gib:.2f} GiB before any cached token; lower "
+            "--max-running-requests, --chunked-prefill-size, --max-logit-rows-per-step or "
+            "--max-state-snapshots, or raise --mem-fraction-static"
         )
     tokens = int(left // shape.bytes_per_cached_token())
     return max(1, min(tokens, context_length * max_running_requests))

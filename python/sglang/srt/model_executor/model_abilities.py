@@ -1,9 +1,10 @@
 """What the executor needs of a model, declared: every served model is a :class:`ServedModel`;
-the static decode (slot pool + CUDA-graph body) is the optional :class:`SupportsStaticDecode` (which
-a model may keep closed behind :class:`GatedStaticDecode`), paged caches without it (eager
-decode) the optional :class:`SupportsPagedCache`, and what its caches and workspace cost (the
-default ``--max-total-tokens``) the optional :class:`SupportsMemoryModel`, and how its caches
-store their rows (``--kv-cache-dtype``) the optional :class:`SupportsKVCacheDtype`.
+request caches in slots of a preallocated, paged pool (decoded eagerly or by the static decode)
+the optional :class:`SupportsSlotPool`, the static decode (the CUDA-graph body over that pool)
+the optional :class:`SupportsStaticDecode` (which a model may keep closed behind
+:class:`GatedStaticDecode`), and what its caches and workspace cost (the default
+``--max-total-tokens``) the optional :class:`SupportsMemoryModel`, and how its caches store
+their rows (``--kv-cache-dtype``) the optional :class:`SupportsKVCacheDtype`.
 
 Models implement these structurally (no import of this file). The executor checks them with
 ``isinstance`` and, where an ability is required, :func:`require_ability` names what is missing,
@@ -65,7 +66,8 @@ class ServedModel(Protocol):
 
 @runtime_checkable
 class SupportsSlotPool(Protocol):
-    """Request caches in slots of a preallocated pool."""
+    """Request caches in slots of a preallocated pool: fixed-size state by slot, growing state in
+    the blocks the slots share; the eager forward reads and writes them in place."""
 
     @property
     def slot_pool(self) -> SlotPool | None: ...
@@ -83,29 +85,6 @@ class SupportsSlotPool(Protocol):
     def new_pooled_cache(self) -> object: ...
 
     def free_pooled_cache(self, cache: object) -> None: ...
-
-
-class PagedPool(Protocol):
-    block_pool: BlockPool
-
-    def nbytes(self) -> int: ...
-
-
-@runtime_checkable
-class SupportsPagedCache(Protocol):
-    """Request caches whose growing state lives in a shared block pool, decoded eagerly (Kimi K3's
-    MLA latents; its KDA state is fixed-size per request)."""
-
-    @property
-    def latent_pool(self) -> PagedPool | None: ...
-
-    def enable_latent_pool(
-        self, max_requests: int, capacity: int, *, num_blocks: int, block_tokens: int = 256
-    ) -> PagedPool: ...
-
-    def new_paged_cache(self) -> object: ...
-
-    def free_paged_cache(self, cache: object) -> None: ...
 
 
 @runtime_checkable
@@ -131,7 +110,7 @@ class SupportsStaticDecode(SupportsSlotPool, Protocol):
 class SupportsMemoryModel(Protocol):
     """What a cached token, a running request and a step's workspace cost this rank
     (``mem_cache/memory_models/``): the default ``--max-total-tokens`` is then a bound measured
-    from GPU memory, which the slot pool or the paged caches may preallocate. Without one it is
+    from GPU memory, which the slot pool may preallocate. Without one it is
     the worst case (context x max running requests)."""
 
     def memory_model(self) -> MemoryModel: ...

@@ -1,12 +1,14 @@
 """One TP rank's model: loaded shard, per-request caches, and the forward of a :class:`ForwardPlan`.
 
 Caches are per-request objects held in a dict keyed by request id. By default each owns its
-tensors and dropping the entry frees them. After :meth:`ModelRunner.init_decode` chose the static
-decode (CUDA graphs), caches live in slots of the model's preallocated pool instead, their
-growing state in its blocks: freeing a request returns its slot and blocks, prefill chunks run
-eagerly into the slot (taking the blocks they fill), and decode rows replay a captured graph
-(padded to the next captured size), in a mixed step too (``mixed_step``). All ranks apply the
-same plan, so their dicts hold the same keys, slots and lengths.
+tensors and dropping the entry frees them. When :meth:`ModelRunner.init_decode` finds the token
+budget a bound (``--max-total-tokens``, or the model's memory model on the GPU), caches live in
+slots of the model's preallocated pool instead, their growing state in its blocks: freeing a
+request returns its slot and blocks, and prefill chunks run eagerly into the slot (taking the
+blocks they fill). Decode rows then run eagerly on the pooled caches, or, where the static decode
+is taken, replay a captured graph (padded to the next captured size), in a mixed step too
+(``mixed_step``). All ranks apply the same plan, so their dicts hold the same keys, slots and
+lengths.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import torch
 from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.dp_attention import reset_dp_state, set_dp_state_for_warmup
-from sglang.srt.mem_cache.block_pool import blocks_for
+from sglang.srt.mem_cache.block_pool import BlockPool
+from sglang.srt.mem_cache.prefix_store import PrefixStore
+from sglang.srt.mem_cache.slot_blocks import SlotBlocks
 from sglang.srt.model_executor.cuda_graph_runner import (
     CudaGraphRunner,
     capture_batch_sizes,
@@ -34,24 +38,22 @@ from sglang.srt.model_executor.memory_budget import unbounded_budget_reason
 from sglang.srt.model_executor.mixed_step import MixedSplit, split_mixed_step
 from sglang.srt.model_executor.model_abilities import (
     ServedModel,
+    SlotPool,
     SupportsKVCacheDtype,
-    SupportsPagedCache,
+    SupportsSlotPool,
     SupportsStaticDecode,
     moe_runners,
     require_ability,
     static_decode_reason,
 )
 from sglang.srt.model_executor.model_registry import find_model, read_model_config
-from sglang.srt.model_executor.slot_plan import plan_slot_pool
+from sglang.srt.model_executor.slot_plan import SlotPlan, plan_slot_pool
 from sglang.srt.model_executor.warmup_plan import warmup_token_counts
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger, log_once
 
 logger = get_logger(__name__)
-
-# Tokens a cache block holds for models paged without the static decode (Kimi K3's MLA latents).
-_PAGED_BLOCK_TOKENS = 256
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -72,12 +74,14 @@ def torch_dtype(name: str) -> torch.dtype:
 class DecodeSetup:
     """What :meth:`ModelRunner.init_decode` chose, for the startup log and the scheduler."""
 
-    cuda_graph: str  # "on (...)" or "off (why)"
-    max_running_requests: int  # the pool's slot count caps it when the static decode is on
+    cuda_graph: str  # "on (...)" or "off (why)", then how the caches are held
+    max_running_requests: int  # the pool's slot count caps it when caches are pooled
     # Admission granularity: a request reserves whole blocks of this many tokens (1: no paging),
     # out of ``max_total_tokens`` (the pool's blocks when paged).
     block_tokens: int = 1
     max_total_tokens: int | None = None
+    # The most tokens one request may hold (the pool's per-request capacity; None: unpaged).
+    max_request_tokens: int | None = None
 
 
 class ModelRunner:
@@ -115,11 +119,13 @@ class ModelRunner:
             )
         self.load_time_s = time.perf_counter() - started
         self.caches: dict[str, Any] = {}
-        # Set by init_decode when caches live in the model's slot pool (decode: static_decode).
+        # Set by init_decode when caches live in the model's slot pool (paged, preallocated).
+        self.pool_model: SupportsSlotPool | None = None
+        # Set as well when decode rows go through the pool's static decode (graphs or padded).
         self.static_model: SupportsStaticDecode | None = None
         self.graph_runner: CudaGraphRunner | None = None
-        # Set by init_decode when a model without the static decode pages its caches (Kimi K3).
-        self.paged_model: SupportsPagedCache | None = None
+        # Set by enable_prefix_cache: the blocks and state snapshots the prefix cache keeps.
+        self.prefix_store: PrefixStore | None = None
         # Static decode without graphs: the sizes a batch pads to (those graphs would capture).
         self.static_sizes: list[int] = []
 
@@ -135,8 +141,8 @@ class ModelRunner:
 
     @property
     def pooled(self) -> bool:
-        """Caches live in the model's slot pool and decode runs through ``static_decode``."""
-        return self.static_model is not None
+        """Caches live in the model's slot pool (decoded eagerly or through ``static_decode``)."""
+        return self.pool_model is not None
 
     def kv_cache_dtype(self) -> str:
         """What ``--kv-cache-dtype`` resolved to for this model (``bf16``: the model dtype)."""
@@ -174,13 +180,16 @@ class ModelRunner:
         static_without_graphs: bool = False,
     ) -> DecodeSetup:
         """Before serving (after warm-up, before the symmetric pool's preallocation): when decode
-        can run in CUDA graphs, preallocate the slot pool and capture. ``static_without_graphs``
-        (or ``SGLANG_STATIC_DECODE_WITHOUT_GRAPHS``) runs the static decode eagerly where graphs
-        are unavailable, padded to the sizes graphs would capture, so that it is the exact A/B of
-        a graph replay (tests on CPU; graphs == eager on the GPU)."""
+        can run in CUDA graphs, preallocate the slot pool and capture; otherwise decode eagerly,
+        on the slot pool when the budget is a bound (:meth:`_init_eager_decode`).
+        ``static_without_graphs`` (or ``SGLANG_STATIC_DECODE_WITHOUT_GRAPHS``) runs the static
+        decode eagerly where graphs are unavailable, padded to the sizes graphs would capture, so
+        that it is the exact A/B of a graph replay (tests on CPU; graphs == eager on the GPU)."""
         if self.args.enable_dp_attention:  # padded static rows would break the planned sizes
             why = "DP attention: the gathered sizes change every step; decode runs eagerly"
-            return DecodeSetup(f"off ({why})", max_running_requests)
+            return self._init_eager_decode(
+                f"off ({why})", context_length, max_total_tokens, max_running_requests
+            )
         reason = graph_unavailable_reason(
             self.model, self.device, disabled=self.args.disable_cuda_graph
         )
@@ -191,23 +200,17 @@ class ModelRunner:
             off = reason
             if isinstance(self.model, SupportsStaticDecode) and static_why not in (None, reason):
                 off = f"{reason}; {static_why}"  # why its static decode is not taken either
-            if static_why is not None and isinstance(self.model, SupportsPagedCache):
-                return self._init_paged_cache(
-                    self.model,
-                    f"off ({off})",
-                    context_length,
-                    max_total_tokens,
-                    max_running_requests,
-                )
-            return DecodeSetup(f"off ({off})", max_running_requests)
+            return self._init_eager_decode(
+                f"off ({off})", context_length, max_total_tokens, max_running_requests
+            )
         static = require_ability(self.model, SupportsStaticDecode)
         plan = plan_slot_pool(
             context_length=context_length,
             max_total_tokens=max_total_tokens,
             max_running_requests=max_running_requests,
         )
-        pool = static.enable_slot_pool(plan.slots, plan.capacity, total_tokens=plan.total_tokens)
-        self.static_model = static
+        pool = self._enable_slot_pool(static, plan)
+        self.pool_model = self.static_model = static
         gib = pool.nbytes() / (1 << 30)
         blocks = pool.block_pool
         slots = (
@@ -217,6 +220,7 @@ class ModelRunner:
         paged = {
             "block_tokens": blocks.block_tokens,
             "max_total_tokens": blocks.num_blocks * blocks.block_tokens,
+            "max_request_tokens": plan.capacity,
         }
         sizes = capture_batch_sizes(min(self.args.cuda_graph_max_bs or plan.slots, plan.slots))
         if reason is not None:
@@ -239,7 +243,7 @@ class ModelRunner:
         if why is not None:
             return why
         unbounded = self._unbounded_budget_reason()
-        if isinstance(self.model, SupportsPagedCache) and unbounded is not None:
+        if isinstance(self.model, SupportsSlotPool) and unbounded is not None:
             return (
                 f"the static decode of {type(self.model).__name__} preallocates its paged caches "
                 f"and the default budget is the worst case ({unbounded}): set --max-total-tokens "
@@ -254,38 +258,81 @@ class ModelRunner:
             return None
         return unbounded_budget_reason(self.model, self.device)
 
-    def _init_paged_cache(
-        self,
-        model: SupportsPagedCache,
-        graphs: str,
-        context_length: int,
-        max_total_tokens: int,
-        max_running_requests: int,
+    def _init_eager_decode(
+        self, graphs: str, context_length: int, max_total_tokens: int, max_running_requests: int
     ) -> DecodeSetup:
-        """Page the model's growing caches in blocks worth ``max_total_tokens`` when that is a
-        bound (``--max-total-tokens``, or the model's memory model on the GPU): otherwise the
-        default budget (context x max running) is the worst case, which preallocating would turn
-        from a bound into an allocation."""
+        """Decode eagerly; page the caches in the model's slot pool, blocks worth
+        ``max_total_tokens``, when the model has one and that is a bound (``--max-total-tokens``,
+        or the model's memory model on the GPU): otherwise the default budget (context x max
+        running) is the worst case, which preallocating would turn from a bound into an
+        allocation, and caches stay per request."""
+        if not isinstance(self.model, SupportsSlotPool):
+            return DecodeSetup(graphs, max_running_requests)
         unbounded = self._unbounded_budget_reason()
         if unbounded is not None:
-            return DecodeSetup(
-                f"{graphs}; caches per request (set --max-total-tokens to page them: {unbounded})",
-                max_running_requests,
+            how = (
+                ""
+                if "--max-total-tokens" in graphs
+                else f" (set --max-total-tokens to page them: {unbounded})"
             )
-        block_tokens = _PAGED_BLOCK_TOKENS
-        capacity = min(context_length, max_total_tokens)
-        blocks = max(blocks_for(capacity, block_tokens), max_total_tokens // block_tokens)
-        pool = model.enable_latent_pool(
-            max_running_requests, capacity, num_blocks=blocks, block_tokens=block_tokens
+            return DecodeSetup(f"{graphs}; caches per request{how}", max_running_requests)
+        plan = plan_slot_pool(
+            context_length=context_length,
+            max_total_tokens=max_total_tokens,
+            max_running_requests=max_running_requests,
         )
-        self.paged_model = model
+        pool = self._enable_slot_pool(self.model, plan)
+        self.pool_model = self.model
+        blocks = pool.block_pool
         gib = pool.nbytes() / (1 << 30)
         return DecodeSetup(
-            f"{graphs}; caches paged in {blocks} blocks of {block_tokens} tokens, {gib:.2f} GiB",
-            max_running_requests,
-            block_tokens=block_tokens,
-            max_total_tokens=blocks * block_tokens,
+            f"{graphs}; caches paged in {blocks.num_blocks} blocks of {blocks.block_tokens} "
+            f"tokens, {gib:.2f} GiB",
+            plan.slots,
+            block_tokens=blocks.block_tokens,
+            max_total_tokens=blocks.num_blocks * blocks.block_tokens,
+            max_request_tokens=plan.capacity,
         )
+
+    def _enable_slot_pool(self, model: SupportsSlotPool, plan: SlotPlan) -> SlotPool:
+        """The model's slot pool for ``plan``, in blocks of ``--page-size`` tokens if given."""
+        try:
+            return model.enable_slot_pool(
+                plan.slots,
+                plan.capacity,
+                total_tokens=plan.total_tokens,
+                block_tokens=self.args.page_size,
+            )
+        except ValueError as exc:
+            if self.args.page_size is None:
+                raise
+            raise ValueError(f"--page-size {self.args.page_size}: {exc}") from None
+
+    def block_pool(self) -> BlockPool | None:
+        """The slot pool's blocks (None: caches are per request)."""
+        return None if self.pool_model is None else self.pool_model.slot_pool.block_pool
+
+    # --- prefix cache --------------------------------------------------------------------------
+
+    def prefix_cache_unavailable_reason(self) -> str | None:
+        """Why this rank cannot keep a prefix cache (None: it can): the cache shares the slot
+        pool's blocks, so the caches must be pooled."""
+        if self.pool_model is None:
+            return "the request caches are not paged in a slot pool (see the CUDA graph line)"
+        return None
+
+    def enable_prefix_cache(self, snapshot_rows: int) -> PrefixStore:
+        """Keep cached prefixes in the slot pool's blocks, with ``snapshot_rows`` copies of the
+        per-request state at block edges (after :meth:`init_decode`)."""
+        why = self.prefix_cache_unavailable_reason()
+        if why is not None:
+            raise RuntimeError(f"no prefix cache: {why}")
+        assert self.pool_model is not None
+        pool = self.pool_model.slot_pool
+        if not isinstance(pool, SlotBlocks):
+            raise TypeError(f"{type(pool).__name__} is not a paged slot pool (SlotBlocks)")
+        self.prefix_store = PrefixStore(pool, snapshot_rows)
+        return self.prefix_store
 
     # --- forward -------------------------------------------------------------------------------
 
@@ -295,20 +342,21 @@ class ModelRunner:
         (``dp_step``): every group's logit rows on rank 0, ``None`` elsewhere."""
         if plan.dp_plans:
             return execute_dp_plan(self, plan)
-        static, paged = self.static_model, self.paged_model
+        pool, static, store = self.pool_model, self.static_model, self.prefix_store
+        if (plan.cache_ops or plan.prefix_hits) and store is None:
+            raise RuntimeError("the plan changes the prefix cache, but this rank keeps none")
+        if store is not None and plan.cache_ops:  # before the frees: finished requests hand over
+            store.apply(plan.cache_ops, self.caches)
         for rid in plan.free_rids:
             cache = self.caches.pop(rid, None)
-            if cache is not None and static is not None:
-                static.free_pooled_cache(cache)
-            elif cache is not None and paged is not None:
-                paged.free_paged_cache(cache)
-        new = self.model.new_request_cache
-        if static is not None:
-            new = static.new_pooled_cache
-        elif paged is not None:
-            new = paged.new_paged_cache
+            if cache is not None and pool is not None:
+                pool.free_pooled_cache(cache)
+        new = self.model.new_request_cache if pool is None else pool.new_pooled_cache
         for rid in plan.new_rids:
             self.caches[rid] = new()
+        for hit in plan.prefix_hits:
+            assert store is not None
+            store.attach(hit, self.caches[hit.rid])
         if not plan.has_forward:
             return None
         caches = [self.caches[rid] for rid in plan.rids]

@@ -275,10 +275,9 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
         # Static decode steps leave the layers' host counters behind (see decode_pooled); the
         # eager attention reads and extends them, so catch them up first. Pooled caches get the
         # blocks these rows write first.
-        for cache, n in zip(batch.caches, batch.seq_lens):
+        for cache in batch.caches:
             cache.sync_layers()
-            if cache.slot is not None:
-                self._slot_pool().reserve(cache.slot, len(cache) + n)
+        self.reserve_blocks(batch.caches, batch.seq_lens)
         starts = batch.starts()
 
         def attend(i: int, layer: DeepseekV4DecoderLayer, x: torch.Tensor) -> torch.Tensor:

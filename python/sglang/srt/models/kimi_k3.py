@@ -18,9 +18,10 @@ checkpoint's ``block_sparse_moe``, ``lm_head.weight``), so the loader maps names
 A batch is a list of requests, each with its own :class:`KimiK3RequestCache`; prefill chunks and
 decode rows mix freely: projections, norms and MoE run over all rows at once, attention walks the
 requests (KDA runs all decode rows in one batched conv and recurrent step). With a slot pool
-(:meth:`KimiK3ForCausalLM.enable_slot_pool`) caches live in preallocated slots and
-:meth:`~KimiK3ForCausalLM.static_decode` runs a decode step over them with fixed shapes (the body of
-the decode CUDA graphs, ``kimi_k3_static_decode.py``; the executor takes it only with
+(:meth:`KimiK3ForCausalLM.enable_slot_pool`) caches live in preallocated slots (KDA states by
+slot, MLA latents paged in its blocks), read and written in place by the eager forward and by
+:meth:`~KimiK3ForCausalLM.static_decode`, a decode step with fixed shapes (the body of the decode
+CUDA graphs, ``kimi_k3_static_decode.py``; the executor takes it only with
 ``SGLANG_K3_STATIC_DECODE``); the eager forward stays the reference.
 """
 
@@ -49,7 +50,6 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
     MLALatentCache,
     new_request_cache,
 )
-from sglang.srt.mem_cache.kimi_k3_latent_pool import KimiK3LatentPool
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
@@ -194,7 +194,6 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         self.attn_tp_size = attention_spec(spec).tp_size
         # Replicated (the vocab-parallel split is a memory optimisation).
         self.lm_head = ReplicatedLinear(c.hidden_size, c.vocab_size, spec)
-        self.latent_pool: KimiK3LatentPool | None = None  # see enable_latent_pool
         self.slot_pool: KimiK3SlotPool | None = None  # see enable_slot_pool
         self.kv_layout = KimiK3KVLayout.build(
             kv_lora_rank=c.kv_lora_rank,
@@ -245,51 +244,6 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         """This rank's KDA heads (split over the attention-TP ranks)."""
         return self.config.kda_num_heads // self.attn_tp_size
 
-    # --- paged MLA latents ---------------------------------------------------------------------
-
-    def enable_latent_pool(
-        self, max_requests: int, capacity: int, *, num_blocks: int, block_tokens: int = 256
-    ) -> KimiK3LatentPool:
-        """Page every MLA layer's latents in ``num_blocks`` blocks of ``block_tokens`` tokens shared
-        by up to ``max_requests`` requests of up to ``capacity`` tokens (KDA state stays per
-        request: it is fixed-size). Replaces any earlier pool."""
-        c = self.config
-        enc = self.kv_layout.latents  # the stored row: latent_dim values, or FP8 bytes
-        self.latent_pool = KimiK3LatentPool(
-            layer_kinds=c.layer_kinds,
-            latent_dim=enc.width,
-            max_requests=max_requests,
-            capacity=capacity,
-            num_blocks=num_blocks,
-            block_tokens=block_tokens,
-            dtype=enc.store_dtype,
-            device=self.device,
-        )
-        return self.latent_pool
-
-    def new_paged_cache(self) -> KimiK3RequestCache:
-        """A request cache whose MLA latents live in the latent pool; give it back with
-        :meth:`free_paged_cache`."""
-        pool = self._latent_pool()
-        cache = self.new_request_cache()
-        cache.row = pool.alloc()
-        pool.attach(cache, cache.row)
-        for layer in cache.layers:  # the pool's rows are stored as the layout says
-            if isinstance(layer, MLALatentCache):
-                layer.encoding = self.kv_layout.latents
-        return cache
-
-    def free_paged_cache(self, cache: KimiK3RequestCache) -> None:
-        """Return the cache's pool row and its blocks."""
-        if cache.row is not None:
-            self._latent_pool().free(cache.row)
-            cache.row = None
-
-    def _latent_pool(self) -> KimiK3LatentPool:
-        if self.latent_pool is None:
-            raise RuntimeError("no latent pool: call enable_latent_pool() first")
-        return self.latent_pool
-
     # --- forward -------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -308,11 +262,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         the caches are extended in place."""
         batch = self._checked_batch(input_ids, positions, batch)
         check_logit_rows(logit_rows)
-        for cache, n in zip(batch.caches, batch.seq_lens):  # paged: the blocks these rows fill
-            if cache.row is not None:
-                self._latent_pool().reserve(cache.row, len(cache) + n)
-            if cache.slot is not None:
-                self._slot_pool().reserve(cache.slot, len(cache) + n)
+        self.reserve_blocks(batch.caches, batch.seq_lens)
         starts = batch.starts()
 
         def attend(layer: KimiK3DecoderLayer, x: Tensor) -> Tensor:

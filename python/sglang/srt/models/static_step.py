@@ -119,6 +119,13 @@ class SlotPoolDecode:
             raise RuntimeError("no slot pool: call enable_slot_pool() first")
         return self.slot_pool
 
+    def reserve_blocks(self, caches: Sequence[PooledCache], seq_lens: Sequence[int]) -> None:
+        """Give each pooled cache the blocks its next ``seq_lens`` rows fill, before a forward
+        writes them (caches that own their tensors need none)."""
+        for cache, n in zip(caches, seq_lens):
+            if cache.slot is not None:
+                self._slot_pool().reserve(cache.slot, cache.num_tokens + n)
+
     def free_pooled_cache(self, cache: PooledCache) -> None:
         """Return the cache's slot and its blocks."""
         if cache.slot is not None:

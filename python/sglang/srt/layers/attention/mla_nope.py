@@ -300,8 +300,8 @@ class MLANoPEAttention(nn.Module):
 
 def _append_decode_latents(latent: Tensor, segs: Sequence[MLASegment]) -> None:
     """Each single-token segment's latent row onto its cache: one scatter when the caches are
-    pages of one store (the latent pool; FP8 rows quantised in the same launch), else one append
-    each."""
+    pages of one store (the slot pool's latents; FP8 rows quantised in the same launch), else one
+    append each."""
     views = [seg.cache.rows for seg in segs]
     paged = [v for v in views if isinstance(v, PagedRows)]
     if len(paged) == len(views) and all(v.buf is paged[0].buf for v in paged):

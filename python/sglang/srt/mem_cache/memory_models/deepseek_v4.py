@@ -84,6 +84,16 @@ class CacheShape(StepWorkspace):
     def window_bytes_per_request(self) -> int:
         return self.num_layers * self.sliding_window * self.head_dim * self.dtype_bytes
 
+    def snapshot_bytes(self) -> int:
+        """Every layer's window ring, and on ratio-4 (overlapping) layers the fp32 previous-block
+        rows ``[ratio, D]`` (kv and score) of the compressor and of the indexer's."""
+        overlap = sum(
+            2 * ratio * (self.head_dim + self.index_head_dim) * 4
+            for ratio, kind in zip(self.compress_ratios, self.attn_types)
+            if kind == "csa"
+        )
+        return self.window_bytes_per_request() + overlap
+
     def fixed_bytes(self, running_requests: int, context_length: int) -> int:
         """Every running request's window rings (their size does not depend on the context)."""
         return running_requests * self.window_bytes_per_request()

@@ -7,7 +7,7 @@
   dtype) and recurrent state ``[H_local, D, D]`` (the state dtype, fp32 by default), and the slot's
   block-table row (int64, ``ceil(context / B)`` entries). Once per pool: the scratch slot (one
   more request's states and table row) and the null block (``B`` latent rows per MLA layer). The
-  eager path (latent pool, KDA state per request) holds one slot less: a bound either way.
+  eager decode and the static one use the same pool.
 - Workspace: DeepSeek V4's per-layer temporaries on a ``hidden``-wide stream, plus the AttnRes
   state: the bank and partial sum held over the whole forward (``num_bank_rows + 1`` rows of
   ``[T, hidden]`` in the model dtype) and a read's stacked ``[T, rows, hidden]`` in fp32, twice
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang.srt.mem_cache.kimi_k3_slot_pool import DEFAULT_BLOCK_TOKENS, KimiK3PoolShape
+from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3PoolShape
 from sglang.srt.mem_cache.memory_models.workspace import StepWorkspace, activation_bytes, mib
+from sglang.srt.mem_cache.slot_blocks import DEFAULT_BLOCK_TOKENS
 
 _TABLE_ENTRY_BYTES = 8  # the block tables are int64
 
@@ -65,6 +66,10 @@ class KimiK3MemoryModel(StepWorkspace):
         conv = (p.conv_size - 1) * 3 * p.kda_heads * p.kda_head_dim * self.dtype_bytes
         recurrent = p.kda_heads * p.kda_head_dim * p.kda_head_dim * self.state_dtype_bytes
         return self.num_kda * (conv + recurrent)
+
+    def snapshot_bytes(self) -> int:
+        """A request's KDA states (the latents are shared by block)."""
+        return self.request_state_bytes()
 
     def table_row_bytes(self, context_length: int) -> int:
         """One request's block-table row: a block id per ``block_tokens`` of the context."""

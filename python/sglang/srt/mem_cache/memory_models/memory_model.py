@@ -19,6 +19,11 @@ class MemoryModel(Protocol):
         their cached tokens (window rings, recurrent states, the pool's scratch slot)."""
         ...
 
+    def snapshot_bytes(self) -> int:
+        """One state snapshot of the prefix cache: a request's fixed-size state at a block edge
+        (``SlotBlocks.edge_state``)."""
+        ...
+
     def activation_bytes(self, tokens_in_flight: int) -> int:
         """A step's temporaries for ``tokens_in_flight`` rows (a prefill chunk plus decodes)."""
         ...

@@ -1,0 +1,182 @@
+"""What the prefix cache's choices cost at full model size: bytes (from the slot pools and memory
+models the engine allocates) and time (copies on this device), for what it shares by block and
+what it snapshots, against the alternatives. The numbers behind docs/prefix_caching.md.
+
+Shapes: DeepSeek V4 at the bench model's attention widths (head 512, indexer 128, window 128,
+bf16) over 43 layers (2 window-only, then ratio 4 and 128 alternating: an assumed mix); Kimi K3
+(69 KDA layers of 96 x 128 heads, fp32 state; 24 MLA layers of 512 + 64 latents, bf16) whole
+and on one of 8 ranks. Blocks of 256 tokens (both models' default).
+
+Per model, bytes of: one block of the shared state (entries and indexer keys / MLA latents); one
+state snapshot (``SlotBlocks.edge_state``); and the alternatives: the raw window KV paged by block
+(DeepSeek V4), a snapshot away from a block edge (with the compressors' pending rows), a
+snapshot at every block (Kimi K3). Then the time of a snapshot save + load, and of copying a
+7168-token prefix's shared state (what sharing by reference saves on every hit).
+Usage: python scripts/prefix_cache_costs.py [--device cuda] [--repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+
+from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
+from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3PoolShape, KimiK3SlotPool
+from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
+from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
+from sglang.srt.mem_cache.slot_blocks import SlotBlocks
+from sglang.srt.mem_cache.state_snapshots import StateSnapshots
+
+B = 256
+PREFIX = 7168
+DSV4_RATIOS = (0, 0, *([4, 128] * 20), 4)
+DSV4_KINDS = tuple({0: "sliding", 4: "csa", 128: "hca"}[r] for r in DSV4_RATIOS)
+HEAD, INDEX, WINDOW = 512, 128, 128
+
+
+def mib(n: float) -> str:
+    return f"{n / (1 << 20):8.2f} MiB"
+
+
+def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / repeats
+
+
+def time_snapshot(pool: SlotBlocks, device: torch.device, repeats: int) -> tuple[int, float]:
+    snaps = StateSnapshots(pool.edge_state(), 2)
+
+    def save_load() -> None:
+        row = snaps.save(0)
+        snaps.load(row, 1)
+        snaps.release(row)
+
+    return snaps.row_bytes(), timed(save_load, device, repeats)
+
+
+def time_prefix_copy(stores: list[torch.Tensor], device: torch.device, repeats: int) -> float:
+    """Copy ``PREFIX`` tokens' blocks of every paged store into other blocks (a hit that copied
+    its prefix instead of sharing it)."""
+    n = PREFIX // B
+    src = torch.arange(n, device=device)
+    dst = torch.arange(n, 2 * n, device=device)
+
+    def copy() -> None:
+        for s in stores:
+            s.index_copy_(0, dst, s.index_select(0, src))
+
+    return timed(copy, device, repeats)
+
+
+def dsv4(device: torch.device, repeats: int) -> None:
+    dtype = torch.bfloat16
+    shape = CacheShape(
+        num_layers=len(DSV4_RATIOS),
+        hidden_size=4096,
+        hc_mult=4,
+        vocab_size=129280,
+        head_dim=HEAD,
+        index_head_dim=INDEX,
+        sliding_window=WINDOW,
+        compress_ratios=DSV4_RATIOS,
+        attn_types=DSV4_KINDS,
+        dtype_bytes=2,
+    )
+    pool = DeepseekV4SlotPool(
+        attn_types=DSV4_KINDS,
+        compress_ratios=DSV4_RATIOS,
+        sliding_window=WINDOW,
+        head_dim=HEAD,
+        index_head_dim=INDEX,
+        max_slots=2,
+        capacity=2 * PREFIX,
+        dtype=dtype,
+        device=device,
+        num_blocks=2 * PREFIX // B,
+        block_tokens=B,
+    )
+    block = shape.bytes_per_cached_token() * B
+    row, t_snap = time_snapshot(pool, device, repeats)
+    assert row == shape.snapshot_bytes(), (row, shape.snapshot_bytes())
+    raw_block = len(DSV4_RATIOS) * B * HEAD * 2
+    pending = sum(
+        2 * r * (2 if kind == "csa" else 1) * HEAD * 4
+        + (2 * r * 2 * INDEX * 4 if kind == "csa" else 0)
+        for r, kind in zip(DSV4_RATIOS, DSV4_KINDS)
+        if r
+    )
+    stores = [
+        c.entries
+        for layer in pool.layers
+        for c in (layer.compressor, layer.indexer)
+        if c is not None
+    ]
+    t_copy = time_prefix_copy(stores, device, repeats)
+    print(f"DeepSeek V4 ({len(DSV4_RATIOS)} layers: window {WINDOW}, ratios 4/128), bf16")
+    print(f"  shared, a block of {B} tokens (entries + indexer keys):  {mib(block)}")
+    print(f"  alternative: the raw window KV paged by block:          {mib(raw_block)}")
+    print(f"  snapshot at a block edge (window rings + overlap rows): {mib(row)}")
+    print(f"  alternative: a snapshot off an edge (+ pending rows):   {mib(row + pending)}")
+    print(f"  snapshot save + load: {t_snap * 1e3:.3f} ms; copying a {PREFIX}-token prefix's")
+    print(f"  entries instead of sharing them: {t_copy * 1e3:.3f} ms ({mib(block * PREFIX / B)})")
+
+
+def k3(device: torch.device, repeats: int, tp: int) -> None:
+    kinds = tuple("mla" if (i + 1) % 4 == 0 or i == 92 else "kda" for i in range(93))
+    shape = KimiK3PoolShape(
+        layer_kinds=kinds, kda_heads=96 // tp, kda_head_dim=128, conv_size=4, latent_dim=576
+    )
+    mm = KimiK3MemoryModel(
+        pool=shape, hidden_size=7168, vocab_size=163840, bank_rows=8, dtype_bytes=2,
+        state_dtype_bytes=4,
+    )  # fmt: skip
+    pool = KimiK3SlotPool(
+        shape,
+        max_slots=2,
+        capacity=2 * PREFIX,
+        dtype=torch.bfloat16,
+        device=device,
+        num_blocks=2 * PREFIX // B,
+        block_tokens=B,
+    )
+    block = mm.bytes_per_cached_token() * B
+    row, t_snap = time_snapshot(pool, device, repeats)
+    assert row == mm.snapshot_bytes(), (row, mm.snapshot_bytes())
+    stores = [s for s in pool.latents if s is not None]
+    t_copy = time_prefix_copy(stores, device, repeats)
+    print(f"Kimi K3 ({kinds.count('kda')} KDA, {kinds.count('mla')} MLA layers), TP{tp} rank")
+    print(f"  shared, a block of {B} tokens (MLA latents):             {mib(block)}")
+    print(f"  snapshot at a block edge (KDA conv + recurrent states):  {mib(row)}")
+    print(f"  alternative: a snapshot at every block (per block):      {mib(row)}")
+    print(f"    = {row / block:.0f}x the block's latents")
+    print(f"  snapshot save + load: {t_snap * 1e3:.3f} ms; copying a {PREFIX}-token prefix's")
+    print(f"  latents instead of sharing them: {t_copy * 1e3:.3f} ms ({mib(block * PREFIX / B)})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    print(f"device: {device}\n")
+    dsv4(device, args.repeats)
+    print()
+    k3(device, args.repeats, tp=8)
+    if device.type == "cuda":
+        print()
+        k3(device, args.repeats, tp=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -97,6 +97,41 @@ def test_completions_logprobs_and_batch(client: openai.OpenAI) -> None:
     assert all(len(t) >= 1 for t in lp.top_logprobs or [])
 
 
+def _assert_offsets_index_text(text: str, tokens: list[str], offsets: list[int]) -> None:
+    assert len(tokens) == len(offsets) and offsets[0] == 0
+    assert offsets == sorted(offsets) and offsets[-1] <= len(text)
+    checked = 0
+    for token, off in zip(tokens, offsets):
+        if token and "\ufffd" not in token and not token.startswith("<|"):
+            assert text[off : off + len(token)] == token, (token, off, text)
+            checked += 1
+    assert checked >= len(tokens) // 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_text_offsets_index_the_text(client: openai.OpenAI, stream: bool) -> None:
+    """With echo, the prompt's BOS is listed (no log-prob) but takes no room in the text: every
+    text_offset indexes into the returned text (prompt + output)."""
+    kwargs: dict[str, object] = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6}
+    kwargs.update(temperature=0, echo=True, logprobs=1)
+    if not stream:
+        choice = client.completions.create(**kwargs).choices[0]  # type: ignore[call-overload]
+        assert choice.logprobs is not None
+        text, lp = choice.text, choice.logprobs
+        tokens, offsets = lp.tokens or [], lp.text_offset or []
+    else:
+        text, tokens, offsets = "", [], []
+        for chunk in client.completions.create(stream=True, **kwargs):  # type: ignore[call-overload]
+            c = chunk.choices[0]
+            text += c.text
+            if c.logprobs is not None:
+                tokens += c.logprobs.tokens or []
+                offsets += c.logprobs.text_offset or []
+    assert text.startswith(PROMPT) and tokens[0] == "<|begin_of_text|>"
+    _assert_offsets_index_text(text, tokens, offsets)
+    assert offsets[1] == 0  # the first prompt word starts the text: BOS took no room
+
+
 def test_chat(client: openai.OpenAI, engine: Engine) -> None:
     tok = engine.tokenizer_manager.tokenizer
     assert tok is not None

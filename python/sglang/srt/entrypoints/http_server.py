@@ -37,14 +37,9 @@ from sglang.srt.entrypoints.protocol import (
     _Body,
 )
 from sglang.srt.entrypoints.startup import start_engine
-from sglang.srt.managers.prompts import params_per_prompt, split_prompts
-from sglang.srt.managers.tokenizer_manager import (
-    GenerateRequest,
-    RequestError,
-    TokenizerManager,
-    check_choices,
-    expand_n,
-)
+from sglang.srt.managers.generate_request import GenerateRequest
+from sglang.srt.managers.prompts import build_requests
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, ServerArgsError
 from sglang.srt.utils.log import get_logger
@@ -162,31 +157,19 @@ async def _openai_response(
 def _generate_requests(body: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
     """Split a (possibly batched) /generate body into one request per prompt and choice; also
     whether the body was a batch (the answer is then a list)."""
-    split = split_prompts(body.text, body.input_ids)  # type: ignore[arg-type]
-    if not split.prompts:
-        raise RequestError("the prompt list is empty")
-    params = params_per_prompt(body.sampling_params, len(split.prompts))
-    if len(split.prompts) > 1 and body.rid is not None:
-        raise RequestError("rid names one request; leave it out for a batch")
-    check_choices(len(split.prompts), max(p.n for p in params))
-    # n > 1: each prompt's choices follow one another (SGLang's order).
-    reqs = [
-        child
-        for (text, ids), p in zip(split.prompts, params)
-        for child in expand_n(
-            GenerateRequest(
-                text=text,
-                input_ids=ids,
-                sampling_params=p,
-                return_logprob=body.return_logprob,
-                top_logprobs_num=body.top_logprobs_num,
-                logprob_start_len=body.logprob_start_len,
-                stream=body.stream,
-                rid=body.rid,
-            )
-        )
-    ]
-    return reqs, split.batch
+    built = build_requests(
+        body.text,  # type: ignore[arg-type]
+        body.input_ids,  # type: ignore[arg-type]
+        body.sampling_params,
+        GenerateRequest(
+            return_logprob=body.return_logprob,
+            top_logprobs_num=body.top_logprobs_num,
+            logprob_start_len=body.logprob_start_len,
+            stream=body.stream,
+            rid=body.rid,
+        ),
+    )
+    return built.requests, built.batch
 
 
 def create_app(tm: TokenizerManager) -> FastAPI:

@@ -18,15 +18,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sglang.srt.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
-from sglang.srt.managers.prompts import split_prompts
+from sglang.srt.managers.detokenizer import TokenOffsets
+from sglang.srt.managers.generate_request import GenerateRequest
+from sglang.srt.managers.prompts import PromptRequests, build_requests
 from sglang.srt.managers.tokenizer_manager import (
     MAX_TOP_LOGPROBS,
-    GenerateRequest,
     PreparedRequest,
     RequestError,
     TokenizerManager,
-    check_choices,
-    expand_n,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
 from sglang.srt.utils.log import get_logger
@@ -156,10 +155,14 @@ class OpenAIServing:
     def model_name(self) -> str:
         return self.tm.served_model_name
 
-    async def _prepare_choices(self, base: GenerateRequest) -> list[PreparedRequest]:
-        """Tokenize once, then one prepared request per choice."""
-        prepared = await self.tm.prepare(base)
-        return [PreparedRequest(r, prepared.input_ids) for r in expand_n(base)]
+    async def _prepare_group(self, group: list[GenerateRequest]) -> list[PreparedRequest]:
+        """One prompt's choices: tokenized once, one prepared request per choice."""
+        prepared = await self.tm.prepare(group[0])
+        return [PreparedRequest(r, prepared.input_ids) for r in group]
+
+    async def _prepare_all(self, built: PromptRequests) -> list[PreparedRequest]:
+        per_prompt = await asyncio.gather(*(self._prepare_group(g) for g in built.groups))
+        return [p for group in per_prompt for p in group]
 
     # --- completions ---------------------------------------------------------------------------
 
@@ -167,48 +170,48 @@ class OpenAIServing:
         p = req.prompt
         if isinstance(p, list) and not p:
             raise RequestError("prompt is empty")
-        # OpenAI's one field holds text, token ids, or a list of either.
-        if isinstance(p, str) or all(isinstance(x, str) for x in p):
-            prompts = split_prompts(p, None).prompts  # type: ignore[arg-type]
-        else:
-            prompts = split_prompts(None, p).prompts  # type: ignore[arg-type]
         # max_tokens 0 with echo scores the prompt only (its log-probs), as in vLLM.
         params = _sampling_params(req, req.max_tokens, "max_tokens", 0 if req.echo else 1)
-        check_choices(len(prompts), params.n)
         if req.logprobs is not None:
             _check_top(req.logprobs, "logprobs")
         want_lp = req.logprobs is not None
-        bases = [
-            GenerateRequest(
-                text=text,
-                input_ids=ids,
-                sampling_params=params,
-                return_logprob=want_lp,
-                top_logprobs_num=req.logprobs or 0,
-                logprob_start_len=0 if want_lp and req.echo else -1,
-                stream=req.stream,
-                max_tokens_param="max_tokens",
-            )
-            for text, ids in prompts
-        ]
-        per_prompt = await asyncio.gather(*(self._prepare_choices(b) for b in bases))
-        return [g for choices in per_prompt for g in choices]
+        template = GenerateRequest(
+            return_logprob=want_lp,
+            top_logprobs_num=req.logprobs or 0,
+            logprob_start_len=0 if want_lp and req.echo else -1,
+            stream=req.stream,
+            max_tokens_param="max_tokens",
+        )
+        # OpenAI's one field holds text, token ids, or a list of either.
+        if isinstance(p, str) or all(isinstance(x, str) for x in p):
+            built = build_requests(p, None, params, template, text_name="prompt")  # type: ignore[arg-type]
+        else:
+            built = build_requests(None, p, params, template, text_name="prompt")  # type: ignore[arg-type]
+        return await self._prepare_all(built)
 
-    def _prompt_text(self, g: PreparedRequest) -> str:
+    def _prompt_text(self, g: PreparedRequest) -> tuple[str, bool]:
+        """The prompt as ``echo`` returns it, and whether its decode skips special tokens (a
+        text prompt comes back as sent, which has no BOS; token ids are decoded whole)."""
         if g.request.text is not None:
-            return g.request.text
+            return g.request.text, True
         tok = self.tm.tokenizer
-        return "" if tok is None else tok.decode(g.input_ids, skip_special_tokens=False)
+        text = "" if tok is None else tok.decode(g.input_ids, skip_special_tokens=False)
+        return text, False
+
+    def _offsets(self, skip_special_tokens: bool, start: int) -> TokenOffsets | None:
+        tok = self.tm.tokenizer
+        return (
+            None
+            if tok is None
+            else TokenOffsets(tok, skip_special_tokens=skip_special_tokens, start=start)
+        )
 
     @staticmethod
     def _logprob_block(
-        entries: list[Any], tops: list[Any] | None, offset0: int
+        entries: list[Any], tops: list[Any] | None, offsets: TokenOffsets | None
     ) -> dict[str, list[Any]]:
         tokens = [text or "" for _, _, text in entries]  # each entry carries its token's text
-        offsets, pos = [], offset0
-        for t in tokens:
-            offsets.append(pos)
-            pos += len(t)
+        ids = [tid for _, tid, _ in entries]
         tops = tops if tops is not None else [None] * len(entries)
         return {
             "tokens": tokens,
@@ -216,22 +219,32 @@ class OpenAIServing:
             "top_logprobs": [
                 None if top is None else {(text or ""): lp for lp, _, text in top} for top in tops
             ],
-            "text_offset": offsets,
+            "text_offset": [0] * len(ids) if offsets is None else offsets.add(ids),
         }
 
     def _completion_logprobs(
-        self, result: dict[str, Any], start: int, offset0: int, with_prompt: bool = False
+        self,
+        result: dict[str, Any],
+        start: int,
+        offsets: TokenOffsets | None,
+        echo: tuple[str, bool] | None = None,
     ) -> dict[str, Any]:
+        """Log-probs of the output tokens from ``start`` on; with ``echo`` (the prompt text and
+        its skip flag), the prompt's tokens first (the first has no log-prob). Every
+        ``text_offset`` indexes into the choice's text (prompt text + output text)."""
         meta = result["meta_info"]
         entries = meta.get("output_token_logprobs", [])[start:]
         tops = meta.get("output_top_logprobs")
-        out = self._logprob_block(entries, None if tops is None else tops[start:], offset0)
-        if with_prompt:  # echo: the prompt's tokens first (the first has no log-prob)
+        out = self._logprob_block(entries, None if tops is None else tops[start:], offsets)
+        if echo is not None:
+            prompt_text, skip = echo
             prompt = self._logprob_block(
-                meta.get("input_token_logprobs", []), meta.get("input_top_logprobs"), 0
+                meta.get("input_token_logprobs", []),
+                meta.get("input_top_logprobs"),
+                self._offsets(skip, 0),
             )
-            shift = sum(len(t) for t in prompt["tokens"])
-            out["text_offset"] = [o + shift for o in out["text_offset"]]
+            # A text prompt's decode can differ from the text sent (normalization): stay inside.
+            prompt["text_offset"] = [min(o, len(prompt_text)) for o in prompt["text_offset"]]
             for key in out:
                 out[key] = prompt[key] + out[key]
         return out
@@ -242,10 +255,15 @@ class OpenAIServing:
         choices = []
         for i, (g, r) in enumerate(zip(gens, results)):
             text = r["text"]
-            prefix = self._prompt_text(g) if req.echo else ""
+            echo = self._prompt_text(g) if req.echo else None
+            prefix = "" if echo is None else echo[0]
             lp = None
             if g.request.return_logprob:
-                lp = self._completion_logprobs(r, 0, len(prefix), with_prompt=req.echo)
+                skip = g.request.sampling_params.skip_special_tokens
+                lp = self._completion_logprobs(r, 0, self._offsets(skip, len(prefix)), echo)
+                # A stop string cuts the text; the tokens past the cut point at its end.
+                end = len(prefix) + len(text)
+                lp["text_offset"] = [min(o, end) for o in lp["text_offset"]]
             choices.append(
                 {
                     "index": i,
@@ -275,6 +293,7 @@ class OpenAIServing:
         sent_text = [0] * len(gens)
         sent_tokens = [0] * len(gens)
         started = [False] * len(gens)
+        offsets: list[TokenOffsets | None] = [None] * len(gens)
         last: dict[int, dict[str, Any]] = {}
         try:
             async for i, r in _merge([self.tm.generate(g) for g in gens]):
@@ -286,13 +305,14 @@ class OpenAIServing:
                 echo_now = req.echo and not started[i]
                 if not delta and reason is None and n_tokens == sent_tokens[i] and not echo_now:
                     continue
-                prefix = self._prompt_text(gens[i]) if echo_now else ""
+                echo = self._prompt_text(gens[i]) if echo_now else None
+                prefix = "" if echo is None else echo[0]
                 lp = None
                 if gens[i].request.return_logprob:
-                    offset = sent_text[i] + (len(self._prompt_text(gens[i])) if req.echo else 0)
-                    lp = self._completion_logprobs(
-                        r, sent_tokens[i], len(prefix) if echo_now else offset, with_prompt=echo_now
-                    )
+                    if offsets[i] is None:  # output offsets follow the echoed prompt
+                        skip = gens[i].request.sampling_params.skip_special_tokens
+                        offsets[i] = self._offsets(skip, len(prefix))
+                    lp = self._completion_logprobs(r, sent_tokens[i], offsets[i], echo)
                 chunk = self._completion_chunk(cid, created, i, prefix + delta, lp, reason)
                 if reason is not None:
                     chunk["choices"][0].update(_stop_fields(r, gens[i].request.sampling_params))
@@ -349,15 +369,13 @@ class OpenAIServing:
         _check_top(top, "top_logprobs")
         if top and not req.logprobs:
             raise RequestError("top_logprobs needs logprobs: true")
-        base = GenerateRequest(
-            input_ids=ids,
-            sampling_params=params,
+        template = GenerateRequest(
             return_logprob=req.logprobs,
             top_logprobs_num=top if req.logprobs else 0,
             stream=req.stream,
             max_tokens_param=name,
         )
-        return await self._prepare_choices(base)
+        return await self._prepare_all(build_requests(None, ids, params, template))
 
     def _chat_logprobs(self, result: dict[str, Any], start: int) -> dict[str, Any]:
         meta = result["meta_info"]

@@ -74,3 +74,30 @@ class IncrementalDetokenizer:
                 hold = k
                 break
         return self.text[: len(self.text) - hold]
+
+
+class TokenOffsets:
+    """Where each token's text starts in the decoded text (OpenAI's ``text_offset``): the
+    length of everything decoded before the token, plus ``start``. Special tokens that the decode
+    skips take no room; bytes not yet a whole character count as the one replacement character
+    they decode to (a character split over tokens is one character either way, and an invalid
+    byte stays U+FFFD in the text)."""
+
+    def __init__(self, tokenizer: TextTokenizer, *, skip_special_tokens: bool, start: int = 0):
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
+        self.start = start
+
+    def _length(self) -> int:
+        d = self._detok
+        if d.read_offset == len(d.ids):
+            return len(d.text)
+        shown = d._decode(d.ids[d.prefix_offset : d.read_offset])
+        pending = d._decode(d.ids[d.prefix_offset :])
+        return len(d.text) + max(0, len(pending) - len(shown))
+
+    def add(self, ids: Sequence[int]) -> list[int]:
+        out = []
+        for token in ids:
+            out.append(self.start + self._length())
+            self._detok.add([token])
+        return out

@@ -13,7 +13,6 @@ its cache on every rank.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import queue
 import signal
@@ -26,6 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
+from sglang.srt.managers.generate_request import (  # noqa: F401 - re-exported for callers
+    MAX_CHOICES,
+    GenerateRequest,
+    check_choices,
+    expand_n,
+)
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchOutput,
@@ -42,7 +47,6 @@ from sglang.srt.managers.metrics import ServerMetrics
 from sglang.srt.managers.prompts import check_one_kind
 from sglang.srt.managers.request_error import RequestError
 from sglang.srt.managers.tokenizer import TextTokenizer, load_tokenizer
-from sglang.srt.sampling.sampling_params import SEED_MAX, SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
@@ -67,51 +71,6 @@ def check_text(text: str, what: str) -> None:
         raise RequestError(
             f"{what} is not valid Unicode: lone surrogate {bad!a} at character {exc.start}"
         ) from None
-
-
-@dataclass
-class GenerateRequest:
-    """One prompt, as every endpoint hands it to :meth:`TokenizerManager.generate`."""
-
-    text: str | None = None
-    input_ids: list[int] | None = None
-    sampling_params: SamplingParams = field(default_factory=SamplingParams)
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    logprob_start_len: int = -1
-    stream: bool = False
-    rid: str | None = None
-    # How the client names the output-length limit, for error messages.
-    max_tokens_param: str = "max_new_tokens"
-
-
-# Prompts x n of one HTTP request at most: each becomes a request of its own.
-MAX_CHOICES = 1024
-
-
-def check_choices(num_prompts: int, n: int) -> None:
-    if num_prompts * n > MAX_CHOICES:
-        raise RequestError(
-            f"{num_prompts} prompts x n={n} is {num_prompts * n} generations; one request takes "
-            f"at most {MAX_CHOICES}: split it"
-        )
-
-
-def expand_n(req: GenerateRequest) -> list[GenerateRequest]:
-    """``n`` choices of one prompt as ``n`` requests. With a seed, choice ``i`` samples with
-    ``seed + i`` (modulo 2**64), so the choices differ and are reproducible."""
-    p = req.sampling_params
-    if p.n == 1:
-        return [req]
-    if req.rid is not None:
-        raise RequestError("rid names one request; leave it out when n > 1")
-    out = []
-    for i in range(p.n):
-        # torch reads a seed modulo 2**64, so this is seed + i as the generator sees it.
-        seed = None if p.seed is None else (p.seed + i) % (SEED_MAX + 1)
-        params = dataclasses.replace(p, n=1, seed=seed)
-        out.append(dataclasses.replace(req, sampling_params=params))
-    return out
 
 
 @dataclass(frozen=True)

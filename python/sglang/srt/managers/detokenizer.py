@@ -22,9 +22,13 @@ class IncrementalDetokenizer:
         *,
         skip_special_tokens: bool = True,
         stop: Sequence[str] = (),
+        skip_ids: frozenset[int] | None = None,
     ) -> None:
+        """``skip_ids``: drop exactly these ids from the text (instead of every special token),
+        so markup made of special tokens that a parser reads stays in it."""
         self.tok = tokenizer
         self.skip = skip_special_tokens
+        self.skip_ids = skip_ids
         self.stop = tuple(stop)
         self.ids: list[int] = []
         self.text = ""
@@ -33,6 +37,9 @@ class IncrementalDetokenizer:
         self.matched_stop: str | None = None
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if self.skip_ids is not None:
+            kept = [i for i in ids if i not in self.skip_ids]
+            return self.tok.decode(kept, skip_special_tokens=False)
         return self.tok.decode(ids, skip_special_tokens=self.skip)
 
     def add(self, new_ids: Sequence[int], *, final: bool = False) -> None:

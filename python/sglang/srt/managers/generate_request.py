@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from sglang.srt.constrained.grammar_spec import GrammarSpec
 from sglang.srt.managers.request_error import RequestError
 from sglang.srt.sampling.sampling_params import SEED_MAX, SamplingParams
+from sglang.srt.sampling.thinking_budget import ReasoningControl
 
 # Prompts x n of one HTTP request (or one Engine.generate call) at most: each is a request.
 MAX_CHOICES = 1024
@@ -27,6 +29,12 @@ class GenerateRequest:
     rid: str | None = None
     # How the client names the output-length limit, for error messages.
     max_tokens_param: str = "max_new_tokens"
+    # What the output must match; None: from the sampling params (json_schema / regex / ebnf).
+    grammar: GrammarSpec | None = None
+    # Set when the output starts inside the reasoning (thinking on): its end and budget.
+    reasoning: ReasoningControl | None = None
+    # Markup the decoded text keeps even where it is made of special tokens (for the parsers).
+    keep_tokens: tuple[str, ...] = ()
 
 
 def check_choices(num_prompts: int, n: int) -> None:

@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang.srt.constrained.request_grammar import RequestGrammar
 from sglang.srt.managers.io_struct import FinishReason, TokenizedGenerateReq
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.thinking_budget import ReasoningTracker
 
 
 @dataclass
@@ -27,9 +29,12 @@ class Req:
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     input_logprobs_sent: bool = False
+    grammar: RequestGrammar | None = None
+    reasoning: ReasoningTracker | None = None
 
     @classmethod
     def from_message(cls, msg: TokenizedGenerateReq, max_new_tokens: int) -> Req:
+        reasoning = None if msg.reasoning is None else ReasoningTracker(msg.reasoning)
         return cls(
             rid=msg.rid,
             input_ids=list(msg.input_ids),
@@ -38,6 +43,7 @@ class Req:
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
             logprob_start_len=msg.logprob_start_len,
+            reasoning=reasoning,
         )
 
     @property

@@ -22,6 +22,7 @@ import torch
 
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import ModelInfo
+from sglang.srt.managers.output_constraints import grammar_backend_in_use, make_grammar_compiler
 from sglang.srt.managers.scheduler import LostPeerError
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
@@ -356,6 +357,12 @@ def run_scheduler_process(
                 block_tokens=decode.block_tokens,
                 max_logit_rows=args.max_logit_rows_per_step,
                 log_stats_interval_s=args.log_stats_interval,
+                grammar_compiler=make_grammar_compiler(
+                    grammar_backend_in_use(args.grammar_backend),
+                    None if args.skip_tokenizer_init else args.tokenizer_path or args.model_path,
+                    runner.vocab_size,
+                    info.eos_token_ids,
+                ),
             ).run()
         else:
             run_follower(runner, tp_group)

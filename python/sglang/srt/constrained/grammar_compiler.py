@@ -29,11 +29,16 @@ class GrammarCompiler:
         vocab: Callable[[], VocabSource],
         limits: GrammarLimits,
         *,
+        encode: Callable[[str], list[int]] | None = None,
         threads: int = 2,
         cache_size: int = 256,
     ) -> None:
+        """``encode``: text -> token ids (no special tokens added), for the tokens of text the
+        grammar forces."""
         self.limits = limits
         self._vocab = vocab
+        self._encode = encode
+        self._forced: OrderedDict[str, int | None] = OrderedDict()
         self._compiler: Any = None
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sglang-grammar")
@@ -81,6 +86,17 @@ class GrammarCompiler:
             return fut.result(timeout=self.limits.compile_timeout_s)
         except TimeoutError:
             raise GrammarError(timeout_message(spec, self.limits)) from None
+
+    def first_token(self, text: str) -> int | None:
+        """The first token of ``text`` as the tokenizer spells it (cached by text)."""
+        if self._encode is None or not text:
+            return None
+        if text not in self._forced:
+            ids = self._encode(text)
+            self._forced[text] = ids[0] if ids else None
+            if len(self._forced) > 4096:
+                self._forced.popitem(last=False)
+        return self._forced[text]
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -36,6 +36,9 @@ class GrammarSpec:
     source: str = ""
     prefix: str = ""
     suffix: str = ""
+    # Built by the server from parts checked on their own (a tool-call grammar from the tools'
+    # schemas): its own size is not the client's to limit.
+    generated: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in GRAMMAR_KINDS:
@@ -105,7 +108,7 @@ def _find_cycle(refs: dict[str, set[str]]) -> list[str] | None:
 def check_spec(spec: GrammarSpec, limits: GrammarLimits) -> None:
     """Raise :class:`GrammarError` naming what is wrong or over a limit (no compilation)."""
     size = len(spec.source.encode()) + len(spec.prefix.encode()) + len(spec.suffix.encode())
-    if size > limits.max_bytes:
+    if size > limits.max_bytes and not spec.generated:
         raise GrammarError(
             f"the {spec.kind} is {size} bytes, over the limit of {limits.max_bytes} "
             "(SGLANG_GRAMMAR_MAX_BYTES)"

@@ -1,5 +1,10 @@
 """One request's grammar while it decodes: the matcher that says which tokens may come next.
 
+Where the grammar allows one text only (markup around a tool call, a JSON key), the scheduler
+takes the first token of that text's own tokenization instead of sampling among every spelling the
+mask allows: the model reads markup tokenized as it was trained, and a literal takes as few steps
+as its tokens.
+
 With thinking on, the grammar applies only to the answer: it stays inactive until the reasoning
 ends (the scheduler activates it then), so the reasoning itself is free text.
 """
@@ -23,6 +28,11 @@ class RequestGrammar:
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def forced_text(self) -> str:
+        """The text the grammar allows next and nothing else (a literal such as a tool-call
+        tag), empty when the next step has a choice."""
+        return str(self.matcher.find_jump_forward_string())
 
     def accept(self, token: int) -> bool:
         """Advance past ``token``; False if the grammar does not allow it."""

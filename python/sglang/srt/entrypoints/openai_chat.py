@@ -21,7 +21,7 @@ from typing import Any
 
 from sglang.srt.chat.encoding import ChatEncodingError, ChatOptions, ToolChoice
 from sglang.srt.chat.messages import check_tools, normalize_messages, parse_tool_choice
-from sglang.srt.constrained.grammar_spec import GrammarSpec
+from sglang.srt.constrained.grammar_spec import GrammarError, GrammarSpec, check_spec
 from sglang.srt.entrypoints.openai_common import (
     check_top,
     error_event,
@@ -107,6 +107,7 @@ class ChatServing:
         parallel: bool,
         thinking: bool,
     ) -> GrammarSpec | None:
+        limits = self.tm.grammar_limits
         if choice.mode in ("required", "function"):
             if rf is not None:
                 raise RequestError(
@@ -120,6 +121,13 @@ class ChatServing:
                     "with --tool-call-parser",
                     param="tool_choice",
                 )
+            for tool in tools:  # the limits a response_format schema has, per tool
+                params = tool["function"].get("parameters")
+                try:
+                    check_spec(GrammarSpec("json_schema", json.dumps(params or {})), limits)
+                except GrammarError as exc:
+                    name = tool["function"]["name"]
+                    raise RequestError(f"tool {name!r}: {exc}", param="tools") from None
             build = fmt.tool_calls.grammar
             try:
                 ebnf = await self.tm.run_blocking(build, tools, choice, parallel, thinking)
@@ -131,7 +139,7 @@ class ChatServing:
                 raise RequestError(
                     f"cannot build the grammar for the tools' parameters: {exc}", param="tools"
                 ) from None
-            return GrammarSpec("ebnf", ebnf)
+            return GrammarSpec("ebnf", ebnf, generated=True)
         if rf is None:
             return None
         prefix, suffix = fmt.encoding.content_affixes(thinking)

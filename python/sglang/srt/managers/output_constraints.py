@@ -6,6 +6,7 @@ budget forces; every sampled token then advances its request's reasoning tracker
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -56,16 +57,23 @@ def grammar_backend_in_use(requested: str) -> str:
 def make_grammar_compiler(
     grammar_backend: str, tokenizer_path: str | None, vocab_size: int, stop_token_ids: Sequence[int]
 ) -> GrammarCompiler | None:
-    """Rank 0's compiler (its vocabulary loads on the first grammar, in the compile thread);
+    """Rank 0's compiler (the tokenizer loads on the first grammar, in the compile thread);
     None when structured output is off or there is no tokenizer."""
     if grammar_backend == "none" or tokenizer_path is None:
         return None
     path = tokenizer_path
 
-    def vocab() -> VocabSource:
-        return vocab_source(load_tokenizer(path), vocab_size, stop_token_ids)
+    @functools.cache
+    def tokenizer() -> TextTokenizer:
+        return load_tokenizer(path)
 
-    return GrammarCompiler(vocab, grammar_limits())
+    def vocab() -> VocabSource:
+        return vocab_source(tokenizer(), vocab_size, stop_token_ids)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer().encode(text, add_special_tokens=False)
+
+    return GrammarCompiler(vocab, grammar_limits(), encode=encode)
 
 
 @dataclass
@@ -126,9 +134,10 @@ class GrammarQueue:
 
 
 def step_constraints(
-    reqs: Sequence[Req], buffer: BitmaskBuffer
+    reqs: Sequence[Req], buffer: BitmaskBuffer, compiler: GrammarCompiler | None = None
 ) -> tuple[torch.Tensor | None, list[int | None]]:
-    """The step's bitmask (None when no row is constrained) and forced tokens, per sampled row."""
+    """The step's bitmask (None when no row is constrained) and forced tokens, per sampled row:
+    a spent thinking budget's end marker, or the first token of text the grammar forces."""
     forced = [None if r.reasoning is None else r.reasoning.forced_token() for r in reqs]
     rows = [i for i, r in enumerate(reqs) if r.grammar is not None and r.grammar.constrains]
     rows = [i for i in rows if forced[i] is None]
@@ -136,8 +145,17 @@ def step_constraints(
         return None, forced
     bitmask = buffer.rows(len(reqs))
     for i in rows:
-        reqs[i].grammar.fill_bitmask(bitmask, i)  # type: ignore[union-attr]
+        grammar = reqs[i].grammar
+        assert grammar is not None
+        grammar.fill_bitmask(bitmask, i)
+        token = None if compiler is None else compiler.first_token(grammar.forced_text())
+        if token is not None and token < buffer.vocab_size and _allowed(bitmask, i, token):
+            forced[i] = token
     return bitmask, forced
+
+
+def _allowed(bitmask: torch.Tensor, row: int, token: int) -> bool:
+    return bool((int(bitmask[row, token // 32]) >> (token % 32)) & 1)
 
 
 def advance(req: Req, token: int) -> str | None:

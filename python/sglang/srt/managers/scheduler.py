@@ -327,7 +327,9 @@ class Scheduler:
             )
             for r in sampled
         ]
-        bitmask, forced = step_constraints([r.req for r in sampled], self.bitmask_buffer)
+        bitmask, forced = step_constraints(
+            [r.req for r in sampled], self.bitmask_buffer, self.grammar_queue.compiler
+        )
         for srow, token in zip(sampling_rows, forced):
             srow.forced_token = token
         try:

@@ -501,7 +501,8 @@ class TokenizerManager:
             tok = self.tokenizer
             assert tok is not None
             specials = tok.special_token_ids()
-            kept = {i for i in specials if any(tok.id_to_token_text(i) in m for m in keep)}
+            texts = {i: tok.id_to_token_text(i) for i in specials}
+            kept = {i for i, t in texts.items() if t and any(t in m for m in keep)}
             skip = self._skip_ids[keep] = frozenset(specials - kept)
         return skip
 

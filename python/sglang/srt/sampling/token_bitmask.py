@@ -34,7 +34,7 @@ class BitmaskBuffer:
         return view
 
 
-def _apply_torch(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     vocab = logits.shape[-1]
     shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
     allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab]
@@ -54,4 +54,4 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
         if not _fallback_logged:
             logger.warning(f"xgrammar's bitmask kernel failed ({exc!r}); masking with torch")
             _fallback_logged = True
-        _apply_torch(logits, mask)
+        apply_token_bitmask_torch(logits, mask)

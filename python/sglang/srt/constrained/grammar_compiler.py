@@ -55,6 +55,10 @@ class GrammarCompiler:
                 self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
             return self._compiler
 
+    def warm_up(self) -> None:
+        """Build the vocabulary's tables now (the first compile does it otherwise)."""
+        self._xgr_compiler()
+
     def _compile(self, spec: GrammarSpec) -> Any:
         compiler = self._xgr_compiler()
         started = time.perf_counter()

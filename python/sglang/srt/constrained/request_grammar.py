@@ -11,7 +11,12 @@ ends (the scheduler activates it then), so the reasoning itself is free text.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import Any
+
+_batch_filler: Any = None
+_THREADED_FROM = 4  # rows
 
 
 class RequestGrammar:
@@ -41,3 +46,20 @@ class RequestGrammar:
     @property
     def terminated(self) -> bool:
         return bool(self.matcher.is_terminated())
+
+
+def fill_bitmasks(grammars: Sequence[RequestGrammar], bitmask: Any, rows: Sequence[int]) -> None:
+    """Fill ``bitmask[rows[i]]`` from ``grammars[i]``: many rows at once on a few threads
+    (xgrammar's batch matcher), a few directly (threads cost more than they save there)."""
+    global _batch_filler
+    if len(grammars) < _THREADED_FROM:
+        for grammar, row in zip(grammars, rows):
+            grammar.fill_bitmask(bitmask, row)
+        return
+    if _batch_filler is None:
+        import xgrammar as xgr
+
+        _batch_filler = xgr.BatchGrammarMatcher(max_threads=max(1, min(8, os.cpu_count() or 1)))
+    _batch_filler.batch_fill_next_token_bitmask(
+        [g.matcher for g in grammars], bitmask, indices=list(rows)
+    )

@@ -17,7 +17,7 @@ import torch
 
 from sglang.srt.constrained.grammar_compiler import GrammarCompiler, timeout_message
 from sglang.srt.constrained.grammar_spec import GrammarError, GrammarLimits, GrammarSpec
-from sglang.srt.constrained.request_grammar import RequestGrammar
+from sglang.srt.constrained.request_grammar import RequestGrammar, fill_bitmasks
 from sglang.srt.constrained.tokenizer_vocab import VocabSource
 from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import Req
@@ -144,13 +144,14 @@ def step_constraints(
     if not rows:
         return None, forced
     bitmask = buffer.rows(len(reqs))
-    for i in rows:
-        grammar = reqs[i].grammar
-        assert grammar is not None
-        grammar.fill_bitmask(bitmask, i)
-        token = None if compiler is None else compiler.first_token(grammar.forced_text())
-        if token is not None and token < buffer.vocab_size and _allowed(bitmask, i, token):
-            forced[i] = token
+    grammars = [reqs[i].grammar for i in rows]
+    fill_bitmasks(grammars, bitmask, rows)  # type: ignore[arg-type]
+    if compiler is not None:
+        for i, grammar in zip(rows, grammars):
+            assert grammar is not None
+            token = compiler.first_token(grammar.forced_text())
+            if token is not None and token < buffer.vocab_size and _allowed(bitmask, i, token):
+                forced[i] = token
     return bitmask, forced
 
 

@@ -496,6 +496,8 @@ class Scheduler:
             lost = True
             raise
         finally:
+            if self.grammar_queue.compiler is not None:
+                self.grammar_queue.compiler.shutdown()
             if not lost:  # after a lost peer this broadcast would only fail again
                 self._broadcast(ForwardPlan(shutdown=True))
 

@@ -350,6 +350,30 @@ class Envs:
         min_value=0.0,
     )
 
+    SGLANG_GRAMMAR_MAX_BYTES = EnvInt(
+        64 * 1024,
+        "Largest grammar source (JSON schema, regex, EBNF) a request may give, in bytes; larger "
+        "ones get a 400.",
+        min_value=1,
+    )
+    SGLANG_GRAMMAR_MAX_DEPTH = EnvInt(
+        32,
+        "Deepest nesting a request's JSON schema may have; deeper ones get a 400.",
+        min_value=1,
+    )
+    SGLANG_GRAMMAR_COMPILE_TIMEOUT_S = EnvFloat(
+        10.0,
+        "Seconds a request's grammar may take to compile before the request gets a 400 (the "
+        "server keeps serving; the compile finishes in the background).",
+        min_value=0.001,
+    )
+    SGLANG_GRAMMAR_MAX_WHITESPACE = EnvInt(
+        16,
+        "Whitespace characters JSON output may hold in a row under a JSON grammar (unbounded "
+        "whitespace lets a model loop on spaces while the grammar stays satisfied).",
+        min_value=0,
+    )
+
     @classmethod
     def fields(cls) -> dict[str, EnvField[Any]]:
         return {k: v for k, v in vars(cls).items() if isinstance(v, EnvField)}

@@ -31,6 +31,7 @@ DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 DEVICE_CHOICES = ("cuda", "cpu")
 LOG_LEVEL_CHOICES = ("debug", "info", "warning", "error", "critical")
 SCHEDULE_POLICY_CHOICES = ("fcfs", "lpm")
+GRAMMAR_BACKEND_CHOICES = ("xgrammar", "none")
 
 
 class ServerArgsError(ValueError):
@@ -109,6 +110,11 @@ class ServerArgs:
     max_request_bytes: int = 16 * 1024 * 1024
     max_json_depth: int = 64
     shutdown_timeout: float = 30.0
+    # --- chat and structured output
+    chat_template: str | None = None  # a built-in encoding name or a Jinja file
+    reasoning_parser: str | None = None  # default: the chat encoding's
+    tool_call_parser: str | None = None  # default: the chat encoding's
+    grammar_backend: str = "xgrammar"
 
     # --- derived ------------------------------------------------------------------------------
 
@@ -282,11 +288,29 @@ class ServerArgs:
                 os.path.isdir(self.tokenizer_path),
                 f"--tokenizer-path {self.tokenizer_path!r} is not a directory",
             )
+        self._validate_chat()
         self._validate_parallel()
         self._validate_device(torch)
         self._validate_moe()
         why_not_ep = expert_parallel_error(self)
         _check(why_not_ep is None, str(why_not_ep))
+
+    def _validate_chat(self) -> None:
+        from sglang.srt.chat.registry import chat_template_error
+        from sglang.srt.parsers.registry import reasoning_parser_names, tool_call_parser_names
+
+        if self.chat_template is not None:
+            why = chat_template_error(self.chat_template)
+            _check(why is None, str(why))
+        for flag, value, names in (
+            ("--reasoning-parser", self.reasoning_parser, reasoning_parser_names()),
+            ("--tool-call-parser", self.tool_call_parser, tool_call_parser_names()),
+            ("--grammar-backend", self.grammar_backend, GRAMMAR_BACKEND_CHOICES),
+        ):
+            _check(
+                value is None or value in names,
+                f"{flag} must be one of {tuple(names)}, got {value!r}",
+            )
 
     def _validate_parallel(self) -> None:
         _check(self.dp_size >= 1, f"--dp-size must be >= 1, got {self.dp_size}")
@@ -739,6 +763,46 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         float,
         "Seconds SIGTERM/SIGINT lets requests in flight finish (new ones get 503) before the "
         "rest are ended with an error and the server exits 0. A second signal ends them at once.",
+    )
+    _add_chat_args(parser)
+
+
+def _add_chat_args(parser: argparse.ArgumentParser) -> None:
+    from sglang.srt.chat.registry import CHAT_ENCODINGS
+    from sglang.srt.parsers.registry import reasoning_parser_names, tool_call_parser_names
+
+    g = parser.add_argument_group("chat and structured output")
+    _add_option(
+        g,
+        "--chat-template",
+        str,
+        "The chat encoding: a built-in one "
+        f"({', '.join(CHAT_ENCODINGS.names())}) or a Jinja template file. Default: the "
+        "built-in encoding of the checkpoint's model type, else the tokenizer's own template. "
+        "docs/chat_api.md.",
+    )
+    _add_option(
+        g,
+        "--reasoning-parser",
+        str,
+        "How reasoning is separated from the answer (reasoning_content). Default: the chat "
+        "encoding's (deepseek-v4 or kimi-k3 for those models).",
+        reasoning_parser_names(),
+    )
+    _add_option(
+        g,
+        "--tool-call-parser",
+        str,
+        "How tool calls are read from the output (tool_calls). Default: the chat encoding's.",
+        tool_call_parser_names(),
+    )
+    _add_option(
+        g,
+        "--grammar-backend",
+        str,
+        "Structured output (response_format, json_schema / regex / ebnf, required tool "
+        "calls): xgrammar, or none to refuse such requests.",
+        GRAMMAR_BACKEND_CHOICES,
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 from sglang.srt.entrypoints.json_body import JSONBodyError, parse_json
 from sglang.srt.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
 from sglang.srt.environ import envs
+from sglang.srt.managers.prompts import build_requests
 from sglang.srt.managers.tokenizer_manager import GenerateRequest, RequestError, expand_n
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.utils.env_check import env_errors, unknown_env_vars
@@ -47,7 +48,8 @@ def test_unsupported_parameters_are_named() -> None:
     chat = ChatCompletionRequest.model_validate(
         {
             "messages": [{"role": "user", "content": "x"}],
-            "tools": [{"type": "function"}],
+            "functions": [{"name": "f"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
             "tool_choice": "none",
             "response_format": {"type": "text"},
             "frob": 1,
@@ -55,8 +57,8 @@ def test_unsupported_parameters_are_named() -> None:
         }
     )
     problems = chat.unsupported()
-    assert problems[0].startswith("tools") and "['frob', 'zap']" in problems[-1]
-    assert not any("tool_choice" in p or "response_format" in p for p in problems)
+    assert problems[0].startswith("functions") and "['frob', 'zap']" in problems[-1]
+    assert not any(p.startswith(("tools", "tool_choice", "response_format")) for p in problems)
     assert CompletionRequest.model_validate({"prompt": "x", "best_of": 1}).unsupported() == []
     assert (
         "best_of"
@@ -73,6 +75,27 @@ def test_expand_n() -> None:
     assert [c.sampling_params.seed for c in unseeded] == [None, None]
     with pytest.raises(RequestError):
         expand_n(GenerateRequest(text="x", rid="a", sampling_params=SamplingParams(n=2)))
+
+
+def test_build_requests_is_the_one_prompt_path() -> None:
+    """Engine, /generate and the OpenAI routes share it: batches, n expansion, the choice cap."""
+    built = build_requests(["a", "b"], None, {"n": 3, "seed": 5}, GenerateRequest(stream=False))
+    assert built.batch and [len(g) for g in built.groups] == [3, 3]
+    assert [r.text for r in built.requests] == ["a"] * 3 + ["b"] * 3
+    assert [r.sampling_params.seed for r in built.groups[1]] == [5, 6, 7]
+    one = build_requests(None, [1, 2], None)
+    assert not one.batch and one.requests[0].input_ids == [1, 2]
+    per_prompt = build_requests(None, [[1], [2]], [{"max_new_tokens": 1}, {"max_new_tokens": 2}])
+    assert [r.sampling_params.max_new_tokens for r in per_prompt.requests] == [1, 2]
+    with pytest.raises(RequestError, match="at most 1024"):
+        build_requests(["x"] * 600, None, {"n": 2})  # the cap the offline Engine used to miss
+    with pytest.raises(RequestError, match="rid"):
+        build_requests(["x", "y"], None, None, GenerateRequest(rid="r"))
+    with pytest.raises(RequestError, match="empty"):
+        build_requests([], None, None)
+    assert build_requests([], None, None, allow_empty=True).requests == []
+    with pytest.raises(RequestError, match="2 sampling_params for 1 prompts"):
+        build_requests("x", None, [{}, {}])
 
 
 def test_env_check_names_every_bad_knob(monkeypatch: pytest.MonkeyPatch) -> None:

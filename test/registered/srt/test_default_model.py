@@ -46,7 +46,9 @@ def test_checkpoint_and_tokenizer(tmp_path: Path) -> None:
     assert set(config["compress_ratios"]) == {0, 4, 128} and config["num_hash_layers"] >= 1
     tok = load_tokenizer(path)
     assert tok.vocab_size == config["vocab_size"]
-    assert tok.eos_token_id == config["eos_token_id"] and tok.has_own_chat_template
+    assert tok.eos_token_id == config["eos_token_id"] and not tok.has_own_chat_template
+    for marker in ("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", "｜DSML｜"):
+        assert tok.token_id(marker) is not None, marker  # DeepSeek V4's chat encoding needs them
     model = load_deepseek_v4(
         path, LayerBuildSpec(dtype=torch.float32, moe_runner="torch"), LoadOptions(progress=False)
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from sglang.srt.default_model.tokenizer import build_tokenizer, tokenizer_config
+from sglang.srt.default_model.tokenizer import BOS_TOKEN, build_tokenizer, tokenizer_config
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.tokenizer import FALLBACK_CHAT_TEMPLATE, TextTokenizer
 from sglang.test.ci_register import register_cpu_ci
@@ -16,11 +16,8 @@ register_cpu_ci(est_time=3)
 TEXT = "Hello wörld! 你好, the server is alive. def main():\n    return 0"
 
 
-def _tok(with_template: bool = True) -> TextTokenizer:
-    cfg = tokenizer_config()
-    if not with_template:
-        cfg = {k: v for k, v in cfg.items() if k != "chat_template"}
-    return TextTokenizer(build_tokenizer(), cfg)
+def _tok() -> TextTokenizer:
+    return TextTokenizer(build_tokenizer(), tokenizer_config())
 
 
 def test_incremental_equals_full_decode() -> None:
@@ -41,7 +38,7 @@ def test_bos_and_special_tokens() -> None:
     ids = tok.encode("hi")
     assert ids[0] == tok.bos_token_id
     assert tok.decode(ids) == "hi"
-    assert tok.decode(ids, skip_special_tokens=False).startswith("<|begin_of_text|>")
+    assert tok.decode(ids, skip_special_tokens=False).startswith(BOS_TOKEN)
 
 
 def test_stop_string_cuts_and_holds_back() -> None:
@@ -63,15 +60,14 @@ def test_stop_string_cuts_and_holds_back() -> None:
 
 def test_chat_templates() -> None:
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    own = _tok().apply_chat_template(msgs)
-    want = (
-        "<|begin_of_text|><|system|>be brief<|end_of_text|><|user|>hi<|end_of_text|><|assistant|>"
-    )
-    assert own == want
-    plain = _tok(with_template=False)
+    plain = _tok()  # the default model has no template: its chats use DeepSeek V4's encoding
     assert plain.chat_template == FALLBACK_CHAT_TEMPLATE and not plain.has_own_chat_template
-    text = plain.apply_chat_template(msgs)
-    assert text == "<|begin_of_text|>system: be brief\n\nuser: hi\n\nassistant:"
+    assert (
+        plain.apply_chat_template(msgs) == f"{BOS_TOKEN}system: be brief\n\nuser: hi\n\nassistant:"
+    )
+    cfg = {**tokenizer_config(), "chat_template": "{{ bos_token }}{{ messages[-1]['content'] }}"}
+    own = TextTokenizer(build_tokenizer(), cfg)
+    assert own.has_own_chat_template and own.apply_chat_template(msgs) == f"{BOS_TOKEN}hi"
 
 
 if __name__ == "__main__":

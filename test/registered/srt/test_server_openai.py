@@ -16,6 +16,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 from sglang import Engine
+from sglang.srt.default_model.tokenizer import BOS_TOKEN
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
@@ -97,10 +98,45 @@ def test_completions_logprobs_and_batch(client: openai.OpenAI) -> None:
     assert all(len(t) >= 1 for t in lp.top_logprobs or [])
 
 
+def _assert_offsets_index_text(text: str, tokens: list[str], offsets: list[int]) -> None:
+    assert len(tokens) == len(offsets) and offsets[0] == 0
+    assert offsets == sorted(offsets) and offsets[-1] <= len(text)
+    checked = 0
+    for token, off in zip(tokens, offsets):
+        if token and "\ufffd" not in token and token != BOS_TOKEN:
+            assert text[off : off + len(token)] == token, (token, off, text)
+            checked += 1
+    assert checked >= len(tokens) // 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_text_offsets_index_the_text(client: openai.OpenAI, stream: bool) -> None:
+    """With echo, the prompt's BOS is listed (no log-prob) but takes no room in the text: every
+    text_offset indexes into the returned text (prompt + output)."""
+    kwargs: dict[str, object] = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6}
+    kwargs.update(temperature=0, echo=True, logprobs=1)
+    if not stream:
+        choice = client.completions.create(**kwargs).choices[0]  # type: ignore[call-overload]
+        assert choice.logprobs is not None
+        text, lp = choice.text, choice.logprobs
+        tokens, offsets = lp.tokens or [], lp.text_offset or []
+    else:
+        text, tokens, offsets = "", [], []
+        for chunk in client.completions.create(stream=True, **kwargs):  # type: ignore[call-overload]
+            c = chunk.choices[0]
+            text += c.text
+            if c.logprobs is not None:
+                tokens += c.logprobs.tokens or []
+                offsets += c.logprobs.text_offset or []
+    assert text.startswith(PROMPT) and tokens[0] == BOS_TOKEN
+    _assert_offsets_index_text(text, tokens, offsets)
+    assert offsets[1] == 0  # the first prompt word starts the text: BOS took no room
+
+
 def test_chat(client: openai.OpenAI, engine: Engine) -> None:
     tok = engine.tokenizer_manager.tokenizer
-    assert tok is not None
-    ids = tok.encode(tok.apply_chat_template(MESSAGES), add_special_tokens=False)
+    assert tok is not None  # the built-in model chats in DeepSeek V4's encoding, thinking off
+    ids = tok.encode(f"{BOS_TOKEN}<｜User｜>{MESSAGES[0]['content']}<｜Assistant｜></think>")
     want = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 12, "temperature": 0})
     out = client.chat.completions.create(
         model=MODEL,

@@ -222,13 +222,13 @@ STRICT: list[tuple[str, dict[str, Any], int, str]] = [
     ("/v1/completions", {**COMP, "suffix": "!"}, 400, "suffix"),
     (
         "/v1/chat/completions",
-        {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        {**CHAT, "functions": [{"name": "f"}]},
         400,
-        "tools",
+        "functions",
     ),
     (
         "/v1/chat/completions",
-        {**CHAT, "response_format": {"type": "json_object"}},
+        {**CHAT, "response_format": {"type": "yaml"}},
         400,
         "response_format",
     ),

@@ -31,6 +31,9 @@ LAYER_OF: dict[str, int] = {
     "sglang.srt.utils": 0,
     "sglang.srt.sampling": 0,
     "sglang.srt.mem_cache": 0,
+    "sglang.srt.chat": 0,
+    "sglang.srt.parsers": 0,
+    "sglang.srt.constrained": 0,
 }
 
 

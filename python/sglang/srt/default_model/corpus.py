@@ -36,4 +36,16 @@ CORPUS: tuple[str, ...] = (
     "The library opens at nine o'clock and closes at six; books are due in two weeks.",
     "Mountains, rivers, forests and deserts: the world is large and full of places to see.",
     "If you are reading this, the tokenizer works and the engine is alive.",
+    # Chat markup (DeepSeek V4's tool calls, JSON answers), so it tokenizes in few tokens.
+    (
+        '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter '
+        'name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" '
+        'string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>'
+    ),
+    (
+        '<｜DSML｜invoke name="search">\n<｜DSML｜parameter name="query" string="true">the '
+        "weather</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+    ),
+    '{"name": "Ada", "age": 36, "city": "Paris", "tags": ["a", "b"], "ok": true, "n": null}',
+    '{"query": "weather", "days": 7, "unit": "celsius", "results": [1, 2, 3], "done": false}',
 )

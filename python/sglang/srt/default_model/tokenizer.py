@@ -3,32 +3,33 @@
 Byte-level means every string round-trips (unknown text falls back to single bytes). The merges
 are learned from :data:`CORPUS` with a fixed vocabulary size, which is deterministic for a given
 ``tokenizers`` version; the result is cached on disk with the model, so one process tree always
-sees one tokenizer. Special tokens come first, so their ids are fixed whatever the merges.
+sees one tokenizer. Special tokens come first, so their ids are fixed whatever the merges; the
+reasoning and tool-call markers are appended after the merges.
 """
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from sglang.srt.default_model.corpus import CORPUS
 
-BOS_TOKEN = "<|begin_of_text|>"
-EOS_TOKEN = "<|end_of_text|>"
-SYSTEM_TOKEN = "<|system|>"
-USER_TOKEN = "<|user|>"
-ASSISTANT_TOKEN = "<|assistant|>"
-SPECIAL_TOKENS: tuple[str, ...] = (BOS_TOKEN, EOS_TOKEN, SYSTEM_TOKEN, USER_TOKEN, ASSISTANT_TOKEN)
-TARGET_VOCAB_SIZE = 1024
-
-# A plain role-tagged chat format (Jinja, as Hugging Face tokenizers carry it):
-#   <|begin_of_text|><|user|>hi<|end_of_text|><|assistant|>
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>' + message['content'] + eos_token }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+# DeepSeek V4's markers (the model has DeepSeek V4's architecture and chat encoding): the turn
+# markers are special tokens (dropped from decoded text); the reasoning and tool-call markers are
+# plain added tokens, so they stay in the text for the reasoning and tool-call parsers.
+BOS_TOKEN = "<｜begin▁of▁sentence｜>"
+EOS_TOKEN = "<｜end▁of▁sentence｜>"
+USER_TOKEN = "<｜User｜>"
+ASSISTANT_TOKEN = "<｜Assistant｜>"
+LATEST_REMINDER_TOKEN = "<｜latest_reminder｜>"
+SPECIAL_TOKENS: tuple[str, ...] = (
+    BOS_TOKEN,
+    EOS_TOKEN,
+    USER_TOKEN,
+    ASSISTANT_TOKEN,
+    LATEST_REMINDER_TOKEN,
 )
+MARKER_TOKENS: tuple[str, ...] = ("<think>", "</think>", "｜DSML｜")
+TARGET_VOCAB_SIZE = 1024
 
 
 def special_token_id(token: str) -> int:
@@ -46,16 +47,17 @@ def build_tokenizer() -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(list(CORPUS), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS])
     return tok
 
 
 def tokenizer_config() -> dict[str, object]:
-    """tokenizer_config.json: what the serving layer reads next to tokenizer.json."""
+    """tokenizer_config.json: what the serving layer reads next to tokenizer.json. No Jinja chat
+    template: chats use DeepSeek V4's encoding, chosen by the model type."""
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS_TOKEN,
         "eos_token": EOS_TOKEN,
         "add_bos_token": True,
-        "chat_template": CHAT_TEMPLATE,
         "model_max_length": 4096,
     }

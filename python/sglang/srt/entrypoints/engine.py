@@ -20,8 +20,9 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from sglang.srt.entrypoints.startup import start_engine
-from sglang.srt.managers.prompts import params_per_prompt, split_prompts
-from sglang.srt.managers.tokenizer_manager import GenerateRequest, RequestError, expand_n
+from sglang.srt.managers.generate_request import GenerateRequest
+from sglang.srt.managers.prompts import build_requests
+from sglang.srt.managers.request_error import RequestError
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
@@ -57,18 +58,13 @@ class Engine:
         prompt: str | list[str] | None,
         input_ids: list[int] | list[list[int]] | None,
         sampling_params: Any,
-        **common: Any,
+        template: GenerateRequest,
     ) -> tuple[list[GenerateRequest], bool]:
-        split = split_prompts(prompt, input_ids, text_name="a prompt")
-        params = params_per_prompt(sampling_params, len(split.prompts))
-        reqs = [
-            child
-            for (t, ids), p in zip(split.prompts, params)
-            for child in expand_n(
-                GenerateRequest(text=t, input_ids=ids, sampling_params=p, **common)
-            )
-        ]
-        return reqs, split.batch or len(reqs) > 1
+        built = build_requests(
+            prompt, input_ids, sampling_params, template, text_name="a prompt", allow_empty=True
+        )
+        reqs = built.requests
+        return reqs, built.batch or len(reqs) > 1
 
     # --- API -----------------------------------------------------------------------------------
 
@@ -90,10 +86,12 @@ class Engine:
             prompt,
             input_ids,
             sampling_params,
-            return_logprob=return_logprob,
-            top_logprobs_num=top_logprobs_num,
-            logprob_start_len=logprob_start_len,
-            stream=stream,
+            GenerateRequest(
+                return_logprob=return_logprob,
+                top_logprobs_num=top_logprobs_num,
+                logprob_start_len=logprob_start_len,
+                stream=stream,
+            ),
         )
         tm = self.tokenizer_manager
         if stream:

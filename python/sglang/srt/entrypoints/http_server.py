@@ -28,7 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sglang.srt.entrypoints.errors import error_response
 from sglang.srt.entrypoints.json_body import JSONBodyError, parse_json
 from sglang.srt.entrypoints.middleware import GuardMiddleware
-from sglang.srt.entrypoints.openai_serving import OpenAIServing, error_event, sse
+from sglang.srt.entrypoints.openai_common import error_event, sse
+from sglang.srt.entrypoints.openai_serving import OpenAIServing
 from sglang.srt.entrypoints.protocol import (
     AbortReqInput,
     ChatCompletionRequest,
@@ -37,15 +38,12 @@ from sglang.srt.entrypoints.protocol import (
     _Body,
 )
 from sglang.srt.entrypoints.startup import start_engine
-from sglang.srt.managers.prompts import params_per_prompt, split_prompts
-from sglang.srt.managers.tokenizer_manager import (
-    GenerateRequest,
-    RequestError,
-    TokenizerManager,
-    check_choices,
-    expand_n,
-)
+from sglang.srt.managers.generate_request import GenerateRequest
+from sglang.srt.managers.prompts import build_requests
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+from sglang.srt.parsers.reasoning import ReasoningFormat, ReasoningParser
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.thinking_budget import ReasoningControl
 from sglang.srt.server_args import ServerArgs, ServerArgsError
 from sglang.srt.utils.log import get_logger
 from sglang.version import __version__
@@ -159,34 +157,67 @@ async def _openai_response(
     return JSONResponse(await _until_done_or_disconnect(request, unary(body)))
 
 
-def _generate_requests(body: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
+def _generate_requests(
+    body: GenerateReqInput, tm: TokenizerManager
+) -> tuple[list[GenerateRequest], bool]:
     """Split a (possibly batched) /generate body into one request per prompt and choice; also
-    whether the body was a batch (the answer is then a list)."""
-    split = split_prompts(body.text, body.input_ids)  # type: ignore[arg-type]
-    if not split.prompts:
-        raise RequestError("the prompt list is empty")
-    params = params_per_prompt(body.sampling_params, len(split.prompts))
-    if len(split.prompts) > 1 and body.rid is not None:
-        raise RequestError("rid names one request; leave it out for a batch")
-    check_choices(len(split.prompts), max(p.n for p in params))
-    # n > 1: each prompt's choices follow one another (SGLang's order).
-    reqs = [
-        child
-        for (text, ids), p in zip(split.prompts, params)
-        for child in expand_n(
-            GenerateRequest(
-                text=text,
-                input_ids=ids,
-                sampling_params=p,
-                return_logprob=body.return_logprob,
-                top_logprobs_num=body.top_logprobs_num,
-                logprob_start_len=body.logprob_start_len,
-                stream=body.stream,
-                rid=body.rid,
+    whether the body was a batch (the answer is then a list). With ``separate_reasoning`` the
+    output is read as starting inside the reasoning (its end ends a thinking budget and starts
+    a grammar)."""
+    template = GenerateRequest(
+        return_logprob=body.return_logprob,
+        top_logprobs_num=body.top_logprobs_num,
+        logprob_start_len=body.logprob_start_len,
+        stream=body.stream,
+        rid=body.rid,
+    )
+    built = build_requests(
+        body.text,  # type: ignore[arg-type]
+        body.input_ids,  # type: ignore[arg-type]
+        body.sampling_params,
+        template,
+    )
+    reqs = built.requests
+    fmt = None if tm.chat_format is None else tm.chat_format.reasoning
+    thinking = body.separate_reasoning or any(r.sampling_params.thinking_budget for r in reqs)
+    if thinking:
+        if fmt is None:
+            raise RequestError(
+                "separate_reasoning and thinking_budget need a reasoning parser "
+                "(--reasoning-parser)"
             )
-        )
-    ]
-    return reqs, split.batch
+        end = tm.reasoning_end_ids(fmt.end)
+        reqs = [
+            dataclasses.replace(
+                r,
+                reasoning=ReasoningControl(end, r.sampling_params.thinking_budget),
+                keep_tokens=fmt.markers,
+            )
+            for r in reqs
+        ]
+    return reqs, built.batch
+
+
+class _ReasoningSplit:
+    """/generate's ``separate_reasoning``: ``text`` without the reasoning, which goes to
+    ``reasoning_text`` (streamed results grow both)."""
+
+    def __init__(self, fmt: ReasoningFormat) -> None:
+        self.parser = ReasoningParser(fmt, in_reasoning=True)
+        self.seen = 0
+        self.reasoning = self.content = ""
+
+    def __call__(self, result: dict[str, Any]) -> dict[str, Any]:
+        text = result["text"]
+        final = result["meta_info"]["finish_reason"] is not None
+        reasoning, content = self.parser.feed(text[self.seen :])
+        self.seen = len(text)
+        if final:
+            held, _ = self.parser.finish()
+            reasoning += held
+        self.reasoning += reasoning
+        self.content += content
+        return {**result, "text": self.content, "reasoning_text": self.reasoning}
 
 
 def create_app(tm: TokenizerManager) -> FastAPI:
@@ -336,18 +367,26 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         body = await parse_body(request, GenerateReqInput, tm)
-        reqs, is_batch = _generate_requests(body)
+        reqs, is_batch = _generate_requests(body, tm)
+        fmt = None if tm.chat_format is None else tm.chat_format.reasoning
+
+        def split() -> Callable[[dict[str, Any]], dict[str, Any]]:
+            if not body.separate_reasoning or fmt is None:
+                return lambda result: result
+            return _ReasoningSplit(fmt)
+
         if body.stream:
             if len(reqs) != 1:
                 raise RequestError(
                     "streaming takes one prompt and n = 1; send a batch or n > 1 without stream"
                 )
             prepared = await tm.prepare(reqs[0])
+            shown = split()
 
             async def events() -> AsyncIterator[str]:
                 try:
                     async for result in tm.generate(prepared):
-                        yield sse(result)
+                        yield sse(shown(result))
                 except Exception as exc:
                     if not isinstance(exc, RequestError):
                         logger.exception("a /generate stream failed")
@@ -359,6 +398,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         results = await _until_done_or_disconnect(
             request, asyncio.gather(*(tm.generate_one(p) for p in prepared_all))
         )
+        results = [split()(r) for r in results]
         return JSONResponse(list(results) if is_batch or len(results) > 1 else results[0])
 
     # --- OpenAI ------------------------------------------------------------------------------

@@ -3,8 +3,9 @@ completions and chat completions.
 
 Strict, as a careful client expects: a field of the wrong type is a 400 naming it (no coercion of
 ``"yes"`` to true or ``"10"`` to 10); an OpenAI parameter this server does not implement
-(``suffix``, ``tools``, a non-text ``response_format`` ...) and a field no API defines are 400s
-naming them (:meth:`unsupported`), instead of being silently ignored. Range checks on sampling
+(``suffix``, the deprecated ``functions`` ...) and a field no API defines are 400s naming them
+(:meth:`unsupported`), instead of being silently ignored. Tools, tool choice and response formats
+are checked further where they are used (``sglang.srt.chat.messages``). Range checks on sampling
 values happen once, in :class:`SamplingParams`.
 """
 
@@ -61,6 +62,9 @@ class GenerateReqInput(_Body):
     top_logprobs_num: Int = 0
     logprob_start_len: Int = -1
     rid: Str | None = None
+    # SGLang: return the reasoning apart ("reasoning_text") from the answer ("text"); the
+    # output is read as starting inside the reasoning.
+    separate_reasoning: Bool = False
 
 
 class AbortReqInput(_Body):
@@ -126,6 +130,10 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Str | list[TextContentPart] | None = None
     name: Str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # assistant turns
+    tool_call_id: Str | None = None  # tool results
+    reasoning_content: Str | None = None  # an earlier assistant turn's reasoning, passed back
+    reasoning: Str | None = None  # the same, as some clients spell it
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -134,14 +142,19 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Int | None = None
     logprobs: Bool = False
     top_logprobs: Int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Str | dict[str, Any] | None = None
+    parallel_tool_calls: Bool | None = None
+    response_format: dict[str, Any] | None = None
+    reasoning_effort: Str | None = None
+    # extensions (SGLang / vLLM)
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"thinking": true}
+    separate_reasoning: Bool = True  # false: the reasoning stays in the content
+    thinking_budget: Int | None = None  # reasoning tokens before the reasoning is ended
+    continue_final_message: Bool = False
     # OpenAI parameters without an implementation here
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
-    parallel_tool_calls: Any = None
-    reasoning_effort: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -150,13 +163,8 @@ class ChatCompletionRequest(_SamplingFields):
     service_tier: Any = None
 
     UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "tools": ([],),
-        "tool_choice": ("none",),
         "functions": ([],),
         "function_call": ("none",),
-        "response_format": ({"type": "text"},),
-        "parallel_tool_calls": (True, False),
-        "reasoning_effort": (),
         "audio": (),
         "modalities": (["text"],),
         "prediction": (),

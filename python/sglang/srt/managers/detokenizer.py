@@ -22,9 +22,13 @@ class IncrementalDetokenizer:
         *,
         skip_special_tokens: bool = True,
         stop: Sequence[str] = (),
+        skip_ids: frozenset[int] | None = None,
     ) -> None:
+        """``skip_ids``: drop exactly these ids from the text (instead of every special token),
+        so markup made of special tokens that a parser reads stays in it."""
         self.tok = tokenizer
         self.skip = skip_special_tokens
+        self.skip_ids = skip_ids
         self.stop = tuple(stop)
         self.ids: list[int] = []
         self.text = ""
@@ -33,6 +37,9 @@ class IncrementalDetokenizer:
         self.matched_stop: str | None = None
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if self.skip_ids is not None:
+            kept = [i for i in ids if i not in self.skip_ids]
+            return self.tok.decode(kept, skip_special_tokens=False)
         return self.tok.decode(ids, skip_special_tokens=self.skip)
 
     def add(self, new_ids: Sequence[int], *, final: bool = False) -> None:
@@ -74,3 +81,30 @@ class IncrementalDetokenizer:
                 hold = k
                 break
         return self.text[: len(self.text) - hold]
+
+
+class TokenOffsets:
+    """Where each token's text starts in the decoded text (OpenAI's ``text_offset``): the
+    length of everything decoded before the token, plus ``start``. Special tokens that the decode
+    skips take no room; bytes not yet a whole character count as the one replacement character
+    they decode to (a character split over tokens is one character either way, and an invalid
+    byte stays U+FFFD in the text)."""
+
+    def __init__(self, tokenizer: TextTokenizer, *, skip_special_tokens: bool, start: int = 0):
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
+        self.start = start
+
+    def _length(self) -> int:
+        d = self._detok
+        if d.read_offset == len(d.ids):
+            return len(d.text)
+        shown = d._decode(d.ids[d.prefix_offset : d.read_offset])
+        pending = d._decode(d.ids[d.prefix_offset :])
+        return len(d.text) + max(0, len(pending) - len(shown))
+
+    def add(self, ids: Sequence[int]) -> list[int]:
+        out = []
+        for token in ids:
+            out.append(self.start + self._length())
+            self._detok.add([token])
+        return out

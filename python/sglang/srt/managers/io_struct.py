@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang.srt.constrained.grammar_spec import GrammarSpec
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.thinking_budget import ReasoningControl
 
 # --- down: tokenizer manager -> scheduler -----------------------------------------------------
 
@@ -23,6 +25,10 @@ class TokenizedGenerateReq:
     top_logprobs_num: int = 0
     # First prompt position whose input log-prob is wanted; -1: none.
     logprob_start_len: int = -1
+    # What the output must match (compiled by rank 0 before the request is admitted).
+    grammar: GrammarSpec | None = None
+    # Set when the output starts inside the reasoning: where it ends, and the thinking budget.
+    reasoning: ReasoningControl | None = None
 
 
 @dataclass

@@ -1,15 +1,18 @@
-"""One place that reads a request's prompt fields: "text or input_ids", one prompt or a batch.
+"""One place that turns a request's prompt fields into requests: "text or input_ids", one prompt
+or a batch, one set of sampling parameters or one per prompt, ``n`` choices each.
 
-The offline engine, ``/generate``, ``/v1/completions`` and the tokenizer manager all take a prompt
-as text or as token ids, never both; a list of either is a batch. Each entry point keeps its own
-rule for an empty batch (the engine returns an empty list, the HTTP endpoints refuse it).
+The offline engine, ``/generate``, ``/v1/completions`` and ``/v1/chat/completions`` all call
+:func:`build_requests`; the tokenizer manager validates each prompt. A list of prompts is a batch.
+An empty batch is refused unless the caller allows it (the engine answers it with an empty list).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from sglang.srt.managers.generate_request import GenerateRequest, check_choices, expand_n
 from sglang.srt.managers.request_error import RequestError
 from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
 
@@ -64,3 +67,44 @@ def params_per_prompt(raw: Any, num_prompts: int) -> list[SamplingParams]:
     if len(raws) != num_prompts:
         raise RequestError(f"{len(raws)} sampling_params for {num_prompts} prompts")
     return [to_sampling_params(r) for r in raws]
+
+
+@dataclass(frozen=True)
+class PromptRequests:
+    """The requests of one call, grouped by prompt: ``groups[p]`` holds prompt ``p``'s ``n``
+    choices (SGLang's order: each prompt's choices follow one another)."""
+
+    groups: list[list[GenerateRequest]]
+    batch: bool  # the caller sent a list of prompts (the answer is a list, even of one)
+
+    @property
+    def requests(self) -> list[GenerateRequest]:
+        return [r for group in self.groups for r in group]
+
+
+def build_requests(
+    text: PromptText,
+    input_ids: PromptIds,
+    sampling_params: Any,
+    template: GenerateRequest | None = None,
+    *,
+    text_name: str = "text",
+    allow_empty: bool = False,
+) -> PromptRequests:
+    """Every request of a call: the prompts split, sampling parameters parsed (one set for all or
+    one per prompt), at most :data:`MAX_CHOICES` prompts x n in all, each prompt expanded into its
+    ``n`` choices. ``template`` carries the options every request shares (log-probs, stream,
+    rid ...); its prompt and sampling fields are replaced. Raises :class:`RequestError`."""
+    split = split_prompts(text, input_ids, text_name=text_name)
+    if not split.prompts and not allow_empty:
+        raise RequestError("the prompt list is empty")
+    params = params_per_prompt(sampling_params, len(split.prompts))
+    base = template or GenerateRequest()
+    if len(split.prompts) > 1 and base.rid is not None:
+        raise RequestError("rid names one request; leave it out for a batch")
+    check_choices(len(split.prompts), max((p.n for p in params), default=1))
+    groups = [
+        expand_n(dataclasses.replace(base, text=t, input_ids=ids, sampling_params=p))
+        for (t, ids), p in zip(split.prompts, params)
+    ]
+    return PromptRequests(groups, split.batch)

@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang.srt.constrained.request_grammar import RequestGrammar
 from sglang.srt.managers.io_struct import FinishReason, TokenizedGenerateReq
 from sglang.srt.mem_cache.radix_cache import RadixNode
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.thinking_budget import ReasoningTracker
 
 
 @dataclass
@@ -42,9 +44,12 @@ class Req:
     # Tokens of --max-total-tokens it holds on its own (whole blocks; the cached prefix and the
     # blocks it handed to the tree are the tree's), set on admission.
     reserved: int = 0
+    grammar: RequestGrammar | None = None
+    reasoning: ReasoningTracker | None = None
 
     @classmethod
     def from_message(cls, msg: TokenizedGenerateReq, max_new_tokens: int) -> Req:
+        reasoning = None if msg.reasoning is None else ReasoningTracker(msg.reasoning)
         return cls(
             rid=msg.rid,
             input_ids=list(msg.input_ids),
@@ -53,6 +58,7 @@ class Req:
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
             logprob_start_len=msg.logprob_start_len,
+            reasoning=reasoning,
         )
 
     @property

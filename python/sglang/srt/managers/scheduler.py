@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from sglang.srt.constrained.grammar_compiler import GrammarCompiler
 from sglang.srt.environ import envs
 from sglang.srt.managers.dp_schedule_policy import (
     BALANCE_POLICY,
@@ -36,6 +37,7 @@ from sglang.srt.managers.io_struct import (
     StatsReq,
     TokenizedGenerateReq,
 )
+from sglang.srt.managers.output_constraints import GrammarQueue, advance, step_constraints
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import SchedulePolicy, Step, StepRow
 from sglang.srt.managers.step_log import StepLog
@@ -43,6 +45,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampler import SampleOutput, SamplingRow, make_generator, sample
+from sglang.srt.sampling.token_bitmask import BitmaskBuffer
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
@@ -51,6 +54,8 @@ logger = get_logger(__name__)
 # blocked in the broadcast never reach the process group's timeout however long the server sits
 # idle, and a follower (or a node) that went away is noticed even when no request comes.
 _HEARTBEAT_S = 30.0
+# How often a scheduler with nothing to run checks for compiled grammars.
+_GRAMMAR_POLL_S = 0.002
 
 
 class LostPeerError(RuntimeError):
@@ -100,6 +105,7 @@ class Scheduler:
         state_snapshots: int = 0,
         schedule_policy: str = "fcfs",
         max_request_tokens: int | None = None,
+        grammar_compiler: GrammarCompiler | None = None,
     ) -> None:
         """``state_snapshots`` > 0 (with a paged pool, ``block_tokens`` > 1) turns the prefix
         cache on: the snapshot rows each rank's prefix store keeps."""
@@ -149,12 +155,16 @@ class Scheduler:
         self.pending_stats: list[int] = []
         self.pending_flushes: list[FlushCacheResult] = []
         self.outputs: list[ReqOutput] = []
+        self.grammar_queue = GrammarQueue(grammar_compiler)
+        self.bitmask_buffer = BitmaskBuffer(runner.vocab_size)
 
     # --- receiving -----------------------------------------------------------------------------
 
     def _recv_all(self, block: bool) -> list[Any]:
         msgs: list[Any] = []
         timeout = envs.SGLANG_SCHEDULER_IDLE_POLL_S.get() if block else 0.0
+        if block and len(self.grammar_queue):  # a grammar is compiling: look again soon
+            timeout = _GRAMMAR_POLL_S
         try:
             if self.recv_conn.poll(timeout):
                 msgs.append(self.recv_conn.recv())
@@ -182,7 +192,7 @@ class Scheduler:
         if isinstance(msg, TokenizedGenerateReq):
             self._add_request(msg)
         elif isinstance(msg, AbortReq):
-            req = self.policy.remove(msg.rid)
+            req = self.policy.remove(msg.rid) or self.grammar_queue.remove(msg.rid)
             if req is not None:
                 req.finish = FinishReason("abort", message="aborted")
                 self.outputs.append(self._output(req, [], [], []))
@@ -223,6 +233,11 @@ class Scheduler:
             req.input_logprobs = [None] * n
             if req.top_logprobs_num > 0:
                 req.input_top_logprobs = [None] * n
+        if msg.grammar is not None:  # admitted once its grammar has compiled (off this loop)
+            why = self.grammar_queue.add(req, msg.grammar)
+            if why is not None:
+                self._reject(msg.rid, why)
+            return
         self.policy.add(req)
 
     def _flush_cache(self, req_id: int) -> FlushCacheResult:
@@ -244,6 +259,13 @@ class Scheduler:
         if isinstance(policy, DpSchedulePolicy):
             return policy.prefix_caches
         return [] if policy.prefix_cache is None else [policy.prefix_cache]
+
+    def _admit_compiled(self) -> None:
+        ready, failed = self.grammar_queue.poll()
+        for req in ready:
+            self.policy.add(req)
+        for req, message, status in failed:
+            self.send_conn.send(ReqError(req.rid, message, status))
 
     def _reject(self, rid: str, message: str) -> None:
         self.send_conn.send(ReqError(rid, message, 400))
@@ -362,16 +384,27 @@ class Scheduler:
             )
             for r in sampled
         ]
+        bitmask, forced = step_constraints(
+            [r.req for r in sampled], self.bitmask_buffer, self.grammar_queue.compiler
+        )
+        for srow, token in zip(sampling_rows, forced):
+            srow.forced_token = token
         try:
-            out = sample(batch_logits, sampling_rows, self.default_generator)
+            out = sample(batch_logits, sampling_rows, self.default_generator, bitmask)
         except Exception:
             logger.exception("sampling failed for a batch; retrying its rows one at a time")
-            out, sampled = self._sample_alone(sampled, batch_logits, sampling_rows)
+            out, sampled = self._sample_alone(sampled, batch_logits, sampling_rows, bitmask)
         for i, row in enumerate(sampled):
             req, token = row.req, out.token_ids[i]
+            why = advance(req, token)
+            if why is not None:
+                self._fail(req, f"internal error: {why}")
+                continue
             req.output_ids.append(token)
             self.num_generated += 1
             req.finish = self._check_finish(req, token)
+            if req.finish is None and req.grammar is not None and req.grammar.terminated:
+                req.finish = FinishReason("stop", matched=token)
             if req.finish is not None:
                 self.policy.release(req)
             self.outputs.append(
@@ -379,14 +412,19 @@ class Scheduler:
             )
 
     def _sample_alone(
-        self, rows: list[StepRow], logits: torch.Tensor, sampling_rows: list[SamplingRow]
+        self,
+        rows: list[StepRow],
+        logits: torch.Tensor,
+        sampling_rows: list[SamplingRow],
+        bitmask: torch.Tensor | None = None,
     ) -> tuple[SampleOutput, list[StepRow]]:
         """Sample each row by itself; a row that still fails fails its request alone."""
         kept: list[StepRow] = []
         merged = SampleOutput([], [], [])
         for i, (row, srow) in enumerate(zip(rows, sampling_rows)):
             try:
-                one = sample(logits[i : i + 1], [srow], self.default_generator)
+                mask = None if bitmask is None else bitmask[i : i + 1]
+                one = sample(logits[i : i + 1], [srow], self.default_generator, mask)
             except Exception as exc:
                 logger.exception(f"sampling failed for request {row.req.rid}")
                 self._fail(row.req, f"internal error while sampling: {exc!r}")
@@ -476,7 +514,7 @@ class Scheduler:
             total_blocks=-1 if blocks is None else blocks.num_blocks,
             req_id=req_id,
             num_running_reqs=len(self.policy.running),
-            num_waiting_reqs=len(self.policy.waiting),
+            num_waiting_reqs=len(self.policy.waiting) + len(self.grammar_queue),
             num_active_caches=len(self.runner.caches),
             reserved_tokens=self.policy.reserved,
             max_total_tokens=self.policy.max_total_tokens,
@@ -505,6 +543,8 @@ class Scheduler:
                     self._handle(msg)
                 if self.stopping:
                     break
+                if len(self.grammar_queue):
+                    self._admit_compiled()
                 step = self.policy.next_step()
                 if not step.plan.is_noop:
                     self._run_step(step)
@@ -527,6 +567,8 @@ class Scheduler:
             lost = True
             raise
         finally:
+            if self.grammar_queue.compiler is not None:
+                self.grammar_queue.compiler.shutdown()
             if not lost:  # after a lost peer this broadcast would only fail again
                 self._broadcast(ForwardPlan(shutdown=True))
 

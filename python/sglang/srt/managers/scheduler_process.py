@@ -22,6 +22,7 @@ import torch
 
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import ModelInfo
+from sglang.srt.managers.output_constraints import grammar_backend_in_use, make_grammar_compiler
 from sglang.srt.managers.scheduler import LostPeerError
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
@@ -405,6 +406,12 @@ def run_scheduler_process(
                 state_snapshots=snapshots,
                 schedule_policy=args.schedule_policy,
                 max_request_tokens=decode.max_request_tokens,
+                grammar_compiler=make_grammar_compiler(
+                    grammar_backend_in_use(args.grammar_backend),
+                    None if args.skip_tokenizer_init else args.tokenizer_path or args.model_path,
+                    runner.vocab_size,
+                    info.eos_token_ids,
+                ),
             ).run()
         else:
             run_follower(runner, tp_group)

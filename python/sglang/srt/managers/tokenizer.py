@@ -1,11 +1,11 @@
-"""Text <-> token ids for the serving layer, and chat templates.
+"""Text <-> token ids for the serving layer.
 
 Loads ``tokenizer.json`` with the ``tokenizers`` library (no transformers needed) plus
-``tokenizer_config.json`` for the BOS/EOS tokens, whether to prepend BOS, and the chat template.
-Chat templates are Jinja, rendered in a sandbox as Hugging Face tokenizers do. A tokenizer without
-one gets :data:`FALLBACK_CHAT_TEMPLATE`, a plain documented format::
-
-    <bos>system: ...\\n\\nuser: ...\\n\\nassistant: ...<eos>\\n\\nassistant:
+``tokenizer_config.json`` for the BOS/EOS tokens, whether to prepend BOS, and the Jinja chat
+template if the tokenizer ships one (rendered by :mod:`sglang.srt.chat.jinja_template`; a
+tokenizer without one gets :data:`FALLBACK_CHAT_TEMPLATE`). Chat prompts come as segments: those
+that may hold control tokens are encoded with special tokens recognized, client text with them
+read as plain text (:meth:`TextTokenizer.encode_segments`).
 """
 
 from __future__ import annotations
@@ -17,15 +17,10 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-FALLBACK_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ message['role'] + ': ' + message['content'] }}"
-    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
-    "{{ '\n\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
-)
+from sglang.srt.chat.encoding import PromptSegment
+from sglang.srt.chat.jinja_template import FALLBACK_CHAT_TEMPLATE, JinjaTemplate
+
+__all__ = ["FALLBACK_CHAT_TEMPLATE", "TextTokenizer", "TokenizerLoadError", "load_tokenizer"]
 
 
 class TokenizerLoadError(RuntimeError):
@@ -55,8 +50,9 @@ class TextTokenizer:
             template = named.get("default") or next(iter(named.values()), None)
         self.has_own_chat_template = isinstance(template, str) and bool(template)
         self.chat_template: str = template if self.has_own_chat_template else FALLBACK_CHAT_TEMPLATE  # type: ignore[assignment]
-        self._compiled: Any = None
+        self._compiled: JinjaTemplate | None = None
         self._longest: int | None = None
+        self._plain: Tokenizer | None = None  # a copy that reads special tokens as text
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
@@ -95,23 +91,58 @@ class TextTokenizer:
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
     ) -> str:
+        """This tokenizer's Jinja template (or the fallback) applied to plain messages."""
         if self._compiled is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            def raise_exception(message: str) -> None:
-                raise ValueError(message)
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = raise_exception
-            self._compiled = env.from_string(self.chat_template)
-        return str(
-            self._compiled.render(
-                messages=list(messages),
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-            )
+            self._compiled = JinjaTemplate(self.chat_template)
+        return self._compiled.render(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
         )
+
+    # --- special tokens and chat segments ------------------------------------------------------
+
+    def token_id(self, token: str) -> int | None:
+        """The id of ``token`` when it is one vocabulary entry (an added token or a plain one)."""
+        return self._tok.token_to_id(token)
+
+    def special_token_ids(self) -> frozenset[int]:
+        """Ids of the added tokens flagged special (what ``skip_special_tokens`` drops)."""
+        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+
+    def encode_segments(self, segments: Sequence[PromptSegment]) -> list[int]:
+        """A chat prompt's ids, one segment at a time: a segment marked ``special`` may contain
+        control tokens; in the others special-token spellings stay text."""
+        ids: list[int] = []
+        for seg in segments:
+            if seg.special:
+                ids += self.encode(seg.text, add_special_tokens=False)
+                continue
+            if self._plain is None:
+                plain = Tokenizer.from_str(self._tok.to_str())
+                plain.encode_special_tokens = True
+                self._plain = plain
+            ids += self._plain.encode_batch([seg.text], add_special_tokens=False)[0].ids
+        return ids
+
+    def vocab(self) -> list[str]:
+        """Every id's vocabulary entry, as the tokenizer's model stores it (byte-level tokens in
+        their byte alphabet; added tokens as their text)."""
+        entries = [""] * self._tok.get_vocab_size(with_added_tokens=True)
+        for token, i in self._tok.get_vocab(with_added_tokens=True).items():
+            if 0 <= i < len(entries):
+                entries[i] = token
+        return entries
+
+    def added_token_ids(self) -> frozenset[int]:
+        return frozenset(self._tok.get_added_tokens_decoder())
+
+    @property
+    def decoder_kind(self) -> str:
+        """``ByteLevel``, ``Metaspace``, ``Sequence`` ... (how ids map back to text)."""
+        decoder = self._tok.decoder
+        return "" if decoder is None else type(decoder).__name__
 
 
 def load_tokenizer(path: str) -> TextTokenizer:

@@ -20,12 +20,23 @@ import signal
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from sglang.srt.chat.encoding import ChatEncodingError, ChatOptions, ChatPrompt
+from sglang.srt.constrained.grammar_compiler import timeout_message
+from sglang.srt.constrained.grammar_spec import GrammarError, GrammarSpec, build_grammar
+from sglang.srt.managers.chat_format import ChatFormat
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
+from sglang.srt.managers.generate_request import (  # noqa: F401 - re-exported for callers
+    MAX_CHOICES,
+    GenerateRequest,
+    check_choices,
+    expand_n,
+)
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchOutput,
@@ -41,10 +52,10 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.launcher import SchedulerHandle
 from sglang.srt.managers.metrics import ServerMetrics
+from sglang.srt.managers.output_constraints import grammar_backend_in_use, grammar_limits
 from sglang.srt.managers.prompts import check_one_kind
 from sglang.srt.managers.request_error import RequestError
 from sglang.srt.managers.tokenizer import TextTokenizer, load_tokenizer
-from sglang.srt.sampling.sampling_params import SEED_MAX, SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
@@ -57,6 +68,7 @@ MAX_TOP_LOGPROBS = 20
 # context_length * longest_token * this cannot fit and is rejected without tokenizing it.
 _CHARS_PER_TOKEN_SLACK = 4
 _WATCHDOG_POLL_S = 0.2
+_CHECKED_GRAMMARS = 512  # grammar checks remembered (by spec)
 
 
 def check_text(text: str, what: str) -> None:
@@ -69,51 +81,6 @@ def check_text(text: str, what: str) -> None:
         raise RequestError(
             f"{what} is not valid Unicode: lone surrogate {bad!a} at character {exc.start}"
         ) from None
-
-
-@dataclass
-class GenerateRequest:
-    """One prompt, as every endpoint hands it to :meth:`TokenizerManager.generate`."""
-
-    text: str | None = None
-    input_ids: list[int] | None = None
-    sampling_params: SamplingParams = field(default_factory=SamplingParams)
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    logprob_start_len: int = -1
-    stream: bool = False
-    rid: str | None = None
-    # How the client names the output-length limit, for error messages.
-    max_tokens_param: str = "max_new_tokens"
-
-
-# Prompts x n of one HTTP request at most: each becomes a request of its own.
-MAX_CHOICES = 1024
-
-
-def check_choices(num_prompts: int, n: int) -> None:
-    if num_prompts * n > MAX_CHOICES:
-        raise RequestError(
-            f"{num_prompts} prompts x n={n} is {num_prompts * n} generations; one request takes "
-            f"at most {MAX_CHOICES}: split it"
-        )
-
-
-def expand_n(req: GenerateRequest) -> list[GenerateRequest]:
-    """``n`` choices of one prompt as ``n`` requests. With a seed, choice ``i`` samples with
-    ``seed + i`` (modulo 2**64), so the choices differ and are reproducible."""
-    p = req.sampling_params
-    if p.n == 1:
-        return [req]
-    if req.rid is not None:
-        raise RequestError("rid names one request; leave it out when n > 1")
-    out = []
-    for i in range(p.n):
-        # torch reads a seed modulo 2**64, so this is seed + i as the generator sees it.
-        seed = None if p.seed is None else (p.seed + i) % (SEED_MAX + 1)
-        params = dataclasses.replace(p, n=1, seed=seed)
-        out.append(dataclasses.replace(req, sampling_params=params))
-    return out
 
 
 @dataclass(frozen=True)
@@ -187,6 +154,15 @@ class TokenizerManager:
         if self.tokenizer is not None:
             longest = max(1, self.tokenizer.longest_token_chars)
             self.max_prompt_chars = self.info.context_length * longest * _CHARS_PER_TOKEN_SLACK
+        # Chat: the encoding and its parsers; structured output: what grammars may run.
+        self.chat_format = (
+            None if self.tokenizer is None else ChatFormat.resolve(args, self.tokenizer)
+        )
+        self.grammar_backend = grammar_backend_in_use(args.grammar_backend)
+        self.grammar_limits = grammar_limits()
+        self._checked_grammars: OrderedDict[tuple[str, ...], str | None] = OrderedDict()
+        self._skip_ids: dict[tuple[str, ...], frozenset[int]] = {}
+        self._end_ids: dict[str, tuple[int, ...]] = {}
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -476,10 +452,76 @@ class TokenizerManager:
         self._check_budget(req, len(ids))
         return PreparedRequest(req, ids)
 
+    # --- structured output and reasoning -------------------------------------------------------
+
+    async def check_grammar(self, spec: GrammarSpec) -> None:
+        """Raise a 400 naming the problem when ``spec`` cannot run here: structured output is
+        off, the grammar is invalid or over a limit. Checked off the event loop, with a cache
+        keyed by the spec."""
+        if self.grammar_backend == "none":
+            raise RequestError(
+                "structured output is off on this server (--grammar-backend none, or xgrammar "
+                "is not installed)"
+            )
+        if self.tokenizer is None:
+            raise RequestError("structured output needs a tokenizer (--skip-tokenizer-init)")
+        key = spec.key
+        if key in self._checked_grammars:
+            self._checked_grammars.move_to_end(key)
+            error = self._checked_grammars[key]
+        else:
+            try:
+                await asyncio.wait_for(
+                    self.run_blocking(build_grammar, spec, self.grammar_limits),
+                    self.grammar_limits.compile_timeout_s,
+                )
+                error = None
+            except GrammarError as exc:
+                error = str(exc)
+            except asyncio.TimeoutError:
+                error = timeout_message(spec, self.grammar_limits)
+            self._checked_grammars[key] = error
+            while len(self._checked_grammars) > _CHECKED_GRAMMARS:
+                self._checked_grammars.popitem(last=False)
+        if error is not None:
+            raise RequestError(error)
+
+    async def _resolve_grammar(self, req: GenerateRequest) -> GenerateRequest:
+        spec = req.grammar
+        if spec is None:
+            given = req.sampling_params.grammar_param
+            if given is None:
+                return req
+            spec = GrammarSpec(given[0], given[1])
+        await self.check_grammar(spec)
+        return req if spec is req.grammar else dataclasses.replace(req, grammar=spec)
+
+    def reasoning_end_ids(self, end_marker: str) -> tuple[int, ...]:
+        """The token ids of a format's end-of-thinking marker."""
+        ids = self._end_ids.get(end_marker)
+        if ids is None:
+            assert self.tokenizer is not None
+            ids = tuple(self.tokenizer.encode(end_marker, add_special_tokens=False))
+            self._end_ids[end_marker] = ids
+        return ids
+
+    def _skip_ids_keeping(self, keep: tuple[str, ...]) -> frozenset[int]:
+        """Special-token ids the text drops, except the tokens that spell ``keep`` markup."""
+        skip = self._skip_ids.get(keep)
+        if skip is None:
+            tok = self.tokenizer
+            assert tok is not None
+            specials = tok.special_token_ids()
+            texts = {i: tok.id_to_token_text(i) for i in specials}
+            kept = {i for i, t in texts.items() if t and any(t in m for m in keep)}
+            skip = self._skip_ids[keep] = frozenset(specials - kept)
+        return skip
+
     async def prepare(self, req: GenerateRequest) -> PreparedRequest:
         """Validate and tokenize now (off the event loop), so a streaming endpoint can answer
         4xx before it starts its response. Raises :class:`RequestError`."""
         self.check_admitting()
+        req = await self._resolve_grammar(req)
         if req.text:
             prepared = await self.run_blocking(self._prepare_sync, req)
         else:
@@ -488,10 +530,12 @@ class TokenizerManager:
             raise RequestError(f"a request with rid {req.rid!r} is already running")
         return prepared
 
-    async def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """The chat template applied and tokenized, off the event loop."""
-        tok = self.tokenizer
-        if tok is None:
+    async def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], options: ChatOptions
+    ) -> tuple[ChatPrompt, list[int]]:
+        """The chat encoding applied and tokenized (segment by segment), off the event loop."""
+        tok, fmt = self.tokenizer, self.chat_format
+        if tok is None or fmt is None:
             raise RequestError(
                 "chat needs a tokenizer; this server runs with --skip-tokenizer-init"
             )
@@ -503,13 +547,12 @@ class TokenizerManager:
                 f"{self.info.context_length} tokens; shorten them"
             )
 
-        def render() -> list[int]:
+        def render() -> tuple[ChatPrompt, list[int]]:
             try:
-                prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
-            # A template's errors (its raise_exception included) are the client's.
-            except Exception as exc:  # noqa: BLE001
-                raise RequestError(f"cannot apply the chat template: {exc}") from None
-            return tok.encode(prompt, add_special_tokens=False)
+                prompt = fmt.encoding.render(messages, options)
+            except ChatEncodingError as exc:  # the template's own errors included
+                raise RequestError(str(exc)) from None
+            return prompt, tok.encode_segments(prompt.segments)
 
         return await self.run_blocking(render)
 
@@ -527,8 +570,14 @@ class TokenizerManager:
         params = req.sampling_params
         detok = None
         if self.tokenizer is not None:
+            skip_ids = None
+            if req.keep_tokens and params.skip_special_tokens:
+                skip_ids = self._skip_ids_keeping(req.keep_tokens)
             detok = IncrementalDetokenizer(
-                self.tokenizer, skip_special_tokens=params.skip_special_tokens, stop=params.stop
+                self.tokenizer,
+                skip_special_tokens=params.skip_special_tokens,
+                stop=params.stop,
+                skip_ids=skip_ids,
             )
         state = _ReqState(rid, ids, req, detok, created=time.perf_counter())
         self.states[rid] = state
@@ -540,6 +589,8 @@ class TokenizerManager:
                 return_logprob=req.return_logprob,
                 top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
                 logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
+                grammar=req.grammar,
+                reasoning=req.reasoning,
             )
         )
         try:

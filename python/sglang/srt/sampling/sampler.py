@@ -16,6 +16,7 @@ import torch
 
 from sglang.srt.sampling.penalties import apply_penalties_
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.token_bitmask import apply_token_bitmask_
 
 
 @dataclass
@@ -28,6 +29,8 @@ class SamplingRow:
     generator: torch.Generator | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    # The token this row must produce (a spent thinking budget ends the reasoning), if any.
+    forced_token: int | None = None
 
 
 @dataclass
@@ -72,9 +75,13 @@ def _apply_logit_bias_(logits: torch.Tensor, bias: Sequence[tuple[int, float]]) 
 
 
 def sample(
-    logits: torch.Tensor, rows: Sequence[SamplingRow], default_generator: torch.Generator | None
+    logits: torch.Tensor,
+    rows: Sequence[SamplingRow],
+    default_generator: torch.Generator | None,
+    token_bitmask: torch.Tensor | None = None,
 ) -> SampleOutput:
-    """``logits [B, V]`` (fp32) -> one token per row."""
+    """``logits [B, V]`` (fp32) -> one token per row. ``token_bitmask [B, ceil(V/32)]`` (int32,
+    on the host) masks the rows' grammars; it is applied on the logits' device, in place."""
     if logits.shape[0] != len(rows):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sampling rows")
     logits = logits.float()
@@ -89,13 +96,20 @@ def sample(
             if r.params.logit_bias:
                 _apply_logit_bias_(logits[i], r.params.logit_bias)
 
+    if token_bitmask is not None:
+        apply_token_bitmask_(logits, token_bitmask)
+
     tokens = [0] * len(rows)
-    greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
+    for i, r in enumerate(rows):
+        if r.forced_token is not None:
+            tokens[i] = r.forced_token
+    free = [r.forced_token is None for r in rows]
+    greedy = [i for i, r in enumerate(rows) if r.params.is_greedy and free[i]]
     if greedy:
         picked = logits[greedy].argmax(dim=-1).tolist()
         for i, t in zip(greedy, picked):
             tokens[i] = int(t)
-    random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+    random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy and free[i]]
     if random_rows:
         dev = logits.device
         ps = [rows[i].params for i in random_rows]

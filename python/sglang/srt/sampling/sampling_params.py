@@ -7,6 +7,7 @@ parameter, which the HTTP layer turns into a 400 response.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -25,6 +26,7 @@ LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for logit_bias values
 # Stop conditions and biases are checked every step of the request; bound how many there are.
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 1024
 MAX_STOP_TOKEN_IDS = MAX_LOGIT_BIAS = 1024
+GRAMMAR_PARAMS = ("json_schema", "regex", "ebnf")
 
 
 class SamplingParamsError(ValueError):
@@ -49,6 +51,13 @@ class SamplingParams:
     n: int = 1
     # token id -> value added to its logit before sampling, as sorted (id, bias) pairs.
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    # Structured output (SGLang's names; at most one): a JSON schema (text, or an object that is
+    # serialized), a regular expression, or an EBNF grammar the output must match.
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    # Reasoning tokens before the end-of-thinking marker is forced (thinking requests only).
+    thinking_budget: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, low=0, high=INT64_MAX, optional=True)
@@ -96,8 +105,27 @@ class SamplingParams:
         _check_int("seed", self.seed, low=SEED_MIN, high=SEED_MAX, optional=True)
         _check_int("n", self.n, low=1, high=MAX_N)
         object.__setattr__(self, "logit_bias", _parse_logit_bias(self.logit_bias))
+        if isinstance(self.json_schema, dict | bool):
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
+        for name in GRAMMAR_PARAMS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise SamplingParamsError(f"{name} must be a string, got {_short(value)}")
+        given = [name for name in GRAMMAR_PARAMS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise SamplingParamsError(f"give at most one of {list(GRAMMAR_PARAMS)}, got {given}")
+        _check_int("thinking_budget", self.thinking_budget, low=0, high=INT64_MAX, optional=True)
 
     # --- derived -------------------------------------------------------------------------------
+
+    @property
+    def grammar_param(self) -> tuple[str, str] | None:
+        """(name, value) of the structured-output parameter, if one is given."""
+        for name in GRAMMAR_PARAMS:
+            value = getattr(self, name)
+            if value is not None:
+                return name, value
+        return None
 
     @property
     def is_greedy(self) -> bool:

@@ -22,8 +22,8 @@ then on/off ratios (TPOT < 1 and throughput > 1 mean the feature helps). Each se
 to ``--log-dir``; this tree's servers write an activity line a second there (the steps by kind,
 decode / mixed / prefill, with their mean time: where a TTFT or TPOT goes).
 Usage: python scripts/bench_serving_h200.py [--compare graphs|symm-mem|weights|megamoe]
-       [--tp-size N]       [--concurrency 1,8,32] [--layers 3] [--weights bf16|release] [--model-dir DIR]
-       [--keep-model]
+       [--tp-size N] [--concurrency 1,8,32] [--layers 3] [--weights bf16|release]
+       [--model-dir DIR] [--keep-model]
 About 2.5 minutes on one H200 with --layers 2 (generation 30 s, two server starts, six runs).
 """
 

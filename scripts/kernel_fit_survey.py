@@ -156,8 +156,10 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001 - a host-side stop ends this model only
                     print(f"| {model} | {name} | (stopped: {type(exc).__name__}: {exc}) |")
             for r in dry.records:
-                fits = "compile error: " + (r.error or "")[:120] if r.error else (
-                    "yes" if (r.shared or 0) <= H200.shared_optin_bytes else "NO"
+                fits = (
+                    "compile error: " + (r.error or "")[:120]
+                    if r.error
+                    else ("yes" if (r.shared or 0) <= H200.shared_optin_bytes else "NO")
                 )
                 over += fits != "yes"
                 kernel = r.kernel.removeprefix("sglang.kernels.ops.")

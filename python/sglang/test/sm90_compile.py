@@ -193,7 +193,8 @@ def _compile_launch(
             ASTSource(jit_fn, signature, constexprs, attrs), target=target, options=options.__dict__
         )
     except Exception as exc:  # noqa: BLE001 - recorded: the survey reports what did not compile
-        rec = LaunchRecord(name, const_args, warps, stages, None, error=f"{type(exc).__name__}: {exc}")
+        error = f"{type(exc).__name__}: {exc}"
+        rec = LaunchRecord(name, const_args, warps, stages, None, error=error)
     else:
         usage = ptxas_usage(kernel) if dry.registers else None
         rec = LaunchRecord(
@@ -212,7 +213,7 @@ def _compile_launch(
 def _import_kernel_modules() -> None:
     """Import every kernel module first: those that import ``interpreter_enabled`` by name must
     bind the real one, not the dry run's stand-in (which only ``triton_can_run`` may see)."""
-    import sglang.kernels.ops as ops
+    from sglang.kernels import ops
 
     for info in pkgutil.walk_packages(ops.__path__, ops.__name__ + "."):
         if not info.name.endswith("mhc_tilelang"):  # imports tilelang lazily; nothing to bind

@@ -24,9 +24,10 @@ _noted_lock = threading.Lock()
 
 def limits_for(t: torch.Tensor | torch.device | None) -> DeviceLimits | None:
     """The limits of the device ``t`` lives on (None off CUDA)."""
-    if t is None:
+    device = getattr(t, "device", t)
+    if not isinstance(device, (torch.device, str)):
         return None
-    return device_limits(t.device if isinstance(t, torch.Tensor) else t)
+    return device_limits(device)
 
 
 def unfit_reason(

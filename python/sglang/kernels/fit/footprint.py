@@ -25,12 +25,14 @@ from sglang.kernels.fit.limits import DeviceLimits
 
 @dataclass(frozen=True)
 class Footprint:
-    """One thread block of a launch: ``shared_bytes`` of shared memory, ``num_warps`` warps, and
-    ``registers`` a thread when known (None: the compiler caps it to fit the block)."""
+    """One thread block of a launch: ``shared_bytes`` of shared memory, ``num_warps`` warps,
+    ``registers`` a thread when known (None: the compiler caps it to fit the block), and the
+    blocks a persistent launch keeps resident on one SM."""
 
     shared_bytes: int
     num_warps: int
     registers: int | None = None
+    ctas_per_sm: int = 1  # blocks the launch needs resident on one SM at once
 
     @property
     def threads(self) -> int:
@@ -75,6 +77,12 @@ def tma_pipeline_shared(*, stage_bytes: int, num_stages: int) -> int:
     return max(1, num_stages) * (stage_bytes + 8)
 
 
+def tile_footprint(elements: int, num_warps: int, elem_bytes: int = 4) -> Footprint:
+    """An elementwise or row-reduction program over a tile of ``elements`` values: at most one
+    copy of the tile in shared memory (a layout conversion or a cross-warp reduction)."""
+    return Footprint(elements * elem_bytes, num_warps)
+
+
 def fit_reason(what: str, footprint: Footprint, limits: DeviceLimits | None) -> str | None:
     """None when a block of ``footprint`` fits ``limits`` (always, without limits: CPU or the
     interpreter), else why not, naming ``what`` and the numbers."""
@@ -84,6 +92,11 @@ def fit_reason(what: str, footprint: Footprint, limits: DeviceLimits | None) -> 
         return (
             f"{what} needs {footprint.shared_bytes} B of shared memory a block, "
             f"{limits.name} allows {limits.shared_optin_bytes} B"
+        )
+    if footprint.ctas_per_sm * footprint.shared_bytes > limits.shared_per_sm_bytes:
+        return (
+            f"{what} keeps {footprint.ctas_per_sm} blocks of {footprint.shared_bytes} B resident "
+            f"an SM, {limits.name} has {limits.shared_per_sm_bytes} B of shared memory an SM"
         )
     if footprint.threads > limits.max_threads_per_block:
         return (

@@ -16,14 +16,15 @@ import torch
 class DeviceLimits:
     """What one thread block may use, and the SM count: ``shared_optin_bytes`` is the shared
     memory a block may opt into (``cudaDevAttrMaxSharedMemoryPerBlockOptin``), ``regs_per_block``
-    the registers a block may hold (threads x registers a thread), ``capability`` the SM version
-    (``(9, 0)``: Hopper)."""
+    the registers a block may hold (threads x registers a thread), ``shared_per_sm_bytes`` what
+    the blocks resident on one SM share, ``capability`` the SM version (``(9, 0)``: Hopper)."""
 
     name: str
     capability: tuple[int, int]
     sm_count: int
     shared_optin_bytes: int
     regs_per_sm: int
+    shared_per_sm_bytes: int = 233472
     regs_per_block: int = 65536
     max_threads_per_block: int = 1024
     max_regs_per_thread: int = 255
@@ -64,12 +65,14 @@ def _cuda_limits(index: int) -> DeviceLimits:
         or getattr(props, "shared_memory_per_block", 49152)
     )
     regs = int(getattr(props, "regs_per_multiprocessor", 65536))
+    per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or shared + 1024)
     return DeviceLimits(
         name=str(props.name),
         capability=(int(props.major), int(props.minor)),
         sm_count=int(props.multi_processor_count),
         shared_optin_bytes=shared,
         regs_per_sm=regs,
+        shared_per_sm_bytes=per_sm,
         regs_per_block=min(regs, 65536),
         max_threads_per_block=int(getattr(props, "max_threads_per_block", 1024)),
     )

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from sglang.kernels.ops.attention.indexer_scores import indexer_scores
+from sglang.kernels.fit.decide import limits_for
+from sglang.kernels.ops.attention.indexer_scores import indexer_scores, indexer_unfit_reason
 from sglang.kernels.ops.attention.sparse_decode_attention import kernel_head_dim_ok
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.build_spec import LayerBuildSpec
@@ -35,7 +36,7 @@ _QUERY_CHUNK = 256
 _KERNEL_CHUNK = 4096
 
 
-def _scores_kernel_reason(q: torch.Tensor, keys: torch.Tensor) -> str | None:
+def scores_kernel_reason(q: torch.Tensor, keys: torch.Tensor) -> str | None:
     """None when :func:`indexer_scores` scores ``q`` against ``keys``, else why the torch scoring
     runs. CUDA only: the Triton interpreter's bf16 dot is wrong (triton 3.9)."""
     if not q.is_cuda:
@@ -44,7 +45,7 @@ def _scores_kernel_reason(q: torch.Tensor, keys: torch.Tensor) -> str | None:
         return f"q {q.dtype} and keys {keys.dtype}: the kernel takes one half-precision dtype"
     if not kernel_head_dim_ok(q.shape[-1]) or keys.stride(-1) != 1:
         return f"indexer head dim {q.shape[-1]} is not a power of two >= 16, or rows not contiguous"
-    return None
+    return indexer_unfit_reason(q.shape[-2], q.shape[-1], limits_for(q))
 
 
 class LightningIndexer(nn.Module):
@@ -100,7 +101,7 @@ class LightningIndexer(nn.Module):
         n, num = q.shape[0], keys.shape[0]
         k = min(self.topk, num)
         picks = torch.empty(n, k, dtype=torch.int64, device=q.device)
-        if _scores_kernel_reason(q, keys) is None and n > 0 and num > 0:
+        if scores_kernel_reason(q, keys) is None and n > 0 and num > 0:
             # The Triton scores: only the visible keys of each query, bf16 products (exact) with
             # fp32 sums, -inf past the visible ones; then the same stable sort as top_entries.
             visible = (positions + 1) // self.ratio

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sglang.kernels.fit.decide import limits_for
 from sglang.kernels.ops.attention.absorbed_mla_decode import (
-    absorbed_decode_unsupported,
+    absorbed_decode_unfit_reason,
     absorbed_mla_decode,
 )
 from sglang.kernels.ops.triton_dispatch import triton_can_run
@@ -98,7 +99,8 @@ def decode_kernel_unavailable(caches: Sequence[MLALatentCache], rope_dim: int) -
         return "the latents are not pages of one block store"
     if not triton_can_run(first.buf):
         return "Triton cannot run on the latents' device"
-    return absorbed_decode_unsupported(first.buf.shape[-1] - rope_dim, rope_dim, first.buf.dtype)
+    latent = first.buf.shape[-1] - rope_dim
+    return absorbed_decode_unfit_reason(latent, rope_dim, first.buf.dtype, limits_for(first.buf))
 
 
 def gather_latents(caches: Sequence[MLALatentCache]) -> tuple[Tensor, Tensor]:

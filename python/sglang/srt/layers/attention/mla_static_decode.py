@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sglang.kernels.ops.attention.absorbed_mla_decode import absorbed_decode_unsupported
+from sglang.kernels.fit.decide import limits_for
+from sglang.kernels.ops.attention.absorbed_mla_decode import absorbed_decode_unfit_reason
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.layers.attention.mla_absorbed_batch import (
     PagedLatents,
@@ -34,7 +35,9 @@ def static_kernel_reason(attn: MLANoPEAttention, store: Tensor) -> str | None:
     if not triton_can_run(store):
         return "Triton cannot run on the latents' device"
     rope = attn.config.qk_rope_head_dim
-    return absorbed_decode_unsupported(store.shape[-1] - rope, rope, store.dtype)
+    return absorbed_decode_unfit_reason(
+        store.shape[-1] - rope, rope, store.dtype, limits_for(store)
+    )
 
 
 def mla_static_decode(

@@ -21,12 +21,14 @@ slabs are mostly padding), so ``auto`` runs Triton at decode sizes, CUDA graphs 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.ops.moe.gather_combine import gather_combine
 from sglang.kernels.ops.quant.fp8 import per_token_group_quant_fp8
 from sglang.srt.environ import envs
@@ -46,6 +48,9 @@ from sglang.srt.layers.moe.moe_runner.path_table import (
     shape_of,
 )
 from sglang.srt.layers.moe.topk import TopKOutput
+from sglang.srt.utils.log import get_logger, log_once
+
+logger = get_logger(__name__)
 
 Layout = Literal["contiguous", "masked", "triton"]
 LayoutChoice = Literal["auto", "contiguous", "masked", "triton"]
@@ -279,6 +284,29 @@ def post_permute_deep_gemm_to_standard(
     return gather_combine(down.reshape(-1, down.shape[-1]), row_of, topk_weights, out)
 
 
+# The grouped GEMMs tile K and N by 128 (the FP8 scale block; bf16 takes the same tiles).
+DEEP_GEMM_DIM_ALIGN = 128
+
+
+def deep_gemm_unfit_reason(weights: ExpertWeights) -> str | None:
+    """None when DeepGEMM's grouped GEMMs take these experts (bf16, or FP8 in 128x128 blocks;
+    hidden and intermediate sizes multiples of 128; the family on), else why the Triton fused
+    MoE runs the batch instead."""
+    off = unfit_reason("deep_gemm")
+    if off is not None:
+        return off
+    dtype = weights.w13.dtype
+    if dtype == torch.float8_e4m3fn:
+        if tuple(weights.block_shape or (128, 128)) != (128, 128):
+            return f"FP8 experts in {weights.block_shape} blocks (DeepGEMM takes 128x128)"
+    elif dtype != torch.bfloat16:
+        return f"experts of {dtype} (DeepGEMM's grouped GEMMs take bf16 or FP8)"
+    h, i = weights.hidden_size, weights.intermediate_size
+    if h % DEEP_GEMM_DIM_ALIGN or i % DEEP_GEMM_DIM_ALIGN:
+        return f"hidden {h} / intermediate {i} are not multiples of {DEEP_GEMM_DIM_ALIGN}"
+    return None
+
+
 class DeepGemmMoERunner(MoERunner):
     name = "deep_gemm"
     # Under capture only the masked layout or the Triton runner runs: fixed shapes, no host read.
@@ -328,11 +356,13 @@ class DeepGemmMoERunner(MoERunner):
         inplace: bool = False,
     ) -> torch.Tensor:
         fp8 = weights.w13.dtype == torch.float8_e4m3fn
-        if fp8 and tuple(weights.block_shape or (128, 128)) != (128, 128):
-            raise ValueError(
-                f"the deep_gemm runner takes 128x128 FP8 weight blocks, not {weights.block_shape}"
-            )
-        layout = self.layout_for(hidden.shape[0], fp8, shape_of(weights, topk.topk_ids.shape[1]))
+        unfit = deep_gemm_unfit_reason(weights)
+        if unfit is not None:
+            log_once(logger, logging.INFO, f"deep_gemm MoE runner: Triton fused MoE ({unfit})")
+            layout: Layout = "triton"  # the Triton fused MoE takes every dtype and shape
+        else:
+            shape = shape_of(weights, topk.topk_ids.shape[1])
+            layout = self.layout_for(hidden.shape[0], fp8, shape)
         if layout == "triton":
             from sglang.kernels.ops.moe.fused_moe import fused_experts
 

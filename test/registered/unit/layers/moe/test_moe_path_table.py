@@ -101,7 +101,6 @@ def test_select_reads_the_table_then_falls_back(
     )
     monkeypatch.setattr(tc, "CONFIG_DIR", tmp_path)
     monkeypatch.setattr(tc, "_device_name", lambda device: "Fake GPU")
-    monkeypatch.setattr(tc, "_tma_capable", lambda device: True)
     tc.load_table.cache_clear()
     cpu = torch.device("cpu")
     try:

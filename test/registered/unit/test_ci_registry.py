@@ -171,6 +171,14 @@ def test_parts_are_balanced_and_cover_every_file_once() -> None:
         suite_files(ROOT, "gpu-1")
 
 
+def test_every_gpu_suite_has_a_workflow_job_on_its_runner() -> None:
+    workflow = (ROOT / ".github" / "workflows" / "gpu.yml").read_text()
+    for suite in (s for s in SUITES.values() if s.num_gpus):
+        assert f"runs-on: [self-hosted, {suite.name}]" in workflow, suite.name
+        assert f"--suite {suite.name}" in workflow, suite.name
+    assert "bash .ci/run" in (ROOT / ".github" / "workflows" / "ci.yml").read_text()
+
+
 def _run_suite_module() -> types.ModuleType:
     spec = importlib.util.spec_from_file_location("run_suite", ROOT / "scripts" / "run_suite.py")
     assert spec is not None and spec.loader is not None

@@ -13,10 +13,14 @@ Three steps, each in its own function:
 3. :func:`post_permute_deep_gemm_to_standard`: top-k weighted sum back to ``[T, H]``, into the
    final output, which alone is allocated in the symmetric-memory scope.
 
-Which layout (or our Triton runner, where it measured faster) runs for a batch is chosen by token
-count (:data:`LAYOUT_BY_TOKENS`, from ``scripts/bench_moe.py`` on an H200; docs/performance.md),
-or forced with ``SGLANG_DEEP_GEMM_MOE_LAYOUT``. On one GPU the masked layout never wins (its
-slabs are mostly padding), so ``auto`` runs Triton at decode sizes, CUDA graphs included.
+Which layout (or our Triton runner, where it measured faster) runs for a batch is the fastest
+measured for the experts' shape and dtype at that size (``path_table.py``: the shape's own
+table, else the nearest measured shape at the same rows an expert; ``scripts/tune_moe_paths.py``
+writes them), else the token-count rule :data:`LAYOUT_BY_TOKENS` (a dtype never measured), or
+forced with ``SGLANG_DEEP_GEMM_MOE_LAYOUT``. Under CUDA-graph capture the contiguous layout is
+never chosen (it reads its size back). Experts DeepGEMM cannot take (fp32 or fp16, sizes not
+multiples of 128, the family turned off after a build failure: :func:`deep_gemm_unfit_reason`)
+run on the Triton fused MoE.
 """
 
 from __future__ import annotations
@@ -107,12 +111,16 @@ _LAYOUT_OF_PATH: dict[str, Layout] = {
 }
 
 
-def measured_layout(shape: MoeShape, fp8: bool, num_tokens: int, capturing: bool) -> Layout | None:
-    """The fastest measured of Triton and the two DeepGEMM layouts at this size (contiguous not
-    under capture), logged once per choice; None where the shape was not measured."""
+def measured_layout(
+    shape: MoeShape, fp8: bool, num_tokens: int, capturing: bool, device: str | None = None
+) -> Layout | None:
+    """The fastest measured of Triton and the two DeepGEMM layouts for this shape at this size
+    (its table or the nearest measured shape's; contiguous not under capture) on ``device``'s
+    tables (default: this process's GPU, else the H200's), logged once per choice; None where
+    nothing of this dtype was measured."""
     candidates = [p for p in _LAYOUT_OF_PATH if not (capturing and p == "deep_gemm_contiguous")]
     dtype = "fp8" if fp8 else "bf16"
-    picked = fastest_path(shape, dtype, num_tokens, candidates)
+    picked = fastest_path(shape, dtype, num_tokens, candidates, device)
     if picked is None:
         return None
     log_choice(f"deep_gemm runner {dtype} E={shape.experts} H={shape.hidden}", picked[1])

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang.test.ci_register import SUITES, Registration, read_registrations
+from sglang.test.hang_guard import HANG_GUARD_FACTOR
 
 # Measured wall times of the GPU suites' files, written by run_suite.py --write-times.
 TIMING_FILE = Path("test") / "registered" / "gpu_times.json"
-# A file's hang guard: this many times its expected time (estimate or measurement), plus the
-# start-up of a pytest process on a loaded machine.
-HANG_GUARD_FACTOR = 5
+# A file's hang guard: HANG_GUARD_FACTOR times its expected time (estimate or measurement), plus
+# the start-up of a pytest process on a loaded machine.
 HANG_GUARD_EXTRA_S = 120.0
 
 

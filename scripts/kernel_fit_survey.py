@@ -154,7 +154,8 @@ def main() -> int:
                 try:
                     survey(model, DTYPES[name], args.prefill, args.decode_batch, dry)
                 except Exception as exc:  # noqa: BLE001 - a host-side stop ends this model only
-                    print(f"| {model} | {name} | (stopped: {type(exc).__name__}: {exc}) |")
+                    first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+                    print(f"| {model} | {name} | (stopped: {type(exc).__name__}: {first}) |")
             for r in dry.records:
                 fits = (
                     "compile error: " + (r.error or "")[:120]

@@ -166,6 +166,30 @@ FAMILIES: tuple[KernelFamily, ...] = (
         f"{_OPS}.quant.fp8:quant_fp8_unfit_reason",
         "the torch quantiser",
     ),
+    # Kernels whose configurations fit themselves to the device already (their own shared-memory
+    # estimate): the families name their modules, so a build failure still names the family.
+    KernelFamily(
+        "fp8_block_gemm",
+        (f"{_OPS}.gemm.fp8_block_gemm", f"{_OPS}.gemm.fp8_gemm_config"),
+        f"{_OPS}.gemm.fp8_gemm_config:fit_to_shared",
+        "the torch FP8 block GEMM",
+    ),
+    KernelFamily(
+        "fused_moe_mxfp4",
+        (
+            f"{_OPS}.moe.fused_moe_mxfp4",
+            f"{_OPS}.moe.mxfp4_operand",
+            f"{_OPS}.moe.mxfp4_config",
+        ),
+        f"{_OPS}.moe.mxfp4_config:mxfp4_config_fits",
+        "the MXFP4 experts dequantised for the bf16 fused MoE",
+    ),
+    KernelFamily(
+        "fp8_rows",
+        (f"{_OPS}.quant.fp8_rows", f"{_OPS}.quant.fp8_row_write", f"{_OPS}.quant.fused_quant"),
+        f"{_OPS}.quant.fp8_rows:fp8_rows_reason",
+        "the torch FP8 row quantisers",
+    ),
     KernelFamily(
         "grid_barrier",
         (f"{_OPS}.grid_barrier",),

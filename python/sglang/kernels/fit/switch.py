@@ -37,6 +37,11 @@ def turn_family_off(name: str, reason: str) -> bool:
         return True
 
 
+def families_off_count() -> int:
+    """How many families are off (a cheap key for callers that cache a choice)."""
+    return len(_off)
+
+
 def families_off() -> dict[str, str]:
     """Every family turned off so far, with why."""
     return dict(_off)

@@ -26,7 +26,7 @@ import os
 import torch
 
 from sglang.kernels.fit.decide import limits_for
-from sglang.kernels.fit.switch import families_off
+from sglang.kernels.fit.switch import families_off_count
 from sglang.kernels.ops.layernorm import mhc as mhc_kernels
 from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
 from sglang.kernels.ops.layernorm.mhc import Backend, hc_post_torch_impl, mhc_head
@@ -157,7 +157,7 @@ def _backend(residual: torch.Tensor) -> Backend:
         mhc_tilelang.tilelang_supports(residual),
         _HAS_TRITON,
         residual.dtype,
-        len(families_off()),
+        families_off_count(),
     )
     backend = _decisions.get(key)
     if backend is None:

@@ -134,8 +134,9 @@ def part_of(items: list[Combo], i: int, n: int) -> list[Combo]:
 
 
 def names_a_flag(message: str, combo: Combo) -> bool:
-    """Whether a startup refusal names one of the flags this combination set."""
-    flags = {f for f in combo.flags() if f.startswith("--")} | {"--model-path"}
+    """Whether a startup refusal names one of the flags this combination's server was given."""
+    given = [*combo.flags(), *COMMON_FLAGS, "--model-path"]
+    flags = {f for f in given if f.startswith("--")}
     return any(re.search(re.escape(f) + r"\b", message) for f in flags)
 
 

@@ -52,7 +52,8 @@ def test_a_refusal_must_name_a_flag(sm: ModuleType) -> None:
     assert sm.names_a_flag("error: --moe-runner-backend deep_gemm cannot run on cpu", c)
     assert sm.names_a_flag("--moe-a2a-backend megamoe needs FP8 experts", c)
     assert not sm.names_a_flag("RuntimeError: CUDA out of memory", c)
-    assert not sm.names_a_flag("error: --tp-size 2 needs 2 GPUs", c)  # not this combination's
+    assert sm.names_a_flag("--max-total-tokens 8192 does not fit the GPU", c)  # a common flag
+    assert not sm.names_a_flag("error: --tp-size 2 needs 2 GPUs", c)  # not this server's
     log = "loading\nTraceback ...\nValueError: --dtype float32 is not supported by x\n\n"
     assert sm.refusal_line(log) == "ValueError: --dtype float32 is not supported by x"
     assert sm.refusal_line("") == "(no output)"

@@ -88,10 +88,17 @@ def register_cpu_ci(est_time: float, suite: str = "cpu") -> None:
     _register(_CPU, [pytest.mark.cpu])
 
 
-def register_cuda_ci(est_time: float, suite: str = "h200-1gpu", num_gpus: int = 1) -> None:
+def default_cuda_suite(num_gpus: int) -> str:
+    """The H200 suite of a file that names none: the smallest with ``num_gpus`` GPUs."""
+    fits = [s for s in SUITES.values() if s.name.startswith("h200") and s.num_gpus >= num_gpus]
+    return min(fits, key=lambda s: s.num_gpus).name if fits else "h200-8gpu"
+
+
+def register_cuda_ci(est_time: float, suite: str | None = None, num_gpus: int = 1) -> None:
     """A test file (or, next to :func:`register_cpu_ci`, the GPU-marked tests of one) for the GPU
-    suite ``suite``, needing ``num_gpus`` GPUs; ``est_time`` seconds on that suite's machine.
-    Skipped where the GPUs are missing."""
+    suite ``suite`` (default: the H200 suite with ``num_gpus`` GPUs), needing ``num_gpus`` GPUs;
+    ``est_time`` seconds on that suite's machine. Skipped where the GPUs are missing."""
+    suite = suite or default_cuda_suite(num_gpus)
     _check(_CUDA, est_time, suite, num_gpus)
     gpu_mark = pytest.mark.gpu if num_gpus == 1 else pytest.mark.multi_gpu
     _register(_CUDA, [gpu_mark, pytest.mark.needs_gpus(num_gpus)])
@@ -143,7 +150,7 @@ def registrations_in(path: Path, root: Path) -> list[Registration]:
     for call in _calls(tree):
         name = call.func.id  # type: ignore[attr-defined]
         params = ["est_time", "suite", "num_gpus"]
-        args: dict[str, Any] = {"suite": "cpu" if name == _CPU else "h200-1gpu", "num_gpus": 1}
+        args: dict[str, Any] = {"suite": None, "num_gpus": 1}
         for i, a in enumerate(call.args):
             args[params[i]] = _literal(a)
         for kw in call.keywords:
@@ -151,6 +158,8 @@ def registrations_in(path: Path, root: Path) -> list[Registration]:
                 args[kw.arg] = _literal(kw.value)
         kind = "cpu" if name == _CPU else "cuda"
         num_gpus = 0 if kind == "cpu" else int(args["num_gpus"])
+        if args["suite"] is None:
+            args["suite"] = "cpu" if kind == "cpu" else default_cuda_suite(num_gpus)
         found.append(
             Registration(
                 rel, kind, str(args["suite"]), float(args["est_time"]), num_gpus, call.lineno

@@ -126,9 +126,14 @@ def test_module_marks_of_cpu_gpu_and_mixed_files() -> None:
     assert _mark_names(cpu) == ["cpu"]
     _register_in(gpu, 'register_cuda_ci(est_time=3, suite="h200-1gpu")')
     assert _mark_names(gpu) == ["gpu", "needs_gpus"]
-    _register_in(two, 'register_cuda_ci(est_time=3, suite="h200-2gpu", num_gpus=2)')
+    _register_in(two, "register_cuda_ci(est_time=3, num_gpus=2)")  # the 2-GPU suite by default
     assert _mark_names(two) == ["multi_gpu", "needs_gpus"]
     # both kinds, either order: the module stays a CPU module (its GPU tests mark themselves)
+    assert ci_register.default_cuda_suite(1) == "h200-1gpu"
+    assert ci_register.default_cuda_suite(2) == "h200-2gpu"
+    assert ci_register.default_cuda_suite(4) == "h200-8gpu"
+    _register_in(two, "")  # registrations stay as made
+    assert _mark_names(two) == ["multi_gpu", "needs_gpus"]
     _register_in(mixed, "register_cpu_ci(est_time=3)\nregister_cuda_ci(est_time=3)")
     _register_in(mixed_rev, "register_cuda_ci(est_time=3)\nregister_cpu_ci(est_time=3)")
     assert _mark_names(mixed) == _mark_names(mixed_rev) == ["cpu"]

@@ -17,3 +17,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "multi_gpu" in item.keywords and gpus < 2:
             item.add_marker(pytest.mark.skip(reason="needs two or more CUDA GPUs"))
+        need = item.get_closest_marker("needs_gpus")
+        if need is not None and gpus < int(need.args[0]):
+            item.add_marker(pytest.mark.skip(reason=f"needs {need.args[0]} CUDA GPUs"))

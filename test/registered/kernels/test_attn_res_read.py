@@ -14,11 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.test.ci_register import register_cpu_ci
+from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.interpreter import call_in_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=15)
+register_cuda_ci(est_time=15, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
 Case = tuple[int, int, int, torch.dtype]  # tokens, rows (bank + partial), hidden, dtype
 CPU_CASES: list[Case] = [

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import torch
 
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.kernels.fit.footprint import Footprint
+from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.layernorm import mhc_mix_mma
 from sglang.kernels.ops.layernorm.mhc_tilelang import NMIX_PAD
 
@@ -318,15 +321,52 @@ def _partial_config(t: int, h: int) -> tuple[int, int, int, int, int]:
 
     Bigger token blocks for bigger T cut the number of times ``fn`` is re-read from L2."""
     if t <= 256:
-        block_t, block_d, warps = 16, 64, 4
+        block_t, block_d, warps = _PARTIAL_BLOCKS[0]
     elif t <= 2048:
-        block_t, block_d, warps = 32, 64, 4
+        block_t, block_d, warps = _PARTIAL_BLOCKS[1]
     else:
-        block_t, block_d, warps = 64, 64, 8
+        block_t, block_d, warps = _PARTIAL_BLOCKS[2]
     n_tb = triton.cdiv(t, block_t)
     want = triton.cdiv(_TARGET_PROGRAMS, n_tb)
     chunk = max(block_d, triton.cdiv(triton.cdiv(h, want), block_d) * block_d)
     return block_t, block_d, warps, chunk, triton.cdiv(h, chunk)
+
+
+_PARTIAL_BLOCKS = ((16, 64, 4), (32, 64, 4), (64, 64, 8))  # _partial_config's tiles, by T
+
+
+def partial_footprint(
+    block_t: int, block_d: int, num_warps: int, elem_bytes: int, hc: int, fused: bool
+) -> Footprint:
+    """One program of the split mix kernel (the sm_90 compiler's numbers as a formula): the fp32
+    ``fn`` chunk ``[NMIX_PAD, hc * block_d]``, and per token row its ``hc`` stream tiles in fp32
+    (plus the loaded half-precision copy), with the fused post also the row of ``x``, its post
+    and comb, and (fp32) the new streams."""
+    per_row = hc * block_d * (4 + (elem_bytes if elem_bytes < 4 else 0))
+    if fused:
+        per_row += block_d * elem_bytes + (hc * hc + hc) * 4
+        per_row += hc * block_d * 4 if elem_bytes == 4 else 0
+    return Footprint(NMIX_PAD * hc * block_d * 4 + block_t * per_row, num_warps)
+
+
+def mhc_triton_unfit_reason(dtype: torch.dtype, hc: int, limits: DeviceLimits | None) -> str | None:
+    """None when every Triton mHC kernel a ``dtype`` residual of ``hc`` streams may take (the
+    split mix at each token-count tile, fused or not, and at bf16 the tensor-core mixes) fits
+    here and the family is on, else why not."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    for block_t, block_d, warps in _PARTIAL_BLOCKS:
+        for fused in (False, True):
+            fp = partial_footprint(block_t, block_d, warps, elem, hc, fused)
+            why = unfit_reason("mhc_triton", fp, limits, what=f"mHC mix tile {block_t} tokens")
+            if why is not None:
+                return why
+    if dtype == torch.bfloat16:
+        for cfg in (mhc_mix_mma.PRE_CONFIG, mhc_mix_mma.FUSED_CONFIG):
+            fp = Footprint(cfg.shared_bytes, cfg.num_warps)
+            why = unfit_reason("mhc_triton", fp, limits, what=f"mHC tensor-core mix {cfg}")
+            if why is not None:
+                return why
+    return unfit_reason("mhc_triton")
 
 
 def _dot_precision(device: torch.device) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.srt.environ import envs
 from sglang.srt.layers.deep_gemm_adapter import has_entry_point, resolve_entry_point
 from sglang.srt.layers.moe import mega_moe_triton_backend as triton_backend
@@ -238,6 +239,9 @@ def mega_moe_unusable_reason(
     """Why DeepGEMM's MegaMoE path cannot take this batch (``None`` when it can)."""
     if deep_gemm is None:
         return "DeepGEMM is unusable"
+    off = unfit_reason("deep_gemm_mega")
+    if off is not None:
+        return off
     for capability in _kernel_capabilities(arch):
         if not has_entry_point(deep_gemm, capability):
             return f"the installed DeepGEMM has no {capability} entry point"

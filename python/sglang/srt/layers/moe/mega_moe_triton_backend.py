@@ -52,13 +52,16 @@ def triton_mega_unavailable_reason(
             f"expert weights of dtype {weights.w13.dtype} (bf16, fp16 or FP8 128x128 blocks "
             "supported)"
         )
-    from sglang.kernels.ops.moe.mega_moe_triton import unsupported_reason
+    from sglang.kernels.fit.decide import limits_for
+    from sglang.kernels.ops.moe.mega_moe_triton import mega_unfit_reason, unsupported_reason
 
     fp8 = weights.w13.dtype == torch.float8_e4m3fn
     _, two_i, h = weights.w13.shape
     block = tuple(weights.block_shape or (128, 128))
     cfg = triton_mega_config(x, weights, top_k)
-    return unsupported_reason(h, two_i // 2, fp8, (int(block[0]), int(block[1])), cfg)
+    return unsupported_reason(
+        h, two_i // 2, fp8, (int(block[0]), int(block[1])), cfg
+    ) or mega_unfit_reason(cfg, fp8, limits_for(x))
 
 
 def triton_mega_config(x: torch.Tensor, weights: ExpertWeights, top_k: int) -> MegaMoEConfig:

@@ -5,7 +5,7 @@ from their own tables), ``triton_mega`` (our Triton MegaMoE), ``deep_gemm_contig
 ``deep_gemm_masked`` (the ``deep_gemm`` runner's layouts), ``deep_gemm_mega`` (DeepGEMM's SM90
 MegaMoE). Times are microseconds on one H200 under CUDA-graph replay (contiguous: eager, it reads
 its size back to the host), uniform random routing, from the runs named in ``docs/performance.md``:
-``triton`` at 1 and 128-8192 from ``scripts/bench_moe_prefill.py`` (2026-12-01, this table's
+``triton`` at 1 and 128-8192 from ``scripts/bench_moe_prefill.py`` (on this table's
 kernels and tiles), at 8 and 32 and the DeepGEMM layouts from ``scripts/bench_moe.py``,
 ``triton_mega`` from ``shared/design/performance_targets.md``, ``deep_gemm_mega`` from
 ``scripts/bench_deep_gemm_mega_moe.py``. A batch of M tokens reads the bucket with the largest

@@ -8,8 +8,8 @@ measured on these H200s: 4.3 TB/s copy, 790 TFLOP/s bf16 matmul; FP8 peak taken 
 Runners: ``triton``, ``torch``, ``deep_gemm`` (its token-count choice), ``deep_gemm:masked`` and
 ``deep_gemm:contiguous`` (one layout forced). The contiguous layout reads its size back to the host,
 so it cannot be captured: it is timed eagerly (``mode`` column). ``ref us`` is the reference
-fused MoE (SGLang 0.5.23's Triton path with its best H200 configs, measured on this GPU model on
-2026-12-01, ``shared/design/performance_targets.md``) where that table has the case, and
+fused MoE (SGLang 0.5.23's Triton path with its best H200 configs, measured on this GPU model,
+``shared/design/performance_targets.md``) where that table has the case, and
 ``ref/ours`` its time over ours (> 1: ours is faster).
 
 With ``--profile`` it prints, for each case instead, the GPU time of each kernel of one call

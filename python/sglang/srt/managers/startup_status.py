@@ -11,6 +11,7 @@ last process; a rank that dies also closes its pipe, which the launcher sees at 
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Iterable
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -46,16 +47,21 @@ class StartupStatus:
         self._send.clear()
 
     def get(self, timeout: float) -> tuple[Any, ...]:
-        """The next report of any rank; ``queue.Empty`` if none arrives within ``timeout``."""
-        open_ends = [c for c in self._recv.values() if not c.closed]
-        for conn in wait(open_ends, timeout):
-            assert isinstance(conn, Connection)
-            try:
-                report: tuple[Any, ...] = conn.recv()
-                return report
-            except (EOFError, OSError):  # the rank exited (its report, if any, was read)
-                conn.close()
-        raise queue.Empty
+        """The next report of any rank; ``queue.Empty`` if none arrives within ``timeout``. A
+        rank that exited (EOF on its pipe, after any report it sent) is dropped from the wait."""
+        deadline = time.monotonic() + timeout
+        while True:
+            open_ends = [c for c in self._recv.values() if not c.closed]
+            ready = wait(open_ends, max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise queue.Empty
+            for conn in ready:
+                assert isinstance(conn, Connection)
+                try:
+                    report: tuple[Any, ...] = conn.recv()
+                    return report
+                except (EOFError, OSError):
+                    conn.close()
 
     def close(self) -> None:
         for conn in (*self._recv.values(), *self._send.values()):

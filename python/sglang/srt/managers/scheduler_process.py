@@ -13,14 +13,12 @@ import logging
 import os
 import signal
 import sys
-import threading
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import ModelInfo
@@ -280,11 +278,6 @@ def run_scheduler_process(
     # rank 0, which tells the other ranks), so the workers ignore both. SIGKILL still ends one.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # tqdm's default lock (the checkpoint loader's bar) is a multiprocessing RLock: a named
-    # semaphore in /dev/shm that only this process's exit or the launcher's resource tracker
-    # unlinks, so a node killed as a whole process group would leave it behind. One thread draws
-    # the bars here: a thread lock does.
-    tqdm.set_lock(threading.RLock())
     logging.getLogger("sglang").setLevel(args.log_level.upper())
     tp_size = args.tp_size
     dp_size = args.dp_size if args.enable_dp_attention else 1

@@ -11,8 +11,8 @@ Runners: ``triton``, ``torch``, ``deep_gemm`` (``auto``: its measured choice, th
 under CUDA-graph replay at decode sizes (M <= ``--graph-max-m``), eagerly above (prefill chunks
 are never captured), and the contiguous layout always eagerly (it reads its size back to the
 host, so it cannot be captured). ``ref us`` is the reference
-fused MoE (SGLang 0.5.23's Triton path with its best H200 configs, measured on this GPU model on
-2026-12-01, ``shared/design/performance_targets.md``) where that table has the case, and
+fused MoE (SGLang 0.5.23's Triton path with its best H200 configs, measured on this GPU model,
+``shared/design/performance_targets.md``) where that table has the case, and
 ``ref/ours`` its time over ours (> 1: ours is faster).
 
 With ``--profile`` it prints, for each case instead, the GPU time of each kernel of one call

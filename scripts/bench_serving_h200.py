@@ -2,7 +2,7 @@
 by ``launch_server`` with one feature on and off, loaded by our ``bench_serving``.
 
 ``--compare graphs`` (default): with and without decode CUDA graphs. ``--compare symm-mem
---tp-size N``: with and without ``--enable-symm-mem`` at TP=N (both with graphs), e.g. issue 7's
+--tp-size N``: with and without ``--enable-symm-mem`` at TP=N (both with graphs), e.g.
 ``--compare symm-mem --tp-size 8 --concurrency 1,8,64``. ``--compare baseline --baseline DIR``:
 this tree against another checkout of the repo at ``DIR`` (its ``python/`` first on the second
 server's PYTHONPATH), same flags, both with graphs: a slowdown check in one run.

@@ -22,7 +22,7 @@ and the block table are read from device memory):
   writing their (empty) running max;
 - the combine merges the slices of each (request, head).
 With three parts each, the result is the fp32 torch maths up to summation order. Measured speed,
-errors and the launch shapes tried: docs/performance.md ("Kimi K3 absorbed MLA decode kernel").
+errors and the launch shapes tried: docs/performance.md ("Decode kernels alone").
 """
 
 from __future__ import annotations

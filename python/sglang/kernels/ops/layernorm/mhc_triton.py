@@ -309,7 +309,7 @@ if HAS_TRITON:
 
 # From this many tokens the mixes run on bf16 tensor cores (mhc_mix_mma): 1.03-1.21x at 256,
 # 2.5-3.2x at 8192; at 128 its pre measured 0.88x, so smaller batches keep the split kernel's
-# tf32x3 dots (H200, scripts/bench_mhc_mix.py; docs/performance.md "mHC at prefill sizes").
+# tf32x3 dots (H200, scripts/bench_mhc_mix.py; docs/performance.md "mHC").
 MMA_MIN_T = 256
 _ONE_PASS_MAX_H = 8192
 _ONE_PASS_MAX_T = 256
@@ -449,7 +449,7 @@ def mhc_fused_post_pre_triton(
     # Decode-sized batches finalise each row in registers in one pass (enough warps to keep about
     # 64 fp32 values a thread), which measured faster there on an H200; from T = 512 the 4-warp
     # loop over 1024-wide blocks measured faster (more programs resident), and it takes rows
-    # wider than _ONE_PASS_MAX_H (numbers: docs/performance.md "One-pass finalize").
+    # wider than _ONE_PASS_MAX_H (numbers: docs/performance.md "mHC").
     one_pass = h <= _ONE_PASS_MAX_H and t <= _ONE_PASS_MAX_T
     block_h = triton.next_power_of_2(h) if one_pass else 1024
     _pre_finalize_kernel[(t,)](

@@ -42,7 +42,7 @@ def get_config(
     (prefill) means compute-bound, so tiles grow (bf16: 128 rows on 8 warps; FP8: 64 rows, see
     below). Gate and up share a tile in GEMM 1, so its ``block_n`` covers twice as many weight
     rows as it says. All tiles fit Hopper shared memory and compile without register spills
-    for sm_90 (Triton 3.9, ptxas -v); timings on the H200 are the lead's to tune."""
+    for sm_90 (Triton 3.9, ptxas -v); the H200's tuned tiles come from ``tune_fused_moe.py``."""
     del H, I  # the tables fit both target shapes; kept in the signature for per-shape tuning
     fp8 = dtype == FP8_DTYPE
     rows = M * top_k / max(E, 1)

@@ -131,7 +131,7 @@ def measured_layout(
 # Each layout is an index: which token every row reads. The rows are then gathered in one pass
 # (index_select), after the T token rows were quantised once for FP8: a scatter of the T*k
 # routed rows, a zero fill and quantising k times as many rows were the largest non-GEMM costs
-# of a prefill MoE (the profile is in docs/performance.md, "DeepGEMM on the H200").
+# of a prefill MoE (docs/performance.md, "The DeepGEMM runner").
 
 
 def _expert_ranks(

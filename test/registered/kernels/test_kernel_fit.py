@@ -105,10 +105,14 @@ def test_every_kernel_module_has_one_family_and_a_decision() -> None:
         assert callable(getattr(importlib.import_module(module), function)), fam.decision
 
 
-def _bound(formula: int, compiled: int | None) -> None:
-    """The formula covers the compiler's number and stays close to it."""
+def _bound(formula: int, compiled: int | None, stages: int = 0) -> None:
+    """The formula covers the compiler's number and stays close to it. With ``stages`` (a
+    pipelined fp32 dot), one stage buffer of slack: Triton 3.6 keeps ``stages`` buffers of an
+    fp32 warp-group dot in shared memory, newer releases one fewer, and the formula keeps the
+    larger count so that it never under-counts on either."""
     assert compiled is not None
-    assert compiled <= formula <= compiled * 1.05 + 2048, (formula, compiled)
+    slack = stages / (stages - 1) if stages > 1 else 1.0
+    assert compiled <= formula <= compiled * slack * 1.05 + 2048, (formula, compiled)
 
 
 def test_fused_moe_fp32_rule_is_over_the_h200_and_is_refitted() -> None:
@@ -138,8 +142,10 @@ def test_fused_moe_fp32_rule_is_over_the_h200_and_is_refitted() -> None:
             fused_experts(x, w13, w2, weights, ids, config=cfg)
         (g1,) = dry.kernel("_moe_gemm1_kernel")
         (g2,) = dry.kernel("_moe_gemm2_kernel")
-        _bound(gemm_footprint(cfg.block_m, cfg.gemm1, 4, gate_up=True).shared_bytes, g1.shared)
-        _bound(gemm_footprint(cfg.block_m, cfg.gemm2, 4, gate_up=False).shared_bytes, g2.shared)
+        fp1 = gemm_footprint(cfg.block_m, cfg.gemm1, 4, gate_up=True)
+        fp2 = gemm_footprint(cfg.block_m, cfg.gemm2, 4, gate_up=False)
+        _bound(fp1.shared_bytes, g1.shared, cfg.gemm1.num_stages)
+        _bound(fp2.shared_bytes, g2.shared, cfg.gemm2.num_stages)
     assert g1.shared is not None and g1.shared <= H200.shared_optin_bytes
 
 

@@ -122,6 +122,8 @@ def part_ttft(args: argparse.Namespace, log_dir: Path) -> None:
         build_model(model_dir, args.layers, max_positions=16384)
         torch.cuda.empty_cache()
     flags = ["--context-length", "4096" if builtin else "16384", "--max-running-requests", "8"]
+    if builtin:  # a shared block pool (the cache lives in it) on any device
+        flags += ["--max-total-tokens", "32768"]
     try:
         with server(None if builtin else str(model_dir), flags, log_dir / "prefix_ttft.log"):
             vocab = int(_get(PORT, "/get_model_info")["vocab_size"])

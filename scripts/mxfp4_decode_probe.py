@@ -9,7 +9,8 @@ split kernel at a few tile sizes and pipeline depths; at most a dozen):
    a relative error of ``--tol`` (2e-2) or more, or a non-finite output, marks it wrong;
 2. the time of one call under CUDA-graph replay: ``--rotate`` calls on different inputs and
    routings (so consecutive calls touch different experts and L2 does not serve the weights)
-   captured in one graph, the median of ``--reps`` timed replays over ``--rotate``.
+   captured in one graph, the median of ``--reps`` timed replays over ``--rotate``; the replayed
+   result must equal the eager call's.
 A candidate that does not fit, fails to compile or run, or is wrong is reported in the table and
 skipped; it never stops the probe. Prints one table (candidate x M: us and the share of a
 device-to-device copy's bandwidth reached on the 4-bit bytes of the experts touched, as in
@@ -118,8 +119,10 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[-1] if text else ''}"[:160]
+    """The error's type, first and last line (a compile error's reason is often the last)."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()] or [""]
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return f"{type(err).__name__}: {text}"[:200]
 
 
 class Problem:
@@ -154,11 +157,15 @@ class Problem:
         err = rel_err(outs[0], self.want)
         if not torch.isfinite(outs[0]).all() or not err < tol:
             return Result(err=err, why=f"WRONG: rel err {err:.2e}")
+        eager = outs[0].clone()
         try:
-            return Result(us=self.graph_us(cfg, outs, reps), err=err)
+            us = self.graph_us(cfg, outs, reps)
         except Exception as e:  # noqa: BLE001
             torch.cuda.synchronize()
             return Result(err=err, why=f"graph failed: {one_line(e)}")
+        if not torch.equal(outs[0], eager):
+            return Result(err=err, why="WRONG: graph replay differs from the eager call")
+        return Result(us=us, err=err)
 
     def graph_us(self, cfg: Mxfp4MoeConfig, outs: list[torch.Tensor], reps: int) -> float:
         """Median time of one call over ``reps`` replays of a graph of ``--rotate`` calls."""
@@ -220,7 +227,9 @@ def probe_shape(shape: Shape, ms: list[int], args: argparse.Namespace, deadline:
             per_name[name] = res
             took = time.monotonic() - t0
             state = f"{res.us:.1f} us" if res.us is not None else res.why
-            print(f"  {shape.name[:14]} M={m} {name}: {state} ({took:.1f} s)", flush=True)
+            compiled = kernels_compiled()
+            print(f"  {shape.name[:14]} M={m} {name}: {state} ({took:.1f} s, {compiled} kernels "
+                  "compiled so far)", flush=True)  # fmt: skip
         del problem
         torch.cuda.empty_cache()
     del weights

@@ -22,7 +22,7 @@ the batch sizes where the rule changes, so prefill is untouched. Copy the file i
 
 The split kernel's row counts are not specialised on, so each candidate compiles its two GEMMs
 once for every M and both shapes; the probe prints how many kernels it compiled and how long it
-ran. ``--budget-s`` (default 140) skips what is left (reported as such) once it is spent.
+ran. ``--budget-s`` (default 120) skips what is left (reported as such) once it is spent.
 
 Usage: python scripts/mxfp4_decode_probe.py [--shapes dsv4,k3] [--batches 1,4,16,64]
        [--k3-batches 1,16] [--rotate 8] [--reps 20] [--out-dir DIR] [--candidates name,...]
@@ -314,7 +314,7 @@ def main() -> None:
     parser.add_argument("--rotate", type=int, default=8, help="routings per graph")
     parser.add_argument("--reps", type=int, default=20, help="timed graph replays")
     parser.add_argument("--tol", type=float, default=2e-2, help="relative error against the oracle")
-    parser.add_argument("--budget-s", type=float, default=140.0)
+    parser.add_argument("--budget-s", type=float, default=120.0)
     parser.add_argument("--candidates", default="", help="names to keep (default: all)")
     parser.add_argument("--out-dir", default=os.environ.get("OUT") or "mxfp4_probe_out")
     args = parser.parse_args()

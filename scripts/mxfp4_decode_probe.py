@@ -21,8 +21,9 @@ the batch sizes where the rule changes, so prefill is untouched. Copy the file i
 ``python/sglang/kernels/ops/moe/configs/`` to use it.
 
 The split kernel's row counts are not specialised on, so each candidate compiles its two GEMMs
-once for every M and both shapes; the probe prints how many kernels it compiled and how long it
-ran. ``--budget-s`` (default 120) skips what is left (reported as such) once it is spent.
+once for every M (GEMM 1 once more for Kimi K3's activation): about 60 compiles in all. The probe
+prints how many kernels it compiled and how long it ran. ``--budget-s`` (default 120) skips what
+is left (reported as such) once it is spent.
 
 Usage: python scripts/mxfp4_decode_probe.py [--shapes dsv4,k3] [--batches 1,4,16,64]
        [--k3-batches 1,16] [--rotate 8] [--reps 20] [--out-dir DIR] [--candidates name,...]

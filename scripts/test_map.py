@@ -86,10 +86,7 @@ def same_named(root: Path = ROOT) -> dict[str, list[str]]:
         by_stem.setdefault(stem, []).append(rel)
         if stem.endswith("_gpu"):
             by_stem.setdefault(stem.removesuffix("_gpu"), []).append(rel)
-    return {
-        m: sorted(by_stem.get(m.rsplit(".", 1)[-1], []))
-        for m in module_names(root / "python")
-    }
+    return {m: sorted(by_stem.get(m.rsplit(".", 1)[-1], [])) for m in module_names(root / "python")}
 
 
 def resolve(query: str, modules: Iterable[str]) -> str:

@@ -8,17 +8,12 @@ counted near-tie) and every logit within 1e-3 of the largest |logit|."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.kimi_k3_parity import REL_TOL, KimiCase, random_kimi_case, run_kimi_case
+from sglang.test.kimi_k3_tiny import CONFIG_A
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _kimi_k3_sweep import REL_TOL, KimiCase, random_kimi_case, run_kimi_case
-from test_kimi_k3_tiny import CONFIG_A
 
 register_cpu_ci(est_time=60)
 

@@ -1,4 +1,4 @@
-"""Kimi K3 greedy parity sweep, the CPU subset (``_kimi_k3_sweep.py`` describes a case; the wide
+"""Kimi K3 greedy parity sweep, the CPU subset (``sglang.test.kimi_k3_parity`` describes a case; the wide
 sweep is ``scripts/kimi_k3_parity_sweep.py``, counts in docs/parity.md): random tiny K3 models
 against the cache-free reference (transformers' Kimi Linear KDA, the K3 description's AttnRes,
 NoPE MLA and latent MoE), prompts at the 64-token KDA chunk boundaries, chunked prefill with the

@@ -157,7 +157,7 @@ def _k3_moe_layers(model: KimiK3ForCausalLM) -> list[FusedMoE]:
 
 
 def test_k3_mxfp4_engine_equals_the_dequantised_reference() -> None:
-    # fp32 (dequantised at load) against the rounded model: test_kimi_k3_loading
+    # fp32 (dequantised at load) against the rounded model: test_kimi_k3_loader
     dtype = torch.bfloat16
     ckpt = k3_checkpoint("tiny")
     model, report = k3(ckpt, dtype, K3_CONFIG)

@@ -7,7 +7,7 @@ they stand for:
   transformers run on the dequantised values (``to_transformers``);
 - Kimi K3 (compressed-tensors MXFP4 experts, bf16 dense, the wrapper's names), quantised from our
   model and drawn at random, against the independent cache-free reference of
-  ``test_kimi_k3_model`` on a model given the dequantised values by the naming rule alone
+  ``test_kimi_k3`` on a model given the dequantised values by the naming rule alone
   (``into_model``: no loader involved).
 """
 

@@ -2,8 +2,8 @@
 the wide sweep is ``scripts/kimi_k3_parity_sweep.py``, counts in docs/parity.md): random tiny K3
 models against the cache-free reference (transformers' Kimi Linear KDA, the K3 description's
 AttnRes, NoPE MLA and latent MoE), prompts at the 64-token KDA chunk boundaries, chunked prefill
-with the conv state carried across forwards, then batched greedy decode through the recurrent KDA step.
-Every prefill row and greedy step must be the reference argmax (or within a 1e-3 margin: a
+with the conv state carried across forwards, then batched greedy decode through the recurrent KDA
+step. Every prefill row and greedy step must be the reference argmax (or within a 1e-3 margin: a
 counted near-tie) and every logit within 1e-3 of the largest |logit|."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The test tree holds test files only: every module under ``test/`` is a test file
 (``test_*.py``), ``conftest.py`` or ``__init__.py``; what tests share lives in the test kit
-(``python/sglang/test``), where any test, benchmark or script imports it by its package name."""
+(``python/sglang/test``), where any test, benchmark or script imports it by its package name; and
+every kit module is listed in ``docs/testing.md``'s table of the kit."""
 
 from __future__ import annotations
 
@@ -40,6 +41,16 @@ def test_the_check_sees_a_helper_module(tmp_path: Path) -> None:
     (tests / "registered" / "models" / "test_b_gpu.py").write_text("")
     (tests / "registered" / "gpu_times.json").write_text("{}")
     assert non_test_modules(tests) == ["test/_helpers.py", "test/registered/b.py"]
+
+
+def test_every_kit_module_is_in_the_testing_doc() -> None:
+    kit = ROOT / "python" / "sglang" / "test"
+    doc = (ROOT / "docs" / "testing.md").read_text()
+    table = doc[doc.index("## The test kit") :]
+    names = {p.stem for p in kit.glob("*.py") if p.name != "__init__.py"}
+    names |= {p.name + "/" for p in kit.iterdir() if (p / "__init__.py").exists()}
+    missing = sorted(n for n in names if f"`{n}`" not in table)
+    assert not missing, f"test kit modules missing from docs/testing.md's kit table: {missing}"
 
 
 if __name__ == "__main__":

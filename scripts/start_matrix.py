@@ -184,7 +184,8 @@ def _k3_from_test_helpers(path: Path) -> str:
 
     sys.path.insert(0, str(ROOT / "test" / "registered" / "models"))
     from test_kimi_k3_loading import export_checkpoint
-    from test_kimi_k3_tiny import CONFIG_A, make_model
+
+    from sglang.test.kimi_k3_tiny import CONFIG_A, make_model
 
     config = {**CONFIG_A, "qk_rope_head_dim": 16}
     path.mkdir(parents=True)

@@ -172,6 +172,8 @@ def part_workloads(args: argparse.Namespace, log_dir: Path) -> None:
     solo += ["--random-output-len", "128", "--random-range-ratio", "0.5"]
     solo += ["--max-concurrency", "32"]
     flags = ["--context-length", "4096", "--max-running-requests", "32"]  # the built-in max
+    if not torch.cuda.is_available():  # a shared block pool (the cache lives in it) on the CPU
+        flags += ["--max-total-tokens", str(32 * 4096)]
     results: dict[str, dict[str, Any]] = {}
     for label, extra in (("on", []), ("off", ["--disable-radix-cache"])):
         with server(None, flags + extra, log_dir / f"prefix_workloads_{label}.log"):

@@ -184,9 +184,7 @@ def _mhc() -> None:
     out = torch.empty(t, h, dtype=torch.bfloat16)
     x = torch.randn(t, h, dtype=torch.bfloat16)
     post, comb = torch.rand(t, hc), torch.rand(t, hc, hc)
-    mhc_triton.mhc_pre_triton(
-        res, fn, scale, base, out, **_mhc_scalars(norm_w)
-    )
+    mhc_triton.mhc_pre_triton(res, fn, scale, base, out, **_mhc_scalars(norm_w))
     mhc_triton.mhc_post_triton(x, res, post, comb)
     mhc_triton.mhc_fused_post_pre_triton(
         res, x, post, comb, torch.empty_like(res), fn, scale, base, out, **_mhc_scalars(norm_w)

@@ -199,16 +199,17 @@ def test_config_by_rows_per_expert() -> None:
 
 
 def test_backend_choice_names_why_each_kernel_is_unusable(caplog: pytest.LogCaptureFixture) -> None:
+    from sglang.srt.layers.moe.a2a.mega_moe_a2a import try_run_mega_routed
     from sglang.srt.layers.moe.expert_weights import ExpertWeights
-    from sglang.srt.layers.moe.mega_moe import MegaMoEParams, try_run_mega_routed
+    from sglang.srt.layers.moe.mega_moe import MegaMoEParams
     from sglang.srt.layers.moe.mega_moe_triton_backend import triton_mega_unavailable_reason
     from sglang.srt.utils import log as log_utils
 
     moe = make_moe(3, 4, 2, 128, 128, torch.bfloat16, fp8=False)
     w = ExpertWeights(moe["w13"], moe["w2"])
     x = moe["hidden"]
-    assert "CUDA" in (triton_mega_unavailable_reason(x, w, 1, 2) or "")
-    assert "no expert weights" in (triton_mega_unavailable_reason(x, None, 1, 2) or "")
+    assert "CUDA" in (triton_mega_unavailable_reason(x.device, w, 1, 2) or "")
+    assert "no expert weights" in (triton_mega_unavailable_reason(x.device, None, 1, 2) or "")
 
     class TwoRanks:
         world_size = 2

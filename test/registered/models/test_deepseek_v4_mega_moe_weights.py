@@ -21,11 +21,13 @@ import logging
 import os
 import re
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.layers.quantization.mxfp4 import quant_mxfp4
 from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
@@ -115,14 +117,17 @@ def test_mega_path_with_built_weights_matches_normal_path(
     for layer in mega.decoder_layers:
         (l1, l1_sf), _ = layer.ffn.experts.mega_weights
         assert l1.dtype == torch.int8 and l1_sf.dtype == torch.int32 and l1_sf.stride(1) == 1
-        run = layer.ffn.experts.forward_mega
+        kernel = layer.ffn.experts.a2a.kernel  # the MegaMoE kernel inside the one experts call
 
-        def record(x: torch.Tensor, topk: Any, run: Any = run, **kw: Any) -> torch.Tensor:
-            y = run(x, topk, **kw)
-            seen.append((x.clone(), topk, y))
-            return y
+        def record(weights: Any, kernel: Any = kernel) -> SimpleNamespace:
+            def run(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+                y = kernel(weights).run(x, ids, w)
+                seen.append((x.clone(), TopKOutput(w, ids), y))
+                return y
 
-        monkeypatch.setattr(layer.ffn.experts, "forward_mega", record)
+            return SimpleNamespace(run=run)
+
+        monkeypatch.setattr(layer.ffn.experts.a2a, "kernel", record)
     with torch.no_grad():
         got = mega(ids, torch.arange(12))
     names = [n for n, _ in rec.dg.calls]

@@ -42,8 +42,6 @@ from sglang.srt.layers.dp_attention import attention_spec, dp_gather, dp_scatter
 from sglang.srt.layers.embedding import ReplicatedEmbedding
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.moe.layer import FusedMoE
-from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.mem_cache.kimi_k3_cache import (
     KDAState,
     KimiK3RequestCache,
@@ -65,21 +63,6 @@ from sglang.srt.models.kimi_k3_static_decode import (
 from sglang.srt.models.static_step import SlotPoolDecode
 
 _STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def _forward_mega_experts(experts: FusedMoE, z: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
-    """Kimi K3's MegaMoE call site: the latent rows ``z [T, L]`` through the routed experts with
-    activation "situ" (the layer's ``mega_params``), combined over the expert-parallel group.
-
-    Inside ``FusedMoE.forward_mega`` the symmetric buffer is taken and the FP8 pre-dispatch runs
-    outside the reserved-SM context; only the kernel runs inside it. DeepGEMM's SiTU kernel is
-    SM100-only, so on Hopper this runs our Triton MegaMoE (or the normal path, logged once). The
-    kernels write bf16 rows: cast back to the model's dtype (a no-op for a bf16 model)."""
-    if experts.mega_params.activation != "situ":
-        raise ValueError(
-            f"Kimi K3's MegaMoE runs SiTU experts, not {experts.mega_params.activation!r}"
-        )
-    return experts.forward_mega(z, topk).to(z.dtype)
 
 
 class KimiK3Batch(RequestBatch[KimiK3RequestCache]):
@@ -132,8 +115,7 @@ class KimiK3DecoderLayer(nn.Module):
             self.self_attn = MLANoPEAttention(mla, attn_spec)
         self.mlp: KimiK3MoE | KimiK3MLP
         if c.is_moe(layer_id):
-            mega = _forward_mega_experts if spec.a2a_backend == "megamoe" else None
-            self.mlp = KimiK3MoE(c, spec, mega_experts=mega)
+            self.mlp = KimiK3MoE(c, spec)
         else:
             self.mlp = KimiK3MLP(h, c.intermediate_size, spec, activation=c.moe_activation)
         self.input_layernorm = RMSNorm(h, c.rms_norm_eps, device=device)

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
+from sglang.srt.distributed.symm_mem import output_scope
 from sglang.srt.environ import EnvValueError, envs
-from sglang.srt.layers import dp_attention, mhc
+from sglang.srt.layers import mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
@@ -176,9 +177,9 @@ def test_tilelang_is_imported_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _symmetric_recorder(monkeypatch: pytest.MonkeyPatch) -> SymmetricScopeRecorder:
     rec = SymmetricScopeRecorder()
-    monkeypatch.setattr(dp_attention, "use_symmetric_memory", rec)
-    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: True)
-    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: None)
+    monkeypatch.setattr(output_scope, "use_symmetric_memory", rec)
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: True)
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: None)
     return rec
 
 

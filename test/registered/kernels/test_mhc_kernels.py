@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from sglang.kernels.ops.layernorm import mhc as mhc_kernels
-from sglang.srt.layers import dp_attention, mhc
+from sglang.srt.distributed.symm_mem import output_scope
+from sglang.srt.layers import mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.interpreter import run_under_interpreter
@@ -33,10 +34,10 @@ RMS_EPS, HC_EPS, NORM_EPS, ITERS = 1e-5, 1e-4, 1e-6, 20  # distinct values, so a
 def _single_process(monkeypatch: pytest.MonkeyPatch) -> None:
     # Single process: no TP group, the pool off.
     monkeypatch.setattr(
-        dp_attention, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
+        output_scope, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
     )
-    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: False)
-    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: None)
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: False)
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: None)
 
 
 def _params(
@@ -341,9 +342,9 @@ _SENTINEL_GROUP = object()
 
 def _record(monkeypatch: pytest.MonkeyPatch, symmetric: bool) -> SymmetricScopeRecorder:
     rec = SymmetricScopeRecorder()
-    monkeypatch.setattr(dp_attention, "use_symmetric_memory", rec)
-    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: symmetric)
-    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: _SENTINEL_GROUP)
+    monkeypatch.setattr(output_scope, "use_symmetric_memory", rec)
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: symmetric)
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: _SENTINEL_GROUP)
     return rec
 
 
@@ -393,12 +394,13 @@ _INTERP_SCRIPT = textwrap.dedent("""
     import torch
     from sglang.kernels.ops.layernorm import mhc as mhc_kernels
     from sglang.kernels.ops.layernorm import mhc_triton
-    from sglang.srt.layers import dp_attention, mhc
+    from sglang.srt.distributed.symm_mem import output_scope
+    from sglang.srt.layers import mhc
     from sglang.srt.layers.layernorm import rms_norm
     from sglang.test.alloc_recorder import SymmetricScopeRecorder
 
-    dp_attention.is_allocation_symmetric = lambda: True
-    dp_attention.get_tp_group_or_none = lambda: None
+    output_scope.is_allocation_symmetric = lambda: True
+    output_scope.get_tp_group_or_none = lambda: None
     mhc._backend = lambda residual: "triton"  # CPU tensors through the Triton path
     E = dict(rms_eps=1e-5, hc_eps=1e-4, sinkhorn_iters=20)
 
@@ -430,7 +432,7 @@ _INTERP_SCRIPT = textwrap.dedent("""
         for nw in (None, torch.rand(h, generator=gen) + 0.5):
             nkw = dict(norm_weight=nw, norm_eps=1e-6)
             rec = SymmetricScopeRecorder()
-            dp_attention.use_symmetric_memory = rec
+            output_scope.use_symmetric_memory = rec
             y, post, comb = mhc.mhc_pre(r, fn, sc, b, **E, **nkw)
             if t:
                 assert rec.allocated == [y.untyped_storage().data_ptr()], rec.allocated
@@ -450,7 +452,7 @@ _INTERP_SCRIPT = textwrap.dedent("""
             close(r2, mhc.hc_post_torch_impl(x, r, post, comb), 1e-5, ulp)
 
             rec = SymmetricScopeRecorder()
-            dp_attention.use_symmetric_memory = rec
+            output_scope.use_symmetric_memory = rec
             fr, fy, fpost, fcomb = mhc.mhc_fused_post_pre(x, r, post, comb, fn, sc, b, **E, **nkw)
             if t:
                 assert rec.allocated == [fy.untyped_storage().data_ptr()], rec.allocated

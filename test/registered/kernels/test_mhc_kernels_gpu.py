@@ -27,8 +27,9 @@ import torch
 
 from sglang.kernels.ops.layernorm import mhc as mhc_kernels
 from sglang.kernels.ops.layernorm import mhc_mix_mma, mhc_tilelang, mhc_triton
+from sglang.srt.distributed.symm_mem import output_scope
 from sglang.srt.environ import envs
-from sglang.srt.layers import dp_attention, mhc
+from sglang.srt.layers import mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
@@ -79,10 +80,10 @@ def _assert_backend(residual: torch.Tensor, backend: str) -> None:
 @pytest.fixture(autouse=True)
 def _single_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(
-        dp_attention, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
+        output_scope, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
     )
-    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: False)
-    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: None)
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: False)
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: None)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # the torch reference must be true fp32
     yield
@@ -245,12 +246,12 @@ def test_kernel_path_puts_only_layer_input_in_symmetric_scope(
     r, x, p, w = _inputs(7, 4096, seed=4)
     _assert_backend(r, backend)
     group = object()
-    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: True)
-    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: group)
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: True)
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: group)
     _, post, comb = mhc_kernels._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)  # before recording
     for fused in (False, True):
         rec = SymmetricScopeRecorder()
-        monkeypatch.setattr(dp_attention, "use_symmetric_memory", rec)
+        monkeypatch.setattr(output_scope, "use_symmetric_memory", rec)
         if fused:
             nr, y, post2, comb2 = mhc.mhc_fused_post_pre(
                 x, r, post, comb, *p, **E, norm_weight=w, norm_eps=NORM_EPS

@@ -28,8 +28,8 @@ import torch
 from sglang.kernels.ops.layernorm import mhc as mhc_kernels
 from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
 from sglang.kernels.ops.layernorm.mhc import Backend, hc_post_torch_impl, mhc_head
+from sglang.srt.distributed.symm_mem.output_scope import symmetric_output_scope
 from sglang.srt.environ import envs
-from sglang.srt.layers.dp_attention import symmetric_output_scope
 from sglang.srt.utils.log import get_logger, log_once
 
 # The torch post and the head allocate nothing shared and choose no backend: the model takes them

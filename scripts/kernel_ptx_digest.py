@@ -167,8 +167,14 @@ def _norm_rope() -> None:
     x = torch.randn(4, 8, 128, dtype=torch.bfloat16)
     cos, sin = torch.randn(4, 32), torch.randn(4, 32)
     w = torch.randn(128, dtype=torch.bfloat16)
-    k.norm_rope(x, cos, sin, out=torch.empty_like(x), norm="weighted", weight=w, eps=1e-6)
-    k.norm_rope(x, cos, sin, out=torch.empty_like(x), norm="unweighted", eps=1e-6)
+    if hasattr(k, "RowNorm"):  # the norm as one bundle
+        weighted = {"norm": k.RowNorm.weighted(w, 1e-6)}
+        unweighted = {"norm": k.RowNorm.unweighted(1e-6)}
+    else:
+        weighted = {"norm": "weighted", "weight": w, "eps": 1e-6}
+        unweighted = {"norm": "unweighted", "eps": 1e-6}
+    k.norm_rope(x, cos, sin, out=torch.empty_like(x), **weighted)
+    k.norm_rope(x, cos, sin, out=torch.empty_like(x), **unweighted)
     k.norm_rope(x.float(), cos, sin, out=torch.empty_like(x), inverse=True)
 
 

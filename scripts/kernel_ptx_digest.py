@@ -104,7 +104,8 @@ def compile_launch(launch: Launch) -> Any:
 
 
 def stripped_ptx(ptx: str) -> str:
-    """The PTX without what names source files and lines (``.loc``, ``.file``, debug sections)."""
+    """The PTX without its debug information: ``.loc`` / ``.file`` lines, debug sections and the
+    ``$L__tmpN`` labels that only mark source ranges (an inlined helper adds some)."""
     out, skipping = [], False
     for line in ptx.splitlines():
         text = line.strip()
@@ -116,6 +117,8 @@ def stripped_ptx(ptx: str) -> str:
                 skipping = False
             continue
         if text.startswith((".loc", ".file", "//")) or not text:
+            continue
+        if re.fullmatch(r"\$L__tmp\d+:", text):
             continue
         out.append(re.sub(r"\s+//.*$", "", line.rstrip()))
     return "\n".join(out) + "\n"
@@ -136,6 +139,15 @@ def _sparse_decode() -> None:
     sink = torch.randn(heads)
     picks = torch.zeros(bs, 4, dtype=torch.int32)
     sparse_decode_attention(q, ring, idx, pos, sink, 0.1, entries=ent, ratio=4, picks=picks)
+    # paged FP8 entries (--kv-cache-dtype fp8_e4m3), read through a block table
+    from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
+
+    fmt = Fp8RowFormat(d, 16)
+    blocks = fmt.quantize(torch.randn(5, 4, d))
+    table = torch.arange(slots * 2, dtype=torch.int64).view(slots, 2) % 5
+    sparse_decode_attention(
+        q, ring, idx, pos, sink, 0.1, entries=blocks, ratio=4, table=table, entry_fp8=fmt
+    )
 
 
 def _absorbed_decode() -> None:
@@ -147,6 +159,11 @@ def _absorbed_decode() -> None:
     store = torch.randn(blocks, rows, latent + rope, dtype=torch.bfloat16)
     table = torch.arange(4, dtype=torch.int32).view(bs, 2)
     absorbed_mla_decode(q_lat, q_pe, store, table, torch.tensor([20, 9]), 0.05)
+    from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
+
+    fmt = Fp8RowFormat(latent + rope, rope)  # FP8 latents, the rope part kept bf16
+    rows = fmt.quantize(torch.randn(blocks, 16, latent + rope))
+    absorbed_mla_decode(q_lat, q_pe, rows, table, torch.tensor([20, 9]), 0.05, fp8=fmt)
 
 
 def _sparse_prefill() -> None:

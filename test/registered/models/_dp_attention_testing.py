@@ -105,9 +105,9 @@ def _spec(rank: int, world: int, ep_size: int | None) -> LayerBuildSpec:
 
 
 def load_dsv4(path: str, rank: int, world: int, ep_size: int | None = None) -> Any:
-    from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
+    from sglang.srt.models.loading import load_model
 
-    return load_deepseek_v4(path, _spec(rank, world, ep_size), LoadOptions(progress=False))
+    return load_model(path, _spec(rank, world, ep_size), LoadOptions(progress=False))
 
 
 def load_kimi(
@@ -117,9 +117,9 @@ def load_kimi(
     world: int,
     ep_size: int | None = None,
 ) -> Any:
-    from sglang.srt.model_loader.kimi_k3_loader import load_weights
     from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
     from sglang.srt.models.kimi_k3_config import KimiK3Config
+    from sglang.srt.models.loading import load_weights
 
     model = KimiK3ForCausalLM(KimiK3Config.from_dict(raw), _spec(rank, world, ep_size))
     load_weights(model, ckpt, LoadOptions(progress=False))

@@ -29,9 +29,9 @@ import torch
 
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.layers.quantization.mxfp4 import quant_mxfp4
-from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe
 from sglang.test.run import run_this_file

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from sglang.srt.model_loader.kimi_k3_loader import load_weights
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe, mxfp4_mega_experts
 from sglang.test.release_checkpoint import kimi_k3 as k3_release

@@ -56,8 +56,10 @@ from sglang.srt.mem_cache.deepseek_v4_cache import (
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
+from sglang.srt.models.deepseek_v4_checkpoint import checkpoint_rules
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
+from sglang.srt.models.registry import ModelEntry, register_model
 from sglang.srt.models.static_step import SlotPoolDecode
 
 
@@ -347,3 +349,16 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
             residual = residual.index_select(0, logit_rows)
         y = mhc_head(residual, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, mhc)
         return self.head(self.norm(y)).float()
+
+
+register_model(
+    ModelEntry(
+        architecture="DeepseekV4ForCausalLM",
+        model_types=("deepseek_v4",),
+        config_class=DeepseekV4ModelConfig,
+        model_class=DeepseekV4ForCausalLM,
+        batch_class=DeepseekV4Batch,
+        checkpoint_rules=checkpoint_rules,
+        supports_dp_attention=True,
+    )
+)

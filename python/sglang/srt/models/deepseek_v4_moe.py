@@ -21,7 +21,7 @@ from torch import nn
 
 from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.layers.linear import WeightShapeError, fp32_param
+from sglang.srt.layers.linear import WeightShapeError, attach_loader, fp32_param
 from sglang.srt.layers.mlp import gated_mlp_forward, gated_mlp_projections
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.router import LinearRouter
@@ -84,6 +84,8 @@ class MoEGate(LinearRouter):
         else:
             table = torch.zeros(hash_vocab, top_k, dtype=torch.int32, device=spec.device)
             self.register_buffer("tid2eid", table)
+            # An integer table, no parameter: the checkpoint loop fills it through this loader.
+            attach_loader(self.tid2eid, lambda _table, full: self.load_tid2eid(full))
 
     def load_tid2eid(self, full: torch.Tensor) -> None:
         if tuple(full.shape) != tuple(self.tid2eid.shape):

@@ -51,6 +51,7 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
+from sglang.srt.models.kimi_k3_checkpoint import checkpoint_rules
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
@@ -60,6 +61,7 @@ from sglang.srt.models.kimi_k3_static_decode import (
     static_attend,
     static_decode_gate_reason,
 )
+from sglang.srt.models.registry import ModelEntry, register_model
 from sglang.srt.models.static_step import SlotPoolDecode
 
 _STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -356,3 +358,16 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         if logit_rows is not None:  # the final norm and LM head are per token
             h = h.index_select(0, logit_rows)
         return self.model.norm(h)
+
+
+register_model(
+    ModelEntry(
+        architecture="KimiK3ForCausalLM",
+        model_types=("kimi_k3", "kimi_linear"),
+        config_class=KimiK3Config,
+        model_class=KimiK3ForCausalLM,
+        batch_class=KimiK3Batch,
+        checkpoint_rules=checkpoint_rules,
+        supports_dp_attention=True,
+    )
+)

@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 from transformers import DeepseekV4Config
 
 from sglang.srt.layers.rotary_embedding import RopeSpec, YarnScaling, rope_inv_freq
-from sglang.srt.model_loader.deepseek_v4_names import canonical_name
 from sglang.srt.model_loader.weight_source import SafetensorsWeightSource
+from sglang.srt.models.deepseek_v4_checkpoint import canonical_name
 from sglang.srt.models.deepseek_v4_config import ConfigError, DeepseekV4ModelConfig
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file

@@ -48,11 +48,7 @@ from sglang.srt.layers.mhc import (
     mhc_pre,
     mhc_pre_torch,
 )
-from sglang.srt.mem_cache.deepseek_v4_cache import (
-    DeepseekV4RequestCache,
-    new_request_cache,
-    slot_request_cache,
-)
+from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4RequestCache, new_request_cache
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
@@ -60,7 +56,7 @@ from sglang.srt.models.deepseek_v4_checkpoint import checkpoint_rules
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
 from sglang.srt.models.registry import ModelEntry, register_model
-from sglang.srt.models.static_step import SlotPoolDecode
+from sglang.srt.models.static_step import SlotPoolDecode, SlotPoolSize
 
 
 class DeepseekV4Batch(RequestBatch[DeepseekV4RequestCache]):
@@ -215,43 +211,25 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
 
     # --- slot pool -----------------------------------------------------------------------------
 
-    def enable_slot_pool(
-        self,
-        max_slots: int,
-        capacity: int,
-        *,
-        num_blocks: int | None = None,
-        block_tokens: int | None = None,
-        total_tokens: int | None = None,
-    ) -> DeepseekV4SlotPool:
-        """Preallocate the static cache: ``max_slots`` requests of up to ``capacity`` tokens each,
-        their compressed entries in blocks of ``block_tokens`` tokens shared by all: ``num_blocks``
-        of them, or ``total_tokens`` worth (default: enough for every slot at full capacity). The
-        static decode and CUDA graphs need it. Replaces any earlier pool."""
+    def new_slot_pool(self, size: SlotPoolSize) -> DeepseekV4SlotPool:
+        """Window rings by slot; compressed entries and indexer keys in the shared blocks."""
         c = self.config
-        self.slot_pool = DeepseekV4SlotPool(
+        return DeepseekV4SlotPool(
             attn_types=c.attn_types,
             compress_ratios=c.compress_ratios,
             sliding_window=c.sliding_window,
             head_dim=c.head_dim,
             index_head_dim=c.index_head_dim,
-            max_slots=max_slots,
-            capacity=capacity,
+            max_slots=size.max_slots,
+            capacity=size.capacity,
             dtype=self.dtype,
             device=self.device,
-            num_blocks=num_blocks,
-            block_tokens=block_tokens,
-            total_tokens=total_tokens,
+            num_blocks=size.num_blocks,
+            block_tokens=size.block_tokens,
+            total_tokens=size.total_tokens,
             entry_codec=self.kv_layout.entries,
             index_codec=self.kv_layout.index_keys,
         )
-        return self.slot_pool
-
-    def new_pooled_cache(self) -> DeepseekV4RequestCache:
-        """A request cache in a free slot of the pool (eager forwards and the static decode both
-        use it); give it back with :meth:`free_pooled_cache`."""
-        pool = self._slot_pool()
-        return slot_request_cache(pool, pool.alloc())
 
     # --- forward -------------------------------------------------------------------------------
 

@@ -62,7 +62,7 @@ from sglang.srt.models.kimi_k3_static_decode import (
     static_decode_gate_reason,
 )
 from sglang.srt.models.registry import ModelEntry, register_model
-from sglang.srt.models.static_step import SlotPoolDecode
+from sglang.srt.models.static_step import SlotPoolDecode, SlotPoolSize
 
 _STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -262,39 +262,21 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         """Why the executor must not take this model's static decode yet (None: it may)."""
         return static_decode_gate_reason()
 
-    def enable_slot_pool(
-        self,
-        max_slots: int,
-        capacity: int,
-        *,
-        num_blocks: int | None = None,
-        block_tokens: int | None = None,
-        total_tokens: int | None = None,
-    ) -> KimiK3SlotPool:
-        """Preallocate the static cache: ``max_slots`` requests of up to ``capacity`` tokens
-        (KDA states by slot, MLA latents in blocks of ``block_tokens`` shared by all:
-        ``num_blocks`` of them, or ``total_tokens`` worth, default every slot at full capacity).
-        The static decode and CUDA graphs need it. Replaces any earlier pool."""
-        self.slot_pool = new_slot_pool(
+    def new_slot_pool(self, size: SlotPoolSize) -> KimiK3SlotPool:
+        """KDA states by slot; MLA latents in the shared blocks."""
+        return new_slot_pool(
             self.config,
             kda_heads=self._kda_heads,
-            max_slots=max_slots,
-            capacity=capacity,
+            max_slots=size.max_slots,
+            capacity=size.capacity,
             dtype=self.dtype,
             state_dtype=_STATE_DTYPES[self.config.kda_state_dtype],
             device=self.device,
-            num_blocks=num_blocks,
-            block_tokens=block_tokens,
-            total_tokens=total_tokens,
+            num_blocks=size.num_blocks,
+            block_tokens=size.block_tokens,
+            total_tokens=size.total_tokens,
             latent_encoding=self.kv_layout.latents,
         )
-        return self.slot_pool
-
-    def new_pooled_cache(self) -> KimiK3RequestCache:
-        """A request cache in a free slot of the pool (eager forwards and the static decode both
-        use it); give it back with :meth:`free_pooled_cache`."""
-        pool = self._slot_pool()
-        return pool.request_cache(pool.alloc())
 
     @torch.no_grad()
     def static_decode(self, input_ids: Tensor, positions: Tensor, slots: Tensor) -> Tensor:

@@ -12,7 +12,6 @@ checked loosely here and exactly on the GPU.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_fused_moe_triton import ACTS, make_moe, rel_err
 
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import run_interp_tests
 from sglang.test.run import run_this_file
 
 if TYPE_CHECKING:
@@ -38,25 +38,7 @@ interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpr
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_mega_kernel_under_interpreter() -> None:
-    root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, TRITON_INTERPRET="1", **{_FLAG: "1"})
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        str(Path(__file__).resolve()),
-        "-q",
-        "-k",
-        "interp_",
-        "-p",
-        "no:cacheprovider",
-    ]
-    proc = subprocess.run(
-        cmd, check=False, cwd=root, env=env, capture_output=True, text=True, timeout=600
-    )
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, tail
-    assert "skipped" not in proc.stdout.splitlines()[-1], tail
+    run_interp_tests(str(Path(__file__).resolve()), _FLAG, timeout=600)
 
 
 def _tiny_config() -> MegaMoEConfig:

@@ -20,17 +20,14 @@ import torch
 
 from sglang.srt.distributed.parallel_state import get_tp_group_or_none
 from sglang.srt.layers.deep_gemm_adapter import get_deep_gemm
+
+# The two kernels' modules by name: tests stand in for a kernel at its own module.
+from sglang.srt.layers.moe import mega_moe, mega_moe_triton_backend
 from sglang.srt.layers.moe.a2a.base import DispatchOutput, MoEA2ABackend, reduce_partial_sums
 from sglang.srt.layers.moe.expert_plan import MegaKernelChoice, MegaKernelPlan, plan_mega_kernel
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.fused_moe_config import FusedMoEConfig
-from sglang.srt.layers.moe.mega_moe import (
-    MegaMoEParams,
-    kernel_arch,
-    mega_moe_max_tokens,
-    run_mega_routed_experts,
-)
-from sglang.srt.layers.moe.mega_moe_triton_backend import run_triton_mega_routed
+from sglang.srt.layers.moe.mega_moe import MegaMoEParams, kernel_arch, mega_moe_max_tokens
 from sglang.srt.layers.moe.mega_moe_weights import MegaWeights
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.utils.log import get_logger, log_once
@@ -122,7 +119,7 @@ class _MegaKernel:
         log_once(logger, logging.INFO, f"MegaMoE backend: {choice.describe()}")
         if choice.backend == "deep_gemm":
             assert self.mega_weights is not None
-            rows = run_mega_routed_experts(
+            rows = mega_moe.run_mega_routed_experts(
                 self.deep_gemm,
                 self.group,
                 x,
@@ -135,7 +132,7 @@ class _MegaKernel:
             )
             return rows.to(x.dtype)  # the kernel writes bf16 (a no-op for a bf16 model)
         assert self.local_weights is not None
-        return run_triton_mega_routed(
+        return mega_moe_triton_backend.run_triton_mega_routed(
             x,
             topk_ids,
             topk_weights,

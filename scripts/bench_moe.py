@@ -5,18 +5,27 @@ weights actually touched plus activations in/out, each once) and TFLOP/s, and th
 roofline floor max(bytes / BW, flops / peak) the run reaches. Ceilings are those the device notes
 measured on these H200s: 4.3 TB/s copy, 790 TFLOP/s bf16 matmul; FP8 peak taken as 2x bf16.
 
-Runners: ``triton``, ``torch``, ``deep_gemm`` (its token-count choice), ``deep_gemm:masked`` and
-``deep_gemm:contiguous`` (one layout forced). The contiguous layout reads its size back to the host,
-so it cannot be captured: it is timed eagerly (``mode`` column). ``ref us`` is the reference
-fused MoE (SGLang 0.5.23's Triton path with its best H200 configs, measured on this GPU model on
-2026-12-01, ``shared/design/performance_targets.md``) where that table has the case, and
+Runners: ``triton``, ``torch``, ``deep_gemm`` (``auto``: its measured choice, the path table
+``srt/layers/moe/moe_runner/path_table.py``), ``deep_gemm:masked`` and ``deep_gemm:contiguous``
+(one layout forced). Each is timed the way the engine runs it at that size (``mode`` column):
+under CUDA-graph replay at decode sizes (M <= ``--graph-max-m``), eagerly above (prefill chunks
+are never captured), and the contiguous layout always eagerly (it reads its size back to the
+host, so it cannot be captured). ``ref us`` is the reference
+fused MoE (SGLang 0.5.23's Triton path with its best H200 configs, measured on this GPU model,
+``shared/design/performance_targets.md``) where that table has the case, and
 ``ref/ours`` its time over ours (> 1: ours is faster).
 
 With ``--profile`` it prints, for each case instead, the GPU time of each kernel of one call
 (torch profiler, 10 calls averaged): where a layer's time goes.
 
-Usage: python scripts/bench_moe.py [--shapes dsv4,k3] [--batches 1,8,32,128,512] [--runners triton]
-       [--profile]
+With ``--auto`` it times the ``deep_gemm`` runner's ``auto`` against each layout forced
+(``triton``, ``deep_gemm:contiguous``, ``deep_gemm:masked``) at every size and prints, per size,
+auto's choice, every time, the fastest and auto's ratio to it (the target: within 3%).
+``scripts/tune_moe_paths.py`` measures the same paths the same way and writes the table auto
+reads.
+
+Usage: python scripts/bench_moe.py [--shapes dsv4,k3] [--batches 1,8,32,128,512,2048,8192]
+       [--runners triton] [--profile] [--auto]
 """
 
 from __future__ import annotations
@@ -133,12 +142,108 @@ def make_runner(name: str, config: MoERunConfig) -> MoERunner:
     return create_moe_runner(name, config)
 
 
-def time_ms(runner: MoERunner, fn) -> tuple[float, str]:  # type: ignore[no-untyped-def]
-    """CUDA-graph replay where the runner can be captured at this size, else eager."""
-    eager = isinstance(runner, DeepGemmMoERunner) and runner.layout == "contiguous"
-    if eager:
-        return triton.testing.do_bench(fn, warmup=25, rep=200), "eager"
-    return triton.testing.do_bench_cudagraph(fn, rep=200), "graph"
+# Decode batches up to this size replay CUDA graphs in the engine; larger batches are prefill
+# chunks, which run eagerly.
+GRAPH_MAX_M = 512
+# The layouts auto chooses among, each forced (bench names: runner[:layout]).
+FORCED_LAYOUTS = {
+    "triton": "triton",
+    "deep_gemm:contiguous": "deep_gemm_contiguous",
+    "deep_gemm:masked": "deep_gemm_masked",
+}
+
+
+def engine_mode(runner: MoERunner, m: int, graph_max_m: int = GRAPH_MAX_M) -> str:
+    """How the engine runs ``runner`` on ``m`` tokens: ``graph`` (decode-sized, capturable) or
+    ``eager`` (prefill-sized, or the contiguous layout, which reads its size back)."""
+    contiguous = isinstance(runner, DeepGemmMoERunner) and runner.layout == "contiguous"
+    return "eager" if contiguous or m > graph_max_m else "graph"
+
+
+def time_ms(runner: MoERunner, fn, m: int, graph_max_m: int = GRAPH_MAX_M) -> tuple[float, str]:  # type: ignore[no-untyped-def]
+    """Median ms of ``fn`` in the mode the engine would run it (:func:`engine_mode`)."""
+    mode = engine_mode(runner, m, graph_max_m)
+    if mode == "eager":
+        return triton.testing.do_bench(fn, warmup=25, rep=200), mode
+    return triton.testing.do_bench_cudagraph(fn, rep=200), mode
+
+
+def masked_too_large(shape: Shape, m: int) -> bool:
+    """[E, M, H] slabs past 4 GB: the masked layout is for decode sizes."""
+    return m * shape.experts * shape.hidden > 2**31
+
+
+def measure_paths(
+    shape: Shape,
+    fp8: bool,
+    batches: list[int],
+    device: torch.device,
+    graph_max_m: int = GRAPH_MAX_M,
+    with_auto: bool = False,
+) -> dict[int, dict[str, tuple[float, str]]]:
+    """``{M: {path: (us, mode)}}`` for the layouts auto chooses among (path-table names), and
+    with ``with_auto`` the ``deep_gemm`` runner's own choice as ``auto`` (its mode slot also
+    names the layout it chose)."""
+    weights = make_weights(shape, fp8, device)
+    config = MoERunConfig(shape.activation, 10.0 if shape.activation == "swiglu" else None)
+    out: dict[int, dict[str, tuple[float, str]]] = {}
+    names = list(FORCED_LAYOUTS) + (["deep_gemm"] if with_auto else [])
+    for m in batches:
+        x, topk = make_batch(shape, m, device)
+        row: dict[str, tuple[float, str]] = {}
+        for name in names:
+            if name == "deep_gemm:masked" and masked_too_large(shape, m):
+                continue
+            runner = make_runner(name, config)
+            ms, mode = time_ms(runner, partial(runner.run, x, topk, weights), m, graph_max_m)
+            if name == "deep_gemm":
+                assert isinstance(runner, DeepGemmMoERunner)
+                capturing = mode == "graph"
+                chosen = _auto_layout(runner, shape, fp8, m, capturing)
+                row["auto"] = (ms * 1e3, f"{mode}, chose {chosen}")
+            else:
+                row[FORCED_LAYOUTS[name]] = (ms * 1e3, mode)
+            torch.cuda.empty_cache()
+        out[m] = row
+    del weights
+    torch.cuda.empty_cache()
+    return out
+
+
+def _auto_layout(
+    runner: DeepGemmMoERunner, shape: Shape, fp8: bool, m: int, capturing: bool
+) -> str:
+    from sglang.srt.layers.moe.moe_runner.deep_gemm import choose_layout, measured_layout
+    from sglang.srt.layers.moe.moe_runner.path_table import MoeShape
+
+    key = MoeShape(shape.experts, shape.top_k, shape.hidden, shape.inter)
+    return measured_layout(key, fp8, m, capturing) or choose_layout(m, fp8, capturing)
+
+
+def print_auto_table(rows: list[tuple[str, str, int, dict[str, tuple[float, str]]]]) -> bool:
+    """Auto against each forced layout; True when auto is within 3% of the fastest everywhere."""
+    print(
+        "\n| shape | dtype | M | auto us (mode, choice) | triton us | contiguous us | masked us "
+        "| fastest | auto / fastest |\n|---|---|---:|---|---:|---:|---:|---|---:|"
+    )
+    ok = True
+    for shape_key, dtype, m, row in rows:
+        forced = {p: us for p, (us, _) in row.items() if p != "auto"}
+        best = min(forced, key=lambda p: forced[p])
+        auto_us, how = row["auto"]
+        ratio = auto_us / forced[best]
+        ok &= ratio <= 1.03
+
+        cells = [
+            f"{row[p][0]:.1f} ({row[p][1]})" if p in row else "-"
+            for p in ("triton", "deep_gemm_contiguous", "deep_gemm_masked")
+        ]
+        print(
+            f"| {shape_key} | {dtype} | {m} | {auto_us:.1f} ({how}) | {' | '.join(cells)} | "
+            f"{best} | {ratio:.3f} |"
+        )
+    print(f"\nauto within 3% of the fastest path at every size: {'yes' if ok else 'NO'}")
+    return ok
 
 
 def profile_rows(runner: MoERunner, fn, label: str) -> None:  # type: ignore[no-untyped-def]
@@ -164,7 +269,9 @@ def profile_rows(runner: MoERunner, fn, label: str) -> None:  # type: ignore[no-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", default="dsv4,k3")
-    parser.add_argument("--batches", default="1,8,32,128,512")
+    parser.add_argument("--batches", default="1,8,32,128,512,2048,8192")
+    parser.add_argument("--graph-max-m", type=int, default=GRAPH_MAX_M)
+    parser.add_argument("--auto", action="store_true", help="deep_gemm auto vs each layout")
     parser.add_argument("--runners", default="triton")
     parser.add_argument("--dtypes", default="bf16,fp8")
     parser.add_argument("--profile", action="store_true")
@@ -173,6 +280,15 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
     cases = [(s, d) for s in args.shapes.split(",") for d in args.dtypes.split(",")]
+    if args.auto:
+        auto_rows = []
+        for shape_key, dtype in tqdm(cases, desc="shapes"):
+            measured = measure_paths(
+                SHAPES[shape_key], dtype == "fp8", batches, device, args.graph_max_m, True
+            )
+            auto_rows += [(shape_key, dtype, m, row) for m, row in measured.items()]
+        print_auto_table(auto_rows)
+        return
     for shape_key, dtype in tqdm(cases, desc="shapes"):
         shape = SHAPES[shape_key]
         fp8 = dtype == "fp8"
@@ -181,14 +297,15 @@ def main() -> None:
         for runner_name in args.runners.split(","):
             runner = make_runner(runner_name, config)
             for m in batches:
-                if runner_name == "deep_gemm:masked" and m * shape.experts * shape.hidden > 2**31:
-                    continue  # [E, M, H] slabs past 4 GB: the layout is for decode sizes
+                if runner_name == "deep_gemm:masked" and masked_too_large(shape, m):
+                    continue
                 x, topk = make_batch(shape, m, device)
                 if args.profile:
                     label = f"{shape_key} {dtype} {runner_name} M={m}"
                     profile_rows(runner, partial(runner.run, x, topk, weights), label)
                     continue
-                ms, mode = time_ms(runner, partial(runner.run, x, topk, weights))
+                fn = partial(runner.run, x, topk, weights)
+                ms, mode = time_ms(runner, fn, m, args.graph_max_m)
                 nbytes, flops = floor_terms(shape, m, topk, fp8)
                 peak = BF16_FLOPS * (2 if fp8 else 1)
                 floor_ms = max(nbytes / BW_BYTES_S, flops / peak) * 1e3

@@ -9,7 +9,7 @@ fused MoE with its best H200 configs, ``shared/design/performance_targets.md``).
 measured in the same run, and each case prints its share of them and its floor: the larger of
 (expert weights the routing touches + activations) / bandwidth and FLOPs / the own-dtype matmul
 rate. ``ref/floor`` is the most any kernel could beat the reference by; where it is below the
-target, the target is past the hardware (``past floor``). Targets (issue 18): >= 1.2x the
+target, the target is past the hardware (``past floor``). Targets: >= 1.2x the
 reference at M >= 2048, >= 0.97x at M <= 512, >= 70% of the bf16 matmul rate at M = 8192 (bf16).
 
 Usage: python scripts/bench_moe_prefill.py [--shapes dsv4,k3] [--dtypes bf16,fp8]

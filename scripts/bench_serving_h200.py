@@ -2,7 +2,7 @@
 by ``launch_server`` with one feature on and off, loaded by our ``bench_serving``.
 
 ``--compare graphs`` (default): with and without decode CUDA graphs. ``--compare symm-mem
---tp-size N``: with and without ``--enable-symm-mem`` at TP=N (both with graphs), e.g. issue 7's
+--tp-size N``: with and without ``--enable-symm-mem`` at TP=N (both with graphs), e.g.
 ``--compare symm-mem --tp-size 8 --concurrency 1,8,64``. ``--compare baseline --baseline DIR``:
 this tree against another checkout of the repo at ``DIR`` (its ``python/`` first on the second
 server's PYTHONPATH), same flags, both with graphs: a slowdown check in one run.
@@ -21,9 +21,9 @@ Prints one table: TTFT and TPOT (median ms), output and total throughput (tok/s)
 then on/off ratios (TPOT < 1 and throughput > 1 mean the feature helps). Each server's log goes
 to ``--log-dir``; this tree's servers write an activity line a second there (the steps by kind,
 decode / mixed / prefill, with their mean time: where a TTFT or TPOT goes).
-Usage: python scripts/bench_serving_h200.py [--compare graphs|symm-mem] [--tp-size N]
-       [--concurrency 1,8,32] [--layers 3] [--weights bf16|release] [--model-dir DIR]
-       [--keep-model]
+Usage: python scripts/bench_serving_h200.py [--compare graphs|symm-mem|weights|megamoe]
+       [--tp-size N] [--concurrency 1,8,32] [--layers 3] [--weights bf16|release]
+       [--model-dir DIR] [--keep-model]
 About 2.5 minutes on one H200 with --layers 2 (generation 30 s, two server starts, six runs).
 """
 
@@ -110,12 +110,19 @@ class Comparison:
     off_label: str
     on_args: tuple[str, ...]
     off_args: tuple[str, ...]
+    # The checkpoint each server loads (a --weights name); None: the one --weights names.
+    on_weights: str | None = None
+    off_weights: str | None = None
 
 
 COMPARISONS = {
     "graphs": Comparison("CUDA graphs:", "graphs", "eager", (), ("--disable-cuda-graph",)),
     "symm-mem": Comparison("symmetric memory:", "symm-mem", "regular", ("--enable-symm-mem",), ()),
     "baseline": Comparison("CUDA graphs:", "this tree", "baseline", (), ()),
+    # the model as DeepSeek ships it (FP8 dense, MXFP4 experts kept so) against all-bf16 weights
+    "weights": Comparison("CUDA graphs:", "release", "bf16", (), (), "release", "bf16"),
+    # DeepGEMM's fused MegaMoE kernel (under the reserved-SM window) against the runner path
+    "megamoe": Comparison("MoE runner:", "megamoe", "runner", ("--moe-a2a-backend", "megamoe"), ()),
 }
 
 
@@ -251,7 +258,8 @@ def main() -> None:
         choices=tuple(COMPARISONS),
         default="graphs",
         help="graphs: with vs without decode CUDA graphs; symm-mem: with vs without "
-        "--enable-symm-mem (needs --tp-size > 1).",
+        "--enable-symm-mem (needs --tp-size > 1); weights: the release-format checkpoint vs "
+        "an all-bf16 one; megamoe: --moe-a2a-backend megamoe vs the runner path.",
     )
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument(
@@ -277,23 +285,25 @@ def main() -> None:
     cmp = COMPARISONS[args.compare]
     concurrency = [int(c) for c in args.concurrency.split(",")]
     tp = ["--tp-size", str(args.tp_size)]
-    model_dir = Path(args.model_dir)
     started = time.perf_counter()
-    build_model(model_dir, args.layers, args.weights)
+    dirs = {}
+    for weights in {cmp.on_weights or args.weights, cmp.off_weights or args.weights}:
+        dirs[weights] = Path(f"{args.model_dir}-{weights}")
+        build_model(dirs[weights], args.layers, weights)
     torch.cuda.empty_cache()  # the servers need the GPU
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
         runs = []
         baseline_python = args.baseline / "python" if args.baseline is not None else None
-        for label, extra, python_dir in (
-            (cmp.on_label, cmp.on_args, None),
-            (cmp.off_label, cmp.off_args, baseline_python),
+        for label, extra, python_dir, weights in (
+            (cmp.on_label, cmp.on_args, None, cmp.on_weights or args.weights),
+            (cmp.off_label, cmp.off_args, baseline_python, cmp.off_weights or args.weights),
         ):
             log = log_dir / f"bench_server_{label.replace(' ', '_')}.log"
             runs.append(
                 serve_and_bench(
-                    model_dir,
+                    dirs[weights],
                     args.port,
                     [*tp, *extra],
                     cmp.fact,
@@ -306,8 +316,10 @@ def main() -> None:
         on, off = runs
     finally:
         if not args.keep_model:
-            shutil.rmtree(model_dir, ignore_errors=True)
-    print_table(cmp, on, off, concurrency, args.tp_size, args.weights)
+            for d in dirs.values():
+                shutil.rmtree(d, ignore_errors=True)
+    weights_said = args.weights if cmp.on_weights is None else "release vs bf16"
+    print_table(cmp, on, off, concurrency, args.tp_size, weights_said)
     print(f"\ntotal {time.perf_counter() - started:.0f}s")
 
 

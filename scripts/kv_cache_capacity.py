@@ -15,6 +15,9 @@ rank, so each GPU holds every running request's cache: its capacity is the deplo
   workspace (a ``--chunk`` prefill chunk plus the decodes, ``--logit-rows`` logit rows) and their
   cached tokens at the memory model's bytes per token.
 
+Each model is shown with its weights as shipped (``shipped``) and all dequantised to bf16
+(``bf16``), so the table says what keeping the checkpoint's formats resident buys.
+
 Usage: PYTHONPATH=python python scripts/kv_cache_capacity.py [--gpus-dsv4 8] [--gpus-k3 16]
        [--request-tokens 8192] [--gpu-gib 139.8] [--mem-fraction 0.85]
 """
@@ -22,6 +25,7 @@ Usage: PYTHONPATH=python python scripts/kv_cache_capacity.py [--gpus-dsv4 8] [--
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -86,22 +90,33 @@ KIMI_K3: dict[str, Any] = {
 }  # fmt: skip
 
 
-def dsv4_weight_bytes(raw: dict[str, Any]) -> float:
+# --weights: "shipped" keeps the checkpoint's formats resident (what the engine does on CUDA);
+# "bf16" dequantises every matrix to bf16 (what serving would cost without the 4-bit and FP8
+# paths).
+WEIGHT_FORMATS = ("shipped", "bf16")
+
+
+def dsv4_weight_bytes(raw: dict[str, Any], shipped: bool = True) -> float:
     fp8 = (".wq_a.", ".wq_b.", ".wkv.", ".wo_a.", ".wo_b.", "shared_experts", "indexer.wq_b.")
     total = 0.0
     for name, shape in parameter_shapes(raw).items():
         n = math.prod(shape)
-        if ".ffn.experts." in name:
+        if len(shape) < 2:
+            total += n * 4
+        elif not shipped:
+            total += n * 2
+        elif ".ffn.experts." in name:
             total += n * MXFP4
-        elif len(shape) >= 2 and any(k in name for k in fp8) and "compressor" not in name:
+        elif any(k in name for k in fp8) and "compressor" not in name:
             total += n * FP8_BLOCK
         else:
-            total += n * (2 if len(shape) >= 2 else 4)
+            total += n * 2
     return total
 
 
-def k3_weight_bytes(raw: dict[str, Any]) -> float:
-    """Dense from a meta-device model (bf16; vectors fp32), routed experts counted (MXFP4)."""
+def k3_weight_bytes(raw: dict[str, Any], shipped: bool = True) -> float:
+    """Dense from a meta-device model (bf16; vectors fp32), routed experts counted (MXFP4 as
+    shipped, else bf16)."""
     from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 
     cfg = KimiK3Config.from_dict(raw)
@@ -110,12 +125,14 @@ def k3_weight_bytes(raw: dict[str, Any]) -> float:
     moe_layers = sum(1 for i in range(cfg.num_hidden_layers) if cfg.is_moe(i))
     width = raw["routed_expert_hidden_size"] or raw["hidden_size"]
     experts = moe_layers * raw["num_experts"] * 3 * raw["moe_intermediate_size"] * width
-    return dense + experts * MXFP4
+    return dense + experts * (MXFP4 if shipped else 2)
 
 
 @dataclass(frozen=True)
 class Row:
     model: str
+    weights: str
+    model_weights_gib: float
     kv: str
     bytes_per_token: float
     per_layer: str
@@ -158,9 +175,9 @@ def main() -> None:
     rows: list[Row] = []
 
     dsv4_cfg = DeepseekV4ModelConfig.from_dict(DSV4_FLASH)
-    dsv4_weights = dsv4_weight_bytes(DSV4_FLASH) / args.gpus_dsv4
     block = default_block_tokens(tuple(dsv4_cfg.compress_ratios))
-    for kv in ("bf16", "fp8_e4m3"):
+    for fmt, kv in itertools.product(WEIGHT_FORMATS, ("bf16", "fp8_e4m3")):
+        whole = dsv4_weight_bytes(DSV4_FLASH, fmt == "shipped")
         layout = DeepseekV4KVLayout.build(
             head_dim=dsv4_cfg.head_dim, rope_dim=dsv4_cfg.rope_head_dim,
             index_head_dim=dsv4_cfg.index_head_dim, dtype=torch.bfloat16, kv_cache_dtype=kv,
@@ -174,12 +191,15 @@ def main() -> None:
             f"r{r}{'+idx' if k == 'csa' else ''} {shape.layer_bytes_per_token(r, k):.1f}"
             for r, k in kinds
         )
-        rows.append(_row("DeepSeek V4-Flash", kv, shape, per_layer, dsv4_weights, gpu, args, block))
+        rows.append(
+            _row("DeepSeek V4-Flash", fmt, whole, args.gpus_dsv4, kv, shape, per_layer, gpu, args,
+                 block)
+        )  # fmt: skip
 
     k3_cfg = KimiK3Config.from_dict(KIMI_K3)
-    k3_weights = k3_weight_bytes(KIMI_K3) / args.gpus_k3
     heads = k3_cfg.kda_num_heads // args.gpus_k3
-    for kv in ("bf16", "fp8_e4m3"):
+    for fmt, kv in itertools.product(WEIGHT_FORMATS, ("bf16", "fp8_e4m3")):
+        whole = k3_weight_bytes(KIMI_K3, fmt == "shipped")
         layout = KimiK3KVLayout.build(
             kv_lora_rank=k3_cfg.kv_lora_rank, rope_dim=k3_cfg.qk_rope_head_dim,
             dtype=torch.bfloat16, kv_cache_dtype=kv,
@@ -190,7 +210,10 @@ def main() -> None:
             state_dtype_bytes=4, latent_row_bytes=layout.latents.row_bytes, kv_cache=kv,
         )  # fmt: skip
         per_layer = f"MLA {mm.latent_bytes}"
-        rows.append(_row("Kimi K3", kv, mm, per_layer, k3_weights, gpu, args, DEFAULT_BLOCK_TOKENS))
+        rows.append(
+            _row("Kimi K3", fmt, whole, args.gpus_k3, kv, mm, per_layer, gpu, args,
+                 DEFAULT_BLOCK_TOKENS)
+        )  # fmt: skip
 
     print(
         f"One H200 ({args.gpu_gib} GiB, --mem-fraction-static {args.mem_fraction}); DeepSeek "
@@ -198,26 +221,33 @@ def main() -> None:
         f"attention TP: every GPU holds every request's KV); requests of {args.request_tokens} "
         "tokens"
     )
-    head = ("model", "--kv-cache-dtype", "KV B/token", "per layer kind (B/token)",
-            "weights/GPU GiB", "cache room GiB", f"max {args.request_tokens // 1024}k requests",
-            "cached tokens")  # fmt: skip
+    head = ("model", "weights", "model weights GiB", "--kv-cache-dtype", "KV B/token",
+            "per layer kind (B/token)", "weights/GPU GiB", "cache room GiB",
+            f"max {args.request_tokens // 1024}k requests", "cached tokens")  # fmt: skip
     print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * 2 + "---:|" * 2 + "---:|" * 4)
+    print("|---|---|---:|---|---:|---|" + "---:|" * 4)
     for r in rows:
+        requests = str(r.requests) if r.room_gib > 0 else "does not fit"
         print(
-            f"| {r.model} | {r.kv} | {r.bytes_per_token:.0f} | {r.per_layer} | "
-            f"{r.weights_gib:.1f} | {r.room_gib:.1f} | {r.requests} | {r.tokens} |"
+            f"| {r.model} | {r.weights} | {r.model_weights_gib:.0f} | {r.kv} | "
+            f"{r.bytes_per_token:.0f} | {r.per_layer} | {r.weights_gib:.1f} | {r.room_gib:.1f} | "
+            f"{requests} | {r.tokens} |"
         )
 
 
-def _row(model: str, kv: str, shape: MemoryModel, per_layer: str, weights: float, gpu: float,
-         args: argparse.Namespace, block: int) -> Row:  # fmt: skip
+def _row(model: str, fmt: str, whole: float, gpus: int, kv: str, shape: MemoryModel,
+         per_layer: str, gpu: float, args: argparse.Namespace, block: int) -> Row:  # fmt: skip
     gib = float(1 << 30)
+    weights = whole / gpus
     room = gpu - weights
-    n = most_requests(shape, room, args.request_tokens, block, args.chunk, args.logit_rows)
+    n = (
+        0
+        if room <= 0
+        else most_requests(shape, room, args.request_tokens, block, args.chunk, args.logit_rows)
+    )
     tokens = n * blocks_for(args.request_tokens, block) * block
-    return Row(model, kv, shape.bytes_per_cached_token(), per_layer, weights / gib, room / gib,
-               n, tokens)  # fmt: skip
+    return Row(model, fmt, whole / gib, kv, shape.bytes_per_cached_token(), per_layer,
+               weights / gib, room / gib, n, tokens)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import dataclasses
 import math
 import os
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -455,6 +456,32 @@ def _check(ok: bool, message: str) -> None:
 
 _ArgGroup = argparse._ActionsContainer  # a parser or one of its argument groups
 
+# A help text that states its own default (one that depends on the machine or on other flags).
+_STATED_DEFAULT = re.compile(r"\bDefault:")
+
+
+def _show_default(value: object) -> str:
+    if value is False:
+        return "off"
+    if value is True:
+        return "on"
+    return str(value).replace("%", "%%")  # argparse %-formats the help text
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``--help`` names every option's default: the help's own "Default: ..." where the default
+    depends on the machine, the model or other flags, else "(default: VALUE)" from the parser."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or action.default is argparse.SUPPRESS
+            or _STATED_DEFAULT.search(text)
+        ):
+            return text
+        return f"{text} (default: {_show_default(action.default)})"
+
 
 def _add_bool(parser: _ArgGroup, flag: str, help_text: str) -> None:
     parser.add_argument(flag, action="store_true", help=help_text)
@@ -478,9 +505,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         g,
         "--model-path",
         str,
-        "Local directory with config.json and *.safetensors (a DeepSeek V4 checkpoint). "
-        "Omitted: the built-in default model, a tiny random-weight DeepSeek V4 that produces "
-        "gibberish and exists to exercise the engine (generated in seconds, no download).",
+        "Local directory with config.json and *.safetensors: a DeepSeek V4 "
+        "(DeepseekV4ForCausalLM) or Kimi K3 (KimiK3ForCausalLM) checkpoint. Default: the "
+        "built-in default model, a tiny random-weight DeepSeek V4 that produces gibberish and "
+        "exists to exercise the engine (generated in seconds, no download, cached under "
+        "SGLANG_CACHE_DIR, else $XDG_CACHE_HOME/sglang or ~/.cache/sglang).",
     )
     _add_option(
         g,
@@ -582,14 +611,16 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         str,
         "HOST:PORT of node 0 where the ranks rendezvous (torch.distributed's TCP store; the "
         "same value on every node). Nodes that do not all join within "
-        "SGLANG_DIST_JOIN_TIMEOUT_S fail with an error.",
+        "SGLANG_DIST_JOIN_TIMEOUT_S fail with an error. Default: none (needed when "
+        "--nnodes > 1; one node rendezvouses through a local file).",
     )
     _add_option(
         g,
         "--dist-timeout",
         float,
-        "Seconds a collective waits for a peer before it fails (default 7200: long enough for "
-        "first-use kernel compilation). Also bounds how long an idle follower waits for node 0.",
+        "Seconds a collective waits for a peer before it fails. Also bounds how long an idle "
+        "follower waits for node 0. Default: 7200 (long enough for first-use kernel "
+        "compilation on one rank).",
     )
     g = parser.add_argument_group("MoE and communication")
     _add_option(
@@ -605,9 +636,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         str,
         "none: experts tensor-parallel with one all-reduce. ep: experts expert-parallel, rows "
         "dispatched to their experts' ranks and combined back with all-to-all (chosen by "
-        "--ep-size > 1). megamoe: experts expert-parallel through DeepGEMM's fused MegaMoE "
-        "kernel on a reserved-SM budget (falls back to the runner plus all-reduce where the "
-        "kernel cannot run).",
+        "--ep-size > 1). megamoe: whole experts a rank through one fused MegaMoE kernel on a "
+        "reserved-SM budget: DeepGEMM's (Blackwell, and Hopper for FP8 SwiGLU experts) or, "
+        "where DeepGEMM's cannot run on one GPU (no DeepGEMM, bf16 or SiTU experts such as "
+        "Kimi K3's, a shape it does not take), our Triton persistent MegaMoE kernel; a batch "
+        "neither takes, or where ours measured slower, runs the runner plus all-reduce, with one "
+        "log line saying why. docs/moe.md.",
         moe_a2a_choices(),
     )
     _add_option(
@@ -629,9 +663,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     _add_bool(
         g,
         "--disable-cuda-graph",
-        "Run decode eagerly. Otherwise, on CUDA, DeepSeek V4 decode steps replay CUDA graphs "
-        "over a preallocated cache slot pool (needs a capture-safe MoE runner: triton; models "
-        "without a static decode, e.g. Kimi K3, decode eagerly). The startup log says which.",
+        "Run decode eagerly. Otherwise, on CUDA, DeepSeek V4 and Kimi K3 decode steps (and the "
+        "decode rows of steps that also prefill) replay CUDA graphs over a preallocated cache "
+        "slot pool. Graphs need a capture-safe MoE path (the triton runner; a2a none or "
+        "megamoe, not ep) and no DP attention; otherwise decode runs eagerly. The startup log "
+        "says which and why. docs/cuda_graphs.md.",
     )
     _add_option(
         g,
@@ -722,7 +758,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     _add_bool(
         g,
         "--enable-metrics",
-        "Serve Prometheus metrics at /metrics (requests, tokens, queue, latencies).",
+        "Serve Prometheus metrics at /metrics (requests, tokens, queue, latencies, prefix-cache "
+        "hit rate); without this flag /metrics answers 404.",
     )
     _add_option(
         g,
@@ -737,19 +774,21 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         float,
         "Seconds between the scheduler's activity lines (info level: steps by kind with their "
         "mean time, generation throughput, running and queued requests, token usage), written "
-        "only while steps run. 0: off. Default 10.",
+        "only while steps run. 0: off.",
     )
     _add_option(
         g,
         "--api-key",
         str,
-        "Require 'Authorization: Bearer <key>' on every endpoint except /health (401 without).",
+        "Require 'Authorization: Bearer <key>' on every endpoint except /health (401 without). "
+        "Default: none (no key needed).",
     )
     _add_option(
         g,
         "--max-request-bytes",
         int,
-        "Largest request body in bytes; a larger one gets 413 before it is read or parsed.",
+        "Largest request body in bytes; a larger one gets 413 before it is read or parsed. "
+        "Default: 16777216 (16 MiB).",
     )
     _add_option(
         g,
@@ -809,8 +848,10 @@ def _add_chat_args(parser: argparse.ArgumentParser) -> None:
 def build_parser(prog: str = "python -m sglang.launch_server") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Serve a DeepSeek V4 model over an OpenAI-compatible and SGLang-native HTTP "
-        "API. Without --model-path it serves the built-in tiny random-weight model.",
+        description="Serve a DeepSeek V4 or Kimi K3 model over an OpenAI-compatible and "
+        "SGLang-native HTTP API. Without --model-path it serves the built-in tiny random-weight "
+        "model (DeepSeek V4 architecture).",
+        formatter_class=DefaultsHelpFormatter,
     )
     add_cli_args(parser)
     return parser

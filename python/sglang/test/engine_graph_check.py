@@ -13,8 +13,7 @@ import pytest
 Outputs = list[list[int]]
 
 # fp32 with the triton MoE runner (capturable; fp32 so rounding cannot flip a token between the
-# two engines' other code), at most 8-row graphs, 16-token prefill chunks (they keep the fp32 MoE
-# kernel in its smallest tiles, which fit shared memory, and make many mixed steps).
+# two engines' other code), at most 8-row graphs, 16-token prefill chunks (many mixed steps).
 GRAPH_CHECK_ENGINE_ARGS: Mapping[str, Any] = {
     "device": "cuda",
     "dtype": "float32",

@@ -5,15 +5,25 @@ Triton's whole compiler (front end, TTGIR, LLVM, PTX, the bundled ptxas) runs on
 kernel the interpreter accepts but the compiler refuses (e.g. a global that is not a
 ``tl.constexpr``) fails here, and ``ptxas -v`` reports registers and spills per tile. Used by the
 CPU kernel tests and ``scripts/compile_moe_tma_sm90.py``.
+
+:func:`sm90_dry_run` goes one step further: inside it every ``@triton.jit`` launch made by real
+host code (an op's entry point, a whole model forward on CPU tensors) is bound exactly as the GPU
+launcher binds it (argument specialisation, constexprs, options), compiled for sm_90 and recorded
+instead of run. The survey of which kernel fits the H200 at which dtype and shape
+(``scripts/kernel_fit_survey.py``) and the footprint checks of the kernel-fit rules use it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import pkgutil
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import triton
@@ -136,3 +146,118 @@ def ptxas_usage(kernel: Any) -> Usage:
     if regs is None or spills is None:
         raise RuntimeError(f"no register report in ptxas -v output:\n{log}")
     return Usage(int(regs.group(1)), int(spills.group(1)), int(kernel.metadata.shared))
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """One kernel launch seen by :func:`sm90_dry_run`: the kernel (``module.qualname``), its
+    constexpr arguments, warps and stages, and what the sm_90 compiler made of it (``shared``
+    bytes and, with ``registers=True``, registers a thread; ``error`` when it did not compile)."""
+
+    kernel: str
+    constexprs: dict[str, Any]
+    num_warps: int
+    num_stages: int
+    shared: int | None
+    registers: int | None = None
+    spill_bytes: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class DryRun:
+    """The launches recorded so far (each distinct compilation once, in launch order)."""
+
+    records: list[LaunchRecord] = field(default_factory=list)
+    registers: bool = False
+    _seen: dict[tuple[str, str, str], LaunchRecord] = field(default_factory=dict)
+
+    def kernel(self, suffix: str) -> list[LaunchRecord]:
+        """The records of kernels whose name ends with ``suffix``."""
+        return [r for r in self.records if r.kernel.endswith(suffix)]
+
+
+def _compile_launch(
+    jit_fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dry: DryRun
+) -> None:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(jit_fn.signature, jit_fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = jit_fn._pack_args(
+        backend, kwargs, bound, specialization, options
+    )
+    name = f"{jit_fn.fn.__module__}.{jit_fn.fn.__qualname__}"
+    key = (name, str(specialization), str(options))
+    if key in dry._seen:
+        return
+    const_args = {
+        p.name: v for p, v in zip(jit_fn.params, bound.values(), strict=True) if p.is_constexpr
+    }
+    warps, stages = int(options.num_warps), int(options.num_stages)
+    try:
+        kernel = triton.compile(
+            ASTSource(jit_fn, signature, constexprs, attrs), target=target, options=options.__dict__
+        )
+    except Exception as exc:  # noqa: BLE001 - recorded: the survey reports what did not compile
+        error = f"{type(exc).__name__}: {exc}"
+        rec = LaunchRecord(name, const_args, warps, stages, None, error=error)
+    else:
+        usage = ptxas_usage(kernel) if dry.registers else None
+        rec = LaunchRecord(
+            name,
+            const_args,
+            warps,
+            stages,
+            int(kernel.metadata.shared),
+            usage.registers if usage else None,
+            usage.spill_bytes if usage else None,
+        )
+    dry._seen[key] = rec
+    dry.records.append(rec)
+
+
+def _import_kernel_modules() -> None:
+    """Import every kernel module first: those that import ``interpreter_enabled`` by name must
+    bind the real one, not the dry run's stand-in (which only ``triton_can_run`` may see)."""
+    from sglang.kernels import ops
+
+    for info in pkgutil.walk_packages(ops.__path__, ops.__name__ + "."):
+        if not info.name.endswith("mhc_tilelang"):  # imports tilelang lazily; nothing to bind
+            importlib.import_module(info.name)
+
+
+@contextlib.contextmanager
+def sm90_dry_run(*, registers: bool = False) -> Iterator[DryRun]:
+    """Inside: Triton kernels launched on CPU tensors are compiled for sm_90 and recorded in the
+    yielded :class:`DryRun`, never run (their outputs stay as allocated). The ops take their
+    Triton paths as on a GPU (``triton_can_run`` is true), so the launches are the GPU's; host
+    code that reads a kernel's output sees garbage, so drive entry points whose launch sequence
+    does not depend on it. ``registers``: also run ``ptxas -v`` per kernel (slower)."""
+    from triton.runtime.jit import JITFunction
+
+    from sglang.kernels.ops import triton_dispatch
+
+    if triton_dispatch.interpreter_enabled():
+        raise RuntimeError("sm90_dry_run compiles the kernels: run it without TRITON_INTERPRET")
+    _import_kernel_modules()
+    dry = DryRun(registers=registers)
+    real_run, real_interp = JITFunction.run, triton_dispatch.interpreter_enabled
+
+    def record(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        del grid, warmup
+        _compile_launch(self, args, kwargs, dry)
+
+    JITFunction.run = record  # type: ignore[method-assign]
+    # triton_can_run reads this name from its module: CPU tensors take the Triton paths, while
+    # the ops' own interpreter switches (interpreter_enabled imported by name) stay off.
+    triton_dispatch.interpreter_enabled = lambda: True  # type: ignore[assignment]
+    try:
+        yield dry
+    finally:
+        JITFunction.run = real_run  # type: ignore[method-assign]
+        triton_dispatch.interpreter_enabled = real_interp  # type: ignore[assignment]

@@ -14,11 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.test.ci_register import register_cpu_ci
+from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.interpreter import call_in_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=15)
+register_cuda_ci(est_time=15, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
 Case = tuple[int, int, int, torch.dtype]  # tokens, rows (bank + partial), hidden, dtype
 CPU_CASES: list[Case] = [
@@ -54,7 +55,7 @@ def check_kernel(device: str) -> None:
         got = attn_res_read(stacked, score, norm.weight, 1e-5, 1e-6, out)
         assert got.data_ptr() == out.data_ptr()
         bf16 = dtype == torch.bfloat16
-        tol = {"atol": 3e-2, "rtol": 2e-2} if bf16 else {"atol": 2e-6, "rtol": 1e-5}
+        tol = {"atol": 3e-2, "rtol": 2e-2} if bf16 else {"atol": 5e-6, "rtol": 1e-5}
         torch.testing.assert_close(got.float(), want.float(), **tol)
         if t:  # rows read through the strides of a wider buffer, no copy
             wide = torch.randn(t, n_rows + 2, h, generator=gen).to(dtype).to(device)

@@ -39,12 +39,13 @@ from sglang.srt.layers.attention.dsv4_static_compressor import (
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
-from sglang.test.ci_register import register_cpu_ci
+from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.interpreter import run_interp_tests
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import assert_bf16_close
 
 register_cpu_ci(est_time=25)
+register_cuda_ci(est_time=30, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
 _FLAG = "SGLANG_TEST_IN_TRITON_INTERPRETER"
 IN_INTERPRETER = os.environ.get(_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"

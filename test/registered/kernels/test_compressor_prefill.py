@@ -30,12 +30,13 @@ from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
 from sglang.srt.mem_cache.compressor_state import CompressorState
-from sglang.test.ci_register import register_cpu_ci
+from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.interpreter import run_interp_tests
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import assert_bf16_close, bf16_mismatches
 
 register_cpu_ci(est_time=20)
+register_cuda_ci(est_time=15, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
 _FLAG = "SGLANG_TEST_IN_TRITON_INTERPRETER"
 IN_INTERPRETER = os.environ.get(_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"

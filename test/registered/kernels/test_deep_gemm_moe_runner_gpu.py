@@ -22,7 +22,7 @@ from sglang.test.run import run_this_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_fused_moe_triton_gpu import SHAPES, expert_weights, poison_allocator, rel_err, routing
 
-register_cuda_ci(est_time=300)
+register_cuda_ci(est_time=300, suite="h200-1gpu")
 
 M_VALUES = (1, 7, 64, 65, 512, 2048, 8192)
 OWN_ACTIVATION = {"dsv4": ("swiglu", 1.0), "k3": ("situ", None)}

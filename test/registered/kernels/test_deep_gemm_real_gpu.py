@@ -27,7 +27,7 @@ from sglang.test.fake_deep_gemm import FakeDeepGemmGemms, FakeMegaBuffer
 from sglang.test.fake_mega_moe_kernel import reference_sm90_mega_moe
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=60)
+register_cuda_ci(est_time=60, suite="h200-1gpu")
 
 _FAKE_ONLY = {"calls", "set_calls", "num_sms", "arch"}
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.hang_guard import hang_guard
 from sglang.test.interpreter import run_interp_tests
 from sglang.test.run import run_this_file
 
@@ -406,7 +407,8 @@ def test_get_config_tiles() -> None:
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_triton_kernels_under_interpreter() -> None:
-    run_interp_tests(str(Path(__file__).resolve()), _INTERP_FLAG, timeout=300)
+    # 99 s alone on a 2-core machine (every interp_ test of this file under the interpreter)
+    run_interp_tests(str(Path(__file__).resolve()), _INTERP_FLAG, timeout=hang_guard(100))
 
 
 @interp_only

@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.test.ci_register import register_cpu_ci
+from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.interpreter import call_in_interpreter
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=15)
+register_cuda_ci(est_time=15, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
 Case = tuple[int, int, int]  # rows, columns, k
 CPU_CASES: list[Case] = [(4, 64, 8), (5, 3000, 512), (3, 100, 100), (6, 2048, 512)]

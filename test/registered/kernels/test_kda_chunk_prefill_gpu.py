@@ -10,7 +10,7 @@ from sglang.test import kda_prefill_checks as checks
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=60)
+register_cuda_ci(est_time=60, suite="h200-1gpu")
 
 pytestmark = pytest.mark.gpu
 

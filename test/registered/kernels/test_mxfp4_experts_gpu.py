@@ -183,7 +183,8 @@ def test_deep_gemm_runner_on_converted_experts(cuda: torch.device, dg: Any, layo
         swiglu_limit=LIMIT, w13_scale=fp8.w13_scale, w2_scale=fp8.w2_scale,
         block_shape=(128, 128),
     )  # fmt: skip
-    assert _rel(got, w8a8) < 1e-2  # the same W8A8 maths
+    # the same W8A8 maths up to how DeepGEMM rounds its FP8 intermediate (a wrong layout is O(1))
+    assert _rel(got, w8a8) < 3e-2
     # against the MXFP4 weights themselves: W8A8 activations against bf16 ones
     assert _rel(got, _oracle(x, topk, packed)) < 6e-2
 

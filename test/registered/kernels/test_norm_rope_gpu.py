@@ -30,7 +30,7 @@ from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import ulp
 
-register_cuda_ci(est_time=30)
+register_cuda_ci(est_time=30, suite="h200-1gpu")
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"

@@ -36,7 +36,7 @@ from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=60)
+register_cuda_ci(est_time=60, suite="h200-1gpu")
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-4

@@ -34,7 +34,7 @@ from sglang.test.sparse_prefill_cases import (
     torch_path,
 )
 
-register_cuda_ci(est_time=40)
+register_cuda_ci(est_time=40, suite="h200-1gpu")
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-5  # three-part probabilities

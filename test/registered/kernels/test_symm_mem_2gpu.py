@@ -24,7 +24,7 @@ from sglang.test.ci_register import register_cuda_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=180, num_gpus=2)
+register_cuda_ci(est_time=180, suite="h200-2gpu", num_gpus=2)
 
 KiB = 1 << 10
 SYMK = "ncclSymk"

@@ -37,7 +37,7 @@ from sglang.test.decode_drift import RouteFollower, check_drift, mean_rel
 from sglang.test.graph_replay_check import check_replay_against_static_and_reference
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=90)
+register_cuda_ci(est_time=90, suite="h200-1gpu")
 
 VOCAB = 512
 SIZES = [1, 2, 4, 8]

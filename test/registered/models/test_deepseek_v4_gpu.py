@@ -24,7 +24,7 @@ from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=60)
+register_cuda_ci(est_time=60, suite="h200-1gpu")
 
 VOCAB = 512
 

@@ -16,13 +16,14 @@ from transformers.models.deepseek_v4 import modeling_deepseek_v4 as tfm
 from sglang.srt.layers import mhc
 from sglang.srt.layers.mhc import MhcParams
 from sglang.srt.models import deepseek_v4
-from sglang.test.ci_register import register_cpu_ci
+from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dsv4_testing import CONFIG_B, our_model, reference_model, token_ids
 
 register_cpu_ci(est_time=8)
+register_cuda_ci(est_time=15, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
 MIX = MhcParams(rms_eps=1e-5, hc_eps=1e-4, sinkhorn_iters=7)
 NORM_EPS = 1e-6

@@ -95,8 +95,8 @@ def test_transformers_tie_order_is_what_diverged() -> None:
 def test_harness_catches_a_planted_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     real = dsv4_compressor.KVCompressor.emit
 
-    def shifted(self, cand_kv, cand_score, blocks, rotary, dtype):  # type: ignore[no-untyped-def]
-        return real(self, cand_kv, cand_score, blocks + 1, rotary, dtype)  # RoPE one block late
+    def shifted(self, cand_kv, cand_score, blocks, rotary):  # type: ignore[no-untyped-def]
+        return real(self, cand_kv, cand_score, blocks + 1, rotary)  # RoPE one block late
 
     monkeypatch.setattr(dsv4_compressor.KVCompressor, "emit", shifted)
     r = run_case(SweepCase(3, ISSUE_CONFIG, (40, 130), 3, None, "eager"))

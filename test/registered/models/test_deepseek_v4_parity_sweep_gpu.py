@@ -22,7 +22,7 @@ from sglang.test.ci_register import register_cuda_ci
 from sglang.test.dsv4_parity import ALL_MIXES, random_case, run_case
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=240)
+register_cuda_ci(est_time=240, suite="h200-1gpu")
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 
 REL_TOL = 1e-3

@@ -4,9 +4,8 @@ loaded on the GPU: what stays resident, measured with ``torch.cuda.memory_alloca
 the load report, and is at most 1.05x the checkpoint bytes of the rank's share per layer and for
 the whole model.
 
-- dense weights in bf16: must hold today (the experts stay packed MXFP4, nothing is copied);
-- dense weights in FP8 128x128 with UE8M0 scales (as released): holds once dense FP8 layers stay
-  FP8 resident; until then the attention is dequantised to bf16 and the test says so (xfail);
+- dense weights in bf16: the experts stay packed MXFP4, nothing is copied;
+- dense weights in FP8 128x128 with UE8M0 scales (as released): the FP8 layers stay FP8 resident;
 - ``--moe-a2a-backend megamoe`` on Hopper: the experts become FP8 in ``fp8_mega_moe``'s layout, the
   only copy (~1.9x the MXFP4 bytes, every block exact for these scales), and nothing else grows.
 """
@@ -14,7 +13,6 @@ the whole model.
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +26,6 @@ from sglang.test.run import run_this_file
 register_cuda_ci(est_time=150, suite="h200-1gpu")
 
 EXPERTS = 32
-# The dense weights the release stores in FP8 (deepseek_v4.md, section 3).
-_FP8_DENSE = re.compile(
-    r"\.(attn\.(wq_a|wkv|wq_b|wo_a|wo_b|indexer\.wq_b)|ffn\.shared_experts\.w[123])\.weight$"
-)
 
 
 def _config() -> dict[str, Any]:
@@ -40,68 +34,20 @@ def _config() -> dict[str, Any]:
     return {**wide_dsv4_config([4, 128]), "n_routed_experts": EXPERTS}
 
 
-def _ue8m0_block_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w [N, K]`` -> e4m3 with one power-of-two (UE8M0) scale per 128x128 block."""
-    n, k = w.shape
-    tiles = w.float().view(n // 128, 128, k // 128, 128)
-    amax = tiles.abs().amax(dim=(1, 3)).clamp_min(1e-30)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
-    q = (tiles / scale[:, None, :, None]).to(torch.float8_e4m3fn).view(n, k)
-    return q, scale.to(torch.float8_e8m0fnu)
-
-
 def write_release_checkpoint(path: Path, *, fp8_dense: bool) -> None:
-    """The release layout: every parameter under its release name (dense in bf16, or in FP8 with
-    a ``.scale`` where the release quantises), per-expert MXFP4 ``w1``/``w2``/``w3`` as int8 with
-    float8_e8m0fnu ``.scale``, a safetensors index over two shards."""
-    import json
+    """The release layout from the test kit: dense in FP8 128x128 with UE8M0 ``.scale`` where the
+    release quantises (or all bf16), per-expert MXFP4 ``w1``/``w2``/``w3`` with e8m0 scales, an
+    MTP layer (skipped by the loader), sharded with an index; drawn on the GPU."""
+    from sglang.test.release_checkpoint import deepseek_v4 as release
 
-    from safetensors.torch import save_file
-
-    from sglang.srt.layers.build_spec import LayerBuildSpec
-    from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
-    from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
-    from sglang.test.random_params import randomize_params_
-
-    cfg = _config()
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg))
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    model = DeepseekV4ForCausalLM(
-        DeepseekV4ModelConfig.from_dict(cfg),
-        LayerBuildSpec(dtype=torch.bfloat16, moe_runner="torch", device="cuda"),
+    release.write_random(
+        path,
+        _config(),
+        device="cuda",
+        dense="fp8" if fp8_dense else "bf16",
+        experts="mxfp4",
+        keep_values=False,
     )
-    with torch.no_grad():
-        randomize_params_(model, gen, vector_scale=0.1)
-    dense: dict[str, torch.Tensor] = {}
-    for name, p in model.named_parameters():
-        t = p.detach()
-        if fp8_dense and _FP8_DENSE.search(name):
-            q, s = _ue8m0_block_fp8(t)
-            dense[name], dense[name.removesuffix(".weight") + ".scale"] = q.cpu(), s.cpu()
-        else:
-            dense[name] = t.cpu().clone()
-    del model
-    torch.cuda.empty_cache()
-    experts: dict[str, torch.Tensor] = {}
-    h, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
-    for layer in range(cfg["num_hidden_layers"]):
-        for e in range(EXPERTS):
-            for w, (rows, cols) in (("w1", (inter, h)), ("w3", (inter, h)), ("w2", (h, inter))):
-                pre = f"layers.{layer}.ffn.experts.{e}.{w}"
-                packed = torch.randint(0, 256, (rows, cols // 2), device="cuda", generator=gen)
-                scale = torch.randint(118, 125, (rows, cols // 32), device="cuda", generator=gen)
-                experts[pre + ".weight"] = packed.to(torch.uint8).view(torch.int8).cpu()
-                experts[pre + ".scale"] = scale.to(torch.uint8).view(torch.float8_e8m0fnu).cpu()
-    shards = {
-        "model-00001-of-00002.safetensors": dense,
-        "model-00002-of-00002.safetensors": experts,
-    }
-    weight_map = {}
-    for file, tensors in shards.items():
-        save_file(tensors, str(path / file))
-        weight_map.update(dict.fromkeys(tensors, file))
-    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
 
 @pytest.fixture(scope="module")
@@ -178,8 +124,7 @@ def test_release_fp8_dense_mxfp4_experts_stay_within_1_05x(release_dirs: dict[st
         report.resident.only("routed_experts"), report.checkpoint.only("routed_experts")
     )
     assert max(r.ratio for r in routed) <= 1.0
-    if "fp8" not in report.resident.by_group()["attention"]:
-        pytest.xfail("dense FP8 weights are dequantised to bf16 at load on this tree")
+    assert "fp8" in report.resident.by_group()["attention"]  # dense FP8 stays FP8
     bad = [r for r in report.ratios if r.ratio > 1.05]
     assert not bad, bad
 

@@ -31,10 +31,11 @@ from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 from sglang.srt.mem_cache.paged_rows import PagedRows, append_one_each
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
-from sglang.test.ci_register import register_cpu_ci
+from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=8)
+register_cuda_ci(est_time=20, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
 H, HEADS, KV_LORA, NOPE, ROPE, V = 48, 3, 32, 16, 8, 12
 LAT = KV_LORA + ROPE

@@ -38,7 +38,7 @@ from sglang.test.decode_drift import RouteFollower, check_drift, mean_rel
 from sglang.test.graph_replay_check import check_replay_against_static_and_reference
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=60)
+register_cuda_ci(est_time=60, suite="h200-1gpu")
 
 CONFIG_GPU = {**CONFIG_A, "qk_rope_head_dim": 16}  # latent 32 + rope 16: the kernel's widths
 SIZES = [1, 2, 4, 8]

@@ -16,7 +16,7 @@ from sglang.test.ci_register import register_cuda_ci
 from sglang.test.random_params import randomize_params_
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=10)
+register_cuda_ci(est_time=10, suite="h200-1gpu")
 
 pytestmark = pytest.mark.gpu
 

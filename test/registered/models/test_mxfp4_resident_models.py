@@ -33,12 +33,12 @@ from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.layers.quantization.mxfp4 import dequant_mxfp4
 from sglang.srt.mem_cache.memory_models.weight_bytes import resident_vs_checkpoint
-from sglang.srt.model_loader import deepseek_v4_loader, kimi_k3_loader
 from sglang.srt.model_loader.checkpoint_loop import LoadReport
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
@@ -88,7 +88,7 @@ def dsv4(
         DeepseekV4ModelConfig.from_dict(DSV4),
         LayerBuildSpec(dtype=dtype, moe_runner="torch", a2a_backend=a2a),
     )
-    report = deepseek_v4_loader.load_weights(model, ckpt, LoadOptions(progress=False))
+    report = load_weights(model, ckpt, LoadOptions(progress=False))
     return model.eval(), report
 
 
@@ -147,7 +147,7 @@ def k3(
     model = KimiK3ForCausalLM(
         k3_config(raw), LayerBuildSpec(dtype=dtype, moe_runner="torch", a2a_backend=a2a)
     )
-    report = kimi_k3_loader.load_weights(model, ckpt, LoadOptions(progress=False))
+    report = load_weights(model, ckpt, LoadOptions(progress=False))
     return model.eval(), report
 
 

@@ -149,11 +149,6 @@ def test_k3_width_layout_loads_and_runs(k3: Loaded) -> None:
     _prefill_is_finite(k3.model, 100)  # crosses a 64-token KDA chunk
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dense FP8 weights and MXFP4 experts are dequantised to bf16 at load until the FP8 "
-    "dense and 4-bit expert paths keep them as shipped",
-)
 @pytest.mark.parametrize("name", ["dsv4", "k3"])
 def test_resident_bytes_within_5_percent_of_the_checkpoint_share(
     name: str, request: pytest.FixtureRequest

@@ -2,16 +2,14 @@
 the triton MoE runner, greedy deterministic; the startup facts (MoE runner, SM budget, CUDA
 graphs); decode CUDA graphs giving the greedy tokens of the same static decode run eagerly at the
 same padded sizes (fp32, triton runner: equal by construction; 16-token prefill chunks keep the
-fp32 MoE kernel in its smallest tiles, which fit shared memory); and, with two GPUs, TP=2
-over NCCL with symmetric memory giving TP=1's greedy tokens (fp32, torch runner, so rounding
-cannot flip a token), and the same with CUDA graphs (triton runner)."""
+fp32 MoE kernel in its smallest tiles, which fit shared memory). TP=2 over two GPUs:
+``test_engine_tp2_gpu.py``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-import torch
 
 from sglang import Engine
 from sglang.test.ci_register import register_cuda_ci
@@ -22,7 +20,7 @@ from sglang.test.engine_graph_check import (
 )
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=120)
+register_cuda_ci(est_time=120, suite="h200-1gpu")
 
 PROMPTS = ["Hello, my name is", "The weather is sunny in", "def main():"]
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
@@ -74,36 +72,6 @@ def test_torch_runner_says_why_graphs_are_off() -> None:
     with Engine(device="cuda", moe_runner_backend="torch", log_level="warning") as e:
         cuda_graph = e.get_server_info()["model_info"]["cuda_graph"]
     assert cuda_graph.startswith("off (the torch MoE runner syncs"), cuda_graph
-
-
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_cuda_tp2_symm_mem_matches_tp1() -> None:
-    common = {
-        "device": "cuda",
-        "dtype": "float32",
-        "moe_runner_backend": "torch",
-        "random_seed": 0,
-        "log_level": "warning",
-    }
-    with Engine(**common) as one:
-        want = [r["output_ids"] for r in one.generate(PROMPTS, GREEDY)]
-    with Engine(**common, tp_size=2, enable_symm_mem=True) as two:
-        got = [r["output_ids"] for r in two.generate(PROMPTS, GREEDY)]
-        info = two.get_server_info()
-    assert got == want
-    assert info["model_info"]["symm_mem"] == "on"
-
-
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_cuda_tp2_symm_mem_cuda_graphs_match_tp1() -> None:
-    common = GRAPH_CHECK_ENGINE_ARGS
-    with Engine(**common, disable_cuda_graph=True) as one:
-        want = [r["output_ids"] for r in one.generate(PROMPTS, GREEDY)]
-    with Engine(**common, tp_size=2, enable_symm_mem=True) as two:
-        got = [r["output_ids"] for r in two.generate(PROMPTS, GREEDY)]
-        info = two.get_server_info()["model_info"]
-    assert info["cuda_graph"].startswith("on") and info["symm_mem"] == "on"
-    assert got == want
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ transformers' greedy decoding of the same prompts on the dequantised weights (fu
 models: hash routing, ratios 0/4/128, YaRN), through the whole serving path: scheduler process,
 chunked prefill, the per-request cache across decode steps, sampling.
 
-The second test is the reported failure (issue 14): window 16, indexer top-k 5, mixed layer types,
+The second test is the tie case of docs/parity.md: window 16, indexer top-k 5, mixed layer types,
 hash-routed first layers, fp32, prompts cut from one random sequence at lengths 30..47 and around
 128. Its two indexer heads make exact index-score ties common (an entry whose ReLUs all clip scores
 0); transformers' ``torch.topk`` orders ties arbitrarily, so the reference breaks them as our

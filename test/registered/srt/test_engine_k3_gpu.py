@@ -30,7 +30,7 @@ from sglang.test.run import run_this_file
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
 from test_kimi_k3_tiny import CONFIG_A, VOCAB, make_model
 
-register_cuda_ci(est_time=90)
+register_cuda_ci(est_time=90, suite="h200-1gpu")
 
 pytestmark = pytest.mark.gpu
 CONFIG_GPU = {**CONFIG_A, "qk_rope_head_dim": 16}

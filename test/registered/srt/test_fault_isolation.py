@@ -67,10 +67,10 @@ class _FakeRunner:
 def _run_scheduler(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Scheduler, threading.Thread]:
     real_sample, real_gen = scheduler_module.sample, scheduler_module.make_generator
 
-    def sample(logits: torch.Tensor, rows: Any, gen: Any) -> Any:
+    def sample(logits: torch.Tensor, rows: Any, gen: Any, token_bitmask: Any = None) -> Any:
         if any(r.params.seed == POISON_SEED for r in rows):
             raise RuntimeError("injected sampling fault")
-        return real_sample(logits, rows, gen)
+        return real_sample(logits, rows, gen, token_bitmask)
 
     def make_generator(seed: int, device: torch.device) -> torch.Generator:
         if seed == BAD_ADMIT_SEED:
@@ -156,7 +156,13 @@ class _SlowTokenizer:
     """encode sleeps (releasing the GIL, as the real tokenizer's encode does)."""
 
     bos_token_id = None
+    bos_token = eos_token = None
+    has_own_chat_template = False
+    chat_template = ""
     longest_token_chars = 4
+
+    def token_id(self, text: str) -> int | None:
+        return None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         time.sleep(0.8)

@@ -26,6 +26,7 @@ import openai
 import pytest
 
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.hang_guard import hang_guard
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -131,7 +132,8 @@ def test_api_key_then_graceful_sigterm() -> None:
         elapsed = time.monotonic() - t0
         logs = s.logs()
         assert rc == 0, logs
-        assert 2.5 < elapsed < 20, elapsed
+        # at least --shutdown-timeout; 4.5 s unloaded (docs/testing.md, timeouts)
+        assert 2.5 < elapsed < hang_guard(5), elapsed
         assert "leaked" not in logs and "Traceback" not in logs, logs
     finally:
         s.stop()

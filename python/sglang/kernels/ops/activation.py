@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
+
 # Activation codes passed to kernels as constexpr (ints compile alike on every Triton version).
 ACT_SWIGLU = 0
 ACT_SITU = 1
@@ -98,6 +100,14 @@ def _act_and_mul_kernel(
     up = tl.load(x_row + inter + cols, mask=mask, other=0.0).to(tl.float32)
     out = gated_act(gate, up, limit, ACTIVATION, HAS_LIMIT)
     tl.store(out_ptr + row * stride_out_row + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def act_and_mul_unfit_reason(gate_up: torch.Tensor) -> str | None:
+    """None when the elementwise kernel takes ``gate_up`` (a float dtype, the family on; a
+    program is 1024 values in registers, no shared memory), else why the torch maths runs."""
+    if gate_up.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"gate_up is {gate_up.dtype}, the kernel takes fp32, bf16 or fp16"
+    return unfit_reason("activation")
 
 
 def act_and_mul_triton(

@@ -18,6 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.kernels.fit.footprint import Footprint
+from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.gpu_clock import globaltimer_ns
 
 NUM_WARPS = 32  # 1024 threads a CTA: at most two CTAs per Hopper SM, so one held slot matters
@@ -138,6 +141,12 @@ class BarrierLaunch:
         want = (torch.arange(self.grid, device=self.out.device) + 1) % self.grid
         if not torch.equal(self.out, want.to(self.out.dtype)):
             raise AssertionError("grid barrier completed but CTAs read unwritten neighbour ids")
+
+
+def grid_barrier_unfit_reason(limits: DeviceLimits | None) -> str | None:
+    """None when the barrier and slot-holder kernels fit the device (one CTA of
+    :data:`NUM_WARPS` warps, no shared memory) and the family is on, else why not."""
+    return unfit_reason("grid_barrier", Footprint(0, NUM_WARPS), limits, what="grid barrier CTA")
 
 
 def launch_grid_barrier(grid: int, timeout_ms: float, device: torch.device) -> BarrierLaunch:

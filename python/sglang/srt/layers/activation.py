@@ -21,6 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sglang.srt.utils.log import get_logger, log_path_once
+
+logger = get_logger(__name__)
+
 Activation = Literal["swiglu", "situ"]
 ACTIVATIONS: tuple[str, ...] = get_args(Activation)
 
@@ -88,4 +92,10 @@ def act_and_mul(
 
 
 def _use_triton(gate_up: Tensor) -> bool:
-    return gate_up.is_cuda
+    if not gate_up.is_cuda:
+        return False
+    from sglang.kernels.ops.activation import act_and_mul_unfit_reason
+
+    why = act_and_mul_unfit_reason(gate_up)
+    log_path_once(logger, "gated activation", why)
+    return why is None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sglang.kernels.ops.layernorm.attn_res_read import attn_res_read
+from sglang.kernels.ops.layernorm.attn_res_read import attn_res_read, attn_res_read_unfit_reason
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.environ import envs
 from sglang.srt.layers.layernorm import RMSNorm
@@ -55,10 +55,13 @@ class AttnResState:
             if envs.SGLANG_K3_ATTN_RES_KERNEL.get() and triton_can_run(self.partial)
             else "SGLANG_K3_ATTN_RES_KERNEL=0 or no Triton device"
         )
-        log_path_once(logger, "Kimi K3 AttnRes read", why)
+        rows = None
         if why is None:
-            # one launch instead of ~15 (same maths, fp32)
             rows = torch.stack([*self.bank, self.partial], dim=1)
+            why = attn_res_read_unfit_reason(rows)
+        log_path_once(logger, "Kimi K3 AttnRes read", why)
+        if why is None and rows is not None:
+            # one launch instead of ~15 (same maths, fp32)
             out = torch.empty_like(self.partial)
             return attn_res_read(rows, score_vector, out_norm.weight, eps, out_norm.eps, out)
         return self.read_reference(score_vector, eps, out_norm)

@@ -25,6 +25,8 @@ import os
 
 import torch
 
+from sglang.kernels.fit.decide import limits_for
+from sglang.kernels.fit.switch import families_off_count
 from sglang.kernels.ops.layernorm import mhc as mhc_kernels
 from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
 from sglang.kernels.ops.layernorm.mhc import Backend, hc_post_torch_impl, mhc_head
@@ -82,7 +84,8 @@ def _tilelang_version() -> str:
 
 def select_backend(residual: torch.Tensor) -> tuple[Backend, str]:
     """(backend, why) for a call on ``residual``. Reads ``SGLANG_MHC_BACKEND`` on every call, so a
-    test or launcher can change it; raises when an explicit kernel backend cannot be used on CUDA.
+    test or launcher can change it; raises when an explicit kernel backend does not import, and
+    passes over a backend whose kernels do not fit the device or failed to build (torch runs).
     Uncached (the exact reason for this residual); the per-call path goes through ``_backend``."""
     requested = envs.SGLANG_MHC_BACKEND.get()
     if not residual.is_cuda:
@@ -94,15 +97,38 @@ def select_backend(residual: torch.Tensor) -> tuple[Backend, str]:
         )
     if requested == "torch":
         return "torch", f"{_ENV}=torch"
-    if requested == "auto" and _HAS_TRITON:
+    limits = limits_for(residual)
+    # Kernels chosen by fit: a backend whose kernels do not fit this device (or that failed to
+    # build, sglang.kernels.fit.switch) is passed over with its reason, never raised.
+    triton_unfit = (
+        mhc_triton.mhc_triton_unfit_reason(residual.dtype, residual.shape[1], limits)
+        if _HAS_TRITON
+        else None
+    )
+    if requested == "auto" and _HAS_TRITON and triton_unfit is None:
         return "triton", f"{_ENV}=auto: Triton, measured faster than TileLang up to 512 tokens"
+    if requested == "triton" and triton_unfit is not None:
+        return "torch", f"{_ENV}=triton, but its kernels cannot run here: {triton_unfit}"
     if requested in ("auto", "tilelang"):
         error = _tilelang_import_error()
+        unfit = mhc_tilelang.mhc_tilelang_unfit_reason(residual, limits) if error is None else None
+        if unfit is not None:
+            return "torch", f"{_ENV}={requested}: TileLang cannot run here ({unfit})" + (
+                f"; Triton: {triton_unfit}" if triton_unfit else ""
+            )
         if error is None:
-            why = ", triton does not import," if requested == "auto" else ","
+            why = ","
+            if requested == "auto":
+                why = f", Triton cannot run here ({triton_unfit})," if triton_unfit else ""
+                why = why or ", triton does not import,"
             return "tilelang", f"{_ENV}={requested}{why} tilelang {_tilelang_version()} imports"
         if requested == "tilelang":
             raise RuntimeError(f"{_ENV}=tilelang but tilelang does not import ({error})")
+        if triton_unfit is not None:
+            return (
+                "torch",
+                f"{_ENV}=auto: Triton cannot run here ({triton_unfit}), tilelang does not import",
+            )
         return "torch", f"{_ENV}=auto, neither triton nor tilelang ({error}) imports"
     if not _HAS_TRITON:
         raise RuntimeError(f"{_ENV}=triton but triton does not import")
@@ -110,8 +136,9 @@ def select_backend(residual: torch.Tensor) -> tuple[Backend, str]:
 
 
 # What select_backend's answer depends on, besides the tilelang import (cached on its own):
-# (raw SGLANG_MHC_BACKEND or None, device type, kernels cover the shape/dtype, triton imports).
-_DecisionKey = tuple[str | None, str, bool, bool]
+# (raw SGLANG_MHC_BACKEND or None, device type, kernels cover the shape/dtype, triton imports,
+# residual dtype, kernel families turned off so far).
+_DecisionKey = tuple[str | None, str, bool, bool, torch.dtype, int]
 _decisions: dict[_DecisionKey, Backend] = {}
 
 
@@ -131,6 +158,8 @@ def _backend(residual: torch.Tensor) -> Backend:
         residual.device.type,
         mhc_tilelang.tilelang_supports(residual),
         _HAS_TRITON,
+        residual.dtype,
+        families_off_count(),
     )
     backend = _decisions.get(key)
     if backend is None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import ModelInfo, ShutdownReq
+from sglang.srt.managers.startup_status import StartupStatus
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
@@ -38,7 +39,7 @@ class SchedulerHandle:
     to_scheduler: Connection
     from_scheduler: Connection
     model_info: ModelInfo
-    status: Any = None  # the startup status queue, closed with the handle
+    status: StartupStatus | None = None  # the ranks' startup reports, closed with the handle
     rendezvous_dir: str | None = None  # torch.distributed's file store, removed with the handle
     stopped: bool = False
 
@@ -69,7 +70,6 @@ class SchedulerHandle:
                 pass
         if self.status is not None:
             self.status.close()
-            self.status.join_thread()
             self.status = None
         if self.rendezvous_dir is not None:
             shutil.rmtree(self.rendezvous_dir, ignore_errors=True)
@@ -106,11 +106,13 @@ def rendezvous(args: ServerArgs) -> tuple[str, str | None]:
 def spawn_ranks(
     args: ServerArgs,
     init_method: str,
-    status: Any,
+    status: StartupStatus,
     recv: Connection | None = None,
     send: Connection | None = None,
 ) -> list[Any]:
-    """Start this node's TP ranks (``args.local_ranks``); rank 0, if here, gets the pipes."""
+    """Start this node's TP ranks (``args.local_ranks``); rank 0, if here, gets the pipes. Each
+    rank reports its startup through ``status``, whose launcher copies of the ranks' ends are
+    closed once all are started."""
     from sglang.srt.managers.scheduler_process import run_scheduler_process
 
     ctx = mp.get_context("spawn")
@@ -124,13 +126,14 @@ def spawn_ranks(
                 init_method,
                 recv if rank == 0 else None,
                 send if rank == 0 else None,
-                status,
+                status.sender(rank),
             ),
             name=f"sglang-scheduler-tp{rank}",
             daemon=True,
         )
         p.start()
         procs.append(p)
+    status.spawned()
     return procs
 
 
@@ -140,7 +143,7 @@ def launch_schedulers(args: ServerArgs) -> SchedulerHandle:
     ctx = mp.get_context("spawn")
     down_recv, down_send = ctx.Pipe(duplex=False)
     up_recv, up_send = ctx.Pipe(duplex=False)
-    status: Any = ctx.Queue()
+    status = StartupStatus(ctx, args.local_ranks)
     init_method, rendezvous_dir = rendezvous(args)
     procs = spawn_ranks(args, init_method, status, down_recv, up_send)
     # Our copies of the child's ends: closing them lets EOF reach whoever is left.
@@ -172,7 +175,7 @@ def launch_schedulers(args: ServerArgs) -> SchedulerHandle:
 
 
 def _startup_error(
-    first: tuple[int, str, str], status: Any, procs: list[Any]
+    first: tuple[int, str, str], status: StartupStatus, procs: list[Any]
 ) -> EngineStartupError:
     """One message for every rank that failed (they usually fail alike); tracebacks at debug."""
     errors = [first]
@@ -197,7 +200,7 @@ def _startup_error(
 
 
 def wait_ready(
-    procs: list[Any], ranks: list[int], status: Any, timeout_s: float
+    procs: list[Any], ranks: list[int], status: StartupStatus, timeout_s: float
 ) -> dict[int, ModelInfo | None]:
     """Each rank's report (rank 0's carries the :class:`ModelInfo`); ``procs[i]`` is rank
     ``ranks[i]``. Raises :class:`EngineStartupError` for a failed, dead or late rank."""

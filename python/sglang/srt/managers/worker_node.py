@@ -18,6 +18,7 @@ from typing import Any
 
 from sglang.srt.environ import envs
 from sglang.srt.managers.launcher import rendezvous, resolve_model_path, spawn_ranks, wait_ready
+from sglang.srt.managers.startup_status import StartupStatus
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger
 
@@ -54,7 +55,7 @@ def run_worker_node(args: ServerArgs) -> int:
     args = resolve_model_path(args)
     ranks = list(args.local_ranks)
     where = f"node {args.node_rank} of {args.nnodes}"
-    status: Any = mp.get_context("spawn").Queue()
+    status = StartupStatus(mp.get_context("spawn"), ranks)
     init_method, _ = rendezvous(args)  # node 0's TCP store
     procs = spawn_ranks(args, init_method, status)
     atexit.register(_stop, procs, 1.0)

@@ -4,6 +4,7 @@ decode-only steps after padding the batch to the next captured size.
 
 Capture follows the symmetric-memory rules (docs: docs/symmetric_memory.md):
 - every size is warmed up eagerly *on the capture stream* first, so Triton kernels are compiled
+  (one that fails to build is turned off there and its fallback captured: ``kernel_fallback``)
   and any symmetric-pool segment the MoE output needs already exists and is registered (NCCL
   window registration cannot run while a graph captures);
 - while capturing, the pool knows the graph's private pool (``set_graph_pool_id``), so an
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from sglang.srt.distributed.device_communicators.pynccl_allocator import set_graph_pool_id
+from sglang.srt.model_executor.kernel_fallback import run_with_kernel_fallback
 from sglang.srt.model_executor.model_abilities import (
     ServedModel,
     SupportsStaticDecode,
@@ -95,7 +97,10 @@ class CudaGraphRunner:
             for bs in reversed(self.batch_sizes):
                 args = (self.input_ids[:bs], self.positions[:bs], self.slots[:bs])
                 for _ in range(_WARMUP_RUNS):
-                    self.model.static_decode(*args)
+                    # A kernel that fails to build is turned off here, before any capture.
+                    run_with_kernel_fallback(
+                        lambda a=args: self.model.static_decode(*a), f"graph warm-up bs={bs}"
+                    )
                 graph = torch.cuda.CUDAGraph()
                 set_graph_pool_id(mempool)
                 try:

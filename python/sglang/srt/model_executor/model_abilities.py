@@ -127,9 +127,8 @@ class SupportsKVCacheDtype(Protocol):
 
 @runtime_checkable
 class GatedStaticDecode(Protocol):
-    """A static decode the model turns off until it is proven (Kimi K3's, behind
-    ``SGLANG_K3_STATIC_DECODE``): the executor decodes such a model eagerly while the gate gives a
-    reason."""
+    """A static decode the model can turn off (Kimi K3's, behind ``SGLANG_K3_STATIC_DECODE``, on by
+    default): the executor decodes such a model eagerly while the gate gives a reason."""
 
     def static_decode_gate_reason(self) -> str | None: ...
 

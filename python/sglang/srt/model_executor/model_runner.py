@@ -34,6 +34,7 @@ from sglang.srt.model_executor.cuda_graph_runner import (
 )
 from sglang.srt.model_executor.dp_step import execute_dp_plan
 from sglang.srt.model_executor.forward_plan import ForwardPlan
+from sglang.srt.model_executor.kernel_fallback import run_with_kernel_fallback
 from sglang.srt.model_executor.memory_budget import unbounded_budget_reason
 from sglang.srt.model_executor.mixed_step import MixedSplit, split_mixed_step
 from sglang.srt.model_executor.model_abilities import (
@@ -450,6 +451,26 @@ class ModelRunner:
         i = bisect.bisect_left(self.static_sizes, bs)
         return self.static_sizes[i] if i < len(self.static_sizes) else bs
 
+    def _warmup_prefill(self, n: int) -> Any:
+        """One prefill of ``n`` tokens on a throw-away cache, which it returns."""
+        cache = self.model.new_request_cache()
+        ids = (torch.arange(n, dtype=torch.long) % self.vocab_size).to(self.device)
+        set_dp_state_for_warmup(n)  # DP attention: every group warms up with the same rows
+        batch = self.entry.make_batch([n], [cache])
+        # Only the last row's logits, as a served prefill chunk: the mHC head, norm and LM head
+        # are torch (no Triton variant to compile per row count), and an 8192-row fp32
+        # logits tensor would only leave gigabytes in the allocator.
+        last = torch.tensor([n - 1], device=self.device)
+        self.model.forward(ids, torch.arange(n, device=self.device), batch, logit_rows=last)
+        return cache
+
+    def _warmup_decode(self, n: int, cache: Any) -> None:
+        """One decode step after the ``n``-token prefill of ``cache``."""
+        ids = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.model.forward(
+            ids, torch.tensor([n], device=self.device), self.entry.make_batch([1], [cache])
+        )
+
     def warmup(self, num_tokens: int = 16) -> None:
         """Prefills and one decode on throw-away caches, identical on every rank: compiles
         kernels and settles allocator state before serving (and before symmetric-memory pool
@@ -462,18 +483,14 @@ class ModelRunner:
             longest = min(chunk if chunk > 0 else 8192, self.max_position_embeddings - 1)
             counts = warmup_token_counts(max(longest, limit))
         for n in counts:
-            cache = self.model.new_request_cache()
-            ids = (torch.arange(n, dtype=torch.long) % self.vocab_size).to(self.device)
-            set_dp_state_for_warmup(n)  # DP attention: every group warms up with the same rows
-            batch = self.entry.make_batch([n], [cache])
-            # Only the last row's logits, as a served prefill chunk: the mHC head, norm and LM head
-            # are torch (no Triton variant to compile per row count), and an 8192-row fp32
-            # logits tensor would only leave gigabytes in the allocator.
-            last = torch.tensor([n - 1], device=self.device)
-            self.model.forward(ids, torch.arange(n, device=self.device), batch, logit_rows=last)
+            # A kernel that fails to build here is turned off and the prefill runs again on a
+            # fresh cache (kernel_fallback.py).
+            cache = run_with_kernel_fallback(lambda n=n: self._warmup_prefill(n), "warm-up")
         set_dp_state_for_warmup(1)
-        self.model.forward(
-            ids[:1], torch.tensor([n], device=self.device), self.entry.make_batch([1], [cache])
+        fresh = [cache]  # a retry decodes after a new prefill: the failed step may have written
+        run_with_kernel_fallback(
+            lambda: self._warmup_decode(n, fresh.pop() if fresh else self._warmup_prefill(n)),
+            "warm-up decode",
         )
         reset_dp_state()
         if self.device.type == "cuda":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -220,6 +221,10 @@ def load_checkpoint(
         layout_builder = default_mega_weight_builder(facts.device)
     share: list[tuple[int | None, str, str, int]] = []
     loads: list[LayerExpertsLoad] = []
+    # tqdm's default lock is a multiprocessing RLock: a named semaphore in /dev/shm that outlives
+    # a process ended before its exit handlers run (a rank killed with its process group, a test
+    # rank leaving through os._exit). One thread draws this bar: a thread lock does.
+    tqdm.set_lock(threading.RLock())
     with tqdm(
         total=len(params) + len(buffers) + len(experts),
         desc=f"Loading {rules.model_name} weights",

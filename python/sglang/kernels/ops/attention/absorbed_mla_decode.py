@@ -22,7 +22,7 @@ and the block table are read from device memory):
   writing their (empty) running max;
 - the combine merges the slices of each (request, head).
 With three parts each, the result is the fp32 torch maths up to summation order. Measured speed,
-errors and the launch shapes tried: docs/performance.md ("Kimi K3 absorbed MLA decode kernel").
+errors and the launch shapes tried: docs/performance.md ("Decode kernels alone").
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.kernels.fit.footprint import Footprint
+from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.attention.online_softmax import (
     EMPTY,
     online_softmax_step,
@@ -387,6 +390,42 @@ def absorbed_decode_unsupported(
     if not (_pow2(latent) and _pow2(rope)):
         return f"latent {latent} and rope {rope} widths must be powers of two >= 16"
     return None
+
+
+def absorbed_decode_footprint(
+    latent: int, rope: int, q_parts: int, config: AbsorbedDecodeConfig = DEFAULT_CONFIG
+) -> Footprint:
+    """One split program: the ``group`` heads' query parts and a ``block_n``-key tile of
+    ``latent + rope`` half-precision columns (two copies with ``heads_minor``: the transposed
+    operand of the second dot), plus 2 KiB of reduction scratch; the sm_90 compiler of Triton
+    3.6 (the H200's), an upper bound for 3.9."""
+    width = latent + rope
+    key_tiles = 2 if config.heads_minor else 1
+    shared = (q_parts * config.group + key_tiles * config.block_n) * width * 2 + 2048
+    return Footprint(shared, config.num_warps)
+
+
+def absorbed_decode_unfit_reason(
+    latent: int,
+    rope: int,
+    store_dtype: torch.dtype,
+    limits: DeviceLimits | None,
+    fp8: Fp8RowFormat | None = None,
+    *,
+    q_parts: int = 3,
+    config: AbsorbedDecodeConfig | None = None,
+) -> str | None:
+    """None when the kernel runs these widths over a ``store_dtype`` store (``fp8``: FP8 latent
+    rows) here with fp32 queries in ``q_parts`` parts, else why not
+    (:func:`absorbed_decode_unsupported`, the family off, a program over the device's limits).
+    ``config``: the tiles (default: the ones the kernel takes for this store)."""
+    why = absorbed_decode_unsupported(latent, rope, store_dtype, fp8)
+    if why is not None:
+        return why
+    if config is None:
+        config = DEFAULT_CONFIG if fp8 is None else FP8_CONFIG
+    fp = absorbed_decode_footprint(latent, rope, q_parts, config)
+    return unfit_reason("absorbed_mla_decode", fp, limits)
 
 
 def split_plan(

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.ops.quant.fp8_rows import (
     Fp8RowFormat,
     group_exponent,
@@ -74,7 +75,14 @@ def entry_input_reason(
         return "the kernel takes fp32 projections"
     if kv.dim() != 2 or kv.stride(-1) != 1 or score.dim() != 2 or score.stride(-1) != 1:
         return "the kernel takes 2-D projections with unit channel stride"
-    return None
+    return compressor_unfit_reason()
+
+
+def compressor_unfit_reason() -> str | None:
+    """The compressor kernels hold one entry row a program (at most a few KiB of shared memory
+    at every width the entry check admits: 2 KiB at 512 on sm_90), so only the family switch
+    can refuse them."""
+    return unfit_reason("compressor")
 
 
 def entry_warps(dim: int) -> int:

@@ -17,6 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.kernels.fit.footprint import Footprint
+from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.interp_dot import dot
 from sglang.kernels.ops.quant.fp8_rows import (
     Fp8RowFormat,
@@ -25,6 +28,8 @@ from sglang.kernels.ops.quant.fp8_rows import (
     load_rows,
 )
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
+
+_BLOCK_N = 64  # key columns a program scores
 
 
 @triton.jit
@@ -95,6 +100,19 @@ def _scores_kernel(
     tl.store(out_ptr + b * n_cols + n, score, mask=n < n_cols)
 
 
+def scores_footprint(heads: int, head_dim: int) -> Footprint:
+    """One program: the padded heads' queries and a ``_BLOCK_N``-key tile (bf16) staged for the
+    dot (sm_90 compiler: ``(HEADS_PAD + BLOCK_N) * D * 2``)."""
+    heads_pad = max(16, triton.next_power_of_2(heads))
+    return Footprint((heads_pad + _BLOCK_N) * head_dim * 2, 4)
+
+
+def indexer_unfit_reason(heads: int, head_dim: int, limits: DeviceLimits | None) -> str | None:
+    """None when the scores kernel takes ``heads`` heads of ``head_dim`` here (the family on, a
+    program within the device's limits), else why not."""
+    return unfit_reason("indexer", scores_footprint(heads, head_dim), limits)
+
+
 def indexer_scores(
     q: torch.Tensor,
     w: torch.Tensor,
@@ -126,7 +144,7 @@ def indexer_scores(
             raise ValueError(why or f"FP8 keys of {key_fp8.dim} values for head dim {d}")
     elif keys.stride(1) != d or keys.stride(2) != 1:
         raise ValueError("indexer keys must be contiguous rows")
-    block_n = 64 if key_fp8 is None else 32  # FP8: the dequantisation spilled at 64 (sm_90)
+    block_n = _BLOCK_N if key_fp8 is None else 32  # FP8: the dequantisation spilled at 64
     _scores_kernel[(bs, triton.cdiv(n_cols, block_n))](
         q.contiguous(),
         w.float().contiguous(),

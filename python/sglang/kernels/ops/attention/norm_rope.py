@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import limits_for, unfit_reason
+from sglang.kernels.fit.footprint import tile_footprint
 from sglang.kernels.ops.attention.rope import apply_interleaved_rope
 from sglang.kernels.ops.layernorm.rms_norm import rms_norm, unweighted_rms_norm
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
@@ -184,6 +186,11 @@ def norm_rope_unfit_reason(
         return f"out is on {out.device}, x on {x.device}"
     if x.shape[-1] > _MAX_D:
         return f"rows of {x.shape[-1]} exceed the kernel's {_MAX_D}"
+    # A program holds at most max(2048, D) values (gpu_rows_per_program) in registers.
+    block_d = triton.next_power_of_2(x.shape[-1])
+    why = unfit_reason("norm_rope", tile_footprint(max(2048, block_d), 8), limits_for(x))
+    if why is not None:
+        return why
     if x.numel() and (x.stride(-1) != 1 or out.stride(-1) != 1):
         return "the last dim of x and out must be contiguous"
     if out.data_ptr() == x.data_ptr() and out.stride() != x.stride():

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 try:  # the path moved between Triton versions; it is absent in some builds
@@ -66,7 +67,7 @@ def rope_cos_sin_unfit_reason(positions: torch.Tensor, inv_freq: torch.Tensor) -
         return f"inv_freq is on {inv_freq.device}, positions on {positions.device}"
     if libdevice is None and not interpreter_enabled():
         return "this Triton build has no triton.language.extra.libdevice (accurate cos/sin)"
-    return None
+    return unfit_reason("rope_cos_sin")  # one warp, no shared memory to speak of (1 KiB)
 
 
 def rope_cos_sin(

@@ -29,6 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.kernels.fit.footprint import Footprint
+from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.attention.online_softmax import (
     EMPTY,
     online_softmax_step,
@@ -185,6 +188,20 @@ def _combine_kernel(
     o = tl.load(part_o_ptr + (base + s)[:, None] * D + cols[None, :], mask=used[:, None], other=0.0)
     denom = tl.sum(w * lsum, axis=0) + tl.exp(sink - top)
     tl.store(out_ptr + (b * heads + h) * D + cols, tl.sum(w[:, None] * o, axis=0) / denom)
+
+
+def decode_footprint(head_dim: int, group: int = 16, block_n: int = 32) -> Footprint:
+    """One split program: the ``group`` heads' queries and the key tile (bf16), staged for the
+    two dots (sm_90 compiler: ``D * (2G + 4 * block_n) + 3 KiB``)."""
+    return Footprint(head_dim * (2 * group + 4 * block_n) + 3072, 4)
+
+
+def sparse_decode_unfit_reason(head_dim: int, limits: DeviceLimits | None) -> str | None:
+    """None when the split kernel runs rows of ``head_dim`` here (a power of two >= 16, the
+    family on, a program within the device's limits), else why not."""
+    if not kernel_head_dim_ok(head_dim):
+        return f"head dim {head_dim} is not a power of two >= 16"
+    return unfit_reason("sparse_decode_attention", decode_footprint(head_dim), limits)
 
 
 def kernel_head_dim_ok(d: int) -> bool:

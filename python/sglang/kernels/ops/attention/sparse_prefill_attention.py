@@ -29,6 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.kernels.fit.footprint import Footprint
+from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.attention.online_softmax import online_softmax_step
 from sglang.kernels.ops.interp_dot import dot
 from sglang.kernels.ops.quant.fp8_rows import (
@@ -164,6 +167,27 @@ def _prefill_kernel(
                 q0, q1, q2, k, live, m, l_sum, acc, scale, Q_PARTS, PV_PARTS, DOT_F32
             )
     tl.store(out_ptr + qo, acc / l_sum[:, None], mask=h_ok[:, None])
+
+
+def prefill_footprint(
+    head_dim: int, q_parts: int, group: int = 16, block_n: int = 32, num_warps: int = 4
+) -> Footprint:
+    """One program: the ``group`` heads' query parts and a key tile of ``block_n`` rows in
+    shared memory (bf16), staged for the two dots (sm_90 compiler: ``D * (2G * parts + 2 *
+    block_n) + 1 KiB``)."""
+    return Footprint(head_dim * (2 * group * q_parts + 2 * block_n) + 1024, num_warps)
+
+
+def prefill_unfit_reason(
+    head_dim: int, key_dtype: torch.dtype, q_dtype: torch.dtype, limits: DeviceLimits | None
+) -> str | None:
+    """None when the kernel runs here for these widths and dtypes, else why not (shapes,
+    :func:`prefill_shape_reason`; the family off; a program over the device's limits)."""
+    why = prefill_shape_reason(head_dim, key_dtype)
+    if why is not None:
+        return why
+    parts = 1 if q_dtype == torch.bfloat16 else _SPLIT_PARTS
+    return unfit_reason("sparse_prefill_attention", prefill_footprint(head_dim, parts), limits)
 
 
 def prefill_shape_reason(head_dim: int, key_dtype: torch.dtype) -> str | None:

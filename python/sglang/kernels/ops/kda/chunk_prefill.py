@@ -29,6 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.kernels.fit.footprint import Footprint
+from sglang.kernels.fit.limits import DeviceLimits
+
 CHUNK = 64
 SUB = 16
 # Largest exponent a factored decay may reach: exp(80) ~ 5.5e34 < fp32 max 3.4e38, and
@@ -278,6 +282,19 @@ def head_dims_reason(key_dim: int, value_dim: int) -> str | None:
                 f"KDA {name} head dim {n} is not a power of two in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
             )
     return None
+
+
+def kda_footprint(head_dim: int) -> Footprint:
+    """The largest program of the KDA kernels (prefill and decode) at heads of ``head_dim``: the
+    sequential pass holds three fp32 ``[CHUNK, K]`` tiles (sm_90 compiler, Triton 3.6 and 3.9:
+    at most 32 KiB below K = 64, 3 * 64 * K * 4 bytes from there; 96 KiB at K = 128)."""
+    return Footprint(max(32768, 3 * CHUNK * head_dim * 4), 4)
+
+
+def kda_unfit_reason(head_dim: int, limits: DeviceLimits | None) -> str | None:
+    """None when the KDA kernels' programs at ``head_dim`` fit the device and the family is on,
+    else why the torch KDA runs."""
+    return unfit_reason("kda", kda_footprint(head_dim), limits, what=f"KDA heads of {head_dim}")
 
 
 def chunk_prefill_reason(

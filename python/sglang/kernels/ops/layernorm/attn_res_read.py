@@ -17,6 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import limits_for, unfit_reason
+from sglang.kernels.fit.footprint import tile_footprint
+
 
 @triton.jit
 def _attn_res_read_kernel(
@@ -72,6 +75,21 @@ def _attn_res_read_kernel(
         tl.store(out_row + offs, (y * rn * w).to(out_ty), mask=h_ok)
 
 
+def _block_h(r_pad: int) -> int:
+    return max(128, min(1024, 8192 // r_pad))  # ~64 fp32 row values a thread
+
+
+def attn_res_read_unfit_reason(rows: torch.Tensor) -> str | None:
+    """None when the kernel reads ``rows [T, R, H]`` here (a float dtype, the family on, its
+    ``[R, BLOCK_H]`` tile within the device's limits), else why the torch read runs."""
+    if rows.dim() != 3 or rows.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"rows {tuple(rows.shape)} {rows.dtype}: the kernel reads [T, R, H] float rows"
+    r_pad = max(2, triton.next_power_of_2(rows.shape[1]))
+    return unfit_reason(
+        "attn_res_read", tile_footprint(r_pad * _block_h(r_pad), 4), limits_for(rows)
+    )
+
+
 def attn_res_read(
     rows: torch.Tensor,
     score_vector: torch.Tensor,
@@ -105,7 +123,7 @@ def attn_res_read(
         float(eps),
         float(out_eps),
         R_PAD=r_pad,
-        BLOCK_H=max(128, min(1024, 8192 // r_pad)),  # ~64 fp32 row values a thread
+        BLOCK_H=_block_h(r_pad),
         num_warps=4,
     )
     return out

@@ -50,6 +50,7 @@ class MixMmaConfig:
     block_d: int
     num_warps: int
     num_stages: int
+    shared_bytes: int  # what a program takes (the sm_90 compiler, Triton 3.6 and 3.9)
 
 
 # 128 token rows keep the weight tile's L2 traffic (W_ROWS rows a step) at the residual's. Both
@@ -58,8 +59,8 @@ class MixMmaConfig:
 # four fp32 stream tiles and x as well: at 64 it spills 892 bytes and asks for 234 KB of shared
 # memory, over Hopper's 227 (sm_90 compile on the CPU, Triton 3.9, sglang.test.sm90_compile);
 # the pre alone measured 3-4% faster at 64 (docs/performance.md).
-PRE_CONFIG = MixMmaConfig(block_t=128, block_d=32, num_warps=8, num_stages=3)
-FUSED_CONFIG = MixMmaConfig(block_t=128, block_d=32, num_warps=8, num_stages=2)
+PRE_CONFIG = MixMmaConfig(block_t=128, block_d=32, num_warps=8, num_stages=3, shared_bytes=164032)
+FUSED_CONFIG = MixMmaConfig(block_t=128, block_d=32, num_warps=8, num_stages=2, shared_bytes=125064)
 _TARGET_PROGRAMS = 264  # two per SM on an H200
 
 

@@ -1,4 +1,4 @@
-"""mHC's Sinkhorn normalisation on per-thread scalars (an experiment for issue 17; not wired in).
+"""mHC's Sinkhorn normalisation on per-thread scalars (an experiment, not wired in: no faster).
 
 The mHC finalize runs one program per token and normalises that token's ``4 x 4`` comb matrix
 with ``tl.sum`` over rows and columns: 2 reductions per step, 20 steps, each a cross-lane

@@ -33,6 +33,9 @@ from typing import Any
 
 import torch
 
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.kernels.fit.footprint import Footprint
+from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.layernorm.mhc_params import MhcParams
 
 HC = 4
@@ -55,6 +58,22 @@ _DTYPES: dict[torch.dtype, str] = {
 def tilelang_supports(residual: torch.Tensor) -> bool:
     """Shapes and dtypes the kernels are written for (everything else takes another backend)."""
     return residual.dim() == 3 and residual.shape[1] == HC and residual.dtype in _DTYPES
+
+
+def mix_footprint(block_t: int) -> Footprint:
+    """One mix program: its ``alloc_shared`` buffers (fp32): the stream tile twice (mixed and
+    raw), the padded ``fn`` slice, ``x``'s tile and each token's post and comb."""
+    kd = HC * BLOCK_D
+    floats = 2 * block_t * kd + NMIX_PAD * (kd + VEC) + block_t * BLOCK_D + block_t * (HC + HC * HC)
+    return Footprint(4 * floats, MIX_THREADS // 32)
+
+
+def mhc_tilelang_unfit_reason(residual: torch.Tensor, limits: DeviceLimits | None) -> str | None:
+    """None when the TileLang kernels take ``residual`` here (hc = 4, a kernel dtype, the
+    largest mix tile within the device's limits, the family on), else why not."""
+    if not tilelang_supports(residual):
+        return f"residual {tuple(residual.shape)} {residual.dtype}: the kernels take hc = {HC}"
+    return unfit_reason("mhc_tilelang", mix_footprint(32), limits, what="TileLang mHC mix")
 
 
 def mix_config(t: int, h: int) -> tuple[int, int]:

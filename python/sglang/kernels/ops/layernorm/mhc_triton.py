@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import torch
 
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.kernels.fit.footprint import Footprint
+from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.layernorm import mhc_mix_mma
 from sglang.kernels.ops.layernorm.mhc_params import MhcParams
 from sglang.kernels.ops.layernorm.mhc_tilelang import NMIX_PAD
@@ -307,7 +310,7 @@ if HAS_TRITON:
 
 # From this many tokens the mixes run on bf16 tensor cores (mhc_mix_mma): 1.03-1.21x at 256,
 # 2.5-3.2x at 8192; at 128 its pre measured 0.88x, so smaller batches keep the split kernel's
-# tf32x3 dots (H200, scripts/bench_mhc_mix.py; docs/performance.md "mHC at prefill sizes").
+# tf32x3 dots (H200, scripts/bench_mhc_mix.py; docs/performance.md "mHC").
 MMA_MIN_T = 256
 _ONE_PASS_MAX_H = 8192
 _ONE_PASS_MAX_T = 256
@@ -319,15 +322,52 @@ def _partial_config(t: int, h: int) -> tuple[int, int, int, int, int]:
 
     Bigger token blocks for bigger T cut the number of times ``fn`` is re-read from L2."""
     if t <= 256:
-        block_t, block_d, warps = 16, 64, 4
+        block_t, block_d, warps = _PARTIAL_BLOCKS[0]
     elif t <= 2048:
-        block_t, block_d, warps = 32, 64, 4
+        block_t, block_d, warps = _PARTIAL_BLOCKS[1]
     else:
-        block_t, block_d, warps = 64, 64, 8
+        block_t, block_d, warps = _PARTIAL_BLOCKS[2]
     n_tb = triton.cdiv(t, block_t)
     want = triton.cdiv(_TARGET_PROGRAMS, n_tb)
     chunk = max(block_d, triton.cdiv(triton.cdiv(h, want), block_d) * block_d)
     return block_t, block_d, warps, chunk, triton.cdiv(h, chunk)
+
+
+_PARTIAL_BLOCKS = ((16, 64, 4), (32, 64, 4), (64, 64, 8))  # _partial_config's tiles, by T
+
+
+def partial_footprint(
+    block_t: int, block_d: int, num_warps: int, elem_bytes: int, hc: int, fused: bool
+) -> Footprint:
+    """One program of the split mix kernel (the sm_90 compiler's numbers as a formula): the fp32
+    ``fn`` chunk ``[NMIX_PAD, hc * block_d]``, and per token row its ``hc`` stream tiles in fp32
+    (plus the loaded half-precision copy), with the fused post also the row of ``x``, its post
+    and comb, and (fp32) the new streams."""
+    per_row = hc * block_d * (4 + (elem_bytes if elem_bytes < 4 else 0))
+    if fused:
+        per_row += block_d * elem_bytes + (hc * hc + hc) * 4
+        per_row += hc * block_d * 4 if elem_bytes == 4 else 0
+    return Footprint(NMIX_PAD * hc * block_d * 4 + block_t * per_row, num_warps)
+
+
+def mhc_triton_unfit_reason(dtype: torch.dtype, hc: int, limits: DeviceLimits | None) -> str | None:
+    """None when every Triton mHC kernel a ``dtype`` residual of ``hc`` streams may take (the
+    split mix at each token-count tile, fused or not, and at bf16 the tensor-core mixes) fits
+    here and the family is on, else why not."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    for block_t, block_d, warps in _PARTIAL_BLOCKS:
+        for fused in (False, True):
+            fp = partial_footprint(block_t, block_d, warps, elem, hc, fused)
+            why = unfit_reason("mhc_triton", fp, limits, what=f"mHC mix tile {block_t} tokens")
+            if why is not None:
+                return why
+    if dtype == torch.bfloat16:
+        for cfg in (mhc_mix_mma.PRE_CONFIG, mhc_mix_mma.FUSED_CONFIG):
+            fp = Footprint(cfg.shared_bytes, cfg.num_warps)
+            why = unfit_reason("mhc_triton", fp, limits, what=f"mHC tensor-core mix {cfg}")
+            if why is not None:
+                return why
+    return unfit_reason("mhc_triton")
 
 
 def _dot_precision(device: torch.device) -> str:
@@ -405,7 +445,7 @@ def mhc_fused_post_pre_triton(
     # Decode-sized batches finalise each row in registers in one pass (enough warps to keep about
     # 64 fp32 values a thread), which measured faster there on an H200; from T = 512 the 4-warp
     # loop over 1024-wide blocks measured faster (more programs resident), and it takes rows
-    # wider than _ONE_PASS_MAX_H (numbers: docs/performance.md "One-pass finalize").
+    # wider than _ONE_PASS_MAX_H (numbers: docs/performance.md "mHC").
     one_pass = h <= _ONE_PASS_MAX_H and t <= _ONE_PASS_MAX_T
     block_h = triton.next_power_of_2(h) if one_pass else 1024
     _pre_finalize_kernel[(t,)](

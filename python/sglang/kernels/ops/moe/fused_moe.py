@@ -25,11 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import limits_for, note_fallback, unfit_reason
+from sglang.kernels.fit.footprint import element_bytes
 from sglang.kernels.ops.activation import act_and_mul_reference, activation_code, gated_act
 from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_one_token
 from sglang.kernels.ops.moe.fused_moe_tma import run_tma_chunk
 from sglang.kernels.ops.moe.grouped_gemm_tma import TmaMoeConfig, tma_config_fits
-from sglang.kernels.ops.moe.tuned_configs import select_moe_config
+from sglang.kernels.ops.moe.tuned_configs import fit_two_launch, select_moe_config
 from sglang.kernels.ops.moe.two_launch_config import FusedMoeConfig, GemmTile, get_config
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE, block_dequant_fp8, per_token_group_quant_fp8
 from sglang.kernels.ops.triton_dispatch import triton_can_run
@@ -539,9 +541,12 @@ def _launch_sum(
 
 def select_chunk_config(
     n_tok: int, p: MoEProblem, dtype: torch.dtype, device: torch.device
-) -> FusedMoeConfig | TmaMoeConfig:
+) -> FusedMoeConfig | TmaMoeConfig | None:
+    """The kernel and tiles for a chunk of ``n_tok`` tokens on ``device``, fitted to its limits
+    (None: no configuration fits, the torch experts run)."""
     if p.fp8 and p.block[0] != p.block[1]:
-        return get_config(n_tok, p.num_experts, p.hidden, p.inter, dtype, top_k=p.top_k)
+        rule = get_config(n_tok, p.num_experts, p.hidden, p.inter, dtype, top_k=p.top_k)
+        return fit_two_launch(rule, dtype, limits_for(device))
     return select_moe_config(
         n_tok,
         p.num_experts,
@@ -552,6 +557,20 @@ def select_chunk_config(
         device=device,
         scale_block=p.block[1],
     )
+
+
+def fused_moe_unfit_reason(
+    n_tok: int, p: MoEProblem, dtype: torch.dtype, device: torch.device
+) -> str | None:
+    """Why the Triton fused MoE does not run a chunk of ``n_tok`` tokens of problem ``p`` with
+    ``dtype`` weights on ``device`` (None: it does): the family is off, or no configuration
+    fits the device."""
+    why = unfit_reason("fused_moe")
+    if why is None and select_chunk_config(n_tok, p, dtype, device) is None:
+        limits = limits_for(device)
+        name = limits.name if limits is not None else str(device)
+        why = f"no fused MoE tile fits {name} with {element_bytes(dtype)}-byte operands"
+    return why
 
 
 def fused_experts(
@@ -588,7 +607,10 @@ def fused_experts(
     The kernel and tiles per chunk come from the tuned tables (``tuned_configs.py``): the
     two-launch kernels below, or at prefill sizes the Hopper TMA kernels (``fused_moe_tma.py``).
     ``config`` overrides that choice (tuning, tests)."""
-    if not triton_can_run(hidden):
+    off = unfit_reason("fused_moe") if triton_can_run(hidden) else "no CUDA tensors"
+    if off is not None:
+        if hidden.is_cuda:
+            note_fallback("fused_moe", off, "the torch experts")
         return fused_experts_torch(
             hidden,
             w13,
@@ -631,6 +653,21 @@ def fused_experts(
         num_slots = n_tok * p.top_k
         cfg = config or select_chunk_config(n_tok, p, w13.dtype, hidden.device)
         chunk_ids = ids[start:end]
+        if cfg is None:  # nothing fits this device (logged by the selection)
+            fused_experts_torch(
+                hidden[start:end],
+                w13,
+                w2,
+                weights[start:end],
+                chunk_ids,
+                activation=activation,
+                swiglu_limit=swiglu_limit,
+                w13_scale=w13_scale,
+                w2_scale=w2_scale,
+                block_shape=block_shape,
+                out=result[start:end],
+            )
+            continue
         if isinstance(cfg, TmaMoeConfig):
             down = down_cache[:num_slots]
             run_tma_chunk(

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 
 
@@ -50,6 +51,14 @@ def gather_combine_torch(
     return out
 
 
+def gather_combine_unfit_reason(src: torch.Tensor) -> str | None:
+    """None when the kernel sums rows of ``src`` (a float dtype; the family on; 1024 columns a
+    program in registers), else why the torch gather and sum run."""
+    if src.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"rows of {src.dtype}: the kernel sums fp32, bf16 or fp16 rows"
+    return unfit_reason("moe_gather_combine")
+
+
 def gather_combine(
     src: torch.Tensor, row_of: torch.Tensor, weights: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
@@ -60,7 +69,7 @@ def gather_combine(
             f"gather_combine: src {tuple(src.shape)}, row_of {tuple(row_of.shape)}, weights "
             f"{tuple(weights.shape)}, out {tuple(out.shape)} do not fit"
         )
-    if not triton_can_run(src):
+    if not triton_can_run(src) or gather_combine_unfit_reason(src) is not None:
         return gather_combine_torch(src, row_of, weights, out)
     if t == 0:
         return out

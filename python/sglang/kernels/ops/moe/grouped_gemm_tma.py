@@ -37,6 +37,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.kernels.fit.footprint import Footprint, tma_pipeline_shared
+from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.activation import gated_act
 from sglang.kernels.ops.quant.fp8 import DEFAULT_EPS, FP8_DTYPE, quant_rows_fp8
 
@@ -519,6 +522,41 @@ def tma_config_fits(cfg: TmaMoeConfig, hidden: int, inter: int, fp8: bool, scale
         if g2.rescale and scale_block % g2.block_n:
             return f"a rescaled down tile's block_n must divide the scale block {scale_block}"
     return ""
+
+
+def tma_footprints(cfg: TmaMoeConfig, fp8: bool) -> tuple[Footprint, Footprint]:
+    """(gate-up, down) programs at ``cfg``: per pipeline stage an activation tile
+    ``[block_m, block_k]`` and the weight tiles (gate and up: two ``[block_n, block_k]``)."""
+    elem = 1 if fp8 else 2
+    g1, g2 = cfg.gemm1, cfg.gemm2
+    up = (cfg.block_m + 2 * g1.block_n) * g1.block_k * elem
+    down = (cfg.block_m + g2.block_n) * g2.block_k * elem
+    return (
+        Footprint(tma_pipeline_shared(stage_bytes=up, num_stages=g1.num_stages), g1.num_warps),
+        Footprint(tma_pipeline_shared(stage_bytes=down, num_stages=g2.num_stages), g2.num_warps),
+    )
+
+
+def tma_unfit_reason(
+    cfg: TmaMoeConfig,
+    hidden: int,
+    inter: int,
+    fp8: bool,
+    scale_block: int,
+    limits: DeviceLimits | None,
+) -> str | None:
+    """Why the TMA kernels must not run ``cfg`` here (None: they may): shapes
+    (:func:`tma_config_fits`), the family turned off, a program over the device's limits, or a GPU
+    before Hopper (tensor descriptors)."""
+    why = tma_config_fits(cfg, hidden, inter, fp8, scale_block)
+    if why:
+        return why
+    if limits is not None and not limits.hopper_or_newer:
+        return f"TMA tensor descriptors need Hopper, {limits.name} is {limits.sm}"
+    up, down = tma_footprints(cfg, fp8)
+    return unfit_reason("fused_moe_tma", up, limits, what=f"TMA gate-up {cfg.gemm1}") or (
+        unfit_reason("fused_moe_tma", down, limits, what=f"TMA down {cfg.gemm2}")
+    )
 
 
 def _num_programs(tile: TmaGemmTile, max_tiles: int, num_sms: int) -> int:

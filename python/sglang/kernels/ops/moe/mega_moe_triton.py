@@ -37,6 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.kernels.fit.footprint import Footprint, pipelined_dot_shared
+from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.activation import activation_code, gated_act
 from sglang.kernels.ops.gpu_clock import globaltimer_ns
 from sglang.kernels.ops.moe.align import moe_align_block_size
@@ -761,6 +764,38 @@ def mega_fused_experts(
     return result
 
 
+def mega_footprint(
+    cfg: MegaMoEConfig, fp8: bool, capability: tuple[int, int] = (9, 0)
+) -> Footprint:
+    """One CTA: the larger of its two phases' pipelined dots (gate-up: gate and up tiles, twice
+    ``block_n1`` columns; down: ``block_n2``), which share their buffers; ``ctas_per_sm`` of them
+    resident on one SM."""
+    elem = 1 if fp8 else 2
+    dots = [
+        pipelined_dot_shared(
+            block_m=cfg.block_m,
+            block_k=cfg.block_k,
+            a_bytes=elem,
+            b_cols=cols,
+            b_bytes=elem,
+            num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps,
+            capability=capability,
+        )
+        for cols in (2 * cfg.block_n1, cfg.block_n2)
+    ]
+    return Footprint(max(dots), cfg.num_warps, ctas_per_sm=cfg.ctas_per_sm)
+
+
+def mega_unfit_reason(cfg: MegaMoEConfig, fp8: bool, limits: DeviceLimits | None) -> str | None:
+    """None when ``cfg``'s CTAs fit the device (each, and ``ctas_per_sm`` of them on one SM) and
+    the family is on, else why not."""
+    cap = limits.capability if limits is not None else (9, 0)
+    return unfit_reason(
+        "mega_moe_triton", mega_footprint(cfg, fp8, cap), limits, what=f"Triton MegaMoE {cfg}"
+    )
+
+
 def unsupported_reason(
     hidden: int, inter: int, fp8: bool, block: tuple[int, int], cfg: MegaMoEConfig
 ) -> str | None:
@@ -783,7 +818,9 @@ __all__ = [
     "MegaMoELaunch",
     "MegaMoEWaitTimeout",
     "get_mega_config",
+    "mega_footprint",
     "mega_fused_experts",
+    "mega_unfit_reason",
     "raise_if_timed_out",
     "unsupported_reason",
 ]

@@ -22,8 +22,16 @@ from typing import Any
 
 import torch
 
-from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig, tma_config_fits
-from sglang.kernels.ops.moe.two_launch_config import FusedMoeConfig, GemmTile, get_config
+from sglang.kernels.fit.footprint import element_bytes
+from sglang.kernels.fit.limits import DeviceLimits, device_limits
+from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig, tma_unfit_reason
+from sglang.kernels.ops.moe.two_launch_config import (
+    FusedMoeConfig,
+    GemmTile,
+    fit_two_launch_config,
+    get_config,
+    two_launch_unfit_reason,
+)
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE
 
 logger = logging.getLogger(__name__)
@@ -104,11 +112,6 @@ def _device_name(device: torch.device) -> str | None:
     return torch.cuda.get_device_name(device)
 
 
-def _tma_capable(device: torch.device) -> bool:
-    # Tensor descriptors need Hopper's copy engine; the interpreter (CPU tensors) emulates them.
-    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
-
-
 @functools.cache
 def _log_choice(name: str, m_bucket: int, what: str) -> None:
     logger.info("fused MoE %s, M bucket %d: %s", name, m_bucket, what)
@@ -124,9 +127,16 @@ def select_moe_config(
     top_k: int,
     device: torch.device,
     scale_block: int = 128,
-) -> MoeKernelConfig:
-    """The kernel and tiles for ``m`` tokens: the tuned table's bucket, else the default rule.
-    A TMA config that cannot run here (shape, GPU older than Hopper) falls back to two-launch."""
+    limits: DeviceLimits | None = None,
+) -> MoeKernelConfig | None:
+    """The kernel and tiles for ``m`` tokens: the tuned table's bucket, else the default rule,
+    kept only where it fits the device (``limits``, default: ``device``'s). A TMA config that
+    cannot run here (shape, GPU older than Hopper, shared memory, the TMA family off) falls back
+    to two-launch; a two-launch config over the limits to the first smaller one that fits
+    (``fit_two_launch_config``: fp32 operands take fewer pipeline stages); None when none fits
+    (the caller runs the torch experts). Each adjustment is logged once."""
+    if limits is None:
+        limits = device_limits(device)
     key = dtype_key(dtype)
     fp8 = key == "fp8"
     dev_name = _device_name(device)
@@ -139,18 +149,32 @@ def select_moe_config(
         if isinstance(cfg, FusedMoeConfig) and m >= m_bucket:
             # Tiles tuned at m_bucket rows; below the smallest bucket the rule decides.
             _log_choice(name, m_bucket, f"two_launch {cfg} ({source})")
-            return cfg
+            return fit_two_launch(cfg, dtype, limits)
     else:
         m_bucket = 0  # one log line per choice
         rows = m * top_k / max(e, 1)
         cfg = DEFAULT_TMA_CONFIGS.get(key) if rows >= TMA_MIN_ROWS_PER_EXPERT else None
         kernel, source = ("tma" if cfg else "two_launch"), "default rule (no table)"
-    if (
-        isinstance(cfg, TmaMoeConfig)
-        and _tma_capable(device)
-        and not tma_config_fits(cfg, h, i, fp8, scale_block)
-    ):
-        _log_choice(name or "untuned", m_bucket, f"{kernel} {cfg} ({source})")
-        return cfg
+    if isinstance(cfg, TmaMoeConfig):
+        why = tma_unfit_reason(cfg, h, i, fp8, scale_block, limits)
+        if why is None:
+            _log_choice(name or "untuned", m_bucket, f"{kernel} {cfg} ({source})")
+            return cfg
+        _log_choice(name or "untuned", m_bucket, f"not {kernel} {cfg}: {why}")
+    rule = get_config(m, e, h, i, dtype, top_k=top_k)
     _log_choice(name or "untuned", m_bucket, f"two_launch ({source})")
-    return get_config(m, e, h, i, dtype, top_k=top_k)
+    return fit_two_launch(rule, dtype, limits)
+
+
+def fit_two_launch(
+    cfg: FusedMoeConfig, dtype: torch.dtype, limits: DeviceLimits | None
+) -> FusedMoeConfig | None:
+    """``cfg`` fitted to ``limits`` for ``dtype`` weights (a smaller config, or None), logged
+    once when it changes."""
+    elem = element_bytes(dtype)
+    fitted = fit_two_launch_config(cfg, elem, limits)
+    if fitted != cfg:
+        why = two_launch_unfit_reason(cfg, elem, limits)
+        what = f"{fitted}" if fitted is not None else "none fits: the torch experts run"
+        _log_choice("fit", 0, f"{cfg} does not fit ({why}); {what}")
+    return fitted

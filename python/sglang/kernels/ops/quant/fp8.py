@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -78,6 +79,14 @@ def empty_group_scales(
     return torch.empty((groups, aligned), dtype=torch.float32, device=device)[:, :rows].t()
 
 
+def quant_fp8_unfit_reason(group_size: int) -> str | None:
+    """None when the quantiser kernel takes groups of ``group_size`` (a power of two; the family
+    on; about 1024 values a program in registers), else why the torch quantiser runs."""
+    if group_size < 1 or group_size & (group_size - 1):
+        return f"the Triton quantiser needs a power-of-two group_size, got {group_size}"
+    return unfit_reason("fp8_quant")
+
+
 def per_token_group_quant_fp8(
     x: torch.Tensor,
     group_size: int = 128,
@@ -97,7 +106,7 @@ def per_token_group_quant_fp8(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     if use_triton is None:
-        use_triton = triton_can_run(x)
+        use_triton = triton_can_run(x) and quant_fp8_unfit_reason(group_size) is None
     if not use_triton:
         q, scale = _quant_groups_torch(x2, group_size, eps)
         if scale_mn_major:

@@ -280,23 +280,25 @@ def load_rows(
         tail = (base_ptr + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))
         m = live[:, None] & (cols < F + ROPE)[None, :]
         r = tl.load(tail + (row_off // 2)[:, None] + (cols - F)[None, :], mask=m, other=0.0)
-        return r.to(tl.float32)
-    is8 = cols < F
-    code = tl.load(addr + cols[None, :], mask=live[:, None] & is8[None, :], other=0)
-    n: tl.constexpr = code.shape[0]
-    ng: tl.constexpr = C // G
-    grp = COL0 // G + tl.arange(0, ng)
-    # masked lanes read the scale 2^0: a defined factor for their zero codes (never inf * 0)
-    kb = tl.load(
-        addr + SCALE_OFF + grp[None, :], mask=live[:, None] & (grp * G < F)[None, :], other=127
-    )
-    scale = pow2(kb.to(tl.int32) - 127 + 8)  # the codes' fp16 reading is 2^-8 of their value
-    v = tl.reshape(tl.reshape(e4m3_bits_to_f32(code), [n, ng, G]) * scale[:, :, None], [n, C])
-    if COL0 + C > F:  # these columns reach the bf16 tail
-        tail = (base_ptr + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))
-        m = live[:, None] & (~is8 & (cols < F + ROPE))[None, :]
-        r = tl.load(tail + (row_off // 2)[:, None] + (cols - F)[None, :], mask=m, other=0.0)
-        v = tl.where(is8[None, :], v, r.to(tl.float32))
+        v = r.to(tl.float32)
+    else:  # one branch a call: Triton traces code after an early return too (a tail of fewer
+        # than G columns would make the group count 0 there)
+        is8 = cols < F
+        code = tl.load(addr + cols[None, :], mask=live[:, None] & is8[None, :], other=0)
+        n: tl.constexpr = code.shape[0]
+        ng: tl.constexpr = C // G
+        grp = COL0 // G + tl.arange(0, ng)
+        # masked lanes read the scale 2^0: a defined factor for their zero codes (never inf * 0)
+        kb = tl.load(
+            addr + SCALE_OFF + grp[None, :], mask=live[:, None] & (grp * G < F)[None, :], other=127
+        )
+        scale = pow2(kb.to(tl.int32) - 127 + 8)  # the codes' fp16 reading is 2^-8 of their value
+        v = tl.reshape(tl.reshape(e4m3_bits_to_f32(code), [n, ng, G]) * scale[:, :, None], [n, C])
+        if COL0 + C > F:  # these columns reach the bf16 tail
+            tail = (base_ptr + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))
+            m = live[:, None] & (~is8 & (cols < F + ROPE))[None, :]
+            r = tl.load(tail + (row_off // 2)[:, None] + (cols - F)[None, :], mask=m, other=0.0)
+            v = tl.where(is8[None, :], v, r.to(tl.float32))
     return v
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang.kernels.ops.attention.sparse_prefill_attention import prefill_shape_reason
+from sglang.kernels.fit.decide import limits_for
+from sglang.kernels.ops.attention.sparse_prefill_attention import prefill_unfit_reason
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 
 _QUERY_CHUNK = 256
@@ -84,4 +85,4 @@ def prefill_kernel_reason(q: torch.Tensor, key_dtype: torch.dtype) -> str | None
     ``key_dtype``, else why the torch path above runs."""
     if not triton_can_run(q):
         return "Triton does not run on this device"
-    return prefill_shape_reason(q.shape[-1], key_dtype)
+    return prefill_unfit_reason(q.shape[-1], key_dtype, q.dtype, limits_for(q))

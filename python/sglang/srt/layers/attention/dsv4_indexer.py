@@ -25,7 +25,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from sglang.kernels.ops.attention.indexer_scores import indexer_scores
+from sglang.kernels.fit.decide import limits_for
+from sglang.kernels.ops.attention.indexer_scores import indexer_scores, indexer_unfit_reason
 from sglang.kernels.ops.attention.sparse_decode_attention import kernel_head_dim_ok
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
@@ -40,12 +41,12 @@ _QUERY_CHUNK = 256
 _KERNEL_CHUNK = 4096
 
 
-def _scores_kernel_reason(
-    q: torch.Tensor, keys: torch.Tensor, key_fp8: Fp8RowFormat | None
+def scores_kernel_reason(
+    q: torch.Tensor, keys: torch.Tensor, key_fp8: Fp8RowFormat | None = None
 ) -> str | None:
     """None when :func:`indexer_scores` scores ``q`` against ``keys`` (FP8 rows of ``key_fp8``,
-    or values), else why the torch scoring runs. CUDA only here (the eager prefill; the
-    interpreter runs the kernel in its own tests)."""
+    or values), else why the torch scoring runs. CUDA only (the eager prefill; the interpreter
+    runs the kernel in its own tests)."""
     if not q.is_cuda:
         return "the indexer scores kernel runs on CUDA only"
     if q.dtype not in (torch.bfloat16, torch.float16):
@@ -56,7 +57,7 @@ def _scores_kernel_reason(
         return f"FP8 keys dequantise into bf16, q is {q.dtype}"
     if not kernel_head_dim_ok(q.shape[-1]) or keys.stride(-1) != 1:
         return f"indexer head dim {q.shape[-1]} is not a power of two >= 16, or rows not contiguous"
-    return None
+    return indexer_unfit_reason(q.shape[-2], q.shape[-1], limits_for(q))
 
 
 class LightningIndexer(nn.Module):
@@ -130,7 +131,7 @@ class LightningIndexer(nn.Module):
         n, num = q.shape[0], keys.shape[0]
         k = min(self.topk, num)
         picks = torch.empty(n, k, dtype=torch.int64, device=q.device)
-        if _scores_kernel_reason(q, keys, key_fp8) is None and n > 0 and num > 0:
+        if scores_kernel_reason(q, keys, key_fp8) is None and n > 0 and num > 0:
             # The Triton scores: only the visible keys of each query, bf16 products (exact) with
             # fp32 sums, -inf past the visible ones; then the same stable sort as top_entries.
             visible = (positions + 1) // self.ratio

@@ -33,11 +33,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.kernels.ops.attention.indexer_scores import indexer_scores
+from sglang.kernels.fit.decide import limits_for
+from sglang.kernels.ops.attention.indexer_scores import indexer_scores, indexer_unfit_reason
 from sglang.kernels.ops.attention.indexer_topk import indexer_topk
 from sglang.kernels.ops.attention.sparse_decode_attention import (
     kernel_head_dim_ok,
     sparse_decode_attention,
+    sparse_decode_unfit_reason,
 )
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4_static_compressor import compress_decode_step
@@ -97,12 +99,14 @@ def use_sparse_kernels(attn: DeepseekV4Attention, ring: torch.Tensor) -> bool:
     fp32 accumulation; fp32 operands would run as tf32) with power-of-two row widths on CUDA,
     unless ``SGLANG_DSV4_LENGTH_AWARE_DECODE=0``. Not under the Triton interpreter: its bf16
     ``tl.dot`` is unusable on the CPU (the CPU tests force the kernels on fp32 pools)."""
-    why = _sparse_kernels_reason(attn, ring)
+    why = sparse_kernels_reason(attn, ring)
     log_path_once(logger, "DeepSeek V4 static decode attention and indexer scores", why)
     return why is None
 
 
-def _sparse_kernels_reason(attn: DeepseekV4Attention, ring: torch.Tensor) -> str | None:
+def sparse_kernels_reason(attn: DeepseekV4Attention, ring: torch.Tensor) -> str | None:
+    """None when the length-aware decode kernels (attention and indexer scores) take this layer
+    and pool here, else why the torch path runs."""
     if not envs.SGLANG_DSV4_LENGTH_AWARE_DECODE.get():
         return "SGLANG_DSV4_LENGTH_AWARE_DECODE=0"
     if not ring.is_cuda:
@@ -112,7 +116,11 @@ def _sparse_kernels_reason(attn: DeepseekV4Attention, ring: torch.Tensor) -> str
     idx_dim = attn.indexer.head_dim if attn.indexer is not None else 16
     if not (kernel_head_dim_ok(attn.head_dim) and kernel_head_dim_ok(idx_dim)):
         return f"head dims {attn.head_dim} / {idx_dim} are not powers of two >= 16"
-    return None
+    limits = limits_for(ring)
+    why = sparse_decode_unfit_reason(attn.head_dim, limits)
+    if why is None and attn.indexer is not None:
+        why = indexer_unfit_reason(attn.indexer.n_heads, idx_dim, limits)
+    return why
 
 
 def _kernel_attention(

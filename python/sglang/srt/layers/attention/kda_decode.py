@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sglang.kernels.fit.decide import limits_for
+from sglang.kernels.ops.kda.chunk_prefill import kda_unfit_reason
 from sglang.kernels.ops.kda.conv_decode import kda_conv_decode_
 from sglang.kernels.ops.kda.recurrent_step import kda_recurrent_step_, recurrent_step_reason
 from sglang.kernels.ops.pointer_table import int64_on_device, pointer_table_reason
@@ -47,7 +49,7 @@ def kernel_inputs_reason(mixed: Tensor, weight: Tensor, head_dim: int) -> str | 
     the states (per-request tensors or a slot pool); None when they can."""
     if not triton_can_run(mixed):
         return "not a CUDA tensor (and the Triton interpreter is off)"
-    why = recurrent_step_reason(head_dim, head_dim)
+    why = recurrent_step_reason(head_dim, head_dim) or kda_unfit_reason(head_dim, limits_for(mixed))
     if why is not None:
         return why
     if weight.dtype != torch.float32:

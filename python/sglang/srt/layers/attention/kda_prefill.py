@@ -10,7 +10,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sglang.kernels.ops.kda.chunk_prefill import chunk_prefill_reason, kda_chunk_prefill_
+from sglang.kernels.fit.decide import limits_for
+from sglang.kernels.ops.kda.chunk_prefill import (
+    chunk_prefill_reason,
+    kda_chunk_prefill_,
+    kda_unfit_reason,
+)
 from sglang.kernels.ops.kda.conv_prefill import kda_conv_prefill
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.layers.attention.kda_conv import conv_state_after
@@ -24,7 +29,9 @@ def prefill_kernel_reason(
         return "the torch form was asked for"
     if not triton_can_run(q):
         return "not a CUDA tensor (and the Triton interpreter is off)"
-    return chunk_prefill_reason(head_dim, head_dim, gate_lower_bound)
+    return chunk_prefill_reason(head_dim, head_dim, gate_lower_bound) or kda_unfit_reason(
+        head_dim, limits_for(q)
+    )
 
 
 def kernel_conv_prefill(x: Tensor, weight: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:

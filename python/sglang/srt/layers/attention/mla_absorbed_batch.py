@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sglang.kernels.fit.decide import limits_for
 from sglang.kernels.ops.attention.absorbed_mla_decode import (
-    absorbed_decode_unsupported,
+    absorbed_decode_unfit_reason,
     absorbed_mla_decode,
 )
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
@@ -109,7 +110,9 @@ def decode_kernel_unavailable(caches: Sequence[MLALatentCache], rope_dim: int) -
         return "Triton cannot run on the latents' device"
     fp8 = fp8_format(caches[0].encoding)
     width = first.buf.shape[-1] if fp8 is None else fp8.dim
-    return absorbed_decode_unsupported(width - rope_dim, rope_dim, first.buf.dtype, fp8)
+    return absorbed_decode_unfit_reason(
+        width - rope_dim, rope_dim, first.buf.dtype, limits_for(first.buf), fp8
+    )
 
 
 def gather_latents(caches: Sequence[MLALatentCache]) -> tuple[Tensor, Tensor]:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sglang.kernels.ops.attention.absorbed_mla_decode import absorbed_decode_unsupported
+from sglang.kernels.fit.decide import limits_for
+from sglang.kernels.ops.attention.absorbed_mla_decode import absorbed_decode_unfit_reason
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.layers.attention.mla_absorbed_batch import (
     PagedLatents,
@@ -41,7 +42,7 @@ def static_kernel_reason(
     rope = attn.config.qk_rope_head_dim
     fp8 = fp8_format(encoding)
     width = store.shape[-1] if fp8 is None else fp8.dim
-    return absorbed_decode_unsupported(width - rope, rope, store.dtype, fp8)
+    return absorbed_decode_unfit_reason(width - rope, rope, store.dtype, limits_for(store), fp8)
 
 
 def mla_static_decode(

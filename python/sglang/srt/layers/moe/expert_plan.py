@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.srt.layers.moe.expert_weights import ExpertLayout, ExpertWeights, WeightFormat
 from sglang.srt.layers.moe.mega_moe import (
     MegaMoEParams,
@@ -436,6 +437,9 @@ class MegaKernelPlan:
         """Why DeepGEMM's kernel cannot take a batch of ``num_tokens`` ``dtype`` rows."""
         if self.deep_gemm_reason is not None:
             return self.deep_gemm_reason
+        off = unfit_reason("deep_gemm_mega")  # turned off by a build failure since the plan
+        if off is not None:
+            return off
         if self.bf16_only and dtype != torch.bfloat16:
             return f"its SM90 pre-dispatch takes bf16 activations, not {dtype}"
         if num_tokens > self.max_tokens:
@@ -451,9 +455,10 @@ class MegaKernelPlan:
         dg_reason = self.deep_gemm_batch_reason(num_tokens, dtype)
         if dg_reason is None:
             return MegaKernelChoice("deep_gemm", self.deep_gemm_kernel)
-        if self.triton_reason is not None:
+        triton_reason = self.triton_reason or unfit_reason("mega_moe_triton")
+        if triton_reason is not None:
             return MegaKernelChoice(
-                "none", f"DeepGEMM's kernel: {dg_reason}; our Triton kernel: {self.triton_reason}"
+                "none", f"DeepGEMM's kernel: {dg_reason}; our Triton kernel: {triton_reason}"
             )
         slower = mega_moe_measured_slower(self.measured, self.measured_dtype, num_tokens)
         if slower is not None:  # the user's MegaMoE, but not where it measured slower

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.srt.environ import envs
 from sglang.srt.layers.deep_gemm_adapter import has_entry_point, resolve_entry_point
 from sglang.srt.layers.moe.moe_runner.base import moe_output_scope
@@ -232,6 +233,9 @@ def mega_moe_layer_reason(
     the batch (``None`` when it can)."""
     if deep_gemm is None:
         return "DeepGEMM is unusable"
+    off = unfit_reason("deep_gemm_mega")
+    if off is not None:
+        return off
     for capability in _kernel_capabilities(arch):
         if not has_entry_point(deep_gemm, capability):
             return f"the installed DeepGEMM has no {capability} entry point"

@@ -52,20 +52,25 @@ def triton_mega_unavailable_reason(
             f"expert weights of dtype {weights.w13.dtype} (bf16, fp16 or FP8 128x128 blocks "
             "supported)"
         )
+    from sglang.kernels.fit.decide import limits_for
     from sglang.kernels.ops.moe.mega_moe_triton import (
         fit_config,
         get_mega_config,
+        mega_unfit_reason,
         unsupported_reason,
     )
 
     fp8 = weights.w13.dtype == torch.float8_e4m3fn
     e, two_i, h = weights.w13.shape
     block = tuple(weights.block_shape or (128, 128))
+    limits = limits_for(device)
     # The tiles step with the rows an expert gets (T * top_k / E): one batch size per step.
     for rows in _TILE_STEP_ROWS:
         tokens = max(1, int(rows * e / top_k))
         cfg = fit_config(get_mega_config(tokens, e, top_k, fp8), h, two_i // 2, fp8)
-        why = unsupported_reason(h, two_i // 2, fp8, (int(block[0]), int(block[1])), cfg)
+        why = unsupported_reason(
+            h, two_i // 2, fp8, (int(block[0]), int(block[1])), cfg
+        ) or mega_unfit_reason(cfg, fp8, limits)
         if why is not None:
             return why
     return None

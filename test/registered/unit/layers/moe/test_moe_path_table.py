@@ -47,7 +47,32 @@ def test_deep_gemm_runner_layout_from_measurements() -> None:
     assert measured_layout(pt.DSV4, True, 8192, capturing=False) == "contiguous"
     assert measured_layout(pt.DSV4, True, 8192, capturing=True) == "triton"
     assert measured_layout(pt.DSV4, False, 512, capturing=False) == "triton"
-    assert measured_layout(pt.MoeShape(6, 3, 256, 256), True, 8192, capturing=False) is None
+    # unmeasured shapes read the nearest measured one at the same rows an expert
+    tp_slice = pt.MoeShape(256, 6, 4096, 1024)  # DSv4 experts sliced over 2 TP ranks
+    assert measured_layout(tp_slice, True, 8192, capturing=False) == "contiguous"
+    assert measured_layout(tp_slice, True, 8192, capturing=True) == "triton"
+    assert measured_layout(pt.MoeShape(6, 3, 256, 256), True, 8192, capturing=False) is not None
+    assert measured_layout(pt.DSV4, False, 512, capturing=False, device="Other GPU") == "triton"
+
+
+def test_nearest_shape_reads_the_same_rows_an_expert() -> None:
+    exact = pt.nearest_bucket_times(pt.K3, "fp8", 2048)
+    assert exact is not None and exact[0] == pt.K3 and exact[1] == 2048
+    half_experts = pt.MoeShape(192, 16, 3584, 3072)  # twice the rows an expert of K3
+    near = pt.nearest_bucket_times(half_experts, "fp8", 1024)
+    assert near is not None and near[0] == pt.K3 and near[1] == 2048 and near[2] == 2048
+    best, why = pt.fastest_path(half_experts, "fp8", 4096, ["triton", "deep_gemm_contiguous"])  # type: ignore[misc]
+    assert best == "deep_gemm_contiguous" and "nearest measured shape" in why and "M=8192" in why
+    assert pt.nearest_bucket_times(pt.DSV4, "fp16", 8) is None  # nothing measured in fp16
+
+
+def test_tables_round_trip(tmp_path: Path) -> None:
+    buckets = {1: {"triton": 80.0}, 8192: {"triton": 5931.0, "deep_gemm_contiguous": 4038.0}}
+    path = pt.write_table(pt.DSV4, "fp8", "NVIDIA H200", buckets, "test", tmp_path)
+    assert path.name == "E256_H4096_I2048_top6_fp8_NVIDIA_H200.json"
+    assert pt.read_table(path) == (pt.DSV4, "fp8", "NVIDIA H200", buckets)
+    stored = pt.load_tables()
+    assert {(s, d) for (s, d, _) in stored} >= {(pt.DSV4, "bf16"), (pt.K3, "fp8")}
 
 
 def test_every_stored_table_loads_and_fits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,7 +126,6 @@ def test_select_reads_the_table_then_falls_back(
     )
     monkeypatch.setattr(tc, "CONFIG_DIR", tmp_path)
     monkeypatch.setattr(tc, "_device_name", lambda device: "Fake GPU")
-    monkeypatch.setattr(tc, "_tma_capable", lambda device: True)
     tc.load_table.cache_clear()
     cpu = torch.device("cpu")
     try:

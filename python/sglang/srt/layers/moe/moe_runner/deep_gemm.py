@@ -13,20 +13,26 @@ Three steps, each in its own function:
 3. :func:`post_permute_deep_gemm_to_standard`: top-k weighted sum back to ``[T, H]``, into the
    final output, which alone is allocated in the symmetric-memory scope.
 
-Which layout (or our Triton runner, where it measured faster) runs for a batch is chosen by token
-count (:data:`LAYOUT_BY_TOKENS`, from ``scripts/bench_moe.py`` on an H200; docs/performance.md),
-or forced with ``SGLANG_DEEP_GEMM_MOE_LAYOUT``. On one GPU the masked layout never wins (its
-slabs are mostly padding), so ``auto`` runs Triton at decode sizes, CUDA graphs included.
+Which layout (or our Triton runner, where it measured faster) runs for a batch is the fastest
+measured for the experts' shape and dtype at that size (``path_table.py``: the shape's own
+table, else the nearest measured shape at the same rows an expert; ``scripts/tune_moe_paths.py``
+writes them), else the token-count rule :data:`LAYOUT_BY_TOKENS` (a dtype never measured), or
+forced with ``SGLANG_DEEP_GEMM_MOE_LAYOUT``. Under CUDA-graph capture the contiguous layout is
+never chosen (it reads its size back). Experts DeepGEMM cannot take (fp32 or fp16, sizes not
+multiples of 128, the family turned off after a build failure: :func:`deep_gemm_unfit_reason`)
+run on the Triton fused MoE.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.ops.moe.gather_combine import gather_combine
 from sglang.kernels.ops.quant.fp8 import per_token_group_quant_fp8
 from sglang.srt.environ import envs
@@ -46,6 +52,9 @@ from sglang.srt.layers.moe.moe_runner.path_table import (
     shape_of,
 )
 from sglang.srt.layers.moe.topk import TopKOutput
+from sglang.srt.utils.log import get_logger, log_once
+
+logger = get_logger(__name__)
 
 Layout = Literal["contiguous", "masked", "triton"]
 LayoutChoice = Literal["auto", "contiguous", "masked", "triton"]
@@ -102,12 +111,16 @@ _LAYOUT_OF_PATH: dict[str, Layout] = {
 }
 
 
-def measured_layout(shape: MoeShape, fp8: bool, num_tokens: int, capturing: bool) -> Layout | None:
-    """The fastest measured of Triton and the two DeepGEMM layouts at this size (contiguous not
-    under capture), logged once per choice; None where the shape was not measured."""
+def measured_layout(
+    shape: MoeShape, fp8: bool, num_tokens: int, capturing: bool, device: str | None = None
+) -> Layout | None:
+    """The fastest measured of Triton and the two DeepGEMM layouts for this shape at this size
+    (its table or the nearest measured shape's; contiguous not under capture) on ``device``'s
+    tables (default: this process's GPU, else the H200's), logged once per choice; None where
+    nothing of this dtype was measured."""
     candidates = [p for p in _LAYOUT_OF_PATH if not (capturing and p == "deep_gemm_contiguous")]
     dtype = "fp8" if fp8 else "bf16"
-    picked = fastest_path(shape, dtype, num_tokens, candidates)
+    picked = fastest_path(shape, dtype, num_tokens, candidates, device)
     if picked is None:
         return None
     log_choice(f"deep_gemm runner {dtype} E={shape.experts} H={shape.hidden}", picked[1])
@@ -118,7 +131,7 @@ def measured_layout(shape: MoeShape, fp8: bool, num_tokens: int, capturing: bool
 # Each layout is an index: which token every row reads. The rows are then gathered in one pass
 # (index_select), after the T token rows were quantised once for FP8: a scatter of the T*k
 # routed rows, a zero fill and quantising k times as many rows were the largest non-GEMM costs
-# of a prefill MoE (the profile is in docs/performance.md, "DeepGEMM on the H200").
+# of a prefill MoE (docs/performance.md, "The DeepGEMM runner").
 
 
 def _expert_ranks(
@@ -279,6 +292,29 @@ def post_permute_deep_gemm_to_standard(
     return gather_combine(down.reshape(-1, down.shape[-1]), row_of, topk_weights, out)
 
 
+# The grouped GEMMs tile K and N by 128 (the FP8 scale block; bf16 takes the same tiles).
+DEEP_GEMM_DIM_ALIGN = 128
+
+
+def deep_gemm_unfit_reason(weights: ExpertWeights) -> str | None:
+    """None when DeepGEMM's grouped GEMMs take these experts (bf16, or FP8 in 128x128 blocks;
+    hidden and intermediate sizes multiples of 128; the family on), else why the Triton fused
+    MoE runs the batch instead."""
+    off = unfit_reason("deep_gemm")
+    if off is not None:
+        return off
+    dtype = weights.w13.dtype
+    if dtype == torch.float8_e4m3fn:
+        if tuple(weights.block_shape or (128, 128)) != (128, 128):
+            return f"FP8 experts in {weights.block_shape} blocks (DeepGEMM takes 128x128)"
+    elif dtype != torch.bfloat16:
+        return f"experts of {dtype} (DeepGEMM's grouped GEMMs take bf16 or FP8)"
+    h, i = weights.hidden_size, weights.intermediate_size
+    if h % DEEP_GEMM_DIM_ALIGN or i % DEEP_GEMM_DIM_ALIGN:
+        return f"hidden {h} / intermediate {i} are not multiples of {DEEP_GEMM_DIM_ALIGN}"
+    return None
+
+
 class DeepGemmMoERunner(MoERunner):
     name = "deep_gemm"
     # Under capture only the masked layout or the Triton runner runs: fixed shapes, no host read.
@@ -328,11 +364,13 @@ class DeepGemmMoERunner(MoERunner):
         inplace: bool = False,
     ) -> torch.Tensor:
         fp8 = weights.w13.dtype == torch.float8_e4m3fn
-        if fp8 and tuple(weights.block_shape or (128, 128)) != (128, 128):
-            raise ValueError(
-                f"the deep_gemm runner takes 128x128 FP8 weight blocks, not {weights.block_shape}"
-            )
-        layout = self.layout_for(hidden.shape[0], fp8, shape_of(weights, topk.topk_ids.shape[1]))
+        unfit = deep_gemm_unfit_reason(weights)
+        if unfit is not None:
+            log_once(logger, logging.INFO, f"deep_gemm MoE runner: Triton fused MoE ({unfit})")
+            layout: Layout = "triton"  # the Triton fused MoE takes every dtype and shape
+        else:
+            shape = shape_of(weights, topk.topk_ids.shape[1])
+            layout = self.layout_for(hidden.shape[0], fp8, shape)
         if layout == "triton":
             from sglang.kernels.ops.moe.fused_moe import fused_experts
 

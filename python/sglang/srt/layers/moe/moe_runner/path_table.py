@@ -1,23 +1,33 @@
-"""Which MoE path is fastest at a size: measured times per (expert shape, dtype, M bucket).
+"""Which MoE path is fastest at a size: measured times per (expert shape, dtype, device, M bucket).
 
 Paths: ``triton`` (our fused-MoE kernels; they pick two-launch or the Hopper TMA kernels per size
 from their own tables), ``triton_mega`` (our Triton MegaMoE), ``deep_gemm_contiguous`` /
 ``deep_gemm_masked`` (the ``deep_gemm`` runner's layouts), ``deep_gemm_mega`` (DeepGEMM's SM90
-MegaMoE). Times are microseconds on one H200 under CUDA-graph replay (contiguous: eager, it reads
-its size back to the host), uniform random routing, from the runs named in ``docs/performance.md``:
-``triton`` at 1 and 128-8192 from ``scripts/bench_moe_prefill.py`` (2026-12-01, this table's
-kernels and tiles), at 8 and 32 and the DeepGEMM layouts from ``scripts/bench_moe.py``,
-``triton_mega`` from ``shared/design/performance_targets.md``, ``deep_gemm_mega`` from
-``scripts/bench_deep_gemm_mega_moe.py``. A batch of M tokens reads the bucket with the largest
-``m <= M`` (the smallest bucket below all of them). These are one-GPU numbers: callers apply them
-only where the paths do the same work (no expert parallelism).
+MegaMoE). One JSON table per (expert shape E, H, I, top-k; weight dtype; GPU) in
+``path_tables/``, named ``E{E}_H{H}_I{I}_top{k}_{dtype}_{device}.json`` like the fused-MoE
+tile tables, written by ``scripts/tune_moe_paths.py`` (which measures every path at every size
+``scripts/bench_moe.py`` covers, each the way the engine runs it: under CUDA-graph replay at
+decode sizes, eagerly at prefill sizes and always for the contiguous layout, which reads its
+size back to the host). A batch of M tokens reads the bucket with the largest ``m <= M`` (the
+smallest bucket below all of them).
+
+A shape without its own table (another model, a TP or EP slice of the experts) reads the
+nearest measured shape of the same dtype on the same GPU (closest in ``H * I`` and in rows an
+expert gets, ``top_k / E``, both on a log scale) at the token count that gives its experts the
+same rows each: ``M * (k / E) * (E' / k')``. The choice then follows the work per expert and the
+GEMM sizes, not the token count alone. These are one-GPU numbers: callers apply them only where
+the paths do the same work (no expert parallelism).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,6 +38,10 @@ if TYPE_CHECKING:
     from sglang.srt.layers.moe.expert_weights import ExpertWeights
 
 logger = get_logger(__name__)
+
+TABLE_DIR = Path(__file__).parent / "path_tables"
+# The tables measured so far are the H200's; any other GPU without its own reads these.
+DEFAULT_DEVICE = "NVIDIA H200"
 
 
 @dataclass(frozen=True)
@@ -50,80 +64,138 @@ _T, _MEGA, _DGC, _DGM, _DGMEGA = (
 )
 PATHS = (_T, _MEGA, _DGC, _DGM, _DGMEGA)
 
-# (shape, dtype) -> {M: {path: us}}
-MEASURED_US: dict[tuple[MoeShape, str], dict[int, dict[str, float]]] = {
-    (DSV4, "bf16"): {
-        1: {_T: 80, _MEGA: 81, _DGM: 214, _DGC: 892},
-        8: {_T: 512, _DGM: 673, _DGC: 1276},
-        32: {_T: 1538, _DGM: 1857, _DGC: 2796},
-        128: {_T: 2724, _MEGA: 2716, _DGM: 3283, _DGC: 4521},
-        512: {_T: 2896, _MEGA: 3066, _DGM: 3773, _DGC: 4569},
-        2048: {_T: 3174, _MEGA: 4641, _DGM: 5263, _DGC: 4527},
-        8192: {_T: 5931, _MEGA: 10030, _DGC: 6279},
-    },
-    (DSV4, "fp8"): {
-        1: {_T: 51, _MEGA: 59, _DGM: 275, _DGC: 1289, _DGMEGA: 91.2},
-        8: {_T: 283, _DGM: 523, _DGC: 1917, _DGMEGA: 302.9},
-        32: {_T: 819, _DGM: 1124, _DGC: 2004, _DGMEGA: 879.6},
-        128: {_T: 1449, _MEGA: 1471, _DGM: 1990, _DGC: 3009, _DGMEGA: 1537.9},
-        512: {_T: 1615, _MEGA: 1909, _DGM: 2906, _DGC: 2844, _DGMEGA: 1912.8},
-        2048: {_T: 1908, _MEGA: 3530, _DGM: 6384, _DGC: 2959},
-        8192: {_T: 4812, _MEGA: 7565, _DGC: 4038},
-    },
-    (K3, "bf16"): {
-        1: {_T: 250, _MEGA: 257, _DGM: 518, _DGC: 1415},
-        8: {_T: 1603, _DGM: 2024, _DGC: 2920},
-        32: {_T: 4191, _DGM: 4970, _DGC: 6796},
-        128: {_T: 5528, _DGM: 6624, _DGC: 8786},
-        512: {_T: 5819, _MEGA: 6258, _DGM: 7881, _DGC: 9270},
-        2048: {_T: 7416, _MEGA: 12336, _DGC: 9109},
-        8192: {_T: 18017, _MEGA: 36290, _DGC: 18608},
-    },
-    (K3, "fp8"): {
-        1: {_T: 143, _MEGA: 147, _DGM: 549, _DGC: 1364},
-        8: {_T: 866, _DGM: 1302, _DGC: 1937},
-        32: {_T: 2247, _DGM: 2842, _DGC: 3996},
-        128: {_T: 2979, _DGM: 3946, _DGC: 5062},
-        512: {_T: 3496, _MEGA: 4474, _DGM: 6022, _DGC: 5600},
-        2048: {_T: 5447, _MEGA: 8904, _DGC: 5665},
-        8192: {_T: 14251, _MEGA: 25440, _DGC: 11572},
-    },
-}
+Buckets = dict[int, dict[str, float]]  # M -> {path: us}
 
 
-def bucket_times(shape: MoeShape, dtype: str, m: int) -> tuple[int, dict[str, float]] | None:
-    """The measured bucket that a batch of ``m`` tokens reads, or None (shape not measured)."""
-    table = MEASURED_US.get((shape, dtype))
-    if not table:
+def table_name(shape: MoeShape, dtype: str, device: str) -> str:
+    return (
+        f"E{shape.experts}_H{shape.hidden}_I{shape.inter}_top{shape.top_k}_{dtype}_"
+        f"{device.replace(' ', '_')}.json"
+    )
+
+
+def write_table(
+    shape: MoeShape, dtype: str, device: str, buckets: Buckets, source: str, out_dir: Path
+) -> Path:
+    """Write one table (``scripts/tune_moe_paths.py``); returns its path."""
+    data = {
+        "device": device,
+        "shape": {"experts": shape.experts, "top_k": shape.top_k, "hidden": shape.hidden,
+                  "inter": shape.inter},
+        "dtype": dtype,
+        "source": source,
+        "buckets": [
+            {"m": m, "us": {p: round(us, 1) for p, us in sorted(t.items())}}
+            for m, t in sorted(buckets.items())
+        ],
+    }  # fmt: skip
+    path = out_dir / table_name(shape, dtype, device)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def read_table(path: Path) -> tuple[MoeShape, str, str, Buckets]:
+    """(shape, dtype, device, buckets) of one table file."""
+    data = json.loads(path.read_text())
+    s = data["shape"]
+    shape = MoeShape(int(s["experts"]), int(s["top_k"]), int(s["hidden"]), int(s["inter"]))
+    buckets = {int(b["m"]): {p: float(us) for p, us in b["us"].items()} for b in data["buckets"]}
+    return shape, str(data["dtype"]), str(data["device"]), buckets
+
+
+@functools.cache
+def load_tables(table_dir: Path = TABLE_DIR) -> dict[tuple[MoeShape, str, str], Buckets]:
+    """Every stored table, by (shape, dtype, device)."""
+    tables = {}
+    for path in sorted(table_dir.glob("*.json")):
+        shape, dtype, device, buckets = read_table(path)
+        tables[(shape, dtype, device)] = buckets
+    return tables
+
+
+def current_device_name() -> str:
+    """The GPU whose tables apply: this process's CUDA device, else the default."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return DEFAULT_DEVICE
+
+
+def _device_tables(dtype: str, device: str | None) -> dict[MoeShape, Buckets]:
+    tables = load_tables()
+    name = device or current_device_name()
+    if not any(d == name for (_, _, d) in tables):
+        name = DEFAULT_DEVICE
+    return {s: b for (s, dt, d), b in tables.items() if dt == dtype and d == name}
+
+
+def _pick(buckets: Buckets, m: int) -> tuple[int, dict[str, float]]:
+    below = [b for b in buckets if b <= m]
+    bucket = max(below) if below else min(buckets)
+    return bucket, buckets[bucket]
+
+
+def bucket_times(
+    shape: MoeShape, dtype: str, m: int, device: str | None = None
+) -> tuple[int, dict[str, float]] | None:
+    """The measured bucket of this exact shape that a batch of ``m`` tokens reads, or None
+    (this shape was not measured)."""
+    buckets = _device_tables(dtype, device).get(shape)
+    return _pick(buckets, m) if buckets else None
+
+
+def _distance(a: MoeShape, b: MoeShape) -> float:
+    size = abs(math.log((a.hidden * a.inter) / (b.hidden * b.inter)))
+    rows = abs(math.log((a.top_k / a.experts) / (b.top_k / b.experts)))
+    return size + rows
+
+
+def nearest_bucket_times(
+    shape: MoeShape, dtype: str, m: int, device: str | None = None
+) -> tuple[MoeShape, int, int, dict[str, float]] | None:
+    """(the table's shape, the token count read there, its bucket, the times) for ``m`` tokens
+    of ``shape``: its own table, else the nearest measured shape's at the same rows an expert
+    (module docstring); None when nothing of this dtype was measured."""
+    tables = _device_tables(dtype, device)
+    if not tables:
         return None
-    below = [b for b in table if b <= m]
-    bucket = max(below) if below else min(table)
-    return bucket, table[bucket]
+    if shape in tables:
+        return (shape, m, *_pick(tables[shape], m))
+    near = min(tables, key=lambda s: (_distance(shape, s), s.experts, s.hidden))
+    m_near = max(1, round(m * (shape.top_k / shape.experts) * (near.experts / near.top_k)))
+    return (near, m_near, *_pick(tables[near], m_near))
 
 
 def fastest_path(
-    shape: MoeShape, dtype: str, m: int, candidates: Iterable[str]
+    shape: MoeShape, dtype: str, m: int, candidates: Iterable[str], device: str | None = None
 ) -> tuple[str, str] | None:
-    """The fastest measured path among ``candidates`` at ``m`` tokens and why, or None when
-    none of them was measured at that bucket (the caller keeps its own default)."""
-    found = bucket_times(shape, dtype, m)
+    """The fastest measured path among ``candidates`` at ``m`` tokens of ``shape`` (its own
+    table or the nearest shape's, :func:`nearest_bucket_times`) and why, or None when none of
+    them was measured there (the caller keeps its own default)."""
+    found = nearest_bucket_times(shape, dtype, m, device)
     if found is None:
         return None
-    bucket, times = found
+    table_shape, m_read, bucket, times = found
     timed = {p: times[p] for p in candidates if p in times}
     if not timed:
         return None
     best = min(timed, key=lambda p: timed[p])
     others = ", ".join(f"{p} {us:.0f}" for p, us in sorted(timed.items()) if p != best)
-    return best, f"M bucket {bucket}: {best} {timed[best]:.0f} us (measured; {others or 'alone'})"
+    where = f"M bucket {bucket}"
+    if table_shape != shape:
+        where = (
+            f"the nearest measured shape E={table_shape.experts} top-{table_shape.top_k} "
+            f"H={table_shape.hidden} I={table_shape.inter} at M={m_read} (same rows an expert), "
+            f"bucket {bucket}"
+        )
+    return best, f"{where}: {best} {timed[best]:.0f} us (measured; {others or 'alone'})"
 
 
 def mega_moe_measured_slower(
     shape: MoeShape, dtype: str, m: int, mega_path: str = _MEGA
 ) -> str | None:
     """Why the MegaMoE kernel ``mega_path`` should not take ``m`` tokens: a reason when it
-    measured slower than the fastest non-mega path at that bucket, else None (also when it was
-    not measured there: the user's choice stands)."""
+    measured slower than the fastest non-mega path at that bucket of this very shape, else None
+    (also when it was not measured there: the user's choice stands)."""
     found = bucket_times(shape, dtype, m)
     if found is None or mega_path not in found[1]:
         return None

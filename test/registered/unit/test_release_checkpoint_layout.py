@@ -84,6 +84,22 @@ def _check_shards(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _check_layout(
+    path: Path, want: dict[str, tuple[tuple[int, ...], Any]]
+) -> dict[str, torch.Tensor]:
+    """:func:`_check_shards`, and the shards hold exactly the tensors of ``want`` (name ->
+    (shape, dtype))."""
+    files = _check_shards(path)
+    assert sorted(set(files) - set(want)) == [] and sorted(set(want) - set(files)) == []
+    bad = {
+        n: ((tuple(t.shape), t.dtype), want[n])
+        for n, t in files.items()
+        if (tuple(t.shape), t.dtype) != want[n]
+    }
+    assert bad == {}
+    return files
+
+
 # --- independent decoders ------------------------------------------------------------------------
 
 _E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -196,15 +212,7 @@ def dsv4(tmp_path_factory: pytest.TempPathFactory) -> ReleaseCheckpoint:
 
 
 def test_dsv4_names_dtypes_shapes_and_shards(dsv4: ReleaseCheckpoint) -> None:
-    files = _check_shards(dsv4.path)
-    want = _dsv4_expected()
-    assert sorted(set(files) - set(want)) == [] and sorted(set(want) - set(files)) == []
-    bad = {
-        n: ((tuple(t.shape), t.dtype), want[n])
-        for n, t in files.items()
-        if (tuple(t.shape), t.dtype) != want[n]
-    }
-    assert bad == {}
+    files = _check_layout(dsv4.path, _dsv4_expected())
     table = files["layers.0.ffn.gate.tid2eid"]
     assert int(table.min()) >= 0 and int(table.max()) < E
     assert all(len(set(row.tolist())) == 2 for row in table)  # distinct experts per token
@@ -350,15 +358,7 @@ def k3(tmp_path_factory: pytest.TempPathFactory) -> ReleaseCheckpoint:
 
 
 def test_k3_names_dtypes_shapes_and_shards(k3: ReleaseCheckpoint) -> None:
-    files = _check_shards(k3.path)
-    want = _k3_expected()
-    assert sorted(set(files) - set(want)) == [] and sorted(set(want) - set(files)) == []
-    bad = {
-        n: ((tuple(t.shape), t.dtype), want[n])
-        for n, t in files.items()
-        if (tuple(t.shape), t.dtype) != want[n]
-    }
-    assert bad == {}
+    _check_layout(k3.path, _k3_expected())
 
 
 def test_k3_config_json(k3: ReleaseCheckpoint) -> None:

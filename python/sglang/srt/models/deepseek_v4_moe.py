@@ -161,5 +161,6 @@ class DeepseekV4MoE(nn.Module):
         the kernel inside it, or our Triton persistent kernel), plus the replicated ``shared``
         expert; no further reduction. Raises, naming why, where no MegaMoE kernel takes the
         batch (:meth:`forward` falls back to the runner there)."""
-        out = self.experts.forward_mega(x, self.route(x, input_ids))
+        topk = self.route(x, input_ids)
+        out = self.experts.forward_mega(x, topk)
         return out if shared is None else out + shared

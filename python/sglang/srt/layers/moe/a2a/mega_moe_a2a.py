@@ -67,7 +67,7 @@ def try_run_mega_routed(
     caller runs the normal path) after one log line saying why."""
     plan = _plan(deep_gemm, group, mega_weights, params, device, local_weights)
     kernel = _MegaKernel(plan, deep_gemm, group, mega_weights, params, device, local_weights)
-    return kernel.run(x, topk_ids, topk_weights)
+    return kernel.combined_rows(x, topk_ids, topk_weights)
 
 
 def _plan(
@@ -105,7 +105,7 @@ class _MegaKernel:
     device: torch.device | None
     local_weights: ExpertWeights | None
 
-    def run(
+    def combined_rows(
         self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor | None:
         """Combined rows from the kernel the plan picks for ``x``'s batch, or None after one log
@@ -116,6 +116,16 @@ class _MegaKernel:
                 logger, logging.WARNING, f"MegaMoE falls back to the normal MoE path: {choice.why}"
             )
             return None
+        return self.launch(choice, x, topk_ids, topk_weights)
+
+    def launch(
+        self,
+        choice: MegaKernelChoice,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+    ) -> torch.Tensor:
+        """Combined rows from the kernel ``choice`` names (``deep_gemm`` or ``triton``)."""
         log_once(logger, logging.INFO, f"MegaMoE backend: {choice.describe()}")
         if choice.backend == "deep_gemm":
             assert self.mega_weights is not None
@@ -131,7 +141,7 @@ class _MegaKernel:
                 device=_cuda_or_none(self.device),
             )
             return rows.to(x.dtype)  # the kernel writes bf16 (a no-op for a bf16 model)
-        assert self.local_weights is not None
+        assert choice.backend == "triton" and self.local_weights is not None
         return mega_moe_triton_backend.run_triton_mega_routed(
             x,
             topk_ids,
@@ -198,7 +208,7 @@ class MegaMoEA2A(MoEA2ABackend):
         """DeepGEMM's kernel (buffer set-up and pre-dispatch outside the reserved-SM context,
         only the kernel inside it) or our Triton kernel; else the runner's rows."""
         kernel: _MegaKernel = self.kernel(weights)
-        combined = kernel.run(hidden, topk.topk_ids, topk.topk_weights)
+        combined = kernel.combined_rows(hidden, topk.topk_ids, topk.topk_weights)
         if combined is not None:
             return DispatchOutput(hidden, topk, combined)
         return DispatchOutput(hidden, self._local_topk(topk))
@@ -210,9 +220,7 @@ class MegaMoEA2A(MoEA2ABackend):
         choice = kernel.plan.kernel_for(hidden.shape[0], hidden.dtype)
         if choice.backend == "none":
             raise RuntimeError(f"no MegaMoE kernel takes this batch: {choice.why}")
-        rows = kernel.run(hidden, topk.topk_ids, topk.topk_weights)
-        assert rows is not None
-        return rows
+        return kernel.launch(choice, hidden, topk.topk_ids, topk.topk_weights)
 
     def _local_topk(self, topk: TopKOutput) -> TopKOutput:
         """Remap global expert ids to this rank's experts; the others become -1 (skipped)."""

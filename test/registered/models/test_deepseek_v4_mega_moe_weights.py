@@ -120,12 +120,12 @@ def test_mega_path_with_built_weights_matches_normal_path(
         kernel = layer.ffn.experts.a2a.kernel  # the MegaMoE kernel inside the one experts call
 
         def record(weights: Any, kernel: Any = kernel) -> SimpleNamespace:
-            def run(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-                y = kernel(weights).run(x, ids, w)
+            def combined_rows(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+                y = kernel(weights).combined_rows(x, ids, w)
                 seen.append((x.clone(), TopKOutput(w, ids), y))
                 return y
 
-            return SimpleNamespace(run=run)
+            return SimpleNamespace(combined_rows=combined_rows)
 
         monkeypatch.setattr(layer.ffn.experts.a2a, "kernel", record)
     with torch.no_grad():

@@ -113,7 +113,9 @@ def test_megamoe_kernel_rows_skip_the_runner_and_the_reduce(
     x, topk, shared = _inputs()
     kernel_rows = torch.randn(T, H)
     layer = _layer("megamoe", tp_rank=0, tp_size=2)
-    monkeypatch.setattr(layer.a2a, "kernel", lambda w: SimpleNamespace(run=lambda *a: kernel_rows))
+    monkeypatch.setattr(
+        layer.a2a, "kernel", lambda w: SimpleNamespace(combined_rows=lambda *a: kernel_rows)
+    )
 
     def no_runner(*a: object, **kw: object) -> torch.Tensor:
         raise AssertionError("the runner ran although the kernel combined the rows")

@@ -16,7 +16,8 @@ starts its own server(s) (``launch_server``, token ids in) and prints one table.
   rank 0's pool all free.
 
 Usage: python scripts/bench_prefix_cache.py [--only ttft,workloads,leak] [--layers 2]
-       [--model-dir DIR] [--keep-model] [--log-dir DIR]
+       [--ttft-model wide|builtin] [--model-dir DIR] [--keep-model] [--log-dir DIR]
+``workloads`` and ``leak`` (and ``ttft`` with ``--ttft-model builtin``) also run without a GPU.
 About 1.5 minutes for ttft (generation 30 s), 3 for workloads, 2 for leak, on one H200.
 """
 
@@ -113,40 +114,48 @@ def _ttft(ids: list[int], out: int = 1) -> tuple[float, int]:
 
 
 def part_ttft(args: argparse.Namespace, log_dir: Path) -> None:
+    builtin = args.ttft_model == "builtin"
+    # The built-in model's context is 4096: 4000 tokens of which 3584 (14 blocks) are cached.
+    total, cached_len = (4000, 3584) if builtin else (8192, 7168)
     model_dir = Path(args.model_dir)
-    build_model(model_dir, args.layers, max_positions=16384)
-    torch.cuda.empty_cache()
-    flags = ["--context-length", "16384", "--max-running-requests", "8"]
+    if not builtin:
+        build_model(model_dir, args.layers, max_positions=16384)
+        torch.cuda.empty_cache()
+    flags = ["--context-length", "4096" if builtin else "16384", "--max-running-requests", "8"]
+    if builtin:  # a shared block pool (the cache lives in it) on any device
+        flags += ["--max-total-tokens", "32768"]
     try:
-        with server(str(model_dir), flags, log_dir / "prefix_ttft.log"):
+        with server(None if builtin else str(model_dir), flags, log_dir / "prefix_ttft.log"):
             vocab = int(_get(PORT, "/get_model_info")["vocab_size"])
             rng = random.Random(0)
-            # Warm-up: both prefill shapes (8192 from empty, 1024 after a hit), untimed.
+            # Warm-up: both prefill shapes (whole prompt from empty, the tail after a hit).
             for _ in range(2):
-                warm = _ids(rng, 8192, vocab)
+                warm = _ids(rng, total, vocab)
                 _post(PORT, "/flush_cache")
-                _ttft(warm[:7168])
+                _ttft(warm[:cached_len])
                 _ttft(warm)
             cold, hot = [], []
             for _ in range(args.repeats):
-                prompt = _ids(rng, 8192, vocab)
+                prompt = _ids(rng, total, vocab)
                 _post(PORT, "/flush_cache")
                 t, cached = _ttft(prompt)
                 assert cached == 0, cached
                 cold.append(t)
                 _post(PORT, "/flush_cache")
-                _ttft(prompt[:7168])  # caches the first 7168 tokens (a snapshot at their end)
+                _ttft(prompt[:cached_len])  # caches the prefix (a snapshot at its end)
                 t, cached = _ttft(prompt)
-                assert cached == 7168, cached
+                assert cached == cached_len, cached
                 hot.append(t)
     finally:
-        if not args.keep_model:
+        if not args.keep_model and not builtin:
             shutil.rmtree(model_dir, ignore_errors=True)
     a, b = median(hot) * 1e3, median(cold) * 1e3
-    print(f"\nTTFT of an 8192-token prompt, wide DeepSeek V4 ({args.layers} layers), bf16")
-    print("| first 7168 tokens | TTFT ms (median) |")
-    print("|-------------------|-----------------:|")
-    print(f"| cached            | {a:16.1f} |\n| not cached        | {b:16.1f} |")
+    what = "the built-in model" if builtin else f"wide DeepSeek V4 ({args.layers} layers), bf16"
+    print(f"\nTTFT of a {total}-token prompt, {what}")
+    head = f"first {cached_len} tokens"
+    print(f"| {head} | TTFT ms (median) |")
+    print(f"|{'-' * (len(head) + 2)}|-----------------:|")
+    print(f"| {'cached':<{len(head)}} | {a:16.1f} |\n| {'not cached':<{len(head)}} | {b:16.1f} |")
     print(f"cached / uncached = {a / b:.3f} (goal <= 0.2)")
 
 
@@ -205,10 +214,11 @@ def part_leak(args: argparse.Namespace, log_dir: Path) -> None:
         rank0 = int(_get(PORT, "/server_info")["scheduler_pids"][0])
         rss: list[float] = []
         cached = 0
+        per_block = max(1, args.leak_requests // 10)
         for block in range(10):
             reqs = [
                 BenchRequest(rng.choice(prefixes) + _ids(rng, rng.randint(20, 80), vocab), "", 2)
-                for _ in range(1000)
+                for _ in range(per_block)
             ]
             with ThreadPoolExecutor(max_workers=32) as pool:
                 done = list(
@@ -220,18 +230,18 @@ def part_leak(args: argparse.Namespace, log_dir: Path) -> None:
             assert not failed, failed[:3]
             cached += sum(r.cached_len for r in done)
             rss.append(_rss_mib(rank0))
-            print(f"  {1000 * (block + 1)} requests: scheduler RSS {rss[-1]:.0f} MiB")
+            print(f"  {per_block * (block + 1)} requests: scheduler RSS {rss[-1]:.0f} MiB")
         stats = _get(PORT, "/server_info")["scheduler"]
         status, text = _post(PORT, "/flush_cache")
         after = _get(PORT, "/server_info")["scheduler"]
-    print("\n10,000 requests on a 32-block pool (64 prefixes): eviction throughout")
+    print(f"\n{10 * per_block} requests on a 32-block pool (64 prefixes): eviction throughout")
     prompt = stats["prompt_tokens"]
     print(
         f"cached tokens {cached} of {prompt} ({cached / max(prompt, 1):.1%}), evicted blocks "
         f"{stats['evicted_blocks']}, evicted snapshots {stats['evicted_snapshots']}"
     )
-    print(f"scheduler RSS MiB per 1000 requests: {[round(x) for x in rss]}")
-    print(f"RSS growth after the first 1000: {rss[-1] - rss[0]:.1f} MiB (goal: flat)")
+    print(f"scheduler RSS MiB per {per_block} requests: {[round(x) for x in rss]}")
+    print(f"RSS growth after the first {per_block}: {rss[-1] - rss[0]:.1f} MiB (goal: flat)")
     print(f"/flush_cache: {status} {text}")
     print(
         f"pool after flush: {after['free_blocks']} of {after['total_blocks']} blocks free, "
@@ -244,7 +254,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default="ttft,workloads,leak")
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument(
+        "--ttft-model",
+        choices=("wide", "builtin"),
+        default="wide",
+        help="ttft part: the wide DeepSeek V4 bench model (GPU), or the built-in model (any "
+        "device; a 4000-token prompt whose first 3584 tokens are cached).",
+    )
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--leak-requests", type=int, default=10_000, help="leak part: requests")
     parser.add_argument("--model-dir", default="/tmp/sglang-bench-dsv4-h200")
     parser.add_argument("--keep-model", action="store_true", help="Keep the generated weights.")
     parser.add_argument("--log-dir", default=os.environ.get("OUT", "/tmp"))

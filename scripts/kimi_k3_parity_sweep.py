@@ -1,5 +1,5 @@
 """The wide Kimi K3 greedy parity sweep (docs/parity.md): random tiny K3 models against the
-cache-free reference of ``test/registered/models/test_kimi_k3_model.py`` (transformers' Kimi Linear
+cache-free reference of ``sglang.test.kimi_k3_reference`` (transformers' Kimi Linear
 KDA, the K3 description's AttnRes / NoPE MLA / latent MoE), prompts at the 64-token KDA chunk
 boundaries, chunked prefill (the conv state across forwards) and batched greedy decode. Prints one
 row per case and the totals; exits 1 on a divergence.
@@ -10,15 +10,10 @@ row per case and the totals; exits 1 on a divergence.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-sys.path.insert(
-    0,
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "registered", "models"),
-)
-from _kimi_k3_sweep import MARGIN_TOL, KimiResult, random_kimi_case, run_kimi_case
+from sglang.test.kimi_k3_parity import MARGIN_TOL, KimiResult, random_kimi_case, run_kimi_case
 
 
 def main() -> int:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import importlib.util
 import itertools
 import json
 import os
@@ -150,13 +149,6 @@ def refusal_line(log: str) -> str:
 # --- checkpoints ---------------------------------------------------------------------------------
 
 
-def writers_available() -> str | None:
-    """None when the test kit can write release-format checkpoints, else why not."""
-    if importlib.util.find_spec("sglang.test.release_checkpoint") is None:
-        return "sglang.test.release_checkpoint (the release-format writers) is not in this tree"
-    return None
-
-
 def make_checkpoint(model: str, fmt: str, root: Path) -> str | None:
     """The ``--model-path`` of a model and format (None: the built-in DeepSeek V4 model)."""
     if model == "dsv4" and fmt == "tiny":
@@ -164,33 +156,13 @@ def make_checkpoint(model: str, fmt: str, root: Path) -> str | None:
     path = root / f"{model}-{fmt}"
     if (path / "config.json").is_file():
         return str(path)
-    if writers_available() is None:
-        from sglang.test.release_checkpoint import deepseek_v4, kimi_k3
+    from sglang.test.release_checkpoint import deepseek_v4, kimi_k3
 
-        if model == "dsv4":
-            deepseek_v4.write_random(path, deepseek_v4.tiny_config(), dense="fp8", experts="mxfp4")
-        else:
-            experts = "bf16" if fmt == "tiny" else "mxfp4"
-            kimi_k3.write_random(path, kimi_k3.tiny_config(), experts=experts)
-        return str(path)
-    if fmt == "release":
-        raise RuntimeError(writers_available())
-    return _k3_from_test_helpers(path)
-
-
-def _k3_from_test_helpers(path: Path) -> str:
-    """A tiny bf16 K3 checkpoint from the model tests' own export (trees without the writers)."""
-    from safetensors.torch import save_file
-
-    sys.path.insert(0, str(ROOT / "test" / "registered" / "models"))
-    from test_kimi_k3_loading import export_checkpoint
-    from test_kimi_k3_tiny import CONFIG_A, make_model
-
-    config = {**CONFIG_A, "qk_rope_head_dim": 16}
-    path.mkdir(parents=True)
-    tensors = export_checkpoint(make_model(config, seed=11), mxfp4=False)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({"model_type": "kimi_k3", "text_config": config}))
+    if model == "dsv4":
+        deepseek_v4.write_random(path, deepseek_v4.tiny_config(), dense="fp8", experts="mxfp4")
+    else:
+        experts = "bf16" if fmt == "tiny" else "mxfp4"
+        kimi_k3.write_random(path, kimi_k3.tiny_config(), experts=experts)
     return str(path)
 
 
@@ -356,10 +328,6 @@ def main() -> int:
     if not 1 <= i <= n:
         parser.error(f"--part {args.part}: need 1 <= i <= n")
     formats = args.formats.split(",")
-    why = writers_available()
-    if "release" in formats and why is not None:
-        print(f"format 'release' left out: {why}")
-        formats.remove("release")
     allc = combos(
         args.models.split(","), formats, args.dtypes.split(","), args.runners.split(","),
         args.a2a.split(","), args.graphs.split(","),

@@ -3,7 +3,7 @@
 DeepGEMM's kernels cannot run on every machine (its wheels are built for one torch, and need a
 GPU), so the call sites are tested on CPU against this fake: it keeps a process-wide SM count like
 the real module and logs every call in order. Its public functions carry the names and
-signatures of sgl-deep-gemm 0.1.5.post1; ``test_deep_gemm_real_gpu.py`` checks them against the
+signatures of sgl-deep-gemm 0.1.5.post1; ``test_deep_gemm_adapter_gpu.py`` checks them against the
 real module on the H200, so the fake cannot drift from it.
 """
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,9 +21,7 @@ pytest.importorskip("xgrammar")
 
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "srt"))
-from _server_testing import ServerProcess
+from sglang.test.server_process import ServerProcess
 
 register_cpu_ci(est_time=60)
 

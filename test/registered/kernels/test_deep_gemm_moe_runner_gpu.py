@@ -5,7 +5,7 @@ top-16, H=3584, I=3072, SiTU), bf16 and FP8 (128x128 weight blocks), M from 1 to
 layout (masked up to 512 tokens, contiguous at every M, and the token-count choice). Fresh random
 inputs with masked slots; outputs and the allocator poisoned with NaN. Up to 512 tokens the
 reference is the torch runner; above, where the torch loop over dequantised experts would take
-tens of GB, it is the Triton runner, itself checked against torch in test_fused_moe_triton_gpu.
+tens of GB, it is the Triton runner, itself checked against torch in test_fused_moe_gpu.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_fused_moe_triton_gpu import SHAPES, expert_weights, poison_allocator, rel_err, routing
+from test_fused_moe_gpu import SHAPES, expert_weights, poison_allocator, rel_err, routing
 
 register_cuda_ci(est_time=300, suite="h200-1gpu")
 

@@ -19,8 +19,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import pytest
@@ -124,13 +122,11 @@ def test_gpu_dsv4_graphs_with_fp8_caches() -> None:
 
 
 def test_gpu_k3_graphs_with_fp8_latents() -> None:
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
-    from test_kimi_k3_tiny import CONFIG_A, VOCAB, config, random_experts, randomize_
-
     from sglang.srt.layers.build_spec import LayerBuildSpec
     from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
     from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
     from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+    from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, config, random_experts, randomize_
 
     spec = LayerBuildSpec(dtype=torch.bfloat16, device="cuda", moe_runner="triton",
                           kv_cache_dtype="fp8_e4m3")  # fmt: skip

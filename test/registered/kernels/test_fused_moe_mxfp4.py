@@ -32,7 +32,7 @@ from sglang.kernels.ops.moe import mxfp4_operand as mxop
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
-register_cpu_ci(est_time=80)
+register_cpu_ci(est_time=110)
 
 _INTERP_FLAG = "SGLANG_TEST_MXFP4_IN_TRITON_INTERPRETER"
 IN_INTERPRETER = os.environ.get(_INTERP_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
@@ -217,6 +217,11 @@ def test_bad_inputs_are_refused_by_name() -> None:
     tile = Mxfp4GemmTile(64, 1, 4, 4)
     assert mxfp4_config_fits(Mxfp4MoeConfig(16, tile, tile), h, i) is None
     assert "block_m" in (mxfp4_config_fits(Mxfp4MoeConfig(8, tile, tile), h, i) or "")
+    assert "kernel" in (mxfp4_config_fits(Mxfp4MoeConfig(16, tile, tile, kernel="x"), h, i) or "")
+    one_warp = Mxfp4GemmTile(16, 1, 1, 4)
+    assert "warps" in (mxfp4_config_fits(Mxfp4MoeConfig(16, one_warp, one_warp), h, i) or "")
+    split = Mxfp4MoeConfig(16, one_warp, one_warp, kernel="split")
+    assert mxfp4_config_fits(split, h, i) is None
     big = Mxfp4GemmTile(256, 1, 4, 8)
     assert "divide" in (mxfp4_config_fits(Mxfp4MoeConfig(16, big, tile), h, i) or "")
     assert "shared memory" in (mxfp4_config_fits(Mxfp4MoeConfig(64, tile, big), 4096, 2048) or "")
@@ -366,8 +371,9 @@ def _layout_weights(kind: str, w13: torch.Tensor, w2: torch.Tensor, s13: torch.T
 
 
 # (tokens, experts, top_k, hidden, inter, activation, limit, layouts, output mode, dtype, tiles):
-# tiles None = the default rule (one-token decode, 32-row, 128-row prefill tiles with the hidden
-# states put in dot order first); "wide" = 128-column tiles (fewer interpreted programs).
+# tiles None = the default rule (one-token decode on the split kernel, 32-row, 128-row prefill
+# tiles with the hidden states put in dot order first); "wide" = 128-column tiles (fewer
+# interpreted programs); "split" / "split_x" = the split kernel (SPLIT_TILES).
 INTERP_CASES = [
     (1, 8, 4, 256, 128, "swiglu", 0.9, ("plain", "mega"), "out", torch.float16, None),
     (2, 6, 3, 128, 256, "situ", None, ("plain",), "inplace", torch.float16, "wide"),
@@ -375,8 +381,14 @@ INTERP_CASES = [
     (33, 6, 3, 128, 128, "situ", None, ("plain",), "out", torch.float16, None),
     (200, 2, 1, 128, 128, "swiglu", 0.9, ("plain",), "out", torch.float16, None),
     (7, 5, 2, 128, 128, "swiglu", 0.9, ("plain",), "out", torch.bfloat16, "wide"),
+    # the split kernel: hidden states reordered in GEMM 1 (T=1 takes it by the default rule) and
+    # ahead of it, 16- and 32-row tiles, every layout, bf16
+    (5, 6, 3, 128, 128, "situ", None, ("prepared", "mega"), "new", torch.float16, "split"),
+    (9, 4, 2, 128, 256, "swiglu", 0.9, ("mega", "plain"), "out", torch.float16, "split_x"),
+    (6, 4, 2, 128, 128, "swiglu", None, ("plain",), "inplace", torch.bfloat16, "split"),
 ]
 WIDE = (16, (128, 1, 4, 2), (128, 1, 4, 2))
+SPLIT_TILES = {"split": ((8, 1, 1, 2), (32, 1, 2, 3)), "split_x": ((16, 1, 2, 2), (16, 1, 1, 2))}
 
 
 @interp_only
@@ -393,6 +405,10 @@ def test_interp_fused_experts_mxfp4(case: tuple[Any, ...]) -> None:
     cfg = None
     if tiles == "wide":
         cfg = Mxfp4MoeConfig(WIDE[0], Mxfp4GemmTile(*WIDE[1]), Mxfp4GemmTile(*WIDE[2]))
+    elif tiles in SPLIT_TILES:
+        g1, g2 = SPLIT_TILES[tiles]
+        cfg = Mxfp4MoeConfig(16, Mxfp4GemmTile(*g1), Mxfp4GemmTile(*g2),
+                             x_in_dot_order=tiles == "split_x", kernel="split")  # fmt: skip
     w13, w2, s13, s2 = _experts(e, h, i, seed=tokens)
     x, tw, ids = random_routing(tokens, h, e, k, seed=tokens + 1, dtype=dtype, masked=0.15)
     if tokens > 2:
@@ -490,20 +506,22 @@ def compile_mxfp4_gemm(gate_up: bool, cfg: Any, layout: Any) -> Any:
 
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="compiles for the GPU; the interpreter never does")
-@pytest.mark.parametrize("m", [1, 8192])
+@pytest.mark.parametrize("m", [512, 8192])
 def test_default_tiles_compile_for_sm90(m: int) -> None:
-    """The default tiles of decode (M=1) and prefill (M=8192, 128-row tiles) at DeepSeek V4's
-    shape through Triton's whole compiler for sm_90 and ptxas: no spills, shared memory within
-    Hopper's 227 KB, bf16x2 multiplies (the inline PTX) and warpgroup MMAs."""
+    """The dot-order kernels' default tiles of large decode batches (M=512, 16-row tiles) and
+    prefill (M=8192, 128-row tiles) at DeepSeek V4's shape through Triton's whole compiler for
+    sm_90 and ptxas: no spills, shared memory within Hopper's 227 KB, bf16x2 multiplies (the
+    inline PTX) and warpgroup MMAs."""
     pytest.importorskip("triton.backends.nvidia")
     from sglang.kernels.ops.moe.mxfp4_config import SMEM_BYTES, default_mxfp4_config
     from sglang.kernels.ops.moe.mxfp4_weights import MEGA_MOE_LAYOUT, PLAIN_LAYOUT
     from sglang.test.sm90_compile import ptxas_usage
 
     cfg = default_mxfp4_config(m, 256, 6)
+    assert cfg.kernel == "dot_order"
     # decode: both GEMMs (GEMM 1 on the MegaMoE layout's flags); prefill: GEMM 1, the one with
     # the most registers (two 128 x 128 accumulators)
-    cases = [(True, MEGA_MOE_LAYOUT), (False, PLAIN_LAYOUT)] if m == 1 else [(True, PLAIN_LAYOUT)]
+    cases = [(True, MEGA_MOE_LAYOUT), (False, PLAIN_LAYOUT)] if m == 512 else [(True, PLAIN_LAYOUT)]
     for gate_up, layout in cases:
         kernel = compile_mxfp4_gemm(gate_up, cfg, layout)
         usage = ptxas_usage(kernel)
@@ -512,6 +530,67 @@ def test_default_tiles_compile_for_sm90(m: int) -> None:
         assert usage.spill_bytes == 0, (what, usage)
         assert usage.shared_bytes <= SMEM_BYTES, (what, usage)
         assert "mul.rn.bf16x2" in ptx and "wgmma.mma_async" in ptx, what
+
+
+def compile_mxfp4_split_gemm(gate_up: bool, cfg: Any, layout: Any) -> Any:
+    """One GEMM of the split kernel for sm_90, at ``cfg``'s tiles, bf16 with the inline PTX."""
+    from sglang.kernels.ops.moe import mxfp4_split_gemm as sg
+    from sglang.test.sm90_compile import compile_sm90
+
+    tile = cfg.gemm1 if gate_up else cfg.gemm2
+    ints = ("num_slots", "num_m_blocks", "n_cols", "k_dim", "a_row_div", "stride_am", *_STRIDES)
+    sig = {"a_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*i32", "out_ptr": "*bf16",
+           "topk_weights_ptr": "*fp32", **_IDS, **dict.fromkeys(ints, "i32"),
+           "limit": "fp32"}  # fmt: skip
+    const = {
+        "GATE_UP": gate_up, "ACTIVATION": 0, "HAS_LIMIT": True,
+        "A_IN_ORDER": cfg.x_in_dot_order or not gate_up,
+        "GATE_UP_GRANULE": layout.gate_up_granule if gate_up else 0,
+        "SCALE_UTCCP": layout.scale_utccp, "ASM": True, "DOT_F32": False,
+        "BLOCK_M": cfg.block_m, "BLOCK_N": tile.block_n, "GROUP_M": tile.group_m,
+    }  # fmt: skip
+    aligned = tuple(n for n, t in sig.items() if t.startswith("*")) + (
+        "n_cols", "k_dim", "stride_am", "stride_we", "stride_wn", "stride_om",
+    )  # fmt: skip
+    return compile_sm90(
+        sg._mxfp4_split_gemm_kernel, sig, const, tile.num_warps, tile.num_stages, aligned
+    )
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="compiles for the GPU; the interpreter never does")
+def test_split_decode_tiles_compile_for_sm90() -> None:
+    """The split kernel at the decode default (M=1) at DeepSeek V4's shape and at a 32-row tile on
+    two warps (``mma.sync``), each GEMM: no spills, shared memory within Hopper's and within the
+    fit estimate plus its reserve, every loop load an asynchronous copy (no synchronous global load
+    past the prologue's few), the bf16x2 multiplies of the inline PTX."""
+    pytest.importorskip("triton.backends.nvidia")
+    from sglang.kernels.ops.moe.mxfp4_config import (
+        SMEM_BYTES,
+        SMEM_RESERVE,
+        Mxfp4GemmTile,
+        Mxfp4MoeConfig,
+        default_mxfp4_config,
+        gemm_smem_bytes,
+    )
+    from sglang.kernels.ops.moe.mxfp4_weights import MEGA_MOE_LAYOUT, PLAIN_LAYOUT
+    from sglang.test.sm90_compile import ptxas_usage
+
+    decode = default_mxfp4_config(1, 256, 6)
+    assert decode.kernel == "split"
+    narrow = Mxfp4MoeConfig(16, Mxfp4GemmTile(16, 1, 2, 6), Mxfp4GemmTile(32, 1, 2, 6),
+                            kernel="split")  # fmt: skip
+    for cfg, gate_up, layout in ((decode, True, MEGA_MOE_LAYOUT), (decode, False, PLAIN_LAYOUT),
+                                 (narrow, True, PLAIN_LAYOUT)):  # fmt: skip
+        kernel = compile_mxfp4_split_gemm(gate_up, cfg, layout)
+        usage = ptxas_usage(kernel)
+        ptx = kernel.asm["ptx"]
+        tile = cfg.gemm1 if gate_up else cfg.gemm2
+        what = f"split {'gate_up' if gate_up else 'down'} {cfg}"
+        assert usage.spill_bytes == 0, (what, usage)
+        estimate = gemm_smem_bytes(tile, cfg.block_m, gate_up, cfg.x_in_dot_order, True)
+        assert usage.shared_bytes <= min(SMEM_BYTES, estimate + SMEM_RESERVE), (what, usage)
+        assert "mul.rn.bf16x2" in ptx and "cp.async" in ptx, what
+        assert ptx.count("ld.global") <= 12, (what, "synchronous loads in the loop?")
 
 
 if __name__ == "__main__":

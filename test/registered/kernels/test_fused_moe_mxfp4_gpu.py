@@ -12,6 +12,8 @@ shows up. Checked:
   rounding), with ``out`` / ``inplace`` / a fresh result;
 - the prepared and the MegaMoE layouts give the plain layout's result bit for bit (the MegaMoE
   bytes built by the engine's builder with the real DeepGEMM where it loads, else in torch);
+- both GEMM kernels (split and dot-order, ``Mxfp4MoeConfig.kernel``) at decode sizes, whichever
+  the default rule picks;
 - CUDA-graph capture and replay equals eager runs on new inputs; fp16 activations; zero tokens.
 """
 
@@ -29,7 +31,7 @@ from sglang.kernels.ops.moe import mxfp4_operand as mxop
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=300, suite="h200-1gpu")
+register_cuda_ci(est_time=340, suite="h200-1gpu")
 
 ORACLE_TOL = 2e-2  # bf16 outputs against the fp32-GEMM oracle
 BF16_RUNNER_TOL = 1e-2  # against fused_experts on the same (dequantised) weights
@@ -230,6 +232,52 @@ def test_layouts_give_the_plain_result(m: int) -> None:
         got = fused_experts_mxfp4_weights(x, other, tw, ids, swiglu_limit=10.0)
         assert torch.equal(got, want), f"{name} layout, M={m}"
     del prepared, mega
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("shape_name", list(SHAPES))
+def test_both_kernels_at_decode_sizes(shape_name: str) -> None:
+    """Whichever kernel the default rule or a table picks, both must be right: the split kernel
+    at several tiles (64, 32 and 16 weight rows, the hidden states reordered in GEMM 1 or ahead
+    of it) and the dot-order kernel's decode tiles, against the oracle, each other, and (split)
+    the MegaMoE layout bit for bit."""
+    from sglang.kernels.ops.moe.fused_moe_mxfp4 import (
+        fused_experts_mxfp4_weights,
+        fused_experts_mxfp4_weights_torch,
+    )
+    from sglang.kernels.ops.moe.mxfp4_config import Mxfp4GemmTile as T
+    from sglang.kernels.ops.moe.mxfp4_config import Mxfp4MoeConfig
+
+    shape = SHAPES[shape_name]
+    weights = experts(shape)["weights"]
+    mega = _mega_layout(weights)
+    dot = Mxfp4MoeConfig(16, T(64, 1, 4, 4), T(128, 1, 4, 4))
+    splits = [
+        Mxfp4MoeConfig(16, T(32, 1, 4, 6), T(64, 1, 4, 6), kernel="split"),
+        Mxfp4MoeConfig(16, T(16, 1, 2, 6), T(32, 1, 2, 6), kernel="split"),
+        Mxfp4MoeConfig(16, T(8, 1, 1, 8), T(16, 1, 1, 8), x_in_dot_order=True, kernel="split"),
+    ]
+    activation, limit = shape.activations[0]
+    kw: dict[str, Any] = {"activation": activation, "swiglu_limit": limit}
+    for m in (1, 4, 16, 64):
+        x, tw, ids = routing(m, shape, seed=500 + m)
+        want = fused_experts_mxfp4_weights_torch(x, weights, tw, ids, **kw)
+        ref = fused_experts_mxfp4_weights(x, weights, tw, ids, config=dot, **kw)
+        assert rel_err(ref, want) < ORACLE_TOL, f"{shape_name} M={m} dot-order"
+        for n, cfg in enumerate(splits):
+            poison_allocator(m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20))
+            got = fused_experts_mxfp4_weights(x, weights, tw, ids, config=cfg, **kw)
+            torch.cuda.synchronize()
+            tag = f"{shape_name} M={m} {cfg}"
+            assert torch.isfinite(got).all(), f"{tag}: unwritten or NaN rows"
+            assert rel_err(got, want) < ORACLE_TOL, f"{tag}: {rel_err(got, want):.3g} (oracle)"
+            assert rel_err(got, ref) < BF16_RUNNER_TOL, f"{tag}: {rel_err(got, ref):.3g} (dot)"
+            if m > 2:
+                assert (got[m // 2] == 0).all(), f"{tag}: a fully masked token must be zero"
+            if n == 0:
+                on_mega = fused_experts_mxfp4_weights(x, mega, tw, ids, config=cfg, **kw)
+                assert torch.equal(on_mega, got), f"{tag}: MegaMoE layout differs"
+    del mega
     torch.cuda.empty_cache()
 
 

@@ -1,10 +1,10 @@
 """CPU checks of the Triton MegaMoE kernel under Triton's interpreter (in a subprocess, as in
-test_fused_moe_triton.py), plus its host-side contracts.
+test_fused_moe.py), plus its host-side contracts.
 
 The interpreter runs the grid's CTAs one after another, which is the harshest residency there
 is: the first CTA must take every tile in queue order and finish the launch alone. It also
 shows the bounded wait: a whole-grid barrier can never complete there, and it must report.
-Interpreter limits (see test_fused_moe_triton.py): fp32 activations for the exact checks; FP8
+Interpreter limits (see test_fused_moe.py): fp32 activations for the exact checks; FP8
 runs with in-kernel activation quantisation, whose fp8 cast slips in the interpreter, so FP8 is
 checked loosely here and exactly on the GPU.
 """
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_fused_moe_triton import ACTS, make_moe, rel_err
+from test_fused_moe import ACTS, make_moe, rel_err
 
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.interpreter import run_interp_tests

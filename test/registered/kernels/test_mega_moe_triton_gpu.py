@@ -2,7 +2,7 @@
 CUDA-graph replay, and the reserved-SM robustness cases.
 
 Shapes, inputs and tolerances are those of the two-launch kernel's GPU test
-(test_fused_moe_triton_gpu.py): DeepSeek V4 (E=256, top-6, H=4096, I=2048) and Kimi K3 latent
+(test_fused_moe_gpu.py): DeepSeek V4 (E=256, top-6, H=4096, I=2048) and Kimi K3 latent
 (E=384, top-16, H=3584, I=3072), bf16 and FP8 128x128 blocks, both activations, fresh random
 inputs with masked slots and one fully masked token, outputs and allocator poisoned with NaN.
 """
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_fused_moe_triton_gpu import (
+from test_fused_moe_gpu import (
     ACTIVATIONS,
     BF16_TOL,
     FP8_TOL,

@@ -7,19 +7,14 @@ summation order differs)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_A, CONFIG_B, our_model, reference_model, rel_err, token_ids
 
 from sglang.srt.mem_cache.growable_rows import GrowableRows
 from sglang.srt.mem_cache.window_ring import WindowRing
 from sglang.srt.models.deepseek_v4 import DeepseekV4Batch, DeepseekV4ForCausalLM
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import CONFIG_A, CONFIG_B, our_model, reference_model, rel_err, token_ids
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=40)

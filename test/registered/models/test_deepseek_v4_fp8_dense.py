@@ -11,14 +11,8 @@ and the indexer keeps every entry, so activation rounding cannot flip a discrete
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_A, reference_logits, reference_model, rel_err, token_ids
 
 from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
@@ -28,6 +22,7 @@ from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import CONFIG_A, reference_logits, reference_model, rel_err, token_ids
 from sglang.test.release_checkpoint import deepseek_v4 as release_kit
 from sglang.test.run import run_this_file
 

@@ -5,8 +5,6 @@ mhc_fused_post_pre) agree with it."""
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import pytest
@@ -17,10 +15,8 @@ from sglang.srt.layers import mhc
 from sglang.srt.layers.mhc import MhcParams
 from sglang.srt.models import deepseek_v4
 from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
+from sglang.test.dsv4_tiny import CONFIG_B, our_model, reference_model, token_ids
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_B, our_model, reference_model, token_ids
 
 register_cpu_ci(est_time=8)
 register_cuda_ci(est_time=15, suite="h200-1gpu")  # its @pytest.mark.gpu tests

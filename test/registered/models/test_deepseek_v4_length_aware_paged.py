@@ -69,12 +69,10 @@ def _paged_equals_unpaged() -> None:
 
 
 def _scenario() -> None:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _dsv4_testing import CONFIG_A, our_model, reference_model, rel_err, token_ids
-
     from sglang.srt.environ import envs
     from sglang.srt.layers.attention import dsv4_static_decode as sd
     from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
+    from sglang.test.dsv4_tiny import CONFIG_A, our_model, reference_model, rel_err, token_ids
 
     vocab = CONFIG_A["vocab_size"]
     model = our_model(reference_model(CONFIG_A, seed=71))

@@ -18,29 +18,24 @@ layer (the unit tests check that)."""
 from __future__ import annotations
 
 import logging
-import os
 import re
-import sys
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.layers.quantization.mxfp4 import quant_mxfp4
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import CONFIG_A, CONFIG_C, reference_model, rel_err, token_ids
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_A, CONFIG_C, reference_model, rel_err, token_ids
-
-from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.load_options import LoadOptions
 
 register_cpu_ci(est_time=10)
 

@@ -15,14 +15,11 @@ the max error, 0.08 (measured ~0.04, transformers' own bf16 run ~0.05), and must
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import (
+from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import (
     CONFIG_A,
     CONFIG_B,
     CONFIG_C,
@@ -32,8 +29,6 @@ from _dsv4_testing import (
     rel_err,
     token_ids,
 )
-
-from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=40)

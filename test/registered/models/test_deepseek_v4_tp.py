@@ -7,18 +7,14 @@ plus a replicated shared expert. Also prefill + decode under TP."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_A, reference_model, rel_err, token_ids, write_release
-
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import CONFIG_A, reference_model, rel_err, token_ids, write_release
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
 

@@ -13,22 +13,18 @@ The recording fake ``use_symmetric_memory`` shows the pool used exactly on the s
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dp_attention_testing import DECODES, greedy, load_dsv4, load_kimi, run_rank
-from _dsv4_testing import CONFIG_A as DSV4_CONFIG
-from _dsv4_testing import reference_model, write_release
-from _moe_placement_testing import expert_placement
-from test_kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
-from test_kimi_k3_tiny import make_model
-
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dp_attention_parity import DECODES, greedy, load_dsv4, load_kimi, run_rank
+from sglang.test.dsv4_tiny import CONFIG_A as DSV4_CONFIG
+from sglang.test.dsv4_tiny import reference_model, write_release
+from sglang.test.kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
+from sglang.test.kimi_k3_tiny import make_model
+from sglang.test.moe_placement import expert_placement
 from sglang.test.multiprocess import run_distributed
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file

@@ -23,8 +23,6 @@ torch paths: the kernels are checked in ``kernels/test_fp8_kv_cache_kernels.py``
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +39,12 @@ from sglang.srt.models.deepseek_v4 import DeepseekV4Batch
 from sglang.srt.models.kimi_k3 import KimiK3Batch
 from sglang.srt.server_args import ServerArgs, ServerArgsError, parse_args
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import CONFIG_A, our_model, reference_model, token_ids
+from sglang.test.kimi_k3_tiny import CONFIG_A as K3_CONFIG_A
+from sglang.test.kimi_k3_tiny import VOCAB as K3_VOCAB
+from sglang.test.kimi_k3_tiny import make_model, tokens
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_A, our_model, reference_model, token_ids
-from test_kimi_k3_tiny import CONFIG_A as K3_CONFIG_A
-from test_kimi_k3_tiny import VOCAB as K3_VOCAB
-from test_kimi_k3_tiny import make_model, tokens
 
 register_cpu_ci(est_time=55)
 

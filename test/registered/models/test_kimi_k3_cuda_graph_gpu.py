@@ -19,13 +19,7 @@ latents, random weights, bf16, the triton MoE runner.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_tiny import CONFIG_A, VOCAB, config, random_experts, randomize_
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
@@ -36,6 +30,7 @@ from sglang.test import k3_static_kernel_checks
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.decode_drift import RouteFollower, check_drift, mean_rel
 from sglang.test.graph_replay_check import check_replay_against_static_and_reference
+from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, config, random_experts, randomize_
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=60, suite="h200-1gpu")

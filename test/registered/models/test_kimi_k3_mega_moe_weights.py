@@ -9,26 +9,28 @@ against the plain normal path the difference is FP8-sized (a few percent)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import pytest
 import torch
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe, mxfp4_mega_experts
+from sglang.test.kimi_k3_tiny import (
+    CONFIG_A,
+    config,
+    make_model,
+    random_experts,
+    randomize_,
+    tokens,
+)
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_tiny import CONFIG_A, config, make_model, random_experts, randomize_, tokens
-
-from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.load_options import LoadOptions
 
 register_cpu_ci(est_time=10)
 

@@ -16,15 +16,10 @@ KDA heads):
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, CONFIG_C, config, make_model, tokens
 
 from sglang.srt.layers.attn_res import AttnResState
 from sglang.srt.layers.build_spec import LayerBuildSpec
@@ -34,6 +29,7 @@ from sglang.srt.mem_cache.memory_models.workspace import ACTIVATION_COPIES
 from sglang.srt.model_executor.slot_plan import plan_slot_pool
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.kimi_k3_tiny import CONFIG_A, CONFIG_B, CONFIG_C, config, make_model, tokens
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=4)

@@ -7,13 +7,12 @@ reserved-SM context, with the latent (not the hidden) as the kernel's width and 
 from __future__ import annotations
 
 import math
-import os
-import sys
 from typing import Any
 
 import pytest
 import torch
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.a2a import base as a2a_base
 from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
 from sglang.srt.models.kimi_k3_config import ConfigError
@@ -25,68 +24,18 @@ from sglang.test.fake_mega_moe import (
     MegaMoERecorder,
     install_fake_mega_moe,
 )
+from sglang.test.kimi_k3_reference import moe_reference, situ_reference
+from sglang.test.kimi_k3_tiny import (
+    CONFIG_A,
+    CONFIG_B,
+    CONFIG_C,
+    config,
+    random_experts,
+    randomize_,
+)
 from sglang.test.run import run_this_file
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, CONFIG_C, config, random_experts, randomize_
-
-from sglang.srt.layers.build_spec import LayerBuildSpec
-
 register_cpu_ci(est_time=5)
-
-
-# --- the hand-written reference ------------------------------------------------------------------
-
-
-def situ_reference(
-    gate: torch.Tensor, up: torch.Tensor, beta: float = 4.0, linear_beta: float = 25.0
-) -> torch.Tensor:
-    """SiTU written out: a tanh soft-cap replaces SiLU's linear factor, and up is soft-capped."""
-    return (
-        beta
-        * torch.tanh(gate / beta)
-        * torch.sigmoid(gate)
-        * (linear_beta * torch.tanh(up / linear_beta))
-    )
-
-
-def rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def mlp_reference(x: torch.Tensor, p: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
-    gate, up = x @ p[f"{prefix}.gate_proj.weight"].T, x @ p[f"{prefix}.up_proj.weight"].T
-    return situ_reference(gate, up) @ p[f"{prefix}.down_proj.weight"].T
-
-
-def moe_reference(moe: KimiK3MoE, x: torch.Tensor, *, rsf: float, eps: float) -> torch.Tensor:
-    """fp32, one token and one expert at a time."""
-    p = {n: t.detach().float() for n, t in moe.named_parameters()}
-    assert moe.experts.weights is not None
-    w13, w2 = (t.float() for t in (moe.experts.weights.w13, moe.experts.weights.w2))
-    inter = w2.shape[2]
-    k = moe.topk_config.top_k
-    x = x.float()
-    scores = torch.sigmoid(x @ p["gate.weight"].T)
-    bias = p.get("gate.e_score_correction_bias", torch.zeros(scores.shape[1]))
-    latent = "routed_expert_down_proj.weight" in p
-    z = x @ p["routed_expert_down_proj.weight"].T if latent else x
-    routed = torch.zeros(x.shape[0], z.shape[1])
-    for t in range(x.shape[0]):
-        chosen = sorted(range(scores.shape[1]), key=lambda e: -float(scores[t, e] + bias[e]))[:k]
-        total = sum(float(scores[t, e]) for e in chosen)
-        for e in chosen:
-            h = w13[e] @ z[t]
-            routed[t] += (
-                float(scores[t, e])
-                / (total + 1e-20)
-                * rsf
-                * (w2[e] @ situ_reference(h[:inter], h[inter:]))
-            )
-    if "routed_expert_norm.weight" in p:
-        routed = rms_reference(routed, p["routed_expert_norm.weight"], eps)
-    out = routed @ p["routed_expert_up_proj.weight"].T if latent else routed
-    return out + mlp_reference(x, p, "shared_experts")
 
 
 def _moe(raw: dict[str, Any], seed: int, **kw: Any) -> KimiK3MoE:

@@ -17,15 +17,10 @@ how to page them.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, make_model, tokens
 
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import SchedulePolicy
@@ -37,6 +32,7 @@ from sglang.srt.model_executor.model_runner import DecodeSetup, ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.kimi_k3_tiny import CONFIG_A, CONFIG_B, make_model, tokens
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 

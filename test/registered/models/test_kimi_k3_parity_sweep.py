@@ -1,24 +1,19 @@
-"""Kimi K3 greedy parity sweep, the CPU subset (``_kimi_k3_sweep.py`` describes a case; the wide
-sweep is ``scripts/kimi_k3_parity_sweep.py``, counts in docs/parity.md): random tiny K3 models
-against the cache-free reference (transformers' Kimi Linear KDA, the K3 description's AttnRes,
-NoPE MLA and latent MoE), prompts at the 64-token KDA chunk boundaries, chunked prefill with the
-conv state carried across forwards, then batched greedy decode through the recurrent KDA step.
-Every prefill row and greedy step must be the reference argmax (or within a 1e-3 margin: a
+"""Kimi K3 greedy parity sweep, the CPU subset (``sglang.test.kimi_k3_parity`` describes a case;
+the wide sweep is ``scripts/kimi_k3_parity_sweep.py``, counts in docs/parity.md): random tiny K3
+models against the cache-free reference (transformers' Kimi Linear KDA, the K3 description's
+AttnRes, NoPE MLA and latent MoE), prompts at the 64-token KDA chunk boundaries, chunked prefill
+with the conv state carried across forwards, then batched greedy decode through the recurrent KDA
+step. Every prefill row and greedy step must be the reference argmax (or within a 1e-3 margin: a
 counted near-tie) and every logit within 1e-3 of the largest |logit|."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.kimi_k3_parity import REL_TOL, KimiCase, random_kimi_case, run_kimi_case
+from sglang.test.kimi_k3_tiny import CONFIG_A
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _kimi_k3_sweep import REL_TOL, KimiCase, random_kimi_case, run_kimi_case
-from test_kimi_k3_tiny import CONFIG_A
 
 register_cpu_ci(est_time=60)
 

@@ -24,15 +24,10 @@ whole prefill orders the sums differently too; measured ~1e-5).
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, CONFIG_C, make_model, tokens
 
 from sglang.srt.mem_cache.kimi_k3_cache import KDAState, KimiK3RequestCache, MLALatentCache
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
@@ -42,6 +37,7 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.kimi_k3_tiny import CONFIG_A, CONFIG_B, CONFIG_C, make_model, tokens
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 

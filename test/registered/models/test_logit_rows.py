@@ -8,8 +8,6 @@ must come out the same too (the second step's logits compare)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import pytest
@@ -17,14 +15,12 @@ import torch
 
 from sglang.srt.models.cached_lm import CachedCausalLM
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import CONFIG_A as DSV4_A
+from sglang.test.dsv4_tiny import our_model, reference_model
+from sglang.test.kimi_k3_tiny import CONFIG_A as K3_A
+from sglang.test.kimi_k3_tiny import CONFIG_C as K3_C
+from sglang.test.kimi_k3_tiny import make_model
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_A as DSV4_A
-from _dsv4_testing import our_model, reference_model
-from test_kimi_k3_tiny import CONFIG_A as K3_A
-from test_kimi_k3_tiny import CONFIG_C as K3_C
-from test_kimi_k3_tiny import make_model
 
 register_cpu_ci(est_time=6)
 

@@ -6,9 +6,6 @@ ability is refused with its name."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
@@ -33,12 +30,10 @@ from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import CONFIG_A as DSV4_CONFIG
+from sglang.test.kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
+from sglang.test.kimi_k3_tiny import config as kimi_config
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_A as DSV4_CONFIG
-from test_kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
-from test_kimi_k3_tiny import config as kimi_config
 
 register_cpu_ci(est_time=8)
 

@@ -10,25 +10,21 @@ Each rank holds and loads only its experts, and only its slice of them."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_A as DSV4_CONFIG
-from _dsv4_testing import reference_model, write_release
-from _moe_placement_testing import expert_placement, moe_held
-from test_kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
-from test_kimi_k3_tiny import config as kimi_config
-from test_kimi_k3_tiny import make_model
-
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import CONFIG_A as DSV4_CONFIG
+from sglang.test.dsv4_tiny import reference_model, write_release
+from sglang.test.kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
+from sglang.test.kimi_k3_tiny import config as kimi_config
+from sglang.test.kimi_k3_tiny import make_model
+from sglang.test.moe_placement import expert_placement, moe_held
 from sglang.test.multiprocess import run_distributed
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file

@@ -45,13 +45,14 @@ from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_C, reference_model, token_ids
 from test_deepseek_v4_mega_moe_weights import MEGA_SHAPES, mxfp4_release_checkpoint
 from test_kimi_k3_shard_loading import RAW as K3_MEGA_CONFIG
-from test_kimi_k3_tiny import CONFIG_A as K3_CONFIG
-from test_kimi_k3_tiny import config as k3_config
-from test_kimi_k3_tiny import make_model as k3_make_model
-from test_kimi_k3_tiny import tokens as k3_tokens
+
+from sglang.test.dsv4_tiny import CONFIG_C, reference_model, token_ids
+from sglang.test.kimi_k3_tiny import CONFIG_A as K3_CONFIG
+from sglang.test.kimi_k3_tiny import config as k3_config
+from sglang.test.kimi_k3_tiny import make_model as k3_make_model
+from sglang.test.kimi_k3_tiny import tokens as k3_tokens
 
 register_cpu_ci(est_time=40)
 
@@ -156,7 +157,7 @@ def _k3_moe_layers(model: KimiK3ForCausalLM) -> list[FusedMoE]:
 
 
 def test_k3_mxfp4_engine_equals_the_dequantised_reference() -> None:
-    # fp32 (dequantised at load) against the rounded model: test_kimi_k3_loading
+    # fp32 (dequantised at load) against the rounded model: test_kimi_k3_checkpoint
     dtype = torch.bfloat16
     ckpt = k3_checkpoint("tiny")
     model, report = k3(ckpt, dtype, K3_CONFIG)

@@ -19,16 +19,11 @@ outputs), so the resumed prefill needs nothing else.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_tiny import CONFIG_A, VOCAB, make_model
-
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, make_model
 from sglang.test.prefix_cache_check import (
     Turn,
     check_against_cache_off,

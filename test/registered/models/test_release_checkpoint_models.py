@@ -7,21 +7,23 @@ they stand for:
   transformers run on the dequantised values (``to_transformers``);
 - Kimi K3 (compressed-tensors MXFP4 experts, bf16 dense, the wrapper's names), quantised from our
   model and drawn at random, against the independent cache-free reference of
-  ``test_kimi_k3_model`` on a model given the dequantised values by the naming rule alone
+  ``test_kimi_k3`` on a model given the dequantised values by the naming rule alone
   (``into_model``: no loader involved).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import torch
 from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import (
+from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.model_loader.load_options import LoadOptions
+from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+from sglang.srt.models.loading import load_model
+from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import (
     CONFIG_A,
     hf_config,
     reference_logits,
@@ -30,17 +32,11 @@ from _dsv4_testing import (
     token_ids,
     write_release,
 )
-from test_kimi_k3_model import ATOL, RTOL
-from test_kimi_k3_model import reference_logits as k3_reference_logits
-from test_kimi_k3_tiny import CONFIG_A as K3_CONFIG
-from test_kimi_k3_tiny import config as k3_config
-from test_kimi_k3_tiny import make_model, tokens
-
-from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.load_options import LoadOptions
-from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
-from sglang.srt.models.loading import load_model
-from sglang.test.ci_register import register_cpu_ci
+from sglang.test.kimi_k3_reference import ATOL, RTOL
+from sglang.test.kimi_k3_reference import reference_logits as k3_reference_logits
+from sglang.test.kimi_k3_tiny import CONFIG_A as K3_CONFIG
+from sglang.test.kimi_k3_tiny import config as k3_config
+from sglang.test.kimi_k3_tiny import make_model, tokens
 from sglang.test.release_checkpoint import deepseek_v4, kimi_k3
 from sglang.test.release_checkpoint.emit import ReleaseCheckpoint
 from sglang.test.run import run_this_file

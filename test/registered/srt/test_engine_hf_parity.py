@@ -13,8 +13,6 @@ forward over ``prompt + served tokens`` per prompt, every served token the refer
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import torch
@@ -22,11 +20,10 @@ import torch
 from sglang import Engine
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_parity import reference_model as tied_reference_model
+from sglang.test.dsv4_tiny import CONFIG_A, reference_model, token_ids, write_release
+from sglang.test.release_checkpoint.deepseek_v4 import TINY_BASE as _BASE
 from sglang.test.release_checkpoint.deepseek_v4 import to_transformers
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
-from _dsv4_testing import _BASE, CONFIG_A, reference_model, token_ids, write_release
 
 register_cpu_ci(est_time=45)
 

@@ -10,8 +10,6 @@ batch sizes changing as requests end: every request completes)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +22,9 @@ from sglang.test.engine_graph_check import (
     assert_same_tokens,
     serve_eager_static_then_graphs,
 )
+from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, make_model
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
-from test_kimi_k3_tiny import CONFIG_A, VOCAB, make_model
 
 register_cuda_ci(est_time=90, suite="h200-1gpu")
 

@@ -8,8 +8,6 @@ without one falls back to the worst case with a warning."""
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -29,11 +27,9 @@ from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
+from sglang.test.kimi_k3_tiny import config as kimi_config
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
-from test_kimi_k3_tiny import CONFIG_A as KIMI_CONFIG
-from test_kimi_k3_tiny import config as kimi_config
 
 register_cpu_ci(est_time=3)
 

@@ -23,9 +23,7 @@ from sglang import Engine
 from sglang.srt.distributed.parallel_state import find_free_port
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _server_testing import ServerProcess
+from sglang.test.server_process import ServerProcess
 
 register_cpu_ci(est_time=45)
 

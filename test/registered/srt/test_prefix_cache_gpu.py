@@ -20,8 +20,6 @@ engine: 8-row graphs, 16-token prefill chunks), token ids in.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,11 +30,9 @@ import torch
 from sglang import Engine
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.engine_graph_check import GRAPH_CHECK_ENGINE_ARGS
+from sglang.test.kimi_k3_tiny import CONFIG_A, make_model
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
-from test_kimi_k3_tiny import CONFIG_A, make_model
 
 register_cuda_ci(est_time=180, suite="h200-1gpu")
 

@@ -8,17 +8,13 @@ their reusable tokens (a group's system prompt, a chat's history) from the respo
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 
 import httpx
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _server_testing import ServerProcess
-
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
+from sglang.test.server_process import ServerProcess
 
 register_cpu_ci(est_time=40)
 

@@ -10,18 +10,13 @@ chunked over two prefill steps) equal TP=1's:
 
 from __future__ import annotations
 
-import os
-import sys
-
 import httpx
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _server_testing import ServerProcess
 
 from sglang import Engine
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
+from sglang.test.server_process import ServerProcess
 
 register_cpu_ci(est_time=110)
 

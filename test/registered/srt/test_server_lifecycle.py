@@ -28,9 +28,7 @@ import pytest
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.hang_guard import hang_guard
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _server_testing import ServerProcess
+from sglang.test.server_process import ServerProcess
 
 register_cpu_ci(est_time=90)
 

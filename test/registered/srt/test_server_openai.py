@@ -5,8 +5,6 @@ request succeeds; a client that disconnects mid-stream has its request freed."""
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Iterator
 
@@ -19,9 +17,7 @@ from sglang import Engine
 from sglang.srt.default_model.tokenizer import BOS_TOKEN
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _server_testing import ServerProcess
+from sglang.test.server_process import ServerProcess
 
 register_cpu_ci(est_time=45)
 

@@ -10,8 +10,6 @@ it implements instead of ignoring (n > 1, logit_bias, echo with prompt log-probs
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,9 +21,7 @@ import pytest
 
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _server_testing import ServerProcess
+from sglang.test.server_process import ServerProcess
 
 register_cpu_ci(est_time=60)
 

@@ -180,6 +180,8 @@ FAMILIES: tuple[KernelFamily, ...] = (
         (
             f"{_OPS}.moe.fused_moe_mxfp4",
             f"{_OPS}.moe.mxfp4_operand",
+            f"{_OPS}.moe.mxfp4_split_gemm",
+            f"{_OPS}.moe.mxfp4_split_operand",
             f"{_OPS}.moe.mxfp4_config",
         ),
         f"{_OPS}.moe.mxfp4_config:mxfp4_config_fits",

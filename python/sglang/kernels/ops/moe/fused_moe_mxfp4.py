@@ -21,7 +21,9 @@ The pipeline is ``fused_moe.py``'s two-launch one, with the weights on the MMA's
 The weights may be in the checkpoint layout, the prepared one or DeepGEMM's MegaMoE layout
 (``mxfp4_weights.py``); the layout is a pair of constexpr flags (row interleave of gate/up, UTCCP
 scale rows), so one kernel reads all of them. Everything is sized by the shapes alone: no host
-reads, CUDA-graph safe. Tiles come from ``mxfp4_config.py`` (tables, default rule).
+reads, CUDA-graph safe. Tiles come from ``mxfp4_config.py`` (tables, default rule); a config with
+``kernel="split"`` runs both GEMMs on the decode kernel of ``mxfp4_split_gemm.py`` instead (every
+load pipelined, gate and up rows in one tile) and steps 1 and 4 as here.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from sglang.kernels.ops.moe.fused_moe import (
     resolve_moe_output,
 )
 from sglang.kernels.ops.moe.mxfp4_config import (
+    SPLIT,
     Mxfp4MoeConfig,
     mxfp4_config_fits,
     select_mxfp4_config,
@@ -53,6 +56,7 @@ from sglang.kernels.ops.moe.mxfp4_operand import (
     to_dot_order,
     weight_tile,
 )
+from sglang.kernels.ops.moe.mxfp4_split_gemm import hidden_in_split_order, launch_split_gemm
 from sglang.kernels.ops.moe.mxfp4_weights import (
     PLAIN_LAYOUT,
     UTCCP_BLOCK,
@@ -357,6 +361,40 @@ def _launch_gemm2(
     )  # fmt: skip
 
 
+def _launch_split(
+    x: torch.Tensor,
+    weights: Mxfp4MoeWeights,
+    inter: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    align: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    p: MoEProblem,
+    num_slots: int,
+    cfg: Mxfp4MoeConfig,
+    act: int,
+    limit: float | None,
+) -> None:
+    """Both GEMMs on the split kernel (``mxfp4_split_gemm.py``)."""
+    w13, w2, _, _ = weights.kernel_operands
+    s13, s2 = weights.scale_word_operands
+    asm = x.dtype == torch.bfloat16 and not interpreter_enabled()
+    common = {
+        "num_slots": num_slots, "top_k": p.top_k, "block_m": cfg.block_m,
+        "scale_utccp": weights.layout.scale_utccp, "asm": asm, "dot_f32": interpreter_enabled(),
+    }  # fmt: skip
+    for gate_up, a, w, words, out, n_cols, k_dim, tile in (
+        (True, x, w13, s13, inter, p.inter, p.hidden, cfg.gemm1),
+        (False, inter, w2, s2, down, p.hidden, p.inter, cfg.gemm2),
+    ):
+        launch_split_gemm(
+            a, w, words, out, None if gate_up else topk_weights, align, gate_up=gate_up,
+            n_cols=n_cols, k_dim=k_dim, block_n=tile.block_n, group_m=tile.group_m,
+            num_warps=tile.num_warps, num_stages=tile.num_stages,
+            a_in_order=cfg.x_in_dot_order, granule=weights.layout.gate_up_granule,
+            activation=act if gate_up else 0, limit=limit if gate_up else None, **common,
+        )  # fmt: skip
+
+
 def hidden_in_dot_order(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` [T, H] with every 128 columns in the GEMM tiles' K order (one small kernel)."""
     rows, h = x.shape
@@ -424,13 +462,22 @@ def fused_experts_mxfp4_weights(
         if cfg.x_in_dot_order:
             if x_cache is None:
                 x_cache = torch.empty((chunk, p.hidden), dtype=dt, device=dev)
-            x = hidden_in_dot_order(x, x_cache[:n_tok])
+            reorder = hidden_in_split_order if cfg.kernel == SPLIT else hidden_in_dot_order
+            x = reorder(x, x_cache[:n_tok])
         inter = inter_cache[:num_slots]
         down = down_cache[:num_slots]
-        _launch_gemm1(
-            x, w13, s13, inter, align, p, num_slots, cfg, weights.layout, act, swiglu_limit
-        )
-        _launch_gemm2(inter, w2, s2, down, tw[start:end], align, p, num_slots, cfg, weights.layout)
+        if cfg.kernel == SPLIT:
+            _launch_split(
+                x, weights, inter, down, tw[start:end], align, p, num_slots, cfg, act,
+                swiglu_limit,
+            )  # fmt: skip
+        else:
+            _launch_gemm1(
+                x, w13, s13, inter, align, p, num_slots, cfg, weights.layout, act, swiglu_limit
+            )
+            _launch_gemm2(
+                inter, w2, s2, down, tw[start:end], align, p, num_slots, cfg, weights.layout
+            )
         _launch_sum(down, chunk_ids, result[start:end], p)
     return result
 

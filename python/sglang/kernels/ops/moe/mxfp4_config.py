@@ -40,16 +40,25 @@ class Mxfp4GemmTile:
     num_stages: int
 
 
+DOT_ORDER = "dot_order"
+SPLIT = "split"
+MXFP4_KERNELS = (DOT_ORDER, SPLIT)
+
+
 @dataclass(frozen=True)
 class Mxfp4MoeConfig:
     """``block_m``: routed rows (tokens) a tile, shared by both GEMMs (the alignment of the sorted
-    rows). ``x_in_dot_order``: put the hidden states in the tiles' K order once, ahead of GEMM 1
-    (one small pass), instead of reordering every activation tile in the GEMM (prefill sizes)."""
+    rows). ``x_in_dot_order``: put the hidden states in the GEMM's K order once, ahead of GEMM 1
+    (one small pass), instead of reordering every activation tile in the GEMM. ``kernel``: which
+    GEMM kernels run: ``"dot_order"`` (``fused_moe_mxfp4.py``: one 128-wide operand a K tile,
+    warpgroup MMAs; prefill) or ``"split"`` (``mxfp4_split_gemm.py``: low- and high-nibble
+    operands from registers, every load pipelined, gate and up rows in one tile; decode)."""
 
     block_m: int
     gemm1: Mxfp4GemmTile
     gemm2: Mxfp4GemmTile
     x_in_dot_order: bool = False
+    kernel: str = DOT_ORDER
 
 
 def default_mxfp4_config(m: int, e: int, top_k: int) -> Mxfp4MoeConfig:
@@ -58,6 +67,13 @@ def default_mxfp4_config(m: int, e: int, top_k: int) -> Mxfp4MoeConfig:
     pipelines; many (prefill) -> 64- and 128-row tiles. Compiled for sm_90 on the CPU by the
     tests (no spills, shared memory fits); the H200 tables refine them."""
     rows = m * top_k / max(e, 1)
+    # Batch-1-like decode: the split kernel, 64 weight rows a tile (GEMM 1: 32 gate and 32 up)
+    # and 6 stages: at batch 1 of DeepSeek V4 384 tiles a GEMM, all resident at 3 a SM, each
+    # with 5 tiles of packed bytes in flight (~60 KB a SM).
+    if rows <= 4:
+        return Mxfp4MoeConfig(
+            16, Mxfp4GemmTile(32, 1, 4, 6), Mxfp4GemmTile(64, 1, 4, 6), kernel=SPLIT
+        )
     # GEMM 2 takes 128 weight rows a tile (fewer instructions a weight value than 64, checked in
     # SASS); GEMM 1 reads 64 gate and 64 up rows, and keeps enough tiles for 132 SMs at batch 1.
     if rows <= 16:
@@ -78,36 +94,51 @@ def _pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
 
 
-def gemm_smem_bytes(tile: Mxfp4GemmTile, block_m: int, gate_up: bool, a_in_dot_order: bool) -> int:
-    """Shared memory of one GEMM: each pipeline stage holds the packed weight tiles (and their
-    scale words) and the activation tile; an activation tile reordered in the GEMM is staged once
-    more for the MMA; the epilogue re-lays the output tile out through shared memory."""
-    tiles = 2 if gate_up else 1
-    weights = tiles * tile.block_n * (MXFP4_BLOCK_K // 2 + 4)
+# The split kernel's layout conversions of its register operands and output (measured with
+# Triton 3.9 for sm_90: 12032 bytes past the stages at every decode tile).
+SPLIT_SCRATCH_BYTES = 12 * 1024
+
+
+def gemm_smem_bytes(
+    tile: Mxfp4GemmTile, block_m: int, gate_up: bool, a_in_dot_order: bool, split: bool = False
+) -> int:
+    """Shared memory of one GEMM: each pipeline stage holds the packed weight rows (GEMM 1 reads
+    ``block_n`` gate and as many up rows) with their scale words and the activation tile; an
+    activation tile reordered in the GEMM is staged once more for the MMA; the epilogue re-lays
+    the output tile out through shared memory (the split kernel: its conversion scratch)."""
+    rows = (2 if gate_up else 1) * tile.block_n
+    weights = rows * (MXFP4_BLOCK_K // 2 + 4)
     acts = block_m * MXFP4_BLOCK_K * 2
     staged = 0 if a_in_dot_order else acts
-    epilogue = tile.block_n * block_m * 4
-    return tile.num_stages * (weights + acts) + max(staged, epilogue)
+    epilogue = rows * block_m * 4
+    extra = max(staged, epilogue, SPLIT_SCRATCH_BYTES if split else 0)
+    return tile.num_stages * (weights + acts) + extra
 
 
 def mxfp4_config_fits(cfg: Mxfp4MoeConfig, hidden: int, inter: int) -> str | None:
     """Why ``cfg`` cannot run at this shape (None when it can)."""
+    if cfg.kernel not in MXFP4_KERNELS:
+        return f"kernel must be one of {MXFP4_KERNELS}, got {cfg.kernel!r}"
     if not _pow2(cfg.block_m) or cfg.block_m < 16:
         return f"block_m must be a power of two >= 16 (the MMA's smallest N), got {cfg.block_m}"
+    split = cfg.kernel == SPLIT
     for name, tile, n_cols, gate_up, in_order in (
         ("gemm1", cfg.gemm1, inter, True, cfg.x_in_dot_order),
         ("gemm2", cfg.gemm2, hidden, False, True),
     ):
-        if not _pow2(tile.block_n) or not 16 <= tile.block_n <= 256:
-            return f"{name}: block_n must be a power of two in [16, 256], got {tile.block_n}"
+        # split GEMM 1 tiles hold 2 * block_n rows, in runs of 8 gate and 8 up rows
+        low, high = (8, 128) if split and gate_up else (16, 256)
+        if not _pow2(tile.block_n) or not low <= tile.block_n <= high:
+            return f"{name}: block_n must be a power of two in [{low}, {high}], got {tile.block_n}"
         if n_cols % tile.block_n:
             return f"{name}: block_n {tile.block_n} does not divide its {n_cols} output columns"
-        if tile.num_warps not in (4, 8) or tile.num_stages < 1 or tile.group_m < 1:
-            return f"{name}: needs 4 or 8 warps, >= 1 stage and group_m >= 1, got {tile}"
+        warps = (1, 2, 4, 8) if split else (4, 8)
+        if tile.num_warps not in warps or tile.num_stages < 1 or tile.group_m < 1:
+            return f"{name}: needs {warps} warps, >= 1 stage and group_m >= 1, got {tile}"
         acc_regs = (2 if gate_up else 1) * tile.block_n * cfg.block_m // (32 * tile.num_warps)
         if acc_regs > MAX_ACC_REGS:
             return f"{name}: accumulators need {acc_regs} registers a thread (> {MAX_ACC_REGS})"
-        smem = gemm_smem_bytes(tile, cfg.block_m, gate_up, in_order)
+        smem = gemm_smem_bytes(tile, cfg.block_m, gate_up, in_order, split)
         if smem > SMEM_BYTES - SMEM_RESERVE:
             return f"{name}: {smem} bytes of shared memory (> {SMEM_BYTES - SMEM_RESERVE})"
     return None
@@ -123,6 +154,7 @@ def config_from_dict(d: dict[str, Any]) -> Mxfp4MoeConfig:
         Mxfp4GemmTile(**d["gemm1"]),
         Mxfp4GemmTile(**d["gemm2"]),
         x_in_dot_order=bool(d.get("x_in_dot_order", False)),
+        kernel=str(d.get("kernel", DOT_ORDER)),
     )
 
 

@@ -130,10 +130,22 @@ def e2m1_nibbles(packed, scale_bytes, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def scale_multiplier(scale_bytes):
+    """UE8M0 bytes (int32) -> the fast path's bf16 multipliers ``2**(s - 63)``."""
+    mult = (tl.minimum(scale_bytes, _SCALE_MAX_BYTE) + _SCALE_EXP_OFFSET) << 7
+    return mult.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def e2m1_nibbles_asm(packed, scale_bytes):
     """Fast path (bf16, inline PTX): the same values times 2**-62 (module docstring)."""
-    mult = (tl.minimum(scale_bytes, _SCALE_MAX_BYTE) + _SCALE_EXP_OFFSET) << 7
-    mult = mult.to(tl.int16).to(tl.bfloat16, bitcast=True)  # 2**(s - 63)
+    return e2m1_nibbles_scaled(packed, scale_multiplier(scale_bytes))
+
+
+@triton.jit
+def e2m1_nibbles_scaled(packed, mult):
+    """:func:`e2m1_nibbles_asm` with the multipliers (:func:`scale_multiplier`) already made, e.g.
+    once per scale byte before they are broadcast over the tile."""
     return tl.inline_asm_elementwise(
         E2M1_BYTE_ASM,
         "=r,=r,=r,=r,r,r,r",

@@ -168,6 +168,12 @@ class Mxfp4MoeWeights:
             scale_byte_view(self.w2_scale, "w2_scale"),
         )
 
+    @cached_property
+    def scale_word_operands(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scales as the split kernel reads them: int32 words ``[E, N, K/128]`` (four UE8M0
+        bytes along K, the first group lowest; any strides); views, no copies, made once."""
+        return scale_words(self.w13_scale, "w13_scale"), scale_words(self.w2_scale, "w2_scale")
+
     def plain_scales(
         self, experts: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,5 @@
 """Which experts, and which slice of them, a rank's MoE layers hold, and what an expert-parallel
-rank must hold: shared by the EP parity tests. Light imports (every spawned rank imports it)."""
+rank must hold: for the EP parity tests. Light imports (every spawned rank imports it)."""
 
 from __future__ import annotations
 

@@ -6,17 +6,12 @@ MXFP4 or FP8 experts), and clear errors for missing, renamed or mis-shaped tenso
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _dsv4_testing import CONFIG_A, our_model, reference_model, rel_err, token_ids
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.checkpoint_index import WeightLoadError
@@ -25,6 +20,7 @@ from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.loading import load_model, load_weights
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import CONFIG_A, our_model, reference_model, rel_err, token_ids
 from sglang.test.release_checkpoint import deepseek_v4 as release
 from sglang.test.release_checkpoint.layout import Split
 from sglang.test.release_checkpoint.shards import save_sharded

@@ -1,6 +1,6 @@
-"""The per-rank side of ``test_dp_attention_parity.py``: the step schedule, the greedy run under
-the step's DP state (or TP=1), and the model loaders. Its imports stay light (no transformers):
-every spawned rank imports this module."""
+"""The per-rank side of the DP-attention parity tests: the step schedule, the greedy run under the
+step's DP state (or TP=1), and the model loaders. Its imports stay light (no transformers): every
+spawned rank imports this module."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import itertools
 from typing import Any
 
 import torch
-from _moe_placement_testing import moe_held
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.load_options import LoadOptions
+from sglang.test.moe_placement import moe_held
 
 # Prompt lengths of group 0 and group 1 (requests balanced 2 + 2), then group 1's late prompt.
 GROUPS = ((9, 17), (1, 4))

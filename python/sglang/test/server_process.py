@@ -1,5 +1,5 @@
 """Start ``python -m sglang.launch_server`` as a subprocess on a free loopback port and wait until
-it is healthy. Not a test file (no ``test_`` prefix)."""
+it is healthy; the end-to-end server tests drive it over HTTP."""
 
 from __future__ import annotations
 

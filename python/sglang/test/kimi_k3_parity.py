@@ -1,5 +1,5 @@
-"""The Kimi K3 greedy parity sweep (shared by its test and ``scripts/kimi_k3_parity_sweep.py``; not
-a test file). The reference is ``test_kimi_k3_model.reference_logits``: a cache-free fp32 forward
+"""The Kimi K3 greedy parity sweep (its test and ``scripts/kimi_k3_parity_sweep.py``). The reference
+is :func:`sglang.test.kimi_k3_reference.reference_logits`: a cache-free fp32 forward
 written from the K3 description (AttnRes bank and partial sums, naive NoPE MLA with the output
 gate, the latent MoE with SiTU) whose KDA is transformers' pure-torch chunked Kimi Linear KDA.
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from test_kimi_k3_model import reference_logits
-from test_kimi_k3_tiny import CONFIG_A, make_model
 
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+from sglang.test.kimi_k3_reference import reference_logits
+from sglang.test.kimi_k3_tiny import CONFIG_A, make_model
 
 KDA_CHUNK = 64
 # fp32 rounding here is larger than DeepSeek V4's: the chunked and the recurrent KDA sum in other

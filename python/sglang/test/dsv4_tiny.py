@@ -1,5 +1,6 @@
-"""Shared pieces of the DeepSeek V4 model tests: tiny configs, a fully randomised transformers
-reference, and our model loaded from it. Not a test file (no ``test_`` prefix)."""
+"""Tiny DeepSeek V4 models for the model tests: three fixed tiny configs, a fully randomised
+transformers reference, our model loaded from it, and the reference written as a release
+checkpoint."""
 
 from __future__ import annotations
 

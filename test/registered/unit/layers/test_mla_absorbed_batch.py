@@ -13,14 +13,8 @@ batched rows through the flash-decoding kernel: equal to the torch pass to bf16 
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, make_model, tokens
 
 from sglang.srt.layers.attention.mla_absorbed_batch import decode_chunks
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention, MLANoPEConfig, MLASegment
@@ -32,6 +26,7 @@ from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 from sglang.srt.mem_cache.paged_rows import PagedRows, append_one_each
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
+from sglang.test.kimi_k3_tiny import CONFIG_A, CONFIG_B, make_model, tokens
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=8)

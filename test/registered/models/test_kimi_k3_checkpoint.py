@@ -8,8 +8,6 @@ path and the MegaMoE layout's fallback), prefill + decode included."""
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,23 +15,20 @@ from typing import Any
 import pytest
 import torch
 
+from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_loader.checkpoint_index import WeightLoadError
+from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_checkpoint import canonical_name
 from sglang.srt.models.kimi_k3_config import ConfigError, KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.srt.models.loading import load_model, load_weights
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.kimi_k3_tiny import CONFIG_A, CONFIG_B, config, make_model, tokens
 from sglang.test.multiprocess import run_distributed
 from sglang.test.release_checkpoint import kimi_k3 as release
 from sglang.test.release_checkpoint.emit import ReleaseTensors
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kimi_k3_tiny import CONFIG_A, CONFIG_B, config, make_model, tokens
-
-from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.load_options import LoadOptions
 
 register_cpu_ci(est_time=10)
 

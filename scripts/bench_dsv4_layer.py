@@ -16,10 +16,10 @@ from tqdm import tqdm
 
 from sglang.srt.default_model.generate import random_weights
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_weights
 from sglang.srt.utils.cuda_timing import median_cuda_ms
 from sglang.test.wide_dsv4 import wide_dsv4_config
 

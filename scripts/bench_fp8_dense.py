@@ -47,7 +47,7 @@ from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8, per_token_group
 from sglang.kernels.ops.quant.fused_quant import gated_act_quant_fp8, rms_norm_quant_fp8
 from sglang.srt.layers.activation import act_and_mul
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
-from sglang.srt.layers.norm_rope import norm_rope
+from sglang.srt.layers.norm_rope import RowNorm, norm_rope
 from sglang.srt.layers.quantization.fp8_linear import Fp8Activation, deep_gemm_fp8_gemm
 
 
@@ -199,7 +199,7 @@ def fused_cases(m: int) -> list[Case]:
     cases: list[Case] = [
         (
             "q norm + quant",
-            lambda: quantise(norm_rope(q_lora, norm="weighted", weight=norm_w, eps=eps)),
+            lambda: quantise(norm_rope(q_lora, norm=RowNorm.weighted(norm_w, eps))),
             lambda: rms_norm_quant_fp8(q_lora, norm_w, eps),
         ),
         (

@@ -23,9 +23,11 @@ from tqdm import tqdm
 
 from sglang.srt.environ import envs
 from sglang.srt.layers import mhc
+from sglang.srt.layers.mhc import MhcParams
 
 HC = 4
-MIX: dict = {"rms_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20, "norm_eps": 1e-6}
+MIX = MhcParams(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
+NORM_EPS = 1e-6
 
 
 def inputs(t: int, h: int) -> dict[str, torch.Tensor]:
@@ -41,17 +43,14 @@ def inputs(t: int, h: int) -> dict[str, torch.Tensor]:
     # The fused op's post/comb come from a real pre (torch reference) on the same inputs.
     with envs.SGLANG_MHC_BACKEND.override("torch"):
         mhc.reset_backend_selection()
-        _, a["post"], a["comb"] = mhc.mhc_pre(
-            a["residual"], a["fn"], a["scale"], a["base"], norm_weight=a["norm_weight"], **MIX
-        )
+        _, a["post"], a["comb"] = pre_outputs(a)
     return a
 
 
 def pre_outputs(a: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """(layer input, post, comb) of ``mhc_pre`` with the fused RMSNorm."""
-    return mhc.mhc_pre(
-        a["residual"], a["fn"], a["scale"], a["base"], norm_weight=a["norm_weight"], **MIX
-    )
+    params = MIX.with_norm(a["norm_weight"], NORM_EPS)
+    return mhc.mhc_pre(a["residual"], a["fn"], a["scale"], a["base"], params)
 
 
 def fused_outputs(a: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -64,8 +63,7 @@ def fused_outputs(a: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         a["fn"],
         a["scale"],
         a["base"],
-        norm_weight=a["norm_weight"],
-        **MIX,
+        MIX.with_norm(a["norm_weight"], NORM_EPS),
     )
     return layer_input, post, comb
 

@@ -44,11 +44,11 @@ from sglang.srt.default_model.generate import random_weights
 from sglang.srt.layers.attention import dsv4_static_decode
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.topk import compute_scores
-from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models import deepseek_v4_moe
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_weights
 from sglang.test.decode_drift import RouteFollower, mean_rel
 
 VOCAB = 512

@@ -32,51 +32,15 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def k3_survey_config(experts: int) -> dict[str, Any]:
-    return {
-        "model_type": "kimi_linear",
-        "vocab_size": 1024,
-        "hidden_size": 7168,
-        "num_hidden_layers": 3,
-        "intermediate_size": 2048,
-        "hidden_act": "situ",
-        "activation_situ_beta": 4.0,
-        "activation_situ_linear_beta": 25.0,
-        "rms_norm_eps": 1e-5,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 64,
-        "q_lora_rank": 1536,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 128,
-        "mla_use_nope": True,
-        "mla_use_output_gate": True,
-        "num_experts": experts,
-        "num_experts_per_token": 4,
-        "num_shared_experts": 1,
-        "moe_intermediate_size": 3072,
-        "routed_expert_hidden_size": 3584,
-        "latent_moe_use_norm": True,
-        "moe_router_activation_func": "sigmoid",
-        "moe_renormalize": True,
-        "routed_scaling_factor": 2.5,
-        "topk_method": "noaux_tc",
-        "use_grouped_topk": True,
-        "num_expert_group": 1,
-        "topk_group": 1,
-        "first_k_dense_replace": 1,
-        "moe_layer_freq": 1,
-        "linear_attn_config": {
-            "kda_layers": [1, 2],
-            "full_attn_layers": [3],
-            "num_heads": 96,
-            "head_dim": 128,
-            "short_conv_kernel_size": 4,
-            "use_full_rank_gate": True,
-            "gate_lower_bound": -5.0,
-        },
-        "tie_word_embeddings": False,
-    }
+    """The K3 bench model (``bench_kimi_k3_layers.k3_config``) with a third layer of MLA, a
+    dense layer 0 of intermediate 2048 and top-4 routing over ``experts`` experts."""
+    from bench_kimi_k3_layers import k3_config  # scripts/ is on sys.path
+
+    config = k3_config(experts)
+    config.update(num_hidden_layers=3, intermediate_size=2048, num_experts_per_token=4)
+    config.pop("attn_res_block_size")
+    config["linear_attn_config"] = {**config["linear_attn_config"], "full_attn_layers": [3]}
+    return config
 
 
 def build(model: str, dtype: torch.dtype, runner: str) -> Any:

@@ -67,6 +67,7 @@ from sglang.srt.layers.attention.mla_absorbed_batch import (
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
 from sglang.srt.layers.attn_res import AttnResState, attn_res_score_vector
 from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.layers.mhc import MhcParams
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.mem_cache.kimi_k3_cache import KDAState
 from sglang.srt.mem_cache.paged_index import gather_slot_rows, row_address
@@ -176,7 +177,7 @@ class Dsv4Layer:
 
     model: DeepseekV4ForCausalLM
     cfg: DeepseekV4ModelConfig
-    mix: dict[str, Any]
+    mix: MhcParams
     expert_bytes: float
 
 
@@ -195,13 +196,9 @@ def dsv4_rows(
     model = DeepseekV4ForCausalLM(cfg, _spec())
     gen = torch.Generator(DEV).manual_seed(0)
     randomize_params_(model, gen, vector_scale=0.1)
-    mix: dict[str, Any] = {
-        "rms_eps": cfg.rms_norm_eps,
-        "hc_eps": cfg.hc_eps,
-        "sinkhorn_iters": cfg.hc_sinkhorn_iters,
-        "norm_eps": cfg.rms_norm_eps,
-    }
-    lay = Dsv4Layer(model, cfg, mix, load_random_experts(model.decoder_layers[0].ffn.experts, gen))
+    lay = Dsv4Layer(
+        model, cfg, model.mhc, load_random_experts(model.decoder_layers[0].ffn.experts, gen)
+    )
     rows: list[OpRow] = []
     name = f"dsv4 r{ratio}"
     for ctx in contexts:
@@ -252,7 +249,7 @@ def dsv4_ops(
     positions = ctx - 1 - torch.arange(bs, device=DEV) % 7
     slots = torch.arange(bs, device=DEV)
     residual = torch.randn(bs, cfg.hc_mult, h, generator=gen, device=DEV).to(torch.bfloat16)
-    x, post, comb = _hc_pre(residual, layer.hc_attn(), mix)
+    x, post, comb = _hc_pre(residual, layer.hc_attn(mix))
     p = attn.project(x, positions)
     a_out = torch.randn(bs, h, generator=gen, device=DEV).to(torch.bfloat16)
     live_win = min(ctx, cfg.sliding_window)
@@ -264,8 +261,8 @@ def dsv4_ops(
     n_vis = (ctx // ratio) * bs
 
     def mhc() -> None:
-        _post_then_pre(a_out, residual, post, comb, layer.hc_ffn(), mix)
-        _post_then_pre(a_out, residual, post, comb, layer.hc_attn(), mix)
+        _post_then_pre(a_out, residual, post, comb, layer.hc_ffn(mix))
+        _post_then_pre(a_out, residual, post, comb, layer.hc_attn(mix))
 
     def ring_write() -> None:
         ring[slots, positions % width] = p.kv.to(ring.dtype)
@@ -388,8 +385,8 @@ def dsv4_ops(
 
     def whole_layer() -> None:
         a = static_decode_attention(attn, x, positions, slots, store, table)
-        r, y, po, co = _post_then_pre(a, residual, post, comb, layer.hc_ffn(), mix)
-        _post_then_pre(moe(y, ids), r, po, co, layer.hc_attn(), mix)
+        r, y, po, co = _post_then_pre(a, residual, post, comb, layer.hc_ffn(mix))
+        _post_then_pre(moe(y, ids), r, po, co, layer.hc_attn(mix))
 
     return ops, whole_layer
 

@@ -51,10 +51,10 @@ from sglang.srt.layers.attention import dsv4_attention as attn_module
 from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_weights
 from sglang.test.wide_dsv4 import wide_dsv4_config
 
 MAX_DEPTH = 4  # layers.N.attn.compressor: deeper modules are single linears, folded in their parent

@@ -24,7 +24,7 @@ from sglang.srt.layers.moe.expert_plan import (
 )
 from sglang.srt.layers.moe.expert_weights import WeightFormat
 from sglang.srt.layers.moe.moe_runner.path_table import DSV4, K3, MoeShape
-from sglang.srt.layers.moe.sm_budget import _mega_moe_max_num_sms, mega_moe_sm_budget
+from sglang.srt.layers.moe.sm_budget import deep_gemm_sm_budget, mega_moe_sm_budget
 from sglang.srt.utils.device import device_sm_info
 from sglang.srt.utils.env_check import unknown_env_vars
 from sglang.version import __version__
@@ -42,7 +42,7 @@ def _optional_version(name: str) -> str:
 
 def _mega_moe_summary(deep_gemm_usable: bool) -> str:
     """Which MegaMoE kernel each kind of layer takes here, and why (the forward decides per
-    layer with the same rules: ``mega_moe.choose_mega_backend``)."""
+    layer with the same rules: ``expert_plan.plan_mega_kernel``)."""
     if not deep_gemm_usable:
         return (
             "our Triton persistent kernel (DeepGEMM is unusable; one GPU, else the normal MoE path)"
@@ -140,7 +140,7 @@ def main() -> int:
     for index in range(torch.cuda.device_count()):
         info = device_sm_info(index)
         try:
-            budget, dg_budget = mega_moe_sm_budget(index), _mega_moe_max_num_sms(index)
+            budget, dg_budget = mega_moe_sm_budget(index), deep_gemm_sm_budget(index)
         except EnvValueError:
             budget = dg_budget = None
         print(

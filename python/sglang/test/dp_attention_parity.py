@@ -105,9 +105,9 @@ def _spec(rank: int, world: int, ep_size: int | None) -> LayerBuildSpec:
 
 
 def load_dsv4(path: str, rank: int, world: int, ep_size: int | None = None) -> Any:
-    from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
+    from sglang.srt.models.loading import load_model
 
-    return load_deepseek_v4(path, _spec(rank, world, ep_size), LoadOptions(progress=False))
+    return load_model(path, _spec(rank, world, ep_size), LoadOptions(progress=False))
 
 
 def load_kimi(
@@ -117,9 +117,9 @@ def load_kimi(
     world: int,
     ep_size: int | None = None,
 ) -> Any:
-    from sglang.srt.model_loader.kimi_k3_loader import load_weights
     from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
     from sglang.srt.models.kimi_k3_config import KimiK3Config
+    from sglang.srt.models.loading import load_weights
 
     model = KimiK3ForCausalLM(KimiK3Config.from_dict(raw), _spec(rank, world, ep_size))
     load_weights(model, ckpt, LoadOptions(progress=False))
@@ -129,13 +129,14 @@ def load_kimi(
 def _run_recorded(model: Any, vocab: int, dp_rank: int) -> dict[str, Any]:
     """:func:`greedy` with the recording fake in place of the pool: per step, how many storages
     were created in enabled (pool) scopes."""
+    from sglang.srt.distributed.symm_mem import output_scope
     from sglang.srt.layers import dp_attention as dpa
     from sglang.test.alloc_recorder import SymmetricScopeRecorder
 
-    real = dpa.use_symmetric_memory
+    real = output_scope.use_symmetric_memory
     rec = SymmetricScopeRecorder()
     per_step: list[int] = []
-    dpa.use_symmetric_memory = rec
+    output_scope.use_symmetric_memory = rec
     set_state = dpa.set_dp_state_for_step
 
     def counting(*args: Any) -> None:
@@ -146,7 +147,7 @@ def _run_recorded(model: Any, vocab: int, dp_rank: int) -> dict[str, Any]:
     try:
         out = greedy(model, vocab, dp_rank)
     finally:
-        dpa.use_symmetric_memory, dpa.set_dp_state_for_step = real, set_state
+        output_scope.use_symmetric_memory, dpa.set_dp_state_for_step = real, set_state
     per_step.append(len(rec.allocated))
     out["pool_allocs"] = [b - a for a, b in itertools.pairwise(per_step)]
     return out

@@ -34,10 +34,10 @@ from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
-from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_weights
 
 # transformers warns that tiny YaRN factors disagree with max_position_embeddings; irrelevant.
 logging.getLogger("transformers").setLevel(logging.ERROR)

@@ -13,10 +13,10 @@ from transformers import DeepseekV4Config
 from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_weights
 from sglang.test.dsv4_parity import randomize_  # one randomiser for the tests and the parity sweep
 from sglang.test.release_checkpoint import deepseek_v4 as release
 from sglang.test.release_checkpoint.deepseek_v4 import TINY_BASE, TINY_CONFIG

@@ -200,7 +200,27 @@ class FakeDeepGemmGemms(FakeDeepGemm):
 
     # MegaMoE: the fake kernel records the SM count it ran with. Given built weights it computes
     # the routed experts from the transformed layout; given placeholder (empty) weights it only
-    # fills the output with 1.0, for the tests that check the call order alone.
+    # fills the output (1.0 Blackwell's, 2.0 Hopper's), for the tests that check the call order.
+    def _mega_call(
+        self,
+        name: str,
+        y: Any,
+        l1_weights: Any,
+        recipe: Any,
+        activation: str,
+        activation_clamp: float | None,
+        fast_math: bool,
+    ) -> bool:
+        """Record a MegaMoE call; False (``y`` filled) when its weights are placeholders."""
+        kwargs = {"recipe": recipe, "activation": activation, "fast_math": fast_math}
+        if activation_clamp is not None:
+            kwargs["activation_clamp"] = activation_clamp
+        self._record(name, (self.num_sms, kwargs))
+        if l1_weights[0].numel() == 0:
+            y.fill_(1.0 if name == "fp8_fp4_mega_moe" else 2.0)
+            return False
+        return True
+
     def fp8_fp4_mega_moe(
         self,
         y: Any,
@@ -213,12 +233,9 @@ class FakeDeepGemmGemms(FakeDeepGemm):
         activation_clamp: float | None = None,
         fast_math: bool = True,
     ) -> None:
-        kwargs = {"recipe": recipe, "activation": activation, "fast_math": fast_math}
-        if activation_clamp is not None:
-            kwargs["activation_clamp"] = activation_clamp
-        self._record("fp8_fp4_mega_moe", (self.num_sms, kwargs))
-        if l1_weights[0].numel() == 0:
-            y.fill_(1.0)
+        if not self._mega_call(
+            "fp8_fp4_mega_moe", y, l1_weights, recipe, activation, activation_clamp, fast_math
+        ):
             return
         from sglang.test.fake_mega_moe_kernel import reference_mega_moe
 
@@ -266,12 +283,9 @@ class FakeDeepGemmGemms(FakeDeepGemm):
         activation_clamp: float | None = None,
         fast_math: bool = True,
     ) -> None:
-        kwargs = {"recipe": recipe, "activation": activation, "fast_math": fast_math}
-        if activation_clamp is not None:
-            kwargs["activation_clamp"] = activation_clamp
-        self._record("fp8_mega_moe", (self.num_sms, kwargs))
-        if l1_weights[0].numel() == 0:
-            y.fill_(2.0)
+        if not self._mega_call(
+            "fp8_mega_moe", y, l1_weights, recipe, activation, activation_clamp, fast_math
+        ):
             return
         from sglang.test.fake_mega_moe_kernel import reference_sm90_mega_moe
 

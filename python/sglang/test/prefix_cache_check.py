@@ -279,3 +279,24 @@ def worst_difference(got: dict[str, Record], want: dict[str, Record]) -> tuple[f
         for a, b in zip(g.logits, w.logits):
             logits = max(logits, float((a - b).abs().max() / b.abs().max()))
     return lp, logits
+
+
+def check_against_cache_off(
+    cache_off: Callable[[], Server],
+    waves: Sequence[Sequence[Turn]],
+    branches: Sequence[Sequence[Turn]],
+    got: dict[str, Record],
+    tol: float,
+) -> None:
+    """A cache-on run's records ``got`` of ``waves`` then ``branches`` against fresh cache-off
+    servers (``cache_off()``): the same greedy tokens, log-probs and logits within ``tol`` on the
+    same prompts, and bit for bit equal logits where the cache-off run replays the cache-on
+    run's forwards (``replay_cuts``; the conversation, one request a step)."""
+    fixed = fixed_prompts(waves, got) + fixed_prompts(branches, got)
+    lp, logits = worst_difference(got, run_waves(cache_off(), fixed))
+    print(f"cache on vs off: max |d logprob| {lp:.2e}, logits rel {logits:.2e}")
+    assert lp < tol and logits < tol
+    order = [t.rid for w in waves for t in w]
+    replay = run_waves(cache_off(), fixed_prompts(waves, got), cuts=replay_cuts(got, order))
+    for rid in order:
+        assert all(torch.equal(a, b) for a, b in zip(got[rid].logits, replay[rid].logits)), rid

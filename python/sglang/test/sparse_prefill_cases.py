@@ -147,10 +147,10 @@ def model_layer_errors(device: str, *, first: int, second: int, fresh: int) -> l
     from sglang.srt.default_model.generate import random_weights
     from sglang.srt.layers.attention import dsv4_attention as attn_mod
     from sglang.srt.layers.build_spec import LayerBuildSpec
-    from sglang.srt.model_loader.deepseek_v4_loader import load_weights
     from sglang.srt.model_loader.load_options import LoadOptions
     from sglang.srt.models.deepseek_v4 import DeepseekV4Batch, DeepseekV4ForCausalLM
     from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+    from sglang.srt.models.loading import load_weights
 
     vocab = 64
     raw = default_model_config(vocab, 0, 1)

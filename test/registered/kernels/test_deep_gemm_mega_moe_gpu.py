@@ -108,11 +108,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("t", [1, 7, 64, 300])
 def test_run_mega_routed_equals_the_normal_path(dg, t: int) -> None:  # type: ignore[no-untyped-def]
     from sglang.kernels.ops.moe.fused_moe import fused_experts
-    from sglang.srt.layers.moe import mega_moe
+    from sglang.srt.layers.moe.a2a.mega_moe_a2a import choose_mega_kernel
 
     moe = _layer(dg, hidden=4096, inter=2048, experts=256, top_k=6, seed=1)
     x, ids = _inputs(moe, t, seed=t)
-    choice = mega_moe.choose_mega_backend(
+    choice = choose_mega_kernel(
         dg,
         None,
         x,
@@ -167,6 +167,7 @@ def test_run_mega_routed_replays_in_a_cuda_graph(dg) -> None:  # type: ignore[no
 
 def test_situ_and_wide_intermediate_go_to_our_triton_kernel(dg) -> None:  # type: ignore[no-untyped-def]
     from sglang.srt.layers.moe import mega_moe
+    from sglang.srt.layers.moe.a2a.mega_moe_a2a import choose_mega_kernel
     from sglang.srt.layers.moe.expert_weights import ExpertWeights
 
     x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
@@ -179,7 +180,7 @@ def test_situ_and_wide_intermediate_go_to_our_triton_kernel(dg) -> None:  # type
         (mega_moe.MegaMoEParams(8, 2, 1024, 512, activation="situ"), "SwiGLU only"),
         (mega_moe.MegaMoEParams(8, 2, 1024, 4224), "intermediate <= 4096"),
     ):
-        choice = mega_moe.choose_mega_backend(
+        choice = choose_mega_kernel(
             dg, None, x, built, params, device=x.device, local_weights=local
         )
         assert choice.backend == "triton" and why in choice.why, choice

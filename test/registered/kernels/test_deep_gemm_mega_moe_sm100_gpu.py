@@ -35,7 +35,7 @@ E, TOP_K, H, I = 16, 4, 1024, 512
 @pytest.fixture(scope="module")
 def dg() -> Any:
     from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
-    from sglang.srt.layers.moe.mega_moe import mega_moe_unusable_reason
+    from sglang.srt.layers.moe.mega_moe import mega_moe_layer_reason
 
     major, minor = torch.cuda.get_device_capability()
     if major != 10:
@@ -45,7 +45,7 @@ def dg() -> Any:
     status = deep_gemm_status()
     if not status.usable:
         pytest.skip(f"DeepGEMM unusable here: {status.reason}")
-    why = mega_moe_unusable_reason(status.module, 1, major * 10 + minor)
+    why = mega_moe_layer_reason(status.module, major * 10 + minor)
     if why is not None:
         pytest.skip(f"DeepGEMM's SM100 MegaMoE cannot run: {why}")
     return status.module

@@ -102,10 +102,10 @@ def test_gpu_dsv4_graphs_with_fp8_caches() -> None:
     from sglang.srt.default_model.generate import random_weights
     from sglang.srt.layers.build_spec import LayerBuildSpec
     from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-    from sglang.srt.model_loader.deepseek_v4_loader import load_weights
     from sglang.srt.model_loader.load_options import LoadOptions
     from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
     from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+    from sglang.srt.models.loading import load_weights
 
     raw = default_model_config(512, 0, 1)
     spec = LayerBuildSpec(dtype=torch.bfloat16, device="cuda", moe_runner="triton",

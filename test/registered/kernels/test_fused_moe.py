@@ -14,8 +14,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import torch
 
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.hang_guard import hang_guard
+from sglang.test.interpreter import run_interp_tests
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=60)
@@ -408,26 +407,8 @@ def test_get_config_tiles() -> None:
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_triton_kernels_under_interpreter() -> None:
-    root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, TRITON_INTERPRET="1", **{_INTERP_FLAG: "1"})
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        str(Path(__file__).resolve()),
-        "-q",
-        "-k",
-        "interp_",
-        "-p",
-        "no:cacheprovider",
-    ]
     # 99 s alone on a 2-core machine (every interp_ test of this file under the interpreter)
-    proc = subprocess.run(
-        cmd, check=False, cwd=root, env=env, capture_output=True, text=True, timeout=hang_guard(100)
-    )
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, tail
-    assert "skipped" not in proc.stdout.splitlines()[-1], tail
+    run_interp_tests(str(Path(__file__).resolve()), _INTERP_FLAG, timeout=hang_guard(100))
 
 
 @interp_only

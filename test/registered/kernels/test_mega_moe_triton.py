@@ -12,7 +12,6 @@ checked loosely here and exactly on the GPU.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_fused_moe import ACTS, make_moe, rel_err
 
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import run_interp_tests
 from sglang.test.run import run_this_file
 
 if TYPE_CHECKING:
@@ -38,25 +38,7 @@ interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpr
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_mega_kernel_under_interpreter() -> None:
-    root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, TRITON_INTERPRET="1", **{_FLAG: "1"})
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        str(Path(__file__).resolve()),
-        "-q",
-        "-k",
-        "interp_",
-        "-p",
-        "no:cacheprovider",
-    ]
-    proc = subprocess.run(
-        cmd, check=False, cwd=root, env=env, capture_output=True, text=True, timeout=600
-    )
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, tail
-    assert "skipped" not in proc.stdout.splitlines()[-1], tail
+    run_interp_tests(str(Path(__file__).resolve()), _FLAG, timeout=600)
 
 
 def _tiny_config() -> MegaMoEConfig:
@@ -199,16 +181,17 @@ def test_config_by_rows_per_expert() -> None:
 
 
 def test_backend_choice_names_why_each_kernel_is_unusable(caplog: pytest.LogCaptureFixture) -> None:
+    from sglang.srt.layers.moe.a2a.mega_moe_a2a import try_run_mega_routed
     from sglang.srt.layers.moe.expert_weights import ExpertWeights
-    from sglang.srt.layers.moe.mega_moe import MegaMoEParams, try_run_mega_routed
+    from sglang.srt.layers.moe.mega_moe import MegaMoEParams
     from sglang.srt.layers.moe.mega_moe_triton_backend import triton_mega_unavailable_reason
     from sglang.srt.utils import log as log_utils
 
     moe = make_moe(3, 4, 2, 128, 128, torch.bfloat16, fp8=False)
     w = ExpertWeights(moe["w13"], moe["w2"])
     x = moe["hidden"]
-    assert "CUDA" in (triton_mega_unavailable_reason(x, w, 1, 2) or "")
-    assert "no expert weights" in (triton_mega_unavailable_reason(x, None, 1, 2) or "")
+    assert "CUDA" in (triton_mega_unavailable_reason(x.device, w, 1, 2) or "")
+    assert "no expert weights" in (triton_mega_unavailable_reason(x.device, None, 1, 2) or "")
 
     class TwoRanks:
         world_size = 2

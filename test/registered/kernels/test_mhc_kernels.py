@@ -16,7 +16,9 @@ import torch
 from torch import nn
 
 from sglang.kernels.ops.layernorm import mhc as mhc_kernels
-from sglang.srt.layers import dp_attention, mhc
+from sglang.kernels.ops.layernorm.mhc_params import MhcParams
+from sglang.srt.distributed.symm_mem import output_scope
+from sglang.srt.layers import mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.hang_guard import hang_guard
@@ -28,16 +30,17 @@ register_cpu_ci(est_time=40)
 HC = 4
 NMIX = (2 + HC) * HC
 RMS_EPS, HC_EPS, NORM_EPS, ITERS = 1e-5, 1e-4, 1e-6, 20  # distinct values, so a swapped eps shows
+P = MhcParams(RMS_EPS, HC_EPS, ITERS)
 
 
 @pytest.fixture(autouse=True)
 def _single_process(monkeypatch: pytest.MonkeyPatch) -> None:
     # Single process: no TP group, the pool off.
     monkeypatch.setattr(
-        dp_attention, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
+        output_scope, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
     )
-    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: False)
-    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: None)
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: False)
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: None)
 
 
 def _params(
@@ -110,9 +113,7 @@ def test_pre_post_head_match_fp64_derivation(dtype: torch.dtype, t: int) -> None
     h = 96
     r = _residual(t, h, dtype, gen)
     fn, scale, base = _params(h, gen)
-    y, post, comb = mhc.mhc_pre_torch(
-        r, fn, scale, base, rms_eps=RMS_EPS, hc_eps=HC_EPS, sinkhorn_iters=ITERS
-    )
+    y, post, comb = mhc.mhc_pre_torch(r, fn, scale, base, P)
     y64, post64, comb64 = _ref64_pre(r, fn, scale, base)
     assert y.dtype == dtype and post.dtype == comb.dtype == torch.float32
     assert y.shape == (t, h) and post.shape == (t, HC) and comb.shape == (t, HC, HC)
@@ -126,7 +127,7 @@ def test_pre_post_head_match_fp64_derivation(dtype: torch.dtype, t: int) -> None
     _assert_rounded_close(new, _ref64_post(x, r, post, comb))
 
     hfn, hscale, hbase = _params(h, gen, n=HC)
-    head = mhc.mhc_head(r, hfn, hscale, hbase, rms_eps=RMS_EPS, hc_eps=HC_EPS)
+    head = mhc.mhc_head(r, hfn, hscale, hbase, P)
     flat = r.double().reshape(t, -1)
     rs = torch.rsqrt(flat.square().mean(-1, keepdim=True) + RMS_EPS)
     w = torch.sigmoid(flat @ hfn.double().T * rs * hscale.double() + hbase.double()) + HC_EPS
@@ -177,9 +178,7 @@ def test_matches_transformers_hyper_connection_and_head(dtype: torch.dtype) -> N
     _set_hc(hc_mod, fn, scale, base)
     with torch.no_grad():
         tf_post, tf_comb, tf_y = hc_mod(r.unsqueeze(0))
-    y, post, comb = mhc.mhc_pre(
-        r, fn, scale, base, rms_eps=RMS_EPS, hc_eps=HC_EPS, sinkhorn_iters=ITERS
-    )
+    y, post, comb = mhc.mhc_pre(r, fn, scale, base, P)
     # Same fp32 maths; transformers normalises before the GEMV, we after (a few fp32 ulps).
     torch.testing.assert_close(post, tf_post[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(comb, tf_comb[0], atol=1e-5, rtol=0)
@@ -193,7 +192,7 @@ def test_matches_transformers_hyper_connection_and_head(dtype: torch.dtype) -> N
     head_mod.hc_base.data.copy_(hbase)
     with torch.no_grad():
         tf_head = head_mod(r.unsqueeze(0))[0]
-    head = mhc.mhc_head(r, hfn, hscale, hbase, rms_eps=RMS_EPS, hc_eps=HC_EPS)
+    head = mhc.mhc_head(r, hfn, hscale, hbase, P)
     torch.testing.assert_close(head.float(), tf_head.float(), atol=1e-5, rtol=ulp)
 
 
@@ -235,15 +234,11 @@ def test_decoder_layer_flow_matches_transformers() -> None:
     with torch.no_grad():
         expected = layer(r.unsqueeze(0))[0]
 
-    kw: dict[str, Any] = {
-        "rms_eps": RMS_EPS,
-        "hc_eps": HC_EPS,
-        "sinkhorn_iters": ITERS,
-        "norm_eps": RMS_EPS,
-    }
-    y, post, comb = mhc.mhc_pre(r, *attn_p, norm_weight=ln1, **kw)
+    y, post, comb = mhc.mhc_pre(r, *attn_p, P.with_norm(ln1, RMS_EPS))
     a = layer.self_attn(y)[0]
-    r2, y2, post2, comb2 = mhc.mhc_fused_post_pre(a, r, post, comb, *ffn_p, norm_weight=ln2, **kw)
+    r2, y2, post2, comb2 = mhc.mhc_fused_post_pre(
+        a, r, post, comb, *ffn_p, P.with_norm(ln2, RMS_EPS)
+    )
     out = mhc.mhc_post(layer.mlp(y2), r2, post2, comb2)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
 
@@ -263,11 +258,10 @@ def test_fused_norm_matches_transformers_rmsnorm(dtype: torch.dtype) -> None:
     r = _residual(t, h, dtype, gen)
     p = _params(h, gen)
     w = torch.rand(h, generator=gen) + 0.5
-    kw: dict[str, Any] = {"rms_eps": RMS_EPS, "hc_eps": HC_EPS, "sinkhorn_iters": ITERS}
     with pytest.raises(ValueError, match="norm_eps"):
-        mhc.mhc_pre(r, *p, norm_weight=w, **kw)
-    y, _, _ = mhc.mhc_pre(r, *p, **kw)
-    yn, _, _ = mhc.mhc_pre(r, *p, norm_weight=w, norm_eps=NORM_EPS, **kw)
+        MhcParams(RMS_EPS, HC_EPS, ITERS, norm_weight=w)
+    y, _, _ = mhc.mhc_pre(r, *p, P)
+    yn, _, _ = mhc.mhc_pre(r, *p, P.with_norm(w, NORM_EPS))
     tfm = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
     norm = tfm.DeepseekV4RMSNorm(h, eps=NORM_EPS)
     norm.weight.data.copy_(w)
@@ -284,7 +278,6 @@ def test_pre_entry_points_share_mhc_pre_impl(monkeypatch: pytest.MonkeyPatch) ->
     p = _params(h, gen)
     x = torch.randn(t, h, generator=gen)
     w = torch.rand(h, generator=gen) + 0.5
-    kw: dict[str, Any] = {"rms_eps": RMS_EPS, "hc_eps": HC_EPS, "sinkhorn_iters": ITERS}
     calls: list[torch.Tensor] = []
     real = mhc_kernels._mhc_pre_impl
 
@@ -293,17 +286,15 @@ def test_pre_entry_points_share_mhc_pre_impl(monkeypatch: pytest.MonkeyPatch) ->
         return real(residual, *args, **kwargs)
 
     monkeypatch.setattr(mhc_kernels, "_mhc_pre_impl", spy)
-    y, post, comb = mhc.mhc_pre(r, *p, **kw)
+    y, post, comb = mhc.mhc_pre(r, *p, P)
     assert len(calls) == 1 and calls[0] is r
     y64, post64, comb64 = _ref64_pre(r, *p)
     torch.testing.assert_close(post.double(), post64, atol=2e-6, rtol=0)
     torch.testing.assert_close(comb.double(), comb64, atol=2e-6, rtol=0)
     _assert_rounded_close(y, y64)
-    new_r, y2, _, _ = mhc.mhc_fused_post_pre(
-        x, r, post, comb, *p, norm_weight=w, norm_eps=NORM_EPS, **kw
-    )
+    new_r, y2, _, _ = mhc.mhc_fused_post_pre(x, r, post, comb, *p, P.with_norm(w, NORM_EPS))
     assert len(calls) == 2 and torch.equal(calls[1], new_r)
-    direct, _, _ = real(new_r, *p, norm_weight=w, norm_eps=NORM_EPS, **kw)
+    direct, _, _ = real(new_r, *p, P.with_norm(w, NORM_EPS))
     assert torch.equal(y2, direct)
 
 
@@ -312,7 +303,7 @@ def test_sinkhorn_comb_is_doubly_stochastic() -> None:
     t, h = 64, 64
     r = _residual(t, h, torch.float32, gen)
     fn, scale, base = _params(h, gen)
-    _, _, comb = mhc.mhc_pre(r, fn, scale, base, rms_eps=RMS_EPS, hc_eps=1e-6, sinkhorn_iters=ITERS)
+    _, _, comb = mhc.mhc_pre(r, fn, scale, base, MhcParams(RMS_EPS, 1e-6, ITERS))
     assert bool((comb > 0).all())
     # The last step normalises columns (exact up to eps); rows are converged to ~1e-3.
     torch.testing.assert_close(comb.sum(-2), torch.ones(t, HC), atol=1e-5, rtol=0)
@@ -324,14 +315,13 @@ def test_empty_batch() -> None:
     h = 32
     r = _residual(0, h, torch.bfloat16, gen)
     p = _params(h, gen)
-    kw: dict[str, Any] = {"rms_eps": RMS_EPS, "hc_eps": HC_EPS, "sinkhorn_iters": ITERS}
-    y, post, comb = mhc.mhc_pre(r, *p, norm_weight=torch.ones(h), norm_eps=NORM_EPS, **kw)
+    y, post, comb = mhc.mhc_pre(r, *p, P.with_norm(torch.ones(h), NORM_EPS))
     assert y.shape == (0, h) and post.shape == (0, HC) and comb.shape == (0, HC, HC)
     x = torch.zeros(0, h, dtype=torch.bfloat16)
     assert mhc.mhc_post(x, r, post, comb).shape == (0, HC, h)
-    outs = mhc.mhc_fused_post_pre(x, r, post, comb, *p, **kw)
+    outs = mhc.mhc_fused_post_pre(x, r, post, comb, *p, P)
     assert [tuple(o.shape) for o in outs] == [(0, HC, h), (0, h), (0, HC), (0, HC, HC)]
-    assert mhc.mhc_head(r, *_params(h, gen, n=HC), rms_eps=RMS_EPS, hc_eps=HC_EPS).shape == (0, h)
+    assert mhc.mhc_head(r, *_params(h, gen, n=HC), P).shape == (0, h)
 
 
 # ----------------------------------------------------------------------------- symmetric pool
@@ -342,9 +332,9 @@ _SENTINEL_GROUP = object()
 
 def _record(monkeypatch: pytest.MonkeyPatch, symmetric: bool) -> SymmetricScopeRecorder:
     rec = SymmetricScopeRecorder()
-    monkeypatch.setattr(dp_attention, "use_symmetric_memory", rec)
-    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: symmetric)
-    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: _SENTINEL_GROUP)
+    monkeypatch.setattr(output_scope, "use_symmetric_memory", rec)
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: symmetric)
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: _SENTINEL_GROUP)
     return rec
 
 
@@ -359,31 +349,30 @@ def test_only_layer_input_is_symmetric(monkeypatch: pytest.MonkeyPatch, with_nor
     r = _residual(t, h, torch.bfloat16, gen)
     p = _params(h, gen)
     nw = torch.rand(h, generator=gen) if with_norm else None
-    kw: dict[str, Any] = {"rms_eps": RMS_EPS, "hc_eps": HC_EPS, "sinkhorn_iters": ITERS}
-    norm_kw: dict[str, Any] = {"norm_weight": nw, "norm_eps": NORM_EPS}
+    params = P if nw is None else P.with_norm(nw, NORM_EPS)
 
     rec = _record(monkeypatch, symmetric=True)
-    y, post, comb = mhc.mhc_pre(r, *p, **kw, **norm_kw)
+    y, post, comb = mhc.mhc_pre(r, *p, params)
     assert rec.allocated == [_ptr(y)] and rec.entered == [(_SENTINEL_GROUP, False)]
 
     rec = _record(monkeypatch, symmetric=True)
-    y0, _, _ = mhc.mhc_pre_torch(r, *p, **kw)
+    y0, _, _ = mhc.mhc_pre_torch(r, *p, P)
     assert rec.allocated == [_ptr(y0)] and rec.entered == [(_SENTINEL_GROUP, False)]
 
     rec = _record(monkeypatch, symmetric=True)
     x = torch.randn(t, h, generator=gen).bfloat16()
-    r2, y2, post2, comb2 = mhc.mhc_fused_post_pre(x, r, post, comb, *p, **kw, **norm_kw)
+    r2, y2, post2, comb2 = mhc.mhc_fused_post_pre(x, r, post, comb, *p, params)
     assert rec.allocated == [_ptr(y2)] and rec.entered == [(_SENTINEL_GROUP, False)]
     assert not {_ptr(r2), _ptr(post2), _ptr(comb2)} & set(rec.allocated)
 
     rec = _record(monkeypatch, symmetric=True)
     mhc.mhc_post(x, r, post, comb)
-    mhc.mhc_head(r, *_params(h, gen, n=HC), rms_eps=RMS_EPS, hc_eps=HC_EPS)
+    mhc.mhc_head(r, *_params(h, gen, n=HC), P)
     assert rec.entered == [] and rec.allocated == []
 
     rec = _record(monkeypatch, symmetric=False)  # ranks may allocate differently: scope disabled
-    mhc.mhc_pre(r, *p, **kw, **norm_kw)
-    mhc.mhc_fused_post_pre(x, r, post, comb, *p, **kw, **norm_kw)
+    mhc.mhc_pre(r, *p, params)
+    mhc.mhc_fused_post_pre(x, r, post, comb, *p, params)
     assert rec.entered == [(_SENTINEL_GROUP, True)] * 2 and rec.allocated == []
 
 
@@ -394,14 +383,16 @@ _INTERP_SCRIPT = textwrap.dedent("""
     import torch
     from sglang.kernels.ops.layernorm import mhc as mhc_kernels
     from sglang.kernels.ops.layernorm import mhc_triton
-    from sglang.srt.layers import dp_attention, mhc
+    from sglang.kernels.ops.layernorm.mhc_params import MhcParams
+    from sglang.srt.distributed.symm_mem import output_scope
+    from sglang.srt.layers import mhc
     from sglang.srt.layers.layernorm import rms_norm
     from sglang.test.alloc_recorder import SymmetricScopeRecorder
 
-    dp_attention.is_allocation_symmetric = lambda: True
-    dp_attention.get_tp_group_or_none = lambda: None
+    output_scope.is_allocation_symmetric = lambda: True
+    output_scope.get_tp_group_or_none = lambda: None
     mhc._backend = lambda residual: "triton"  # CPU tensors through the Triton path
-    E = dict(rms_eps=1e-5, hc_eps=1e-4, sinkhorn_iters=20)
+    E = MhcParams(1e-5, 1e-4, 20)
 
     def close(a, b, atol, rtol=0.0):
         torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=rtol)
@@ -429,13 +420,13 @@ _INTERP_SCRIPT = textwrap.dedent("""
         ulp = 2.0 ** -6 if dtype == torch.bfloat16 else 1e-5
         y0 = post0 = comb0 = None  # the un-normed pre, for the norm-fusion check
         for nw in (None, torch.rand(h, generator=gen) + 0.5):
-            nkw = dict(norm_weight=nw, norm_eps=1e-6)
+            params = E if nw is None else E.with_norm(nw, 1e-6)
             rec = SymmetricScopeRecorder()
-            dp_attention.use_symmetric_memory = rec
-            y, post, comb = mhc.mhc_pre(r, fn, sc, b, **E, **nkw)
+            output_scope.use_symmetric_memory = rec
+            y, post, comb = mhc.mhc_pre(r, fn, sc, b, params)
             if t:
                 assert rec.allocated == [y.untyped_storage().data_ptr()], rec.allocated
-            ry, rpost, rcomb = mhc_kernels._pre_torch(r, fn, sc, b, 1e-5, 1e-4, 20, nw, 1e-6)
+            ry, rpost, rcomb = mhc_kernels._pre_torch(r, fn, sc, b, params)
             close(post, rpost, 2e-6)
             close(comb, rcomb, 2e-6)
             close(y, ry, 1e-5, ulp)
@@ -451,19 +442,19 @@ _INTERP_SCRIPT = textwrap.dedent("""
             close(r2, mhc.hc_post_torch_impl(x, r, post, comb), 1e-5, ulp)
 
             rec = SymmetricScopeRecorder()
-            dp_attention.use_symmetric_memory = rec
-            fr, fy, fpost, fcomb = mhc.mhc_fused_post_pre(x, r, post, comb, fn, sc, b, **E, **nkw)
+            output_scope.use_symmetric_memory = rec
+            fr, fy, fpost, fcomb = mhc.mhc_fused_post_pre(x, r, post, comb, fn, sc, b, params)
             if t:
                 assert rec.allocated == [fy.untyped_storage().data_ptr()], rec.allocated
             assert torch.equal(fr, r2)  # same post code in both kernels
             # The next pre reads the (rounded) new residual: compare with torch on that residual.
-            ry, rpost, rcomb = mhc_kernels._pre_torch(fr, fn, sc, b, 1e-5, 1e-4, 20, nw, 1e-6)
+            ry, rpost, rcomb = mhc_kernels._pre_torch(fr, fn, sc, b, params)
             close(fpost, rpost, 2e-6)
             close(fcomb, rcomb, 2e-6)
             close(fy, ry, 1e-5, ulp)
             # Fused post+pre kernel == the post kernel, then the pre kernel on its output: the
             # same code and order of operations, so bit for bit (the MMA kernel too: one tile).
-            unfused = (r2, *mhc.mhc_pre(r2, fn, sc, b, **E, **nkw))
+            unfused = (r2, *mhc.mhc_pre(r2, fn, sc, b, params))
             for got, want in zip((fr, fy, fpost, fcomb), unfused):
                 assert torch.equal(got, want)
     print("MHC_INTERP_OK")

@@ -27,8 +27,10 @@ import torch
 
 from sglang.kernels.ops.layernorm import mhc as mhc_kernels
 from sglang.kernels.ops.layernorm import mhc_mix_mma, mhc_tilelang, mhc_triton
+from sglang.kernels.ops.layernorm.mhc_params import MhcParams
+from sglang.srt.distributed.symm_mem import output_scope
 from sglang.srt.environ import envs
-from sglang.srt.layers import dp_attention, mhc
+from sglang.srt.layers import mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
@@ -36,7 +38,7 @@ from sglang.test.run import run_this_file
 register_cuda_ci(est_time=90, suite="h200-1gpu")
 
 HC = 4
-E: dict[str, Any] = {"rms_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
+E = MhcParams(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
 NORM_EPS = 1e-6
 BF16_ULP = 2.0**-7
 
@@ -79,10 +81,10 @@ def _assert_backend(residual: torch.Tensor, backend: str) -> None:
 @pytest.fixture(autouse=True)
 def _single_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(
-        dp_attention, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
+        output_scope, "use_symmetric_memory", lambda group, disabled=False: contextlib.nullcontext()
     )
-    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: False)
-    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: None)
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: False)
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: None)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # the torch reference must be true fp32
     yield
@@ -135,18 +137,16 @@ def _assert_mix_close(
 def test_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> None:
     r, _, p, w = _inputs(t, h, seed=t * 31 + h + with_norm)
     _assert_backend(r, backend)
-    nkw: dict[str, Any] = {"norm_weight": w if with_norm else None, "norm_eps": NORM_EPS}
+    params = E.with_norm(w, NORM_EPS) if with_norm else E
     _poison_allocator()
-    y, post, comb = mhc.mhc_pre(r, *p, **E, **nkw)
-    ry, rpost, rcomb = mhc_kernels._pre_torch(
-        r, *p, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], nkw["norm_weight"], NORM_EPS
-    )
+    y, post, comb = mhc.mhc_pre(r, *p, params)
+    ry, rpost, rcomb = mhc_kernels._pre_torch(r, *p, params)
     _assert_mix_close(post, comb, rpost, rcomb)
     _assert_bf16_close(y, ry, ulps=2 if with_norm else 1)
 
     # Writes exactly its T rows: a NaN guard row after them stays NaN.
     buf = torch.full((t + 1, h), float("nan"), dtype=torch.bfloat16, device="cuda")
-    _PRE_INTO[backend](r, *p, buf[:t], **E, **nkw)
+    _PRE_INTO[backend](r, *p, buf[:t], params)
     assert torch.equal(buf[:t], y) and bool(torch.isnan(buf[t]).all())
 
 
@@ -156,18 +156,14 @@ def test_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> Non
 def test_fused_post_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> None:
     r, x, p, w = _inputs(t, h, seed=t * 17 + h + with_norm)
     _assert_backend(r, backend)
-    _, post, comb = mhc_kernels._pre_torch(
-        r, *p, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], None, None
-    )
+    _, post, comb = mhc_kernels._pre_torch(r, *p, E)
     nxt = (p[0].flip(0).contiguous(), p[1].flip(0).contiguous(), p[2].flip(0).contiguous())
-    nkw: dict[str, Any] = {"norm_weight": w if with_norm else None, "norm_eps": NORM_EPS}
+    params = E.with_norm(w, NORM_EPS) if with_norm else E
     _poison_allocator()
-    nr, y, post2, comb2 = mhc.mhc_fused_post_pre(x, r, post, comb, *nxt, **E, **nkw)
+    nr, y, post2, comb2 = mhc.mhc_fused_post_pre(x, r, post, comb, *nxt, params)
     _assert_bf16_close(nr, mhc.hc_post_torch_impl(x, r, post, comb), ulps=1)
     # The next pre reads the stored new residual: compare with torch on that same residual.
-    ry, rpost, rcomb = mhc_kernels._pre_torch(
-        nr, *nxt, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], nkw["norm_weight"], NORM_EPS
-    )
+    ry, rpost, rcomb = mhc_kernels._pre_torch(nr, *nxt, params)
     _assert_mix_close(post2, comb2, rpost, rcomb)
     _assert_bf16_close(y, ry, ulps=2 if with_norm else 1)
 
@@ -176,7 +172,7 @@ def test_fused_post_pre_matches_torch(t: int, h: int, with_norm: bool, backend: 
     nr_u = mhc.mhc_post(x, r, post, comb)
     assert not torch.isnan(nr_u).any()
     torch.testing.assert_close(nr_u.float(), nr.float(), atol=0, rtol=BF16_ULP)
-    y_u, post_u, comb_u = mhc.mhc_pre(nr, *nxt, **E, **nkw)
+    y_u, post_u, comb_u = mhc.mhc_pre(nr, *nxt, params)
     torch.testing.assert_close(post_u, post2, atol=1e-5, rtol=0)
     torch.testing.assert_close(comb_u, comb2, atol=1e-5, rtol=0)
     _assert_bf16_close(y_u, y, ulps=1)
@@ -199,12 +195,10 @@ def test_mix_paths_switch_at_threshold_and_agree(h: int, monkeypatch: pytest.Mon
         mhc.reset_backend_selection()
         for t in (n - 1, n):
             r, _, p, w = _inputs(t, h, seed=t + h)
-            mhc.mhc_pre(r, *p, **E, norm_weight=w, norm_eps=NORM_EPS)
+            mhc.mhc_pre(r, *p, E.with_norm(w, NORM_EPS))
         assert calls == [n]
         r, _, p, w = _inputs(n, h, seed=5)
-        ry, rpost, rcomb = mhc_kernels._pre_torch(
-            r, *p, E["rms_eps"], E["hc_eps"], E["sinkhorn_iters"], w, NORM_EPS
-        )
+        ry, rpost, rcomb = mhc_kernels._pre_torch(r, *p, E.with_norm(w, NORM_EPS))
         # The MMA kernel's partial mixes against the float64 product: ~fp32 exact.
         fn = p[0].float().contiguous()
         part, _ = mhc_mix_mma.mix_partials_mma(r, None, None, None, None, fn)
@@ -214,7 +208,7 @@ def test_mix_paths_switch_at_threshold_and_agree(h: int, monkeypatch: pytest.Mon
         for min_t in (n, 1 << 40):  # the MMA kernel, then the split one
             monkeypatch.setattr(mhc_triton, "MMA_MIN_T", min_t)
             _poison_allocator()
-            y, post, comb = mhc.mhc_pre(r, *p, **E, norm_weight=w, norm_eps=NORM_EPS)
+            y, post, comb = mhc.mhc_pre(r, *p, E.with_norm(w, NORM_EPS))
             _assert_mix_close(post, comb, rpost, rcomb)
             _assert_bf16_close(y, ry, ulps=2)
     mhc.reset_backend_selection()
@@ -223,9 +217,9 @@ def test_mix_paths_switch_at_threshold_and_agree(h: int, monkeypatch: pytest.Mon
 def test_empty_batch_and_head(backend: str) -> None:
     r, x, p, w = _inputs(0, 4096, seed=1)
     _assert_backend(r, backend)
-    y, post, comb = mhc.mhc_pre(r, *p, **E, norm_weight=w, norm_eps=NORM_EPS)
+    y, post, comb = mhc.mhc_pre(r, *p, E.with_norm(w, NORM_EPS))
     assert y.shape == (0, 4096) and post.shape == (0, HC) and comb.shape == (0, HC, HC)
-    outs = mhc.mhc_fused_post_pre(x, r, post, comb, *p, **E)
+    outs = mhc.mhc_fused_post_pre(x, r, post, comb, *p, E)
     assert [tuple(o.shape) for o in outs] == [(0, HC, 4096), (0, 4096), (0, HC), (0, HC, HC)]
     assert mhc.mhc_post(x, r, post, comb).shape == (0, HC, 4096)
     r, _, _, _ = _inputs(5, 4096, seed=2)
@@ -235,7 +229,7 @@ def test_empty_batch_and_head(backend: str) -> None:
         torch.rand(1, device="cuda"),
         torch.randn(HC, device="cuda"),
     )
-    head = mhc.mhc_head(r, *hp, rms_eps=1e-6, hc_eps=1e-6)
+    head = mhc.mhc_head(r, *hp, E)
     assert head.shape == (5, 4096) and head.dtype == torch.bfloat16 and not torch.isnan(head).any()
 
 
@@ -245,19 +239,19 @@ def test_kernel_path_puts_only_layer_input_in_symmetric_scope(
     r, x, p, w = _inputs(7, 4096, seed=4)
     _assert_backend(r, backend)
     group = object()
-    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: True)
-    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: group)
-    _, post, comb = mhc_kernels._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)  # before recording
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: True)
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: group)
+    _, post, comb = mhc_kernels._pre_torch(r, *p, E)  # before recording
     for fused in (False, True):
         rec = SymmetricScopeRecorder()
-        monkeypatch.setattr(dp_attention, "use_symmetric_memory", rec)
+        monkeypatch.setattr(output_scope, "use_symmetric_memory", rec)
         if fused:
             nr, y, post2, comb2 = mhc.mhc_fused_post_pre(
-                x, r, post, comb, *p, **E, norm_weight=w, norm_eps=NORM_EPS
+                x, r, post, comb, *p, E.with_norm(w, NORM_EPS)
             )
             others = [nr, post2, comb2]
         else:
-            y, post2, comb2 = mhc.mhc_pre(r, *p, **E, norm_weight=w, norm_eps=NORM_EPS)
+            y, post2, comb2 = mhc.mhc_pre(r, *p, E.with_norm(w, NORM_EPS))
             others = [post2, comb2]
         assert rec.entered == [(group, False)]
         assert rec.allocated == [y.untyped_storage().data_ptr()]
@@ -268,23 +262,23 @@ def test_fused_post_pre_replays_in_cuda_graph(backend: str) -> None:
     t, h = 7, 7168
     r, x, p, w = _inputs(t, h, seed=5)
     _assert_backend(r, backend)
-    _, post, comb = mhc_kernels._pre_torch(r, *p, 1e-6, 1e-6, 20, None, None)
-    kw: dict[str, Any] = dict(**E, norm_weight=w, norm_eps=NORM_EPS)
+    _, post, comb = mhc_kernels._pre_torch(r, *p, E)
+    params = E.with_norm(w, NORM_EPS)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):  # compile and warm up on the capture stream
-            mhc.mhc_fused_post_pre(x, r, post, comb, *p, **kw)
+            mhc.mhc_fused_post_pre(x, r, post, comb, *p, params)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        outs = mhc.mhc_fused_post_pre(x, r, post, comb, *p, **kw)
+        outs = mhc.mhc_fused_post_pre(x, r, post, comb, *p, params)
     r2, x2, _, _ = _inputs(t, h, seed=6)
     r.copy_(r2)
     x.copy_(x2)
     graph.replay()
     torch.cuda.synchronize()
-    expected = mhc.mhc_fused_post_pre(x, r, post, comb, *p, **kw)
+    expected = mhc.mhc_fused_post_pre(x, r, post, comb, *p, params)
     for a, b in zip(outs, expected):
         assert torch.equal(a, b)
 

@@ -56,7 +56,7 @@ def _rope_tables(
 
 def _check_norm_rope(gen: torch.Generator) -> None:
     from sglang.kernels.ops.attention import norm_rope as kernel_module
-    from sglang.kernels.ops.attention.norm_rope import norm_rope, norm_rope_torch
+    from sglang.kernels.ops.attention.norm_rope import RowNorm, norm_rope, norm_rope_torch
 
     # The GPU's tiles (a row a program at decode, several at prefill), not the interpreter's.
     kernel_module._rows_per_program = kernel_module.gpu_rows_per_program
@@ -76,7 +76,7 @@ def _check_norm_rope(gen: torch.Generator) -> None:
             cos, sin = _rope_tables(t, rope // 2, gen) if rope else (None, None)
             picked = modes if dtype == torch.float16 and t < 100 else [modes[(i + k) % 6]]
             for norm, inverse in picked:
-                kw = {"norm": norm, "weight": w, "eps": 1e-6, "inverse": inverse}
+                kw = {"norm": RowNorm(norm, w, 1e-6), "inverse": inverse}
                 ref = norm_rope_torch(x, cos, sin, **kw)  # type: ignore[arg-type]
                 got = norm_rope(x, cos, sin, out=torch.empty_like(x), **kw)  # type: ignore[arg-type]
                 _compare(got, ref)
@@ -94,8 +94,8 @@ def _check_norm_rope(gen: torch.Generator) -> None:
     x = big[:, ::2]
     cos, sin = _rope_tables(3, 4, gen)
     out = torch.zeros(3, 4, 64, dtype=torch.float16)[..., 16:48]
-    norm_rope(x, cos, sin, out=out, norm="unweighted", eps=1e-6)
-    _compare(out, norm_rope_torch(x, cos, sin, norm="unweighted", eps=1e-6))
+    norm_rope(x, cos, sin, out=out, norm=RowNorm.unweighted(1e-6))
+    _compare(out, norm_rope_torch(x, cos, sin, norm=RowNorm.unweighted(1e-6)))
 
 
 def _compare(got: torch.Tensor, ref: torch.Tensor) -> None:
@@ -131,14 +131,14 @@ def _check_cos_sin(gen: torch.Generator) -> None:
 
 
 def _check_bad_arguments() -> None:
-    from sglang.kernels.ops.attention.norm_rope import norm_rope
+    from sglang.kernels.ops.attention.norm_rope import RowNorm, norm_rope
     from sglang.kernels.ops.attention.rope_cos_sin import rope_cos_sin
 
     x = torch.randn(2, 3, 16)
     cos = torch.randn(2, 4)
     cases = [
         (lambda: norm_rope(x, out=torch.empty(2, 3, 8)), "out has shape"),
-        (lambda: norm_rope(x, cos, cos, out=x, norm="weighted"), "needs a weight"),
+        (lambda: norm_rope(x, cos, cos, out=x, norm=RowNorm("weighted")), "needs a weight"),
         (lambda: norm_rope(x, cos, None, out=x), "come together"),
         (lambda: norm_rope(x, cos[:1], cos[:1], out=x), "cos must be fp32 (2, 4)"),
         (lambda: norm_rope(x, torch.randn(2, 9), torch.randn(2, 9), out=x), "exceeds the head"),
@@ -231,7 +231,7 @@ def test_cpu_takes_the_torch_ops() -> None:
     from sglang.kernels.ops.attention.rope import apply_interleaved_rope
     from sglang.kernels.ops.triton_dispatch import interpreter_enabled
     from sglang.srt.layers.layernorm import rms_norm
-    from sglang.srt.layers.norm_rope import norm_rope
+    from sglang.srt.layers.norm_rope import RowNorm, norm_rope
 
     if interpreter_enabled():
         pytest.skip("TRITON_INTERPRET is set: CPU tensors go to the kernel")
@@ -239,7 +239,7 @@ def test_cpu_takes_the_torch_ops() -> None:
     x = torch.randn(3, 2, 16, generator=gen).to(torch.bfloat16)
     w = torch.rand(16, generator=gen) + 0.5
     cos, sin = _rope_tables(3, 4, gen)
-    got = norm_rope(x, cos, sin, norm="weighted", weight=w, eps=1e-6, dtype=torch.float32)
+    got = norm_rope(x, cos, sin, norm=RowNorm.weighted(w, 1e-6), dtype=torch.float32)
     want = apply_interleaved_rope(rms_norm(x, w, 1e-6), cos, sin).float()
     assert got.dtype == torch.float32 and torch.equal(got, want)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.kernels.ops.attention.norm_rope import norm_rope, norm_rope_torch
+from sglang.kernels.ops.attention.norm_rope import RowNorm, norm_rope, norm_rope_torch
 from sglang.kernels.ops.attention.rope import rope_cos_sin_torch
 from sglang.kernels.ops.attention.rope_cos_sin import rope_cos_sin
 from sglang.srt.layers import norm_rope as norm_rope_layer
@@ -80,7 +80,7 @@ def test_kernel_matches_torch_ops(tokens: int, use: tuple) -> None:
     x = (torch.randn(tokens, *shape, generator=g, device=DEV) * 2).to(dtype)
     w = torch.rand(shape[-1], generator=g, device=DEV) + 0.5
     cos, sin = _tables(tokens, SPEC, g) if rope else (None, None)
-    kw = {"norm": norm, "weight": w, "eps": 1e-6, "inverse": inverse}
+    kw = {"norm": RowNorm(norm, w, 1e-6), "inverse": inverse}
     ref = norm_rope_torch(x, cos, sin, dtype=out_dtype, **kw)
     got = norm_rope(x, cos, sin, out=torch.empty_like(x, dtype=out_dtype), **kw)
     _check(got, ref)
@@ -173,7 +173,7 @@ def test_prefill_kernel_faster_than_torch_ops() -> None:
     x = torch.randn(t, 64, 512, generator=g, device=DEV).to(torch.bfloat16)
     cos, sin = _tables(t, SPEC, g)
     out = torch.empty_like(x)
-    kw = {"norm": "unweighted", "eps": 1e-6}
+    kw = {"norm": RowNorm.unweighted(1e-6)}
     fused = median_cuda_ms(lambda: norm_rope(x, cos, sin, out=out, **kw))
     torch_ms = median_cuda_ms(lambda: norm_rope_torch(x, cos, sin, **kw))
     gb = 2 * x.numel() * x.element_size() / 1e9  # read + write

@@ -215,10 +215,10 @@ def test_model_static_decode_kernels_match_torch_path(monkeypatch: pytest.Monkey
     from sglang.srt.default_model.config import default_model_config
     from sglang.srt.default_model.generate import random_weights
     from sglang.srt.layers.build_spec import LayerBuildSpec
-    from sglang.srt.model_loader.deepseek_v4_loader import load_weights
     from sglang.srt.model_loader.load_options import LoadOptions
     from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
     from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+    from sglang.srt.models.loading import load_weights
 
     vocab = 512
     raw = default_model_config(vocab, 0, 1)

@@ -27,11 +27,11 @@ from sglang.srt.default_model.config import default_model_config
 from sglang.srt.default_model.generate import random_weights
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models import deepseek_v4_moe
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.decode_drift import RouteFollower, check_drift, mean_rel
 from sglang.test.graph_replay_check import check_replay_against_static_and_reference

@@ -17,10 +17,10 @@ import torch
 from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import GroupedColumnParallelLinear, LinearBase
-from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_tiny import CONFIG_A, reference_logits, reference_model, rel_err, token_ids
 from sglang.test.release_checkpoint import deepseek_v4 as release_kit
@@ -136,7 +136,7 @@ def _hf_with(hf, ours: DeepseekV4ForCausalLM):  # type: ignore[no-untyped-def]
     """``hf`` with each dense weight replaced by ours (the dequantised values)."""
     import copy
 
-    from sglang.srt.model_loader.deepseek_v4_names import canonical_name
+    from sglang.srt.models.deepseek_v4_checkpoint import canonical_name
 
     out = copy.deepcopy(hf)
     params = dict(ours.named_parameters())

@@ -23,10 +23,10 @@ from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import LinearBase
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 

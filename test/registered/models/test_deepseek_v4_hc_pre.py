@@ -12,6 +12,7 @@ import torch
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as tfm
 
 from sglang.srt.layers import mhc
+from sglang.srt.layers.mhc import MhcParams
 from sglang.srt.models import deepseek_v4
 from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.dsv4_tiny import CONFIG_B, our_model, reference_model, token_ids
@@ -20,44 +21,50 @@ from sglang.test.run import run_this_file
 register_cpu_ci(est_time=8)
 register_cuda_ci(est_time=15, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
-MIX: dict[str, Any] = {"rms_eps": 1e-5, "hc_eps": 1e-4, "sinkhorn_iters": 7, "norm_eps": 1e-6}
+MIX = MhcParams(rms_eps=1e-5, hc_eps=1e-4, sinkhorn_iters=7)
+NORM_EPS = 1e-6
 
 
 def _random_pre(h: int, hc: int, t: int, device: str) -> tuple[torch.Tensor, Any]:
+    """A residual and one sublayer's ``(fn, scale, base, params)`` (the norm weight in params)."""
     g = torch.Generator().manual_seed(h + hc + t)
     n = (2 + hc) * hc
     residual = torch.randn(t, hc, h, generator=g) * 2
-    params = (
-        torch.randn(n, hc * h, generator=g) * 0.05,
-        torch.rand(3, generator=g) * 1.5 + 0.25,
-        torch.randn(n, generator=g) * 0.5,
-        torch.rand(h, generator=g) + 0.5,
+    fn, scale, base, norm_w = (
+        p.to(device)
+        for p in (
+            torch.randn(n, hc * h, generator=g) * 0.05,
+            torch.rand(3, generator=g) * 1.5 + 0.25,
+            torch.randn(n, generator=g) * 0.5,
+            torch.rand(h, generator=g) + 0.5,
+        )
     )
-    return residual.to(device), tuple(p.to(device) for p in params)
+    return residual.to(device), (fn, scale, base, MIX.with_norm(norm_w, NORM_EPS))
 
 
 @pytest.mark.parametrize("hc", [1, 2, 4])
 def test_hc_pre_torch_impl_matches_transformers(hc: int) -> None:
     h, t = 48, 7
-    residual, (fn, scale, base, norm_w) = _random_pre(h, hc, t, "cpu")
+    residual, hc_params = _random_pre(h, hc, t, "cpu")
+    fn, scale, base, params = hc_params
     cfg = tfm.DeepseekV4Config(
         hidden_size=h,
         hc_mult=hc,
-        hc_sinkhorn_iters=MIX["sinkhorn_iters"],
-        hc_eps=MIX["hc_eps"],
-        rms_norm_eps=MIX["rms_eps"],
+        hc_sinkhorn_iters=MIX.sinkhorn_iters,
+        hc_eps=MIX.hc_eps,
+        rms_norm_eps=MIX.rms_eps,
         num_hidden_layers=1,
     )
     hyper = tfm.DeepseekV4HyperConnection(cfg)
-    norm = tfm.DeepseekV4RMSNorm(h, eps=MIX["norm_eps"])
+    norm = tfm.DeepseekV4RMSNorm(h, eps=NORM_EPS)
     with torch.no_grad():
         hyper.fn.copy_(fn)
         hyper.scale.copy_(scale)
         hyper.base.copy_(base)
-        norm.weight.copy_(norm_w)
+        norm.weight.copy_(params.norm_weight)
         post_ref, comb_ref, collapsed = hyper(residual.unsqueeze(0))
         x_ref = norm(collapsed)[0]
-    x, post, comb = deepseek_v4.hc_pre_torch_impl(residual, (fn, scale, base, norm_w), MIX)
+    x, post, comb = deepseek_v4.hc_pre_torch_impl(residual, hc_params)
     torch.testing.assert_close(x, x_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(post, post_ref[0], atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(comb, comb_ref[0], atol=1e-6, rtol=1e-6)
@@ -69,9 +76,9 @@ def test_cpu_forward_runs_every_pre_through_it(monkeypatch: pytest.MonkeyPatch) 
     calls: list[int] = []
     real = deepseek_v4.hc_pre_torch_impl
 
-    def spy(residual: torch.Tensor, hc: Any, mix: dict[str, Any]) -> Any:
+    def spy(residual: torch.Tensor, hc: Any) -> Any:
         calls.append(residual.shape[0])
-        return real(residual, hc, mix)
+        return real(residual, hc)
 
     monkeypatch.setattr(deepseek_v4, "hc_pre_torch_impl", spy)
     n = 40
@@ -88,20 +95,17 @@ def test_cpu_forward_runs_every_pre_through_it(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize("t", [1, 5, 64])
 def test_cuda_kernels_match_hc_pre_torch_impl(t: int) -> None:
     h, hc = 128, 4
-    residual, params = _random_pre(h, hc, t, "cuda")
-    fn, scale, base, norm_w = params
-    want = deepseek_v4.hc_pre_torch_impl(residual, params, MIX)
-    got = mhc.mhc_pre(residual, fn, scale, base, norm_weight=norm_w, **MIX)
+    residual, hc_params = _random_pre(h, hc, t, "cuda")
+    want = deepseek_v4.hc_pre_torch_impl(residual, hc_params)
+    got = mhc.mhc_pre(residual, *hc_params)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     x = torch.randn(t, h, device="cuda")
     post, comb = want[1], want[2]
-    new_r, y, post2, comb2 = mhc.mhc_fused_post_pre(
-        x, residual, post, comb, fn, scale, base, norm_weight=norm_w, **MIX
-    )
+    new_r, y, post2, comb2 = mhc.mhc_fused_post_pre(x, residual, post, comb, *hc_params)
     ref_r = mhc.hc_post_torch_impl(x, residual, post, comb)
     torch.testing.assert_close(new_r, ref_r, atol=1e-5, rtol=1e-5)
-    for a, b in zip((y, post2, comb2), deepseek_v4.hc_pre_torch_impl(ref_r, params, MIX)):
+    for a, b in zip((y, post2, comb2), deepseek_v4.hc_pre_torch_impl(ref_r, hc_params)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 

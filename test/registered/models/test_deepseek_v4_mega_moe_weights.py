@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import logging
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.layers.quantization.mxfp4 import quant_mxfp4
-from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_tiny import CONFIG_A, CONFIG_C, reference_model, rel_err, token_ids
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe
@@ -110,14 +112,17 @@ def test_mega_path_with_built_weights_matches_normal_path(
     for layer in mega.decoder_layers:
         (l1, l1_sf), _ = layer.ffn.experts.mega_weights
         assert l1.dtype == torch.int8 and l1_sf.dtype == torch.int32 and l1_sf.stride(1) == 1
-        run = layer.ffn.experts.forward_mega
+        kernel = layer.ffn.experts.a2a.kernel  # the MegaMoE kernel inside the one experts call
 
-        def record(x: torch.Tensor, topk: Any, run: Any = run, **kw: Any) -> torch.Tensor:
-            y = run(x, topk, **kw)
-            seen.append((x.clone(), topk, y))
-            return y
+        def record(weights: Any, kernel: Any = kernel) -> SimpleNamespace:
+            def combined_rows(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+                y = kernel(weights).combined_rows(x, ids, w)
+                seen.append((x.clone(), TopKOutput(w, ids), y))
+                return y
 
-        monkeypatch.setattr(layer.ffn.experts, "forward_mega", record)
+            return SimpleNamespace(combined_rows=combined_rows)
+
+        monkeypatch.setattr(layer.ffn.experts.a2a, "kernel", record)
     with torch.no_grad():
         got = mega(ids, torch.arange(12))
     names = [n for n, _ in rec.dg.calls]

@@ -65,10 +65,10 @@ def _load(path: Path, a2a: str = "none") -> tuple[Any, Any, int]:
     """(model, load report, bytes allocated by building and loading it)."""
     from sglang.srt.layers.build_spec import LayerBuildSpec
     from sglang.srt.model_loader.checkpoint_loop import load_checkpoint
-    from sglang.srt.model_loader.deepseek_v4_loader import checkpoint_rules
     from sglang.srt.model_loader.load_options import LoadOptions
     from sglang.srt.model_loader.weight_source import SafetensorsWeightSource
     from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
+    from sglang.srt.models.deepseek_v4_checkpoint import checkpoint_rules
     from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 
     torch.cuda.synchronize()
@@ -80,7 +80,7 @@ def _load(path: Path, a2a: str = "none") -> tuple[Any, Any, int]:
     )
     with SafetensorsWeightSource(path) as source:
         report = load_checkpoint(
-            model, source, checkpoint_rules(model), LoadOptions(progress=False)
+            model, source, checkpoint_rules(model.config), LoadOptions(progress=False)
         )
     torch.cuda.synchronize()
     return model.eval(), report, torch.cuda.memory_allocated() - before

@@ -24,9 +24,9 @@ T = 140
 
 
 def _load(model_dir: str, rank: int, world: int, a2a: str):  # type: ignore[no-untyped-def]
-    from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
+    from sglang.srt.models.loading import load_model
 
-    return load_deepseek_v4(
+    return load_model(
         model_dir,
         LayerBuildSpec(
             dtype=torch.float32, tp_rank=rank, tp_size=world, moe_runner="torch", a2a_backend=a2a

@@ -15,11 +15,11 @@ import torch
 from sglang.srt.default_model.config import default_model_config
 from sglang.srt.default_model.generate import random_weights
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.deepseek_v4_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models import deepseek_v4_moe
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_weights
 from sglang.srt.models.static_step import pad_rows
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.decode_drift import RouteFollower

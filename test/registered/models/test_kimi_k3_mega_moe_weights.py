@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.kimi_k3_loader import load_weights
 from sglang.srt.model_loader.load_options import LoadOptions
-from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM, _forward_mega_experts
+from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe, mxfp4_mega_experts
 from sglang.test.kimi_k3_tiny import (
@@ -62,11 +62,9 @@ def test_latent_moe_block_mega_path_equals_normal_path(monkeypatch: pytest.Monke
     rec = install_fake_mega_moe(monkeypatch, cap=16)
     blocks = {}
     for a2a in ("none", "megamoe"):
-        mega = _forward_mega_experts if a2a == "megamoe" else None
         blocks[a2a] = KimiK3MoE(
             config(MEGA),
             LayerBuildSpec(dtype=torch.float32, moe_runner="torch", a2a_backend=a2a),
-            mega_experts=mega,
         )
         randomize_(blocks[a2a], seed=4)
     rounded, mega = mxfp4_mega_experts(rec.dg, random_experts(blocks["none"], seed=4))

@@ -15,7 +15,6 @@ import torch
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.a2a import base as a2a_base
 from sglang.srt.layers.moe.layer import FusedMoE, FusedMoEConfig
-from sglang.srt.models.kimi_k3 import _forward_mega_experts
 from sglang.srt.models.kimi_k3_config import ConfigError
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.test.ci_register import register_cpu_ci
@@ -40,10 +39,8 @@ register_cpu_ci(est_time=5)
 
 
 def _moe(raw: dict[str, Any], seed: int, **kw: Any) -> KimiK3MoE:
-    # the model's MegaMoE call site
-    mega = _forward_mega_experts if kw.get("a2a_backend") == "megamoe" else None
     spec = LayerBuildSpec(dtype=torch.float32, moe_runner="torch", **kw)
-    moe = KimiK3MoE(config(raw), spec, mega_experts=mega)
+    moe = KimiK3MoE(config(raw), spec)
     randomize_(moe, seed)
     moe.experts.load_weights(random_experts(moe, seed))
     return moe
@@ -218,23 +215,26 @@ def test_mega_fallback_reduces_the_latent_before_the_norm(rec: MegaMoERecorder) 
 
 
 def test_model_wires_its_mega_call_site_and_it_runs_situ(rec: MegaMoERecorder) -> None:
-    """KimiK3ForCausalLM's MoE layers call kimi_k3._forward_mega_experts, which runs the layer's
-    SiTU experts through FusedMoE.forward_mega and refuses any other activation."""
+    """KimiK3ForCausalLM's MoE layers run the MegaMoE kernel through the same experts call as
+    every backend; the block's MegaMoE call site, KimiK3MoE._forward_mega_experts, runs the
+    layer's SiTU experts through the kernel alone and refuses any other activation."""
     from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 
     model = KimiK3ForCausalLM(
         config(MEGA), LayerBuildSpec(dtype=torch.float32, moe_runner="torch", a2a_backend="megamoe")
     )
     blocks = [layer.mlp for layer in model.decoder_layers if isinstance(layer.mlp, KimiK3MoE)]
-    assert blocks and all(b.mega_experts is _forward_mega_experts for b in blocks)
+    assert blocks and all(b.experts.a2a.name == "megamoe" for b in blocks)
     moe = _mega_moe()
     z = _x(3, 512, seed=9)
     topk = moe.route(_x(3, 64, seed=9))
-    y = _forward_mega_experts(moe.experts, z, topk)
+    y = moe._forward_mega_experts(z, topk)
     assert y.dtype == z.dtype and [n for n, _ in rec.dg.calls].count("fp8_fp4_mega_moe") == 1
-    swiglu = FusedMoE(FusedMoEConfig(4, 512, 128, 2, activation="swiglu", a2a_backend="megamoe"))
+    moe.experts = FusedMoE(
+        FusedMoEConfig(4, 512, 128, 2, activation="swiglu", a2a_backend="megamoe")
+    )
     with pytest.raises(ValueError, match="SiTU experts, not 'swiglu'"):
-        _forward_mega_experts(swiglu, z, topk)
+        moe._forward_mega_experts(z, topk)
 
 
 def test_mega_rejects_unsupported_shapes() -> None:

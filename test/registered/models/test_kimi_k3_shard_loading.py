@@ -15,14 +15,14 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe import expert_weights as expert_weights_mod
 from sglang.srt.layers.moe.expert_weights import expert_weights_from_checkpoint
 from sglang.srt.layers.moe.layer import FusedMoE
-from sglang.srt.model_loader.checkpoint_index import CheckpointIndex
+from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
 from sglang.srt.model_loader.expert_loading import read_experts
-from sglang.srt.model_loader.kimi_k3_loader import WeightLoadError, load_weights
-from sglang.srt.model_loader.kimi_k3_names import canonical_name
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.model_loader.weight_source import as_weight_source
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+from sglang.srt.models.kimi_k3_checkpoint import canonical_name
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.kimi_k3_tiny import CONFIG_A, config, make_model
 from sglang.test.release_checkpoint import kimi_k3 as k3_release

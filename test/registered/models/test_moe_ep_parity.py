@@ -79,9 +79,9 @@ def _spec(rank: int, world: int, a2a: str, ep_size: int | None) -> LayerBuildSpe
 
 
 def _load_dsv4(path: str, rank: int, world: int, a2a: str, ep_size: int | None = None) -> Any:
-    from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
+    from sglang.srt.models.loading import load_model
 
-    return load_deepseek_v4(path, _spec(rank, world, a2a, ep_size), LoadOptions(progress=False))
+    return load_model(path, _spec(rank, world, a2a, ep_size), LoadOptions(progress=False))
 
 
 def _load_kimi(
@@ -92,8 +92,8 @@ def _load_kimi(
     a2a: str,
     ep_size: int | None = None,
 ) -> Any:
-    from sglang.srt.model_loader.kimi_k3_loader import load_weights
     from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+    from sglang.srt.models.loading import load_weights
 
     model = KimiK3ForCausalLM(kimi_config(cfg), _spec(rank, world, a2a, ep_size))
     load_weights(model, ckpt, LoadOptions(progress=False))

@@ -33,12 +33,12 @@ from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.layers.quantization.mxfp4 import dequant_mxfp4
 from sglang.srt.mem_cache.memory_models.weight_bytes import resident_vs_checkpoint
-from sglang.srt.model_loader import deepseek_v4_loader, kimi_k3_loader
 from sglang.srt.model_loader.checkpoint_loop import LoadReport
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
@@ -89,7 +89,7 @@ def dsv4(
         DeepseekV4ModelConfig.from_dict(DSV4),
         LayerBuildSpec(dtype=dtype, moe_runner="torch", a2a_backend=a2a),
     )
-    report = deepseek_v4_loader.load_weights(model, ckpt, LoadOptions(progress=False))
+    report = load_weights(model, ckpt, LoadOptions(progress=False))
     return model.eval(), report
 
 
@@ -148,7 +148,7 @@ def k3(
     model = KimiK3ForCausalLM(
         k3_config(raw), LayerBuildSpec(dtype=dtype, moe_runner="torch", a2a_backend=a2a)
     )
-    report = kimi_k3_loader.load_weights(model, ckpt, LoadOptions(progress=False))
+    report = load_weights(model, ckpt, LoadOptions(progress=False))
     return model.eval(), report
 
 
@@ -157,7 +157,7 @@ def _k3_moe_layers(model: KimiK3ForCausalLM) -> list[FusedMoE]:
 
 
 def test_k3_mxfp4_engine_equals_the_dequantised_reference() -> None:
-    # fp32 (dequantised at load) against the rounded model: test_kimi_k3_loader
+    # fp32 (dequantised at load) against the rounded model: test_kimi_k3_checkpoint
     dtype = torch.bfloat16
     ckpt = k3_checkpoint("tiny")
     model, report = k3(ckpt, dtype, K3_CONFIG)
@@ -208,12 +208,12 @@ def test_blackwell_megamoe_keeps_the_mxfp4_layout_as_the_only_copy(
     experts = mega.decoder_layers[0].ffn.experts
     x, topk = _batch(c.hidden_size, 4, c.n_routed_experts, c.num_experts_per_tok, seed=1)
     with torch.no_grad():
-        experts.forward_mega(x, topk)
+        experts(x, topk)
     assert [n for n, _ in rec.dg.calls].count("fp8_fp4_mega_moe") == 1
     # more rows than the kernel takes: the experts they route to, read from the same bytes
     x, topk = _batch(c.hidden_size, 20, c.n_routed_experts, c.num_experts_per_tok, seed=2)
     with torch.no_grad():
-        got = experts.forward_mega(x, topk)
+        got = experts(x, topk)
         want = normal.decoder_layers[0].ffn.experts(x, topk)
     assert torch.equal(got, want)
     assert [n for n, _ in rec.dg.calls].count("fp8_fp4_mega_moe") == 1
@@ -254,7 +254,7 @@ def test_hopper_megamoe_converts_to_fp8_and_keeps_its_layout_as_the_only_copy(
     d13, d2 = reference.weights.dequantized(torch.bfloat16)
     x, topk = _batch(c.hidden_size, 6, c.n_routed_experts, c.num_experts_per_tok, seed=3)
     with torch.no_grad():
-        got = experts.forward_mega(x, topk)
+        got = experts(x, topk)
     assert [n for n, _ in rec.dg.calls].count("fp8_mega_moe") == 1
     limit = c.swiglu_limit
     # the oracle on the dequantised MXFP4 experts, fed the rows as the kernel stages them (FP8
@@ -271,7 +271,7 @@ def test_hopper_megamoe_converts_to_fp8_and_keeps_its_layout_as_the_only_copy(
     assert experts.weights is not None
     std = experts.weights.standard()
     with torch.no_grad():
-        got = experts.forward_mega(x, topk)
+        got = experts(x, topk)
     want = fused_experts_torch(
         x, std.w13, std.w2, topk.topk_weights, topk.topk_ids, activation="swiglu",
         swiglu_limit=limit, w13_scale=std.w13_scale, w2_scale=std.w2_scale,
@@ -293,7 +293,7 @@ def test_k3_blackwell_megamoe_single_copy_runs_situ(monkeypatch: pytest.MonkeyPa
     c = experts.config
     x, topk = _batch(c.hidden_size, 5, c.num_experts, c.top_k, seed=6)
     with torch.no_grad():
-        got = experts.forward_mega(x, topk)
+        got = experts(x, topk)
         want = reference(fp8_staged(x).bfloat16(), topk)  # the kernel stages its rows in FP8
     kernel = [v for n, v in rec.dg.calls if n == "fp8_fp4_mega_moe"]
     assert len(kernel) == 1 and kernel[0][1]["activation"] == "situ"
@@ -301,7 +301,7 @@ def test_k3_blackwell_megamoe_single_copy_runs_situ(monkeypatch: pytest.MonkeyPa
     assert err < 1e-2, err  # fp32 in the fake kernel, bf16 intermediates in the runner
     x, topk = _batch(c.hidden_size, 12, c.num_experts, c.top_k, seed=7)  # past the cap
     with torch.no_grad():
-        assert torch.equal(experts.forward_mega(x, topk), reference(x, topk))
+        assert torch.equal(experts(x, topk), reference(x, topk))
 
 
 if __name__ == "__main__":

@@ -27,11 +27,10 @@ import torch
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.prefix_cache_check import (
     Turn,
+    check_against_cache_off,
     conversation_waves,
-    fixed_prompts,
     make_server,
     random_ids,
-    replay_cuts,
     run_waves,
     shared_prefix_waves,
     tiny_dsv4_checkpoint,
@@ -105,20 +104,9 @@ def test_conversation_branches_and_bitwise_replay(ratio_4: str) -> None:
         prev = got[f"t{k - 1}"]
         assert cached[f"t{k}"] == (len(prev.prompt) + len(prev.tokens) - 1) // 32 * 32 > 0
     assert cached["left"] == cached["right"] == (len(stem) - 1) // 32 * 32
-    order = [t.rid for w in waves for t in w]
-    fixed = fixed_prompts(waves, got) + fixed_prompts(branches, got)
-    want = run_waves(make_server(ratio_4, radix=False, **kw), fixed)
-    lp, logits = worst_difference(got, want)
-    print(f"cache on vs off: max |d logprob| {lp:.2e}, logits rel {logits:.2e}")
-    assert lp < TOL and logits < TOL
-    # The same forwards without the cache: bit for bit (the conversation, one request a step).
-    replay = run_waves(
-        make_server(ratio_4, radix=False, **kw),
-        fixed_prompts(waves, got),
-        cuts=replay_cuts(got, order),
+    check_against_cache_off(
+        lambda: make_server(ratio_4, radix=False, **kw), waves, branches, got, TOL
     )
-    for rid in order:
-        assert all(torch.equal(a, b) for a, b in zip(got[rid].logits, replay[rid].logits)), rid
 
 
 def test_an_evicted_prefix_misses_once_then_hits_again(ratio_4: str) -> None:

@@ -26,11 +26,11 @@ from sglang.test.ci_register import register_cpu_ci
 from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, make_model
 from sglang.test.prefix_cache_check import (
     Turn,
+    check_against_cache_off,
     conversation_waves,
     fixed_prompts,
     make_server,
     random_ids,
-    replay_cuts,
     run_waves,
     shared_prefix_waves,
     worst_difference,
@@ -98,19 +98,13 @@ def test_conversation_branches_and_bitwise_replay(checkpoint: str) -> None:
         prev = got[f"t{k - 1}"]
         assert cached[f"t{k}"] == (len(prev.prompt) + len(prev.tokens) - 1) // 32 * 32 > 0
     assert cached["left"] == cached["right"] == (len(stem) - 1) // 32 * 32
-    fixed = fixed_prompts(waves, got) + fixed_prompts(branches, got)
-    off = make_server(checkpoint, radix=False, chunked_prefill_size=512, **KW)
-    lp, logits = worst_difference(got, run_waves(off, fixed))
-    print(f"cache on vs off: max |d logprob| {lp:.2e}, logits rel {logits:.2e}")
-    assert lp < TOL and logits < TOL
-    order = [t.rid for w in waves for t in w]
-    replay = run_waves(
-        make_server(checkpoint, radix=False, chunked_prefill_size=512, **KW),
-        fixed_prompts(waves, got),
-        cuts=replay_cuts(got, order),
+    check_against_cache_off(
+        lambda: make_server(checkpoint, radix=False, chunked_prefill_size=512, **KW),
+        waves,
+        branches,
+        got,
+        TOL,
     )
-    for rid in order:
-        assert all(torch.equal(a, b) for a, b in zip(got[rid].logits, replay[rid].logits)), rid
 
 
 def test_an_evicted_prefix_misses_once_then_hits_again(checkpoint: str) -> None:

@@ -24,9 +24,8 @@ import pytest
 import torch
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
-from sglang.srt.model_loader.kimi_k3_loader import load_kimi_k3
 from sglang.srt.model_loader.load_options import LoadOptions
+from sglang.srt.models.loading import load_model
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.release_checkpoint import deepseek_v4, kimi_k3
 from sglang.test.release_checkpoint.emit import ReleaseCheckpoint
@@ -74,13 +73,13 @@ def _write_and_load(
 @pytest.fixture(scope="module")
 def dsv4(tmp_path_factory: pytest.TempPathFactory) -> Loaded:
     path = tmp_path_factory.mktemp("dsv4_flash_2l")
-    return _write_and_load(path, deepseek_v4.write_random, DSV4, load_deepseek_v4)
+    return _write_and_load(path, deepseek_v4.write_random, DSV4, load_model)
 
 
 @pytest.fixture(scope="module")
 def k3(tmp_path_factory: pytest.TempPathFactory) -> Loaded:
     path = tmp_path_factory.mktemp("k3_2l")
-    return _write_and_load(path, kimi_k3.write_random, K3, load_kimi_k3)
+    return _write_and_load(path, kimi_k3.write_random, K3, load_model)
 
 
 def _shapes(ckpt: ReleaseCheckpoint) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

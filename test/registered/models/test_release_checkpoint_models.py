@@ -19,10 +19,9 @@ import torch
 from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
-from sglang.srt.model_loader.kimi_k3_loader import load_kimi_k3
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+from sglang.srt.models.loading import load_model
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_tiny import (
     CONFIG_A,
@@ -53,7 +52,7 @@ OPTS = LoadOptions(progress=False)
 def _dsv4_check(ckpt: ReleaseCheckpoint, hf: HFDeepseekV4) -> float:
     assert ckpt.values is not None
     hf.load_state_dict(deepseek_v4.to_transformers(ckpt.values))
-    model = load_deepseek_v4(ckpt.path, SPEC, OPTS)
+    model = load_model(ckpt.path, SPEC, OPTS)
     ids = token_ids(T, CONFIG_A["vocab_size"], seed=8)
     return rel_err(model(ids, torch.arange(T)), reference_logits(hf, ids))
 
@@ -80,7 +79,7 @@ def test_dsv4_random_matches_transformers(tmp_path: Path) -> None:
 
 def _k3_check(ckpt: ReleaseCheckpoint) -> None:
     assert ckpt.values is not None
-    model = load_kimi_k3(ckpt.path, SPEC, OPTS)
+    model = load_model(ckpt.path, SPEC, OPTS)
     ref = KimiK3ForCausalLM(k3_config(K3_CONFIG), SPEC)
     kimi_k3.into_model(ref, ckpt.values)
     ids = tokens(70, seed=1)  # > one 64-token KDA chunk

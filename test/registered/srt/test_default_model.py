@@ -14,8 +14,8 @@ import torch
 from sglang.srt.default_model.generate import ensure_default_model
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.managers.tokenizer import load_tokenizer
-from sglang.srt.model_loader.deepseek_v4_loader import load_deepseek_v4
 from sglang.srt.model_loader.load_options import LoadOptions
+from sglang.srt.models.loading import load_model
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
@@ -49,7 +49,7 @@ def test_checkpoint_and_tokenizer(tmp_path: Path) -> None:
     assert tok.eos_token_id == config["eos_token_id"] and not tok.has_own_chat_template
     for marker in ("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", "｜DSML｜"):
         assert tok.token_id(marker) is not None, marker  # DeepSeek V4's chat encoding needs them
-    model = load_deepseek_v4(
+    model = load_model(
         path, LayerBuildSpec(dtype=torch.float32, moe_runner="torch"), LoadOptions(progress=False)
     )
     ids = torch.tensor(tok.encode("The quick brown fox " * 40))  # > 128 tokens: a ratio-128 entry

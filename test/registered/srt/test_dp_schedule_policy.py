@@ -22,7 +22,7 @@ from sglang.srt.managers.launcher import resolve_model_path
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.scheduler_process import check_dp_attention
 from sglang.srt.model_executor.forward_plan import ForwardPlan
-from sglang.srt.model_executor.model_registry import MODELS, dp_attention_unsupported_reason
+from sglang.srt.models.registry import dp_attention_unsupported_reason, model_entries
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
@@ -112,8 +112,10 @@ def test_dp_attention_support_checked_before_load() -> None:
     args = ServerArgs(device="cpu", tp_size=2, dp_size=2, enable_dp_attention=True).resolved()
     args.validate()
     check_dp_attention(resolve_model_path(args))  # DeepSeek V4 gathers around its MoE
-    assert all(dp_attention_unsupported_reason(m) is None for m in MODELS)  # DSv4 and Kimi K3
-    other = dataclasses.replace(MODELS[0], supports_dp_attention=False)
+    models = model_entries()
+    assert len(models) == 2  # DSv4 and Kimi K3
+    assert all(dp_attention_unsupported_reason(m) is None for m in models)
+    other = dataclasses.replace(models[0], supports_dp_attention=False)
     why = dp_attention_unsupported_reason(other)
     assert why is not None and "does not gather its tokens around the MoE" in why
 

@@ -20,11 +20,11 @@ PYTHON_ROOT = Path(__file__).resolve().parents[3] / "python"
 
 # Top to bottom (docs/architecture.md). A package may import its own layer and any lower one.
 LAYER_OF: dict[str, int] = {
-    "sglang.srt.entrypoints": 7,
-    "sglang.srt.managers": 6,
-    "sglang.srt.model_executor": 5,
+    "sglang.srt.entrypoints": 8,
+    "sglang.srt.managers": 7,
+    "sglang.srt.model_executor": 6,
+    "sglang.srt.models": 5,
     "sglang.srt.model_loader": 4,
-    "sglang.srt.models": 4,
     "sglang.srt.layers": 3,
     "sglang.kernels": 2,
     "sglang.srt.distributed": 1,

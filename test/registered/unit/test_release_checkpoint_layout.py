@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader import deepseek_v4_names, kimi_k3_names
+from sglang.srt.models import deepseek_v4_checkpoint, kimi_k3_checkpoint
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
@@ -82,6 +82,22 @@ def _check_shards(path: Path) -> dict[str, torch.Tensor]:
     assert set(index["weight_map"]) == set(tensors)
     assert index["metadata"]["total_size"] == total
     return tensors
+
+
+def _check_layout(
+    path: Path, want: dict[str, tuple[tuple[int, ...], Any]]
+) -> dict[str, torch.Tensor]:
+    """:func:`_check_shards`, and the shards hold exactly the tensors of ``want`` (name ->
+    (shape, dtype))."""
+    files = _check_shards(path)
+    assert sorted(set(files) - set(want)) == [] and sorted(set(want) - set(files)) == []
+    bad = {
+        n: ((tuple(t.shape), t.dtype), want[n])
+        for n, t in files.items()
+        if (tuple(t.shape), t.dtype) != want[n]
+    }
+    assert bad == {}
+    return files
 
 
 # --- independent decoders ------------------------------------------------------------------------
@@ -196,15 +212,7 @@ def dsv4(tmp_path_factory: pytest.TempPathFactory) -> ReleaseCheckpoint:
 
 
 def test_dsv4_names_dtypes_shapes_and_shards(dsv4: ReleaseCheckpoint) -> None:
-    files = _check_shards(dsv4.path)
-    want = _dsv4_expected()
-    assert sorted(set(files) - set(want)) == [] and sorted(set(want) - set(files)) == []
-    bad = {
-        n: ((tuple(t.shape), t.dtype), want[n])
-        for n, t in files.items()
-        if (tuple(t.shape), t.dtype) != want[n]
-    }
-    assert bad == {}
+    files = _check_layout(dsv4.path, _dsv4_expected())
     table = files["layers.0.ffn.gate.tid2eid"]
     assert int(table.min()) >= 0 and int(table.max()) < E
     assert all(len(set(row.tolist())) == 2 for row in table)  # distinct experts per token
@@ -350,15 +358,7 @@ def k3(tmp_path_factory: pytest.TempPathFactory) -> ReleaseCheckpoint:
 
 
 def test_k3_names_dtypes_shapes_and_shards(k3: ReleaseCheckpoint) -> None:
-    files = _check_shards(k3.path)
-    want = _k3_expected()
-    assert sorted(set(files) - set(want)) == [] and sorted(set(want) - set(files)) == []
-    bad = {
-        n: ((tuple(t.shape), t.dtype), want[n])
-        for n, t in files.items()
-        if (tuple(t.shape), t.dtype) != want[n]
-    }
-    assert bad == {}
+    _check_layout(k3.path, _k3_expected())
 
 
 def test_k3_config_json(k3: ReleaseCheckpoint) -> None:
@@ -396,7 +396,7 @@ def test_k3_values_are_the_decoded_files(k3: ReleaseCheckpoint) -> None:
 def test_k3_vision_tensors_are_not_loaded(tmp_path: Path) -> None:
     r = kimi_k3.write_random(tmp_path, kimi_k3.tiny_config(layers=2), vision=True)
     skipped = [e.name for e in r.layout.entries.values() if e.split is Split.NOT_LOADED]
-    assert skipped and all(kimi_k3_names.canonical_name(n) is None for n in skipped)
+    assert skipped and all(kimi_k3_checkpoint.canonical_name(n) is None for n in skipped)
     assert r.layout.rank_bytes().get(Group.NOT_LOADED, 0) == 0
 
 
@@ -453,14 +453,14 @@ def test_splits_match_the_engine_sharding(
     model: str, dsv4: ReleaseCheckpoint, k3: ReleaseCheckpoint
 ) -> None:
     if model == "deepseek_v4":
-        ckpt, canonical = dsv4, deepseek_v4_names.canonical_name
+        ckpt, canonical = dsv4, deepseek_v4_checkpoint.canonical_name
         cfg = DeepseekV4ModelConfig.from_dict(DS)
 
         def build(tp: int) -> Any:
             spec = LayerBuildSpec(dtype=FP32, device="meta", moe_runner="torch", tp_size=tp)
             return DeepseekV4ForCausalLM(cfg, spec)
     else:
-        ckpt, canonical = k3, kimi_k3_names.canonical_name
+        ckpt, canonical = k3, kimi_k3_checkpoint.canonical_name
         kcfg = KimiK3Config.from_dict(K3)
 
         def build(tp: int) -> Any:

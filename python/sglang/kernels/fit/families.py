@@ -5,7 +5,8 @@ A family is the unit that is chosen or not: its decision function returns None (
 reason it does not (dtype, shape, the device's limits, or the family turned off after a build
 failure, ``switch.py``), and its caller then takes ``fallback``. ``modules`` are the modules whose
 frames on a failure's stack name the family (``switch.failed_family``); every module of
-``sglang.kernels.ops`` with a ``@triton.jit`` kernel belongs to exactly one family (checked by
+``sglang.kernels.ops`` with a ``@triton.jit`` kernel belongs to exactly one family, or is one of
+the :data:`INLINED_HELPERS` several families' kernels inline (checked by
 ``test/registered/kernels/test_kernel_fit.py``). Decisions are named as ``module:function`` so
 this inventory imports nothing (several live in ``srt/``, which kernels never import).
 """
@@ -70,7 +71,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
     KernelFamily(
         "deep_gemm_mega",
         ("sglang.srt.layers.moe.mega_moe",),
-        "sglang.srt.layers.moe.mega_moe:mega_moe_unusable_reason",
+        "sglang.srt.layers.moe.mega_moe:mega_moe_layer_reason",
         "our Triton MegaMoE, else the normal MoE path",
     ),
     KernelFamily(
@@ -206,3 +207,9 @@ def family(name: str) -> KernelFamily:
         if f.name == name:
             return f
     raise KeyError(f"unknown kernel family {name!r}")
+
+
+# Modules of ``@triton.jit`` helpers that kernels of several families inline. They launch nothing
+# themselves, so no decision is theirs and no failure's stack runs through them (a failure to
+# build an inlining kernel names that kernel's family).
+INLINED_HELPERS: tuple[str, ...] = (f"{_OPS}.attention.online_softmax",)

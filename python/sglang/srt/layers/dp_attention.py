@@ -24,7 +24,6 @@ after :func:`set_dp_state_for_step` has run from the step's plan):
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
 
@@ -34,9 +33,15 @@ from sglang.srt.distributed.parallel_state import (
     get_attention_dp_rank,
     get_attn_tp_group,
     get_tp_group,
-    get_tp_group_or_none,
 )
-from sglang.srt.distributed.symm_mem.allocator import use_symmetric_memory
+
+# The symmetric-pool rule is symm_mem's (this module answers its "same allocations on every
+# rank?"); its names stay importable from here, where upstream SGLang has them.
+from sglang.srt.distributed.symm_mem.output_scope import (  # noqa: F401  (re-exported)
+    is_allocation_symmetric,
+    set_allocation_symmetry,
+    symmetric_output_scope,
+)
 from sglang.srt.layers.build_spec import LayerBuildSpec
 
 
@@ -232,19 +237,13 @@ def is_dp_max_padding() -> bool:
     return _DpGatheredBufferWrapper.is_dp_max_padding()
 
 
-def is_allocation_symmetric() -> bool:
+def same_allocations_on_every_rank() -> bool:
     """Whether every rank makes the same allocations now: DP attention off, or this batch is
-    padded to ``MAX_LEN``. :func:`symmetric_output_scope` is where this decides."""
+    padded to ``MAX_LEN``; the symmetric pool's rule (``symm_mem.output_scope``) asks this."""
     return not is_dp_attention_enabled() or is_dp_max_padding()
 
 
-def symmetric_output_scope() -> AbstractContextManager[object]:
-    """Allocate a tensor that feeds a tensor-parallel collective (a MoE or MLP output, a DP
-    gather buffer) inside this: the symmetric pool when ``--enable-symm-mem`` is on, there is a
-    TP group and every rank allocates the same shapes now; the default allocator otherwise (the
-    pool's registration is collective, so a rank-dependent size must stay out of it). The one
-    owner of that rule: layers and models call this, never ``use_symmetric_memory`` directly."""
-    return use_symmetric_memory(get_tp_group_or_none(), disabled=not is_allocation_symmetric())
+set_allocation_symmetry(same_allocations_on_every_rank)
 
 
 def set_dp_buffer_len(

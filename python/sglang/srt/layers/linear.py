@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -83,9 +84,12 @@ def tp_slice(full: torch.Tensor, dim: int, tp_rank: int, tp_size: int) -> torch.
     return full.narrow(dim, tp_rank * part, part)
 
 
-def attach_loader(
-    param: nn.Parameter, loader: Callable[[nn.Parameter, torch.Tensor], None]
-) -> nn.Parameter:
+TensorT = TypeVar("TensorT", bound=torch.Tensor)
+
+
+def attach_loader(param: TensorT, loader: Callable[[TensorT, torch.Tensor], None]) -> TensorT:
+    """Give a parameter (or a buffer the checkpoint fills) the loader that takes its full
+    checkpoint tensor."""
     param.weight_loader = loader  # type: ignore[attr-defined]
     return param
 

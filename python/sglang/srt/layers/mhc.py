@@ -30,13 +30,15 @@ from sglang.kernels.fit.switch import families_off_count
 from sglang.kernels.ops.layernorm import mhc as mhc_kernels
 from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
 from sglang.kernels.ops.layernorm.mhc import Backend, hc_post_torch_impl, mhc_head
+from sglang.kernels.ops.layernorm.mhc_params import MhcParams
+from sglang.srt.distributed.symm_mem.output_scope import symmetric_output_scope
 from sglang.srt.environ import envs
-from sglang.srt.layers.dp_attention import symmetric_output_scope
 from sglang.srt.utils.log import get_logger, log_once
 
 # The torch post and the head allocate nothing shared and choose no backend: the model takes them
 # from here with the rest of mHC.
 __all__ = [
+    "MhcParams",
     "hc_post_torch_impl",
     "mhc_fused_post_pre",
     "mhc_head",
@@ -175,29 +177,18 @@ def mhc_pre(
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None = None,
-    norm_eps: float | None = None,
+    params: MhcParams,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """mHC pre (+ the sublayer's RMSNorm when ``norm_weight`` is given) on the chosen backend
+    """mHC pre (+ the sublayer's RMSNorm when ``params`` has one) on the chosen backend
     -> (layer_input [T,H] residual dtype, symmetric when allowed; post [T,hc] fp32;
     comb [T,hc,hc] fp32)."""
-    mhc_kernels.check_norm_eps(norm_weight, norm_eps)
-    backend = _backend(residual)
     return mhc_kernels.mhc_pre(
         residual,
         fn,
         scale,
         base,
-        rms_eps=rms_eps,
-        hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters,
-        norm_weight=norm_weight,
-        norm_eps=norm_eps,
-        backend=backend,
+        params,
+        backend=_backend(residual),
         out=_alloc_layer_input(residual, fn),
     )
 
@@ -207,21 +198,12 @@ def mhc_pre_torch(
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
+    params: MhcParams,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The torch pre (no norm) on any device, its layer input allocated like :func:`mhc_pre`'s."""
+    """The torch pre (its norm left out) on any device, its layer input allocated like
+    :func:`mhc_pre`'s."""
     return mhc_kernels.mhc_pre_torch(
-        residual,
-        fn,
-        scale,
-        base,
-        rms_eps=rms_eps,
-        hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters,
-        out=_alloc_layer_input(residual, fn),
+        residual, fn, scale, base, params, out=_alloc_layer_input(residual, fn)
     )
 
 
@@ -244,17 +226,10 @@ def mhc_fused_post_pre(
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None = None,
-    norm_eps: float | None = None,
+    params: MhcParams,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sublayer's post fused with the next one's pre (+ norm) on the chosen backend:
     -> (new_residual, layer_input, post_next, comb_next); equal to mhc_post then mhc_pre."""
-    mhc_kernels.check_norm_eps(norm_weight, norm_eps)
-    backend = _backend(residual)
     return mhc_kernels.mhc_fused_post_pre(
         x,
         residual,
@@ -263,11 +238,7 @@ def mhc_fused_post_pre(
         fn,
         scale,
         base,
-        rms_eps=rms_eps,
-        hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters,
-        norm_weight=norm_weight,
-        norm_eps=norm_eps,
-        backend=backend,
+        params,
+        backend=_backend(residual),
         out=_alloc_layer_input(residual, fn),
     )

@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import torch
 
-from sglang.kernels.ops.attention.norm_rope import Norm, norm_rope_torch, norm_rope_unfit_reason
+from sglang.kernels.ops.attention.norm_rope import (
+    NO_NORM,
+    RowNorm,
+    norm_rope_torch,
+    norm_rope_unfit_reason,
+)
 from sglang.kernels.ops.attention.norm_rope import norm_rope as norm_rope_kernel
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 from sglang.srt.utils.log import get_logger, log_path_once
 
 logger = get_logger(__name__)
 
-__all__ = ["Norm", "norm_rope"]
+__all__ = ["NO_NORM", "RowNorm", "norm_rope"]
 
 
 def norm_rope(
@@ -22,9 +27,7 @@ def norm_rope(
     cos: torch.Tensor | None = None,
     sin: torch.Tensor | None = None,
     *,
-    norm: Norm = "none",
-    weight: torch.Tensor | None = None,
-    eps: float = 0.0,
+    norm: RowNorm = NO_NORM,
     inverse: bool = False,
     dtype: torch.dtype | None = None,
     reuse_input: bool = False,
@@ -36,12 +39,8 @@ def norm_rope(
     dtype = dtype or x.dtype
     if triton_can_run(x):
         out = x if reuse_input and dtype == x.dtype else torch.empty_like(x, dtype=dtype)
-        why = norm_rope_unfit_reason(x, out, cos, sin, norm, weight)
+        why = norm_rope_unfit_reason(x, out, cos, sin, norm)
         log_path_once(logger, "norm + RoPE", why)
         if why is None:
-            return norm_rope_kernel(
-                x, cos, sin, out=out, norm=norm, weight=weight, eps=eps, inverse=inverse
-            )
-    return norm_rope_torch(
-        x, cos, sin, norm=norm, weight=weight, eps=eps, inverse=inverse, dtype=dtype
-    )
+            return norm_rope_kernel(x, cos, sin, out=out, norm=norm, inverse=inverse)
+    return norm_rope_torch(x, cos, sin, norm=norm, inverse=inverse, dtype=dtype)

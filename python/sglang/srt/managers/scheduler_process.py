@@ -205,16 +205,15 @@ def _enable_prefix_cache(args: ServerArgs, runner: Any, block_tokens: int) -> tu
     )
 
 
-def check_dp_attention(args: ServerArgs) -> None:
-    """Before the load: a model that cannot serve DP attention fails with its reason."""
-    from sglang.srt.model_executor.model_registry import (
-        dp_attention_unsupported_reason,
-        find_model,
-        read_model_config,
-    )
+def check_dp_attention(args: ServerArgs, hf_config: dict[str, Any] | None = None) -> None:
+    """Before the load: a model that cannot serve DP attention fails with its reason
+    (``hf_config``: the config.json dict, when the caller read it already)."""
+    from sglang.srt.models.config_common import read_config_json
+    from sglang.srt.models.registry import dp_attention_unsupported_reason, find_model
 
     assert args.model_path is not None
-    why = dp_attention_unsupported_reason(find_model(read_model_config(args.model_path)))
+    config = hf_config if hf_config is not None else read_config_json(args.model_path)
+    why = dp_attention_unsupported_reason(find_model(config))
     if why is not None:
         raise RuntimeError(f"--enable-dp-attention --dp-size {args.dp_size}: {why}")
 
@@ -305,9 +304,13 @@ def run_scheduler_process(
         set_dp_attention_config(
             args.enable_dp_attention, dp_size=dp_size, attn_tp_size=tp_size // dp_size
         )
+        from sglang.srt.models.config_common import read_config_json
+
+        assert args.model_path is not None
+        hf_config = read_config_json(args.model_path)  # once a rank: everything below reuses it
         if args.enable_dp_attention:
-            check_dp_attention(args)
-        runner = ModelRunner(args, tp_rank, tp_size)
+            check_dp_attention(args, hf_config)
+        runner = ModelRunner(args, tp_rank, tp_size, hf_config=hf_config)
         runner.warmup()
         context_length = min(
             args.context_length or runner.max_position_embeddings, runner.max_position_embeddings

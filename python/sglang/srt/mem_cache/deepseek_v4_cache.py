@@ -6,8 +6,8 @@ A request's cache also counts its tokens, so a forward can check that the positi
 continue the cache (the compressors' blocks are aligned to absolute positions).
 
 A cache either owns its tensors (:func:`new_request_cache`, the eager reference) or views one slot
-of a :class:`DeepseekV4SlotPool` and its blocks (:func:`slot_request_cache`), which the static
-(CUDA-graph) decode also reads and writes; the eager attention treats both alike.
+of a ``DeepseekV4SlotPool`` and its blocks (its ``request_cache``), which the static (CUDA-graph)
+decode also reads and writes; the eager attention treats both alike.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from sglang.srt.mem_cache.compressor_state import CompressorState
-from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.mem_cache.request_cache import RequestCache
 from sglang.srt.mem_cache.row_codec import RowCodec
 from sglang.srt.mem_cache.window_ring import WindowRing
@@ -106,35 +105,3 @@ def new_request_cache(
                 )
         layers.append(DeepseekV4LayerCache(ring, comp, idx))
     return DeepseekV4RequestCache(layers)
-
-
-def slot_request_cache(pool: DeepseekV4SlotPool, slot: int) -> DeepseekV4RequestCache:
-    """An empty cache over ``slot`` of ``pool`` (the caller allocated the slot)."""
-    layers = []
-    for store in pool.layers:
-        ring = WindowRing(
-            pool.window, store.window.shape[-1], dtype=store.window.dtype, buf=store.window[slot]
-        )
-        comp = idx = None
-        if store.compressor is not None:
-            c = store.compressor
-            comp = CompressorState(
-                ratio=c.ratio,
-                dim=c.dim,
-                overlap=c.overlap,
-                entry_dtype=c.encoding.dtype,
-                storage=c.storage(slot, pool.blocks),
-            )
-        if store.indexer is not None:
-            c = store.indexer
-            idx = CompressorState(
-                ratio=c.ratio,
-                dim=c.dim,
-                overlap=True,
-                entry_dtype=c.encoding.dtype,
-                storage=c.storage(slot, pool.blocks),
-            )
-        layers.append(DeepseekV4LayerCache(ring, comp, idx))
-    cache = DeepseekV4RequestCache(layers)
-    cache.slot = slot
-    return cache

@@ -16,7 +16,7 @@ dtype, or FP8 rows of ``width`` bytes: ``--kv-cache-dtype``), where a block of `
 request's block ``i`` holds its entries of tokens ``i * B ..`` in every compressor. The extra
 block is the null block that unused table entries (and the scratch slot) point to.
 
-The eager path reaches a slot through views and :class:`PagedRows` (:func:`slot_request_cache`),
+The eager path reaches a slot through views and :class:`PagedRows` (:meth:`request_cache`),
 the static decode through the whole tensors indexed by device tensors of slots and the table: both
 write the same storage, so a request prefilled eagerly decodes in a graph with no copy. Lengths
 are the callers' (host counts for the eager path, device positions for the static decode); the
@@ -30,11 +30,17 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang.srt.mem_cache.compressor_state import CompressorStorage, reset_previous
+from sglang.srt.mem_cache.compressor_state import (
+    CompressorState,
+    CompressorStorage,
+    reset_previous,
+)
+from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4LayerCache, DeepseekV4RequestCache
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 from sglang.srt.mem_cache.paged_rows import PagedRows
 from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
 from sglang.srt.mem_cache.slot_blocks import DEFAULT_BLOCK_TOKENS, SlotBlocks
+from sglang.srt.mem_cache.window_ring import WindowRing
 
 
 @dataclass(frozen=True)
@@ -224,6 +230,41 @@ class DeepseekV4SlotPool(SlotBlocks):
                 if comp is not None and comp.prev_kv is not None and comp.prev_score is not None:
                     state += [comp.prev_kv, comp.prev_score]
         return state
+
+    def request_cache(self, slot: int) -> DeepseekV4RequestCache:
+        """An empty cache over ``slot`` (the caller allocated it): views of its window ring and
+        its compressor and indexer state, which the eager forward reads and writes in place."""
+        layers = []
+        for store in self.layers:
+            ring = WindowRing(
+                self.window,
+                store.window.shape[-1],
+                dtype=store.window.dtype,
+                buf=store.window[slot],
+            )
+            comp = idx = None
+            if store.compressor is not None:
+                c = store.compressor
+                comp = CompressorState(
+                    ratio=c.ratio,
+                    dim=c.dim,
+                    overlap=c.overlap,
+                    entry_dtype=c.encoding.dtype,
+                    storage=c.storage(slot, self.blocks),
+                )
+            if store.indexer is not None:
+                c = store.indexer
+                idx = CompressorState(
+                    ratio=c.ratio,
+                    dim=c.dim,
+                    overlap=True,
+                    entry_dtype=c.encoding.dtype,
+                    storage=c.storage(slot, self.blocks),
+                )
+            layers.append(DeepseekV4LayerCache(ring, comp, idx))
+        cache = DeepseekV4RequestCache(layers)
+        cache.slot = slot
+        return cache
 
     def _reset(self, slot: int) -> None:
         for layer in self.layers:

@@ -42,7 +42,7 @@ class SlotPool(Protocol):
 
 @runtime_checkable
 class ServedModel(Protocol):
-    """The batch API every served model has (see ``model_registry``), and its MoE layers."""
+    """The batch API every served model has (see ``models/registry.py``), and its MoE layers."""
 
     @property
     def config(self) -> ServedModelConfig: ...
@@ -174,6 +174,22 @@ def _protocol_members(ability: type) -> set[str]:
         names |= {n for n in vars(base) if not n.startswith("_")}
         names |= set(getattr(base, "__annotations__", {}))
     return names
+
+
+# The optional abilities, in the order the startup log names them.
+ABILITIES: tuple[type, ...] = (
+    SupportsSlotPool,
+    SupportsStaticDecode,
+    GatedStaticDecode,
+    SupportsMemoryModel,
+    SupportsKVCacheDtype,
+)
+
+
+def abilities_of(model: object) -> list[str]:
+    """The optional abilities a built model implements beyond the batch API, by Protocol name
+    (the startup log names them)."""
+    return [ability.__name__ for ability in ABILITIES if isinstance(model, ability)]
 
 
 def moe_runners(model: ServedModel) -> Iterator[MoERunner]:

@@ -47,10 +47,12 @@ from sglang.srt.model_executor.model_abilities import (
     require_ability,
     static_decode_reason,
 )
-from sglang.srt.model_executor.model_registry import find_model, read_model_config
 from sglang.srt.model_executor.slot_plan import SlotPlan, plan_slot_pool
 from sglang.srt.model_executor.warmup_plan import warmup_token_counts
 from sglang.srt.model_loader.load_options import LoadOptions
+from sglang.srt.models.config_common import read_config_json
+from sglang.srt.models.loading import load_model
+from sglang.srt.models.registry import find_model
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.log import get_logger, log_once
 
@@ -86,7 +88,15 @@ class DecodeSetup:
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, tp_rank: int, tp_size: int) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        tp_rank: int,
+        tp_size: int,
+        *,
+        hf_config: dict[str, Any] | None = None,
+    ) -> None:
+        """``hf_config``: the config.json dict when the caller read it already (once a rank)."""
         assert args.model_path is not None and args.device is not None
         self.args = args
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -97,7 +107,7 @@ class ModelRunner:
             if args.device == "cuda"
             else torch.device("cpu")
         )
-        self.hf_config = read_model_config(args.model_path)
+        self.hf_config = hf_config if hf_config is not None else read_config_json(args.model_path)
         self.entry = find_model(self.hf_config)
         started = time.perf_counter()
         self.dtype = torch_dtype(args.dtype)
@@ -111,7 +121,8 @@ class ModelRunner:
             moe_ep_size=args.ep_size,
             kv_cache_dtype=args.kv_cache_dtype,
         )
-        loaded = self.entry.load(args.model_path, spec, LoadOptions(progress=tp_rank == 0))
+        opts = LoadOptions(progress=tp_rank == 0)
+        loaded = load_model(args.model_path, spec, opts, config=self.hf_config)
         self.model: ServedModel = require_ability(loaded, ServedModel)
         if args.kv_cache_dtype == "fp8_e4m3" and not isinstance(loaded, SupportsKVCacheDtype):
             raise ValueError(

@@ -6,7 +6,9 @@ The loop walks the model, not the checkpoint: every parameter is looked up under
 ``weight_loader`` its layer attached, which knows the sharding (column- or row-parallel slice,
 replicated copy, per-head slice). Then each ``FusedMoE`` reads its routed experts (this rank's part)
 under its module path. Missing tensors fail before anything is copied; tensors nothing asked for
-fail (or warn) at the end. Adding a model means writing its :class:`CheckpointRules`.
+fail (or warn) at the end. A checkpoint tensor that is no parameter (DeepSeek V4's hash-routing
+tables) is a buffer with a ``weight_loader`` of its own, loaded the same way. Adding a model means
+writing its :class:`CheckpointRules`.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import os
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, cast
 
 import torch
 from tqdm.auto import tqdm
@@ -48,20 +50,31 @@ from sglang.srt.model_loader.resident_weights import (
     weight_group,
 )
 from sglang.srt.model_loader.weight_source import SafetensorsWeightSource, WeightSource
-from sglang.srt.models.cached_lm import CachedCausalLM
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
 
-ModelT = TypeVar("ModelT", bound=CachedCausalLM[Any])
+
+class LoadableModel(Protocol):
+    """What the loop reads of a model besides its modules: the model dtype (the resident
+    experts' plan) and its device."""
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
 _LAYER_ID = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
 class CheckpointRules:
-    """What one model declares about its checkpoint; built per model instance, since some rules
-    read its config (the layer count, tied embeddings, which layers hash-route)."""
+    """What one model declares about its checkpoint; built from its config, since some rules read
+    it (the layer count, tied embeddings)."""
 
     # "DeepSeek V4": the progress bar and the log lines name the model.
     model_name: str
@@ -79,8 +92,11 @@ class CheckpointRules:
     scale_suffixes: ScaleSuffixes
     # (LM head, embedding) when the checkpoint stores the table once for both.
     tied: tuple[str, str] | None = None
-    # Tensors that are not parameters (DeepSeek V4's hash-routing tables), each with its loader.
-    extra_tensors: Mapping[str, Callable[[torch.Tensor], None]] = field(default_factory=dict)
+
+
+def checkpoint_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers the checkpoint fills: those whose layer attached a ``weight_loader``."""
+    return {n: b for n, b in model.named_buffers() if hasattr(b, "weight_loader")}
 
 
 def _build_index(source: WeightSource, rules: CheckpointRules) -> CheckpointIndex:
@@ -185,22 +201,24 @@ def _log_expert_plans(model_name: str, loads: list[LayerExpertsLoad]) -> None:
 
 
 def load_checkpoint(
-    model: CachedCausalLM[Any], source: WeightSource, rules: CheckpointRules, opts: LoadOptions
+    model: torch.nn.Module, source: WeightSource, rules: CheckpointRules, opts: LoadOptions
 ) -> LoadReport:
     """Fill ``model`` (this rank's shard) from ``source`` as ``rules`` say; log and return what
     is resident against the checkpoint bytes of this rank's share."""
+    facts = cast(LoadableModel, model)
     index = _build_index(source, rules)
     if rules.tied is not None:
         index.tie(*rules.tied)
     params = dict(model.named_parameters())
-    index.require([*params, *rules.extra_tensors], rules.names_hint)
+    buffers = checkpoint_buffers(model)
+    index.require([*params, *buffers], rules.names_hint)
     experts = expert_layers(model)
-    plan_expert_layers(index, experts, model.dtype, model.device)
+    plan_expert_layers(index, experts, facts.dtype, facts.device)
     layout_builder = None
     if opts.mega_weight_builder is None and any(
         layer.expert_plan is not None and layer.expert_plan.is_mega for _, _, layer in experts
     ):
-        layout_builder = default_mega_weight_builder(model.device)
+        layout_builder = default_mega_weight_builder(facts.device)
     share: list[tuple[int | None, str, str, int]] = []
     loads: list[LayerExpertsLoad] = []
     # tqdm's default lock is a multiprocessing RLock: a named semaphore in /dev/shm that outlives
@@ -208,7 +226,7 @@ def load_checkpoint(
     # rank leaving through os._exit). One thread draws this bar: a thread lock does.
     tqdm.set_lock(threading.RLock())
     with tqdm(
-        total=len(params) + len(rules.extra_tensors) + len(experts),
+        total=len(params) + len(buffers) + len(experts),
         desc=f"Loading {rules.model_name} weights",
         disable=not opts.progress,
         unit="tensor",
@@ -221,9 +239,9 @@ def load_checkpoint(
             whole = full.weight if isinstance(full, BlockFp8Weight) else full
             share += _checkpoint_share(name, read, param.numel() / max(whole.numel(), 1))
             bar.update()
-        for name, load in rules.extra_tensors.items():
+        for name, buffer in buffers.items():
             with index.naming(name), index.counting() as read:
-                load(index.get(name))
+                buffer.weight_loader(buffer, index.get(name))  # type: ignore[attr-defined]
             share += _checkpoint_share(name, read, 1.0)
             bar.update()
         for prefix, layer_id, layer in experts:
@@ -233,7 +251,7 @@ def load_checkpoint(
                 prefix,
                 layer_id=layer_id,
                 scale_suffixes=rules.scale_suffixes,
-                dtype=model.dtype,
+                dtype=facts.dtype,
                 mega_weight_builder=opts.mega_weight_builder,
                 mega_layout_builder=layout_builder,
             )

@@ -31,7 +31,13 @@ class JsonModelConfig:
     @classmethod
     def from_json_file(cls, path: str | os.PathLike[str]) -> Self:
         """From ``path``: the config.json file or the model directory holding it."""
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        return cls.from_dict(read_config_json(path))
+
+
+def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The config.json dict at ``path``: the file or the model directory holding it."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    with open(path, encoding="utf-8") as f:
+        config: dict[str, Any] = json.load(f)
+    return config

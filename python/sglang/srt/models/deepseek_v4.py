@@ -26,7 +26,7 @@ shapes (the body of the decode CUDA graphs); the eager forward stays the referen
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -40,6 +40,7 @@ from sglang.srt.layers.embedding import ReplicatedEmbedding
 from sglang.srt.layers.layernorm import RMSNorm, rms_norm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
 from sglang.srt.layers.mhc import (
+    MhcParams,
     hc_post_torch_impl,
     mhc_fused_post_pre,
     mhc_head,
@@ -47,17 +48,15 @@ from sglang.srt.layers.mhc import (
     mhc_pre,
     mhc_pre_torch,
 )
-from sglang.srt.mem_cache.deepseek_v4_cache import (
-    DeepseekV4RequestCache,
-    new_request_cache,
-    slot_request_cache,
-)
+from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4RequestCache, new_request_cache
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
+from sglang.srt.models.deepseek_v4_checkpoint import checkpoint_rules
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
-from sglang.srt.models.static_step import SlotPoolDecode
+from sglang.srt.models.registry import ModelEntry, register_model
+from sglang.srt.models.static_step import SlotPoolDecode, SlotPoolSize
 
 
 class DeepseekV4Batch(RequestBatch[DeepseekV4RequestCache]):
@@ -67,38 +66,31 @@ class DeepseekV4Batch(RequestBatch[DeepseekV4RequestCache]):
 # The attention of layer i on its normed input: eager (per-request caches) or static (slot pool).
 AttendFn = Callable[[int, "DeepseekV4DecoderLayer", torch.Tensor], torch.Tensor]
 
-# (fn, scale, base, norm weight) of the mHC entering one sublayer
-HCParams = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+# (fn, scale, base) of the mHC entering one sublayer, and the model's mHC constants with that
+# sublayer's RMSNorm
+HCParams = tuple[torch.Tensor, torch.Tensor, torch.Tensor, MhcParams]
 
 
 def hc_pre_torch_impl(
-    residual: torch.Tensor, hc: HCParams, mix: dict[str, Any]
+    residual: torch.Tensor, hc: HCParams
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sublayer's mHC pre in plain torch, its RMSNorm a separate step (upstream's unfused
     non-CUDA branch): ``residual [T, hc, H]`` -> (normed layer input ``[T, H]``, post ``[T, hc]``,
-    comb ``[T, hc, hc]`` fp32). ``hc`` is the sublayer's ``(fn, scale, base, norm weight)``,
-    ``mix`` the model's mHC constants. The model's path off CUDA."""
-    fn, scale, base, norm_w = hc
-    y, post, comb = mhc_pre_torch(
-        residual,
-        fn,
-        scale,
-        base,
-        rms_eps=mix["rms_eps"],
-        hc_eps=mix["hc_eps"],
-        sinkhorn_iters=mix["sinkhorn_iters"],
-    )
-    return rms_norm(y, norm_w, mix["norm_eps"]), post, comb
+    comb ``[T, hc, hc]`` fp32). ``hc`` is the sublayer's ``(fn, scale, base, params)``. The
+    model's path off CUDA."""
+    fn, scale, base, params = hc
+    y, post, comb = mhc_pre_torch(residual, fn, scale, base, params)
+    assert params.norm_weight is not None and params.norm_eps is not None
+    return rms_norm(y, params.norm_weight, params.norm_eps), post, comb
 
 
 def _hc_pre(
-    residual: torch.Tensor, hc: HCParams, mix: dict[str, Any]
+    residual: torch.Tensor, hc: HCParams
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The first sublayer's pre: the kernel (norm fused) on CUDA, else :func:`hc_pre_torch_impl`."""
     if not residual.is_cuda:
-        return hc_pre_torch_impl(residual, hc, mix)
-    fn, scale, base, norm_w = hc
-    return mhc_pre(residual, fn, scale, base, norm_weight=norm_w, **mix)
+        return hc_pre_torch_impl(residual, hc)
+    return mhc_pre(residual, *hc)
 
 
 def _post_then_pre(
@@ -107,16 +99,14 @@ def _post_then_pre(
     post: torch.Tensor,
     comb: torch.Tensor,
     hc: HCParams,
-    mix: dict[str, Any],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sublayer's ``hc_post`` then the next sublayer's ``hc_pre`` and RMSNorm, whose
-    ``(fn, scale, base, norm weight)`` is ``hc``: ``(residual, x, post, comb)`` for the next.
+    ``(fn, scale, base, params)`` is ``hc``: ``(residual, x, post, comb)`` for the next.
     Fused in one kernel call on CUDA; unfused torch steps elsewhere."""
     if not residual.is_cuda:
         new_residual = hc_post_torch_impl(out, residual, post, comb)
-        return (new_residual, *hc_pre_torch_impl(new_residual, hc, mix))
-    fn, scale, base, norm_w = hc
-    return mhc_fused_post_pre(out, residual, post, comb, fn, scale, base, norm_weight=norm_w, **mix)
+        return (new_residual, *hc_pre_torch_impl(new_residual, hc))
+    return mhc_fused_post_pre(out, residual, post, comb, *hc)
 
 
 class DeepseekV4DecoderLayer(nn.Module):
@@ -126,6 +116,7 @@ class DeepseekV4DecoderLayer(nn.Module):
         hc, h = c.hc_mult, c.hidden_size
         n_mix = (2 + hc) * hc  # [pre(hc) | post(hc) | comb(hc*hc)]
         device = spec.device
+        self.norm_eps = c.rms_norm_eps
         self.attn_norm = RMSNorm(h, c.rms_norm_eps, device=device)
         self.ffn_norm = RMSNorm(h, c.rms_norm_eps, device=device)
         # DP attention: attention is split (and all-reduced) over the attention-TP group, the MoE
@@ -141,12 +132,14 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.hc_ffn_base = fp32_param(n_mix, device=device)
         self.hc_ffn_scale = fp32_param(3, device=device)
 
-    def hc_attn(self) -> HCParams:
-        """(fn, scale, base, norm weight) entering the attention sublayer."""
-        return self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.attn_norm.weight
+    def hc_attn(self, mhc: MhcParams) -> HCParams:
+        """(fn, scale, base, the model's ``mhc`` with the norm) entering the attention sublayer."""
+        params = mhc.with_norm(self.attn_norm.weight, self.norm_eps)
+        return self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, params
 
-    def hc_ffn(self) -> HCParams:
-        return self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.ffn_norm.weight
+    def hc_ffn(self, mhc: MhcParams) -> HCParams:
+        params = mhc.with_norm(self.ffn_norm.weight, self.norm_eps)
+        return self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, params
 
 
 class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDecode):
@@ -168,6 +161,8 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
         self.hc_head_fn = fp32_param(c.hc_mult, c.hc_mult * c.hidden_size, device=device)
         self.hc_head_base = fp32_param(c.hc_mult, device=device)
         self.hc_head_scale = fp32_param(1, device=device)
+        # The mHC constants of every layer (each sublayer adds its own norm) and of the head.
+        self.mhc = MhcParams(c.rms_norm_eps, c.hc_eps, c.hc_sinkhorn_iters)
         self.head = ReplicatedLinear(c.hidden_size, c.vocab_size, spec)
         self.slot_pool: DeepseekV4SlotPool | None = None  # see enable_slot_pool
         self.kv_layout = DeepseekV4KVLayout.build(
@@ -216,43 +211,25 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
 
     # --- slot pool -----------------------------------------------------------------------------
 
-    def enable_slot_pool(
-        self,
-        max_slots: int,
-        capacity: int,
-        *,
-        num_blocks: int | None = None,
-        block_tokens: int | None = None,
-        total_tokens: int | None = None,
-    ) -> DeepseekV4SlotPool:
-        """Preallocate the static cache: ``max_slots`` requests of up to ``capacity`` tokens each,
-        their compressed entries in blocks of ``block_tokens`` tokens shared by all: ``num_blocks``
-        of them, or ``total_tokens`` worth (default: enough for every slot at full capacity). The
-        static decode and CUDA graphs need it. Replaces any earlier pool."""
+    def new_slot_pool(self, size: SlotPoolSize) -> DeepseekV4SlotPool:
+        """Window rings by slot; compressed entries and indexer keys in the shared blocks."""
         c = self.config
-        self.slot_pool = DeepseekV4SlotPool(
+        return DeepseekV4SlotPool(
             attn_types=c.attn_types,
             compress_ratios=c.compress_ratios,
             sliding_window=c.sliding_window,
             head_dim=c.head_dim,
             index_head_dim=c.index_head_dim,
-            max_slots=max_slots,
-            capacity=capacity,
+            max_slots=size.max_slots,
+            capacity=size.capacity,
             dtype=self.dtype,
             device=self.device,
-            num_blocks=num_blocks,
-            block_tokens=block_tokens,
-            total_tokens=total_tokens,
+            num_blocks=size.num_blocks,
+            block_tokens=size.block_tokens,
+            total_tokens=size.total_tokens,
             entry_codec=self.kv_layout.entries,
             index_codec=self.kv_layout.index_keys,
         )
-        return self.slot_pool
-
-    def new_pooled_cache(self) -> DeepseekV4RequestCache:
-        """A request cache in a free slot of the pool (eager forwards and the static decode both
-        use it); give it back with :meth:`free_pooled_cache`."""
-        pool = self._slot_pool()
-        return slot_request_cache(pool, pool.alloc())
 
     # --- forward -------------------------------------------------------------------------------
 
@@ -326,28 +303,21 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
     ) -> torch.Tensor:
         """Embedding, every layer (``attend(i, layer, x)`` is the attention), mHC head, logits
         (of ``logit_rows`` only, when given)."""
-        c = self.config
-        # mHC mixing constants, plus the eps of the RMSNorm fused into every hc_pre
-        mix: dict[str, Any] = {
-            "rms_eps": c.rms_norm_eps,
-            "hc_eps": c.hc_eps,
-            "sinkhorn_iters": c.hc_sinkhorn_iters,
-            "norm_eps": c.rms_norm_eps,
-        }
+        c, mhc = self.config, self.mhc
         t = input_ids.shape[0]
         h = self.embed(input_ids)
         residual = h.unsqueeze(1).expand(t, c.hc_mult, c.hidden_size).contiguous()
 
         layers = self.decoder_layers
-        x, post, comb = _hc_pre(residual, layers[0].hc_attn(), mix)
+        x, post, comb = _hc_pre(residual, layers[0].hc_attn(mhc))
         moe_ids = dp_gather(input_ids)  # DP attention: the MoE sees every group's tokens
         for i, layer in enumerate(layers):
             a = attend(i, layer, x)
-            residual, x, post, comb = _post_then_pre(a, residual, post, comb, layer.hc_ffn(), mix)
+            residual, x, post, comb = _post_then_pre(a, residual, post, comb, layer.hc_ffn(mhc))
             m = dp_scatter(layer.ffn(dp_gather(x), moe_ids))  # identities without DP attention
             if i + 1 < len(layers):
                 residual, x, post, comb = _post_then_pre(
-                    m, residual, post, comb, layers[i + 1].hc_attn(), mix
+                    m, residual, post, comb, layers[i + 1].hc_attn(mhc)
                 )
             else:
                 residual = mhc_post(m, residual, post, comb)
@@ -355,12 +325,18 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
             if logit_rows.numel() == 0:  # no rows' logits wanted (no GEMM over zero rows)
                 return self.empty_logits(c.vocab_size)
             residual = residual.index_select(0, logit_rows)
-        y = mhc_head(
-            residual,
-            self.hc_head_fn,
-            self.hc_head_scale,
-            self.hc_head_base,
-            rms_eps=c.rms_norm_eps,
-            hc_eps=c.hc_eps,
-        )
+        y = mhc_head(residual, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, mhc)
         return self.head(self.norm(y)).float()
+
+
+register_model(
+    ModelEntry(
+        architecture="DeepseekV4ForCausalLM",
+        model_types=("deepseek_v4",),
+        config_class=DeepseekV4ModelConfig,
+        model_class=DeepseekV4ForCausalLM,
+        batch_class=DeepseekV4Batch,
+        checkpoint_rules=checkpoint_rules,
+        supports_dp_attention=True,
+    )
+)

@@ -21,7 +21,7 @@ from torch import nn
 
 from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.layers.linear import WeightShapeError, fp32_param
+from sglang.srt.layers.linear import WeightShapeError, attach_loader, fp32_param
 from sglang.srt.layers.mlp import gated_mlp_forward, gated_mlp_projections
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.router import LinearRouter
@@ -84,6 +84,8 @@ class MoEGate(LinearRouter):
         else:
             table = torch.zeros(hash_vocab, top_k, dtype=torch.int32, device=spec.device)
             self.register_buffer("tid2eid", table)
+            # An integer table, no parameter: the checkpoint loop fills it through this loader.
+            attach_loader(self.tid2eid, lambda _table, full: self.load_tid2eid(full))
 
     def load_tid2eid(self, full: torch.Tensor) -> None:
         if tuple(full.shape) != tuple(self.tid2eid.shape):
@@ -125,7 +127,6 @@ class DeepseekV4MoE(nn.Module):
             activation="swiglu",
             swiglu_limit=c.swiglu_limit,
         )
-        self.expert_parallel = self.experts.expert_parallel
         self.shared_experts: SharedExpertMLP | None = None
         if c.n_shared_experts:
             self.shared_experts = SharedExpertMLP(
@@ -143,21 +144,23 @@ class DeepseekV4MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, ``input_ids [T]`` (the token id of every row: hash layers route by it)
-        -> ``[T, H]``, complete (reduced over the TP group)."""
-        # Shared expert first: an in-place expert runner may overwrite x.
+        -> ``[T, H]``, complete (reduced over the TP group). One call for every a2a backend: the
+        shared partial sum joins the routed one in the combine (``none``) or is added after it
+        (expert-parallel backends)."""
+        topk = self.route(x, input_ids)
+        # Shared expert before the experts: an in-place expert runner may overwrite x.
         shared = self.shared_experts(x) if self.shared_experts is not None else None
-        if self.expert_parallel:
-            return self._run_mega_routed(x, input_ids, shared)
-        # The shared partial sum joins the routed one before the combine's single all-reduce.
-        return self.experts(x, self.route(x, input_ids), shared=shared)
+        return self.experts(x, topk, shared=shared)
 
     def _run_mega_routed(
         self, x: torch.Tensor, input_ids: torch.Tensor, shared: torch.Tensor | None
     ) -> torch.Tensor:
-        """Expert-parallel path: FusedMoE's megamoe backend runs the MegaMoE kernel (pre-dispatch
-        into DeepGEMM's symmetric buffer, kernel on the reserved-SM budget) and returns combined
-        rows, or runs the runner on this rank's experts and its combine all-reduces them; the ep
-        backend moves rows to their experts' ranks and back by all-to-all. The replicated shared
-        expert is added after the combine; no further reduction."""
-        out = self.experts.forward_mega(x, self.route(x, input_ids))
+        """DeepSeek V4's MegaMoE call site: route, then the MegaMoE kernel alone on the routed
+        experts (``FusedMoE.forward_mega``: DeepGEMM's ``fp8_mega_moe`` / ``fp8_fp4_mega_moe``
+        with the pre-dispatch into its symmetric buffer outside the reserved-SM context and only
+        the kernel inside it, or our Triton persistent kernel), plus the replicated ``shared``
+        expert; no further reduction. Raises, naming why, where no MegaMoE kernel takes the
+        batch (:meth:`forward` falls back to the runner there)."""
+        topk = self.route(x, input_ids)
+        out = self.experts.forward_mega(x, topk)
         return out if shared is None else out + shared

@@ -42,8 +42,6 @@ from sglang.srt.layers.dp_attention import attention_spec, dp_gather, dp_scatter
 from sglang.srt.layers.embedding import ReplicatedEmbedding
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.moe.layer import FusedMoE
-from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.srt.mem_cache.kimi_k3_cache import (
     KDAState,
     KimiK3RequestCache,
@@ -53,6 +51,7 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
+from sglang.srt.models.kimi_k3_checkpoint import checkpoint_rules
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
@@ -62,24 +61,10 @@ from sglang.srt.models.kimi_k3_static_decode import (
     static_attend,
     static_decode_gate_reason,
 )
-from sglang.srt.models.static_step import SlotPoolDecode
+from sglang.srt.models.registry import ModelEntry, register_model
+from sglang.srt.models.static_step import SlotPoolDecode, SlotPoolSize
 
 _STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def _forward_mega_experts(experts: FusedMoE, z: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
-    """Kimi K3's MegaMoE call site: the latent rows ``z [T, L]`` through the routed experts with
-    activation "situ" (the layer's ``mega_params``), combined over the expert-parallel group.
-
-    Inside ``FusedMoE.forward_mega`` the symmetric buffer is taken and the FP8 pre-dispatch runs
-    outside the reserved-SM context; only the kernel runs inside it. DeepGEMM's SiTU kernel is
-    SM100-only, so on Hopper this runs our Triton MegaMoE (or the normal path, logged once). The
-    kernels write bf16 rows: cast back to the model's dtype (a no-op for a bf16 model)."""
-    if experts.mega_params.activation != "situ":
-        raise ValueError(
-            f"Kimi K3's MegaMoE runs SiTU experts, not {experts.mega_params.activation!r}"
-        )
-    return experts.forward_mega(z, topk).to(z.dtype)
 
 
 class KimiK3Batch(RequestBatch[KimiK3RequestCache]):
@@ -132,8 +117,7 @@ class KimiK3DecoderLayer(nn.Module):
             self.self_attn = MLANoPEAttention(mla, attn_spec)
         self.mlp: KimiK3MoE | KimiK3MLP
         if c.is_moe(layer_id):
-            mega = _forward_mega_experts if spec.a2a_backend == "megamoe" else None
-            self.mlp = KimiK3MoE(c, spec, mega_experts=mega)
+            self.mlp = KimiK3MoE(c, spec)
         else:
             self.mlp = KimiK3MLP(h, c.intermediate_size, spec, activation=c.moe_activation)
         self.input_layernorm = RMSNorm(h, c.rms_norm_eps, device=device)
@@ -278,39 +262,21 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         """Why the executor must not take this model's static decode yet (None: it may)."""
         return static_decode_gate_reason()
 
-    def enable_slot_pool(
-        self,
-        max_slots: int,
-        capacity: int,
-        *,
-        num_blocks: int | None = None,
-        block_tokens: int | None = None,
-        total_tokens: int | None = None,
-    ) -> KimiK3SlotPool:
-        """Preallocate the static cache: ``max_slots`` requests of up to ``capacity`` tokens
-        (KDA states by slot, MLA latents in blocks of ``block_tokens`` shared by all:
-        ``num_blocks`` of them, or ``total_tokens`` worth, default every slot at full capacity).
-        The static decode and CUDA graphs need it. Replaces any earlier pool."""
-        self.slot_pool = new_slot_pool(
+    def new_slot_pool(self, size: SlotPoolSize) -> KimiK3SlotPool:
+        """KDA states by slot; MLA latents in the shared blocks."""
+        return new_slot_pool(
             self.config,
             kda_heads=self._kda_heads,
-            max_slots=max_slots,
-            capacity=capacity,
+            max_slots=size.max_slots,
+            capacity=size.capacity,
             dtype=self.dtype,
             state_dtype=_STATE_DTYPES[self.config.kda_state_dtype],
             device=self.device,
-            num_blocks=num_blocks,
-            block_tokens=block_tokens,
-            total_tokens=total_tokens,
+            num_blocks=size.num_blocks,
+            block_tokens=size.block_tokens,
+            total_tokens=size.total_tokens,
             latent_encoding=self.kv_layout.latents,
         )
-        return self.slot_pool
-
-    def new_pooled_cache(self) -> KimiK3RequestCache:
-        """A request cache in a free slot of the pool (eager forwards and the static decode both
-        use it); give it back with :meth:`free_pooled_cache`."""
-        pool = self._slot_pool()
-        return pool.request_cache(pool.alloc())
 
     @torch.no_grad()
     def static_decode(self, input_ids: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
@@ -374,3 +340,16 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         if logit_rows is not None:  # the final norm and LM head are per token
             h = h.index_select(0, logit_rows)
         return self.model.norm(h)
+
+
+register_model(
+    ModelEntry(
+        architecture="KimiK3ForCausalLM",
+        model_types=("kimi_k3", "kimi_linear"),
+        config_class=KimiK3Config,
+        model_class=KimiK3ForCausalLM,
+        batch_class=KimiK3Batch,
+        checkpoint_rules=checkpoint_rules,
+        supports_dp_attention=True,
+    )
+)

@@ -16,12 +16,11 @@ Reductions:
   projection's row-parallel all-reduce).
 - MegaMoE (``a2a_backend="megamoe"``, same :meth:`KimiK3MoE.forward`): experts are
   expert-parallel and the kernel returns combined latent rows, so no all-reduce precedes the norm;
-  shared experts are replicated.
+  shared experts are replicated. :meth:`KimiK3MoE._forward_mega_experts` is the MegaMoE call site
+  alone (the kernel, with activation "situ").
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from torch import Tensor, nn
 
@@ -39,9 +38,6 @@ from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 # tiles the expert width by 128.
 _MEGA_LATENT_MULTIPLE = 512
 _MEGA_INTERMEDIATE_MULTIPLE = 128
-
-# (the block's FusedMoE, latent rows z, routing) -> combined latent rows in z's dtype
-MegaExpertsCall = Callable[[FusedMoE, Tensor, TopKOutput], Tensor]
 
 
 class KimiK3Router(LinearRouter):
@@ -63,27 +59,13 @@ class KimiK3Router(LinearRouter):
 
 
 class KimiK3MoE(nn.Module):
-    def __init__(
-        self,
-        config: KimiK3Config,
-        spec: LayerBuildSpec,
-        *,
-        mega_experts: MegaExpertsCall | None = None,
-    ) -> None:
+    def __init__(self, config: KimiK3Config, spec: LayerBuildSpec) -> None:
         super().__init__()
         c = config
-        # The model's MegaMoE call site (kimi_k3._forward_mega_experts), given by the model so
-        # this block does not import it.
-        self.mega_experts = mega_experts
         self.latent = c.routed_expert_hidden_size
         activation = c.moe_activation
         if spec.a2a_backend == "megamoe":  # the MegaMoE kernel's shape rules, before any allocation
             _check_mega_shapes(c)
-            if mega_experts is None:
-                raise ValueError(
-                    "KimiK3MoE with a2a 'megamoe' needs its MegaMoE call "
-                    "(kimi_k3._forward_mega_experts)"
-                )
         self.gate = KimiK3Router(
             c.hidden_size, c.num_experts, spec, with_bias=c.use_correction_bias
         )
@@ -114,7 +96,6 @@ class KimiK3MoE(nn.Module):
             top_k=c.num_experts_per_token,
             activation=activation,
         )
-        self.expert_parallel = self.experts.expert_parallel
         self.shared_experts: KimiK3MLP | None = None
         if c.num_shared_experts:
             self.shared_experts = KimiK3MLP(
@@ -141,24 +122,30 @@ class KimiK3MoE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``x [T, H]`` -> ``[T, H]``, complete (reduced over the TP group).
 
-        Both expert paths share this body: routing (fp32 logits, sigmoid + bias top-k) and the
-        latent down projection, the shared experts, then FusedMoE. Normal path: the experts'
-        partial latent sums are all-reduced inside FusedMoE, before the norm. MegaMoE path:
-        FusedMoE takes the symmetric buffer, runs the FP8 pre-dispatch outside the reserved-SM
-        context and only ``deep_gemm.fp8_fp4_mega_moe(..., activation="situ")`` inside it; the
-        returned latent rows are already combined over the expert-parallel group, so the norm
+        Routing (fp32 logits, sigmoid + bias top-k) and the latent down projection, the shared
+        experts, then the routed experts in one call for every a2a backend: tensor-parallel
+        experts' partial latent sums are all-reduced inside it, before the norm; the MegaMoE
+        kernel returns latent rows already combined over the expert-parallel group, so the norm
         follows with no all-reduce (the shared experts are replicated there)."""
         topk = self.route(x)
         z = self._down(x)
         # Before the experts: z is x itself without a latent, and an expert runner may write
         # its input in place.
         shared = self.shared_experts(x) if self.shared_experts is not None else None
-        if self.mega_experts is not None:
-            y = self.mega_experts(self.experts, z, topk)
-        else:
-            y = self.experts(z, topk)
-        out = self._up(y)
+        out = self._up(self.experts(z, topk))
         return out if shared is None else out + shared
+
+    def _forward_mega_experts(self, z: Tensor, topk: TopKOutput) -> Tensor:
+        """Kimi K3's MegaMoE call site: the latent rows ``z [T, L]`` through the MegaMoE kernel
+        alone with activation "situ" (``FusedMoE.forward_mega``: the symmetric buffer taken and
+        the FP8 pre-dispatch run outside the reserved-SM context, only the kernel inside it),
+        combined over the expert-parallel group, in ``z``'s dtype. DeepGEMM's SiTU kernel is
+        SM100-only; on Hopper our Triton MegaMoE runs it. Raises, naming why, where no MegaMoE
+        kernel takes the batch (:meth:`forward` falls back to the runner there)."""
+        activation = self.experts.config.activation
+        if activation != "situ":
+            raise ValueError(f"Kimi K3's MegaMoE runs SiTU experts, not {activation!r}")
+        return self.experts.forward_mega(z, topk)
 
 
 def _check_mega_shapes(c: KimiK3Config) -> None:

@@ -10,6 +10,7 @@ Kimi K3's static decode shares these (its caches and pool have the same ``slot``
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -106,13 +107,52 @@ def run_pooled_step(
     return logits
 
 
+@dataclass(frozen=True)
+class SlotPoolSize:
+    """How large a slot pool is: ``max_slots`` requests of up to ``capacity`` tokens each, their
+    growing state in blocks of ``block_tokens`` tokens shared by all: ``num_blocks`` of them, or
+    ``total_tokens`` worth (default: every slot at full capacity)."""
+
+    max_slots: int
+    capacity: int
+    num_blocks: int | None = None
+    block_tokens: int | None = None
+    total_tokens: int | None = None
+
+
 class SlotPoolDecode:
-    """The pooled-cache half of a model's static decode, the same for both models: give a
-    cache's slot back, and decode one token per pooled cache. The model sets ``slot_pool``
-    (``enable_slot_pool``) and defines ``static_decode``."""
+    """The pooled-cache half of a model's static decode, the same for both models: preallocate
+    the pool, take a cache in a free slot and give it back, and decode one token per pooled
+    cache. The model builds its pool (``new_slot_pool``) and defines ``static_decode``."""
 
     slot_pool: Any
     static_decode: StaticStep
+
+    def new_slot_pool(self, size: SlotPoolSize) -> Any:
+        """The model's slot pool of ``size`` (its layers' fixed state by slot, its growing state
+        in the blocks the slots share)."""
+        raise NotImplementedError
+
+    def enable_slot_pool(
+        self,
+        max_slots: int,
+        capacity: int,
+        *,
+        num_blocks: int | None = None,
+        block_tokens: int | None = None,
+        total_tokens: int | None = None,
+    ) -> Any:
+        """Preallocate the static cache (:class:`SlotPoolSize` says how large); the static
+        decode and CUDA graphs need it. Replaces any earlier pool."""
+        size = SlotPoolSize(max_slots, capacity, num_blocks, block_tokens, total_tokens)
+        self.slot_pool = self.new_slot_pool(size)
+        return self.slot_pool
+
+    def new_pooled_cache(self) -> Any:
+        """A request cache in a free slot of the pool (eager forwards and the static decode both
+        use it); give it back with :meth:`free_pooled_cache`."""
+        pool = self._slot_pool()
+        return pool.request_cache(pool.alloc())
 
     def _slot_pool(self) -> Any:
         if self.slot_pool is None:

@@ -58,9 +58,7 @@ class DeepseekV4ToolCallParser(ToolCallParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._buf = ""
         self._in_block = False
-        self._name: str | None = None  # the open invoke's name, once its header is complete
 
     def feed(self, text: str) -> ToolParseResult:
         self._buf += text
@@ -106,17 +104,7 @@ class DeepseekV4ToolCallParser(ToolCallParser):
             self._name = header.group(1)
             self._buf = self._buf[header.end() :]
             out.deltas += self.begin_call(self._name)
-        end = self._buf.find(INVOKE_END)
-        if end < 0:
-            return False
-        args = dump_arguments(parse_parameters(self._buf[:end]))
-        self._buf = self._buf[end + len(INVOKE_END) :]
-        name, self._name = self._name, None
-        if name:
-            out.deltas += self.end_call(name, args)
-        else:
-            self.invalid.append({"name": "", "arguments": args, "error": "no tool name"})
-        return True
+        return self.close_call_at(out, INVOKE_END, parse_parameters)
 
     def finish(self) -> ToolParseResult:
         out = ToolParseResult()

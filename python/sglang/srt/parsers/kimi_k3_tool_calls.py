@@ -76,9 +76,7 @@ class KimiK3ToolCallParser(ToolCallParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._buf = ""
         self._state = "start"  # start, response, between, tools, end
-        self._name: str | None = None
 
     def call_id(self, name: str, index: int) -> str:
         return f"functions.{name}:{index}"
@@ -154,17 +152,7 @@ class KimiK3ToolCallParser(ToolCallParser):
             self._name = _attrs(header.group(1)).get("tool", "")
             self._buf = buf[header.end() :]
             out.deltas += self.begin_call(self._name)
-        end = self._buf.find(CALL_CLOSE)
-        if end < 0:
-            return False
-        args = dump_arguments(parse_arguments(self._buf[:end]))
-        self._buf = self._buf[end + len(CALL_CLOSE) :]
-        name, self._name = self._name, None
-        if name:
-            out.deltas += self.end_call(name, args)
-        else:
-            self.invalid.append({"name": "", "arguments": args, "error": "no tool name"})
-        return True
+        return self.close_call_at(out, CALL_CLOSE, parse_arguments)
 
     def finish(self) -> ToolParseResult:
         out = ToolParseResult()

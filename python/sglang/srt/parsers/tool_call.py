@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,8 @@ class ToolCallParser(ABC):
         self.calls: list[dict[str, Any]] = []  # valid calls, OpenAI message shape
         self.invalid: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the call being parsed, if its header was sent
+        self._buf = ""  # text held until the format can tell what it is
+        self._name: str | None = None  # the open call's name, once its header is complete ("")
 
     # --- the format ----------------------------------------------------------------------------
 
@@ -109,6 +111,24 @@ class ToolCallParser(ABC):
         self.calls.append(call)
         delta = {"index": index, **call, "function": dict(call["function"])}
         return [delta]
+
+    def close_call_at(
+        self, out: ToolParseResult, close: str, parse: Callable[[str], Mapping[str, Any]]
+    ) -> bool:
+        """The open call's body, once ``close`` ends it in the held text: its arguments
+        (``parse`` reads the format's parameters) end the call (an ``invalid_tool_calls`` entry
+        when its header named no tool); False while the body is still incomplete."""
+        end = self._buf.find(close)
+        if end < 0:
+            return False
+        args = dump_arguments(parse(self._buf[:end]))
+        self._buf = self._buf[end + len(close) :]
+        name, self._name = self._name, None
+        if name:
+            out.deltas += self.end_call(name, args)
+        else:
+            self.invalid.append({"name": "", "arguments": args, "error": "no tool name"})
+        return True
 
     def end_call(self, name: str, arguments: str) -> list[dict[str, Any]]:
         """The call closed with ``arguments`` (a JSON object string): its arguments delta, or an

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from sglang.srt.distributed.symm_mem import output_scope
 from sglang.srt.layers import dp_attention as dpa
 from sglang.srt.layers.dp_attention import (
     DpPaddingMode,
@@ -128,7 +129,7 @@ def test_buffers_allocate_under_symmetric_memory(
     monkeypatch: pytest.MonkeyPatch, dp_enabled: bool, mode: DpPaddingMode, disabled: bool
 ) -> None:
     recorder = _Recorder()
-    monkeypatch.setattr(dpa, "use_symmetric_memory", recorder)
+    monkeypatch.setattr(output_scope, "use_symmetric_memory", recorder)
     set_dp_attention_config(dp_enabled, dp_size=2)
     _DpGatheredBufferWrapper.set_metadata(8, torch.bfloat16, "cpu")
     set_dp_buffer_len(6, 3 if mode.is_sum_len() else 6, mode)

@@ -18,8 +18,10 @@ import pytest
 import torch
 
 from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
+from sglang.kernels.ops.layernorm.mhc_params import MhcParams
+from sglang.srt.distributed.symm_mem import output_scope
 from sglang.srt.environ import EnvValueError, envs
-from sglang.srt.layers import dp_attention, mhc
+from sglang.srt.layers import mhc
 from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
@@ -27,7 +29,7 @@ from sglang.test.run import run_this_file
 register_cpu_ci(est_time=30)
 
 ENV = "SGLANG_MHC_BACKEND"
-E: dict[str, Any] = {"rms_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
+E = MhcParams(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
 
 
 class _CudaLike:
@@ -176,9 +178,9 @@ def test_tilelang_is_imported_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _symmetric_recorder(monkeypatch: pytest.MonkeyPatch) -> SymmetricScopeRecorder:
     rec = SymmetricScopeRecorder()
-    monkeypatch.setattr(dp_attention, "use_symmetric_memory", rec)
-    monkeypatch.setattr(dp_attention, "is_allocation_symmetric", lambda: True)
-    monkeypatch.setattr(dp_attention, "get_tp_group_or_none", lambda: None)
+    monkeypatch.setattr(output_scope, "use_symmetric_memory", rec)
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: True)
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: None)
     return rec
 
 
@@ -201,7 +203,7 @@ def test_tilelang_backend_routes_pre_and_fused_with_symmetric_layer_input(
         scale: torch.Tensor,
         base: torch.Tensor,
         out: torch.Tensor,
-        **kw: Any,
+        params: MhcParams,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         calls.append("pre")
         assert out.shape == (t, h) and out.dtype == residual.dtype
@@ -218,7 +220,7 @@ def test_tilelang_backend_routes_pre_and_fused_with_symmetric_layer_input(
         scale: torch.Tensor,
         base: torch.Tensor,
         out: torch.Tensor,
-        **kw: Any,
+        params: MhcParams,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         calls.append("fused")
         out.fill_(2.0)
@@ -236,12 +238,12 @@ def test_tilelang_backend_routes_pre_and_fused_with_symmetric_layer_input(
     monkeypatch.setattr(mhc_triton, "mhc_post_triton", fake_post)
 
     rec = _symmetric_recorder(monkeypatch)
-    y, post, comb = mhc.mhc_pre(r, *p, **E)
+    y, post, comb = mhc.mhc_pre(r, *p, E)
     assert calls == ["pre"] and bool((y == 1).all())
     assert rec.allocated == [y.untyped_storage().data_ptr()] and rec.entered == [(None, False)]
 
     rec = _symmetric_recorder(monkeypatch)
-    nr, y2, post2, comb2 = mhc.mhc_fused_post_pre(x, r, post, comb, *p, **E)
+    nr, y2, post2, comb2 = mhc.mhc_fused_post_pre(x, r, post, comb, *p, E)
     assert calls == ["pre", "fused"] and bool((y2 == 2).all())
     assert rec.allocated == [y2.untyped_storage().data_ptr()]
     assert not {o.untyped_storage().data_ptr() for o in (nr, post2, comb2)} & set(rec.allocated)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang.srt.model_loader.deepseek_v4_names import canonical_name
+from sglang.srt.models.deepseek_v4_checkpoint import canonical_name
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 

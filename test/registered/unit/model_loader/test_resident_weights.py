@@ -61,7 +61,9 @@ class _Layer(nn.Module):
         self.attn = _Attn()
         self.attn_norm = nn.Parameter(torch.ones(128))
         self.ffn = nn.Module()
-        self.ffn.experts = FusedMoE(FusedMoEConfig(4, 128, 64, 2, runner="torch"))
+        self.ffn.experts = FusedMoE(
+            FusedMoEConfig(4, 128, 64, 2, runner="torch", a2a_backend="megamoe")
+        )
 
 
 class _Model(nn.Module):

@@ -36,10 +36,13 @@ import triton.language as tl
 from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.fit.footprint import Footprint
 from sglang.kernels.fit.limits import DeviceLimits
+from sglang.kernels.ops.attention.online_softmax import (
+    EMPTY,
+    online_softmax_step,
+    slice_weight,
+)
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs, load_rows
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
-
-_EMPTY = tl.constexpr(-1.0e30)  # the running max of a slice with no live key (finite: no inf - inf)
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,7 @@ def _split_kernel(
     lat_cols = tl.arange(0, L)
     pe_cols = tl.arange(0, P)
     row = (b * heads + h).to(tl.int64) * n_splits + sp  # [G] partial rows
-    m = tl.full([G], _EMPTY, tl.float32)
+    m = tl.full([G], EMPTY, tl.float32)
     if start < end:
         q0 = tl.zeros([G, L], parts_ptr.dtype.element_ty)
         q1 = q0
@@ -304,10 +307,7 @@ def _split_kernel(
                 DOT_F32,
             )
             s = tl.where(live[None, :], s * scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp(m - m_new)
-            prob = tl.exp(s - m_new[:, None])
-            l_sum = l_sum * alpha + tl.sum(prob, axis=1)
+            m_new, alpha, prob, l_sum = online_softmax_step(s, m, l_sum)
             # the fp32 probabilities as P_PARTS parts of the latents' dtype (three: all 24 bits)
             hi = prob.to(ckv.dtype)
             acc = _pv(hi, ckv, acc * alpha[:, None], HEADS_MINOR, DOT_F32)
@@ -348,17 +348,17 @@ def _combine_kernel(
     m = tl.load(
         part_m_ptr + base[:, None] + s[None, :],
         mask=ok[:, None] & (s < n_splits)[None, :],
-        other=_EMPTY,
+        other=EMPTY,
     )
     top = tl.max(m, axis=1)
-    w = tl.where(m > _EMPTY * 0.5, tl.exp(m - top[:, None]), 0.0)  # [H, SPLITS]
+    w = slice_weight(m, top[:, None])  # [H, SPLITS]
     used = w > 0.0
     lsum = tl.load(part_l_ptr + base[:, None] + s[None, :], mask=used, other=0.0)
     denom = tl.sum(w * lsum, axis=1)
     o = tl.zeros([H, L], tl.float32)
     for i in range(n_splits):  # one slice at a time: [H, SPLITS, L] would not fit in registers
-        m_i = tl.load(part_m_ptr + base + i, mask=ok, other=_EMPTY)
-        w_i = tl.where(m_i > _EMPTY * 0.5, tl.exp(m_i - top), 0.0)
+        m_i = tl.load(part_m_ptr + base + i, mask=ok, other=EMPTY)
+        w_i = slice_weight(m_i, top)
         o_i = tl.load(
             part_o_ptr + (base + i)[:, None] * L + cols[None, :],
             mask=(w_i > 0.0)[:, None],

@@ -15,6 +15,7 @@ read apart from the pass-through channels, which are written first), so ``out`` 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -29,6 +30,31 @@ from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 Norm = Literal["none", "unweighted", "weighted"]
 _NORM_CODE = {"none": 0, "unweighted": 1, "weighted": 2}
+
+
+@dataclass(frozen=True)
+class RowNorm:
+    """The RMSNorm each row gets before its rope: ``kind`` none, unweighted or weighted (by
+    ``weight``, over the row's last dim), with ``eps``."""
+
+    kind: Norm = "none"
+    weight: torch.Tensor | None = None
+    eps: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in _NORM_CODE:
+            raise ValueError(f"unknown norm {self.kind!r}; expected one of {tuple(_NORM_CODE)}")
+
+    @classmethod
+    def weighted(cls, weight: torch.Tensor, eps: float) -> RowNorm:
+        return cls("weighted", weight, eps)
+
+    @classmethod
+    def unweighted(cls, eps: float) -> RowNorm:
+        return cls("unweighted", None, eps)
+
+
+NO_NORM = RowNorm()
 _MAX_D = 16384  # one row per program in registers
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -122,18 +148,16 @@ def norm_rope_torch(
     cos: torch.Tensor | None = None,
     sin: torch.Tensor | None = None,
     *,
-    norm: Norm = "none",
-    weight: torch.Tensor | None = None,
-    eps: float = 0.0,
+    norm: RowNorm = NO_NORM,
     inverse: bool = False,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The reference: the torch ops the kernel fuses, in order (``x [T, ..., D]``)."""
     y = x
-    if norm == "unweighted":
-        y = unweighted_rms_norm(y, eps)
-    elif norm == "weighted":
-        y = rms_norm(y, weight, eps)
+    if norm.kind == "unweighted":
+        y = unweighted_rms_norm(y, norm.eps)
+    elif norm.kind == "weighted":
+        y = rms_norm(y, norm.weight, norm.eps)
     if cos is not None:
         assert sin is not None
         y = apply_interleaved_rope(y, cos, sin, inverse=inverse)
@@ -149,8 +173,7 @@ def norm_rope_unfit_reason(
     out: torch.Tensor,
     cos: torch.Tensor | None,
     sin: torch.Tensor | None,
-    norm: Norm,
-    weight: torch.Tensor | None,
+    norm: RowNorm,
 ) -> str | None:
     """Why :func:`norm_rope` cannot take these tensors (None: it can)."""
     if x.dim() not in (2, 3):
@@ -172,9 +195,8 @@ def norm_rope_unfit_reason(
         return "the last dim of x and out must be contiguous"
     if out.data_ptr() == x.data_ptr() and out.stride() != x.stride():
         return "out aliases x with other strides"
-    if norm not in _NORM_CODE:
-        return f"unknown norm {norm!r}"
-    if norm == "weighted":
+    weight = norm.weight
+    if norm.kind == "weighted":
         if weight is None or weight.shape != (x.shape[-1],):
             got = None if weight is None else tuple(weight.shape)
             return f"the weighted norm needs a weight of shape ({x.shape[-1]},), got {got}"
@@ -202,14 +224,12 @@ def norm_rope(
     sin: torch.Tensor | None = None,
     *,
     out: torch.Tensor,
-    norm: Norm = "none",
-    weight: torch.Tensor | None = None,
-    eps: float = 0.0,
+    norm: RowNorm = NO_NORM,
     inverse: bool = False,
 ) -> torch.Tensor:
     """``x [T, D]`` or ``[T, heads, D]`` -> ``out`` (same shape, any float dtype; may be ``x``):
     :func:`norm_rope_torch` of the same arguments, ``dtype=out.dtype``, in one launch."""
-    reason = norm_rope_unfit_reason(x, out, cos, sin, norm, weight)
+    reason = norm_rope_unfit_reason(x, out, cos, sin, norm)
     if reason is not None:
         raise ValueError(f"norm_rope: {reason}")
     xr, outr = _rows_view(x), _rows_view(out)
@@ -224,7 +244,7 @@ def norm_rope(
     _norm_rope_kernel[(triton.cdiv(n_rows, block_r),)](
         xr,
         outr,
-        weight if weight is not None else dummy,
+        norm.weight if norm.weight is not None else dummy,
         cos if cos is not None else dummy,
         sin if sin is not None else dummy,
         n_rows,
@@ -234,10 +254,10 @@ def norm_rope(
         outr.stride(0),
         outr.stride(1),
         cos.stride(0) if cos is not None else 0,
-        float(eps),
+        float(norm.eps),
         D=d,
         ROPE=rope,
-        NORM=_NORM_CODE[norm],
+        NORM=_NORM_CODE[norm.kind],
         INVERSE=inverse,
         BLOCK_R=block_r,
         BLOCK_D=block_d,

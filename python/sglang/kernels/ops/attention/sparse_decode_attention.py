@@ -32,6 +32,11 @@ import triton.language as tl
 from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.fit.footprint import Footprint
 from sglang.kernels.fit.limits import DeviceLimits
+from sglang.kernels.ops.attention.online_softmax import (
+    EMPTY,
+    online_softmax_step,
+    slice_weight,
+)
 from sglang.kernels.ops.quant.fp8_rows import (
     Fp8RowFormat,
     fp8_constexprs,
@@ -39,7 +44,6 @@ from sglang.kernels.ops.quant.fp8_rows import (
     load_rows,
 )
 
-_EMPTY = tl.constexpr(-1.0e30)  # the running max of a slice with no live key (finite: no inf - inf)
 _TARGET_PROGRAMS = 264  # two waves of the H200's 132 SMs
 
 
@@ -101,7 +105,7 @@ def _split_kernel(
     h_ok = h < heads  # fewer heads than G: the tile is padded (a dot needs 16 rows)
     cols = tl.arange(0, D)
     row = (b * heads + h) * n_splits + sp  # [G] partial rows
-    m = tl.full([G], _EMPTY, tl.float32)
+    m = tl.full([G], EMPTY, tl.float32)
     if start < end:
         q = tl.load(
             q_ptr + (b * heads + h)[:, None] * D + cols[None, :], mask=h_ok[:, None], other=0.0
@@ -144,10 +148,7 @@ def _split_kernel(
                     )
             s = tl.dot(q, tl.trans(k)) * scale  # [G, BLOCK_N] fp32
             s = tl.where(live[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp(m - m_new)
-            prob = tl.exp(s - m_new[:, None])
-            l_sum = l_sum * alpha + tl.sum(prob, axis=1)
+            m_new, alpha, prob, l_sum = online_softmax_step(s, m, l_sum)
             # fp32 probabilities as three bf16 parts (8 + 8 + 8 significant bits: exact), so the
             # value product is the fp32 torch path's; two parts kept 16 bits, a 2.5e-6 error.
             hi = prob.to(k.dtype)
@@ -178,11 +179,11 @@ def _combine_kernel(
     s = tl.arange(0, SPLITS)
     cols = tl.arange(0, D)
     base = (b * heads + h) * n_splits
-    m = tl.load(part_m_ptr + base + s, mask=s < n_splits, other=_EMPTY)
-    used = m > _EMPTY * 0.5
+    m = tl.load(part_m_ptr + base + s, mask=s < n_splits, other=EMPTY)
+    used = m > EMPTY * 0.5
     sink = tl.load(sink_ptr + h).to(tl.float32)
     top = tl.maximum(tl.max(m, axis=0), sink)
-    w = tl.where(used, tl.exp(m - top), 0.0)
+    w = slice_weight(m, top)
     lsum = tl.load(part_l_ptr + base + s, mask=used, other=0.0)
     o = tl.load(part_o_ptr + (base + s)[:, None] * D + cols[None, :], mask=used[:, None], other=0.0)
     denom = tl.sum(w * lsum, axis=0) + tl.exp(sink - top)

@@ -32,6 +32,7 @@ import triton.language as tl
 from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.fit.footprint import Footprint
 from sglang.kernels.fit.limits import DeviceLimits
+from sglang.kernels.ops.attention.online_softmax import online_softmax_step
 from sglang.kernels.ops.interp_dot import dot
 from sglang.kernels.ops.quant.fp8_rows import (
     Fp8RowFormat,
@@ -69,10 +70,7 @@ def _tile_update(
         s = dot(q2, kt, s, DOT_F32)
     s = s * scale
     s = tl.where(live[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    alpha = tl.exp(m - m_new)
-    prob = tl.exp(s - m_new[:, None])
-    l_sum = l_sum * alpha + tl.sum(prob, axis=1)
+    m_new, alpha, prob, l_sum = online_softmax_step(s, m, l_sum)
     hi = prob.to(k.dtype)
     pv = dot(hi, k, None, DOT_F32)
     if PV_PARTS > 1:

@@ -32,6 +32,7 @@ from typing import Literal
 import torch
 
 from sglang.kernels.ops.layernorm import mhc_tilelang, mhc_triton
+from sglang.kernels.ops.layernorm.mhc_params import MhcParams
 
 # The shared constants live in mhc_tilelang, which never imports this module (this one imports it).
 from sglang.kernels.ops.layernorm.mhc_tilelang import POST_MULT
@@ -44,18 +45,6 @@ BACKENDS: tuple[Backend, ...] = ("tilelang", "triton", "torch")
 def _n_mix(residual: torch.Tensor) -> int:
     hc = residual.shape[1] if residual.dim() == 3 else 0
     return (2 + hc) * hc
-
-
-def check_norm_eps(norm_weight: torch.Tensor | None, norm_eps: float | None) -> None:
-    """A fused RMSNorm (``norm_weight`` given) needs its ``norm_eps``."""
-    if norm_weight is not None:
-        _norm_eps(norm_eps)
-
-
-def _norm_eps(norm_eps: float | None) -> float:
-    if norm_eps is None:
-        raise ValueError("norm_eps is required with norm_weight")
-    return norm_eps
 
 
 def _check_shapes(residual: torch.Tensor, fn: torch.Tensor, n_mix: int) -> tuple[int, int, int]:
@@ -137,22 +126,23 @@ def _pre_torch(
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None,
-    norm_eps: float | None,
+    params: MhcParams,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
     out = _layer_input(out, t, h, residual)
     pre, post, comb = _split_mixes(
-        _rms_mixes(residual, fn, rms_eps), scale, base, hc, hc_eps, sinkhorn_iters
+        _rms_mixes(residual, fn, params.rms_eps),
+        scale,
+        base,
+        hc,
+        params.hc_eps,
+        params.sinkhorn_iters,
     )
     y = (pre.unsqueeze(-1) * residual.float()).sum(dim=1).to(residual.dtype)
-    if norm_weight is not None:
+    if params.norm_weight is not None and params.norm_eps is not None:
         # Same as the separate RMSNorm on the stored (rounded) layer input.
-        y = rms_norm(y, norm_weight, _norm_eps(norm_eps))
+        y = rms_norm(y, params.norm_weight, params.norm_eps)
     out.copy_(y)
     return out, post, comb
 
@@ -162,14 +152,13 @@ def mhc_pre_torch(
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
+    params: MhcParams,
     *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Torch mHC pre: (layer_input [T,H] residual dtype, post [T,hc] fp32, comb [T,hc,hc] fp32)."""
-    return _pre_torch(residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, None, None, out)
+    """Torch mHC pre, its norm left out (a separate step of the caller's):
+    (layer_input [T,H] residual dtype, post [T,hc] fp32, comb [T,hc,hc] fp32)."""
+    return _pre_torch(residual, fn, scale, base, params.without_norm(), out)
 
 
 def hc_post_torch_impl(
@@ -188,15 +177,14 @@ def hc_head_torch_impl(
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
+    params: MhcParams,
 ) -> torch.Tensor:
-    """Final stream collapse: ``sum_k (sigmoid(m_k*s + b_k) + hc_eps) * R[:, k]`` -> [T, H]."""
+    """Final stream collapse: ``sum_k (sigmoid(m_k*s + b_k) + hc_eps) * R[:, k]`` -> [T, H]
+    (no Sinkhorn, no norm: ``params``' eps only)."""
     hc = residual.shape[1]
     _check_shapes(residual, fn, hc)
-    mixes = _rms_mixes(residual, fn, rms_eps)
-    w = torch.sigmoid(mixes * scale.float()[0] + base.float()) + hc_eps
+    mixes = _rms_mixes(residual, fn, params.rms_eps)
+    w = torch.sigmoid(mixes * scale.float()[0] + base.float()) + params.hc_eps
     return (w.unsqueeze(-1) * residual.float()).sum(dim=1).to(residual.dtype)
 
 
@@ -208,36 +196,19 @@ def _mhc_pre_impl(
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
+    params: MhcParams,
     *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None,
-    norm_eps: float | None,
     backend: Backend = "torch",
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pre (+ norm) on ``backend``: the one body behind :func:`mhc_pre` and the torch branch
     of :func:`mhc_fused_post_pre` (the name upstream's comments give the pre kernel)."""
     if _checked_backend(backend, residual) == "torch":
-        return _pre_torch(
-            residual, fn, scale, base, rms_eps, hc_eps, sinkhorn_iters, norm_weight, norm_eps, out
-        )
+        return _pre_torch(residual, fn, scale, base, params, out)
     t, _hc, h = _check_shapes(residual, fn, _n_mix(residual))
     out = _layer_input(out, t, h, residual)
     kernel = mhc_tilelang.mhc_pre_tilelang if backend == "tilelang" else mhc_triton.mhc_pre_triton
-    post, comb = kernel(
-        residual,
-        fn,
-        scale,
-        base,
-        out,
-        rms_eps=rms_eps,
-        hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters,
-        norm_weight=norm_weight,
-        norm_eps=norm_eps,
-    )
+    post, comb = kernel(residual, fn, scale, base, out, params)
     return out, post, comb
 
 
@@ -246,32 +217,15 @@ def mhc_pre(
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
+    params: MhcParams,
     *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None = None,
-    norm_eps: float | None = None,
     backend: Backend = "torch",
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """mHC pre (+ the sublayer's RMSNorm when ``norm_weight`` is given) on ``backend``, the layer
+    """mHC pre (+ the sublayer's RMSNorm when ``params`` has one) on ``backend``, the layer
     input written into ``out`` when given
     -> (layer_input [T,H] residual dtype, post [T,hc] fp32, comb [T,hc,hc] fp32)."""
-    check_norm_eps(norm_weight, norm_eps)
-    return _mhc_pre_impl(
-        residual,
-        fn,
-        scale,
-        base,
-        rms_eps=rms_eps,
-        hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters,
-        norm_weight=norm_weight,
-        norm_eps=norm_eps,
-        backend=backend,
-        out=out,
-    )
+    return _mhc_pre_impl(residual, fn, scale, base, params, backend=backend, out=out)
 
 
 def mhc_post(
@@ -299,19 +253,14 @@ def mhc_fused_post_pre(
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
+    params: MhcParams,
     *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None = None,
-    norm_eps: float | None = None,
     backend: Backend = "torch",
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sublayer's post fused with the next one's pre (+ norm) on ``backend``, the layer input
     written into ``out`` when given -> (new_residual, layer_input, post_next, comb_next); equal to
     mhc_post then mhc_pre."""
-    check_norm_eps(norm_weight, norm_eps)
     if _checked_backend(backend, residual) != "torch":
         t, hc, h = _check_shapes(residual, fn, _n_mix(residual))
         out = _layer_input(out, t, h, residual)
@@ -332,27 +281,11 @@ def mhc_fused_post_pre(
             scale,
             base,
             out,
-            rms_eps=rms_eps,
-            hc_eps=hc_eps,
-            sinkhorn_iters=sinkhorn_iters,
-            norm_weight=norm_weight,
-            norm_eps=norm_eps,
+            params,
         )
         return new_residual, out, post_next, comb_next
     new_residual = hc_post_torch_impl(x, residual, post, comb)
-    y, post_next, comb_next = _mhc_pre_impl(
-        new_residual,
-        fn,
-        scale,
-        base,
-        rms_eps=rms_eps,
-        hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters,
-        norm_weight=norm_weight,
-        norm_eps=norm_eps,
-        backend="torch",
-        out=out,
-    )
+    y, post_next, comb_next = _mhc_pre_impl(new_residual, fn, scale, base, params, out=out)
     return new_residual, y, post_next, comb_next
 
 
@@ -361,10 +294,8 @@ def mhc_head(
     fn: torch.Tensor,
     scale: torch.Tensor,
     base: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
+    params: MhcParams,
 ) -> torch.Tensor:
     """Final hyper-connection head (no Sinkhorn) -> [T, H]. Torch on every device: it runs once per
     forward, and its output is no collective input, so it is an ordinary allocation."""
-    return hc_head_torch_impl(residual, fn, scale, base, rms_eps=rms_eps, hc_eps=hc_eps)
+    return hc_head_torch_impl(residual, fn, scale, base, params)

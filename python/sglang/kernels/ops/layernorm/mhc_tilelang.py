@@ -36,6 +36,7 @@ import torch
 from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.fit.footprint import Footprint
 from sglang.kernels.fit.limits import DeviceLimits
+from sglang.kernels.ops.layernorm.mhc_params import MhcParams
 
 HC = 4
 NMIX = (2 + HC) * HC  # 24 mixes: pre(4) | post(4) | comb(16, row-major)
@@ -398,12 +399,7 @@ def _launch(
     scale: torch.Tensor,
     base: torch.Tensor,
     out: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None,
-    norm_eps: float | None,
+    params: MhcParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mix + finalize; ``fused`` = (x, post_prev, comb_prev, new_residual) applies the previous
     post first. Returns (post, comb) of this pre."""
@@ -419,11 +415,7 @@ def _launch(
             scale,
             base,
             tmp,
-            rms_eps=rms_eps,
-            hc_eps=hc_eps,
-            sinkhorn_iters=sinkhorn_iters,
-            norm_weight=norm_weight,
-            norm_eps=norm_eps,
+            params,
         )
         out.copy_(tmp)
         return post, comb
@@ -448,6 +440,7 @@ def _launch(
             residual, _aligned(x), _aligned(post_prev), _aligned(comb_prev), new_residual, fn, part
         )
         src = new_residual
+    norm_weight = params.norm_weight
     has_norm = norm_weight is not None
     if norm_weight is None:
         w = out[0]  # never read without the norm; any [H] tensor satisfies the launcher's checks
@@ -462,10 +455,10 @@ def _launch(
         out,
         post,
         comb,
-        float(rms_eps),
-        float(hc_eps),
-        float(norm_eps if norm_eps is not None else 0.0),
-        int(sinkhorn_iters),
+        float(params.rms_eps),
+        float(params.hc_eps),
+        float(params.norm_eps if params.norm_eps is not None else 0.0),
+        int(params.sinkhorn_iters),
     )
     return post, comb
 
@@ -476,12 +469,7 @@ def mhc_pre_tilelang(
     scale: torch.Tensor,
     base: torch.Tensor,
     out: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None = None,
-    norm_eps: float | None = None,
+    params: MhcParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TileLang pre into ``out`` [T, H]; returns (post [T, hc], comb [T, hc, hc]) fp32."""
     return _launch(
@@ -491,11 +479,7 @@ def mhc_pre_tilelang(
         scale,
         base,
         out,
-        rms_eps=rms_eps,
-        hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters,
-        norm_weight=norm_weight,
-        norm_eps=norm_eps,
+        params,
     )
 
 
@@ -509,12 +493,7 @@ def mhc_fused_post_pre_tilelang(
     scale: torch.Tensor,
     base: torch.Tensor,
     out: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None = None,
-    norm_eps: float | None = None,
+    params: MhcParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TileLang post (into ``new_residual``) + next pre (layer input into ``out``)
     -> (post_next, comb_next). Inputs as ``mhc.mhc_fused_post_pre`` prepares them: contiguous,
@@ -527,9 +506,5 @@ def mhc_fused_post_pre_tilelang(
         scale,
         base,
         out,
-        rms_eps=rms_eps,
-        hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters,
-        norm_weight=norm_weight,
-        norm_eps=norm_eps,
+        params,
     )

@@ -27,6 +27,7 @@ from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.fit.footprint import Footprint
 from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.layernorm import mhc_mix_mma
+from sglang.kernels.ops.layernorm.mhc_params import MhcParams
 from sglang.kernels.ops.layernorm.mhc_tilelang import NMIX_PAD
 
 try:  # Triton is optional: without it only mhc.py's torch backend runs
@@ -423,12 +424,7 @@ def mhc_fused_post_pre_triton(
     scale: torch.Tensor,
     base: torch.Tensor,
     out: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None,
-    norm_eps: float | None,
+    params: MhcParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _require_triton()
     t, hc, h = residual.shape
@@ -445,7 +441,7 @@ def mhc_fused_post_pre_triton(
         part, sq = _mix_partials(residual, x, post_prev, comb_prev, new_residual, fn)
     n_splits = part.shape[0]
     src = new_residual if fuse else residual
-    has_norm = norm_weight is not None
+    has_norm = params.norm_weight is not None
     # Decode-sized batches finalise each row in registers in one pass (enough warps to keep about
     # 64 fp32 values a thread), which measured faster there on an H200; from T = 512 the 4-warp
     # loop over 1024-wide blocks measured faster (more programs resident), and it takes rows
@@ -458,17 +454,17 @@ def mhc_fused_post_pre_triton(
         src,
         scale.float().contiguous(),
         base.float().contiguous(),
-        norm_weight.contiguous() if has_norm else fn,
+        params.norm_weight.contiguous() if params.norm_weight is not None else fn,
         out,
         post,
         comb,
         t,
         h,
         n_splits,
-        float(rms_eps),
-        float(hc_eps),
-        float(norm_eps if has_norm else 0.0),
-        int(sinkhorn_iters),
+        float(params.rms_eps),
+        float(params.hc_eps),
+        float(params.norm_eps if params.norm_eps is not None and has_norm else 0.0),
+        int(params.sinkhorn_iters),
         HAS_NORM=has_norm,
         NMIX_PAD=NMIX_PAD,
         SPLIT_BLOCK=min(32, max(2, triton.next_power_of_2(n_splits))),
@@ -485,12 +481,7 @@ def mhc_pre_triton(
     scale: torch.Tensor,
     base: torch.Tensor,
     out: torch.Tensor,
-    *,
-    rms_eps: float,
-    hc_eps: float,
-    sinkhorn_iters: int,
-    norm_weight: torch.Tensor | None = None,
-    norm_eps: float | None = None,
+    params: MhcParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton pre into ``out`` [T, H]; returns (post, comb)."""
     return mhc_fused_post_pre_triton(
@@ -503,11 +494,7 @@ def mhc_pre_triton(
         scale,
         base,
         out,
-        rms_eps=rms_eps,
-        hc_eps=hc_eps,
-        sinkhorn_iters=sinkhorn_iters,
-        norm_weight=norm_weight,
-        norm_eps=norm_eps,
+        params,
     )
 
 

@@ -39,7 +39,7 @@ from sglang.srt.layers.linear import (
     dim0_sharded_param,
     per_rank,
 )
-from sglang.srt.layers.norm_rope import norm_rope
+from sglang.srt.layers.norm_rope import NO_NORM, RowNorm, norm_rope
 from sglang.srt.layers.quantization.fp8_linear import rms_norm_quant
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4LayerCache
@@ -221,13 +221,13 @@ class DeepseekV4Attention(nn.Module):
             q_lora = rms_norm_quant(self.wq_a(xa), qn.weight, qn.eps)
         else:
             q_lora = norm_rope(
-                self.wq_a(xa), norm="weighted", weight=qn.weight, eps=qn.eps, reuse_input=True
+                self.wq_a(xa), norm=RowNorm.weighted(qn.weight, qn.eps), reuse_input=True
             )
         q = self.wq_b(q_lora).unflatten(-1, (self.n_local_heads, self.head_dim))
-        head_norm = "unweighted" if self.q_head_norm else "none"
-        q = norm_rope(q, cos, sin, norm=head_norm, eps=self.eps, reuse_input=True)
+        head_norm = RowNorm.unweighted(self.eps) if self.q_head_norm else NO_NORM
+        q = norm_rope(q, cos, sin, norm=head_norm, reuse_input=True)
         kv = norm_rope(
-            self.wkv(xa), cos, sin, norm="weighted", weight=kn.weight, eps=kn.eps, reuse_input=True
+            self.wkv(xa), cos, sin, norm=RowNorm.weighted(kn.weight, kn.eps), reuse_input=True
         )
         return Projected(cos, sin, q_lora, q, kv)
 

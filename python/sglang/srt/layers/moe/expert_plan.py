@@ -27,14 +27,25 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from sglang.srt.layers.moe.expert_weights import ExpertLayout, WeightFormat
+from sglang.kernels.fit.decide import unfit_reason
+from sglang.srt.layers.moe.expert_weights import ExpertLayout, ExpertWeights, WeightFormat
 from sglang.srt.layers.moe.mega_moe import (
     MegaMoEParams,
+    bf16_activations_only,
     mega_moe_kernel_name,
+    mega_moe_layer_reason,
+    mega_moe_max_tokens,
     mega_moe_shape_reason,
+)
+from sglang.srt.layers.moe.mega_moe_triton_backend import triton_mega_unavailable_reason
+from sglang.srt.layers.moe.moe_runner.path_table import (
+    MoeShape,
+    dtype_key,
+    mega_moe_measured_slower,
 )
 
 FP8_BLOCK = 128
@@ -384,4 +395,105 @@ def plan_experts(
         mega_kernel=r.mega_kernel,
         runner_path=runner_path(case.runner, r.resident, r.layout, facts),
         mega_reason=None if a2a != "megamoe" or r.mega_kernel else mega_kernel_reason(case),
+    )
+
+
+# --- the MegaMoE kernel of a batch (--moe-a2a-backend megamoe) ----------------------------------
+
+
+@dataclass(frozen=True)
+class MegaKernelChoice:
+    """Which MegaMoE kernel takes a batch: ``deep_gemm`` (DeepGEMM's, for this GPU), ``triton``
+    (ours) or ``none`` (the runner's path); ``why`` says why."""
+
+    backend: str
+    why: str
+
+    def describe(self) -> str:
+        if self.backend == "deep_gemm":
+            return f"DeepGEMM's {self.why}"
+        if self.backend == "triton":
+            return f"our Triton persistent kernel (DeepGEMM's cannot run: {self.why})"
+        return f"the normal MoE path ({self.why})"
+
+
+@dataclass(frozen=True)
+class MegaKernelPlan:
+    """What decides a layer's MegaMoE kernel and stays the same from batch to batch: why
+    DeepGEMM's kernel (``deep_gemm_kernel``) cannot take the layer (None: it takes batches of up
+    to ``max_tokens`` tokens a rank, of bf16 activations only where ``bf16_only``), why our
+    Triton kernel cannot (None: it takes the rest, where it did not measure slower than the
+    runner at ``measured``)."""
+
+    deep_gemm_kernel: str
+    deep_gemm_reason: str | None
+    bf16_only: bool
+    max_tokens: int
+    triton_reason: str | None
+    measured: MoeShape
+    measured_dtype: str
+
+    def deep_gemm_batch_reason(self, num_tokens: int, dtype: torch.dtype) -> str | None:
+        """Why DeepGEMM's kernel cannot take a batch of ``num_tokens`` ``dtype`` rows."""
+        if self.deep_gemm_reason is not None:
+            return self.deep_gemm_reason
+        off = unfit_reason("deep_gemm_mega")  # turned off by a build failure since the plan
+        if off is not None:
+            return off
+        if self.bf16_only and dtype != torch.bfloat16:
+            return f"its SM90 pre-dispatch takes bf16 activations, not {dtype}"
+        if num_tokens > self.max_tokens:
+            return (
+                f"batch of {num_tokens} tokens exceeds "
+                f"SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK={self.max_tokens}"
+            )
+        return None
+
+    def kernel_for(self, num_tokens: int, dtype: torch.dtype) -> MegaKernelChoice:
+        """The kernel a batch of ``num_tokens`` ``dtype`` rows takes: DeepGEMM's first, then
+        ours."""
+        dg_reason = self.deep_gemm_batch_reason(num_tokens, dtype)
+        if dg_reason is None:
+            return MegaKernelChoice("deep_gemm", self.deep_gemm_kernel)
+        triton_reason = self.triton_reason or unfit_reason("mega_moe_triton")
+        if triton_reason is not None:
+            return MegaKernelChoice(
+                "none", f"DeepGEMM's kernel: {dg_reason}; our Triton kernel: {triton_reason}"
+            )
+        slower = mega_moe_measured_slower(self.measured, self.measured_dtype, num_tokens)
+        if slower is not None:  # the user's MegaMoE, but not where it measured slower
+            return MegaKernelChoice("none", f"our Triton MegaMoE {slower}")
+        return MegaKernelChoice("triton", dg_reason)
+
+
+def plan_mega_kernel(
+    deep_gemm: Any,
+    *,
+    arch: int,
+    group_size: int,
+    params: MegaMoEParams,
+    device: torch.device,
+    mega_weights: object | None,
+    local_weights: ExpertWeights | None,
+) -> MegaKernelPlan:
+    """The MegaMoE plan of one layer: ``deep_gemm`` (the module, None when unusable) on compute
+    capability ``arch``, an expert-parallel group of ``group_size`` ranks on ``device``,
+    DeepGEMM-layout ``mega_weights`` if built and this rank's ``local_weights`` as the runner
+    holds them."""
+    dg_reason = "MegaMoE weights were not built" if mega_weights is None else None
+    if dg_reason is None:
+        dg_reason = mega_moe_layer_reason(deep_gemm, arch, params)
+    w13 = local_weights.w13.dtype if local_weights is not None else torch.bfloat16
+    return MegaKernelPlan(
+        deep_gemm_kernel=f"{mega_moe_kernel_name(arch)} (sm_{arch})",
+        deep_gemm_reason=dg_reason,
+        bf16_only=bf16_activations_only(arch),
+        max_tokens=mega_moe_max_tokens(),
+        triton_reason=triton_mega_unavailable_reason(
+            device, local_weights, group_size, params.num_topk
+        ),
+        measured=MoeShape(
+            params.num_experts, params.num_topk, params.hidden, params.intermediate_hidden
+        ),
+        measured_dtype=dtype_key(w13),
     )

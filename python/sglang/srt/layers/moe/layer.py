@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.layers.moe.a2a import MoEA2ABackend, RankExperts, create_a2a_backend
+from sglang.srt.layers.moe.a2a import MoEA2ABackend, create_a2a_backend
 from sglang.srt.layers.moe.expert_plan import (
     DeviceFacts,
     ExpertPlan,
@@ -33,12 +33,7 @@ from sglang.srt.utils.log import get_logger, log_once
 
 logger = get_logger(__name__)
 
-__all__ = ["A2ABackend", "FusedMoE", "FusedMoEConfig", "resolve_runner_name"]
-
-
-def resolve_runner_name(name: str, device: torch.device) -> str:
-    """``auto`` -> triton on CUDA, torch elsewhere."""
-    return resolve_runner(name, device.type)
+__all__ = ["A2ABackend", "FusedMoE", "FusedMoEConfig"]
 
 
 class FusedMoE(nn.Module):
@@ -57,7 +52,7 @@ class FusedMoE(nn.Module):
         self.a2a: MoEA2ABackend = create_a2a_backend(
             config, tp_rank=tp_rank, tp_size=tp_size, device=self.device
         )
-        name = resolve_runner_name(config.runner, self.device)
+        name = resolve_runner(config.runner, self.device.type)
         self.runner: MoERunner = create_moe_runner(
             name, MoERunConfig(config.activation, config.swiglu_limit)
         )
@@ -65,15 +60,7 @@ class FusedMoE(nn.Module):
         if why is not None:
             raise ValueError(f"--moe-runner-backend {name} cannot run here: {why}")
         self.weights: ExpertWeights | None = None
-        # MegaMoE weights set beside ``weights`` (a loader's own builder, tests); a layer whose
-        # ``weights`` are in the MegaMoE layout reads them from there instead.
-        self._extra_mega_weights: MegaWeights | None = None
         self.expert_plan: ExpertPlan | None = None
-        c = config
-        # What the MegaMoE kernels are told about this layer (fixed by the config).
-        self.mega_params = MegaMoEParams(
-            c.num_experts, c.top_k, c.hidden_size, c.intermediate_size, c.activation, c.swiglu_limit
-        )
         log_once(
             logger,
             logging.INFO,
@@ -181,24 +168,30 @@ class FusedMoE(nn.Module):
         self.weights = part.to(self.device)
 
     @property
+    def mega_params(self) -> MegaMoEParams:
+        """What the MegaMoE kernels are told about this layer (fixed by the config)."""
+        c = self.config
+        return MegaMoEParams(
+            c.num_experts, c.top_k, c.hidden_size, c.intermediate_size, c.activation, c.swiglu_limit
+        )
+
+    @property
     def mega_weights(self) -> MegaWeights | None:
-        """DeepGEMM-layout weights ``((l1, l1_sf), (l2, l2_sf))`` for the MegaMoE kernel: the
-        resident experts themselves when they are kept in that layout."""
-        if self._extra_mega_weights is not None:
-            return self._extra_mega_weights
-        if self.weights is not None and self.weights.is_mega:
-            return self.weights.mega_weights
-        return None
+        """DeepGEMM-layout weights ``((l1, l1_sf), (l2, l2_sf))`` the a2a backend's MegaMoE
+        kernel reads: those built beside the runner's, or the resident experts themselves when
+        they are kept in that layout; None for a backend that runs no MegaMoE kernel."""
+        return self.a2a.mega_weights(self.weights)
 
     @property
     def mega_weights_beside(self) -> MegaWeights | None:
         """MegaMoE weights set beside the runner's (:meth:`set_mega_weights`), if any."""
-        return self._extra_mega_weights
+        return self.a2a.mega_weights(None)
 
     def set_mega_weights(self, mega_weights: MegaWeights | None) -> None:
-        """MegaMoE weights kept beside the runner's (a loader's own builder, tests); loaders
-        that keep the MegaMoE layout as the only copy load it as ``weights`` instead."""
-        self._extra_mega_weights = mega_weights
+        """MegaMoE weights kept beside the runner's (a loader's own builder, tests), for an a2a
+        backend that runs the MegaMoE kernel; loaders that keep the MegaMoE layout as the only
+        copy load it as ``weights`` instead."""
+        self.a2a.set_mega_weights(mega_weights)
 
     @property
     def capture_unsafe_reason(self) -> str | None:
@@ -220,10 +213,10 @@ class FusedMoE(nn.Module):
                 )
         return None
 
-    def _rank_experts(self, caller: str) -> RankExperts:
+    def _local_weights(self, caller: str) -> ExpertWeights:
         if self.weights is None:
             raise RuntimeError(f"FusedMoE.{caller} before load_weights")
-        return RankExperts(self.weights, self.mega_weights, self.mega_params)
+        return self.weights
 
     def run_runner(
         self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, *, inplace: bool
@@ -241,30 +234,23 @@ class FusedMoE(nn.Module):
         """``hidden [T, H]`` routed by ``topk`` -> complete ``[T, H]`` rows (reduced over the
         TP group where the backend's placement needs it), plus ``shared``: the shared expert's
         output on these rows, sharded as ``self.a2a.shared_expert_tp`` says."""
-        experts = self._rank_experts("forward")
-        dispatched = self.a2a.dispatch(hidden, topk, experts)
+        weights = self._local_weights("forward")
+        dispatched = self.a2a.dispatch(hidden, topk, weights)
         routed = dispatched.combined
         if routed is None:  # no fused kernel took the rows: the runner computes them
             routed = self.run_runner(
-                dispatched.hidden,
-                dispatched.topk,
-                experts.weights,
-                inplace=dispatched.runner_inplace,
+                dispatched.hidden, dispatched.topk, weights, inplace=dispatched.runner_inplace
             )
         return self.a2a.combine(routed, dispatched, shared=shared)
 
     def forward_mega(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
-        """The models' MegaMoE call sites (``deepseek_v4_moe._run_mega_routed``,
-        ``kimi_k3._forward_mega_experts``): :meth:`forward` on an expert-parallel layer, the
-        routed rows combined over the group, the replicated shared expert left to the caller.
-        Refuses a tensor-parallel layer, whose output would be a partial sum."""
-        if not self.expert_parallel:
-            raise RuntimeError(
-                f"FusedMoE.forward_mega on a layer with a2a backend {self.a2a.name!r}, which "
-                "does not place whole experts"
-            )
-        return self.forward(hidden, topk)
+        """The MegaMoE kernel alone on ``hidden`` routed by ``topk``: this rank's rows combined
+        over the expert-parallel group (the models' MegaMoE call sites, DeepSeek V4's
+        ``_run_mega_routed`` and Kimi K3's ``_forward_mega_experts``). Raises, naming why, on a
+        layer whose a2a backend runs no MegaMoE kernel or for a batch no kernel takes; the
+        forward falls back to the runner there instead."""
+        return self.a2a.run_mega_moe(hidden, topk, self._local_weights("forward_mega"))
 
     def mega_backend_summary(self, dtype: torch.dtype) -> str | None:
         """Which fused kernel this layer's decode-sized batches take, and why (startup log)."""
-        return self.a2a.kernel_summary(self._rank_experts("mega_backend_summary"), dtype)
+        return self.a2a.kernel_summary(self._local_weights("mega_backend_summary"), dtype)

@@ -1,5 +1,7 @@
-"""MegaMoE: DeepGEMM's fused MoE kernels, their symmetric-buffer cache, and the choice between
-DeepGEMM's kernel and our Triton persistent kernel.
+"""DeepGEMM's MegaMoE: its fused MoE kernels, their symmetric-buffer cache, the pre-dispatch that
+stages a batch into that buffer, and why the kernel cannot take a layer or a batch. Which MegaMoE
+kernel takes a batch (DeepGEMM's, our Triton one, or none) is the expert plan's decision
+(:mod:`sglang.srt.layers.moe.expert_plan`).
 
 DeepGEMM's MegaMoE kernels (``fp8_fp4_mega_moe`` on Blackwell, ``fp8_mega_moe`` on Hopper) are
 whole-grid launches: one CTA per SM behind a software grid barrier. They run inside the
@@ -9,7 +11,6 @@ keep DeepGEMM's original SM count.
 
 from __future__ import annotations
 
-import logging
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -20,14 +21,7 @@ import torch.distributed as dist
 from sglang.kernels.fit.decide import unfit_reason
 from sglang.srt.environ import envs
 from sglang.srt.layers.deep_gemm_adapter import has_entry_point, resolve_entry_point
-from sglang.srt.layers.moe import mega_moe_triton_backend as triton_backend
-from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner.base import moe_output_scope
-from sglang.srt.layers.moe.moe_runner.path_table import (
-    MoeShape,
-    dtype_key,
-    mega_moe_measured_slower,
-)
 from sglang.srt.layers.moe.sm_budget import (  # noqa: F401  (the seed's names, importable here)
     _configure_mega_moe_deep_gemm_num_sms,
     _mega_moe_max_num_sms,
@@ -36,9 +30,6 @@ from sglang.srt.layers.moe.sm_budget import (  # noqa: F401  (the seed's names, 
 )
 from sglang.srt.layers.quantization.mxfp4 import UE8M0_BIAS as _UE8M0_BIAS
 from sglang.srt.utils.device import device_sm_info
-from sglang.srt.utils.log import get_logger, log_once
-
-logger = get_logger(__name__)
 
 _FIRST_BLACKWELL_ARCH = 100
 # DeepGEMM 0.1.5.post1's SM90 fp8_mega_moe: SwiGLU only, intermediate <= 4096, 128-wide tiles.
@@ -196,6 +187,12 @@ def mega_moe_pre_dispatch(
     buf.topk_weights[t:].fill_(0)
 
 
+def kernel_arch(deep_gemm: Any, device: int | torch.device | None) -> int:
+    """The compute capability DeepGEMM's MegaMoE kernels are chosen for (0 without DeepGEMM:
+    no device is asked)."""
+    return device_sm_info(device).arch if deep_gemm is not None else 0
+
+
 def mega_moe_kernel_name(arch: int) -> str:
     """DeepGEMM's MegaMoE kernel for compute capability ``arch`` (e.g. 100, 90): the Blackwell
     ``fp8_fp4_mega_moe`` (MXFP4 experts) or the Hopper ``fp8_mega_moe`` (FP8 experts).
@@ -229,14 +226,11 @@ def mega_moe_shape_reason(params: MegaMoEParams, arch: int) -> str | None:
     return None
 
 
-def mega_moe_unusable_reason(
-    deep_gemm: Any,
-    num_tokens: int,
-    arch: int,
-    params: MegaMoEParams | None = None,
-    dtype: torch.dtype = torch.bfloat16,
+def mega_moe_layer_reason(
+    deep_gemm: Any, arch: int, params: MegaMoEParams | None = None
 ) -> str | None:
-    """Why DeepGEMM's MegaMoE path cannot take this batch (``None`` when it can)."""
+    """Why DeepGEMM's MegaMoE kernel for ``arch`` cannot take a layer of ``params``, whatever
+    the batch (``None`` when it can)."""
     if deep_gemm is None:
         return "DeepGEMM is unusable"
     off = unfit_reason("deep_gemm_mega")
@@ -246,18 +240,20 @@ def mega_moe_unusable_reason(
         if not has_entry_point(deep_gemm, capability):
             return f"the installed DeepGEMM has no {capability} entry point"
     if params is not None:
-        reason = mega_moe_shape_reason(params, arch)
-        if reason is not None:
-            return reason
-    if arch < _FIRST_BLACKWELL_ARCH and dtype != torch.bfloat16:
-        return f"its SM90 pre-dispatch takes bf16 activations, not {dtype}"
-    cap = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()
-    if num_tokens > cap:
-        return (
-            f"batch of {num_tokens} tokens exceeds "
-            f"SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK={cap}"
-        )
+        return mega_moe_shape_reason(params, arch)
     return None
+
+
+def bf16_activations_only(arch: int) -> bool:
+    """Whether the kernel for ``arch`` takes bf16 activations only: Hopper's, whose pre-dispatch
+    is DeepGEMM's (Blackwell's is ours and takes any float)."""
+    return arch < _FIRST_BLACKWELL_ARCH
+
+
+def mega_moe_max_tokens() -> int:
+    """The most tokens a rank stages into DeepGEMM's MegaMoE buffer
+    (``SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK``): a larger batch cannot take it."""
+    return envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()
 
 
 def run_mega_routed_experts(
@@ -279,7 +275,7 @@ def run_mega_routed_experts(
     kernel call runs inside the reserved-SM context. Every step is a fixed-shape device op, so
     the call can be captured in a CUDA graph once its buffer exists."""
     num_tokens = x.shape[0]
-    cap = envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()
+    cap = mega_moe_max_tokens()
     arch = device_sm_info(device).arch
     buf = _get_mega_moe_symm_buffer(
         deep_gemm,
@@ -324,116 +320,3 @@ def run_mega_routed_experts(
         with _configure_mega_moe_deep_gemm_num_sms(deep_gemm, device):
             kernel(y, l1_weights, l2_weights, buf, recipe=(128, 128, 128), **kwargs)
     return y[:num_tokens]
-
-
-@dataclass(frozen=True)
-class MegaBackendChoice:
-    """Which MegaMoE kernel takes a batch: ``deep_gemm`` (DeepGEMM's, for this GPU), ``triton``
-    (ours, with ``triton_config``) or ``none`` (the normal MoE path); ``why`` says why."""
-
-    backend: str
-    why: str
-    triton_config: Any = None
-
-    def describe(self) -> str:
-        if self.backend == "deep_gemm":
-            return f"DeepGEMM's {self.why}"
-        if self.backend == "triton":
-            return f"our Triton persistent kernel (DeepGEMM's cannot run: {self.why})"
-        return f"the normal MoE path ({self.why})"
-
-
-def choose_mega_backend(
-    deep_gemm: Any,
-    group: Any,
-    x: torch.Tensor,
-    mega_weights: Any,
-    params: MegaMoEParams,
-    *,
-    device: int | torch.device | None = None,
-    local_weights: ExpertWeights | None = None,
-) -> MegaBackendChoice:
-    """DeepGEMM's kernel when it can take ``x``'s batch, else our Triton kernel on one GPU, else
-    the normal path; the same decision for the forward, the startup line and ``check_env``."""
-    reason = "MegaMoE weights were not built" if mega_weights is None else None
-    arch = device_sm_info(device).arch if deep_gemm is not None else 0
-    if reason is None:
-        reason = mega_moe_unusable_reason(deep_gemm, x.shape[0], arch, params, x.dtype)
-    if reason is None:
-        return MegaBackendChoice("deep_gemm", f"{mega_moe_kernel_name(arch)} (sm_{arch})")
-    group_size = int(getattr(group, "world_size", 1)) if group is not None else 1
-    triton_reason = triton_backend.triton_mega_unavailable_reason(
-        x, local_weights, group_size, params.num_topk
-    )
-    if triton_reason is None:
-        assert local_weights is not None
-        slower = triton_mega_measured_slower(x, local_weights, params)
-        if slower is not None:  # the user's MegaMoE, but not where it measured slower
-            return MegaBackendChoice("none", f"our Triton MegaMoE {slower}")
-        config = triton_backend.triton_mega_config(x, local_weights, params.num_topk)
-        return MegaBackendChoice("triton", reason, config)
-    return MegaBackendChoice(
-        "none", f"DeepGEMM's kernel: {reason}; our Triton kernel: {triton_reason}"
-    )
-
-
-def try_run_mega_routed(
-    deep_gemm: Any,
-    group: Any,
-    x: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-    mega_weights: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-    | None,
-    params: MegaMoEParams,
-    *,
-    device: int | torch.device | None = None,
-    local_weights: ExpertWeights | None = None,
-) -> torch.Tensor | None:
-    """The MegaMoE path when it can take this batch, else ``None`` (the caller runs the normal
-    path) after one log line saying why.
-
-    DeepGEMM's kernel first; where it cannot run (no DeepGEMM, no built weights, SiTU or a shape
-    on Hopper) our Triton persistent kernel takes single-GPU calls from ``local_weights``."""
-    choice = choose_mega_backend(
-        deep_gemm, group, x, mega_weights, params, device=device, local_weights=local_weights
-    )
-    if choice.backend == "none":
-        log_once(
-            logger, logging.WARNING, f"MegaMoE falls back to the normal MoE path: {choice.why}"
-        )
-        return None
-    log_once(logger, logging.INFO, f"MegaMoE backend: {choice.describe()}")
-    if choice.backend == "deep_gemm":
-        assert mega_weights is not None
-        return run_mega_routed_experts(
-            deep_gemm,
-            group,
-            x,
-            topk_ids,
-            topk_weights,
-            mega_weights[0],
-            mega_weights[1],
-            params,
-            device=device,
-        )
-    assert local_weights is not None
-    return triton_backend.run_triton_mega_routed(
-        x,
-        topk_ids,
-        topk_weights,
-        local_weights,
-        activation=params.activation,
-        swiglu_limit=params.activation_clamp,
-        config=choice.triton_config,
-    )
-
-
-def triton_mega_measured_slower(
-    x: torch.Tensor, local_weights: ExpertWeights | None, params: MegaMoEParams
-) -> str | None:
-    """:func:`mega_moe_measured_slower` for our Triton MegaMoE on ``x``'s batch (one GPU)."""
-    if local_weights is None:
-        return None
-    shape = MoeShape(params.num_experts, params.num_topk, params.hidden, params.intermediate_hidden)
-    return mega_moe_measured_slower(shape, dtype_key(local_weights.w13.dtype), int(x.shape[0]))

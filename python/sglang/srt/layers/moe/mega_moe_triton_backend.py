@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,22 +23,22 @@ from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 from sglang.srt.utils.device import device_sm_info
 from sglang.srt.utils.log import get_logger, log_once
 
-if TYPE_CHECKING:
-    from sglang.kernels.ops.moe.mega_moe_triton import MegaMoEConfig
-
 logger = get_logger(__name__)
 
 _launches = itertools.count(1)
+# Rows an expert gets (T * top_k / E) inside each of the kernel's tile steps.
+_TILE_STEP_ROWS = (0.25, 8.0, 32.0, 64.0)
 
 
 def triton_mega_unavailable_reason(
-    x: torch.Tensor, weights: ExpertWeights | None, group_size: int, top_k: int
+    device: torch.device, weights: ExpertWeights | None, group_size: int, top_k: int
 ) -> str | None:
-    """Why our Triton MegaMoE cannot take this call (None: it can, with
-    :func:`triton_mega_config`'s tiles)."""
+    """Why our Triton MegaMoE cannot take a layer with these experts on ``device`` in a group of
+    ``group_size`` ranks, whatever the batch (None: it can; the kernel picks its tiles from the
+    batch's size, and every tile it picks fits these widths)."""
     if weights is None:
         return "the layer has no expert weights"
-    if not x.is_cuda:
+    if device.type != "cuda":
         return "the Triton MegaMoE kernel needs a CUDA device"
     if group_size > 1:
         return (
@@ -53,24 +53,27 @@ def triton_mega_unavailable_reason(
             "supported)"
         )
     from sglang.kernels.fit.decide import limits_for
-    from sglang.kernels.ops.moe.mega_moe_triton import mega_unfit_reason, unsupported_reason
-
-    fp8 = weights.w13.dtype == torch.float8_e4m3fn
-    _, two_i, h = weights.w13.shape
-    block = tuple(weights.block_shape or (128, 128))
-    cfg = triton_mega_config(x, weights, top_k)
-    return unsupported_reason(
-        h, two_i // 2, fp8, (int(block[0]), int(block[1])), cfg
-    ) or mega_unfit_reason(cfg, fp8, limits_for(x))
-
-
-def triton_mega_config(x: torch.Tensor, weights: ExpertWeights, top_k: int) -> MegaMoEConfig:
-    """The kernel's tiles for this call (check :func:`triton_mega_unavailable_reason` first)."""
-    from sglang.kernels.ops.moe.mega_moe_triton import fit_config, get_mega_config
+    from sglang.kernels.ops.moe.mega_moe_triton import (
+        fit_config,
+        get_mega_config,
+        mega_unfit_reason,
+        unsupported_reason,
+    )
 
     fp8 = weights.w13.dtype == torch.float8_e4m3fn
     e, two_i, h = weights.w13.shape
-    return fit_config(get_mega_config(x.shape[0], e, top_k, fp8), h, two_i // 2, fp8)
+    block = tuple(weights.block_shape or (128, 128))
+    limits = limits_for(device)
+    # The tiles step with the rows an expert gets (T * top_k / E): one batch size per step.
+    for rows in _TILE_STEP_ROWS:
+        tokens = max(1, int(rows * e / top_k))
+        cfg = fit_config(get_mega_config(tokens, e, top_k, fp8), h, two_i // 2, fp8)
+        why = unsupported_reason(
+            h, two_i // 2, fp8, (int(block[0]), int(block[1])), cfg
+        ) or mega_unfit_reason(cfg, fp8, limits)
+        if why is not None:
+            return why
+    return None
 
 
 def run_triton_mega_routed(
@@ -81,11 +84,9 @@ def run_triton_mega_routed(
     *,
     activation: str,
     swiglu_limit: float | None,
-    config: MegaMoEConfig,
 ) -> torch.Tensor:
-    """Routed experts through one Triton MegaMoE launch on the SM budget with ``config``
-    (:func:`triton_mega_config`); combined rows. The top-k weights already hold the routed
-    scaling."""
+    """Routed experts through one Triton MegaMoE launch on the SM budget (tiles by the batch's
+    size); combined rows. The top-k weights already hold the routed scaling."""
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoELaunch, mega_fused_experts
 
     info = device_sm_info(x.device)
@@ -98,20 +99,20 @@ def run_triton_mega_routed(
         f"{envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.get()})",
     )
     launch: list[MegaMoELaunch] = []
-    out = mega_fused_experts(
+    out = allocate_moe_output(x)  # the final output, allocated like every runner's
+    mega_fused_experts(
         x,
         weights.w13,
         weights.w2,
         topk_weights,
         topk_ids,
-        config=config,
         num_sms=budget,
         activation=activation,
         swiglu_limit=swiglu_limit,
         w13_scale=weights.w13_scale,
         w2_scale=weights.w2_scale,
         block_shape=weights.block_shape,
-        out=allocate_moe_output(x),
+        out=out,
         timeout_ms=envs.SGLANG_MEGA_MOE_WAIT_TIMEOUT_MS.get(),
         launch_info=launch,
     )

@@ -49,7 +49,7 @@ def mega_moe_sm_budget(device: int | torch.device | None = None) -> int | None:
     return max(MIN_SMS, budget - budget % 2)
 
 
-def _mega_moe_max_num_sms(device: int | torch.device | None = None) -> int | None:
+def deep_gemm_sm_budget(device: int | torch.device | None = None) -> int | None:
     """The SM budget for DeepGEMM's MegaMoE kernel on ``device``, or ``None`` where no
     reservation applies: reserve 0, or an architecture DeepGEMM has no whole-grid MegaMoE for.
 
@@ -58,6 +58,10 @@ def _mega_moe_max_num_sms(device: int | torch.device | None = None) -> int | Non
     if device_sm_info(device).arch not in WHOLE_GRID_MEGA_MOE_ARCHS:
         return None
     return mega_moe_sm_budget(device)
+
+
+# Upstream SGLang's name for it, which its MegaMoE patch and code written against it use.
+_mega_moe_max_num_sms = deep_gemm_sm_budget
 
 
 def _narrowed_num_sms(budget: int, current: int) -> int:
@@ -78,7 +82,7 @@ def _configure_mega_moe_deep_gemm_num_sms(
     Wrap exactly the MegaMoE kernel call. The previous value is restored on every exit, errors
     included. The body runs under :data:`DEEP_GEMM_SM_LOCK`, so another thread's DeepGEMM call
     (made through ``deep_gemm_call_guard``) never sees the narrowed value."""
-    budget = _mega_moe_max_num_sms(device)
+    budget = deep_gemm_sm_budget(device)
     with DEEP_GEMM_SM_LOCK:
         if budget is None:
             yield None

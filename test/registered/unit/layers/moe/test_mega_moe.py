@@ -10,7 +10,8 @@ import torch
 
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe import mega_moe, sm_budget
-from sglang.srt.layers.moe.mega_moe import MegaMoEParams, mega_moe_pre_dispatch, try_run_mega_routed
+from sglang.srt.layers.moe.a2a.mega_moe_a2a import try_run_mega_routed
+from sglang.srt.layers.moe.mega_moe import MegaMoEParams, mega_moe_pre_dispatch
 from sglang.srt.utils.device import DeviceSMInfo
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.fake_deep_gemm import FakeDeepGemmGemms, FakeMegaBuffer

@@ -3,6 +3,8 @@ FusedMoE.forward is the same dispatch -> runner -> combine for every one of them
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -10,7 +12,6 @@ from sglang.srt.layers.moe.a2a import (
     MOE_A2A_BACKENDS,
     DispatchOutput,
     MoEA2ABackend,
-    RankExperts,
     mega_moe_a2a,
 )
 from sglang.srt.layers.moe.a2a import base as a2a_base
@@ -111,8 +112,10 @@ def test_megamoe_kernel_rows_skip_the_runner_and_the_reduce(
     monkeypatch.setattr(a2a_base, "tensor_model_parallel_all_reduce", reduce)
     x, topk, shared = _inputs()
     kernel_rows = torch.randn(T, H)
-    monkeypatch.setattr(mega_moe_a2a, "try_run_mega_routed", lambda *a, **kw: kernel_rows)
     layer = _layer("megamoe", tp_rank=0, tp_size=2)
+    monkeypatch.setattr(
+        layer.a2a, "kernel", lambda w: SimpleNamespace(combined_rows=lambda *a: kernel_rows)
+    )
 
     def no_runner(*a: object, **kw: object) -> torch.Tensor:
         raise AssertionError("the runner ran although the kernel combined the rows")
@@ -131,7 +134,7 @@ def test_a_new_backend_is_one_registry_entry(monkeypatch: pytest.MonkeyPatch) ->
         name = "doubling"
 
         def dispatch(
-            self, hidden: torch.Tensor, topk: TopKOutput, experts: RankExperts
+            self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights
         ) -> DispatchOutput:
             calls.append("dispatch")
             return DispatchOutput(2 * hidden, topk)

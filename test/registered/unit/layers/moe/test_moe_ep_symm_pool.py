@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang.srt.distributed.symm_mem import allocator as pa
-from sglang.srt.layers import dp_attention as dpa
+from sglang.srt.distributed.symm_mem import output_scope
 from sglang.srt.layers.dp_attention import (
     DpPaddingMode,
     _DpGatheredBufferWrapper,
@@ -34,7 +34,7 @@ E, H, I, K, T = 4, 16, 24, 2, 5
 @pytest.fixture
 def pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSymmetricPool]:
     monkeypatch.setattr(pa, "require_nccl_version", lambda *a, **k: (2, 28, 9))
-    monkeypatch.setattr(dpa, "get_tp_group_or_none", lambda: FakeGroup())
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: FakeGroup())
     pa.set_symmetric_memory_enabled(True)
     fake = FakeSymmetricPool()
     pa.set_symmetric_pool(fake)

@@ -7,7 +7,7 @@ import torch
 
 from sglang.kernels.ops.moe.fused_moe import fused_experts_torch
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
-from sglang.srt.layers import dp_attention as dpa
+from sglang.srt.distributed.symm_mem import output_scope
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner import (
     MOE_RUNNERS,
@@ -139,9 +139,9 @@ def test_torch_runner_is_a_real_moe() -> None:
 def recorder(monkeypatch: pytest.MonkeyPatch) -> SymmetricScopeRecorder:
     rec = SymmetricScopeRecorder()
     group = object()
-    monkeypatch.setattr(dpa, "use_symmetric_memory", rec)
-    monkeypatch.setattr(dpa, "is_allocation_symmetric", lambda: True)
-    monkeypatch.setattr(dpa, "get_tp_group_or_none", lambda: group)
+    monkeypatch.setattr(output_scope, "use_symmetric_memory", rec)
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: True)
+    monkeypatch.setattr(output_scope, "get_tp_group_or_none", lambda: group)
     return rec
 
 
@@ -189,7 +189,7 @@ def test_inplace_allocates_nothing_in_the_pool(
 def test_asymmetric_allocation_bypasses_the_pool(
     recorder: SymmetricScopeRecorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dpa, "is_allocation_symmetric", lambda: False)
+    monkeypatch.setattr(output_scope, "is_allocation_symmetric", lambda: False)
     gen = torch.Generator().manual_seed(13)
     hidden, topk = _inputs(4, gen)
     create_moe_runner("torch", MoERunConfig()).run(hidden, topk, _weights(False, gen))

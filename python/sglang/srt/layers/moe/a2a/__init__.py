@@ -4,13 +4,12 @@ all-reduce, or none) of their outputs."""
 
 from __future__ import annotations
 
-from sglang.srt.layers.moe.a2a.base import DispatchOutput, MoEA2ABackend, RankExperts
+from sglang.srt.layers.moe.a2a.base import DispatchOutput, MoEA2ABackend
 from sglang.srt.layers.moe.a2a.registry import MOE_A2A_BACKENDS, create_a2a_backend
 
 __all__ = [
     "MOE_A2A_BACKENDS",
     "DispatchOutput",
     "MoEA2ABackend",
-    "RankExperts",
     "create_a2a_backend",
 ]

@@ -17,18 +17,8 @@ import torch
 from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.fused_moe_config import FusedMoEConfig
-from sglang.srt.layers.moe.mega_moe import MegaMoEParams
 from sglang.srt.layers.moe.mega_moe_weights import MegaWeights
 from sglang.srt.layers.moe.topk import TopKOutput
-
-
-@dataclass(frozen=True)
-class RankExperts:
-    """What this rank holds of a layer's experts when it runs."""
-
-    weights: ExpertWeights  # this rank's part, in the runner's layout
-    mega_weights: MegaWeights | None  # the same experts in DeepGEMM's MegaMoE layout, if built
-    mega_params: MegaMoEParams
 
 
 @dataclass(frozen=True)
@@ -140,9 +130,10 @@ class MoEA2ABackend(ABC):
 
     @abstractmethod
     def dispatch(
-        self, hidden: torch.Tensor, topk: TopKOutput, experts: RankExperts
+        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights
     ) -> DispatchOutput:
-        """This rank's rows ``hidden [T, H]`` routed by ``topk`` (global expert ids)."""
+        """This rank's rows ``hidden [T, H]`` routed by ``topk`` (global expert ids), for the
+        experts this rank holds (``weights``, in the runner's layout)."""
 
     @abstractmethod
     def combine(
@@ -156,7 +147,24 @@ class MoEA2ABackend(ABC):
         ``shared`` (the shared expert's output, sharded as :attr:`shared_expert_tp` says) added
         where its sharding needs it."""
 
-    def kernel_summary(self, experts: RankExperts, dtype: torch.dtype) -> str | None:
+    def mega_weights(self, weights: ExpertWeights | None) -> MegaWeights | None:
+        """The DeepGEMM MegaMoE-layout weights this backend's fused kernel reads (None: it runs
+        none)."""
+        return None
+
+    def set_mega_weights(self, mega_weights: MegaWeights | None) -> None:
+        raise ValueError(
+            f"--moe-a2a-backend {self.name} runs no MegaMoE kernel: it takes no MegaMoE weights"
+        )
+
+    def run_mega_moe(
+        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights
+    ) -> torch.Tensor:
+        """The MegaMoE kernel alone on these rows, combined over the group; raises naming why
+        when this backend has none or none takes the batch."""
+        raise RuntimeError(f"--moe-a2a-backend {self.name} runs no MegaMoE kernel")
+
+    def kernel_summary(self, weights: ExpertWeights, dtype: torch.dtype) -> str | None:
         """Which fused kernel takes decode-sized batches, and why (startup log); None: the
         runner takes every batch."""
         return None

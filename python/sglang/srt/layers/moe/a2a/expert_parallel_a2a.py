@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 from sglang.srt.distributed.moe_groups import get_moe_groups
 from sglang.srt.distributed.parallel_state import GroupCoordinator, get_tp_group_or_none
-from sglang.srt.layers.moe.a2a.base import DispatchOutput, MoEA2ABackend, RankExperts
+from sglang.srt.layers.moe.a2a.base import DispatchOutput, MoEA2ABackend
+from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.topk import TopKOutput
 
 
@@ -98,7 +99,7 @@ class ExpertParallelA2A(MoEA2ABackend):
         return out
 
     def dispatch(
-        self, hidden: torch.Tensor, topk: TopKOutput, experts: RankExperts
+        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights
     ) -> DispatchOutput:
         ep, _ = self._groups()
         rows, k = topk.topk_ids.shape

@@ -9,9 +9,9 @@ import torch
 from sglang.srt.layers.moe.a2a.base import (
     DispatchOutput,
     MoEA2ABackend,
-    RankExperts,
     reduce_partial_sums,
 )
+from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.topk import TopKOutput
 
 
@@ -19,7 +19,7 @@ class TensorParallelA2A(MoEA2ABackend):
     name = "none"
 
     def dispatch(
-        self, hidden: torch.Tensor, topk: TopKOutput, experts: RankExperts
+        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights
     ) -> DispatchOutput:
         return DispatchOutput(hidden, topk)  # every rank computes every row: nothing moves
 

@@ -17,8 +17,8 @@ from typing import ClassVar
 
 import torch
 
+from sglang.srt.distributed.symm_mem.output_scope import symmetric_output_scope
 from sglang.srt.layers.activation import ACTIVATIONS
-from sglang.srt.layers.dp_attention import symmetric_output_scope
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.topk import TopKOutput
 

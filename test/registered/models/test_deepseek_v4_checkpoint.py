@@ -14,14 +14,11 @@ import pytest
 import torch
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.deepseek_v4_loader import (
-    WeightLoadError,
-    load_deepseek_v4,
-    load_weights,
-)
+from sglang.srt.model_loader.checkpoint_index import WeightLoadError
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.loading import load_model, load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_tiny import CONFIG_A, our_model, reference_model, rel_err, token_ids
 from sglang.test.release_checkpoint import deepseek_v4 as release
@@ -62,7 +59,7 @@ def _release_state(hf) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-de
 
 
 def _load(path: Path) -> DeepseekV4ForCausalLM:
-    return load_deepseek_v4(
+    return load_model(
         path,
         LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),
         LoadOptions(progress=False),

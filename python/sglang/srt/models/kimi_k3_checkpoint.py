@@ -1,7 +1,8 @@
-"""Load a Kimi K3 model from a directory (config.json + safetensors) or from named tensors.
+"""How Kimi K3's checkpoint reads: its :class:`CheckpointRules` for the one checkpoint loop
+(``models/kimi_k3.py`` registers them with the model).
 
-Every parameter is looked up by its model name after mapping the checkpoint's spelling (see
-``kimi_k3_names``); each parameter's ``weight_loader`` checks the full shape and keeps this rank's
+Every parameter is looked up by its model name after mapping the checkpoint's spelling (the names
+section below); each parameter's ``weight_loader`` checks the full shape and keeps this rank's
 shard (TP: heads / intermediate rows; fp32 KDA tensors stay fp32). Routed experts:
 - per-expert ``experts.E.w1|w2|w3`` in bf16, MXFP4 (compressed-tensors: ``weight_packed`` two
   E2M1 values a byte + ``weight_scale`` one UE8M0 byte per 32), or FP8 with 128x128 block scales
@@ -14,32 +15,76 @@ shard (TP: heads / intermediate rows; fp32 KDA tensors stay fp32). Routed expert
 A missing, mis-shaped, wrongly typed or (with ``strict``) unexpected tensor raises
 :class:`WeightLoadError` naming it. Vision tensors, and layers past ``num_hidden_layers`` (MTP),
 are skipped with one log line.
+
+Names: checkpoint tensor names of Kimi K3 -> the model's parameter names.
+
+The model's names are the text model's (``model.layers.N.self_attn.q_proj.weight``,
+``model.layers.N.mlp.gate.weight``, ``lm_head.weight``). Accepted spellings:
+- the released multimodal wrapper: ``language_model.model.layers.N...``,
+  ``language_model.lm_head.weight``; MoE layers under ``block_sparse_moe``; MXFP4 experts as
+  ``experts.E.wK.weight_packed`` / ``weight_scale``;
+- the same without ``language_model.`` (the flat text checkpoint), and ``language_model.layers.N``
+  (the wrapper's other spelling, mapped onto ``model.layers.N``);
+- transformers' Kimi Linear spelling of the KDA gate (``self_attn.forget_gate.f_a_proj`` ...).
+Vision tower and projector tensors map to ``None``: a text-only engine does not load them.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+import re
 
 import torch
 
-from sglang.srt.layers.build_spec import DEFAULT_BUILD_SPEC, LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import WeightFormat
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
-from sglang.srt.model_loader.checkpoint_loop import (
-    CheckpointRules,
-    LoadReport,
-    load_checkpoint,
-    load_model_dir,
-)
+from sglang.srt.model_loader.checkpoint_loop import CheckpointRules
 from sglang.srt.model_loader.expert_loading import FP8_DTYPES
-from sglang.srt.model_loader.kimi_k3_names import canonical_name, layer_of
-from sglang.srt.model_loader.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
-from sglang.srt.model_loader.weight_source import WeightSource, as_weight_source
-from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 
-__all__ = ["WeightLoadError", "checkpoint_rules", "load_kimi_k3", "load_weights"]
+__all__ = ["WeightLoadError", "canonical_name", "checkpoint_rules"]
+
+
+# --- names ------------------------------------------------------------------------------
+
+_VISION_PREFIXES = (
+    "vision_tower.",
+    "vision_model.",
+    "mm_projector.",
+    "multi_modal_projector.",
+    "mm_proj.",
+)
+_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(p), r)
+    for p, r in (
+        (r"\.block_sparse_moe\.", ".mlp."),
+        (r"\.weight_packed$", ".weight"),
+        (r"\.self_attn\.forget_gate\.", ".self_attn."),
+    )
+)
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def canonical_name(name: str) -> str | None:
+    """The model's name for checkpoint tensor ``name``; ``None`` for tensors a text model skips."""
+    if name.startswith(_VISION_PREFIXES):
+        return None
+    name = name.removeprefix("language_model.")
+    if name.startswith(_VISION_PREFIXES):
+        return None
+    if not name.startswith(("model.", "lm_head.")):
+        name = "model." + name
+    for pattern, repl in _RULES:
+        name = pattern.sub(repl, name)
+    return name
+
+
+def layer_of(canon: str) -> int | None:
+    """The decoder layer a canonical name belongs to (``None`` for model-level tensors)."""
+    m = _LAYER.match(canon)
+    return None if m is None else int(m.group(1))
+
+
+# --- tensors ------------------------------------------------------------------------------
 
 
 def _dense(index: CheckpointIndex, canon: str) -> torch.Tensor:
@@ -59,10 +104,10 @@ def _scale_suffixes(fmt: WeightFormat) -> tuple[str, ...]:
     return (".weight_scale_inv", ".weight_scale")
 
 
-def checkpoint_rules(model: KimiK3ForCausalLM) -> CheckpointRules:
+def checkpoint_rules(config: KimiK3Config) -> CheckpointRules:
     """Kimi K3's checkpoint: the multimodal wrapper's names, text layers only, quantised experts
     only."""
-    c = model.config
+    c = config
     num_layers = c.num_hidden_layers
 
     def in_model(name: str) -> str | None:
@@ -88,23 +133,3 @@ def checkpoint_rules(model: KimiK3ForCausalLM) -> CheckpointRules:
         scale_suffixes=_scale_suffixes,
         tied=("lm_head.weight", "model.embed_tokens.weight") if c.tie_word_embeddings else None,
     )
-
-
-def load_weights(
-    model: KimiK3ForCausalLM,
-    source: WeightSource | Mapping[str, torch.Tensor],
-    opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
-) -> LoadReport:
-    """Fill ``model`` from ``source`` (a :class:`WeightSource` or a name -> tensor mapping);
-    returns what is resident against the checkpoint bytes of this rank's share."""
-    return load_checkpoint(model, as_weight_source(source), checkpoint_rules(model), opts)
-
-
-def load_kimi_k3(
-    model_dir: str | os.PathLike[str],
-    spec: LayerBuildSpec = DEFAULT_BUILD_SPEC,
-    opts: LoadOptions = DEFAULT_LOAD_OPTIONS,
-) -> KimiK3ForCausalLM:
-    """config.json + safetensors in ``model_dir`` -> a ready model (this rank's shard)."""
-    model = KimiK3ForCausalLM(KimiK3Config.from_json_file(model_dir), spec)
-    return load_model_dir(model, model_dir, checkpoint_rules(model), opts)

@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.model_loader.kimi_k3_loader import WeightLoadError, load_kimi_k3, load_weights
-from sglang.srt.model_loader.kimi_k3_names import canonical_name
+from sglang.srt.model_loader.checkpoint_index import WeightLoadError
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+from sglang.srt.models.kimi_k3_checkpoint import canonical_name
 from sglang.srt.models.kimi_k3_config import ConfigError, KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
+from sglang.srt.models.loading import load_model, load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.kimi_k3_tiny import CONFIG_A, CONFIG_B, config, make_model, tokens
 from sglang.test.multiprocess import run_distributed
@@ -201,7 +202,7 @@ def test_directory_round_trip_with_bf16_experts(tmp_path: Path) -> None:
     release.write_from_tensors(
         tmp_path, CONFIG_B, release.from_model(src), experts="bf16", dense_dtype=None
     )
-    model = load_kimi_k3(
+    model = load_model(
         tmp_path,
         LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),
         LoadOptions(progress=False),
@@ -252,7 +253,7 @@ def _rank_logits(
     ps.initialize_model_parallel(world)
     out: dict[str, torch.Tensor] = {}
     for a2a in ("none", "megamoe"):
-        model = load_kimi_k3(
+        model = load_model(
             model_dir,
             LayerBuildSpec(
                 dtype=torch.float32,

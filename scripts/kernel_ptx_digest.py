@@ -1,0 +1,278 @@
+"""Compile Triton kernels for sm_90 on this machine (no GPU) as their launchers would launch them,
+and print a digest of each kernel's PTX with the debug information left out: a refactor of a
+launcher or of a ``@triton.jit`` helper that must not change the code the GPU runs shows the same
+digests before and after.
+
+The launchers run on CPU tensors with ``JITFunction.run`` replaced by a recorder, so every
+argument (pointers with their element type, integers, floats, constexprs, ``num_warps``,
+``num_stages``) is what the real launch passes. Pointers, and integers that are multiples of 16,
+get the divisibility a real launch of 16-byte-aligned tensors gives them.
+
+    python scripts/kernel_ptx_digest.py                 # name, digest, registers per kernel
+    python scripts/kernel_ptx_digest.py --dump DIR      # also each stripped PTX as DIR/NAME.ptx
+    python scripts/kernel_ptx_digest.py --compare DIR   # exit 1 when a PTX differs from DIR's
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+from triton.runtime.jit import JITFunction
+
+from sglang.test.sm90_compile import compile_sm90
+
+_TRITON_DTYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "i1",
+    torch.float8_e4m3fn: "fp8e4nv",
+}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One recorded launch: the kernel and its arguments by name."""
+
+    fn: JITFunction
+    args: dict[str, Any]
+    num_warps: int
+    num_stages: int
+
+
+@contextmanager
+def recorded_launches() -> Iterator[list[Launch]]:
+    """Every ``kernel[grid](...)`` inside the block is recorded instead of launched."""
+    launches: list[Launch] = []
+    original = JITFunction.run
+
+    def record(self: JITFunction, *args: Any, grid: Any = None, warmup: bool = False, **kw: Any):  # type: ignore[no-untyped-def]
+        warps = int(kw.pop("num_warps", 4))
+        stages = int(kw.pop("num_stages", 3))
+        named = dict(zip(self.arg_names, args, strict=False))
+        named.update({k: v for k, v in kw.items() if k in self.arg_names})
+        launches.append(Launch(self, named, warps, stages))
+
+    JITFunction.run = record  # type: ignore[method-assign]
+    try:
+        yield launches
+    finally:
+        JITFunction.run = original  # type: ignore[method-assign]
+
+
+def compile_launch(launch: Launch) -> Any:
+    """The sm_90 compile of a recorded launch."""
+    signature: dict[str, str] = {}
+    constexprs: dict[str, Any] = {}
+    aligned: list[str] = []
+    for index, name in enumerate(launch.fn.arg_names):
+        value = launch.args[name]
+        if launch.fn.params[index].is_constexpr:
+            constexprs[name] = value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TRITON_DTYPES[value.dtype]
+            aligned.append(name)
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                aligned.append(name)
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif value is None:
+            constexprs[name] = None
+        else:
+            raise TypeError(f"{launch.fn.__name__}: argument {name} of type {type(value)}")
+    return compile_sm90(
+        launch.fn, signature, constexprs, launch.num_warps, launch.num_stages, tuple(aligned)
+    )
+
+
+def stripped_ptx(ptx: str) -> str:
+    """The PTX without its debug information: ``.loc`` / ``.file`` lines, debug sections and the
+    ``$L__tmpN`` labels that only mark source ranges (an inlined helper adds some)."""
+    out, skipping = [], False
+    for line in ptx.splitlines():
+        text = line.strip()
+        if text.startswith(".section") and ".debug" in text:
+            skipping = True
+            continue
+        if skipping:
+            if text == "}":
+                skipping = False
+            continue
+        if text.startswith((".loc", ".file", "//")) or not text:
+            continue
+        if re.fullmatch(r"\$L__tmp\d+:", text):
+            continue
+        out.append(re.sub(r"\s+//.*$", "", line.rstrip()))
+    return "\n".join(out) + "\n"
+
+
+# --- the launchers, on small CPU inputs ---------------------------------------------------------
+
+
+def _sparse_decode() -> None:
+    from sglang.kernels.ops.attention.sparse_decode_attention import sparse_decode_attention
+
+    bs, heads, d, slots, window, entries = 2, 16, 64, 3, 8, 16
+    q = torch.randn(bs, heads, d, dtype=torch.bfloat16)
+    ring = torch.randn(slots, window, d, dtype=torch.bfloat16)
+    ent = torch.randn(slots, entries, d, dtype=torch.bfloat16)
+    idx = torch.tensor([0, 2])
+    pos = torch.tensor([5, 30])
+    sink = torch.randn(heads)
+    picks = torch.zeros(bs, 4, dtype=torch.int32)
+    sparse_decode_attention(q, ring, idx, pos, sink, 0.1, entries=ent, ratio=4, picks=picks)
+    # paged FP8 entries (--kv-cache-dtype fp8_e4m3), read through a block table
+    from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
+
+    fmt = Fp8RowFormat(d, 16)
+    blocks = fmt.quantize(torch.randn(5, 4, d))
+    table = torch.arange(slots * 2, dtype=torch.int64).view(slots, 2) % 5
+    sparse_decode_attention(
+        q, ring, idx, pos, sink, 0.1, entries=blocks, ratio=4, table=table, entry_fp8=fmt
+    )
+
+
+def _absorbed_decode() -> None:
+    from sglang.kernels.ops.attention.absorbed_mla_decode import absorbed_mla_decode
+
+    bs, heads, latent, rope, blocks, rows = 2, 16, 512, 64, 4, 16
+    q_lat = torch.randn(bs, heads, latent)
+    q_pe = torch.randn(bs, heads, rope)
+    store = torch.randn(blocks, rows, latent + rope, dtype=torch.bfloat16)
+    table = torch.arange(4, dtype=torch.int32).view(bs, 2)
+    absorbed_mla_decode(q_lat, q_pe, store, table, torch.tensor([20, 9]), 0.05)
+    from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
+
+    fmt = Fp8RowFormat(latent + rope, rope)  # FP8 latents, the rope part kept bf16
+    rows = fmt.quantize(torch.randn(blocks, 16, latent + rope))
+    absorbed_mla_decode(q_lat, q_pe, rows, table, torch.tensor([20, 9]), 0.05, fp8=fmt)
+
+
+def _sparse_prefill() -> None:
+    from sglang.kernels.ops.attention.sparse_prefill_attention import sparse_prefill_attention
+
+    n, heads, d = 8, 16, 64
+    q = torch.randn(n, heads, d, dtype=torch.bfloat16)
+    win = torch.randn(n, d, dtype=torch.bfloat16)
+    ent = torch.randn(4, d, dtype=torch.bfloat16)
+    sparse_prefill_attention(
+        q, 0, win, 0, torch.randn(heads), scale=0.1, window=4, entries=ent, ratio=2
+    )
+
+
+def _norm_rope() -> None:
+    from sglang.kernels.ops.attention import norm_rope as k
+
+    x = torch.randn(4, 8, 128, dtype=torch.bfloat16)
+    cos, sin = torch.randn(4, 32), torch.randn(4, 32)
+    w = torch.randn(128, dtype=torch.bfloat16)
+    if hasattr(k, "RowNorm"):  # the norm as one bundle
+        weighted = {"norm": k.RowNorm.weighted(w, 1e-6)}
+        unweighted = {"norm": k.RowNorm.unweighted(1e-6)}
+    else:
+        weighted = {"norm": "weighted", "weight": w, "eps": 1e-6}
+        unweighted = {"norm": "unweighted", "eps": 1e-6}
+    k.norm_rope(x, cos, sin, out=torch.empty_like(x), **weighted)
+    k.norm_rope(x, cos, sin, out=torch.empty_like(x), **unweighted)
+    k.norm_rope(x.float(), cos, sin, out=torch.empty_like(x), inverse=True)
+
+
+def _mhc() -> None:
+    from sglang.kernels.ops.layernorm import mhc_triton
+
+    t, hc, h = 4, 4, 256
+    n_mix = (2 + hc) * hc
+    res = torch.randn(t, hc, h, dtype=torch.bfloat16)
+    fn = torch.randn(n_mix, hc * h)
+    scale, base = torch.randn(3), torch.randn(n_mix)
+    norm_w = torch.randn(h, dtype=torch.bfloat16)
+    out = torch.empty(t, h, dtype=torch.bfloat16)
+    x = torch.randn(t, h, dtype=torch.bfloat16)
+    post, comb = torch.rand(t, hc), torch.rand(t, hc, hc)
+    mhc_triton.mhc_pre_triton(res, fn, scale, base, out, **_mhc_scalars(norm_w))
+    mhc_triton.mhc_post_triton(x, res, post, comb)
+    mhc_triton.mhc_fused_post_pre_triton(
+        res, x, post, comb, torch.empty_like(res), fn, scale, base, out, **_mhc_scalars(norm_w)
+    )
+
+
+def _mhc_scalars(norm_w: torch.Tensor) -> dict[str, Any]:
+    """The mHC constants, as the launcher in this tree takes them."""
+    import inspect
+
+    from sglang.kernels.ops.layernorm import mhc_triton
+
+    values = {"rms_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
+    names = inspect.signature(mhc_triton.mhc_pre_triton).parameters
+    if "params" in names:
+        from sglang.kernels.ops.layernorm.mhc_params import MhcParams
+
+        return {"params": MhcParams(**values, norm_weight=norm_w, norm_eps=1e-6)}
+    return {**values, "norm_weight": norm_w, "norm_eps": 1e-6}
+
+
+LAUNCHERS: dict[str, Callable[[], None]] = {
+    "sparse_decode_attention": _sparse_decode,
+    "absorbed_mla_decode": _absorbed_decode,
+    "sparse_prefill_attention": _sparse_prefill,
+    "norm_rope": _norm_rope,
+    "mhc_triton": _mhc,
+}
+
+
+def digests() -> Iterator[tuple[str, str, str]]:
+    """(name, digest, stripped PTX) of every kernel the launchers launch, in launch order."""
+    for group, launcher in LAUNCHERS.items():
+        with recorded_launches() as launches:
+            launcher()
+        seen: dict[str, int] = {}
+        for launch in launches:
+            base = f"{group}.{launch.fn.__name__}"
+            seen[base] = seen.get(base, 0) + 1
+            name = f"{base}.{seen[base]}"
+            ptx = stripped_ptx(compile_launch(launch).asm["ptx"])
+            yield name, hashlib.sha256(ptx.encode()).hexdigest()[:16], ptx
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dump", type=Path, help="write each stripped PTX as DIR/NAME.ptx")
+    parser.add_argument("--compare", type=Path, help="compare with the PTX files in DIR")
+    args = parser.parse_args()
+    if args.dump:
+        args.dump.mkdir(parents=True, exist_ok=True)
+    differ = 0
+    for name, digest, ptx in digests():
+        verdict = ""
+        if args.compare:
+            old = args.compare / f"{name}.ptx"
+            same = old.is_file() and old.read_text() == ptx
+            differ += not same
+            verdict = "  unchanged" if same else "  CHANGED"
+        if args.dump:
+            (args.dump / f"{name}.ptx").write_text(ptx)
+        print(f"{name:60s} {digest}{verdict}")
+    print(f"triton {triton.__version__}, sm_90")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import re
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ from sglang.srt.layers.quantization.mxfp4 import quant_mxfp4
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
+from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
 from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_tiny import CONFIG_A, CONFIG_C, reference_model, rel_err, token_ids
@@ -112,19 +112,25 @@ def test_mega_path_with_built_weights_matches_normal_path(
     for layer in mega.decoder_layers:
         (l1, l1_sf), _ = layer.ffn.experts.mega_weights
         assert l1.dtype == torch.int8 and l1_sf.dtype == torch.int32 and l1_sf.stride(1) == 1
-        kernel = layer.ffn.experts.a2a.kernel  # the MegaMoE kernel inside the one experts call
+        run = layer.ffn.experts.a2a.run_mega_moe  # what the MegaMoE call site runs
 
-        def record(weights: Any, kernel: Any = kernel) -> SimpleNamespace:
-            def combined_rows(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-                y = kernel(weights).combined_rows(x, ids, w)
-                seen.append((x.clone(), TopKOutput(w, ids), y))
-                return y
+        def record(x: torch.Tensor, topk: TopKOutput, weights: Any, run: Any = run) -> Any:
+            y = run(x, topk, weights)
+            seen.append((x.clone(), topk, y))
+            return y
 
-            return SimpleNamespace(combined_rows=combined_rows)
+        monkeypatch.setattr(layer.ffn.experts.a2a, "run_mega_moe", record)
+    call_sites: list[int] = []
+    site = DeepseekV4MoE._run_mega_routed
 
-        monkeypatch.setattr(layer.ffn.experts.a2a, "kernel", record)
+    def counted(self: DeepseekV4MoE, *args: Any) -> torch.Tensor:
+        call_sites.append(self.layer_id)
+        return site(self, *args)
+
+    monkeypatch.setattr(DeepseekV4MoE, "_run_mega_routed", counted)
     with torch.no_grad():
         got = mega(ids, torch.arange(12))
+    assert call_sites == list(range(layers))  # the forward goes through the MegaMoE call site
     names = [n for n, _ in rec.dg.calls]
     assert (
         names.count("fp8_fp4_mega_moe") == layers

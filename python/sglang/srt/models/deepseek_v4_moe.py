@@ -144,13 +144,15 @@ class DeepseekV4MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, ``input_ids [T]`` (the token id of every row: hash layers route by it)
-        -> ``[T, H]``, complete (reduced over the TP group). One call for every a2a backend: the
-        shared partial sum joins the routed one in the combine (``none``) or is added after it
-        (expert-parallel backends)."""
-        topk = self.route(x, input_ids)
+        -> ``[T, H]``, complete (reduced over the TP group). A batch a MegaMoE kernel takes goes
+        through the MegaMoE call site; every other batch takes the experts' one call for every
+        a2a backend: the shared partial sum joins the routed one in the combine (``none``) or is
+        added after it (expert-parallel backends)."""
         # Shared expert before the experts: an in-place expert runner may overwrite x.
         shared = self.shared_experts(x) if self.shared_experts is not None else None
-        return self.experts(x, topk, shared=shared)
+        if self.experts.mega_kernel_takes(x):
+            return self._run_mega_routed(x, input_ids, shared)
+        return self.experts(x, self.route(x, input_ids), shared=shared)
 
     def _run_mega_routed(
         self, x: torch.Tensor, input_ids: torch.Tensor, shared: torch.Tensor | None

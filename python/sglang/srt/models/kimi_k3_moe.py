@@ -123,7 +123,9 @@ class KimiK3MoE(nn.Module):
         """``x [T, H]`` -> ``[T, H]``, complete (reduced over the TP group).
 
         Routing (fp32 logits, sigmoid + bias top-k) and the latent down projection, the shared
-        experts, then the routed experts in one call for every a2a backend: tensor-parallel
+        experts, then the routed experts: a batch a MegaMoE kernel takes through the MegaMoE
+        call site (:meth:`_forward_mega_experts`), every other in the experts' one call for every
+        a2a backend. Tensor-parallel
         experts' partial latent sums are all-reduced inside it, before the norm; the MegaMoE
         kernel returns latent rows already combined over the expert-parallel group, so the norm
         follows with no all-reduce (the shared experts are replicated there)."""
@@ -132,7 +134,11 @@ class KimiK3MoE(nn.Module):
         # Before the experts: z is x itself without a latent, and an expert runner may write
         # its input in place.
         shared = self.shared_experts(x) if self.shared_experts is not None else None
-        out = self._up(self.experts(z, topk))
+        if self.experts.mega_kernel_takes(z):
+            routed = self._forward_mega_experts(z, topk)
+        else:
+            routed = self.experts(z, topk)
+        out = self._up(routed)
         return out if shared is None else out + shared
 
     def _forward_mega_experts(self, z: Tensor, topk: TopKOutput) -> Tensor:

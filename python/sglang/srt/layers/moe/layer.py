@@ -243,6 +243,12 @@ class FusedMoE(nn.Module):
             )
         return self.a2a.combine(routed, dispatched, shared=shared)
 
+    def mega_kernel_takes(self, hidden: torch.Tensor) -> bool:
+        """Whether this layer's a2a backend runs a MegaMoE kernel and one takes ``hidden``'s
+        batch: the models then call their MegaMoE call site (:meth:`forward_mega`), else
+        :meth:`forward`."""
+        return self.a2a.mega_kernel_takes(hidden, self._local_weights("mega_kernel_takes"))
+
     def forward_mega(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
         """The MegaMoE kernel alone on ``hidden`` routed by ``topk``: this rank's rows combined
         over the expert-parallel group (the models' MegaMoE call sites, DeepSeek V4's

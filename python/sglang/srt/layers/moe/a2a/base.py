@@ -157,6 +157,11 @@ class MoEA2ABackend(ABC):
             f"--moe-a2a-backend {self.name} runs no MegaMoE kernel: it takes no MegaMoE weights"
         )
 
+    def mega_kernel_takes(self, hidden: torch.Tensor, weights: ExpertWeights) -> bool:
+        """Whether a MegaMoE kernel takes ``hidden``'s batch (the models then call their MegaMoE
+        call site; otherwise the experts' normal call)."""
+        return False
+
     def run_mega_moe(
         self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights
     ) -> torch.Tensor:

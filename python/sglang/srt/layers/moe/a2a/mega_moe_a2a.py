@@ -213,6 +213,15 @@ class MegaMoEA2A(MoEA2ABackend):
             return DispatchOutput(hidden, topk, combined)
         return DispatchOutput(hidden, self._local_topk(topk))
 
+    def mega_kernel_takes(self, hidden: torch.Tensor, weights: ExpertWeights) -> bool:
+        choice = self.kernel(weights).plan.kernel_for(hidden.shape[0], hidden.dtype)
+        if choice.backend == "none":
+            log_once(
+                logger, logging.WARNING, f"MegaMoE falls back to the normal MoE path: {choice.why}"
+            )
+            return False
+        return True
+
     def run_mega_moe(
         self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights
     ) -> torch.Tensor:

@@ -116,8 +116,10 @@ def dsv4() -> Iterator[Engine]:
 
 def test_dsv4_shared_prompts_resume_exactly_with_graphs(dsv4: Engine) -> None:
     vocab = dsv4.get_server_info()["model_info"]["vocab_size"]
-    # 16-token chunks end on every block edge, so the base prompt left a snapshot at 256 and 512.
-    shared = {255: 0, 256: 256, 257: 256, 300: 256, 511: 256, 512: 512, 513: 512}
+    # The base prompt keeps the snapshot at its last block edge (512); the ones its 16-token
+    # chunks saved at earlier edges were superseded. The first request that diverges at 256
+    # recomputes to it and saves one there, from which the later ones resume.
+    shared = {255: 0, 256: 0, 257: 256, 300: 256, 511: 256, 512: 512, 513: 512}
     _shared_prompts_resume_exactly(dsv4, vocab, 600, shared)
 
 
@@ -157,7 +159,9 @@ def test_k3_shared_prompts_resume_exactly_with_graphs(tmp_path: Path) -> None:
         info = e.get_server_info()["model_info"]
         assert info["cuda_graph"].startswith("on (decode batch sizes 1, 2, 4, 8"), info
         assert info["prefix_cache"].startswith("on (radix tree over 64-token blocks"), info
-        shared = {63: 0, 64: 64, 65: 64, 127: 64, 128: 128, 129: 128, 250: 192}
+        # Snapshots: the base prompt's at 256 (its last block edge); then each first divergence
+        # at an edge without one (64, 128, 192) recomputes to it and saves one there.
+        shared = {63: 0, 64: 0, 65: 64, 127: 64, 128: 64, 129: 128, 250: 128}
         _shared_prompts_resume_exactly(e, info["vocab_size"], 300, shared)
 
 

@@ -53,6 +53,7 @@ from sglang.kernels.ops.moe.mxfp4_operand import (
     ASM_ACC_SCALE,
     MXFP4_BLOCK_K,
     dot_order_position,
+    reorder_hidden_columns,
     to_dot_order,
     weight_tile,
 )
@@ -397,17 +398,7 @@ def _launch_split(
 
 def hidden_in_dot_order(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` [T, H] with every 128 columns in the GEMM tiles' K order (one small kernel)."""
-    rows, h = x.shape
-    if h % MXFP4_BLOCK_K:
-        raise ValueError(f"hidden size {h} is not a multiple of {MXFP4_BLOCK_K}")
-    out = torch.empty_like(x) if out is None else out
-    if rows:
-        block_m = 16
-        grid = (triton.cdiv(rows, block_m), h // MXFP4_BLOCK_K)
-        _dot_order_rows_kernel[grid](
-            x, out, rows, x.stride(0), out.stride(0), BLOCK_M=block_m, num_warps=4
-        )
-    return out
+    return reorder_hidden_columns(_dot_order_rows_kernel, x, out)
 
 
 def fused_experts_mxfp4_weights(

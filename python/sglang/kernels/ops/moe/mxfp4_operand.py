@@ -37,6 +37,9 @@ everything else (loads, ordering, scales) is shared with the fast path.
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 import triton
 import triton.language as tl
 
@@ -185,3 +188,18 @@ def weight_tile(packed, scales, ROWS: tl.constexpr, DTYPE: tl.constexpr, ASM: tl
     else:
         lo, hi = e2m1_nibbles(packed, sb, DTYPE)
     return nibbles_to_dot_order(lo, hi, ROWS)
+
+
+def reorder_hidden_columns(kernel: Any, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``x`` [T, H] with every 128 columns moved into a GEMM's K order by ``kernel`` (a
+    ``@triton.jit`` row-tile kernel taking ``x, out, rows, stride_x, stride_out, BLOCK_M``),
+    written to ``out`` (new when None)."""
+    rows, h = x.shape
+    if h % MXFP4_BLOCK_K:
+        raise ValueError(f"hidden size {h} is not a multiple of {MXFP4_BLOCK_K}")
+    out = torch.empty_like(x) if out is None else out
+    if rows:
+        block_m = 16
+        grid = (triton.cdiv(rows, block_m), h // MXFP4_BLOCK_K)
+        kernel[grid](x, out, rows, x.stride(0), out.stride(0), BLOCK_M=block_m, num_warps=4)
+    return out

@@ -29,7 +29,11 @@ import triton.language as tl
 from sglang.kernels.ops.activation import gated_act
 from sglang.kernels.ops.interp_dot import dot
 from sglang.kernels.ops.moe.fused_moe import _tile_coords, _tile_rows
-from sglang.kernels.ops.moe.mxfp4_operand import ASM_ACC_SCALE, MXFP4_BLOCK_K
+from sglang.kernels.ops.moe.mxfp4_operand import (
+    ASM_ACC_SCALE,
+    MXFP4_BLOCK_K,
+    reorder_hidden_columns,
+)
 from sglang.kernels.ops.moe.mxfp4_split_operand import (
     HALF_K,
     split_order_position,
@@ -181,17 +185,7 @@ def _split_order_rows_kernel(x_ptr, out_ptr, rows, stride_xm, stride_om, BLOCK_M
 
 def hidden_in_split_order(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` [T, H] with every 128 columns in the split order (one small kernel)."""
-    rows, h = x.shape
-    if h % MXFP4_BLOCK_K:
-        raise ValueError(f"hidden size {h} is not a multiple of {MXFP4_BLOCK_K}")
-    out = torch.empty_like(x) if out is None else out
-    if rows:
-        block_m = 16
-        grid = (triton.cdiv(rows, block_m), h // MXFP4_BLOCK_K)
-        _split_order_rows_kernel[grid](
-            x, out, rows, x.stride(0), out.stride(0), BLOCK_M=block_m, num_warps=4
-        )
-    return out
+    return reorder_hidden_columns(_split_order_rows_kernel, x, out)
 
 
 def launch_split_gemm(

@@ -54,14 +54,13 @@ from sglang.kernels.ops.moe.mxfp4_operand import (
     MXFP4_BLOCK_K,
     dot_order_position,
     reorder_hidden_columns,
+    stored_scale_rows,
     to_dot_order,
     weight_tile,
 )
 from sglang.kernels.ops.moe.mxfp4_split_gemm import hidden_in_split_order, launch_split_gemm
 from sglang.kernels.ops.moe.mxfp4_weights import (
     PLAIN_LAYOUT,
-    UTCCP_BLOCK,
-    UTCCP_ROWS,
     Mxfp4Layout,
     Mxfp4MoeWeights,
 )
@@ -71,23 +70,11 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 _BK = tl.constexpr(MXFP4_BLOCK_K)
 _BYTES = tl.constexpr(MXFP4_BLOCK_K // 2)  # packed weight bytes of a tile row
 _ACC_SCALE = tl.constexpr(ASM_ACC_SCALE)
-_UTCCP_A = tl.constexpr(UTCCP_BLOCK[0])
-_UTCCP_B = tl.constexpr(UTCCP_BLOCK[1])
-_UTCCP_ROWS = tl.constexpr(UTCCP_ROWS)
 
 
 # --------------------------------------------------------------------------------------------
 # Kernels
 # --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _scale_rows(rows, UTCCP: tl.constexpr):
-    # The stored row of each scale row (a 128-row block's row i*32 + j sits at j*4 + i).
-    if UTCCP:
-        within = rows % _UTCCP_ROWS
-        rows = rows - within + (within % _UTCCP_B) * _UTCCP_A + within // _UTCCP_B
-    return rows
 
 
 @triton.jit
@@ -153,8 +140,12 @@ def _mxfp4_gemm1_kernel(
     u_ptrs = w_base + up.to(tl.int64)[:, None] * stride_wn + offs_b[None, :]
     s_base = ws_ptr + expert * stride_wse
     offs_s = tl.arange(0, 4)[None, :]  # the four scale bytes of a row's 128 values of K
-    gs_ptrs = s_base + _scale_rows(gate, SCALE_UTCCP).to(tl.int64)[:, None] * stride_wsn + offs_s
-    us_ptrs = s_base + _scale_rows(up, SCALE_UTCCP).to(tl.int64)[:, None] * stride_wsn + offs_s
+    gs_ptrs = (
+        s_base + stored_scale_rows(gate, SCALE_UTCCP).to(tl.int64)[:, None] * stride_wsn + offs_s
+    )
+    us_ptrs = (
+        s_base + stored_scale_rows(up, SCALE_UTCCP).to(tl.int64)[:, None] * stride_wsn + offs_s
+    )
     x_ptrs = x_ptr + x_row[:, None] * stride_xm + tl.arange(0, _BK)[None, :]
 
     acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -233,7 +224,7 @@ def _mxfp4_gemm2_kernel(
         + cols.to(tl.int64)[:, None] * stride_wn
         + tl.arange(0, _BYTES)[None, :]
     )
-    s_rows = _scale_rows(cols, SCALE_UTCCP).to(tl.int64)
+    s_rows = stored_scale_rows(cols, SCALE_UTCCP).to(tl.int64)
     s_ptrs = ws_ptr + expert * stride_wse + s_rows[:, None] * stride_wsn + tl.arange(0, 4)[None, :]
     a_ptrs = a_ptr + a_row[:, None] * stride_am + tl.arange(0, _BK)[None, :]
 

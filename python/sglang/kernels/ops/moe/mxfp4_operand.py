@@ -43,6 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.ops.moe.mxfp4_weights import UTCCP_BLOCK, UTCCP_ROWS
+
 # The inline PTX takes four packed bytes (one register) and spreads two of them 16 bits apart
 # with a byte permute (selectors below: bytes 0 and 1, bytes 2 and 3), so that each nibble pair
 # (mask, multiplier placing magnitude and sign) gives two bf16 values in one register: the low
@@ -203,3 +205,17 @@ def reorder_hidden_columns(kernel: Any, x: torch.Tensor, out: torch.Tensor | Non
         grid = (triton.cdiv(rows, block_m), h // MXFP4_BLOCK_K)
         kernel[grid](x, out, rows, x.stride(0), out.stride(0), BLOCK_M=block_m, num_warps=4)
     return out
+
+
+_UTCCP_A = tl.constexpr(UTCCP_BLOCK[0])
+_UTCCP_B = tl.constexpr(UTCCP_BLOCK[1])
+_UTCCP_ROWS = tl.constexpr(UTCCP_ROWS)
+
+
+@triton.jit
+def stored_scale_rows(rows, UTCCP: tl.constexpr):
+    # The stored row of each scale row (a 128-row block's row i*32 + j sits at j*4 + i).
+    if UTCCP:
+        within = rows % _UTCCP_ROWS
+        rows = rows - within + (within % _UTCCP_B) * _UTCCP_A + within // _UTCCP_B
+    return rows

@@ -33,6 +33,7 @@ from sglang.kernels.ops.moe.mxfp4_operand import (
     ASM_ACC_SCALE,
     MXFP4_BLOCK_K,
     reorder_hidden_columns,
+    stored_scale_rows,
 )
 from sglang.kernels.ops.moe.mxfp4_split_operand import (
     HALF_K,
@@ -40,27 +41,14 @@ from sglang.kernels.ops.moe.mxfp4_split_operand import (
     split_weight_halves,
     to_split_halves,
 )
-from sglang.kernels.ops.moe.mxfp4_weights import UTCCP_BLOCK, UTCCP_ROWS
 
 _BK = tl.constexpr(MXFP4_BLOCK_K)
 _HALF = tl.constexpr(HALF_K)
 _BYTES = tl.constexpr(MXFP4_BLOCK_K // 2)
 _ACC_SCALE = tl.constexpr(ASM_ACC_SCALE)
-_UTCCP_A = tl.constexpr(UTCCP_BLOCK[0])
-_UTCCP_B = tl.constexpr(UTCCP_BLOCK[1])
-_UTCCP_ROWS = tl.constexpr(UTCCP_ROWS)
 # GEMM 1 tiles interleave gate and up rows in runs of this many (the MegaMoE granule).
 GATE_UP_RUN = 8
 _RUN = tl.constexpr(GATE_UP_RUN)
-
-
-@triton.jit
-def _stored_scale_rows(rows, UTCCP: tl.constexpr):
-    # The stored row of each scale row (a 128-row block's row i*32 + j sits at j*4 + i).
-    if UTCCP:
-        within = rows % _UTCCP_ROWS
-        rows = rows - within + (within % _UTCCP_B) * _UTCCP_A + within // _UTCCP_B
-    return rows
 
 
 @triton.jit
@@ -128,7 +116,7 @@ def _mxfp4_split_gemm_kernel(
     a_row = (slot // a_row_div).to(tl.int64)
     rows = _weight_rows(pid_n, n_cols, GATE_UP, GATE_UP_GRANULE, BLOCK_N).to(tl.int64)
     w_ptrs = w_ptr + expert * stride_we + rows[:, None] * stride_wn + tl.arange(0, _BYTES)[None, :]
-    s_rows = _stored_scale_rows(rows, SCALE_UTCCP)
+    s_rows = stored_scale_rows(rows, SCALE_UTCCP)
     s_ptrs = ws_ptr + expert * stride_wse + s_rows * stride_wsn
     if A_IN_ORDER:  # the halves [64, BLOCK_M] as they lie
         a_ptrs = a_ptr + a_row[None, :] * stride_am + tl.arange(0, _HALF)[:, None]

@@ -6,7 +6,8 @@
 # then the benchmarks.
 # Usage (from the repo root, .whl/ carried): bash scripts/device_check.sh [pytest -k expr]
 # Env: SUITE (default h200-1gpu), PART (i/n, default 1/1; `python scripts/run_suite.py --suite
-# h200-1gpu --list --parts N` shows the parts), TESTS (instead of the suite: these pytest paths,
+# h200-1gpu --list --parts N` shows the parts), FILES (instead of a part: the suite's files whose
+# path contains one of these space-separated words), TESTS (instead of the suite: these pytest paths,
 # their GPU tests), BENCHES (default none; several as "a.py --flag x; b.py", each run with its
 # arguments, its log named after the script), BENCH_TIMEOUT (seconds each benchmark may take,
 # default 600), PYTEST_TIMEOUT (seconds the tests may take, default 3000; the benchmarks still
@@ -38,8 +39,9 @@ if [ -n "${TESTS:-}" ]; then
 else
   # times are measured for whole files only: not with a -k selection
   if [ -n "${1:-}" ]; then select_args=(-k "$1"); else select_args=(--write-times "$OUT/gpu_times.json"); fi
+  if [ -n "${FILES:-}" ]; then part_args=(--files $FILES); else part_args=(--part "${PART:-1/1}"); fi
   timeout "${PYTEST_TIMEOUT:-3000}" python3 scripts/run_suite.py --suite "${SUITE:-h200-1gpu}" \
-    --part "${PART:-1/1}" "${select_args[@]}" 2>&1 | tee "$OUT/suite.log"
+    "${part_args[@]}" "${select_args[@]}" 2>&1 | tee "$OUT/suite.log"
 fi
 status=${PIPESTATUS[0]}
 export PYTHONPATH="$PYTHONPATH:$PWD/scripts"  # the profiles import each other's helpers

@@ -84,6 +84,17 @@ def run_file(f: SuiteFile, gpu: bool, extra: list[str]) -> FileResult:
     return FileResult(f.path, passed, failed, skipped, errors, wall, status)
 
 
+def choose_files(files: list[SuiteFile], wanted: list[str]) -> list[SuiteFile]:
+    """The files whose path contains one of ``wanted``, in that order, each once."""
+    missing = [w for w in wanted if not any(w in f.path for f in files)]
+    if missing:
+        raise ValueError(f"no file matches {', '.join(missing)}")
+    chosen: list[SuiteFile] = []
+    for w in wanted:
+        chosen += [f for f in files if w in f.path and f not in chosen]
+    return chosen
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", required=True, choices=sorted(SUITES))
@@ -98,6 +109,12 @@ def main() -> int:
         help=f"merge the measured times into this file (default {TIMING_FILE})",
     )
     parser.add_argument("-k", default=None, help="pytest -k expression, passed to every file")
+    parser.add_argument(
+        "--files",
+        nargs="+",
+        default=None,
+        help="instead of a part: the suite's files whose path contains one of these, in this order",
+    )
     args = parser.parse_args()
     i, n = parse_part(args.part)
     times = load_times(ROOT)
@@ -115,11 +132,22 @@ def main() -> int:
                 src = "measured" if f.measured is not None else "estimate"
                 print(f"  {f.path}  {f.expected:.0f} s ({src})")
         return 0
-    part = partition(files, n)[i - 1]
+    if args.files:
+        try:
+            part = choose_files(files, args.files)
+        except ValueError as e:
+            parser.error(f"suite {args.suite}: {e}")
+    else:
+        part = partition(files, n)[i - 1]
     gpu = SUITES[args.suite].num_gpus > 0
     extra = ["-k", args.k] if args.k else []
-    print(f"suite {args.suite}, part {i}/{n}: {len(part)} files", flush=True)
-    results = [run_file(f, gpu, extra) for f in part]
+    where = "chosen files" if args.files else f"part {i}/{n}"
+    print(f"suite {args.suite}, {where}: {len(part)} files", flush=True)
+    results = []
+    for f in part:
+        results.append(run_file(f, gpu, extra))
+        r = results[-1]
+        print(f"== {r.path}: {r.status} in {r.wall_s:.0f} s", flush=True)
     print("\n" + summary_table(results), flush=True)
     if args.write_times:
         # Starts from that file, else from the committed one: the result is a whole timing file.

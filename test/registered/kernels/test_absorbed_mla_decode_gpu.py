@@ -30,7 +30,7 @@ from sglang.srt.layers.attention import mla_absorbed_batch as batch
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=60, suite="h200-1gpu")
+register_cuda_ci(est_time=25, suite="h200-1gpu")
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-5

@@ -20,7 +20,7 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=120, suite="h200-1gpu")
+register_cuda_ci(est_time=80, suite="h200-1gpu")
 
 HOLD_MS = 20.0
 LAUNCHES = 100

@@ -20,7 +20,7 @@ import torch
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=420, suite="h200-1gpu")
+register_cuda_ci(est_time=30, suite="h200-1gpu")
 
 BF16_TOL = 2e-2
 FP8_TOL = 6e-2

@@ -66,6 +66,30 @@ def test_format_facts_have_one_owner() -> None:
     assert deq[0, :4].float().tolist() == [0.125, 0.25, 1.5, -1.5]
 
 
+def test_dequant_in_pieces_equals_one_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight stack is dequantised a few rows at a time (bounded temporaries); pieces that split
+    rows unevenly, int8 bytes and e8m0 scales give the same values as a single piece, and those
+    equal the format's definition written out elementwise."""
+    import sglang.kernels.ops.quant.mxfp4 as kq
+
+    g = torch.Generator().manual_seed(7)
+    packed = torch.randint(0, 256, (3, 5, 32), dtype=torch.uint8, generator=g)
+    scales = torch.randint(100, 150, (3, 5, 2), dtype=torch.uint8, generator=g)
+    whole = kq.dequant_mxfp4(packed, scales, torch.float32)
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2).long()
+    want = kq.e2m1_table()[codes] * torch.exp2(scales.float() - kq.UE8M0_BIAS).repeat_interleave(
+        kq.MXFP4_GROUP, dim=-1
+    )
+    assert torch.equal(whole, want)
+    monkeypatch.setattr(kq, "DEQUANT_CHUNK_VALUES", 64 * 3)  # 3 rows of 64 values a piece
+    pieces = kq.dequant_mxfp4(
+        packed.view(torch.int8), scales.view(torch.float8_e8m0fnu), torch.float32
+    )
+    assert pieces.shape == (3, 5, 64) and torch.equal(pieces, whole)
+    empty = kq.dequant_mxfp4(packed[:0], scales[:0])
+    assert empty.shape == (0, 5, 64) and empty.dtype == torch.bfloat16
+
+
 def _bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
     """uint16 bf16 patterns -> float64 values, subnormals included."""
     as_f32 = (bits.astype(np.uint32) << 16).view(np.float32)

@@ -31,7 +31,7 @@ from sglang.kernels.ops.moe import mxfp4_operand as mxop
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=340, suite="h200-1gpu")
+register_cuda_ci(est_time=95, suite="h200-1gpu")
 
 ORACLE_TOL = 2e-2  # bf16 outputs against the fp32-GEMM oracle
 BF16_RUNNER_TOL = 1e-2  # against fused_experts on the same (dequantised) weights

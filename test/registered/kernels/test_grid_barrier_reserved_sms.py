@@ -15,7 +15,7 @@ from sglang.srt.layers.moe.sm_budget import mega_moe_sm_budget
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=60, suite="h200-1gpu")
+register_cuda_ci(est_time=15, suite="h200-1gpu")
 
 REPEATS = 10
 TIMEOUT_MS = 50.0

@@ -15,7 +15,7 @@ from sglang.test import kda_decode_checks as checks
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=20, suite="h200-1gpu")
+register_cuda_ci(est_time=15, suite="h200-1gpu")
 
 pytestmark = pytest.mark.gpu
 

@@ -32,7 +32,7 @@ from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 from sglang.test.sm_holder import cupy_available, hold_sms
 
-register_cuda_ci(est_time=300, suite="h200-1gpu")
+register_cuda_ci(est_time=145, suite="h200-1gpu")
 
 
 def budget() -> int:

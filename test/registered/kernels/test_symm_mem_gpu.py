@@ -27,7 +27,7 @@ from sglang.test.ci_register import register_cuda_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=120, suite="h200-1gpu")
+register_cuda_ci(est_time=15, suite="h200-1gpu")
 
 MiB = 1 << 20
 

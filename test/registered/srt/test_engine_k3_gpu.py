@@ -26,7 +26,7 @@ from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, make_model
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=90, suite="h200-1gpu")
+register_cuda_ci(est_time=50, suite="h200-1gpu")
 
 pytestmark = pytest.mark.gpu
 CONFIG_GPU = {**CONFIG_A, "qk_rope_head_dim": 16}

@@ -49,19 +49,33 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     return e2m1_table(packed.device)[codes]
 
 
+# Rows are dequantised in pieces of about this many values: the int64 codes and fp32 values of a
+# whole expert stack (Kimi K3's 384 experts: 8.5G values) would need hundreds of GiB at once.
+DEQUANT_CHUNK_VALUES = 1 << 24
+
+
 def dequant_mxfp4(
     packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16
 ) -> torch.Tensor:
     """Packed FP4 [..., K/2] with UE8M0 scales [..., K/32] -> ``dtype`` [..., K]."""
-    values = unpack_fp4(packed)
-    k = values.shape[-1]
-    if scales.shape[:-1] != values.shape[:-1] or scales.shape[-1] * MXFP4_GROUP != k:
+    if packed.dtype not in MXFP4_DTYPES:
+        raise TypeError(f"MXFP4 weights must be uint8/int8 packed bytes, got {packed.dtype}")
+    k = 2 * packed.shape[-1]
+    if scales.shape[:-1] != packed.shape[:-1] or scales.shape[-1] * MXFP4_GROUP != k:
         raise ValueError(
             f"MXFP4 scales of shape {tuple(scales.shape)} do not match {k} values a row "
             f"(one scale per {MXFP4_GROUP}) for packed weights of shape {tuple(packed.shape)}"
         )
-    factor = ue8m0_to_float(scales.view(torch.uint8)).repeat_interleave(MXFP4_GROUP, dim=-1)
-    return (values * factor).to(dtype)
+    out = torch.empty(*packed.shape[:-1], k, dtype=dtype, device=packed.device)
+    if out.numel() == 0:
+        return out
+    rows_out, rows_w = out.view(-1, k), packed.reshape(-1, k // 2)
+    rows_s = scales.view(torch.uint8).reshape(-1, scales.shape[-1])
+    step = max(1, DEQUANT_CHUNK_VALUES // k)
+    for r in range(0, rows_out.shape[0], step):
+        factor = ue8m0_to_float(rows_s[r : r + step]).repeat_interleave(MXFP4_GROUP, dim=-1)
+        rows_out[r : r + step] = unpack_fp4(rows_w[r : r + step]) * factor
+    return out
 
 
 def quant_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -212,7 +212,6 @@ def test_one_file_runs_and_is_counted(tmp_path: Path) -> None:
     assert "| failed | 2 | 1 | 1 | 0 |" in table and "**2 files, 1 not ok**" in table
 
 
-
 def test_chosen_files_keep_the_asked_order() -> None:
     run_suite = _run_suite_module()
     files = [SuiteFile(f"test/registered/k/test_{n}_gpu.py", 5.0, None) for n in ("a", "b", "ab")]
@@ -220,6 +219,7 @@ def test_chosen_files_keep_the_asked_order() -> None:
     assert [f.path for f in chosen] == [files[1].path, files[2].path, files[0].path]
     with pytest.raises(ValueError, match="no file matches test_zz"):
         run_suite.choose_files(files, ["test_a", "test_zz"])
+
 
 if __name__ == "__main__":
     run_this_file(__file__)

@@ -39,6 +39,7 @@ from sglang.kernels.ops.gemm.fp8_gemm_config import (
     choose_config,
     fit_to_shared,
 )
+from sglang.kernels.ops.quant.dtype_round import ROUND_CODES, round_to
 from sglang.kernels.ops.quant.fp8 import (
     DEFAULT_EPS,
     FP8_DTYPE,
@@ -51,17 +52,6 @@ from sglang.kernels.ops.quant.fp8 import (
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 # Epilogue modes (constexpr): the output dtype, fp32 split-K partials, FP8 + scales.
 _OUT_PLAIN, _OUT_PARTIAL, _OUT_QUANT = 0, 1, 2
-_ROUND_CODE = {torch.bfloat16: 1, torch.float16: 2}
-
-
-@triton.jit
-def _round_to(x, ROUND: tl.constexpr):
-    """``x`` (fp32) rounded to the output dtype the unfused path stores (1 bf16, 2 fp16)."""
-    if ROUND == 1:
-        x = x.to(tl.bfloat16).to(tl.float32)
-    elif ROUND == 2:
-        x = x.to(tl.float16).to(tl.float32)
-    return x
 
 
 @triton.jit
@@ -181,7 +171,7 @@ def _fp8_gemm_kernel(
     elif OUT_MODE == 2:  # this tile is one activation group of the next GEMM's input
         group = (g * N + pid_n * BLOCK_N) // SCALE_BLOCK
         _store_quantised(out_ptr + g * N + pid_n * BLOCK_N, os_ptr, rows, m_ok,
-                         tl.arange(0, BLOCK_N), n_ok, group, _round_to(acc, ROUND), eps,
+                         tl.arange(0, BLOCK_N), n_ok, group, round_to(acc, ROUND), eps,
                          stride_om, stride_osm, stride_osk)  # fmt: skip
     else:
         ptrs = out_ptr + rows[:, None] * stride_om + w_rows[None, :]
@@ -216,7 +206,7 @@ def _splitk_reduce_kernel(
         acc += tl.load(ptrs + s * stride_ps, mask=col_ok, other=0.0)
     if OUT_MODE == 2:
         rows = row + tl.arange(0, 1)
-        y = _round_to(acc[None, :], ROUND)
+        y = round_to(acc[None, :], ROUND)
         _store_quantised(out_ptr + tl.program_id(1) * BLOCK_N, os_ptr, rows, rows == row,
                          tl.arange(0, BLOCK_N), col_ok, tl.program_id(1), y, eps, stride_om,
                          stride_osm, stride_osk)  # fmt: skip
@@ -426,7 +416,7 @@ def _launch(
         GROUP_M=config.group_m,
         SWAP_AB=config.swap_ab,
         OUT_MODE=mode,
-        ROUND=_ROUND_CODE[out_dtype],
+        ROUND=ROUND_CODES[out_dtype],
         SCALE_BLOCK=FP8_SCALE_BLOCK,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -452,7 +442,7 @@ def _launch(
             eps,
             BLOCK_N=block,
             OUT_MODE=rmode,
-            ROUND=_ROUND_CODE[out_dtype],
+            ROUND=ROUND_CODES[out_dtype],
             num_warps=4,
         )
     return out, scale_out

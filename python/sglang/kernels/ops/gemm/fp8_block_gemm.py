@@ -326,13 +326,16 @@ def _launch(
     w_s: torch.Tensor,
     *,
     groups: int,
-    out_dtype: torch.dtype,
-    out: torch.Tensor | None,
-    config: Fp8GemmConfig | None,
-    quant_out: bool,
-    eps: float,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    config: Fp8GemmConfig | None = None,
+    quant_out: bool = False,
+    eps: float = DEFAULT_EPS,
     keep_partials: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one launch behind the public entry points (their defaults): ``(out, scales)`` where
+    ``quant_out`` makes ``out`` FP8 with its scales, else ``scales`` is None; with
+    ``keep_partials`` ``(fp32 split-K partials [S, M, N], None)``."""
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
     m, n, k = _check_operands(a_q, a_s, w_q, w_s, groups)
@@ -462,18 +465,7 @@ def fp8_block_gemm(
     strides) times ``w_q [N, K]`` (FP8) with ``w_s [ceil(N/128), ceil(K/128)]`` -> ``[M, N]`` in
     ``out_dtype`` (bf16 or fp16), into ``out`` when given. ``config`` defaults to the table's
     tile for M (``fp8_gemm_config.choose_config``)."""
-    y, _ = _launch(
-        a_q,
-        a_s,
-        w_q,
-        w_s,
-        groups=1,
-        out_dtype=out_dtype,
-        out=out,
-        config=config,
-        quant_out=False,
-        eps=DEFAULT_EPS,
-    )
+    y, _ = _launch(a_q, a_s, w_q, w_s, groups=1, out_dtype=out_dtype, out=out, config=config)
     return y
 
 
@@ -492,18 +484,7 @@ def fp8_grouped_gemm(
     groups = a_q.shape[1] if a_q.dim() == 3 else 0
     if groups < 1:
         raise ValueError(f"grouped activation must be [M, G, K], got {tuple(a_q.shape)}")
-    y, _ = _launch(
-        a_q,
-        a_s,
-        w_q,
-        w_s,
-        groups=groups,
-        out_dtype=out_dtype,
-        out=out,
-        config=config,
-        quant_out=False,
-        eps=DEFAULT_EPS,
-    )
+    y, _ = _launch(a_q, a_s, w_q, w_s, groups=groups, out_dtype=out_dtype, out=out, config=config)
     return y
 
 
@@ -519,19 +500,7 @@ def fp8_gemm_partials(
     split K), left for a consumer that adds them in its own launch
     (``fused_quant.rms_norm_quant_fp8``: the reduction, the norm and the next GEMM's
     quantisation in one)."""
-    partials, _ = _launch(
-        a_q,
-        a_s,
-        w_q,
-        w_s,
-        groups=1,
-        out_dtype=torch.bfloat16,
-        out=None,
-        config=config,
-        quant_out=False,
-        eps=DEFAULT_EPS,
-        keep_partials=True,
-    )
+    partials, _ = _launch(a_q, a_s, w_q, w_s, groups=1, config=config, keep_partials=True)
     return partials
 
 
@@ -557,7 +526,6 @@ def fp8_gemm_quant_out(
         w_s,
         groups=groups,
         out_dtype=round_dtype,
-        out=None,
         config=config,
         quant_out=True,
         eps=eps,

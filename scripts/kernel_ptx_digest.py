@@ -263,6 +263,9 @@ def _fp8_gemm() -> None:
     g.fp8_gemm_partials(a_q, a_s, w_q, w_s, config=split)
     g.fp8_gemm_quant_out(a_q, a_s, w_q, w_s)
     g.fp8_gemm_quant_out(a_q, a_s, w_q, w_s, config=split)
+    for whole_k in (Fp8GemmConfig(64, 128), Fp8GemmConfig(16, 128, swap_ab=True)):  # no split
+        g.fp8_block_gemm(a_q, a_s, w_q, w_s, config=whole_k)
+        g.fp8_gemm_quant_out(a_q, a_s, w_q, w_s, config=whole_k)
     ga_q = torch.randn(m, groups, k).to(FP8_DTYPE)
     ga_s = torch.rand(m, groups, k // 128)
     gw_q = torch.randn(groups * n, k).to(FP8_DTYPE)

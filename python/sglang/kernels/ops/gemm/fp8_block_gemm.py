@@ -66,6 +66,22 @@ def _store_quantised(q_ptr, s_ptr, rows, row_ok, cols, col_ok, group, y, eps, st
 
 
 @triton.jit
+def _load_k_step(row_ptr, row_ok, offs_k, k_ok, ROWS_FIRST: tl.constexpr):
+    """One K step (columns ``offs_k``) of the rows at ``row_ptr``, 0 outside ``row_ok`` /
+    ``k_ok``: ``[rows, BLOCK_K]`` for the MMA's left operand (``ROWS_FIRST``), else
+    ``[BLOCK_K, rows]`` for its right one."""
+    if ROWS_FIRST:
+        tile = tl.load(
+            row_ptr[:, None] + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+        )
+    else:
+        tile = tl.load(
+            row_ptr[None, :] + offs_k[:, None], mask=k_ok[:, None] & row_ok[None, :], other=0.0
+        )
+    return tile
+
+
+@triton.jit
 def _fp8_gemm_kernel(
     a_ptr,
     as_ptr,
@@ -138,28 +154,12 @@ def _fp8_gemm_kernel(
         w_s = tl.load(ws_row_ptr + sk * stride_wsk, mask=n_ok, other=0.0)
         if SWAP_AB:
             # Weights on the MMA's M side: [BLOCK_N, BLOCK_K] x [BLOCK_K, BLOCK_M].
-            w = tl.load(
-                w_row_ptr[:, None] + offs_k[None, :],
-                mask=n_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            a = tl.load(
-                a_row_ptr[None, :] + offs_k[:, None],
-                mask=k_ok[:, None] & m_ok[None, :],
-                other=0.0,
-            )
+            w = _load_k_step(w_row_ptr, n_ok, offs_k, k_ok, True)
+            a = _load_k_step(a_row_ptr, m_ok, offs_k, k_ok, False)
             acc_t += tl.dot(w, a) * (w_s[:, None] * a_s[None, :])
         else:
-            a = tl.load(
-                a_row_ptr[:, None] + offs_k[None, :],
-                mask=m_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            w = tl.load(
-                w_row_ptr[None, :] + offs_k[:, None],
-                mask=k_ok[:, None] & n_ok[None, :],
-                other=0.0,
-            )
+            a = _load_k_step(a_row_ptr, m_ok, offs_k, k_ok, True)
+            w = _load_k_step(w_row_ptr, n_ok, offs_k, k_ok, False)
             acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
     if SWAP_AB:
         acc = tl.trans(acc_t)

@@ -229,12 +229,84 @@ def _mhc_scalars(norm_w: torch.Tensor) -> dict[str, Any]:
     return {**values, "norm_weight": norm_w, "norm_eps": 1e-6}
 
 
+@contextmanager
+def _interpreter_dispatch() -> Iterator[None]:
+    """Launchers that take their torch path off CUDA take the Triton path inside the block (the
+    kernels stay compiled ``JITFunction``s: they were decorated before)."""
+    import os
+
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def _fp8_gemm() -> None:
+    from sglang.kernels.ops.gemm import fp8_block_gemm as g
+    from sglang.kernels.ops.gemm.fp8_gemm_config import Fp8GemmConfig
+    from sglang.kernels.ops.quant.fp8 import FP8_DTYPE
+
+    m, n, k, groups = 16, 256, 512, 2
+    a_q = torch.randn(m, k).to(FP8_DTYPE)
+    a_s = torch.rand(m, k // 128)
+    w_q = torch.randn(n, k).to(FP8_DTYPE)
+    w_s = torch.rand(n // 128, k // 128)
+    g.fp8_block_gemm(a_q, a_s, w_q, w_s)  # the table's tile for M
+    g.fp8_block_gemm(a_q, a_s, w_q, w_s, out_dtype=torch.float16)
+    split = Fp8GemmConfig(64, 128, split_k=2, num_stages=3)  # + the split-K reduce
+    g.fp8_block_gemm(a_q, a_s, w_q, w_s, config=split)
+    g.fp8_gemm_partials(a_q, a_s, w_q, w_s, config=split)
+    g.fp8_gemm_quant_out(a_q, a_s, w_q, w_s)
+    g.fp8_gemm_quant_out(a_q, a_s, w_q, w_s, config=split)
+    for whole_k in (Fp8GemmConfig(64, 128), Fp8GemmConfig(16, 128, swap_ab=True)):  # no split
+        g.fp8_block_gemm(a_q, a_s, w_q, w_s, config=whole_k)
+        g.fp8_gemm_quant_out(a_q, a_s, w_q, w_s, config=whole_k)
+    ga_q = torch.randn(m, groups, k).to(FP8_DTYPE)
+    ga_s = torch.rand(m, groups, k // 128)
+    gw_q = torch.randn(groups * n, k).to(FP8_DTYPE)
+    gw_s = torch.rand(groups * n // 128, k // 128)
+    g.fp8_grouped_gemm(ga_q, ga_s, gw_q, gw_s)
+    g.fp8_gemm_quant_out(ga_q, ga_s, gw_q, gw_s)
+
+
+def _fused_quant() -> None:
+    from sglang.kernels.ops.quant import fused_quant as fq
+
+    m, n = 4, 1536
+    x = torch.randn(m, n, dtype=torch.bfloat16)
+    w = torch.randn(n)
+    with _interpreter_dispatch():
+        fq.rms_norm_quant_fp8(x, w, 1e-6)
+        fq.rms_norm_quant_fp8(x, w, 1e-6, normed_out=torch.empty_like(x))
+        fq.rms_norm_quant_fp8(torch.randn(2, m, n), w, 1e-6)  # split-K partials summed first
+        gate, up = torch.randn(m, 1024, dtype=torch.bfloat16), torch.randn(m, 1024).bfloat16()
+        fq.gated_act_quant_fp8(gate, up, "swiglu", 7.0)
+        fq.gated_act_quant_fp8(gate, up, "swiglu")
+        fq.gated_act_quant_fp8(gate.half(), up.half(), "situ")
+
+
+def _mhc_sinkhorn_scalar() -> None:
+    from sglang.kernels.ops.layernorm import mhc_sinkhorn_scalar as sk
+
+    c = torch.randn(8, 4, 4)
+    sk.sinkhorn_scalar(c, 1e-6, 20)
+    sk.sinkhorn_tile(c, 1e-6, 20)
+
+
 LAUNCHERS: dict[str, Callable[[], None]] = {
     "sparse_decode_attention": _sparse_decode,
     "absorbed_mla_decode": _absorbed_decode,
     "sparse_prefill_attention": _sparse_prefill,
     "norm_rope": _norm_rope,
     "mhc_triton": _mhc,
+    "fp8_block_gemm": _fp8_gemm,
+    "fused_quant": _fused_quant,
+    "mhc_sinkhorn_scalar": _mhc_sinkhorn_scalar,
 }
 
 

@@ -39,6 +39,7 @@ from sglang.kernels.ops.gemm.fp8_gemm_config import (
     choose_config,
     fit_to_shared,
 )
+from sglang.kernels.ops.quant.dtype_round import ROUND_CODES, round_to
 from sglang.kernels.ops.quant.fp8 import (
     DEFAULT_EPS,
     FP8_DTYPE,
@@ -51,17 +52,6 @@ from sglang.kernels.ops.quant.fp8 import (
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 # Epilogue modes (constexpr): the output dtype, fp32 split-K partials, FP8 + scales.
 _OUT_PLAIN, _OUT_PARTIAL, _OUT_QUANT = 0, 1, 2
-_ROUND_CODE = {torch.bfloat16: 1, torch.float16: 2}
-
-
-@triton.jit
-def _round_to(x, ROUND: tl.constexpr):
-    """``x`` (fp32) rounded to the output dtype the unfused path stores (1 bf16, 2 fp16)."""
-    if ROUND == 1:
-        x = x.to(tl.bfloat16).to(tl.float32)
-    elif ROUND == 2:
-        x = x.to(tl.float16).to(tl.float32)
-    return x
 
 
 @triton.jit
@@ -73,6 +63,22 @@ def _store_quantised(q_ptr, s_ptr, rows, row_ok, cols, col_ok, group, y, eps, st
     q_ptrs = q_ptr + rows[:, None] * stride_qm + cols[None, :]
     tl.store(q_ptrs, q.to(q_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
     tl.store(s_ptr + rows * stride_sm + group * stride_sk, scale, mask=row_ok)
+
+
+@triton.jit
+def _load_k_step(row_ptr, row_ok, offs_k, k_ok, ROWS_FIRST: tl.constexpr):
+    """One K step (columns ``offs_k``) of the rows at ``row_ptr``, 0 outside ``row_ok`` /
+    ``k_ok``: ``[rows, BLOCK_K]`` for the MMA's left operand (``ROWS_FIRST``), else
+    ``[BLOCK_K, rows]`` for its right one."""
+    if ROWS_FIRST:
+        tile = tl.load(
+            row_ptr[:, None] + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+        )
+    else:
+        tile = tl.load(
+            row_ptr[None, :] + offs_k[:, None], mask=k_ok[:, None] & row_ok[None, :], other=0.0
+        )
+    return tile
 
 
 @triton.jit
@@ -148,28 +154,12 @@ def _fp8_gemm_kernel(
         w_s = tl.load(ws_row_ptr + sk * stride_wsk, mask=n_ok, other=0.0)
         if SWAP_AB:
             # Weights on the MMA's M side: [BLOCK_N, BLOCK_K] x [BLOCK_K, BLOCK_M].
-            w = tl.load(
-                w_row_ptr[:, None] + offs_k[None, :],
-                mask=n_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            a = tl.load(
-                a_row_ptr[None, :] + offs_k[:, None],
-                mask=k_ok[:, None] & m_ok[None, :],
-                other=0.0,
-            )
+            w = _load_k_step(w_row_ptr, n_ok, offs_k, k_ok, True)
+            a = _load_k_step(a_row_ptr, m_ok, offs_k, k_ok, False)
             acc_t += tl.dot(w, a) * (w_s[:, None] * a_s[None, :])
         else:
-            a = tl.load(
-                a_row_ptr[:, None] + offs_k[None, :],
-                mask=m_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            w = tl.load(
-                w_row_ptr[None, :] + offs_k[:, None],
-                mask=k_ok[:, None] & n_ok[None, :],
-                other=0.0,
-            )
+            a = _load_k_step(a_row_ptr, m_ok, offs_k, k_ok, True)
+            w = _load_k_step(w_row_ptr, n_ok, offs_k, k_ok, False)
             acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
     if SWAP_AB:
         acc = tl.trans(acc_t)
@@ -181,7 +171,7 @@ def _fp8_gemm_kernel(
     elif OUT_MODE == 2:  # this tile is one activation group of the next GEMM's input
         group = (g * N + pid_n * BLOCK_N) // SCALE_BLOCK
         _store_quantised(out_ptr + g * N + pid_n * BLOCK_N, os_ptr, rows, m_ok,
-                         tl.arange(0, BLOCK_N), n_ok, group, _round_to(acc, ROUND), eps,
+                         tl.arange(0, BLOCK_N), n_ok, group, round_to(acc, ROUND), eps,
                          stride_om, stride_osm, stride_osk)  # fmt: skip
     else:
         ptrs = out_ptr + rows[:, None] * stride_om + w_rows[None, :]
@@ -216,7 +206,7 @@ def _splitk_reduce_kernel(
         acc += tl.load(ptrs + s * stride_ps, mask=col_ok, other=0.0)
     if OUT_MODE == 2:
         rows = row + tl.arange(0, 1)
-        y = _round_to(acc[None, :], ROUND)
+        y = round_to(acc[None, :], ROUND)
         _store_quantised(out_ptr + tl.program_id(1) * BLOCK_N, os_ptr, rows, rows == row,
                          tl.arange(0, BLOCK_N), col_ok, tl.program_id(1), y, eps, stride_om,
                          stride_osm, stride_osk)  # fmt: skip
@@ -336,13 +326,16 @@ def _launch(
     w_s: torch.Tensor,
     *,
     groups: int,
-    out_dtype: torch.dtype,
-    out: torch.Tensor | None,
-    config: Fp8GemmConfig | None,
-    quant_out: bool,
-    eps: float,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    config: Fp8GemmConfig | None = None,
+    quant_out: bool = False,
+    eps: float = DEFAULT_EPS,
     keep_partials: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one launch behind the public entry points (their defaults): ``(out, scales)`` where
+    ``quant_out`` makes ``out`` FP8 with its scales, else ``scales`` is None; with
+    ``keep_partials`` ``(fp32 split-K partials [S, M, N], None)``."""
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
     m, n, k = _check_operands(a_q, a_s, w_q, w_s, groups)
@@ -426,7 +419,7 @@ def _launch(
         GROUP_M=config.group_m,
         SWAP_AB=config.swap_ab,
         OUT_MODE=mode,
-        ROUND=_ROUND_CODE[out_dtype],
+        ROUND=ROUND_CODES[out_dtype],
         SCALE_BLOCK=FP8_SCALE_BLOCK,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -452,7 +445,7 @@ def _launch(
             eps,
             BLOCK_N=block,
             OUT_MODE=rmode,
-            ROUND=_ROUND_CODE[out_dtype],
+            ROUND=ROUND_CODES[out_dtype],
             num_warps=4,
         )
     return out, scale_out
@@ -472,18 +465,7 @@ def fp8_block_gemm(
     strides) times ``w_q [N, K]`` (FP8) with ``w_s [ceil(N/128), ceil(K/128)]`` -> ``[M, N]`` in
     ``out_dtype`` (bf16 or fp16), into ``out`` when given. ``config`` defaults to the table's
     tile for M (``fp8_gemm_config.choose_config``)."""
-    y, _ = _launch(
-        a_q,
-        a_s,
-        w_q,
-        w_s,
-        groups=1,
-        out_dtype=out_dtype,
-        out=out,
-        config=config,
-        quant_out=False,
-        eps=DEFAULT_EPS,
-    )
+    y, _ = _launch(a_q, a_s, w_q, w_s, groups=1, out_dtype=out_dtype, out=out, config=config)
     return y
 
 
@@ -502,18 +484,7 @@ def fp8_grouped_gemm(
     groups = a_q.shape[1] if a_q.dim() == 3 else 0
     if groups < 1:
         raise ValueError(f"grouped activation must be [M, G, K], got {tuple(a_q.shape)}")
-    y, _ = _launch(
-        a_q,
-        a_s,
-        w_q,
-        w_s,
-        groups=groups,
-        out_dtype=out_dtype,
-        out=out,
-        config=config,
-        quant_out=False,
-        eps=DEFAULT_EPS,
-    )
+    y, _ = _launch(a_q, a_s, w_q, w_s, groups=groups, out_dtype=out_dtype, out=out, config=config)
     return y
 
 
@@ -529,19 +500,7 @@ def fp8_gemm_partials(
     split K), left for a consumer that adds them in its own launch
     (``fused_quant.rms_norm_quant_fp8``: the reduction, the norm and the next GEMM's
     quantisation in one)."""
-    partials, _ = _launch(
-        a_q,
-        a_s,
-        w_q,
-        w_s,
-        groups=1,
-        out_dtype=torch.bfloat16,
-        out=None,
-        config=config,
-        quant_out=False,
-        eps=DEFAULT_EPS,
-        keep_partials=True,
-    )
+    partials, _ = _launch(a_q, a_s, w_q, w_s, groups=1, config=config, keep_partials=True)
     return partials
 
 
@@ -567,7 +526,6 @@ def fp8_gemm_quant_out(
         w_s,
         groups=groups,
         out_dtype=round_dtype,
-        out=None,
         config=config,
         quant_out=True,
         eps=eps,

@@ -25,6 +25,12 @@ def _row_norm(a, b, c, d, eps):
 
 
 @triton.jit
+def _row_softmax(a, b, c, d):
+    mx = tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
+    return _row_norm(tl.exp(a - mx), tl.exp(b - mx), tl.exp(c - mx), tl.exp(d - mx), 0.0)
+
+
+@triton.jit
 def _sinkhorn_scalar_kernel(c_ptr, out_ptr, T, hc_eps, iters, BLOCK_T: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     ok = t < T
@@ -47,18 +53,10 @@ def _sinkhorn_scalar_kernel(c_ptr, out_ptr, T, hc_eps, iters, BLOCK_T: tl.conste
     m32 = tl.load(base + 14, mask=ok, other=0.0)
     m33 = tl.load(base + 15, mask=ok, other=0.0)
     # row softmax, + eps
-    mx = tl.maximum(tl.maximum(m00, m01), tl.maximum(m02, m03))
-    m00, m01, m02, m03 = tl.exp(m00 - mx), tl.exp(m01 - mx), tl.exp(m02 - mx), tl.exp(m03 - mx)
-    m00, m01, m02, m03 = _row_norm(m00, m01, m02, m03, 0.0)
-    mx = tl.maximum(tl.maximum(m10, m11), tl.maximum(m12, m13))
-    m10, m11, m12, m13 = tl.exp(m10 - mx), tl.exp(m11 - mx), tl.exp(m12 - mx), tl.exp(m13 - mx)
-    m10, m11, m12, m13 = _row_norm(m10, m11, m12, m13, 0.0)
-    mx = tl.maximum(tl.maximum(m20, m21), tl.maximum(m22, m23))
-    m20, m21, m22, m23 = tl.exp(m20 - mx), tl.exp(m21 - mx), tl.exp(m22 - mx), tl.exp(m23 - mx)
-    m20, m21, m22, m23 = _row_norm(m20, m21, m22, m23, 0.0)
-    mx = tl.maximum(tl.maximum(m30, m31), tl.maximum(m32, m33))
-    m30, m31, m32, m33 = tl.exp(m30 - mx), tl.exp(m31 - mx), tl.exp(m32 - mx), tl.exp(m33 - mx)
-    m30, m31, m32, m33 = _row_norm(m30, m31, m32, m33, 0.0)
+    m00, m01, m02, m03 = _row_softmax(m00, m01, m02, m03)
+    m10, m11, m12, m13 = _row_softmax(m10, m11, m12, m13)
+    m20, m21, m22, m23 = _row_softmax(m20, m21, m22, m23)
+    m30, m31, m32, m33 = _row_softmax(m30, m31, m32, m33)
     m00, m01, m02, m03 = m00 + hc_eps, m01 + hc_eps, m02 + hc_eps, m03 + hc_eps
     m10, m11, m12, m13 = m10 + hc_eps, m11 + hc_eps, m12 + hc_eps, m13 + hc_eps
     m20, m21, m22, m23 = m20 + hc_eps, m21 + hc_eps, m22 + hc_eps, m23 + hc_eps

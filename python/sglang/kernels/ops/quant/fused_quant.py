@@ -23,6 +23,7 @@ import triton.language as tl
 
 from sglang.kernels.ops.activation import act_and_mul_reference, activation_code, gated_act
 from sglang.kernels.ops.layernorm.rms_norm import rms_norm
+from sglang.kernels.ops.quant.dtype_round import ROUND_CODES, round_to
 from sglang.kernels.ops.quant.fp8 import (
     DEFAULT_EPS,
     FP8_DTYPE,
@@ -34,16 +35,6 @@ from sglang.kernels.ops.triton_dispatch import triton_can_run
 
 GROUP = 128  # values per activation scale (the block-FP8 GEMMs' K block)
 _MAX_ROW = 16384  # the norm holds a whole row in registers
-_ROUND_CODE = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 0}
-
-
-@triton.jit
-def _round(x, ROUND: tl.constexpr):
-    if ROUND == 1:
-        x = x.to(tl.bfloat16).to(tl.float32)
-    elif ROUND == 2:
-        x = x.to(tl.float16).to(tl.float32)
-    return x
 
 
 @triton.jit
@@ -90,10 +81,10 @@ def _rms_norm_quant_kernel(
     x = tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)
     for s in range(1, splits):  # split-K partials, added in split order
         x += tl.load(ptrs + s * stride_xs, mask=ok, other=0.0)
-    x = _round(x, IN_ROUND)  # the GEMM output as the unfused path stores it
+    x = round_to(x, IN_ROUND)  # the GEMM output as the unfused path stores it
     r = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    y = _round(x * r * w, OUT_ROUND)
+    y = round_to(x * r * w, OUT_ROUND)
     if WRITE_NORMED:
         tl.store(normed_ptr + row * stride_nm + cols, y.to(normed_ptr.dtype.element_ty), mask=ok)
     _store_groups(q_ptr, s_ptr, row, y, n, quant_eps, stride_qm, stride_sm, stride_sk,
@@ -126,7 +117,7 @@ def _gated_act_quant_kernel(
     ok = cols < n
     gate = tl.load(gate_ptr + row * stride_gm + cols, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(up_ptr + row * stride_um + cols, mask=ok, other=0.0).to(tl.float32)
-    y = _round(gated_act(gate, up, limit, ACTIVATION, HAS_LIMIT), OUT_ROUND)
+    y = round_to(gated_act(gate, up, limit, ACTIVATION, HAS_LIMIT), OUT_ROUND)
     y = tl.where(ok, y, 0.0)
     _store_groups(q_ptr + first, s_ptr + tl.program_id(1) * BLOCK_G * stride_sk, row, y,
                   n - first, quant_eps, stride_qm, stride_sm, stride_sk, BLOCK_G,
@@ -186,8 +177,8 @@ def rms_norm_quant_fp8(
         raise ValueError(f"rows of {n} exceed the fused norm's {_MAX_ROW}")
     if x.dim() == 3 and x.dtype != torch.float32:
         raise ValueError(f"split-K partials must be float32, got {x.dtype}")
-    if round_dtype not in _ROUND_CODE:
-        raise ValueError(f"round_dtype must be one of {tuple(_ROUND_CODE)}, got {round_dtype}")
+    if round_dtype not in ROUND_CODES:
+        raise ValueError(f"round_dtype must be one of {tuple(ROUND_CODES)}, got {round_dtype}")
     if not triton_can_run(x):
         normed, q, s = rms_norm_quant_fp8_torch(
             x, weight, eps, round_dtype=round_dtype, quant_eps=quant_eps
@@ -217,8 +208,8 @@ def rms_norm_quant_fp8(
             s.stride(1),
             eps,
             quant_eps,
-            IN_ROUND=_ROUND_CODE[round_dtype] if x.dim() == 3 else 0,
-            OUT_ROUND=_ROUND_CODE[round_dtype],
+            IN_ROUND=ROUND_CODES[round_dtype] if x.dim() == 3 else 0,
+            OUT_ROUND=ROUND_CODES[round_dtype],
             WRITE_NORMED=write,
             BLOCK_G=triton.next_power_of_2(triton.cdiv(n, GROUP)),
             GROUP_SIZE=GROUP,
@@ -256,7 +247,7 @@ def gated_act_quant_fp8(
             f"gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} must be "
             "two [M, I] tensors of one dtype"
         )
-    if gate.dtype not in _ROUND_CODE:
+    if gate.dtype not in ROUND_CODES:
         raise ValueError(f"gate/up must be bf16, fp16 or fp32, got {gate.dtype}")
     if not triton_can_run(gate):
         return gated_act_quant_fp8_torch(gate, up, activation, swiglu_limit, quant_eps=quant_eps)
@@ -281,7 +272,7 @@ def gated_act_quant_fp8(
             quant_eps,
             ACTIVATION=code,
             HAS_LIMIT=swiglu_limit is not None,
-            OUT_ROUND=_ROUND_CODE[gate.dtype],
+            OUT_ROUND=ROUND_CODES[gate.dtype],
             BLOCK_G=per_prog,
             GROUP_SIZE=GROUP,
             num_warps=4,

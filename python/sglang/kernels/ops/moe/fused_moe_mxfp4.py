@@ -53,10 +53,13 @@ from sglang.kernels.ops.moe.mxfp4_operand import (
     ASM_ACC_SCALE,
     MXFP4_BLOCK_K,
     dot_order_position,
+    hidden_row_tile,
     reorder_hidden_columns,
+    store_transposed,
     stored_scale_rows,
     to_dot_order,
     weight_tile,
+    weighted_by_topk,
 )
 from sglang.kernels.ops.moe.mxfp4_split_gemm import hidden_in_split_order, launch_split_gemm
 from sglang.kernels.ops.moe.mxfp4_weights import (
@@ -176,9 +179,9 @@ def _mxfp4_gemm1_kernel(
         acc_u = acc_u * _ACC_SCALE
     act = gated_act(acc_g, acc_u, limit, ACTIVATION, HAS_LIMIT)  # [BLOCK_N, BLOCK_M]
     # GEMM 2 reads this row in its tiles' K order
-    out_cols = dot_order_position(cols, _BK)
-    out_ptrs = out_ptr + slot.to(tl.int64)[None, :] * stride_om + out_cols[:, None]
-    tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty), mask=row_ok[None, :])
+    store_transposed(
+        out_ptr, slot.to(tl.int64), dot_order_position(cols, _BK), row_ok, stride_om, act
+    )
 
 
 @triton.jit
@@ -241,22 +244,14 @@ def _mxfp4_gemm2_kernel(
         w_ptrs += _BYTES
         ws = ws_next
 
-    weight = tl.load(topk_weights_ptr + a_row, mask=row_ok, other=0.0).to(tl.float32)
-    if ASM:
-        weight = weight * _ACC_SCALE
-    acc = acc * weight[None, :]
-    out_ptrs = out_ptr + a_row[None, :] * stride_om + cols[:, None]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[None, :])
+    acc = weighted_by_topk(acc, topk_weights_ptr, a_row, row_ok, ASM)
+    store_transposed(out_ptr, a_row, cols, row_ok, stride_om, acc)
 
 
 @triton.jit
 def _dot_order_rows_kernel(x_ptr, out_ptr, rows, stride_xm, stride_om, BLOCK_M: tl.constexpr):
     # The hidden states with every 128 columns in the tiles' K order (GEMM 1 at prefill sizes).
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.program_id(1) * _BK + tl.arange(0, _BK)
-    ok = (offs_m < rows)[:, None]
-    m = offs_m.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + m * stride_xm + offs_k[None, :], mask=ok, other=0.0)
+    x, m, offs_k, ok = hidden_row_tile(x_ptr, rows, stride_xm, BLOCK_M)
     tl.store(out_ptr + m * stride_om + offs_k[None, :], to_dot_order(x, BLOCK_M, _BK), mask=ok)
 
 

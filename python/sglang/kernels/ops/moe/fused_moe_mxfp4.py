@@ -32,16 +32,18 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.kernels.ops.activation import act_and_mul_reference, activation_code, gated_act
+from sglang.kernels.ops.activation import activation_code, gated_act
 from sglang.kernels.ops.interp_dot import dot
-from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_one_token
+from sglang.kernels.ops.moe.align import moe_align_chunk
 from sglang.kernels.ops.moe.fused_moe import (
     CHUNK_TOKENS,
     MoEProblem,
     _launch_sum,
     _tile_coords,
     _tile_rows,
+    experts_reference,
     resolve_moe_output,
+    routing_operands,
 )
 from sglang.kernels.ops.moe.mxfp4_config import (
     SPLIT,
@@ -415,9 +417,7 @@ def fused_experts_mxfp4_weights(
     if p.tokens == 0:
         return result
     w13, w2, s13, s2 = weights.kernel_operands
-    ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
-    ids = ids.contiguous()
-    tw = topk_weights.float().contiguous()
+    ids, tw = routing_operands(topk_ids, topk_weights)
 
     chunk = min(p.tokens, CHUNK_TOKENS)
     max_slots = chunk * p.top_k
@@ -433,8 +433,7 @@ def fused_experts_mxfp4_weights(
             n_tok, p.num_experts, p.hidden, p.inter, top_k=p.top_k, device=dev
         )
         chunk_ids = ids[start:end]
-        aligner = moe_align_one_token if n_tok == 1 else moe_align_block_size
-        align = aligner(chunk_ids, cfg.block_m, p.num_experts)
+        align = moe_align_chunk(chunk_ids, cfg.block_m, p.num_experts)
         x = hidden[start:end]
         if cfg.x_in_dot_order:
             if x_cache is None:
@@ -523,20 +522,15 @@ def fused_experts_mxfp4_weights_torch(
     result = resolve_moe_output(hidden, inplace, out)
     if p.tokens == 0:
         return result
-    dt = hidden.dtype
-    x = hidden.float()
-    ids = topk_ids.long()
-    acc = torch.zeros((p.tokens, p.hidden), dtype=torch.float32, device=hidden.device)
-    routed = (ids >= 0) & (ids < p.num_experts)
-    for e in torch.unique(ids[routed]).tolist():
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        w13_e, w2_e = weights.dequantized(torch.float32, torch.tensor([e], device=ids.device))
-        gate_up = x[tok] @ w13_e[0].t()
-        h = act_and_mul_reference(gate_up, activation, swiglu_limit).to(dt)
-        y = (h.float() @ w2_e[0].t()) * topk_weights[tok, slot].float().unsqueeze(-1)
-        acc.index_add_(0, tok, y.to(dt).float())
-    result.copy_(acc.to(dt))
-    return result
+
+    def expert(e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        w13_e, w2_e = weights.dequantized(torch.float32, torch.tensor([e], device=hidden.device))
+        return w13_e[0], w2_e[0]
+
+    return experts_reference(
+        hidden, topk_weights, topk_ids, p, result, expert, torch.Tensor.float, activation,
+        swiglu_limit,
+    )  # fmt: skip
 
 
 def fused_experts_mxfp4_torch(

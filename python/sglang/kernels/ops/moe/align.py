@@ -338,13 +338,3 @@ def moe_align_one_token(
         num_warps=1,
     )
     return sorted_ids, expert_ids, ntpp
-
-
-def moe_align_chunk(
-    topk_ids: torch.Tensor, block_m: int, num_experts: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The two-launch GEMMs' row blocks for a chunk of tokens: one token (batch-1 decode) takes
-    :func:`moe_align_one_token` (a block per slot, one launch instead of the sort's two), more take
-    :func:`moe_align_block_size`."""
-    aligner = moe_align_one_token if topk_ids.shape[0] == 1 else moe_align_block_size
-    return aligner(topk_ids, block_m, num_experts)

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from sglang.kernels.ops.activation import activation_code, gated_act
 from sglang.kernels.ops.interp_dot import dot
-from sglang.kernels.ops.moe.align import moe_align_chunk
+from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_one_token
 from sglang.kernels.ops.moe.fused_moe import (
     CHUNK_TOKENS,
     MoEProblem,
@@ -433,7 +433,8 @@ def fused_experts_mxfp4_weights(
             n_tok, p.num_experts, p.hidden, p.inter, top_k=p.top_k, device=dev
         )
         chunk_ids = ids[start:end]
-        align = moe_align_chunk(chunk_ids, cfg.block_m, p.num_experts)
+        aligner = moe_align_one_token if n_tok == 1 else moe_align_block_size
+        align = aligner(chunk_ids, cfg.block_m, p.num_experts)
         x = hidden[start:end]
         if cfg.x_in_dot_order:
             if x_cache is None:

@@ -31,13 +31,13 @@ Usage: python scripts/bench_moe.py [--shapes dsv4,k3] [--batches 1,8,32,128,512,
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 import triton
 from tqdm import tqdm
 
+from moe_bench_common import MoeShape as Shape
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner import MoERunConfig, MoERunner, create_moe_runner
@@ -68,16 +68,6 @@ REFERENCE_US = {
     ("k3", "fp8", 2048): 5998,
     ("k3", "fp8", 8192): 16331,
 }
-
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    experts: int
-    top_k: int
-    hidden: int
-    inter: int
-    activation: str
 
 
 SHAPES = {

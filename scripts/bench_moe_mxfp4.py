@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 import triton
 
+from moe_bench_common import MoeShape as Shape
 from sglang.kernels.ops.moe.fused_moe import fused_experts
 from sglang.kernels.ops.moe.fused_moe_mxfp4 import fused_experts_mxfp4_weights
 from sglang.kernels.ops.moe.mxfp4_weights import Mxfp4MoeWeights, prepare_mxfp4_moe_weights
@@ -38,17 +38,6 @@ from sglang.kernels.ops.quant.mxfp4 import MXFP4_GROUP
 from sglang.test.mxfp4_experts import random_mxfp4_experts, random_routing
 
 DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,512,2048,8192"
-
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    experts: int
-    top_k: int
-    hidden: int
-    inter: int
-    activation: str
-    swiglu_limit: float | None
 
 
 def shapes(k3_experts: int) -> dict[str, Shape]:

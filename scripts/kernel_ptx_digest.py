@@ -21,7 +21,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -298,6 +298,88 @@ def _mhc_sinkhorn_scalar() -> None:
     sk.sinkhorn_tile(c, 1e-6, 20)
 
 
+# --- the MoE launchers ---------------------------------------------------------------------------
+
+
+@contextmanager
+def _triton_path(*modules: Any) -> Iterator[None]:
+    """The launchers' Triton path on CPU tensors: their ``triton_can_run`` gate says yes (the
+    expert alignment and the FP8 quantiser keep their torch paths, which compute the same sizes)."""
+    saved = [m.triton_can_run for m in modules]
+    for m in modules:
+        m.triton_can_run = lambda t: True
+    try:
+        yield
+    finally:
+        for m, fn in zip(modules, saved, strict=True):
+            m.triton_can_run = fn
+
+
+def _moe_routing(tokens: int, experts: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    return torch.rand(tokens, top_k, generator=gen), ids.to(torch.int32)
+
+
+def _fused_moe() -> None:
+    from sglang.kernels.ops.moe import fused_moe as fm
+    from sglang.kernels.ops.moe.two_launch_config import get_config
+
+    e, h, i, k = 8, 256, 128, 2
+    with _triton_path(fm):
+        for tokens in (1, 200):  # one token (its own alignment) and prefill tiles
+            x = torch.randn(tokens, h, dtype=torch.bfloat16)
+            w13 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16)
+            w2 = torch.randn(e, h, i, dtype=torch.bfloat16)
+            tw, ids = _moe_routing(tokens, e, k)
+            cfg = get_config(tokens, e, h, i, torch.bfloat16, top_k=k)
+            fm.fused_experts(x, w13, w2, tw, ids, swiglu_limit=7.0, config=cfg)
+            fp8 = fm.FP8_DTYPE
+            cfg8 = get_config(tokens, e, h, i, fp8, top_k=k)
+            s13, s2 = torch.rand(e, 2 * i // 128, h // 128), torch.rand(e, h // 128, i // 128)
+            fm.fused_experts(
+                x, w13.to(fp8), w2.to(fp8), tw, ids, activation="situ", w13_scale=s13,
+                w2_scale=s2, config=cfg8,
+            )  # fmt: skip
+
+
+def _fused_moe_mxfp4() -> None:
+    from sglang.kernels.ops.moe import fused_moe as fm
+    from sglang.kernels.ops.moe import fused_moe_mxfp4 as fx
+    from sglang.kernels.ops.moe.mxfp4_config import default_mxfp4_config
+    from sglang.kernels.ops.moe.mxfp4_weights import prepare_mxfp4_moe_weights
+    from sglang.test.mxfp4_experts import random_mxfp4_experts
+
+    e, h, i, k = 8, 256, 128, 2
+    w13, w2, s13, s2 = random_mxfp4_experts(e, h, i)
+    prepared = prepare_mxfp4_moe_weights(w13, w2, s13, s2)
+    with _triton_path(fm, fx):
+        # split (one token), dot order; each also with the hidden states reordered first
+        for tokens, m, reorder in ((1, 1, False), (1, 1, True), (6, 6, False), (200, 2000, True)):
+            x = torch.randn(tokens, h, dtype=torch.bfloat16)
+            tw, ids = _moe_routing(tokens, e, k)
+            cfg = replace(default_mxfp4_config(m, 64, k), x_in_dot_order=reorder)
+            fx.fused_experts_mxfp4(x, w13, w2, s13, s2, tw, ids, swiglu_limit=7.0, config=cfg)
+            fx.fused_experts_mxfp4_weights(x, prepared, tw, ids, activation="situ", config=cfg)
+
+
+def _mega_moe() -> None:
+    from sglang.kernels.ops.moe.mega_moe_triton import mega_fused_experts
+
+    e, h, i, k, tokens = 8, 256, 128, 2, 6
+    x = torch.randn(tokens, h, dtype=torch.bfloat16)
+    w13 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16)
+    w2 = torch.randn(e, h, i, dtype=torch.bfloat16)
+    tw, ids = _moe_routing(tokens, e, k)
+    mega_fused_experts(x, w13, w2, tw, ids, num_sms=4, swiglu_limit=7.0)
+    fp8 = torch.float8_e4m3fn
+    s13, s2 = torch.rand(e, 2 * i // 128, h // 128), torch.rand(e, h // 128, i // 128)
+    mega_fused_experts(
+        x, w13.to(fp8), w2.to(fp8), tw, ids, num_sms=4, activation="situ", w13_scale=s13,
+        w2_scale=s2,
+    )  # fmt: skip
+
+
 LAUNCHERS: dict[str, Callable[[], None]] = {
     "sparse_decode_attention": _sparse_decode,
     "absorbed_mla_decode": _absorbed_decode,
@@ -307,6 +389,9 @@ LAUNCHERS: dict[str, Callable[[], None]] = {
     "fp8_block_gemm": _fp8_gemm,
     "fused_quant": _fused_quant,
     "mhc_sinkhorn_scalar": _mhc_sinkhorn_scalar,
+    "fused_moe": _fused_moe,
+    "fused_moe_mxfp4": _fused_moe_mxfp4,
+    "mega_moe_triton": _mega_moe,
 }
 
 

@@ -32,7 +32,6 @@ Usage: python scripts/mxfp4_decode_probe.py [--shapes dsv4,k3] [--batches 1,4,16
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -47,6 +46,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_moe_mxfp4 import Batch, Shape, copy_bandwidth, expert_bytes, shapes
+from moe_bench_common import table_path, write_tuned_table
 from sglang.kernels.ops.moe import align, fused_moe, fused_moe_mxfp4, mxfp4_split_gemm
 from sglang.kernels.ops.moe.fused_moe_mxfp4 import (
     fused_experts_mxfp4_weights,
@@ -63,7 +63,6 @@ from sglang.kernels.ops.moe.mxfp4_config import (
     mxfp4_config_fits,
 )
 from sglang.kernels.ops.moe.mxfp4_weights import Mxfp4MoeWeights, prepare_mxfp4_moe_weights
-from sglang.kernels.ops.moe.tuned_configs import table_name
 from sglang.test.mxfp4_experts import random_mxfp4_experts, random_routing
 
 T = Mxfp4GemmTile
@@ -284,25 +283,11 @@ def write_table(shape: Shape, results: ShapeResults, out_dir: Path) -> Path | No
     if not buckets:
         return None
     buckets += rule_buckets(shape, max(results))
-    table = {
-        "device": device,
-        "shape": {
-            "experts": shape.experts,
-            "top_k": shape.top_k,
-            "hidden": shape.hidden,
-            "inter": shape.inter,
-            "activation": shape.activation,
-        },
-        "dtype": DTYPE_KEY,
-        "source": "scripts/mxfp4_decode_probe.py",
-        "triton": triton.__version__,
-        "torch": torch.__version__,
-        "buckets": buckets,
-    }
-    name = table_name(shape.experts, shape.hidden, shape.inter, shape.top_k, DTYPE_KEY, device)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / name
-    path.write_text(json.dumps(table, indent=1) + "\n")
+    path = table_path(out_dir, shape, DTYPE_KEY, device)
+    write_tuned_table(
+        path, device, shape, DTYPE_KEY, buckets, source="scripts/mxfp4_decode_probe.py"
+    )
     return path
 
 

@@ -26,7 +26,6 @@ Usage: python scripts/tune_fused_moe.py [--shapes dsv4,k3] [--dtypes bf16,fp8]
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_moe import SHAPES, Shape, make_batch, make_weights
+from moe_bench_common import kept_buckets, merged_buckets, table_path, write_tuned_table
 from sglang.kernels.ops.activation import activation_code
 from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_half_tiles
 from sglang.kernels.ops.moe.fused_moe import (
@@ -55,7 +55,6 @@ from sglang.kernels.ops.moe.grouped_gemm_tma import (
 from sglang.kernels.ops.moe.sorted_rows import gather_sorted_rows
 from sglang.kernels.ops.moe.tuned_configs import (
     CONFIG_DIR,
-    table_name,
     tma_config_from_dict,
     tma_config_to_dict,
     two_launch_config_to_dict,
@@ -540,12 +539,8 @@ def main() -> None:
         shape = SHAPES[shape_key]
         limit = 10.0 if shape.activation == "swiglu" else None
         for dtype in args.dtypes.split(","):
-            name = table_name(
-                shape.experts, shape.hidden, shape.inter, shape.top_k, dtype, device_name
-            )
-            kept: list[dict[str, object]] = []
-            if args.merge and (out_dir / name).is_file():
-                kept = json.loads((out_dir / name).read_text())["buckets"]
+            path = table_path(out_dir, shape, dtype, device_name)
+            kept = kept_buckets(path, args.merge)
             weights = make_weights(shape, dtype == "fp8", torch.device("cuda"))
             print(f"{shape_key} {dtype}")
             stored = {int(b["m"]): b for b in kept}  # type: ignore[call-overload]
@@ -564,25 +559,9 @@ def main() -> None:
                 tma_dict = own.get("config") if own.get("kernel") == "tma" else first
                 fixed = tma_config_from_dict(tma_dict) if tma_dict else None  # type: ignore[arg-type]
                 checked[m] = tune_decode(shape, dtype, m, weights, limit, fixed)
-            tuned = {**swept, **checked}
-            others = [b for b in kept if int(b["m"]) not in tuned]  # type: ignore[call-overload]
-            buckets = sorted([*tuned.values(), *others], key=lambda b: int(b["m"]))  # type: ignore[call-overload]
-            table = {
-                "device": device_name,
-                "shape": {
-                    "experts": shape.experts,
-                    "top_k": shape.top_k,
-                    "hidden": shape.hidden,
-                    "inter": shape.inter,
-                    "activation": shape.activation,
-                },
-                "dtype": dtype,
-                "triton": triton.__version__,
-                "torch": torch.__version__,
-                "buckets": buckets,
-            }
-            (out_dir / name).write_text(json.dumps(table, indent=1) + "\n")
-            print(f"wrote {out_dir / name}")
+            buckets = merged_buckets({**swept, **checked}, kept)
+            write_tuned_table(path, device_name, shape, dtype, buckets)
+            print(f"wrote {path}")
             del weights
             torch.cuda.empty_cache()
 

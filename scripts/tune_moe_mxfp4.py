@@ -16,17 +16,16 @@ Usage: python scripts/tune_moe_mxfp4.py [--shapes dsv4,k3] [--batches 1,2,4,...,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_moe_mxfp4 import DEFAULT_BATCHES, Batch, Shape, graph_us, shapes
+from moe_bench_common import kept_buckets, merged_buckets, table_path, write_tuned_table
 from sglang.kernels.ops.moe.fused_moe_mxfp4 import fused_experts_mxfp4_weights
 from sglang.kernels.ops.moe.mxfp4_config import (
     DTYPE_KEY,
@@ -37,7 +36,7 @@ from sglang.kernels.ops.moe.mxfp4_config import (
     mxfp4_config_fits,
 )
 from sglang.kernels.ops.moe.mxfp4_weights import Mxfp4MoeWeights, prepare_mxfp4_moe_weights
-from sglang.kernels.ops.moe.tuned_configs import CONFIG_DIR, table_name
+from sglang.kernels.ops.moe.tuned_configs import CONFIG_DIR
 from sglang.test.mxfp4_experts import random_mxfp4_experts, random_routing
 
 T = Mxfp4GemmTile
@@ -148,10 +147,8 @@ def main() -> None:
     device = torch.cuda.get_device_name()
     for key in args.shapes.split(","):
         shape = shapes(args.k3_experts)[key]
-        name = table_name(shape.experts, shape.hidden, shape.inter, shape.top_k, DTYPE_KEY, device)
-        kept: list[dict[str, object]] = []
-        if args.merge and (out_dir / name).is_file():
-            kept = json.loads((out_dir / name).read_text())["buckets"]
+        path = table_path(out_dir, shape, DTYPE_KEY, device)
+        kept = kept_buckets(path, args.merge)
         weights = prepare_mxfp4_moe_weights(
             *random_mxfp4_experts(shape.experts, shape.hidden, shape.inter, device="cuda")
         )
@@ -160,24 +157,8 @@ def main() -> None:
         for m in (int(b) for b in args.batches.split(",")):
             tuned[m] = tune_bucket(Case(shape, weights, m, args.rotate))
             torch.cuda.empty_cache()
-        others = [b for b in kept if int(b["m"]) not in tuned]  # type: ignore[call-overload]
-        buckets = sorted([*tuned.values(), *others], key=lambda b: int(b["m"]))  # type: ignore[call-overload]
-        table = {
-            "device": device,
-            "shape": {
-                "experts": shape.experts,
-                "top_k": shape.top_k,
-                "hidden": shape.hidden,
-                "inter": shape.inter,
-                "activation": shape.activation,
-            },
-            "dtype": DTYPE_KEY,
-            "triton": triton.__version__,
-            "torch": torch.__version__,
-            "buckets": buckets,
-        }
-        (out_dir / name).write_text(json.dumps(table, indent=1) + "\n")
-        print(f"wrote {out_dir / name}")
+        write_tuned_table(path, device, shape, DTYPE_KEY, merged_buckets(tuned, kept))
+        print(f"wrote {path}")
         del weights
         torch.cuda.empty_cache()
 

@@ -18,6 +18,7 @@ the activations entering each GEMM are quantised per token per group of ``block_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -390,6 +391,14 @@ def resolve_moe_output(
     return out if out is not None else torch.empty_like(hidden)
 
 
+def routing_operands(
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing as the kernels read it: contiguous int32 ids and fp32 weights."""
+    ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
+    return ids.contiguous(), topk_weights.float().contiguous()
+
+
 def _launch_expert_gemm(
     kernel: JITFunction[Any],
     a: torch.Tensor,
@@ -638,9 +647,7 @@ def fused_experts(
     result = resolve_moe_output(hidden, inplace, out)
     if p.tokens == 0:
         return result
-    ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
-    ids = ids.contiguous()
-    weights = topk_weights.float().contiguous()
+    ids, weights = routing_operands(topk_ids, topk_weights)
 
     chunk = min(p.tokens, CHUNK_TOKENS)
     max_slots = chunk * p.top_k
@@ -745,22 +752,50 @@ def fused_experts_torch(
     result = resolve_moe_output(hidden, inplace, out)
     if p.tokens == 0:
         return result
+
+    def expert(e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if p.fp8:
+            assert w13_scale is not None and w2_scale is not None
+            return (
+                block_dequant_fp8(w13[e], w13_scale[e], p.block),
+                block_dequant_fp8(w2[e], w2_scale[e], p.block),
+            )
+        return w13[e].float(), w2[e].float()
+
+    def gemm_input(rows: torch.Tensor) -> torch.Tensor:
+        return _fake_quant_rows(rows, p.block[1]) if p.fp8 else rows.float()
+
+    return experts_reference(
+        hidden, topk_weights, topk_ids, p, result, expert, gemm_input, activation, swiglu_limit
+    )
+
+
+def experts_reference(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    p: MoEProblem,
+    result: torch.Tensor,
+    expert: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    gemm_input: Callable[[torch.Tensor], torch.Tensor],
+    activation: str,
+    swiglu_limit: float | None,
+) -> torch.Tensor:
+    """The torch experts every reference shares, with the kernels' roundings: for each used
+    expert (``expert(e)``: its fp32 ``w13`` [2I, H] and ``w2`` [H, I]) fp32 GEMMs on the inputs
+    as the kernels read them (``gemm_input``: hidden and the intermediate, fp32), the activation
+    on fp32 gate/up, the intermediate and each weighted expert output rounded to ``hidden``'s
+    dtype, the k rows summed in fp32 into ``result``."""
     dt = hidden.dtype
-    x = _fake_quant_rows(hidden, p.block[1]) if p.fp8 else hidden.float()
+    x = gemm_input(hidden)
     ids = topk_ids.long()
     acc = torch.zeros((p.tokens, p.hidden), dtype=torch.float32, device=hidden.device)
     routed = (ids >= 0) & (ids < p.num_experts)
     for e in torch.unique(ids[routed]).tolist():
         tok, slot = (ids == e).nonzero(as_tuple=True)
-        if p.fp8:
-            assert w13_scale is not None and w2_scale is not None
-            w13_e = block_dequant_fp8(w13[e], w13_scale[e], p.block)
-            w2_e = block_dequant_fp8(w2[e], w2_scale[e], p.block)
-        else:
-            w13_e, w2_e = w13[e].float(), w2[e].float()
+        w13_e, w2_e = expert(e)
         gate_up = x[tok] @ w13_e.t()
-        h = act_and_mul_reference(gate_up, activation, swiglu_limit).to(dt)
-        h = _fake_quant_rows(h, p.block[1]) if p.fp8 else h.float()
+        h = gemm_input(act_and_mul_reference(gate_up, activation, swiglu_limit).to(dt))
         y = (h @ w2_e.t()) * topk_weights[tok, slot].float().unsqueeze(-1)
         acc.index_add_(0, tok, y.to(dt).float())
     result.copy_(acc.to(dt))

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.kernels.ops.activation import act_and_mul_reference, activation_code, gated_act
+from sglang.kernels.ops.activation import activation_code, gated_act
 from sglang.kernels.ops.interp_dot import dot
 from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_one_token
 from sglang.kernels.ops.moe.fused_moe import (
@@ -41,7 +41,9 @@ from sglang.kernels.ops.moe.fused_moe import (
     _launch_sum,
     _tile_coords,
     _tile_rows,
+    experts_reference,
     resolve_moe_output,
+    routing_operands,
 )
 from sglang.kernels.ops.moe.mxfp4_config import (
     SPLIT,
@@ -53,10 +55,13 @@ from sglang.kernels.ops.moe.mxfp4_operand import (
     ASM_ACC_SCALE,
     MXFP4_BLOCK_K,
     dot_order_position,
+    hidden_row_tile,
     reorder_hidden_columns,
+    store_transposed,
     stored_scale_rows,
     to_dot_order,
     weight_tile,
+    weighted_by_topk,
 )
 from sglang.kernels.ops.moe.mxfp4_split_gemm import hidden_in_split_order, launch_split_gemm
 from sglang.kernels.ops.moe.mxfp4_weights import (
@@ -176,9 +181,9 @@ def _mxfp4_gemm1_kernel(
         acc_u = acc_u * _ACC_SCALE
     act = gated_act(acc_g, acc_u, limit, ACTIVATION, HAS_LIMIT)  # [BLOCK_N, BLOCK_M]
     # GEMM 2 reads this row in its tiles' K order
-    out_cols = dot_order_position(cols, _BK)
-    out_ptrs = out_ptr + slot.to(tl.int64)[None, :] * stride_om + out_cols[:, None]
-    tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty), mask=row_ok[None, :])
+    store_transposed(
+        out_ptr, slot.to(tl.int64), dot_order_position(cols, _BK), row_ok, stride_om, act
+    )
 
 
 @triton.jit
@@ -241,22 +246,14 @@ def _mxfp4_gemm2_kernel(
         w_ptrs += _BYTES
         ws = ws_next
 
-    weight = tl.load(topk_weights_ptr + a_row, mask=row_ok, other=0.0).to(tl.float32)
-    if ASM:
-        weight = weight * _ACC_SCALE
-    acc = acc * weight[None, :]
-    out_ptrs = out_ptr + a_row[None, :] * stride_om + cols[:, None]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[None, :])
+    acc = weighted_by_topk(acc, topk_weights_ptr, a_row, row_ok, ASM)
+    store_transposed(out_ptr, a_row, cols, row_ok, stride_om, acc)
 
 
 @triton.jit
 def _dot_order_rows_kernel(x_ptr, out_ptr, rows, stride_xm, stride_om, BLOCK_M: tl.constexpr):
     # The hidden states with every 128 columns in the tiles' K order (GEMM 1 at prefill sizes).
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.program_id(1) * _BK + tl.arange(0, _BK)
-    ok = (offs_m < rows)[:, None]
-    m = offs_m.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + m * stride_xm + offs_k[None, :], mask=ok, other=0.0)
+    x, m, offs_k, ok = hidden_row_tile(x_ptr, rows, stride_xm, BLOCK_M)
     tl.store(out_ptr + m * stride_om + offs_k[None, :], to_dot_order(x, BLOCK_M, _BK), mask=ok)
 
 
@@ -420,9 +417,7 @@ def fused_experts_mxfp4_weights(
     if p.tokens == 0:
         return result
     w13, w2, s13, s2 = weights.kernel_operands
-    ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
-    ids = ids.contiguous()
-    tw = topk_weights.float().contiguous()
+    ids, tw = routing_operands(topk_ids, topk_weights)
 
     chunk = min(p.tokens, CHUNK_TOKENS)
     max_slots = chunk * p.top_k
@@ -528,20 +523,15 @@ def fused_experts_mxfp4_weights_torch(
     result = resolve_moe_output(hidden, inplace, out)
     if p.tokens == 0:
         return result
-    dt = hidden.dtype
-    x = hidden.float()
-    ids = topk_ids.long()
-    acc = torch.zeros((p.tokens, p.hidden), dtype=torch.float32, device=hidden.device)
-    routed = (ids >= 0) & (ids < p.num_experts)
-    for e in torch.unique(ids[routed]).tolist():
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        w13_e, w2_e = weights.dequantized(torch.float32, torch.tensor([e], device=ids.device))
-        gate_up = x[tok] @ w13_e[0].t()
-        h = act_and_mul_reference(gate_up, activation, swiglu_limit).to(dt)
-        y = (h.float() @ w2_e[0].t()) * topk_weights[tok, slot].float().unsqueeze(-1)
-        acc.index_add_(0, tok, y.to(dt).float())
-    result.copy_(acc.to(dt))
-    return result
+
+    def expert(e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        w13_e, w2_e = weights.dequantized(torch.float32, torch.tensor([e], device=hidden.device))
+        return w13_e[0], w2_e[0]
+
+    return experts_reference(
+        hidden, topk_weights, topk_ids, p, result, expert, torch.Tensor.float, activation,
+        swiglu_limit,
+    )  # fmt: skip
 
 
 def fused_experts_mxfp4_torch(

@@ -43,7 +43,12 @@ from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.activation import activation_code, gated_act
 from sglang.kernels.ops.gpu_clock import globaltimer_ns
 from sglang.kernels.ops.moe.align import moe_align_block_size
-from sglang.kernels.ops.moe.fused_moe import _scaled_dot, check_moe_inputs, resolve_moe_output
+from sglang.kernels.ops.moe.fused_moe import (
+    _scaled_dot,
+    check_moe_inputs,
+    resolve_moe_output,
+    routing_operands,
+)
 from sglang.kernels.ops.moe.mega_moe_workspace import (
     BARRIER,
     EXITS,
@@ -672,8 +677,7 @@ def mega_fused_experts(
             raise ValueError(
                 "Triton MegaMoE needs the last dimension of hidden, weights and scales contiguous"
             )
-    ids = topk_ids.to(torch.int32).contiguous()
-    weights = topk_weights.float().contiguous()
+    ids, weights = routing_operands(topk_ids, topk_weights)
     sorted_ids, expert_ids, ntpp = moe_align_block_size(ids, cfg.block_m, p.num_experts)
     num_slots = p.tokens * p.top_k
     dev, dt = hidden.device, hidden.dtype

@@ -68,6 +68,7 @@ MXFP4_BLOCK_K = 128
 _BLOCK_K = tl.constexpr(MXFP4_BLOCK_K)
 _SCALE_EXP_OFFSET = tl.constexpr(ASM_SCALE_EXP_OFFSET)
 _SCALE_MAX_BYTE = tl.constexpr(ASM_SCALE_MAX_BYTE)
+_ACC_SCALE = tl.constexpr(ASM_ACC_SCALE)
 
 
 def e2m1_byte_ptx() -> str:
@@ -190,6 +191,35 @@ def weight_tile(packed, scales, ROWS: tl.constexpr, DTYPE: tl.constexpr, ASM: tl
     else:
         lo, hi = e2m1_nibbles(packed, sb, DTYPE)
     return nibbles_to_dot_order(lo, hi, ROWS)
+
+
+@triton.jit
+def hidden_row_tile(x_ptr, rows, stride_xm, BLOCK_M: tl.constexpr):
+    # A reorder kernel's tile of the hidden states: BLOCK_M rows by 128 columns, the program's
+    # (row block, K tile); also the rows (int64, [BLOCK_M, 1]), the columns and the row mask.
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.program_id(1) * _BLOCK_K + tl.arange(0, _BLOCK_K)
+    ok = (offs_m < rows)[:, None]
+    m = offs_m.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + m * stride_xm + offs_k[None, :], mask=ok, other=0.0)
+    return x, m, offs_k, ok
+
+
+@triton.jit
+def weighted_by_topk(acc, topk_weights_ptr, rows, row_ok, ASM: tl.constexpr):
+    # GEMM 2's [weight rows, routed rows] accumulator times each routed row's top-k weight (with
+    # the fast path's weights, also undoing their 2**-62 scaling).
+    weight = tl.load(topk_weights_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    if ASM:
+        weight = weight * _ACC_SCALE
+    return acc * weight[None, :]
+
+
+@triton.jit
+def store_transposed(out_ptr, rows, cols, row_ok, stride_om, val):
+    # A [cols, rows] tile into out [rows, cols] in out's dtype; padding rows are not written.
+    out_ptrs = out_ptr + rows[None, :] * stride_om + cols[:, None]
+    tl.store(out_ptrs, val.to(out_ptr.dtype.element_ty), mask=row_ok[None, :])
 
 
 def reorder_hidden_columns(kernel: Any, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

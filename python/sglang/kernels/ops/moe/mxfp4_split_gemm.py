@@ -32,8 +32,11 @@ from sglang.kernels.ops.moe.fused_moe import _tile_coords, _tile_rows
 from sglang.kernels.ops.moe.mxfp4_operand import (
     ASM_ACC_SCALE,
     MXFP4_BLOCK_K,
+    hidden_row_tile,
     reorder_hidden_columns,
+    store_transposed,
     stored_scale_rows,
+    weighted_by_topk,
 )
 from sglang.kernels.ops.moe.mxfp4_split_operand import (
     HALF_K,
@@ -148,26 +151,19 @@ def _mxfp4_split_gemm_kernel(
         pairs = acc.reshape(ROWS // (2 * _RUN), 2, _RUN, BLOCK_M).permute(0, 2, 3, 1)
         gate, up = tl.split(pairs.reshape(BLOCK_N, BLOCK_M, 2))
         act = gated_act(gate, up, limit, ACTIVATION, HAS_LIMIT)
-        out_cols = split_order_position(cols)  # GEMM 2 reads this row in split order
-        out_ptrs = out_ptr + slot.to(tl.int64)[None, :] * stride_om + out_cols[:, None]
-        tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty), mask=row_ok[None, :])
+        # GEMM 2 reads this row in split order
+        store_transposed(
+            out_ptr, slot.to(tl.int64), split_order_position(cols), row_ok, stride_om, act
+        )
     else:
-        weight = tl.load(topk_weights_ptr + slot, mask=row_ok, other=0.0).to(tl.float32)
-        if ASM:
-            weight = weight * _ACC_SCALE
-        acc = acc * weight[None, :]
-        out_ptrs = out_ptr + slot.to(tl.int64)[None, :] * stride_om + cols[:, None]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[None, :])
+        acc = weighted_by_topk(acc, topk_weights_ptr, slot, row_ok, ASM)
+        store_transposed(out_ptr, slot.to(tl.int64), cols, row_ok, stride_om, acc)
 
 
 @triton.jit
 def _split_order_rows_kernel(x_ptr, out_ptr, rows, stride_xm, stride_om, BLOCK_M: tl.constexpr):
     # The hidden states with every 128 columns in the split order (ahead of GEMM 1).
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.program_id(1) * _BK + tl.arange(0, _BK)
-    ok = (offs_m < rows)[:, None]
-    m = offs_m.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + m * stride_xm + offs_k[None, :], mask=ok, other=0.0)
+    x, m, offs_k, ok = hidden_row_tile(x_ptr, rows, stride_xm, BLOCK_M)
     tl.store(out_ptr + m * stride_om + split_order_position(offs_k)[None, :], x, mask=ok)
 
 

@@ -1,0 +1,72 @@
+"""What the MoE benchmark and tuning scripts share: the expert shape they run and the tuned-table
+files they write (the format ``sglang.kernels.ops.moe.tuned_configs`` and ``mxfp4_config`` load).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+
+from sglang.kernels.ops.moe.tuned_configs import table_name
+
+Bucket = dict[str, object]
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """One model's routed experts: ``experts`` of width ``inter`` on ``hidden``, ``top_k`` a
+    token; ``swiglu_limit`` clamps a "swiglu" activation (None: unclamped)."""
+
+    name: str
+    experts: int
+    top_k: int
+    hidden: int
+    inter: int
+    activation: str
+    swiglu_limit: float | None = None
+
+
+def table_path(out_dir: Path, shape: MoeShape, dtype: str, device: str) -> Path:
+    """Where the tuned table of ``shape`` with ``dtype`` weights on ``device`` lives."""
+    name = table_name(shape.experts, shape.hidden, shape.inter, shape.top_k, dtype, device)
+    return out_dir / name
+
+
+def kept_buckets(path: Path, merge: bool) -> list[Bucket]:
+    """The buckets of the table at ``path`` a ``--merge`` run keeps (none without it)."""
+    if merge and path.is_file():
+        return json.loads(path.read_text())["buckets"]
+    return []
+
+
+def merged_buckets(tuned: dict[int, Bucket], kept: list[Bucket]) -> list[Bucket]:
+    """This run's buckets, and the kept ones of the M values it did not tune, sorted by M."""
+    others = [b for b in kept if int(b["m"]) not in tuned]  # type: ignore[call-overload]
+    return sorted([*tuned.values(), *others], key=lambda b: int(b["m"]))  # type: ignore[call-overload]
+
+
+def write_tuned_table(
+    path: Path, device: str, shape: MoeShape, dtype: str, buckets: list[Bucket], **extra: object
+) -> None:
+    """Write a tuned table: the device, the shape, the weight dtype, ``extra`` keys (e.g. the
+    script that chose it), the Triton and torch versions, and the buckets."""
+    table = {
+        "device": device,
+        "shape": {
+            "experts": shape.experts,
+            "top_k": shape.top_k,
+            "hidden": shape.hidden,
+            "inter": shape.inter,
+            "activation": shape.activation,
+        },
+        "dtype": dtype,
+        **extra,
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "buckets": buckets,
+    }
+    path.write_text(json.dumps(table, indent=1) + "\n")

@@ -56,6 +56,17 @@ CONFIG_C: dict[str, Any] = {
     },
 }
 
+# MegaMoE-shaped (latent 512, width 128) so the expert-parallel layout can be built too; a TP=2
+# slice (64 rows) is two whole MXFP4 scale groups. Four attention heads, so TP=4 builds.
+CONFIG_MEGA: dict[str, Any] = {
+    **CONFIG_A,
+    "routed_expert_hidden_size": 512,
+    "moe_intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "linear_attn_config": {**CONFIG_A["linear_attn_config"], "num_heads": 4},
+}
+
 
 def config(raw: dict[str, Any]) -> KimiK3Config:
     return KimiK3Config.from_dict(raw)

@@ -9,14 +9,11 @@ inputs with masked slots and one fully masked token, outputs and allocator poiso
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_fused_moe_gpu import (
+from sglang.test.ci_register import register_cuda_ci
+from sglang.test.moe_model_cases import (
     ACTIVATIONS,
     BF16_TOL,
     FP8_TOL,
@@ -24,13 +21,11 @@ from test_fused_moe_gpu import (
     SHAPES,
     expert_weights,
     poison_allocator,
-    rel_err,
     routing,
 )
-
-from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 from sglang.test.sm_holder import cupy_available, hold_sms
+from sglang.test.tolerance import rel_norm_err
 
 register_cuda_ci(est_time=145, suite="h200-1gpu")
 
@@ -81,13 +76,13 @@ def test_mega_matches_reference(shape_name: str, fp8: bool, m: int) -> None:
         got, launch = run_mega(hidden, topk_w, topk_ids, kw, out=out)
         assert got.data_ptr() == out.data_ptr(), "out= must receive the result"
         assert torch.isfinite(out).all(), f"{activation}: unwritten or NaN rows"
-        err = rel_err(out, want)
+        err = rel_norm_err(out, want)
         assert err < tol, (
             f"{shape_name} {'fp8' if fp8 else 'bf16'} M={m} {activation}: rel err {err:.3g}"
         )
         # Same roundings as the two-launch kernel, so the two agree far better than either
         # agrees with the reference.
-        assert rel_err(out, two) < tol / 4
+        assert rel_norm_err(out, two) < tol / 4
         if m > 2:
             assert (out[m // 2] == 0).all(), "a fully masked token must be zero"
         assert int(launch.workspace.counters.abs().sum()) == 0, "counters must be re-armed"
@@ -226,7 +221,7 @@ def test_moe_layer_megamoe_backend_runs_the_triton_kernel(
         hidden, topk_w, topk_ids = routing(24, shape, seed=21)
         outs[a2a] = layer(hidden, TopKOutput(topk_w, topk_ids))
     assert calls == [1], "the megamoe backend must run our Triton kernel"
-    assert rel_err(outs["megamoe"], outs["none"]) < (FP8_TOL if fp8 else BF16_TOL) / 4
+    assert rel_norm_err(outs["megamoe"], outs["none"]) < (FP8_TOL if fp8 else BF16_TOL) / 4
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ kernel forgets to write shows up."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,11 +39,19 @@ ACTIVATIONS = {
 }
 
 
-def poison_allocator(nbytes: int, device: torch.device) -> None:
+def poison_allocator(nbytes: int, device: torch.device | str) -> None:
     """Fill memory the caching allocator will hand out next with NaN bytes."""
     junk = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
     junk.fill_(float("nan"))
     del junk
+
+
+def poison_moe_workspace(
+    m: int, shape: Shape, device: torch.device | str, extra: int = 1 << 20
+) -> None:
+    """Poison as much memory as an MoE call on ``m`` tokens of ``shape`` takes for its
+    intermediates (8 bytes a routed slot and column), plus ``extra`` bytes."""
+    poison_allocator(m * shape.top_k * (shape.hidden + shape.inter) * 8 + extra, device)
 
 
 _CACHE: dict[tuple[str, bool], dict[str, Any]] = {}
@@ -92,3 +101,66 @@ def routing(
     if tokens > 2:
         ids[tokens // 2] = -1  # a token with every slot masked must come out as zeros
     return hidden, weights, ids.to(torch.int32)
+
+
+def tolerance(fp8: bool) -> float:
+    """Relative (Frobenius) error bound of a kernel's bf16 output against the torch reference."""
+    return FP8_TOL if fp8 else BF16_TOL
+
+
+@dataclass(frozen=True)
+class ReferenceCase:
+    """One routed batch with one activation, and the torch reference's output for it."""
+
+    tag: str  # shape, dtype, M and activation, for messages
+    hidden: torch.Tensor
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+    kwargs: dict[str, Any]  # the expert weights, activation and SwiGLU limit
+    want: torch.Tensor
+    tol: float
+
+    def check(self, out: torch.Tensor) -> float:
+        """Every row written and finite, within ``tol`` of the reference, and the fully masked
+        token zero; returns the relative error."""
+        from sglang.test.tolerance import rel_norm_err
+
+        assert torch.isfinite(out).all(), f"{self.tag}: unwritten or NaN rows"
+        err = rel_norm_err(out, self.want)
+        assert err < self.tol, f"{self.tag}: rel err {err:.3g}"
+        m = out.shape[0]
+        if m > 2:
+            assert (out[m // 2] == 0).all(), f"{self.tag}: a fully masked token must be zero"
+        return err
+
+
+def reference_cases(shape_name: str, fp8: bool, m: int) -> Iterator[ReferenceCase]:
+    """``m`` routed tokens for each activation ``ACTIVATIONS`` gives the shape (fresh routing a
+    case), with the torch reference's output."""
+    from sglang.kernels.ops.moe.fused_moe import fused_experts_torch
+
+    shape = SHAPES[shape_name]
+    weights = expert_weights(shape, fp8)
+    for n, (activation, clamp) in enumerate(ACTIVATIONS[shape_name]):
+        limit = shape.swiglu_limit if clamp else None
+        hidden, topk_w, topk_ids = routing(m, shape, seed=m * 10 + n + (100 if fp8 else 0))
+        kw = dict(weights, activation=activation, swiglu_limit=limit)
+        want = fused_experts_torch(hidden, topk_weights=topk_w, topk_ids=topk_ids, **kw)
+        assert torch.isfinite(want).all() and want.abs().sum() > 0
+        tag = f"{shape_name} {'fp8' if fp8 else 'bf16'} M={m} {activation}"
+        yield ReferenceCase(tag, hidden, topk_w, topk_ids, kw, want, tolerance(fp8))
+
+
+def refill_and_replay(
+    graph: torch.cuda.CUDAGraph,
+    captured: tuple[torch.Tensor, ...],
+    fresh: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+) -> None:
+    """Copy ``fresh`` inputs into the tensors ``graph`` captured, poison its output ``out`` with
+    NaN, replay it and wait for it."""
+    for dst, src in zip(captured, fresh, strict=True):
+        dst.copy_(src)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()

@@ -16,12 +16,13 @@ import torch
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.moe_model_cases import (
     ACTIVATIONS,
-    BF16_TOL,
     FP8_TOL,
     M_VALUES,
     SHAPES,
     expert_weights,
-    poison_allocator,
+    poison_moe_workspace,
+    reference_cases,
+    refill_and_replay,
     routing,
 )
 from sglang.test.run import run_this_file
@@ -34,46 +35,29 @@ register_cuda_ci(est_time=30, suite="h200-1gpu")
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("shape_name", list(SHAPES))
 def test_fused_experts_matches_reference(shape_name: str, fp8: bool, m: int) -> None:
-    from sglang.kernels.ops.moe.fused_moe import fused_experts, fused_experts_torch
+    from sglang.kernels.ops.moe.fused_moe import fused_experts
 
     shape = SHAPES[shape_name]
-    weights = expert_weights(shape, fp8)
-    tol = FP8_TOL if fp8 else BF16_TOL
-    for n, (activation, clamp) in enumerate(ACTIVATIONS[shape_name]):
-        limit = shape.swiglu_limit if clamp else None
-        hidden, topk_w, topk_ids = routing(m, shape, seed=m * 10 + n + (100 if fp8 else 0))
-        kw = dict(weights, activation=activation, swiglu_limit=limit)
-        want = fused_experts_torch(hidden, topk_weights=topk_w, topk_ids=topk_ids, **kw)
-        assert torch.isfinite(want).all() and want.abs().sum() > 0
-
-        poison_allocator(
-            m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20), hidden.device
-        )
+    for case in reference_cases(shape_name, fp8, m):
+        hidden, topk_w, topk_ids, kw = case.hidden, case.topk_weights, case.topk_ids, case.kwargs
+        poison_moe_workspace(m, shape, hidden.device)
         out = torch.full_like(hidden, float("nan"))
         got = fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, out=out, **kw)
         torch.cuda.synchronize()
         assert got.data_ptr() == out.data_ptr(), "out= must receive the result"
-        assert torch.isfinite(out).all(), f"{activation}: unwritten or NaN rows"
-        err = rel_norm_err(out, want)
-        assert err < tol, (
-            f"{shape_name} {'fp8' if fp8 else 'bf16'} M={m} {activation}: rel err {err:.3g}"
-        )
-        if m > 2:
-            assert (out[m // 2] == 0).all(), "a fully masked token must be zero"
+        case.check(out)
 
         buf = hidden.clone()
-        poison_allocator(
-            m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20), hidden.device
-        )
+        poison_moe_workspace(m, shape, hidden.device)
         got = fused_experts(buf, topk_weights=topk_w, topk_ids=topk_ids, inplace=True, **kw)
         torch.cuda.synchronize()
         assert got.data_ptr() == buf.data_ptr(), "inplace=True must write into hidden"
         assert torch.isfinite(buf).all()
-        assert rel_norm_err(buf, want) < tol
+        assert rel_norm_err(buf, case.want) < case.tol
 
         fresh = fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, **kw)
         assert fresh.data_ptr() not in (hidden.data_ptr(), out.data_ptr())
-        assert rel_norm_err(fresh, want) < tol
+        assert rel_norm_err(fresh, case.want) < case.tol
 
 
 @pytest.mark.parametrize("m", (1, 37, 512))
@@ -105,7 +89,7 @@ def test_fp8_tuned_and_rule_tiles_match_reference(shape_name: str, m: int) -> No
     for cfg in {tuned, rule}:  # the rule's tiles are always two-launch
         if not isinstance(cfg, FusedMoeConfig):
             continue  # a TMA bucket: its own test file
-        poison_allocator(m * shape.top_k * (shape.hidden + shape.inter) * 8, hidden.device)
+        poison_moe_workspace(m, shape, hidden.device, extra=0)
         out = torch.full_like(hidden, float("nan"))
         fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, out=out, config=cfg, **kw)
         torch.cuda.synchronize()
@@ -128,12 +112,7 @@ def test_fused_experts_cuda_graph_replay() -> None:
         fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, out=out, **kw)
     for seed in (8, 9):
         h2, w2, i2 = routing(16, shape, seed=seed)
-        hidden.copy_(h2)
-        topk_w.copy_(w2)
-        topk_ids.copy_(i2)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+        refill_and_replay(graph, (hidden, topk_w, topk_ids), (h2, w2, i2), out)
         eager = fused_experts(h2, topk_weights=w2, topk_ids=i2, **kw)
         assert torch.isfinite(out).all()
         assert rel_norm_err(out, eager) < 1e-6, "replay must equal an eager run on the same inputs"

@@ -19,7 +19,6 @@ shows up. Checked:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -29,6 +28,7 @@ import triton.language as tl
 
 from sglang.kernels.ops.moe import mxfp4_operand as mxop
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.moe_model_cases import SHAPES, Shape, poison_moe_workspace
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import rel_norm_err
 
@@ -39,27 +39,11 @@ BF16_RUNNER_TOL = 1e-2  # against fused_experts on the same (dequantised) weight
 M_VALUES = (1, 2, 7, 64, 512, 2048, 8192)
 
 
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    experts: int
-    top_k: int
-    hidden: int
-    inter: int
-    activations: tuple[tuple[str, float | None], ...]  # the model's own first
-
-
-SHAPES = {
-    "dsv4": Shape("dsv4", 256, 6, 4096, 2048, (("swiglu", 10.0), ("situ", None))),
-    "k3": Shape("k3", 384, 16, 3584, 3072, (("situ", None), ("swiglu", None))),
+# Each model's own activation first; DeepSeek V4's SwiGLU clamped at 10.
+MXFP4_ACTIVATIONS: dict[str, tuple[tuple[str, float | None], ...]] = {
+    "dsv4": (("swiglu", 10.0), ("situ", None)),
+    "k3": (("situ", None), ("swiglu", None)),
 }
-
-
-def poison_allocator(nbytes: int) -> None:
-    """Fill memory the caching allocator will hand out next with NaN bytes."""
-    junk = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
-    junk.fill_(float("nan"))
-    del junk
 
 
 _CACHE: dict[str, dict[str, Any]] = {}
@@ -152,8 +136,7 @@ def test_matches_oracle_and_bf16_runner(shape_name: str, m: int) -> None:
     shape = SHAPES[shape_name]
     cache = experts(shape)
     weights, (b13, b2) = cache["weights"], cache["bf16"]
-    poison = m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20)
-    for n, (activation, limit) in enumerate(shape.activations):
+    for n, (activation, limit) in enumerate(MXFP4_ACTIVATIONS[shape.name]):
         if n and m in (2, 2048):
             continue  # the second activation at a few sizes only
         x, tw, ids = routing(m, shape, seed=m * 10 + n)
@@ -162,7 +145,7 @@ def test_matches_oracle_and_bf16_runner(shape_name: str, m: int) -> None:
         assert torch.isfinite(want).all() and want.abs().sum() > 0
         tag = f"{shape_name} M={m} {activation}"
 
-        poison_allocator(poison)
+        poison_moe_workspace(m, shape, "cuda")
         out = torch.full_like(x, float("nan"))
         got = fused_experts_mxfp4_weights(x, weights, tw, ids, out=out, **kw)
         torch.cuda.synchronize()
@@ -178,7 +161,7 @@ def test_matches_oracle_and_bf16_runner(shape_name: str, m: int) -> None:
         assert err < BF16_RUNNER_TOL, f"{tag}: rel err {err:.3g} against fused_experts on bf16"
 
         buf = x.clone()
-        poison_allocator(poison)
+        poison_moe_workspace(m, shape, "cuda")
         got = fused_experts_mxfp4_weights(buf, weights, tw, ids, inplace=True, **kw)
         torch.cuda.synchronize()
         assert got.data_ptr() == buf.data_ptr(), "inplace=True must write into hidden"
@@ -254,7 +237,7 @@ def test_both_kernels_at_decode_sizes(shape_name: str) -> None:
         Mxfp4MoeConfig(16, T(16, 1, 2, 6), T(32, 1, 2, 6), kernel="split"),
         Mxfp4MoeConfig(16, T(8, 1, 1, 8), T(16, 1, 1, 8), x_in_dot_order=True, kernel="split"),
     ]
-    activation, limit = shape.activations[0]
+    activation, limit = MXFP4_ACTIVATIONS[shape.name][0]
     kw: dict[str, Any] = {"activation": activation, "swiglu_limit": limit}
     for m in (1, 4, 16, 64):
         x, tw, ids = routing(m, shape, seed=500 + m)
@@ -262,7 +245,7 @@ def test_both_kernels_at_decode_sizes(shape_name: str) -> None:
         ref = fused_experts_mxfp4_weights(x, weights, tw, ids, config=dot, **kw)
         assert rel_norm_err(ref, want) < ORACLE_TOL, f"{shape_name} M={m} dot-order"
         for n, cfg in enumerate(splits):
-            poison_allocator(m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20))
+            poison_moe_workspace(m, shape, "cuda")
             got = fused_experts_mxfp4_weights(x, weights, tw, ids, config=cfg, **kw)
             torch.cuda.synchronize()
             tag = f"{shape_name} M={m} {cfg}"

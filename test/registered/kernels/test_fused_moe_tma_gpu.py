@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.moe_model_cases import refill_and_replay
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import rel_norm_err
 
@@ -247,12 +248,7 @@ def test_tma_path_cuda_graph_replay() -> None:
     with torch.cuda.graph(graph):
         fused_experts(hidden, topk_weights=tw, topk_ids=ids, out=out, **kw)
     h2, w2, i2 = routing(1024, "dsv4", seed=4, experts_used=None)
-    hidden.copy_(h2)
-    tw.copy_(w2)
-    ids.copy_(i2)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    refill_and_replay(graph, (hidden, tw, ids), (h2, w2, i2), out)
     eager = fused_experts(h2, topk_weights=w2, topk_ids=i2, **kw)
     assert torch.isfinite(out).all()
     assert rel_norm_err(out, eager) < 1e-6

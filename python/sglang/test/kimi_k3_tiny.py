@@ -116,7 +116,11 @@ def random_experts(moe: KimiK3MoE, seed: int, dtype: torch.dtype = torch.float32
 def make_model(
     raw: dict[str, Any], *, seed: int = 0, dtype: torch.dtype = torch.float32, **kw: Any
 ) -> KimiK3ForCausalLM:
-    model = KimiK3ForCausalLM(config(raw), LayerBuildSpec(dtype=dtype, moe_runner="torch", **kw))
+    """``raw``'s model with every parameter random (``seed``) and random experts (seed
+    ``seed * 100 + layer id``) in ``dtype``; ``kw`` goes to the ``LayerBuildSpec`` (the torch
+    MoE runner unless it names another)."""
+    spec = LayerBuildSpec(**{"dtype": dtype, "moe_runner": "torch", **kw})
+    model = KimiK3ForCausalLM(config(raw), spec)
     randomize_(model, seed)
     for layer in model.decoder_layers:
         if isinstance(layer.mlp, KimiK3MoE):

@@ -9,18 +9,15 @@ Usage (repo root, on a GPU): PYTHONPATH=python python scripts/bench_compressor_d
 from __future__ import annotations
 
 import functools
-import sys
 
 import torch
-
-sys.path.insert(0, "test/registered/kernels")
-from test_compressor_decode import make_case
 
 from sglang.srt.layers.attention.dsv4_static_compressor import (
     compress_decode_step,
     compress_decode_torch,
 )
 from sglang.srt.utils.cuda_timing import median_graph_replay_ms
+from sglang.test.compressor_decode_cases import make_case
 
 
 def main() -> None:

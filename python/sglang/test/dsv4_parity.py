@@ -38,6 +38,7 @@ from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.loading import load_weights
+from sglang.test.chunked_prefill import chunked_prefill
 
 # transformers warns that tiny YaRN factors disagree with max_position_embeddings; irrelevant.
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -309,20 +310,7 @@ def generate(
             pad = 1 << (len(prompts) - 1).bit_length()
             graphs = CudaGraphRunner(model, capture_batch_sizes(pad), dev)
             graphs.capture()
-    rows: list[list[torch.Tensor]] = [[] for _ in prompts]
-    done = [0] * len(prompts)
-    while any(d < len(p) for d, p in zip(done, prompts)):
-        live = [i for i, p in enumerate(prompts) if done[i] < len(p)]
-        lens = [min(chunk or len(prompts[i]), len(prompts[i]) - done[i]) for i in live]
-        ids = torch.cat([prompts[i][done[i] : done[i] + n] for i, n in zip(live, lens)])
-        pos = torch.cat([torch.arange(done[i], done[i] + n) for i, n in zip(live, lens)])
-        batch = model.batch_type(lens, [caches[i] for i in live])
-        logits = model(ids.to(dev), pos.to(dev), batch)
-        start = 0
-        for i, n in zip(live, lens):
-            rows[i].append(logits[start : start + n])
-            done[i] += n
-            start += n
+    rows = chunked_prefill(model, prompts, caches, chunk, dev)
     tokens = [[int(torch.cat(r)[-1].argmax())] for r in rows]
     for _ in range(new_tokens - 1):
         ids = torch.tensor([t[-1] for t in tokens], device=dev)

@@ -1,11 +1,12 @@
 """Tiny DeepSeek V4 models for the model tests: three fixed tiny configs, a fully randomised
-transformers reference, our model loaded from it, and the reference written as a release
-checkpoint."""
+transformers reference, our model loaded from it, the reference written as a release
+checkpoint, and the MegaMoE-tile widths with the reference's experts in the release's MXFP4."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any
 
 import torch
@@ -13,6 +14,7 @@ from transformers import DeepseekV4Config
 from transformers import DeepseekV4ForCausalLM as HFDeepseekV4
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
+from sglang.srt.layers.quantization.mxfp4 import quant_mxfp4
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
@@ -128,3 +130,30 @@ def write_release(
     formats.update(kw)  # e.g. FP8 dense weights alone: dense="fp8"
     state = release.from_transformers(hf.state_dict())
     return release.write_from_tensors(path, config, state, **formats)
+
+
+# MegaMoE tiles hidden and the expert width by 128.
+MEGA_SHAPES = {"hidden_size": 128, "moe_intermediate_size": 128}
+_HF_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
+
+
+def mxfp4_release_checkpoint(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' state dict with its stacked experts rewritten the way the release stores
+    them: per expert ``w1``/``w3``/``w2`` packed MXFP4 plus a float8_e8m0fnu ``.scale``."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        m = _HF_EXPERTS.match(name)
+        if m is None:
+            out[name] = t
+            continue
+        inter = t.shape[1] // 2
+        parts = (
+            {"w1": t[:, :inter], "w3": t[:, inter:]} if m.group(2) == "gate_up_proj" else {"w2": t}
+        )
+        for w, stacked in parts.items():
+            packed, scale = quant_mxfp4(stacked)
+            for e in range(t.shape[0]):
+                pre = f"layers.{m.group(1)}.ffn.experts.{e}.{w}"
+                out[f"{pre}.weight"] = packed[e].clone()
+                out[f"{pre}.scale"] = scale[e].clone().view(torch.float8_e8m0fnu)
+    return out

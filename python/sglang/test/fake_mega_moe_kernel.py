@@ -14,6 +14,7 @@ path (built weights, staged buffer, kernel) is checked for real on CPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -77,6 +78,23 @@ def _staged_rows(buf: Any, rows: int) -> Tensor:
     return buf.x[:rows].float() * scales
 
 
+def _routed_sum(
+    x: Tensor, buf: Any, w13: Tensor, w2: Tensor, act: Callable[[Tensor], Tensor], rows: int
+) -> Tensor:
+    """fp32 ``[rows, H]``: each of the first ``rows`` tokens of ``buf``'s routing through its
+    experts, ``act(x @ w13^T)`` times the top-k weight (on the intermediate before L2, as in the
+    kernel) then ``@ w2^T``, summed per token."""
+    ids, weights = buf.topk_idx[:rows], buf.topk_weights[:rows].float()
+    out = torch.zeros(rows, w2.shape[1])
+    for e in range(w13.shape[0]):
+        token, slot = (ids == e).nonzero(as_tuple=True)
+        if token.numel() == 0:
+            continue
+        inner = act(x[token] @ w13[e].T)
+        out.index_add_(0, token, (inner * weights[token, slot, None]) @ w2[e].T)
+    return out
+
+
 def reference_mega_moe(
     y: Tensor,
     l1: tuple[Tensor, Tensor],
@@ -99,15 +117,7 @@ def reference_mega_moe(
         )
     rows = y.shape[0]
     x = _staged_rows(buf, rows)
-    ids, weights = buf.topk_idx[:rows], buf.topk_weights[:rows].float()
-    out = torch.zeros(rows, w2.shape[1])
-    for e in range(w13.shape[0]):
-        token, slot = (ids == e).nonzero(as_tuple=True)
-        if token.numel() == 0:
-            continue
-        inner = _activation(x[token] @ w13[e].T, activation, activation_clamp)
-        # the top-k weight multiplies the intermediate before L2, as in the kernel
-        out.index_add_(0, token, (inner * weights[token, slot, None]) @ w2[e].T)
+    out = _routed_sum(x, buf, w13, w2, lambda h: _activation(h, activation, activation_clamp), rows)
     y.copy_(out.to(y.dtype))
 
 
@@ -133,12 +143,5 @@ def reference_sm90_mega_moe(
     w13, w2 = dequant(experts.w13, experts.w13_scale), dequant(experts.w2, experts.w2_scale)
     rows = y.shape[0]
     x = buf.x[:rows].float() * buf.x_sf[:rows].float().repeat_interleave(128, dim=-1)
-    ids, weights = buf.topk_idx[:rows], buf.topk_weights[:rows].float()
-    out = torch.zeros(rows, w2.shape[1])
-    for e in range(w13.shape[0]):
-        token, slot = (ids == e).nonzero(as_tuple=True)
-        if token.numel() == 0:
-            continue
-        inner = swiglu_torch(x[token] @ w13[e].T, activation_clamp)
-        out.index_add_(0, token, (inner * weights[token, slot, None]) @ w2[e].T)
+    out = _routed_sum(x, buf, w13, w2, lambda h: swiglu_torch(h, activation_clamp), rows)
     y.copy_(out.to(y.dtype))

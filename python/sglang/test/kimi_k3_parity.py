@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
+from sglang.test.chunked_prefill import chunked_prefill
 from sglang.test.kimi_k3_reference import reference_logits
 from sglang.test.kimi_k3_tiny import CONFIG_A, make_model
 
@@ -116,19 +117,7 @@ def _generate(
     model: KimiK3ForCausalLM, prompts: Sequence[torch.Tensor], new_tokens: int, chunk: int | None
 ) -> tuple[list[list[int]], list[torch.Tensor]]:
     caches = [model.new_request_cache() for _ in prompts]
-    rows: list[list[torch.Tensor]] = [[] for _ in prompts]
-    done = [0] * len(prompts)
-    while any(d < len(p) for d, p in zip(done, prompts)):
-        live = [i for i, p in enumerate(prompts) if done[i] < len(p)]
-        lens = [min(chunk or len(prompts[i]), len(prompts[i]) - done[i]) for i in live]
-        ids = torch.cat([prompts[i][done[i] : done[i] + n] for i, n in zip(live, lens)])
-        pos = torch.cat([torch.arange(done[i], done[i] + n) for i, n in zip(live, lens)])
-        logits = model(ids, pos, model.batch_type(lens, [caches[i] for i in live]))
-        start = 0
-        for i, n in zip(live, lens):
-            rows[i].append(logits[start : start + n])
-            done[i] += n
-            start += n
+    rows = chunked_prefill(model, prompts, caches, chunk)
     tokens = [[int(torch.cat(r)[-1].argmax())] for r in rows]
     for _ in range(new_tokens - 1):
         logits = model.decode(torch.tensor([t[-1] for t in tokens]), caches)

@@ -56,6 +56,17 @@ CONFIG_C: dict[str, Any] = {
     },
 }
 
+# MegaMoE-shaped (latent 512, width 128) so the expert-parallel layout can be built too; a TP=2
+# slice (64 rows) is two whole MXFP4 scale groups. Four attention heads, so TP=4 builds.
+CONFIG_MEGA: dict[str, Any] = {
+    **CONFIG_A,
+    "routed_expert_hidden_size": 512,
+    "moe_intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "linear_attn_config": {**CONFIG_A["linear_attn_config"], "num_heads": 4},
+}
+
 
 def config(raw: dict[str, Any]) -> KimiK3Config:
     return KimiK3Config.from_dict(raw)
@@ -105,7 +116,11 @@ def random_experts(moe: KimiK3MoE, seed: int, dtype: torch.dtype = torch.float32
 def make_model(
     raw: dict[str, Any], *, seed: int = 0, dtype: torch.dtype = torch.float32, **kw: Any
 ) -> KimiK3ForCausalLM:
-    model = KimiK3ForCausalLM(config(raw), LayerBuildSpec(dtype=dtype, moe_runner="torch", **kw))
+    """``raw``'s model with every parameter random (``seed``) and random experts (seed
+    ``seed * 100 + layer id``) in ``dtype``; ``kw`` goes to the ``LayerBuildSpec`` (the torch
+    MoE runner unless it names another)."""
+    spec = LayerBuildSpec(**{"dtype": dtype, "moe_runner": "torch", **kw})
+    model = KimiK3ForCausalLM(config(raw), spec)
     randomize_(model, seed)
     for layer in model.decoder_layers:
         if isinstance(layer.mlp, KimiK3MoE):

@@ -14,6 +14,7 @@ chunking) is then only fp summation order.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -279,6 +280,33 @@ def worst_difference(got: dict[str, Record], want: dict[str, Record]) -> tuple[f
         for a, b in zip(g.logits, w.logits):
             logits = max(logits, float((a - b).abs().max() / b.abs().max()))
     return lp, logits
+
+
+def run_conversation_and_branches(
+    server: Server,
+    waves: Sequence[Sequence[Turn]],
+    left: list[int],
+    right: list[int],
+    page: int,
+) -> tuple[dict[str, Record], list[list[Turn]]]:
+    """Run the conversation ``waves`` (``conversation_waves``, turns ``t0``..), then two
+    continuations of the whole conversation at once from its cached prefix (``left`` and
+    ``right`` appended to the last turn's prompt and output, 4 tokens each). Checks that each
+    turn resumes at the last ``page`` edge of the previous prompt + output (a decode snapshot)
+    and that both branches hit the whole stem's last edge. -> (records, the branch wave)."""
+    got = run_waves(server, waves)
+    last = got[waves[-1][0].rid]
+    stem = last.prompt + last.tokens
+    branches = [[Turn("left", stem + left, 4), Turn("right", stem + right, 4)]]
+    got = run_waves(server, branches, records=got)
+    cached = {rid: r.cached_tokens for rid, r in got.items()}
+    print(f"conversation cached tokens {cached}")
+    rids = [w[0].rid for w in waves]
+    for prev_rid, rid in itertools.pairwise(rids):
+        prev = got[prev_rid]
+        assert cached[rid] == (len(prev.prompt) + len(prev.tokens) - 1) // page * page > 0
+    assert cached["left"] == cached["right"] == (len(stem) - 1) // page * page
+    return got, branches
 
 
 def check_against_cache_off(

@@ -33,3 +33,13 @@ def assert_bf16_close(got: torch.Tensor, want: torch.Tensor, fp32_tol: float) ->
             f"{int(bad.sum())} of {bad.numel()} bf16 entries beyond one ulp + {fp32_tol:g} of the "
             f"largest: got {got.float()[bad][:6].tolist()}, want {want.float()[bad][:6].tolist()}"
         )
+
+
+def rel_max_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want|."""
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def rel_norm_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want|| (Frobenius, in fp64)."""
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()

@@ -29,48 +29,15 @@ from sglang.kernels.ops.attention.absorbed_mla_decode import (
 )
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.interpreter import run_under_interpreter
+from sglang.test.paged_mla_cases import SMALL_BLOCK_ROWS, SMALL_DIMS, make_paged
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_max_err
 
 register_cpu_ci(est_time=20)
 
 TOL = 1e-5
-LAT, ROPE, NOPE, V, R = 64, 16, 16, 16, 4
-
-
-def make_paged(
-    lens: list[int],
-    heads: int,
-    g: torch.Generator,
-    *,
-    device: str = "cpu",
-    rows: int = R,
-    dims: tuple[int, int, int, int] = (LAT, ROPE, NOPE, V),
-) -> tuple[torch.Tensor, ...]:
-    """Queries ``[bs, heads, nope + rope]`` (bf16), fp32 ``w_kc``/``w_vc``, and the latents of
-    requests of ``lens`` rows in a shuffled store of ``rows``-row blocks (NaN past each length
-    and in the null block, the last one); the table covers the longest request. ``dims``: latent,
-    rope, nope and value widths."""
-    lat, rope, nope, v = dims
-    bs, nb = len(lens), -(-max(lens) // rows)
-    n_blocks = sum(-(-n // rows) for n in lens)
-    store = torch.randn(n_blocks + 1, rows, lat + rope, generator=g).to(torch.bfloat16)
-    store[-1] = float("nan")
-    order = torch.randperm(n_blocks, generator=g).tolist()
-    table = torch.full((bs, nb), n_blocks, dtype=torch.long)
-    for b, n in enumerate(lens):
-        held = [order.pop() for _ in range(-(-n // rows))]
-        table[b, : len(held)] = torch.tensor(held, dtype=torch.long)
-        if n % rows:
-            store[held[-1], n % rows :] = float("nan")  # the last block's unused rows
-    q = (torch.randn(bs, heads, nope + rope, generator=g) * 2).to(torch.bfloat16)
-    w_kc = (torch.randn(heads, nope, lat, generator=g) * nope**-0.5).to(torch.bfloat16).float()
-    w_vc = (torch.randn(heads, v, lat, generator=g) * lat**-0.5).to(torch.bfloat16).float()
-    lengths = torch.tensor(lens, dtype=torch.long)
-    return tuple(t.to(device) for t in (q, w_kc, w_vc, store, table, lengths))
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
+LAT, ROPE, NOPE, V = SMALL_DIMS
+R = SMALL_BLOCK_ROWS
 
 
 def _interp_checks() -> None:
@@ -102,15 +69,17 @@ def _interp_checks() -> None:
     ]
     for config in plans:
         assert split_plan(len(lens), 2, table.shape[1] * R, config)[0] > 2
-        err = rel(kernel(config), want)
+        err = rel_max_err(kernel(config), want)
         print(f"kernel vs torch pass ({config.heads_minor=}): rel max err {err:.2e}")
         assert err <= TOL, err
-    err = rel(kernel(plans[0], parts=1), want)
+    err = rel_max_err(kernel(plans[0], parts=1), want)
     print(f"one bf16 rounding of q and p: rel max err {err:.2e}")
     assert err > 1e-4, err  # the parts are what makes the kernel exact
     # the model's entry point (q_lat formed inside) is the same kernel
     assert (
-        rel(batch.absorbed_decode_paged(q, latents, w_kc, w_vc, rope_dim=ROPE, scale=scale), want)
+        rel_max_err(
+            batch.absorbed_decode_paged(q, latents, w_kc, w_vc, rope_dim=ROPE, scale=scale), want
+        )
         <= TOL
     )
 
@@ -124,7 +93,7 @@ def _interp_checks() -> None:
     want = batch.absorbed_decode(
         q[live], kv[live], lengths[live], w_kc, w_vc, rope_dim=ROPE, scale=scale
     )
-    assert rel(got[live], want) <= TOL
+    assert rel_max_err(got[live], want) <= TOL
 
     _layer_takes_kernel(batch)
     print("ABSORBED_INTERP_OK")
@@ -181,7 +150,7 @@ def _layer_takes_kernel(batch: object) -> None:
         outs.append(torch.cat(got))
     batch.absorbed_mla_decode = real
     assert len(calls) == steps  # one kernel launch per decode forward, none for the prefill
-    err = rel(outs[0], outs[1])
+    err = rel_max_err(outs[0], outs[1])
     print(f"layer, kernel vs torch pass: rel max err {err:.2e}")
     assert err < 2e-2, err
 

@@ -13,14 +13,8 @@ over ``gather_paged``, fp32), on fresh random bf16 latents in a shuffled block s
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_absorbed_mla_decode import make_paged, rel
 
 from sglang.kernels.ops.attention.absorbed_mla_decode import (
     AbsorbedDecodeConfig,
@@ -28,7 +22,9 @@ from sglang.kernels.ops.attention.absorbed_mla_decode import (
 )
 from sglang.srt.layers.attention import mla_absorbed_batch as batch
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.paged_mla_cases import make_paged
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_max_err
 
 register_cuda_ci(est_time=25, suite="h200-1gpu")
 
@@ -55,12 +51,12 @@ def test_kernel_matches_torch_pass(heads: int, rows: int, heads_minor: bool) -> 
     )
     got = torch.einsum("bhl,hvl->bhv", o_lat, w_vc)
     assert torch.isfinite(got).all()
-    err = rel(got, want)
+    err = rel_max_err(got, want)
     print(f"kernel vs torch pass, {heads} heads, blocks of {rows}, {heads_minor=}: {err:.2e}")
     assert err <= TOL, err
     latents = batch.PagedLatents(store, table, lengths, max(LENS))
     paged = batch.absorbed_decode_paged(q, latents, w_kc, w_vc, rope_dim=DIMS[1], scale=SCALE)
-    assert rel(paged, want) <= TOL
+    assert rel_max_err(paged, want) <= TOL
 
 
 def test_graph_replay_reads_lengths_from_device() -> None:

@@ -10,23 +10,25 @@ tens of GB, it is the Triton runner, itself checked against torch in test_fused_
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.moe_model_cases import (
+    SHAPES,
+    expert_weights,
+    poison_allocator,
+    refill_and_replay,
+    routing,
+    tolerance,
+)
 from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_fused_moe_gpu import SHAPES, expert_weights, poison_allocator, rel_err, routing
+from sglang.test.tolerance import rel_norm_err
 
 register_cuda_ci(est_time=300, suite="h200-1gpu")
 
 M_VALUES = (1, 7, 64, 65, 512, 2048, 8192)
 OWN_ACTIVATION = {"dsv4": ("swiglu", 1.0), "k3": ("situ", None)}
-TOL = {False: 2e-2, True: 6e-2}
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +80,8 @@ def test_deep_gemm_runner_matches_reference(dg, shape_name: str, fp8: bool, m: i
         out = runner.run(hidden, TopKOutput(topk_w, topk_ids), weights)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), f"{layout}: unwritten or NaN rows"
-        err = rel_err(out, want)
-        assert err < TOL[fp8], (
+        err = rel_norm_err(out, want)
+        assert err < tolerance(fp8), (
             f"{shape_name} {'fp8' if fp8 else 'bf16'} M={m} {layout}: rel err {err:.3g}"
         )
         if m > 2:
@@ -106,14 +108,9 @@ def test_masked_layout_replays_in_a_cuda_graph(dg, fp8: bool) -> None:  # type: 
         out = runner.run(hidden, topk, weights)
     for seed in (6, 7):
         h2, w2, i2 = routing(16, shape, seed=seed)
-        hidden.copy_(h2)
-        topk_w.copy_(w2)
-        topk_ids.copy_(i2)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+        refill_and_replay(graph, (hidden, topk_w, topk_ids), (h2, w2, i2), out)
         eager = runner.run(h2, TopKOutput(w2, i2), weights)
-        assert torch.isfinite(out).all() and rel_err(out, eager) < 1e-6
+        assert torch.isfinite(out).all() and rel_norm_err(out, eager) < 1e-6
 
 
 if __name__ == "__main__":

@@ -122,22 +122,13 @@ def test_gpu_dsv4_graphs_with_fp8_caches() -> None:
 
 
 def test_gpu_k3_graphs_with_fp8_latents() -> None:
-    from sglang.srt.layers.build_spec import LayerBuildSpec
     from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-    from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
-    from sglang.srt.models.kimi_k3_moe import KimiK3MoE
-    from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, config, random_experts, randomize_
+    from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, make_model
 
-    spec = LayerBuildSpec(dtype=torch.bfloat16, device="cuda", moe_runner="triton",
-                          kv_cache_dtype="fp8_e4m3")  # fmt: skip
-    model = KimiK3ForCausalLM(config({**CONFIG_A, "qk_rope_head_dim": 16}), spec)
-    randomize_(model, 5)
-    for layer in model.decoder_layers:
-        if isinstance(layer.mlp, KimiK3MoE):
-            layer.mlp.experts.load_weights(
-                random_experts(layer.mlp, 500 + layer.layer_id, torch.bfloat16)
-            )
-    model.eval()
+    model = make_model(
+        {**CONFIG_A, "qk_rope_head_dim": 16}, seed=5, dtype=torch.bfloat16, device="cuda",
+        moe_runner="triton", kv_cache_dtype="fp8_e4m3",
+    )  # fmt: skip
     pool = model.enable_slot_pool(max_slots=12, capacity=256, block_tokens=16)
     assert pool.latent_encoding.row_bytes == 72  # 32 e4m3 + 16 bf16 (32 B) + 1 scale, padded
     graphs = CudaGraphRunner(model, [1, 2, 4], torch.device("cuda"))

@@ -24,17 +24,15 @@ import torch
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.hang_guard import hang_guard
 from sglang.test.interpreter import run_interp_tests
+from sglang.test.moe_cases import ACTS, make_moe
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_norm_err
 
 register_cpu_ci(est_time=60)
 
 _INTERP_FLAG = "SGLANG_TEST_IN_TRITON_INTERPRETER"
 IN_INTERPRETER = os.environ.get(_INTERP_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
 interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,9 +270,6 @@ def act64(gate_up: torch.Tensor, activation: str, limit: float | None) -> torch.
     return gate / (1.0 + torch.exp(-gate)) * up
 
 
-ACTS = [("swiglu", None), ("swiglu", 0.75), ("situ", None)]
-
-
 @pytest.mark.parametrize("activation,limit", ACTS)
 def test_activation_reference(activation: str, limit: float | None) -> None:
     from sglang.kernels.ops.activation import act_and_mul_reference
@@ -287,37 +282,6 @@ def test_activation_reference(activation: str, limit: float | None) -> None:
         act_and_mul_reference(x, "gelu", None)
     with pytest.raises(ValueError):
         act_and_mul_reference(x, "situ", 1.0)
-
-
-def make_moe(
-    tokens: int,
-    experts: int,
-    top_k: int,
-    hidden: int,
-    inter: int,
-    dtype: torch.dtype,
-    fp8: bool,
-    seed: int = 0,
-    masked: float = 0.1,
-) -> dict[str, Any]:
-    from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
-
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(tokens, hidden, generator=g)).to(dtype)
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / math.sqrt(hidden)
-    w2 = torch.randn(experts, hidden, inter, generator=g) / math.sqrt(inter)
-    scores = torch.rand(tokens, experts, generator=g)
-    weights, ids = torch.topk(scores, top_k, dim=-1)
-    weights = weights / weights.sum(-1, keepdim=True)
-    ids = torch.where(torch.rand(ids.shape, generator=g) < masked, -1, ids).to(torch.int32)
-    moe: dict[str, Any] = {"hidden": x, "topk_weights": weights.float(), "topk_ids": ids}
-    if fp8:
-        q13, s13 = block_quant_weight_fp8(w13, (128, 128))
-        q2, s2 = block_quant_weight_fp8(w2, (128, 128))
-        moe.update(w13=q13, w2=q2, w13_scale=s13, w2_scale=s2, block_shape=(128, 128))
-    else:
-        moe.update(w13=w13.to(dtype), w2=w2.to(dtype))
-    return moe
 
 
 def naive_moe64(moe: dict[str, Any], activation: str, limit: float | None) -> torch.Tensor:
@@ -356,7 +320,7 @@ def test_reference_matches_naive_loop(
     want = naive_moe64(moe, activation, limit)
     got = fused_experts_torch(**moe, activation=activation, swiglu_limit=limit)
     assert got.dtype == dtype and torch.isfinite(got).all()
-    assert rel_err(got, want) < tol
+    assert rel_norm_err(got, want) < tol
     # On CPU the public entry point is the torch path.
     again = fused_experts(**moe, activation=activation, swiglu_limit=limit)
     assert torch.equal(again, got)
@@ -536,7 +500,7 @@ def test_interp_fused_experts_fp32(
     out = torch.full_like(want, float("nan"))
     got = fm.fused_experts(**moe, activation=activation, swiglu_limit=limit, out=out, config=cfg)
     assert got.data_ptr() == out.data_ptr() and torch.isfinite(out).all()
-    assert rel_err(out, want) < 1e-5
+    assert rel_norm_err(out, want) < 1e-5
     # In place, in chunks smaller than the batch.
     monkeypatch.setattr(fm, "CHUNK_TOKENS", 4)
     buf = moe["hidden"].clone()
@@ -545,7 +509,7 @@ def test_interp_fused_experts_fp32(
         **moe, activation=activation, swiglu_limit=limit, inplace=True, config=cfg
     )
     assert got.data_ptr() == buf.data_ptr()
-    assert rel_err(buf, want) < 1e-5
+    assert rel_norm_err(buf, want) < 1e-5
 
 
 @interp_only
@@ -574,7 +538,7 @@ def test_interp_fused_experts_fp8(
     got = fm.fused_experts(**moe, activation=activation, swiglu_limit=limit, out=out, config=cfg)
     assert got.data_ptr() == out.data_ptr() and torch.isfinite(out).all()
     # fp32 sums in another order can tip an intermediate across an fp8 rounding boundary.
-    assert rel_err(out, want) < 2e-3
+    assert rel_norm_err(out, want) < 2e-3
 
 
 _INPUT_KEYS = ("hidden", "w13", "w2", "topk_weights", "topk_ids", "w13_scale", "w2_scale")
@@ -626,7 +590,7 @@ def test_interp_tma_fused_experts_fp32(cfg_index: int) -> None:
     out = torch.full_like(want, float("nan"))
     fm.fused_experts(**moe, activation=activation, swiglu_limit=limit, out=out, config=cfg)
     assert torch.isfinite(out).all()
-    assert rel_err(out, want) < 1e-5
+    assert rel_norm_err(out, want) < 1e-5
 
 
 @interp_only
@@ -662,14 +626,14 @@ def test_interp_tma_fp8_rescaled_accumulator_equals_scaled_products(down_block_n
     fm.fused_experts(**kw, config=rescaled, out=out)
     assert torch.isfinite(out).all() and want.abs().sum() > 0
     # fp32 rounding of the rescales can tip an intermediate across an fp8 rounding boundary.
-    assert rel_err(out, want) < 5e-3
+    assert rel_norm_err(out, want) < 5e-3
     # Activations gathered (and quantised) in sorted order first: the same tiles, the same bits.
     assert torch.equal(fm.fused_experts(**kw, config=replace(plain, sorted_a=True)), want)
     sorted_rescaled = fm.fused_experts(**kw, config=replace(rescaled, sorted_a=True))
     assert torch.equal(sorted_rescaled, out)
     # Half tiles (16-row tiles under a 32-row block here): the same products per row.
     halves = fm.fused_experts(**kw, config=replace(rescaled, block_m=32, half_tiles=True))
-    assert rel_err(halves, out) < 5e-3
+    assert rel_norm_err(halves, out) < 5e-3
 
 
 @interp_only

@@ -10,148 +10,54 @@ kernels, so FP8 is checked against its own quantised reference.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any
-
 import pytest
 import torch
 
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.moe_model_cases import (
+    ACTIVATIONS,
+    FP8_TOL,
+    M_VALUES,
+    SHAPES,
+    expert_weights,
+    poison_moe_workspace,
+    reference_cases,
+    refill_and_replay,
+    routing,
+)
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_norm_err
 
 register_cuda_ci(est_time=30, suite="h200-1gpu")
-
-BF16_TOL = 2e-2
-FP8_TOL = 6e-2
-M_VALUES = (1, 7, 64, 512)
-
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    experts: int
-    top_k: int
-    hidden: int
-    inter: int
-    swiglu_limit: float  # used when the activation is swiglu with a clamp
-
-
-SHAPES = {
-    "dsv4": Shape("dsv4", 256, 6, 4096, 2048, 1.0),
-    "k3": Shape("k3", 384, 16, 3584, 3072, 1.0),
-}
-# (activation, clamp?) per shape: each model's own activation plus the other one.
-ACTIVATIONS = {
-    "dsv4": [("swiglu", True), ("situ", False)],
-    "k3": [("situ", False), ("swiglu", False)],
-}
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.double() - want.double()).norm() / want.double().norm()).item()
-
-
-def poison_allocator(nbytes: int, device: torch.device) -> None:
-    """Fill memory the caching allocator will hand out next with NaN bytes."""
-    junk = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
-    junk.fill_(float("nan"))
-    del junk
-
-
-_CACHE: dict[tuple[str, bool], dict[str, Any]] = {}
-
-
-def expert_weights(shape: Shape, fp8: bool) -> dict[str, Any]:
-    """Random expert weights, cached for one shape at a time (they take tens of GB)."""
-    key = (shape.name, fp8)
-    if key not in _CACHE:
-        for old in [k for k in _CACHE if k[0] != shape.name]:
-            del _CACHE[old]
-        torch.cuda.empty_cache()
-        if (shape.name, False) not in _CACHE:
-            g = torch.Generator(device="cuda").manual_seed(1234)
-            e, h, i = shape.experts, shape.hidden, shape.inter
-            w13 = torch.randn(e, 2 * i, h, device="cuda", dtype=torch.bfloat16, generator=g)
-            w13.mul_(1.0 / math.sqrt(h))
-            w2 = torch.randn(e, h, i, device="cuda", dtype=torch.bfloat16, generator=g)
-            w2.mul_(1.0 / math.sqrt(i))
-            _CACHE[(shape.name, False)] = {"w13": w13, "w2": w2}
-        if fp8:
-            from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
-
-            base = _CACHE[(shape.name, False)]
-            q13, s13 = block_quant_weight_fp8(base["w13"], (128, 128))
-            q2, s2 = block_quant_weight_fp8(base["w2"], (128, 128))
-            _CACHE[key] = {
-                "w13": q13,
-                "w2": q2,
-                "w13_scale": s13,
-                "w2_scale": s2,
-                "block_shape": (128, 128),
-            }
-    return _CACHE[key]
-
-
-def routing(
-    tokens: int, shape: Shape, seed: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    hidden = torch.randn(tokens, shape.hidden, device="cuda", dtype=torch.bfloat16, generator=g)
-    scores = torch.rand(tokens, shape.experts, device="cuda", generator=g) + 0.05
-    weights, ids = torch.topk(scores, shape.top_k, dim=-1)
-    weights = (weights / weights.sum(-1, keepdim=True)).float()
-    masked = torch.rand(ids.shape, device="cuda", generator=g) < 0.05
-    ids = torch.where(masked, -1, ids)
-    if tokens > 2:
-        ids[tokens // 2] = -1  # a token with every slot masked must come out as zeros
-    return hidden, weights, ids.to(torch.int32)
 
 
 @pytest.mark.parametrize("m", M_VALUES)
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("shape_name", list(SHAPES))
 def test_fused_experts_matches_reference(shape_name: str, fp8: bool, m: int) -> None:
-    from sglang.kernels.ops.moe.fused_moe import fused_experts, fused_experts_torch
+    from sglang.kernels.ops.moe.fused_moe import fused_experts
 
     shape = SHAPES[shape_name]
-    weights = expert_weights(shape, fp8)
-    tol = FP8_TOL if fp8 else BF16_TOL
-    for n, (activation, clamp) in enumerate(ACTIVATIONS[shape_name]):
-        limit = shape.swiglu_limit if clamp else None
-        hidden, topk_w, topk_ids = routing(m, shape, seed=m * 10 + n + (100 if fp8 else 0))
-        kw = dict(weights, activation=activation, swiglu_limit=limit)
-        want = fused_experts_torch(hidden, topk_weights=topk_w, topk_ids=topk_ids, **kw)
-        assert torch.isfinite(want).all() and want.abs().sum() > 0
-
-        poison_allocator(
-            m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20), hidden.device
-        )
+    for case in reference_cases(shape_name, fp8, m):
+        hidden, topk_w, topk_ids, kw = case.hidden, case.topk_weights, case.topk_ids, case.kwargs
+        poison_moe_workspace(m, shape, hidden.device)
         out = torch.full_like(hidden, float("nan"))
         got = fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, out=out, **kw)
         torch.cuda.synchronize()
         assert got.data_ptr() == out.data_ptr(), "out= must receive the result"
-        assert torch.isfinite(out).all(), f"{activation}: unwritten or NaN rows"
-        err = rel_err(out, want)
-        assert err < tol, (
-            f"{shape_name} {'fp8' if fp8 else 'bf16'} M={m} {activation}: rel err {err:.3g}"
-        )
-        if m > 2:
-            assert (out[m // 2] == 0).all(), "a fully masked token must be zero"
+        case.check(out)
 
         buf = hidden.clone()
-        poison_allocator(
-            m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20), hidden.device
-        )
+        poison_moe_workspace(m, shape, hidden.device)
         got = fused_experts(buf, topk_weights=topk_w, topk_ids=topk_ids, inplace=True, **kw)
         torch.cuda.synchronize()
         assert got.data_ptr() == buf.data_ptr(), "inplace=True must write into hidden"
         assert torch.isfinite(buf).all()
-        assert rel_err(buf, want) < tol
+        assert rel_norm_err(buf, case.want) < case.tol
 
         fresh = fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, **kw)
         assert fresh.data_ptr() not in (hidden.data_ptr(), out.data_ptr())
-        assert rel_err(fresh, want) < tol
+        assert rel_norm_err(fresh, case.want) < case.tol
 
 
 @pytest.mark.parametrize("m", (1, 37, 512))
@@ -183,12 +89,12 @@ def test_fp8_tuned_and_rule_tiles_match_reference(shape_name: str, m: int) -> No
     for cfg in {tuned, rule}:  # the rule's tiles are always two-launch
         if not isinstance(cfg, FusedMoeConfig):
             continue  # a TMA bucket: its own test file
-        poison_allocator(m * shape.top_k * (shape.hidden + shape.inter) * 8, hidden.device)
+        poison_moe_workspace(m, shape, hidden.device, extra=0)
         out = torch.full_like(hidden, float("nan"))
         fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, out=out, config=cfg, **kw)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), f"{shape_name} M={m} {cfg}"
-        assert rel_err(out, want) < FP8_TOL, f"{shape_name} M={m} {cfg}"
+        assert rel_norm_err(out, want) < FP8_TOL, f"{shape_name} M={m} {cfg}"
 
 
 def test_fused_experts_cuda_graph_replay() -> None:
@@ -206,15 +112,10 @@ def test_fused_experts_cuda_graph_replay() -> None:
         fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, out=out, **kw)
     for seed in (8, 9):
         h2, w2, i2 = routing(16, shape, seed=seed)
-        hidden.copy_(h2)
-        topk_w.copy_(w2)
-        topk_ids.copy_(i2)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+        refill_and_replay(graph, (hidden, topk_w, topk_ids), (h2, w2, i2), out)
         eager = fused_experts(h2, topk_weights=w2, topk_ids=i2, **kw)
         assert torch.isfinite(out).all()
-        assert rel_err(out, eager) < 1e-6, "replay must equal an eager run on the same inputs"
+        assert rel_norm_err(out, eager) < 1e-6, "replay must equal an eager run on the same inputs"
 
 
 def test_zero_tokens() -> None:
@@ -296,7 +197,7 @@ def test_activation_kernel(activation: str, limit: float | None) -> None:
         want = gate * torch.sigmoid(gate) * up
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
     got_b = act_and_mul_triton(x.bfloat16(), activation, limit)
-    assert got_b.dtype == torch.bfloat16 and rel_err(got_b, want) < 1e-2
+    assert got_b.dtype == torch.bfloat16 and rel_norm_err(got_b, want) < 1e-2
 
 
 if __name__ == "__main__":

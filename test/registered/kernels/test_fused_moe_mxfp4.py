@@ -31,6 +31,7 @@ import triton.language as tl
 from sglang.kernels.ops.moe import mxfp4_operand as mxop
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_norm_err
 
 register_cpu_ci(est_time=110)
 
@@ -38,10 +39,6 @@ _INTERP_FLAG = "SGLANG_TEST_MXFP4_IN_TRITON_INTERPRETER"
 IN_INTERPRETER = os.environ.get(_INTERP_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
 interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
 not_in_interp = pytest.mark.skipif(IN_INTERPRETER, reason="runs in the parent process")
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,7 +321,7 @@ def test_oracle_matches_a_float64_loop(activation: str, limit: float | None) -> 
                 hmid = _act64(w13d[ex] @ x[t].double(), activation, limit)
                 want[t] += float(tw[t, s]) * (w2d[ex] @ hmid)
     assert (got[3] == 0).all() and torch.isfinite(got).all()
-    assert rel_err(got, want) < 1e-2
+    assert rel_norm_err(got, want) < 1e-2
     # Off CUDA (no interpreter) the entry point is the oracle.
     out = torch.empty_like(x)
     assert fused_experts_mxfp4(x, w13, w2, s13, s2, tw, ids, activation=activation,
@@ -462,7 +459,7 @@ def test_interp_fused_experts_mxfp4(case: tuple[Any, ...]) -> None:
             assert (got[tokens // 2] == 0).all()
         # fp16: only the summation order differs from the oracle; the interpreter truncates bf16.
         tol = 2e-3 if dtype == torch.float16 else 3e-2
-        assert rel_err(got, want) < tol, (kind, rel_err(got, want))
+        assert rel_norm_err(got, want) < tol, (kind, rel_norm_err(got, want))
         results.append(got)
     for kind, got in zip(layouts[1:], results[1:], strict=True):
         assert torch.equal(got, results[0]), f"{kind} differs from {layouts[0]}"
@@ -484,7 +481,7 @@ def test_interp_chunks_and_forced_configs(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(fm, "CHUNK_TOKENS", 5)
     prefill = Mxfp4MoeConfig(32, Mxfp4GemmTile(128, 4, 4, 2), Mxfp4GemmTile(128, 4, 4, 2), True)
     got = fm.fused_experts_mxfp4(x, w13, w2, s13, s2, tw, ids, config=prefill)
-    assert rel_err(got, want) < 1e-3
+    assert rel_norm_err(got, want) < 1e-3
     with pytest.raises(ValueError, match="cannot run"):
         bad = Mxfp4MoeConfig(16, Mxfp4GemmTile(96, 1, 4, 2), decode.gemm2)
         fm.fused_experts_mxfp4(x, w13, w2, s13, s2, tw, ids, config=bad)

@@ -19,7 +19,6 @@ shows up. Checked:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -29,7 +28,9 @@ import triton.language as tl
 
 from sglang.kernels.ops.moe import mxfp4_operand as mxop
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.moe_model_cases import SHAPES, Shape, poison_moe_workspace
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_norm_err
 
 register_cuda_ci(est_time=95, suite="h200-1gpu")
 
@@ -38,31 +39,11 @@ BF16_RUNNER_TOL = 1e-2  # against fused_experts on the same (dequantised) weight
 M_VALUES = (1, 2, 7, 64, 512, 2048, 8192)
 
 
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    experts: int
-    top_k: int
-    hidden: int
-    inter: int
-    activations: tuple[tuple[str, float | None], ...]  # the model's own first
-
-
-SHAPES = {
-    "dsv4": Shape("dsv4", 256, 6, 4096, 2048, (("swiglu", 10.0), ("situ", None))),
-    "k3": Shape("k3", 384, 16, 3584, 3072, (("situ", None), ("swiglu", None))),
+# Each model's own activation first; DeepSeek V4's SwiGLU clamped at 10.
+MXFP4_ACTIVATIONS: dict[str, tuple[tuple[str, float | None], ...]] = {
+    "dsv4": (("swiglu", 10.0), ("situ", None)),
+    "k3": (("situ", None), ("swiglu", None)),
 }
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.double() - want.double()).norm() / want.double().norm()).item()
-
-
-def poison_allocator(nbytes: int) -> None:
-    """Fill memory the caching allocator will hand out next with NaN bytes."""
-    junk = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
-    junk.fill_(float("nan"))
-    del junk
 
 
 _CACHE: dict[str, dict[str, Any]] = {}
@@ -155,8 +136,7 @@ def test_matches_oracle_and_bf16_runner(shape_name: str, m: int) -> None:
     shape = SHAPES[shape_name]
     cache = experts(shape)
     weights, (b13, b2) = cache["weights"], cache["bf16"]
-    poison = m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20)
-    for n, (activation, limit) in enumerate(shape.activations):
+    for n, (activation, limit) in enumerate(MXFP4_ACTIVATIONS[shape.name]):
         if n and m in (2, 2048):
             continue  # the second activation at a few sizes only
         x, tw, ids = routing(m, shape, seed=m * 10 + n)
@@ -165,23 +145,23 @@ def test_matches_oracle_and_bf16_runner(shape_name: str, m: int) -> None:
         assert torch.isfinite(want).all() and want.abs().sum() > 0
         tag = f"{shape_name} M={m} {activation}"
 
-        poison_allocator(poison)
+        poison_moe_workspace(m, shape, "cuda")
         out = torch.full_like(x, float("nan"))
         got = fused_experts_mxfp4_weights(x, weights, tw, ids, out=out, **kw)
         torch.cuda.synchronize()
         assert got.data_ptr() == out.data_ptr(), "out= must receive the result"
         assert torch.isfinite(out).all(), f"{tag}: unwritten or NaN rows"
-        err = rel_err(out, want)
+        err = rel_norm_err(out, want)
         assert err < ORACLE_TOL, f"{tag}: rel err {err:.3g} against the oracle"
         if m > 2:
             assert (out[m // 2] == 0).all(), "a fully masked token must be zero"
 
         bf16 = fused_experts(x, b13, b2, tw, ids, **kw)
-        err = rel_err(out, bf16)
+        err = rel_norm_err(out, bf16)
         assert err < BF16_RUNNER_TOL, f"{tag}: rel err {err:.3g} against fused_experts on bf16"
 
         buf = x.clone()
-        poison_allocator(poison)
+        poison_moe_workspace(m, shape, "cuda")
         got = fused_experts_mxfp4_weights(buf, weights, tw, ids, inplace=True, **kw)
         torch.cuda.synchronize()
         assert got.data_ptr() == buf.data_ptr(), "inplace=True must write into hidden"
@@ -189,7 +169,7 @@ def test_matches_oracle_and_bf16_runner(shape_name: str, m: int) -> None:
         fresh = fused_experts_mxfp4_weights(x, weights, tw, ids, **kw)
         assert fresh.data_ptr() not in (x.data_ptr(), out.data_ptr())
         assert torch.equal(fresh, out)
-        print(f"{tag}: rel err {rel_err(out, want):.2e} (oracle), {err:.2e} (bf16 runner)")
+        print(f"{tag}: rel err {rel_norm_err(out, want):.2e} (oracle), {err:.2e} (bf16 runner)")
 
 
 def _mega_layout(weights: Any) -> Any:
@@ -257,21 +237,25 @@ def test_both_kernels_at_decode_sizes(shape_name: str) -> None:
         Mxfp4MoeConfig(16, T(16, 1, 2, 6), T(32, 1, 2, 6), kernel="split"),
         Mxfp4MoeConfig(16, T(8, 1, 1, 8), T(16, 1, 1, 8), x_in_dot_order=True, kernel="split"),
     ]
-    activation, limit = shape.activations[0]
+    activation, limit = MXFP4_ACTIVATIONS[shape.name][0]
     kw: dict[str, Any] = {"activation": activation, "swiglu_limit": limit}
     for m in (1, 4, 16, 64):
         x, tw, ids = routing(m, shape, seed=500 + m)
         want = fused_experts_mxfp4_weights_torch(x, weights, tw, ids, **kw)
         ref = fused_experts_mxfp4_weights(x, weights, tw, ids, config=dot, **kw)
-        assert rel_err(ref, want) < ORACLE_TOL, f"{shape_name} M={m} dot-order"
+        assert rel_norm_err(ref, want) < ORACLE_TOL, f"{shape_name} M={m} dot-order"
         for n, cfg in enumerate(splits):
-            poison_allocator(m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20))
+            poison_moe_workspace(m, shape, "cuda")
             got = fused_experts_mxfp4_weights(x, weights, tw, ids, config=cfg, **kw)
             torch.cuda.synchronize()
             tag = f"{shape_name} M={m} {cfg}"
             assert torch.isfinite(got).all(), f"{tag}: unwritten or NaN rows"
-            assert rel_err(got, want) < ORACLE_TOL, f"{tag}: {rel_err(got, want):.3g} (oracle)"
-            assert rel_err(got, ref) < BF16_RUNNER_TOL, f"{tag}: {rel_err(got, ref):.3g} (dot)"
+            assert rel_norm_err(got, want) < ORACLE_TOL, (
+                f"{tag}: {rel_norm_err(got, want):.3g} (oracle)"
+            )
+            assert rel_norm_err(got, ref) < BF16_RUNNER_TOL, (
+                f"{tag}: {rel_norm_err(got, ref):.3g} (dot)"
+            )
             if m > 2:
                 assert (got[m // 2] == 0).all(), f"{tag}: a fully masked token must be zero"
             if n == 0:
@@ -304,7 +288,7 @@ def test_cuda_graph_replay(m: int) -> None:
         torch.cuda.synchronize()
         eager = fused_experts_mxfp4_weights(x2, weights, tw2, ids2, swiglu_limit=10.0)
         assert torch.isfinite(out).all()
-        assert rel_err(out, eager) < 1e-6, "replay must equal an eager run on the same inputs"
+        assert rel_norm_err(out, eager) < 1e-6, "replay must equal an eager run on the same inputs"
 
 
 def test_fp16_activations_and_zero_tokens() -> None:
@@ -321,7 +305,7 @@ def test_fp16_activations_and_zero_tokens() -> None:
         want = fused_experts_mxfp4_weights_torch(x, weights, tw, ids, swiglu_limit=10.0)
         got = fused_experts_mxfp4_weights(x, weights, tw, ids, swiglu_limit=10.0)
         assert got.dtype == torch.float16 and torch.isfinite(got).all()
-        assert rel_err(got, want) < ORACLE_TOL, f"fp16 M={m}"
+        assert rel_norm_err(got, want) < ORACLE_TOL, f"fp16 M={m}"
     empty = torch.empty(0, shape.hidden, device="cuda", dtype=torch.bfloat16)
     ids0 = torch.empty(0, shape.top_k, device="cuda", dtype=torch.int32)
     assert fused_experts_mxfp4_weights(empty, weights, ids0.float(), ids0).shape == empty.shape

@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.moe_model_cases import refill_and_replay
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_norm_err
 
 register_cuda_ci(est_time=150, suite="h200-1gpu")
 
@@ -63,10 +65,6 @@ def tma_configs(fp8: bool) -> list[Any]:
         C(128, T(128, 64, 16, 8, 4, paired=True), T(256, 64, 16, 8, 3), half_tiles=True),
         C(128, T(128, 64, 16, 8, 4), T(128, 64, 16, 8, 4), sorted_a=True, half_tiles=True),
     ]
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
 
 def expert_weights(name: str, fp8: bool) -> dict[str, Any]:
@@ -128,7 +126,7 @@ def test_tma_path_matches_reference(name: str, fp8: bool, m: int) -> None:
         fused_experts(hidden, topk_weights=tw, topk_ids=ids, out=out, config=cfg, **kw)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), f"{cfg}: unwritten or NaN rows"
-        err = rel_err(out, want)
+        err = rel_norm_err(out, want)
         assert err < (FP8_TOL if fp8 else BF16_TOL), f"{name} M={m} {cfg}: rel err {err:.3g}"
         if m > 2:
             assert (out[m // 2] == 0).all(), "a fully masked token must be zero"
@@ -150,7 +148,7 @@ def test_tuned_dispatch_matches_reference(name: str, fp8: bool, m: int) -> None:
     fused_experts(hidden, topk_weights=tw, topk_ids=ids, out=out, **kw)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
-    assert rel_err(out, want) < (FP8_TOL if fp8 else BF16_TOL)
+    assert rel_norm_err(out, want) < (FP8_TOL if fp8 else BF16_TOL)
 
 
 def test_fused_quant_epilogue_equals_separate_quant() -> None:
@@ -203,7 +201,7 @@ def test_fused_quant_epilogue_equals_separate_quant() -> None:
         ref[sel] = act_and_mul_reference(gu, "swiglu", 1.0).bfloat16().float()
     rq, rs = per_token_group_quant_fp8(ref.bfloat16(), 128)
     want = rq.float().view(used, -1, 128) * rs[:, :, None]
-    assert rel_err(deq[real], want[real]) < 2e-2
+    assert rel_norm_err(deq[real], want[real]) < 2e-2
     assert (deq[~real] == 0).all(), "padding rows quantise to zero"
 
 
@@ -250,15 +248,10 @@ def test_tma_path_cuda_graph_replay() -> None:
     with torch.cuda.graph(graph):
         fused_experts(hidden, topk_weights=tw, topk_ids=ids, out=out, **kw)
     h2, w2, i2 = routing(1024, "dsv4", seed=4, experts_used=None)
-    hidden.copy_(h2)
-    tw.copy_(w2)
-    ids.copy_(i2)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    refill_and_replay(graph, (hidden, tw, ids), (h2, w2, i2), out)
     eager = fused_experts(h2, topk_weights=w2, topk_ids=i2, **kw)
     assert torch.isfinite(out).all()
-    assert rel_err(out, eager) < 1e-6
+    assert rel_norm_err(out, eager) < 1e-6
 
 
 if __name__ == "__main__":

@@ -12,19 +12,17 @@ checked loosely here and exactly on the GPU.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_fused_moe import ACTS, make_moe, rel_err
-
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.interpreter import run_interp_tests
+from sglang.test.moe_cases import ACTS, make_moe
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_norm_err
 
 if TYPE_CHECKING:
     from sglang.kernels.ops.moe.mega_moe_triton import MegaMoEConfig
@@ -90,7 +88,7 @@ def test_interp_mega_fp32(
         assert got.data_ptr() == out.data_ptr() and torch.isfinite(out).all()
         if masked:
             assert (out[tokens // 2] == 0).all()
-        assert rel_err(out, want) < 1e-5
+        assert rel_norm_err(out, want) < 1e-5
         assert int(info[-1].workspace.counters.abs().sum()) == 0, "every counter must be re-armed"
 
 
@@ -110,7 +108,7 @@ def test_interp_mega_fp8(activation: str, limit: float | None) -> None:
     assert torch.isfinite(out).all()
     # Loose: the interpreter's fp8 cast halves some values (module docstring); the GPU test is
     # exact.
-    assert rel_err(out, want) < 0.2
+    assert rel_norm_err(out, want) < 0.2
 
 
 @interp_only
@@ -135,7 +133,7 @@ def test_interp_whole_grid_barrier_reports() -> None:
 
     got = mega_fused_experts(**moe, num_sms=2, config=_tiny_config(), launch_info=info)
     info[-1].check()
-    assert rel_err(got, fused_experts_torch(**moe)) < 1e-5
+    assert rel_norm_err(got, fused_experts_torch(**moe)) < 1e-5
 
 
 @interp_only
@@ -153,7 +151,9 @@ def test_interp_default_tiles_fit_small_widths() -> None:
     assert (cfg.block_k, cfg.block_n1, cfg.block_n2) == (64, 64, 128)
     moe = make_moe(5, 8, 2, 128, 64, torch.float32, fp8=False, seed=4)
     got = mega_fused_experts(**moe, activation="swiglu", swiglu_limit=7.0, num_sms=2)
-    assert rel_err(got, fused_experts_torch(**moe, activation="swiglu", swiglu_limit=7.0)) < 1e-5
+    assert (
+        rel_norm_err(got, fused_experts_torch(**moe, activation="swiglu", swiglu_limit=7.0)) < 1e-5
+    )
 
 
 def test_unsupported_shapes_are_named() -> None:

@@ -9,28 +9,23 @@ inputs with masked slots and one fully masked token, outputs and allocator poiso
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_fused_moe_gpu import (
-    ACTIVATIONS,
-    BF16_TOL,
-    FP8_TOL,
+from sglang.test.ci_register import register_cuda_ci
+from sglang.test.moe_model_cases import (
     M_VALUES,
     SHAPES,
     expert_weights,
-    poison_allocator,
-    rel_err,
+    poison_moe_workspace,
+    reference_cases,
+    refill_and_replay,
     routing,
+    tolerance,
 )
-
-from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 from sglang.test.sm_holder import cupy_available, hold_sms
+from sglang.test.tolerance import rel_norm_err
 
 register_cuda_ci(est_time=145, suite="h200-1gpu")
 
@@ -63,33 +58,20 @@ def run_mega(hidden, topk_w, topk_ids, kw, *, num_sms=None, out=None, **extra):
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("shape_name", list(SHAPES))
 def test_mega_matches_reference(shape_name: str, fp8: bool, m: int) -> None:
-    from sglang.kernels.ops.moe.fused_moe import fused_experts, fused_experts_torch
+    from sglang.kernels.ops.moe.fused_moe import fused_experts
 
     shape = SHAPES[shape_name]
-    weights = expert_weights(shape, fp8)
-    tol = FP8_TOL if fp8 else BF16_TOL
-    for n, (activation, clamp) in enumerate(ACTIVATIONS[shape_name]):
-        limit = shape.swiglu_limit if clamp else None
-        hidden, topk_w, topk_ids = routing(m, shape, seed=m * 10 + n + (100 if fp8 else 0))
-        kw = dict(weights, activation=activation, swiglu_limit=limit)
-        want = fused_experts_torch(hidden, topk_weights=topk_w, topk_ids=topk_ids, **kw)
+    for case in reference_cases(shape_name, fp8, m):
+        hidden, topk_w, topk_ids, kw = case.hidden, case.topk_weights, case.topk_ids, case.kwargs
         two = fused_experts(hidden, topk_weights=topk_w, topk_ids=topk_ids, **kw)
-        poison_allocator(
-            m * shape.top_k * (shape.hidden + shape.inter) * 8 + (1 << 20), hidden.device
-        )
+        poison_moe_workspace(m, shape, hidden.device)
         out = torch.full_like(hidden, float("nan"))
         got, launch = run_mega(hidden, topk_w, topk_ids, kw, out=out)
         assert got.data_ptr() == out.data_ptr(), "out= must receive the result"
-        assert torch.isfinite(out).all(), f"{activation}: unwritten or NaN rows"
-        err = rel_err(out, want)
-        assert err < tol, (
-            f"{shape_name} {'fp8' if fp8 else 'bf16'} M={m} {activation}: rel err {err:.3g}"
-        )
+        case.check(out)
         # Same roundings as the two-launch kernel, so the two agree far better than either
         # agrees with the reference.
-        assert rel_err(out, two) < tol / 4
-        if m > 2:
-            assert (out[m // 2] == 0).all(), "a fully masked token must be zero"
+        assert rel_norm_err(out, two) < case.tol / 4
         assert int(launch.workspace.counters.abs().sum()) == 0, "counters must be re-armed"
 
 
@@ -123,11 +105,7 @@ def test_cuda_graph_replay() -> None:
         )
     for seed in (8, 9, 10):
         h2, w2, i2 = routing(16, shape, seed=seed)
-        hidden.copy_(h2)
-        topk_w.copy_(w2)
-        topk_ids.copy_(i2)
-        out.fill_(float("nan"))
-        graph.replay()
+        refill_and_replay(graph, (hidden, topk_w, topk_ids), (h2, w2, i2), out)
         eager, _ = run_mega(h2, w2, i2, kw)
         assert torch.equal(out, eager), "replay must equal an eager run on the same inputs"
 
@@ -226,7 +204,7 @@ def test_moe_layer_megamoe_backend_runs_the_triton_kernel(
         hidden, topk_w, topk_ids = routing(24, shape, seed=21)
         outs[a2a] = layer(hidden, TopKOutput(topk_w, topk_ids))
     assert calls == [1], "the megamoe backend must run our Triton kernel"
-    assert rel_err(outs["megamoe"], outs["none"]) < (FP8_TOL if fp8 else BF16_TOL) / 4
+    assert rel_norm_err(outs["megamoe"], outs["none"]) < tolerance(fp8) / 4
 
 
 if __name__ == "__main__":

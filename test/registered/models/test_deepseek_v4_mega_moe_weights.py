@@ -18,7 +18,6 @@ layer (the unit tests check that)."""
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 import pytest
@@ -26,44 +25,25 @@ import torch
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.topk import TopKOutput
-from sglang.srt.layers.quantization.mxfp4 import quant_mxfp4
 from sglang.srt.model_loader.load_options import LoadOptions
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
 from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
-from sglang.test.dsv4_tiny import CONFIG_A, CONFIG_C, reference_model, rel_err, token_ids
+from sglang.test.dsv4_tiny import (
+    CONFIG_A,
+    CONFIG_C,
+    MEGA_SHAPES,
+    mxfp4_release_checkpoint,
+    reference_model,
+    rel_err,
+    token_ids,
+)
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=10)
-
-# MegaMoE tiles hidden and the expert width by 128.
-MEGA_SHAPES = {"hidden_size": 128, "moe_intermediate_size": 128}
-_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
-
-
-def mxfp4_release_checkpoint(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' state dict with its stacked experts rewritten the way the release stores
-    them: per expert ``w1``/``w3``/``w2`` packed MXFP4 plus a float8_e8m0fnu ``.scale``."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in state.items():
-        m = _EXPERTS.match(name)
-        if m is None:
-            out[name] = t
-            continue
-        inter = t.shape[1] // 2
-        parts = (
-            {"w1": t[:, :inter], "w3": t[:, inter:]} if m.group(2) == "gate_up_proj" else {"w2": t}
-        )
-        for w, stacked in parts.items():
-            packed, scale = quant_mxfp4(stacked)
-            for e in range(t.shape[0]):
-                pre = f"layers.{m.group(1)}.ffn.experts.{e}.{w}"
-                out[f"{pre}.weight"] = packed[e].clone()
-                out[f"{pre}.scale"] = scale[e].clone().view(torch.float8_e8m0fnu)
-    return out
 
 
 def _model(

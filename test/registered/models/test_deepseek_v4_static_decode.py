@@ -17,6 +17,7 @@ from sglang.srt.mem_cache.slot_blocks import SlotPoolFullError
 from sglang.srt.models.deepseek_v4 import DeepseekV4Batch, DeepseekV4ForCausalLM
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_tiny import CONFIG_A, CONFIG_B, our_model, reference_model, rel_err, token_ids
+from sglang.test.pooled_decode_checks import check_decode_pooled_refusals
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=40)
@@ -134,13 +135,7 @@ def test_slot_reuse_after_free(model_a: DeepseekV4ForCausalLM) -> None:
 
 
 def test_static_decode_rejects_unpooled_and_full_caches(model_a: DeepseekV4ForCausalLM) -> None:
-    with pytest.raises(ValueError, match="pooled"):
-        model_a.decode_pooled(torch.tensor([1]), [model_a.new_request_cache()])
-    cache = model_a.new_pooled_cache()
-    cache.num_tokens = CAPACITY
-    with pytest.raises(RuntimeError, match="capacity"):
-        model_a.decode_pooled(torch.tensor([1]), [cache])
-    model_a.free_pooled_cache(cache)
+    check_decode_pooled_refusals(model_a, CAPACITY)
     batch = DeepseekV4Batch([1], [model_a.new_request_cache()])
     assert model_a(torch.tensor([1]), torch.tensor([0]), batch).shape[0] == 1
 

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import torch
 
-from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.models import kimi_k3_moe
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
-from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.test import k3_static_kernel_checks
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.decode_drift import RouteFollower, check_drift, mean_rel
 from sglang.test.graph_replay_check import check_replay_against_static_and_reference
-from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, config, random_experts, randomize_
+from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, make_model
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=60, suite="h200-1gpu")
@@ -42,17 +40,7 @@ STEPS = 30  # 40 -> 70 and 61 -> 91 cross several 16-token blocks
 
 
 def _model() -> KimiK3ForCausalLM:
-    model = KimiK3ForCausalLM(
-        config(CONFIG_GPU),
-        LayerBuildSpec(dtype=torch.bfloat16, device="cuda", moe_runner="triton"),
-    )
-    randomize_(model, 5)
-    for layer in model.decoder_layers:
-        if isinstance(layer.mlp, KimiK3MoE):
-            layer.mlp.experts.load_weights(
-                random_experts(layer.mlp, 500 + layer.layer_id, torch.bfloat16)
-            )
-    model.eval()
+    model = make_model(CONFIG_GPU, seed=5, dtype=torch.bfloat16, device="cuda", moe_runner="triton")
     model.enable_slot_pool(max_slots=3 * len(LENGTHS), capacity=256, block_tokens=16)
     return model
 

@@ -6,8 +6,6 @@ of each) alike, and the dequantiser never sees more than one rank's part."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
@@ -24,22 +22,12 @@ from sglang.srt.models.kimi_k3_checkpoint import canonical_name
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
-from sglang.test.kimi_k3_tiny import CONFIG_A, config, make_model
+from sglang.test.kimi_k3_tiny import CONFIG_A, CONFIG_MEGA, config, make_model
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=10)
 
-# MegaMoE-shaped (latent 512, width 128) so the expert-parallel layout can be built too; a TP=2
-# slice (64 rows) is two whole MXFP4 scale groups. Four attention heads, so TP=4 builds.
-RAW: dict[str, Any] = {
-    **CONFIG_A,
-    "routed_expert_hidden_size": 512,
-    "moe_intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "linear_attn_config": {**CONFIG_A["linear_attn_config"], "num_heads": 4},
-}
 # (rank, tp size, a2a backend, ep size)
 LAYOUTS = [
     (0, 1, "none", 1),
@@ -52,7 +40,7 @@ LAYOUTS = [
 
 @pytest.fixture(scope="module")
 def checkpoints() -> dict[str, dict[str, torch.Tensor]]:
-    src = make_model(RAW, seed=11)
+    src = make_model(CONFIG_MEGA, seed=11)
     return {
         "mxfp4": dict(k3_release.model_release_tensors(src).tensors),
         "bf16": dict(k3_release.model_release_tensors(src, experts="bf16").tensors),
@@ -108,7 +96,7 @@ def test_shard_first_equals_dequantise_then_shard(
 
     monkeypatch.setattr(expert_weights_mod, "dequant_mxfp4", spy)
     model = KimiK3ForCausalLM(
-        config(RAW),
+        config(CONFIG_MEGA),
         LayerBuildSpec(
             dtype=torch.float32,
             moe_runner="torch",
@@ -127,7 +115,7 @@ def test_shard_first_equals_dequantise_then_shard(
         if isinstance(layer.mlp, KimiK3MoE)
     ]
     e_local, i_local = 8 // ep, 128 // (size // ep)
-    h = RAW["routed_expert_hidden_size"]
+    h = CONFIG_MEGA["routed_expert_hidden_size"]
     if fmt == "mxfp4":
         # only this rank's part ever reaches the dequantiser: w13 then w2, once a layer
         assert seen == [(e_local, 2 * i_local, h // 2), (e_local, h, i_local // 2)] * len(

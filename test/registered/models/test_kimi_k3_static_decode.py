@@ -38,6 +38,7 @@ from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.kimi_k3_tiny import CONFIG_A, CONFIG_B, CONFIG_C, make_model, tokens
+from sglang.test.pooled_decode_checks import check_decode_pooled_refusals
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
 
@@ -154,13 +155,7 @@ def test_reused_slot_sees_none_of_the_former_owner() -> None:
 
 
 def test_static_decode_rejects_unpooled_and_full_caches(model_a: KimiK3ForCausalLM) -> None:
-    with pytest.raises(ValueError, match="pooled"):
-        model_a.decode_pooled(torch.tensor([1]), [model_a.new_request_cache()])
-    cache = model_a.new_pooled_cache()
-    cache.num_tokens = CAPACITY
-    with pytest.raises(RuntimeError, match="capacity"):
-        model_a.decode_pooled(torch.tensor([1]), [cache])
-    model_a.free_pooled_cache(cache)
+    check_decode_pooled_refusals(model_a, CAPACITY)
     with pytest.raises(ValueError, match="not an allocated slot"):
         _pool(model_a).free(0)
 

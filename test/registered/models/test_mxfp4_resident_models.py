@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import sys
 from typing import Any
 
 import pytest
@@ -40,19 +38,21 @@ from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_tiny import (
+    CONFIG_C,
+    MEGA_SHAPES,
+    mxfp4_release_checkpoint,
+    reference_model,
+    token_ids,
+)
 from sglang.test.fake_mega_moe import fp8_staged, install_fake_mega_moe
-from sglang.test.release_checkpoint import kimi_k3 as k3_release
-from sglang.test.run import run_this_file
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_deepseek_v4_mega_moe_weights import MEGA_SHAPES, mxfp4_release_checkpoint
-from test_kimi_k3_shard_loading import RAW as K3_MEGA_CONFIG
-
-from sglang.test.dsv4_tiny import CONFIG_C, reference_model, token_ids
 from sglang.test.kimi_k3_tiny import CONFIG_A as K3_CONFIG
+from sglang.test.kimi_k3_tiny import CONFIG_MEGA as K3_MEGA_CONFIG
 from sglang.test.kimi_k3_tiny import config as k3_config
 from sglang.test.kimi_k3_tiny import make_model as k3_make_model
 from sglang.test.kimi_k3_tiny import tokens as k3_tokens
+from sglang.test.release_checkpoint import kimi_k3 as k3_release
+from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=40)
 

@@ -31,6 +31,7 @@ from sglang.test.prefix_cache_check import (
     conversation_waves,
     make_server,
     random_ids,
+    run_conversation_and_branches,
     run_waves,
     shared_prefix_waves,
     tiny_dsv4_checkpoint,
@@ -91,19 +92,7 @@ def test_conversation_branches_and_bitwise_replay(ratio_4: str) -> None:
     waves = conversation_waves(first, turns=4, message=20, max_new=12, vocab=VOCAB, seed=3)
     kw = {"page_size": 32, "max_total_tokens": 2048, "chunked_prefill_size": 512}
     on = make_server(ratio_4, radix=True, snapshots=8, **kw)
-    got = run_waves(on, waves)
-    # Two continuations of the whole conversation at once, from the same cached prefix.
-    last = got["t3"]
-    stem = last.prompt + last.tokens
-    branches = [[Turn("left", stem + random_ids(9, VOCAB, g), 4), Turn("right", stem + [5], 4)]]
-    got = run_waves(on, branches, records=got)
-    cached = {rid: r.cached_tokens for rid, r in got.items()}
-    print(f"conversation cached tokens {cached}")
-    # Each turn resumes at the last edge of the previous prompt + output (a decode snapshot).
-    for k in range(1, 4):
-        prev = got[f"t{k - 1}"]
-        assert cached[f"t{k}"] == (len(prev.prompt) + len(prev.tokens) - 1) // 32 * 32 > 0
-    assert cached["left"] == cached["right"] == (len(stem) - 1) // 32 * 32
+    got, branches = run_conversation_and_branches(on, waves, random_ids(9, VOCAB, g), [5], 32)
     check_against_cache_off(
         lambda: make_server(ratio_4, radix=False, **kw), waves, branches, got, TOL
     )

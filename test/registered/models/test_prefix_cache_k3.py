@@ -31,6 +31,7 @@ from sglang.test.prefix_cache_check import (
     fixed_prompts,
     make_server,
     random_ids,
+    run_conversation_and_branches,
     run_waves,
     shared_prefix_waves,
     worst_difference,
@@ -88,16 +89,8 @@ def test_conversation_branches_and_bitwise_replay(checkpoint: str) -> None:
     first = random_ids(40, VOCAB, g, low=0)
     waves = conversation_waves(first, turns=4, message=15, max_new=12, vocab=VOCAB, seed=3)
     on = make_server(checkpoint, radix=True, snapshots=8, chunked_prefill_size=512, **KW)
-    got = run_waves(on, waves)
-    stem = got["t3"].prompt + got["t3"].tokens
-    branches = [[Turn("left", stem + random_ids(9, VOCAB, g, low=0), 4), Turn("right", stem, 4)]]
-    got = run_waves(on, branches, records=got)
-    cached = {rid: r.cached_tokens for rid, r in got.items()}
-    print(f"conversation cached tokens {cached}")
-    for k in range(1, 4):
-        prev = got[f"t{k - 1}"]
-        assert cached[f"t{k}"] == (len(prev.prompt) + len(prev.tokens) - 1) // 32 * 32 > 0
-    assert cached["left"] == cached["right"] == (len(stem) - 1) // 32 * 32
+    left = random_ids(9, VOCAB, g, low=0)
+    got, branches = run_conversation_and_branches(on, waves, left, [], 32)
     check_against_cache_off(
         lambda: make_server(checkpoint, radix=False, chunked_prefill_size=512, **KW),
         waves,

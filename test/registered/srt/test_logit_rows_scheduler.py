@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import torch
 
-from sglang.srt.default_model.generate import ensure_default_model
 from sglang.srt.managers.io_struct import ReqOutput, TokenizedGenerateReq
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.default_model_runner import default_model_runner
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=30)
@@ -66,20 +66,7 @@ class _Counting:
 
 
 def _runner(static: bool) -> tuple[ModelRunner, int]:
-    from sglang.srt.server_args import ServerArgs
-
-    # The static decode preallocates the budget: only where it is a bound (the flag on CPU).
-    total = 1200 if static else None
-    args = ServerArgs(
-        model_path=ensure_default_model(), device="cpu", random_seed=0, max_total_tokens=total
-    ).resolved()
-    runner = ModelRunner(args, 0, 1)
-    setup = runner.init_decode(
-        context_length=400,
-        max_total_tokens=1200,
-        max_running_requests=4,
-        static_without_graphs=static,
-    )
+    runner, setup = default_model_runner(static)
     assert runner.pooled == static
     return runner, setup.block_tokens
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.srt.default_model.generate import ensure_default_model
 from sglang.srt.mem_cache.block_admission import slot_concurrency
 from sglang.srt.model_executor.cuda_graph_runner import capture_batch_sizes
 from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.model_executor.slot_plan import plan_slot_pool
-from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.default_model_runner import default_model_runner
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=30)
@@ -28,18 +27,7 @@ TOL = 1e-4
 
 
 def _runner(static: bool) -> ModelRunner:
-    # The static decode preallocates the budget: only where it is a bound (the flag on CPU).
-    total = 1200 if static else None
-    args = ServerArgs(
-        model_path=ensure_default_model(), device="cpu", random_seed=0, max_total_tokens=total
-    ).resolved()
-    runner = ModelRunner(args, 0, 1)
-    setup = runner.init_decode(
-        context_length=400,
-        max_total_tokens=1200,
-        max_running_requests=4,
-        static_without_graphs=static,
-    )
+    runner, setup = default_model_runner(static)
     if static:
         # Paged: every running request gets a slot (whole contexts would fit 1200 // 400 = 3),
         # and admission is by the pool's whole blocks.

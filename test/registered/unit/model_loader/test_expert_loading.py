@@ -51,12 +51,8 @@ class _RecordingIndex(CheckpointIndex):
         return super().get(canon)
 
 
-def _load(ckpt: dict[str, torch.Tensor], rank: int) -> tuple[FusedMoE, _RecordingIndex]:
-    base, _ = CheckpointIndex.build(as_weight_source(ckpt), lambda n: n)
-    index = _RecordingIndex(base.source, base.by_canon, set())
-    index.read = []
-    config = FusedMoEConfig(E, H, I, K, runner="torch", a2a_backend="ep", ep_size=EP)
-    layer = FusedMoE(config, tp_rank=rank, tp_size=TP)
+def _load_layer(index: CheckpointIndex, layer: FusedMoE) -> None:
+    """Layer 0's routed experts (``.scale`` scales, fp32) into ``layer``."""
     load_layer_experts(
         index,
         layer,
@@ -66,6 +62,15 @@ def _load(ckpt: dict[str, torch.Tensor], rank: int) -> tuple[FusedMoE, _Recordin
         dtype=torch.float32,
         mega_weight_builder=None,
     )
+
+
+def _load(ckpt: dict[str, torch.Tensor], rank: int) -> tuple[FusedMoE, _RecordingIndex]:
+    base, _ = CheckpointIndex.build(as_weight_source(ckpt), lambda n: n)
+    index = _RecordingIndex(base.source, base.by_canon, set())
+    index.read = []
+    config = FusedMoEConfig(E, H, I, K, runner="torch", a2a_backend="ep", ep_size=EP)
+    layer = FusedMoE(config, tp_rank=rank, tp_size=TP)
+    _load_layer(index, layer)
     return layer, index
 
 
@@ -123,15 +128,7 @@ def test_fp8_slice_must_cover_whole_scale_blocks() -> None:
     config = FusedMoEConfig(E, H, I, K, runner="torch", a2a_backend="ep", ep_size=2)
     layer = FusedMoE(config, tp_rank=5, tp_size=8)
     with pytest.raises(WeightLoadError, match=r"intermediate slice \(64 of 256\) divisible by 128"):
-        load_layer_experts(
-            index,
-            layer,
-            PREFIX,
-            layer_id=0,
-            scale_suffixes=lambda f: (".scale",),
-            dtype=torch.float32,
-            mega_weight_builder=None,
-        )
+        _load_layer(index, layer)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import signal
@@ -43,6 +44,7 @@ from typing import Any
 
 import httpx
 
+from sglang.bench_serving import percentile
 from sglang.bench_workloads import WORDS
 from sglang.test.server_process import ServerProcess
 
@@ -58,13 +60,6 @@ def _rss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 # --- requests -------------------------------------------------------------------------------------
@@ -249,10 +244,10 @@ async def _wave(
         **counts,
         "leftover": leftover,
         "wall_s": wall,
-        "ttft_p50_ms": 1e3 * _pct(ttft, 0.5),
-        "ttft_p99_ms": 1e3 * _pct(ttft, 0.99),
-        "itl_p50_ms": 1e3 * _pct(itl, 0.5),
-        "itl_p99_ms": 1e3 * _pct(itl, 0.99),
+        "ttft_p50_ms": 1e3 * percentile(ttft, 50, math.nan),
+        "ttft_p99_ms": 1e3 * percentile(ttft, 99, math.nan),
+        "itl_p50_ms": 1e3 * percentile(itl, 50, math.nan),
+        "itl_p99_ms": 1e3 * percentile(itl, 99, math.nan),
         "max_stall_ms": 1e3 * max(stalls, default=0.0),
         "health_max_ms": 1e3 * max(health, default=0.0),
         "rss_server_mib": rss[0] / 1024 if rss else 0.0,

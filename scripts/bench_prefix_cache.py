@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -42,7 +41,7 @@ from typing import Any
 
 import torch
 
-from bench_serving_h200 import build_model
+from bench_serving_h200 import add_bench_model_args, build_model
 from sglang.bench_server import launched_server
 from sglang.bench_serving import build_parser, run_benchmark, run_one
 from sglang.bench_workloads import BenchRequest
@@ -228,7 +227,7 @@ def part_leak(args: argparse.Namespace, log_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default="ttft,workloads,leak")
-    parser.add_argument("--layers", type=int, default=2)
+    add_bench_model_args(parser, layers=2)
     parser.add_argument(
         "--ttft-model",
         choices=("wide", "builtin"),
@@ -238,9 +237,6 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--leak-requests", type=int, default=10_000, help="leak part: requests")
-    parser.add_argument("--model-dir", default="/tmp/sglang-bench-dsv4-h200")
-    parser.add_argument("--keep-model", action="store_true", help="Keep the generated weights.")
-    parser.add_argument("--log-dir", default=os.environ.get("OUT", "/tmp"))
     args = parser.parse_args()
     parts = {"ttft": part_ttft, "workloads": part_workloads, "leak": part_leak}
     chosen = [p.strip() for p in args.only.split(",") if p.strip()]

@@ -65,6 +65,15 @@ WEIGHTS: dict[str, dict[str, Any]] = {
 }
 
 
+def add_bench_model_args(parser: argparse.ArgumentParser, layers: int) -> None:
+    """The flags of the generated bench model (``--layers``, where it is written and whether it
+    is kept) and of where its servers log."""
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--model-dir", default="/tmp/sglang-bench-dsv4-h200")
+    parser.add_argument("--keep-model", action="store_true", help="Keep the generated weights.")
+    parser.add_argument("--log-dir", default=os.environ.get("OUT", "/tmp"))
+
+
 def build_model(
     directory: Path, layers: int, weights: str = "bf16", max_positions: int = 4096
 ) -> None:
@@ -221,7 +230,7 @@ def print_table(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--layers", type=int, default=3)
+    add_bench_model_args(parser, layers=3)
     parser.add_argument(
         "--compare",
         choices=tuple(COMPARISONS),
@@ -239,10 +248,7 @@ def main() -> None:
         "weights with UE8M0 block scales, MXFP4 experts, an MTP layer).",
     )
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
-    parser.add_argument("--model-dir", default="/tmp/sglang-bench-dsv4-h200")
-    parser.add_argument("--keep-model", action="store_true", help="Keep the generated weights.")
     parser.add_argument("--port", type=int, default=30111)
-    parser.add_argument("--log-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--baseline", type=Path, help="--compare baseline: the other checkout")
     args = parser.parse_args()
     if (args.compare == "baseline") != (args.baseline is not None):

@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 
 from sglang.bench_serving import percentile
+from sglang.bench_table import markdown_table
 from sglang.bench_workloads import WORDS
 from sglang.test.server_process import ServerProcess
 
@@ -401,10 +402,8 @@ def _table(waves: list[dict[str, Any]]) -> str:
         ("rss_server_mib", "{:.0f}"),
         ("rss_total_mib", "{:.0f}"),
     ]
-    head = "| " + " | ".join(c for c, _ in cols) + " |"
-    sep = "|" + "|".join("---:" for _ in cols) + "|"
-    rows = ["| " + " | ".join(f.format(w[c]) for c, f in cols) + " |" for w in waves]
-    return "\n".join([head, sep, *rows])
+    rows = [[f.format(w[c]) for c, f in cols] for w in waves]
+    return markdown_table([c for c, _ in cols], rows)
 
 
 def main(argv: list[str] | None = None) -> int:

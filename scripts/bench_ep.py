@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from sglang.bench_table import markdown_table
 from sglang.test.multiprocess import run_distributed
 
 TOKENS = (1, 8, 64, 512, 4096)
@@ -125,15 +126,15 @@ def bench_layer(world: int, tokens: list[int], iters: int, ep_size: int | None) 
     eps = [k for k in layouts if k != "none"]
     head = ["tokens", "none us", *(f"{k} us" for k in eps), *(f"{k}/none" for k in eps)]
     head += [f"{k} a2a MiB sent a way per rank" for k in eps]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "|".join("-" * (len(h) + 1) + ":" for h in head) + "|")
+    rows = []
     for j, t in enumerate(tokens):
         none = us["none"][j]
         cells = [str(t), f"{none:.0f}", *(f"{us[k][j]:.0f}" for k in eps)]
         cells += [f"{us[k][j] / none:.3f}" for k in eps]
         # Each rank sends the slots of rows / E rows (E = the layout's ep size).
         cells += [f"{(t / layouts[k][1]) * TOP_K * HIDDEN * 2 / (1 << 20):.2f}" for k in eps]
-        print("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    print(markdown_table(head, rows))
 
 
 def _serving_comparisons(

@@ -49,6 +49,7 @@ from sglang.srt.layers.activation import act_and_mul
 from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
 from sglang.srt.layers.norm_rope import RowNorm, norm_rope
 from sglang.srt.layers.quantization.fp8_linear import Fp8Activation, deep_gemm_fp8_gemm
+from sglang.srt.utils.cuda_timing import graph_bench_us
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,6 @@ def copy_bytes_per_s() -> float:
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), rep=200)
     return 2 * 2 * n / (ms * 1e-3)
-
-
-def time_us(fn: Callable[[], object], rep: int) -> float:
-    fn()  # compile / JIT outside the graph
-    torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(fn, rep=rep) * 1e3
 
 
 def _operands(g: Gemm, m: int) -> dict[str, torch.Tensor]:
@@ -121,8 +116,8 @@ def bench_gemm(g: Gemm, m: int, rep: int, dg: object | None) -> dict[str, float 
     grouped = g.groups > 1
     run = fp8_grouped_gemm if grouped else fp8_block_gemm
     out: dict[str, float | None] = {}
-    out["triton"] = time_us(lambda: run(t["a_q"], t["a_s"], t["w_q"], t["w_s"]), rep)
-    out["triton+q"] = time_us(
+    out["triton"] = graph_bench_us(lambda: run(t["a_q"], t["a_s"], t["w_q"], t["w_s"]), rep)
+    out["triton+q"] = graph_bench_us(
         lambda: run(*_quantise(t["x"], g.groups), t["w_q"], t["w_s"]),
         rep,
     )
@@ -130,10 +125,10 @@ def bench_gemm(g: Gemm, m: int, rep: int, dg: object | None) -> dict[str, float 
     if dg is not None and not grouped:
         act = Fp8Activation(t["a_q"], t["a_s"])
         bf16 = torch.bfloat16
-        out["deep_gemm"] = time_us(
+        out["deep_gemm"] = graph_bench_us(
             lambda: deep_gemm_fp8_gemm(dg, act, t["w_q"], t["w_s"], bf16), rep
         )
-        out["deep_gemm+q"] = time_us(
+        out["deep_gemm+q"] = graph_bench_us(
             lambda: deep_gemm_fp8_gemm(
                 dg, Fp8Activation(*quant_activation_fp8(t["x"])), t["w_q"], t["w_s"], bf16
             ),
@@ -141,10 +136,10 @@ def bench_gemm(g: Gemm, m: int, rep: int, dg: object | None) -> dict[str, float 
         )
     if grouped:
         w3 = t["w"].view(g.groups, g.n, g.k)
-        out["bf16"] = time_us(lambda: torch.einsum("tgd,grd->tgr", t["x"], w3), rep)
+        out["bf16"] = graph_bench_us(lambda: torch.einsum("tgd,grd->tgr", t["x"], w3), rep)
     else:
         wt = t["w"].t()
-        out["bf16"] = time_us(lambda: torch.mm(t["x"], wt), rep)
+        out["bf16"] = graph_bench_us(lambda: torch.mm(t["x"], wt), rep)
     return out
 
 
@@ -233,7 +228,7 @@ def fused_table(batches: list[int], rep: int) -> None:
     print("\n| producer | M | unfused us | fused us | unfused/fused |\n|---|---:|---:|---:|---:|")
     for m in batches:
         for name, unfused, fused in fused_cases(m):
-            a, b = time_us(unfused, rep), time_us(fused, rep)
+            a, b = graph_bench_us(unfused, rep), graph_bench_us(fused, rep)
             print(f"| {name} | {m} | {a:.1f} | {b:.1f} | {a / b:.2f} |", flush=True)
 
 

@@ -15,15 +15,14 @@ graph-replay time, to show where a call's time goes.)
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 
 import torch
-import triton
 from tqdm import tqdm
 
 from sglang.srt.environ import envs
 from sglang.srt.layers import mhc
 from sglang.srt.layers.mhc import MhcParams
+from sglang.srt.utils.cuda_timing import graph_bench_us
 
 HC = 4
 MIX = MhcParams(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
@@ -83,12 +82,6 @@ def stream_bytes(op: str, t: int, h: int) -> int:
     return residual + row if op == "pre" else 2 * residual + 2 * row
 
 
-def time_us(fn: Callable[[], object]) -> float:
-    fn()  # compile / first-call work outside the graph
-    torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(fn, rep=100) * 1e3
-
-
 def profile_rows(backend: str, hidden: list[int], tokens: list[int], calls: int = 50) -> None:
     """Per-kernel GPU time per call (eager calls under the torch profiler) against the graph-replay
     time of the whole call; the difference is launch gaps and idle time between the kernels."""
@@ -100,7 +93,7 @@ def profile_rows(backend: str, hidden: list[int], tokens: list[int], calls: int 
             for t in tokens:
                 a = inputs(t, h)
                 for op, run in {"pre": run_pre, "fused": run_fused}.items():
-                    replay = time_us(lambda run=run, a=a: run(a))
+                    replay = graph_bench_us(lambda run=run, a=a: run(a))
                     torch.cuda.synchronize()
                     with profile(activities=[ProfilerActivity.CUDA]) as prof:
                         for _ in range(calls):
@@ -163,7 +156,7 @@ def main() -> None:
                     if want is None:
                         want = got
                     errs[backend] = float((got - want).abs().max())
-                    times[backend] = time_us(lambda run=run, a=a: run(a))
+                    times[backend] = graph_bench_us(lambda run=run, a=a: run(a))
             nbytes = stream_bytes(op, t, h)
             line = f"{op:<5} {h:>5} {t:>5}"
             for b in backends:

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -43,11 +41,11 @@ from typing import Any
 
 import torch
 
-from bench_serving_h200 import build_model
+from bench_serving_h200 import add_bench_model_args, build_model
+from sglang.bench_server import launched_server
 from sglang.bench_serving import build_parser, run_benchmark, run_one
 from sglang.bench_workloads import BenchRequest
 
-STARTUP_TIMEOUT_S = 300
 PORT = 30131
 
 
@@ -66,40 +64,14 @@ def _post(port: int, path: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
 @contextmanager
 def server(model: str | None, flags: Sequence[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(PORT)]
     if model is not None:
         cmd += ["--model-path", model, "--skip-tokenizer-init"]
     cmd += ["--log-level", "info", "--log-stats-interval", "5", *flags]
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        while not _healthy(PORT):
-            if proc.poll() is not None or time.perf_counter() - started > STARTUP_TIMEOUT_S:
-                raise RuntimeError(f"server did not start; see {log}:\n{log.read_text()[-3000:]}")
-            time.sleep(2)
-        ready = [line for line in log.read_text().splitlines() if "prefix cache:" in line]
-        said = ready[-1].split("prefix cache:")[1].split(";")[0] if ready else " ?"
-        print(f"server up in {time.perf_counter() - started:.0f}s; prefix cache:{said}")
+    with launched_server(cmd, PORT, log, fact="prefix cache:") as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _ids(rng: random.Random, n: int, vocab: int) -> list[int]:
@@ -255,7 +227,7 @@ def part_leak(args: argparse.Namespace, log_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default="ttft,workloads,leak")
-    parser.add_argument("--layers", type=int, default=2)
+    add_bench_model_args(parser, layers=2)
     parser.add_argument(
         "--ttft-model",
         choices=("wide", "builtin"),
@@ -265,9 +237,6 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--leak-requests", type=int, default=10_000, help="leak part: requests")
-    parser.add_argument("--model-dir", default="/tmp/sglang-bench-dsv4-h200")
-    parser.add_argument("--keep-model", action="store_true", help="Keep the generated weights.")
-    parser.add_argument("--log-dir", default=os.environ.get("OUT", "/tmp"))
     args = parser.parse_args()
     parts = {"ttft": part_ttft, "workloads": part_workloads, "leak": part_leak}
     chosen = [p.strip() for p in args.only.split(",") if p.strip()]

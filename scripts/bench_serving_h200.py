@@ -33,24 +33,21 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from sglang.bench_server import launched_server
 from sglang.bench_serving import build_parser, run_benchmark
 from sglang.test.release_checkpoint import deepseek_v4 as release
 from sglang.test.wide_dsv4 import wide_dsv4_config
 
 CONCURRENCY = (1, 8, 32)
 INPUT_LEN, OUTPUT_LEN = 256, 128
-STARTUP_TIMEOUT_S = 300
 
 
 def model_config(layers: int, max_positions: int = 4096) -> dict[str, Any]:
@@ -66,6 +63,15 @@ WEIGHTS: dict[str, dict[str, Any]] = {
     # layer (skipped at load), sharded with an index
     "release": {"dense": "fp8", "experts": "mxfp4", "mtp": True},
 }
+
+
+def add_bench_model_args(parser: argparse.ArgumentParser, layers: int) -> None:
+    """The flags of the generated bench model (``--layers``, where it is written and whether it
+    is kept) and of where its servers log."""
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--model-dir", default="/tmp/sglang-bench-dsv4-h200")
+    parser.add_argument("--keep-model", action="store_true", help="Keep the generated weights.")
+    parser.add_argument("--log-dir", default=os.environ.get("OUT", "/tmp"))
 
 
 def build_model(
@@ -91,14 +97,6 @@ def build_model(
         f"({time.perf_counter() - started:.0f}s)"
     )
     print(ckpt.layout.format_table())
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -162,19 +160,7 @@ def serve_and_bench(
     ]
     if python_dir is None:  # this tree: an activity line a second in the log (steps by kind)
         cmd += ["--log-stats-interval", "1"]
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
-        )
-    try:
-        while not _healthy(port):
-            if proc.poll() is not None or time.perf_counter() - started > STARTUP_TIMEOUT_S:
-                raise RuntimeError(f"server did not start; see {log}:\n{log.read_text()[-3000:]}")
-            time.sleep(2)
-        ready = [line for line in log.read_text().splitlines() if fact in line]
-        said = ready[-1].split(fact)[1].split(";")[0] if ready else " ?"
-        print(f"server ({label}) up in {time.perf_counter() - started:.0f}s; {fact}{said}")
+    with launched_server(cmd, port, log, fact=fact, label=label, env=env):
         results = {}
         for conc in concurrency:
             args = build_parser().parse_args(
@@ -204,14 +190,6 @@ def serve_and_bench(
                 f"{m['duration_s']:.1f}s"
             )
         return results
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def print_table(
@@ -252,7 +230,7 @@ def print_table(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--layers", type=int, default=3)
+    add_bench_model_args(parser, layers=3)
     parser.add_argument(
         "--compare",
         choices=tuple(COMPARISONS),
@@ -270,10 +248,7 @@ def main() -> None:
         "weights with UE8M0 block scales, MXFP4 experts, an MTP layer).",
     )
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
-    parser.add_argument("--model-dir", default="/tmp/sglang-bench-dsv4-h200")
-    parser.add_argument("--keep-model", action="store_true", help="Keep the generated weights.")
     parser.add_argument("--port", type=int, default=30111)
-    parser.add_argument("--log-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--baseline", type=Path, help="--compare baseline: the other checkout")
     args = parser.parse_args()
     if (args.compare == "baseline") != (args.baseline is not None):

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from sglang.bench_table import markdown_table
 from sglang.srt.default_model.generate import parameter_shapes
 from sglang.srt.layers.attention.dsv4_kv_layout import DeepseekV4KVLayout
 from sglang.srt.layers.attention.mla_kv_layout import KimiK3KVLayout
@@ -224,15 +225,13 @@ def main() -> None:
     head = ("model", "weights", "model weights GiB", "--kv-cache-dtype", "KV B/token",
             "per layer kind (B/token)", "weights/GPU GiB", "cache room GiB",
             f"max {args.request_tokens // 1024}k requests", "cached tokens")  # fmt: skip
-    print("| " + " | ".join(head) + " |")
-    print("|---|---|---:|---|---:|---|" + "---:|" * 4)
-    for r in rows:
-        requests = str(r.requests) if r.room_gib > 0 else "does not fit"
-        print(
-            f"| {r.model} | {r.weights} | {r.model_weights_gib:.0f} | {r.kv} | "
-            f"{r.bytes_per_token:.0f} | {r.per_layer} | {r.weights_gib:.1f} | {r.room_gib:.1f} | "
-            f"{requests} | {r.tokens} |"
-        )
+    cells = [
+        (r.model, r.weights, f"{r.model_weights_gib:.0f}", r.kv, f"{r.bytes_per_token:.0f}",
+         r.per_layer, f"{r.weights_gib:.1f}", f"{r.room_gib:.1f}",
+         str(r.requests) if r.room_gib > 0 else "does not fit", r.tokens)
+        for r in rows
+    ]  # fmt: skip
+    print(markdown_table(head, cells, align="llrlrl" + "r" * 4))
 
 
 def _row(model: str, fmt: str, whole: float, gpus: int, kv: str, shape: MemoryModel,

@@ -32,45 +32,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-WORDS = (
-    "the",
-    "model",
-    "serves",
-    "tokens",
-    "quickly",
-    "and",
-    "a",
-    "river",
-    "of",
-    "light",
-    "under",
-    "stone",
-    "bridges",
-    "while",
-    "clocks",
-    "sing",
-)
+from sglang.bench_serving import percentile
+from sglang.bench_table import markdown_table
+from sglang.bench_workloads import WORDS
+from sglang.test.server_process import ServerProcess
+
 MODEL = "sglang-default-tiny-dsv4"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rss_kib(pid: int) -> int:
@@ -82,13 +61,6 @@ def _rss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 # --- requests -------------------------------------------------------------------------------------
@@ -273,10 +245,10 @@ async def _wave(
         **counts,
         "leftover": leftover,
         "wall_s": wall,
-        "ttft_p50_ms": 1e3 * _pct(ttft, 0.5),
-        "ttft_p99_ms": 1e3 * _pct(ttft, 0.99),
-        "itl_p50_ms": 1e3 * _pct(itl, 0.5),
-        "itl_p99_ms": 1e3 * _pct(itl, 0.99),
+        "ttft_p50_ms": 1e3 * percentile(ttft, 50, math.nan),
+        "ttft_p99_ms": 1e3 * percentile(ttft, 99, math.nan),
+        "itl_p50_ms": 1e3 * percentile(itl, 50, math.nan),
+        "itl_p99_ms": 1e3 * percentile(itl, 99, math.nan),
         "max_stall_ms": 1e3 * max(stalls, default=0.0),
         "health_max_ms": 1e3 * max(health, default=0.0),
         "rss_server_mib": rss[0] / 1024 if rss else 0.0,
@@ -404,42 +376,11 @@ async def _kill_rank(
 # --- main -----------------------------------------------------------------------------------------
 
 
-def _start_server(
-    args: argparse.Namespace, extra: list[str]
-) -> tuple[subprocess.Popen[Any], str, Any]:
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile("w+", prefix="sglang-load-", suffix=".log", delete=False)  # noqa: SIM115
-    cmd = [
-        sys.executable,
-        "-m",
-        "sglang.launch_server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--tp-size",
-        str(args.tp_size),
-        "--random-seed",
-        str(args.seed),
-        *extra,
-    ]
+def _start_server(args: argparse.Namespace, extra: list[str]) -> ServerProcess:
+    flags = ["--tp-size", str(args.tp_size), "--random-seed", str(args.seed), *extra]
     if "--device" not in extra:
-        cmd += ["--device", "cpu"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise SystemExit(f"server exited with {proc.returncode}:\n{log.read()[-3000:]}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base, log
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server not healthy after 300 s")
+        flags += ["--device", "cpu"]
+    return ServerProcess(*flags, startup_timeout_s=300)
 
 
 def _table(waves: list[dict[str, Any]]) -> str:
@@ -461,10 +402,8 @@ def _table(waves: list[dict[str, Any]]) -> str:
         ("rss_server_mib", "{:.0f}"),
         ("rss_total_mib", "{:.0f}"),
     ]
-    head = "| " + " | ".join(c for c, _ in cols) + " |"
-    sep = "|" + "|".join("---:" for _ in cols) + "|"
-    rows = ["| " + " | ".join(f.format(w[c]) for c, f in cols) + " |" for w in waves]
-    return "\n".join([head, sep, *rows])
+    rows = [[f.format(w[c]) for c, f in cols] for w in waves]
+    return markdown_table([c for c, _ in cols], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -488,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 1 <= n <= 1024 for n in waves_n):
         raise SystemExit("--waves: each wave must be 1..1024 requests")
     rng = random.Random(args.seed)
-    proc, base, log = _start_server(args, extra)
+    server = _start_server(args, extra)
+    proc, base = server.proc, server.base_url
     report: dict[str, Any] = {"waves": []}
     try:
         info = httpx.get(base + "/server_info", timeout=30).json()
@@ -510,16 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"rank kill: {report['kill']}", flush=True)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        log.seek(0)
-        report["server_log_tail"] = log.read()[-2000:]
-        log.close()
-        os.unlink(log.name)
+        report["server_log_tail"] = server.logs()[-2000:]
+        server.stop()
     print()
     print(_table(report["waves"]))
     kill = report["kill"]

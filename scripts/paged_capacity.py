@@ -23,6 +23,7 @@ import argparse
 import math
 
 from bench_serving_h200 import model_config
+from sglang.bench_table import markdown_table
 from sglang.srt.default_model.generate import parameter_shapes
 from sglang.srt.mem_cache.block_admission import block_concurrency, slot_concurrency
 from sglang.srt.model_executor.memory_budget import CacheShape, max_total_tokens_for_memory
@@ -55,8 +56,7 @@ def main() -> None:
         f"max running {args.max_running}"
     )
     head = ("context length", "request tokens", "total tokens", "before (slots)", "after (blocks)")
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---:|" * len(head))
+    rows = []
     for ctx in (int(c) for c in args.contexts.split(",")):
         raw_ctx = {**raw, "max_position_embeddings": max(ctx, raw["max_position_embeddings"])}
         shape = CacheShape.from_model_config(DeepseekV4ModelConfig.from_dict(raw_ctx), 2)
@@ -73,7 +73,8 @@ def main() -> None:
             if req > ctx:
                 continue
             after = block_concurrency(total, req, args.block_tokens, args.max_running)
-            print(f"| {ctx} | {req} | {total} | {before} | {after} |")
+            rows.append((ctx, req, total, before, after))
+    print(markdown_table(head, rows))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -169,12 +168,6 @@ def make_checkpoint(model: str, fmt: str, root: Path) -> str | None:
 # --- one server ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _http(url: str, body: dict[str, Any] | None = None, timeout: float = REQUEST_GUARD_S) -> Any:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -188,8 +181,10 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 
 def run_combo(combo: Combo, model_path: str | None, log_dir: Path) -> Outcome:
+    from sglang.srt.distributed.parallel_state import find_free_port
+
     out = Outcome(combo)
-    port = _free_port()
+    port = find_free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port)]
     cmd += [*COMMON_FLAGS, *combo.flags()]
     if model_path is not None:

@@ -230,9 +230,10 @@ def _get_json(url: str) -> dict[str, Any]:
     return data
 
 
-def _pct(values: Sequence[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float, empty: float = 0.0) -> float:
+    """The nearest-rank ``q``-th percentile (``q`` in 0..100) of ``values``; ``empty`` for none."""
     if not values:
-        return 0.0
+        return empty
     s = sorted(values)
     k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
     return s[k]
@@ -243,8 +244,8 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
     return {
         "mean": statistics.fmean(ms) if ms else 0.0,
         "median": statistics.median(ms) if ms else 0.0,
-        "p95": _pct(ms, 95),
-        "p99": _pct(ms, 99),
+        "p95": percentile(ms, 95),
+        "p99": percentile(ms, 99),
         "max": max(ms) if ms else 0.0,
     }
 

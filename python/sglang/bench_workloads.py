@@ -19,7 +19,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-_WORDS = (
+# Filler words for prompts read as text (chat, and load scripts).
+WORDS = (
     "the",
     "model",
     "serves",
@@ -77,7 +78,7 @@ def _lengths(rng: random.Random, n: int, target: int, ratio: float, fixed: bool)
 def random_text(rng: random.Random, n: int, vocab_size: int) -> Text:
     low = min(16, vocab_size - 1)  # skip the first ids: special tokens usually live there
     ids = [rng.randrange(low, vocab_size) for _ in range(n)]
-    return Text(ids, " ".join(rng.choice(_WORDS) for _ in range(n)))
+    return Text(ids, " ".join(rng.choice(WORDS) for _ in range(n)))
 
 
 def random_requests(

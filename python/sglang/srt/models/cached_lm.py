@@ -130,6 +130,37 @@ class CachedCausalLM(nn.Module, Generic[CacheT]):
         check_batch(input_ids, positions, batch)
         return batch
 
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        batch: RequestBatch[CacheT] | None = None,
+        logit_rows: Tensor | None = None,
+    ) -> Tensor:
+        """Logits ``[T, V]`` (fp32) for ``input_ids [T]`` at ``positions [T]``; with
+        ``logit_rows`` (int64 row indices) only those rows' ``[len(logit_rows), V]``.
+
+        Without ``batch`` the rows are one whole request from position 0 (a throw-away cache).
+        With ``batch`` each request's rows must continue its cache (positions ``len(cache) ..``);
+        the caches are extended in place."""
+        checked = self._checked_batch(input_ids, positions, batch)
+        check_logit_rows(logit_rows)
+        logits = self.forward_batch(input_ids, positions, checked, logit_rows)
+        checked.advance()
+        return logits
+
+    def forward_batch(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        batch: RequestBatch[CacheT],
+        logit_rows: Tensor | None,
+    ) -> Tensor:
+        """:meth:`forward` on a checked batch: write the rows into the caches (their token
+        counts advance after) and return the logits."""
+        raise NotImplementedError
+
     def prefill(self, input_ids: Tensor, cache: CacheT) -> Tensor:
         """Append ``input_ids [n]`` to one request; logits of those tokens ``[n, V]``."""
         start = len(cache)

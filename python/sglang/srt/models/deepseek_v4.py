@@ -51,7 +51,7 @@ from sglang.srt.layers.mhc import (
 from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4RequestCache, new_request_cache
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
-from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
+from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch
 from sglang.srt.models.deepseek_v4_checkpoint import checkpoint_rules
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
@@ -233,22 +233,13 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
 
     # --- forward -------------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def forward(
+    def forward_batch(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        batch: DeepseekV4Batch | None = None,
-        logit_rows: torch.Tensor | None = None,
+        batch: RequestBatch[DeepseekV4RequestCache],
+        logit_rows: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Logits ``[T, V]`` (fp32) for ``input_ids [T]`` at ``positions [T]``; with
-        ``logit_rows`` (int64 row indices) only those rows' ``[len(logit_rows), V]``.
-
-        Without ``batch`` the rows are one whole request from position 0 (a throw-away cache).
-        With ``batch`` each request's rows must continue its cache (positions ``len(cache) ..``);
-        the caches are extended in place."""
-        batch = self._checked_batch(input_ids, positions, batch)
-        check_logit_rows(logit_rows)
         # Static decode steps leave the layers' host counters behind (see decode_pooled); the
         # eager attention reads and extends them, so catch them up first. Pooled caches get the
         # blocks these rows write first.
@@ -264,9 +255,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
             ]
             return layer.attn(x, positions, segments)
 
-        logits = self._run_layers(input_ids, attend, logit_rows)
-        batch.advance()
-        return logits
+        return self._run_layers(input_ids, attend, logit_rows)
 
     @torch.no_grad()
     def static_decode(

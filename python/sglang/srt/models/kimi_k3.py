@@ -50,7 +50,7 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
 )
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
-from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch, check_logit_rows
+from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch
 from sglang.srt.models.kimi_k3_checkpoint import checkpoint_rules
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
@@ -134,7 +134,9 @@ class KimiK3DecoderLayer(nn.Module):
         are gathered before it and this group's taken back after (identities otherwise)."""
         return dp_scatter(self.mlp(dp_gather(x)))
 
-    def attention(self, x: Tensor, starts: Sequence[int], batch: KimiK3Batch) -> Tensor:
+    def attention(
+        self, x: Tensor, starts: Sequence[int], batch: RequestBatch[KimiK3RequestCache]
+    ) -> Tensor:
         i = self.layer_id
         if isinstance(self.self_attn, KimiDeltaAttention):
             kda_segs = [
@@ -230,31 +232,20 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
 
     # --- forward -------------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def forward(
+    def forward_batch(
         self,
         input_ids: Tensor,
         positions: Tensor,
-        batch: KimiK3Batch | None = None,
-        logit_rows: Tensor | None = None,
+        batch: RequestBatch[KimiK3RequestCache],
+        logit_rows: Tensor | None,
     ) -> Tensor:
-        """Logits ``[T, V]`` (fp32) for ``input_ids [T]`` at ``positions [T]``; with
-        ``logit_rows`` (int64 row indices) only those rows' ``[len(logit_rows), V]``.
-
-        Without ``batch`` the rows are one whole request from position 0 (a throw-away cache).
-        With ``batch`` each request's rows must continue its cache (positions ``len(cache) ..``);
-        the caches are extended in place."""
-        batch = self._checked_batch(input_ids, positions, batch)
-        check_logit_rows(logit_rows)
         self.reserve_blocks(batch.caches, batch.seq_lens)
         starts = batch.starts()
 
         def attend(layer: KimiK3DecoderLayer, x: Tensor) -> Tensor:
             return layer.attention(x, starts, batch)
 
-        logits = self._run_layers(input_ids, attend, logit_rows)
-        batch.advance()
-        return logits
+        return self._run_layers(input_ids, attend, logit_rows)
 
     # --- static decode (slot pool; kimi_k3_static_decode.py) ----------------------------------
 

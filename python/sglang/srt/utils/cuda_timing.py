@@ -23,6 +23,16 @@ def median_cuda_ms(fn: Callable[[], object], repeats: int = 7) -> float:
     return statistics.median(times)
 
 
+def graph_bench_us(fn: Callable[[], object], rep: int = 100) -> float:
+    """Microseconds of ``fn`` under CUDA-graph replay (``triton.testing.do_bench_cudagraph`` over
+    about ``rep`` ms), after one eager call outside the graph (compiles, first-call work)."""
+    import triton.testing  # lazily: this module is imported where triton is not needed
+
+    fn()
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep)) * 1e3
+
+
 def median_graph_replay_ms(fn: Callable[[], object], replays: int, rounds: int = 5) -> float:
     """Median per-replay milliseconds of ``fn`` captured in one CUDA graph (warmed up twice on a
     side stream first: compiles, settles the allocator), over ``rounds`` of ``replays``."""

@@ -139,12 +139,8 @@ def test_a_new_backend_is_one_registry_entry(monkeypatch: pytest.MonkeyPatch) ->
             calls.append("dispatch")
             return DispatchOutput(2 * hidden, topk)
 
-        def combine(
-            self,
-            routed_out: torch.Tensor,
-            dispatched: DispatchOutput,
-            *,
-            shared: torch.Tensor | None = None,
+        def combine_routed(
+            self, routed_out: torch.Tensor, dispatched: DispatchOutput
         ) -> torch.Tensor:
             calls.append("combine")
             return -routed_out

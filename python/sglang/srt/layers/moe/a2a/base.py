@@ -135,7 +135,6 @@ class MoEA2ABackend(ABC):
         """This rank's rows ``hidden [T, H]`` routed by ``topk`` (global expert ids), for the
         experts this rank holds (``weights``, in the runner's layout)."""
 
-    @abstractmethod
     def combine(
         self,
         routed_out: torch.Tensor,
@@ -145,7 +144,22 @@ class MoEA2ABackend(ABC):
     ) -> torch.Tensor:
         """The routed output of ``dispatched`` -> complete ``[T, H]`` rows of this rank, with
         ``shared`` (the shared expert's output, sharded as :attr:`shared_expert_tp` says) added
-        where its sharding needs it."""
+        where its sharding needs it: a TP partial sum joins the routed partial sum before the
+        one reduce; replicated rows join the complete rows."""
+        if self.expert_parallel:
+            out = self.combine_routed(routed_out, dispatched)
+            return out if shared is None else out + shared
+        if shared is not None:
+            # In place: ``routed_out`` is the runner's final output, allocated in the symmetric
+            # pool when --enable-symm-mem is on; ``routed_out + shared`` would hand NCCL a
+            # non-pool tensor.
+            routed_out += shared
+        return self.combine_routed(routed_out, dispatched)
+
+    @abstractmethod
+    def combine_routed(self, routed_out: torch.Tensor, dispatched: DispatchOutput) -> torch.Tensor:
+        """The routed output of ``dispatched`` (with a tensor-parallel shared expert's partial
+        sum already added) -> complete ``[T, H]`` rows of this rank."""
 
     def mega_weights(self, weights: ExpertWeights | None) -> MegaWeights | None:
         """The DeepGEMM MegaMoE-layout weights this backend's fused kernel reads (None: it runs

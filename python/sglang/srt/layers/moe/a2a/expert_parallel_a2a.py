@@ -138,13 +138,7 @@ class ExpertParallelA2A(MoEA2ABackend):
         handle = ExpertParallelHandle(rows, lo, hi, sent_rows, send_counts, recv_counts)
         return DispatchOutput(recv_rows, local, runner_inplace=True, handle=handle)
 
-    def combine(
-        self,
-        routed_out: torch.Tensor,
-        dispatched: DispatchOutput,
-        *,
-        shared: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def combine_routed(self, routed_out: torch.Tensor, dispatched: DispatchOutput) -> torch.Tensor:
         h = dispatched.handle
         if not isinstance(h, ExpertParallelHandle):
             raise TypeError(f"ep combine got a dispatch of another backend: {h!r}")
@@ -159,8 +153,7 @@ class ExpertParallelA2A(MoEA2ABackend):
             # Each rank summed its intermediate slice of the experts: add the slices (in fp32,
             # like the sum above; rows / E rows, not the top-k slots).
             acc = moe_tp.all_reduce(acc)
-        out = self._gather_rows(ep, acc.to(routed_out.dtype), h.rows)
-        return out if shared is None else out + shared
+        return self._gather_rows(ep, acc.to(routed_out.dtype), h.rows)
 
     def _gather_rows(
         self, group: GroupCoordinator | None, part: torch.Tensor, rows: int

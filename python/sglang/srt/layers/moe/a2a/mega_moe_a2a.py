@@ -239,17 +239,10 @@ class MegaMoEA2A(MoEA2ABackend):
         local = torch.where(mine, ids - r.start, torch.full_like(ids, -1))
         return TopKOutput(torch.where(mine, topk.topk_weights, 0.0), local)
 
-    def combine(
-        self,
-        routed_out: torch.Tensor,
-        dispatched: DispatchOutput,
-        *,
-        shared: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        out = routed_out
+    def combine_routed(self, routed_out: torch.Tensor, dispatched: DispatchOutput) -> torch.Tensor:
         if dispatched.combined is None:  # the runner's partial sum over this rank's experts
-            out = reduce_partial_sums(routed_out, self.tp_size)
-        return out if shared is None else out + shared
+            return reduce_partial_sums(routed_out, self.tp_size)
+        return routed_out
 
     def kernel_summary(self, weights: ExpertWeights, dtype: torch.dtype) -> str | None:
         return self.kernel(weights).plan.kernel_for(1, dtype).describe()

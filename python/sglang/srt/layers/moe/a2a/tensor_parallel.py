@@ -23,16 +23,5 @@ class TensorParallelA2A(MoEA2ABackend):
     ) -> DispatchOutput:
         return DispatchOutput(hidden, topk)  # every rank computes every row: nothing moves
 
-    def combine(
-        self,
-        routed_out: torch.Tensor,
-        dispatched: DispatchOutput,
-        *,
-        shared: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if shared is not None:
-            # In place: ``routed_out`` is the runner's final output, allocated in the symmetric
-            # pool when --enable-symm-mem is on; ``routed_out + shared`` would hand NCCL a
-            # non-pool tensor.
-            routed_out += shared
+    def combine_routed(self, routed_out: torch.Tensor, dispatched: DispatchOutput) -> torch.Tensor:
         return reduce_partial_sums(routed_out, self.tp_size)

@@ -65,7 +65,6 @@ class MoERunner(ABC):
     def __init__(self, config: MoERunConfig) -> None:
         self.config = config
 
-    @abstractmethod
     def run(
         self,
         hidden: torch.Tensor,
@@ -75,7 +74,17 @@ class MoERunner(ABC):
         inplace: bool = False,
     ) -> torch.Tensor:
         """Combined routed-expert output ``[T, H]`` (top-k weights applied, summed over k).
-        With ``inplace`` the result is written into ``hidden`` and ``hidden`` is returned."""
+        With ``inplace`` the result is written into ``hidden`` and ``hidden`` is returned; else
+        into a new buffer from :func:`moe_output_scope` (the output rule above)."""
+        out = hidden if inplace else allocate_moe_output(hidden)
+        return self.run_into(hidden, topk, weights, out)
+
+    @abstractmethod
+    def run_into(
+        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, out: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`run` with its output buffer chosen: write the combined output into ``out``
+        (``hidden`` itself when in place) and return ``out``; allocate only intermediates."""
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why this runner cannot run on ``device`` (None: it can)."""
@@ -98,10 +107,9 @@ class MoERunner(ABC):
         hidden: torch.Tensor,
         topk: TopKOutput,
         weights: ExpertWeights,
-        inplace: bool,
+        out: torch.Tensor,
     ) -> torch.Tensor:
-        """Call a ``fused_experts``-shaped function (kernels/ops/moe/fused_moe.py): non-in-place,
-        the output comes from the pool scope and the function allocates only intermediates."""
+        """Call a ``fused_experts``-shaped function (kernels/ops/moe/fused_moe.py) into ``out``."""
         return fused_experts(
             hidden,
             weights.w13,
@@ -113,6 +121,6 @@ class MoERunner(ABC):
             w13_scale=weights.w13_scale,
             w2_scale=weights.w2_scale,
             block_shape=weights.block_shape,
-            inplace=inplace,
-            out=None if inplace else allocate_moe_output(hidden),
+            inplace=out is hidden,
+            out=out,
         )

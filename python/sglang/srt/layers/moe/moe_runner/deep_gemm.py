@@ -44,7 +44,7 @@ from sglang.srt.layers.deep_gemm_adapter import (
     resolve_entry_point,
 )
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.layers.moe.moe_runner.base import MoERunConfig, MoERunner, allocate_moe_output
+from sglang.srt.layers.moe.moe_runner.base import MoERunConfig, MoERunner
 from sglang.srt.layers.moe.moe_runner.path_table import (
     MoeShape,
     fastest_path,
@@ -355,13 +355,8 @@ class DeepGemmMoERunner(MoERunner):
                 return measured
         return choose_layout(num_tokens, fp8, capturing)
 
-    def run(
-        self,
-        hidden: torch.Tensor,
-        topk: TopKOutput,
-        weights: ExpertWeights,
-        *,
-        inplace: bool = False,
+    def run_into(
+        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, out: torch.Tensor
     ) -> torch.Tensor:
         fp8 = weights.w13.dtype == torch.float8_e4m3fn
         unfit = deep_gemm_unfit_reason(weights)
@@ -374,7 +369,7 @@ class DeepGemmMoERunner(MoERunner):
         if layout == "triton":
             from sglang.kernels.ops.moe.fused_moe import fused_experts
 
-            return self._run_fused(fused_experts, hidden, topk, weights, inplace)
+            return self._run_fused(fused_experts, hidden, topk, weights, out)
         x = hidden if hidden.dtype == torch.bfloat16 else hidden.to(torch.bfloat16)
         e = weights.num_experts
         if layout == "contiguous":
@@ -392,5 +387,4 @@ class DeepGemmMoERunner(MoERunner):
                 run_m(self.dg, gather_rows(x, ml.src, fp8), ml, weights, self.config),
                 ml.row_of,
             )
-        out = hidden if inplace else allocate_moe_output(hidden)
         return post_permute_deep_gemm_to_standard(down, row_of, topk.topk_weights, out)

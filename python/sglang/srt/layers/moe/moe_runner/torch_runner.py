@@ -16,12 +16,7 @@ class TorchMoERunner(MoERunner):
         "the torch MoE runner syncs with the host (it loops over the routed experts it reads back)"
     )
 
-    def run(
-        self,
-        hidden: torch.Tensor,
-        topk: TopKOutput,
-        weights: ExpertWeights,
-        *,
-        inplace: bool = False,
+    def run_into(
+        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, out: torch.Tensor
     ) -> torch.Tensor:
-        return self._run_fused(fused_experts_torch, hidden, topk, weights, inplace)
+        return self._run_fused(fused_experts_torch, hidden, topk, weights, out)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
-from sglang.srt.layers.moe.moe_runner.base import MoERunner, allocate_moe_output
+from sglang.srt.layers.moe.moe_runner.base import MoERunner
 from sglang.srt.layers.moe.topk import TopKOutput
 
 
@@ -36,20 +36,15 @@ class TritonMoERunner(MoERunner):
             return None
         return super().unreadable_reason(weights)
 
-    def run(
-        self,
-        hidden: torch.Tensor,
-        topk: TopKOutput,
-        weights: ExpertWeights,
-        *,
-        inplace: bool = False,
+    def run_into(
+        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, out: torch.Tensor
     ) -> torch.Tensor:
         if weights.is_mxfp4:
-            return self._run_mxfp4(hidden, topk, weights, inplace)
-        return self._run_fused(_fused_experts(), hidden, topk, weights, inplace)
+            return self._run_mxfp4(hidden, topk, weights, out)
+        return self._run_fused(_fused_experts(), hidden, topk, weights, out)
 
     def _run_mxfp4(
-        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, inplace: bool
+        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights, out: torch.Tensor
     ) -> torch.Tensor:
         from sglang.kernels.ops.moe.fused_moe_mxfp4 import fused_experts_mxfp4_weights
         from sglang.kernels.ops.moe.mxfp4_weights import (
@@ -72,6 +67,6 @@ class TritonMoERunner(MoERunner):
             topk.topk_ids,
             activation=self.config.activation,
             swiglu_limit=self.config.swiglu_limit,
-            inplace=inplace,
-            out=None if inplace else allocate_moe_output(hidden),
+            inplace=out is hidden,
+            out=out,
         )

@@ -178,6 +178,49 @@ def test_fused_moe_selection_steps_down_then_refuses(h200: DeviceLimits) -> None
     assert "off after a build failure" in str(fused_moe_unfit_reason(64, p, torch.float32, cpu))
 
 
+def test_families_without_a_footprint_take_their_fallback_when_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FP8 block GEMM, FP8 rows and MXFP4 experts fit themselves to the device (no footprint
+    check), yet their decisions still ask the off-switch: after a build failure the torch GEMM,
+    the torch row quantisers and the on-use dequantised experts run instead."""
+    from sglang.kernels.ops.quant import fused_quant
+    from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
+    from sglang.srt.layers import kv_cache_rows
+    from sglang.srt.layers.moe.expert_weights import mxfp4_experts
+    from sglang.srt.layers.moe.moe_runner.base import MoERunConfig
+    from sglang.srt.layers.moe.moe_runner.triton_runner import TritonMoERunner
+    from sglang.srt.layers.quantization.fp8_linear import gemm_backend
+    from sglang.test.mxfp4_experts import random_mxfp4_experts
+
+    cuda = torch.device("cuda")  # the decision only: nothing is allocated there
+    assert gemm_backend(512, 512, torch.bfloat16, cuda)[0] == "triton"  # DeepGEMM absent here
+    runner = TritonMoERunner(MoERunConfig())
+    packed = mxfp4_experts(*random_mxfp4_experts(2, 64, 32, seed=3))
+    assert runner.unreadable_reason(packed) is None
+    for family in ("fp8_block_gemm", "fp8_rows", "fused_moe_mxfp4"):
+        turn_family_off(family, "CompilationError: at 1:2")
+    backend, why = gemm_backend(512, 512, torch.bfloat16, cuda)
+    assert backend == "torch" and "fp8_block_gemm kernels are off" in why
+    assert "fused_moe_mxfp4 kernels are off" in str(runner.unreadable_reason(packed))
+    # The row writers: "Triton could run" here, yet the torch path runs (the Triton one would
+    # fail on CPU tensors), and its rows equal the format's own quantiser's.
+    monkeypatch.setattr(fused_quant, "triton_can_run", lambda t: True)
+    monkeypatch.setattr(kv_cache_rows, "triton_can_run", lambda t: True)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 256, generator=g)
+    q, s = fused_quant.rms_norm_quant_fp8(x, torch.rand(256, generator=g) + 0.5, 1e-6)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (3, 256) and torch.isfinite(s).all()
+    fmt = Fp8RowFormat(128, 64)
+    codec = kv_cache_rows.Fp8Rows(fmt, torch.bfloat16)
+    store = torch.zeros(2, 4, fmt.row_bytes, dtype=torch.uint8)  # blocks of rows
+    values = torch.randn(3, 128, generator=g).to(torch.bfloat16)
+    codec.write(store, torch.tensor([1, 6, 3]), values)
+    flat = store.view(-1, fmt.row_bytes)
+    assert torch.equal(flat[[1, 6, 3]], codec.encode(values))
+    assert not flat[[0, 2, 4, 5, 7]].any()
+
+
 def test_tma_footprint_matches_the_compiler_and_needs_hopper() -> None:
     from sglang.kernels.ops.moe.fused_moe import fused_experts
     from sglang.kernels.ops.moe.grouped_gemm_tma import tma_footprints, tma_unfit_reason

@@ -212,4 +212,7 @@ def family(name: str) -> KernelFamily:
 # Modules of ``@triton.jit`` helpers that kernels of several families inline. They launch nothing
 # themselves, so no decision is theirs and no failure's stack runs through them (a failure to
 # build an inlining kernel names that kernel's family).
-INLINED_HELPERS: tuple[str, ...] = (f"{_OPS}.attention.online_softmax",)
+INLINED_HELPERS: tuple[str, ...] = (
+    f"{_OPS}.attention.online_softmax",
+    f"{_OPS}.quant.dtype_round",
+)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.ops.quant.fp8_row_write import write_fp8_rows
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
 from sglang.kernels.ops.triton_dispatch import triton_can_run
@@ -46,11 +47,12 @@ class Fp8Rows:
 
     def write(self, store: torch.Tensor, dest: torch.Tensor, values: torch.Tensor) -> None:
         """Quantised and scattered in one kernel where Triton runs (``write_fp8_rows``: the
-        cache write of rows made outside a kernel of their own), else by torch."""
-        if triton_can_run(store):
+        cache write of rows made outside a kernel of their own), else by torch (off CUDA, or
+        with the fp8_rows kernels turned off after a build failure)."""
+        if triton_can_run(store) and unfit_reason("fp8_rows") is None:
             write_fp8_rows(values.contiguous(), store, dest, self.fmt)
             return
-        store.index_copy_(0, dest, self.encode(values))
+        store.view(-1, self.fmt.row_bytes).index_copy_(0, dest, self.encode(values))
 
     def describe(self) -> str:
         return f"FP8 {self.fmt.describe()}"

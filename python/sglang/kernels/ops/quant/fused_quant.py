@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.ops.activation import act_and_mul_reference, activation_code, gated_act
 from sglang.kernels.ops.layernorm.rms_norm import rms_norm
 from sglang.kernels.ops.quant.dtype_round import ROUND_CODES, round_to
@@ -179,7 +180,7 @@ def rms_norm_quant_fp8(
         raise ValueError(f"split-K partials must be float32, got {x.dtype}")
     if round_dtype not in ROUND_CODES:
         raise ValueError(f"round_dtype must be one of {tuple(ROUND_CODES)}, got {round_dtype}")
-    if not triton_can_run(x):
+    if not triton_can_run(x) or unfit_reason("fp8_rows") is not None:
         normed, q, s = rms_norm_quant_fp8_torch(
             x, weight, eps, round_dtype=round_dtype, quant_eps=quant_eps
         )
@@ -249,7 +250,7 @@ def gated_act_quant_fp8(
         )
     if gate.dtype not in ROUND_CODES:
         raise ValueError(f"gate/up must be bf16, fp16 or fp32, got {gate.dtype}")
-    if not triton_can_run(gate):
+    if not triton_can_run(gate) or unfit_reason("fp8_rows") is not None:
         return gated_act_quant_fp8_torch(gate, up, activation, swiglu_limit, quant_eps=quant_eps)
     if gate.stride(-1) != 1 or up.stride(-1) != 1:
         gate, up = gate.contiguous(), up.contiguous()

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import torch
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.ops.gemm.fp8_block_gemm import (
     fp8_block_gemm,
     fp8_block_gemm_torch,
@@ -95,8 +96,11 @@ def gemm_backend(
     backend: Fp8GemmBackend
     forced = envs.SGLANG_FP8_DENSE_GEMM.get()
     level = logging.INFO
+    off = unfit_reason("fp8_block_gemm")
     if device.type != "cuda":
         backend, why = "torch", "not on CUDA: the reference maths"
+    elif off is not None and (forced == "triton" or _deep_gemm_unfit(n, k, out_dtype)):
+        backend, why, level = "torch", off, logging.WARNING
     elif forced == "triton":
         backend, why = "triton", "SGLANG_FP8_DENSE_GEMM=triton"
     else:
@@ -172,6 +176,10 @@ def fp8_grouped_linear(
     if weight.device.type != "cuda":
         log_once(logger, logging.INFO, "FP8 grouped GEMM: torch (not on CUDA: the reference maths)")
         return fp8_grouped_gemm_torch(a.q, a.scale, weight, scale, out_dtype)
+    off = unfit_reason("fp8_block_gemm")
+    if off is not None:
+        log_once(logger, logging.WARNING, f"FP8 grouped GEMM: torch ({off})")
+        return fp8_grouped_gemm_torch(a.q, a.scale, weight, scale, out_dtype)
     log_once(logger, logging.INFO, "FP8 grouped GEMM: Triton (one launch over the groups)")
     return fp8_grouped_gemm(a.q, a.scale, weight, scale, out_dtype=out_dtype)
 
@@ -188,7 +196,10 @@ def fp8_grouped_linear_quantized(
     m, groups, k = x.shape
     a = quantize_activation(x.reshape(m * groups, k))
     a = Fp8Activation(a.q.view(m, groups, -1), a.scale.view(m, groups, -1))
-    if weight.device.type != "cuda":
+    off = unfit_reason("fp8_block_gemm")
+    if weight.device.type != "cuda" or off is not None:
+        if off is not None:
+            log_once(logger, logging.WARNING, f"FP8 grouped GEMM, quantised output: torch ({off})")
         return quantize_activation(fp8_grouped_gemm_torch(a.q, a.scale, weight, scale, round_dtype))
     log_once(logger, logging.INFO, "FP8 grouped GEMM: Triton, its epilogue quantising the output")
     q, s = fp8_gemm_quant_out(a.q, a.scale, weight, scale, round_dtype=round_dtype)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import torch
 
+from sglang.kernels.fit.decide import unfit_reason
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner.base import MoERunner
 from sglang.srt.layers.moe.topk import TopKOutput
@@ -33,7 +34,8 @@ class TritonMoERunner(MoERunner):
         # The W4A16 kernel reads MXFP4 in the checkpoint layout and in DeepGEMM's SM100 MegaMoE
         # layout (the single resident copy on Blackwell), so neither is copied on use.
         if weights.is_mxfp4:
-            return None
+            # after a build failure, the experts a batch routes to are dequantised on use
+            return unfit_reason("fused_moe_mxfp4")
         return super().unreadable_reason(weights)
 
     def run_into(

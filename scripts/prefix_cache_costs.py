@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4CacheShape
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3PoolShape, KimiK3SlotPool
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
@@ -93,14 +94,16 @@ def dsv4(device: torch.device, repeats: int) -> None:
         dtype_bytes=2,
     )
     pool = DeepseekV4SlotPool(
-        attn_types=DSV4_KINDS,
-        compress_ratios=DSV4_RATIOS,
-        sliding_window=WINDOW,
-        head_dim=HEAD,
-        index_head_dim=INDEX,
+        DeepseekV4CacheShape(
+            attn_types=DSV4_KINDS,
+            compress_ratios=DSV4_RATIOS,
+            sliding_window=WINDOW,
+            head_dim=HEAD,
+            index_head_dim=INDEX,
+            dtype=dtype,
+        ),
         max_slots=2,
         capacity=2 * PREFIX,
-        dtype=dtype,
         device=device,
         num_blocks=2 * PREFIX // B,
         block_tokens=B,

@@ -7,7 +7,8 @@ continue the cache (the compressors' blocks are aligned to absolute positions).
 
 A cache either owns its tensors (:func:`new_request_cache`, the eager reference) or views one slot
 of a ``DeepseekV4SlotPool`` and its blocks (its ``request_cache``), which the static (CUDA-graph)
-decode also reads and writes; the eager attention treats both alike.
+decode also reads and writes; the eager attention treats both alike. Both are built from one
+:class:`DeepseekV4CacheShape`, the model's cache geometry.
 """
 
 from __future__ import annotations
@@ -65,43 +66,69 @@ class DeepseekV4RequestCache(RequestCache[DeepseekV4LayerCache]):
         self.layers_stale = False
 
 
+@dataclass(frozen=True)
+class CompressorShape:
+    """One compressor of a layer: its ratio, the values an entry holds, whether its windows
+    overlap, and how its entries are stored (None: the model dtype)."""
+
+    ratio: int
+    dim: int
+    overlap: bool
+    codec: RowCodec | None
+
+
+@dataclass(frozen=True)
+class DeepseekV4CacheShape:
+    """What every layer's cache holds, for the per-request caches and the slot pool alike: the
+    per-layer attention kinds and ratios, the window, the row widths, the model dtype (the window
+    rings', and the entries' without a codec) and how compressed entries / indexer keys are
+    stored (``entry_codec`` / ``index_codec``; None: the model dtype)."""
+
+    attn_types: tuple[str, ...]
+    compress_ratios: tuple[int, ...]
+    sliding_window: int
+    head_dim: int
+    index_head_dim: int
+    dtype: torch.dtype
+    entry_codec: RowCodec | None = None
+    index_codec: RowCodec | None = None
+
+    def layer_compressors(self) -> list[tuple[CompressorShape | None, CompressorShape | None]]:
+        """Per layer, its compressor and its indexer's: sliding layers have neither; compressed
+        layers have a compressor, overlapping on CSA layers, which also have an indexer."""
+        layers: list[tuple[CompressorShape | None, CompressorShape | None]] = []
+        for kind, ratio in zip(self.attn_types, self.compress_ratios):
+            comp = idx = None
+            if kind != "sliding":
+                overlap = kind == "csa"
+                comp = CompressorShape(ratio, self.head_dim, overlap, self.entry_codec)
+                if kind == "csa":
+                    idx = CompressorShape(ratio, self.index_head_dim, True, self.index_codec)
+            layers.append((comp, idx))
+        return layers
+
+
 def new_request_cache(
-    *,
-    attn_types: tuple[str, ...],
-    compress_ratios: tuple[int, ...],
-    sliding_window: int,
-    head_dim: int,
-    index_head_dim: int,
-    dtype: torch.dtype,
-    device: torch.device | str = "cpu",
-    entry_codec: RowCodec | None = None,
-    index_codec: RowCodec | None = None,
+    shape: DeepseekV4CacheShape, *, device: torch.device | str = "cpu"
 ) -> DeepseekV4RequestCache:
-    """An empty cache for a model with these per-layer attention kinds and ratios;
-    ``entry_codec`` / ``index_codec``: how compressed entries / indexer keys are stored (None:
-    the model dtype)."""
+    """An empty cache of this shape that owns its tensors."""
+
+    def state(comp: CompressorShape | None) -> CompressorState | None:
+        if comp is None:
+            return None
+        return CompressorState(
+            ratio=comp.ratio,
+            dim=comp.dim,
+            overlap=comp.overlap,
+            entry_dtype=shape.dtype,
+            device=device,
+            encoding=comp.codec,
+        )
+
     layers = []
-    for kind, ratio in zip(attn_types, compress_ratios):
-        ring = WindowRing(sliding_window - 1, head_dim, dtype=dtype, device=device)
-        comp = idx = None
-        if kind != "sliding":
-            overlap = kind == "csa"
-            comp = CompressorState(
-                ratio=ratio,
-                dim=head_dim,
-                overlap=overlap,
-                entry_dtype=dtype,
-                device=device,
-                encoding=entry_codec,
-            )
-            if kind == "csa":
-                idx = CompressorState(
-                    ratio=ratio,
-                    dim=index_head_dim,
-                    overlap=True,
-                    entry_dtype=dtype,
-                    device=device,
-                    encoding=index_codec,
-                )
-        layers.append(DeepseekV4LayerCache(ring, comp, idx))
+    for comp, idx in shape.layer_compressors():
+        ring = WindowRing(
+            shape.sliding_window - 1, shape.head_dim, dtype=shape.dtype, device=device
+        )
+        layers.append(DeepseekV4LayerCache(ring, state(comp), state(idx)))
     return DeepseekV4RequestCache(layers)

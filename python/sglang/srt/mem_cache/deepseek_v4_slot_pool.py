@@ -35,7 +35,12 @@ from sglang.srt.mem_cache.compressor_state import (
     CompressorStorage,
     reset_previous,
 )
-from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4LayerCache, DeepseekV4RequestCache
+from sglang.srt.mem_cache.deepseek_v4_cache import (
+    CompressorShape,
+    DeepseekV4CacheShape,
+    DeepseekV4LayerCache,
+    DeepseekV4RequestCache,
+)
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 from sglang.srt.mem_cache.paged_rows import PagedRows
 from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
@@ -141,30 +146,24 @@ def default_block_tokens(compress_ratios: tuple[int, ...]) -> int:
 class DeepseekV4SlotPool(SlotBlocks):
     def __init__(
         self,
+        shape: DeepseekV4CacheShape,
         *,
-        attn_types: tuple[str, ...],
-        compress_ratios: tuple[int, ...],
-        sliding_window: int,
-        head_dim: int,
-        index_head_dim: int,
         max_slots: int,
         capacity: int,
-        dtype: torch.dtype,
         device: torch.device | str = "cpu",
         num_blocks: int | None = None,
         block_tokens: int | None = None,
         total_tokens: int | None = None,
-        entry_codec: RowCodec | None = None,
-        index_codec: RowCodec | None = None,
     ) -> None:
         """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
         request's) size the block pool; neither: every slot can hold a whole-capacity request.
-        ``entry_codec`` / ``index_codec``: how the compressed entries / indexer keys are stored
-        (None: the model dtype; FP8 rows); the window rings are the model dtype."""
+        The window rings are the model dtype; the compressed entries and indexer keys are stored
+        as the shape's codecs say."""
         dev = torch.device(device)
-        self.window = sliding_window
-        block_tokens = block_tokens or default_block_tokens(compress_ratios)
-        bad = [r for r in compress_ratios if r > 0 and block_tokens % r]
+        self.shape = shape
+        self.window = shape.sliding_window
+        block_tokens = block_tokens or default_block_tokens(shape.compress_ratios)
+        bad = [r for r in shape.compress_ratios if r > 0 and block_tokens % r]
         if bad:
             raise ValueError(
                 f"block_tokens {block_tokens} is not a multiple of the compress ratios {bad}"
@@ -179,35 +178,28 @@ class DeepseekV4SlotPool(SlotBlocks):
         )
         rows = self.rows
         nb, bt = self.block_pool.num_blocks, self.block_tokens
+
+        def slots(comp: CompressorShape | None) -> CompressorSlots | None:
+            if comp is None:
+                return None
+            return CompressorSlots.allocate(
+                rows,
+                nb,
+                bt,
+                comp.ratio,
+                comp.dim,
+                overlap=comp.overlap,
+                dtype=shape.dtype,
+                device=dev,
+                encoding=comp.codec,
+            )
+
         self.layers: list[LayerSlots] = []
-        for kind, ratio in zip(attn_types, compress_ratios):
-            window = torch.zeros(rows, sliding_window, head_dim, dtype=dtype, device=dev)
-            comp = idx = None
-            if kind != "sliding":
-                comp = CompressorSlots.allocate(
-                    rows,
-                    nb,
-                    bt,
-                    ratio,
-                    head_dim,
-                    overlap=kind == "csa",
-                    dtype=dtype,
-                    device=dev,
-                    encoding=entry_codec,
-                )
-                if kind == "csa":
-                    idx = CompressorSlots.allocate(
-                        rows,
-                        nb,
-                        bt,
-                        ratio,
-                        index_head_dim,
-                        overlap=True,
-                        dtype=dtype,
-                        device=dev,
-                        encoding=index_codec,
-                    )
-            self.layers.append(LayerSlots(window, comp, idx))
+        for comp, idx in shape.layer_compressors():
+            window = torch.zeros(
+                rows, shape.sliding_window, shape.head_dim, dtype=shape.dtype, device=dev
+            )
+            self.layers.append(LayerSlots(window, slots(comp), slots(idx)))
         for slot in range(rows):
             self._reset(slot)
 
@@ -234,6 +226,18 @@ class DeepseekV4SlotPool(SlotBlocks):
     def request_cache(self, slot: int) -> DeepseekV4RequestCache:
         """An empty cache over ``slot`` (the caller allocated it): views of its window ring and
         its compressor and indexer state, which the eager forward reads and writes in place."""
+
+        def state(c: CompressorSlots | None) -> CompressorState | None:
+            if c is None:
+                return None
+            return CompressorState(
+                ratio=c.ratio,
+                dim=c.dim,
+                overlap=c.overlap,
+                entry_dtype=c.encoding.dtype,
+                storage=c.storage(slot, self.blocks),
+            )
+
         layers = []
         for store in self.layers:
             ring = WindowRing(
@@ -242,26 +246,7 @@ class DeepseekV4SlotPool(SlotBlocks):
                 dtype=store.window.dtype,
                 buf=store.window[slot],
             )
-            comp = idx = None
-            if store.compressor is not None:
-                c = store.compressor
-                comp = CompressorState(
-                    ratio=c.ratio,
-                    dim=c.dim,
-                    overlap=c.overlap,
-                    entry_dtype=c.encoding.dtype,
-                    storage=c.storage(slot, self.blocks),
-                )
-            if store.indexer is not None:
-                c = store.indexer
-                idx = CompressorState(
-                    ratio=c.ratio,
-                    dim=c.dim,
-                    overlap=True,
-                    entry_dtype=c.encoding.dtype,
-                    storage=c.storage(slot, self.blocks),
-                )
-            layers.append(DeepseekV4LayerCache(ring, comp, idx))
+            layers.append(DeepseekV4LayerCache(ring, state(store.compressor), state(store.indexer)))
         cache = DeepseekV4RequestCache(layers)
         cache.slot = slot
         return cache

@@ -48,7 +48,11 @@ from sglang.srt.layers.mhc import (
     mhc_pre,
     mhc_pre_torch,
 )
-from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4RequestCache, new_request_cache
+from sglang.srt.mem_cache.deepseek_v4_cache import (
+    DeepseekV4CacheShape,
+    DeepseekV4RequestCache,
+    new_request_cache,
+)
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch
@@ -172,6 +176,16 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
             dtype=spec.dtype,
             kv_cache_dtype=spec.kv_cache_dtype,
         )
+        self.cache_shape = DeepseekV4CacheShape(
+            attn_types=c.attn_types,
+            compress_ratios=c.compress_ratios,
+            sliding_window=c.sliding_window,
+            head_dim=c.head_dim,
+            index_head_dim=c.index_head_dim,
+            dtype=spec.dtype,
+            entry_codec=self.kv_layout.entries,
+            index_codec=self.kv_layout.index_keys,
+        )
 
     @property
     def decoder_layers(self) -> list[DeepseekV4DecoderLayer]:
@@ -181,18 +195,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
     # --- caches --------------------------------------------------------------------------------
 
     def new_request_cache(self) -> DeepseekV4RequestCache:
-        c = self.config
-        return new_request_cache(
-            attn_types=c.attn_types,
-            compress_ratios=c.compress_ratios,
-            sliding_window=c.sliding_window,
-            head_dim=c.head_dim,
-            index_head_dim=c.index_head_dim,
-            dtype=self.dtype,
-            device=self.device,
-            entry_codec=self.kv_layout.entries,
-            index_codec=self.kv_layout.index_keys,
-        )
+        return new_request_cache(self.cache_shape, device=self.device)
 
     def memory_model(self) -> CacheShape:
         """What a cached token, a request's window rings and a step's workspace cost this rank
@@ -213,22 +216,14 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
 
     def new_slot_pool(self, size: SlotPoolSize) -> DeepseekV4SlotPool:
         """Window rings by slot; compressed entries and indexer keys in the shared blocks."""
-        c = self.config
         return DeepseekV4SlotPool(
-            attn_types=c.attn_types,
-            compress_ratios=c.compress_ratios,
-            sliding_window=c.sliding_window,
-            head_dim=c.head_dim,
-            index_head_dim=c.index_head_dim,
+            self.cache_shape,
             max_slots=size.max_slots,
             capacity=size.capacity,
-            dtype=self.dtype,
             device=self.device,
             num_blocks=size.num_blocks,
             block_tokens=size.block_tokens,
             total_tokens=size.total_tokens,
-            entry_codec=self.kv_layout.entries,
-            index_codec=self.kv_layout.index_keys,
         )
 
     # --- forward -------------------------------------------------------------------------------

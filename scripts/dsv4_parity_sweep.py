@@ -21,6 +21,12 @@ import time
 import torch
 
 from sglang.test.dsv4_parity import ALL_MIXES, CaseResult, format_table, random_case, run_case
+from sglang.test.parity_report import (
+    logit_error_summary,
+    outcome_summary,
+    prompt_lengths_summary,
+    report_divergences,
+)
 
 
 def main() -> int:
@@ -65,26 +71,19 @@ def main() -> int:
             print(format_table([r]).splitlines()[-1], flush=True)
     print()
     print(format_table(results).splitlines()[0])
-    bad = [r for r in results if not r.ok]
-    lengths = {n for r in results for n in r.case.prompt_lens}
     mixes = {tuple(r.case.config["compress_ratios"]) for r in results}
     covered = sum(m in mixes for m in ALL_MIXES)
-    rel = max(r.max_err / r.max_ref for r in results)
     print(
-        f"cases {len(results)} | seeds {len(seeds)} | paths {','.join(paths)} | distinct prompt "
-        f"lengths {len(lengths)} (min {min(lengths)}, max {max(lengths)}) | 1-3 layer mixes "
-        f"{covered}/{len(ALL_MIXES)} | greedy steps {sum(r.steps for r in results)} | prefill "
-        f"rows {sum(r.positions for r in results)}"
+        f"cases {len(results)} | seeds {len(seeds)} | paths {','.join(paths)} | "
+        f"{prompt_lengths_summary(results)} | 1-3 layer mixes {covered}/{len(ALL_MIXES)} | "
+        f"greedy steps {sum(r.steps for r in results)} | prefill rows "
+        f"{sum(r.positions for r in results)}"
     )
     print(
-        f"max logit err {max(r.max_err for r in results):.2e} (rel {rel:.2e}) | near-ties "
-        f"(margin <= {args.margin_tol:g}) {sum(r.near_ties for r in results)} | tied top-k "
-        f"rows {sum(r.tie_breaks for r in results)} | divergences {len(bad)} | "
-        f"{time.perf_counter() - started:.0f}s"
+        f"{logit_error_summary(results, args.margin_tol)} | tied top-k rows "
+        f"{sum(r.tie_breaks for r in results)} | {outcome_summary(results, started)}"
     )
-    for r in bad:
-        print(f"DIVERGED {r.case.label} lengths {r.case.prompt_lens} at {r.first_divergence}")
-    return 1 if bad else 0
+    return report_divergences(results)
 
 
 if __name__ == "__main__":

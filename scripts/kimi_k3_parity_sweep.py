@@ -14,6 +14,12 @@ import sys
 import time
 
 from sglang.test.kimi_k3_parity import MARGIN_TOL, KimiResult, random_kimi_case, run_kimi_case
+from sglang.test.parity_report import (
+    logit_error_summary,
+    outcome_summary,
+    prompt_lengths_summary,
+    report_divergences,
+)
 
 
 def main() -> int:
@@ -38,19 +44,11 @@ def main() -> int:
         lens = ",".join(map(str, case.prompt_lens))
         div = "-" if r.first_divergence is None else str(r.first_divergence)
         print(f"{case.label:<48} {lens:<12} {r.max_err:8.1e} {r.near_ties:4d}  {div}", flush=True)
-    bad = [r for r in results if not r.ok]
-    lengths = {n for r in results for n in r.case.prompt_lens}
-    rel = max(r.max_err / r.max_ref for r in results)
     print(
-        f"\ncases {len(results)} | seeds {len(seeds)} | distinct prompt lengths {len(lengths)} "
-        f"(min {min(lengths)}, max {max(lengths)}) | max logit err "
-        f"{max(r.max_err for r in results):.2e} (rel {rel:.2e}) | near-ties (margin <= "
-        f"{MARGIN_TOL:g}) {sum(r.near_ties for r in results)} | divergences {len(bad)} | "
-        f"{time.perf_counter() - started:.0f}s"
+        f"\ncases {len(results)} | seeds {len(seeds)} | {prompt_lengths_summary(results)} | "
+        f"{logit_error_summary(results, MARGIN_TOL)} | {outcome_summary(results, started)}"
     )
-    for r in bad:
-        print(f"DIVERGED {r.case.label} lengths {r.case.prompt_lens} at {r.first_divergence}")
-    return 1 if bad else 0
+    return report_divergences(results)
 
 
 if __name__ == "__main__":

@@ -37,12 +37,12 @@ import torch
 import triton
 from tqdm import tqdm
 
-from moe_bench_common import MoeShape as Shape
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner import MoERunConfig, MoERunner, create_moe_runner
 from sglang.srt.layers.moe.moe_runner.deep_gemm import DeepGemmMoERunner
 from sglang.srt.layers.moe.topk import TopKOutput
+from sglang.test.moe_model_cases import Shape
 
 BW_BYTES_S = 4.3e12
 BF16_FLOPS = 790e12

@@ -29,12 +29,12 @@ from functools import partial
 import torch
 import triton
 
-from moe_bench_common import MoeShape as Shape
 from sglang.kernels.ops.moe.fused_moe import fused_experts
 from sglang.kernels.ops.moe.fused_moe_mxfp4 import fused_experts_mxfp4_weights
 from sglang.kernels.ops.moe.mxfp4_weights import Mxfp4MoeWeights, prepare_mxfp4_moe_weights
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.kernels.ops.quant.mxfp4 import MXFP4_GROUP
+from sglang.test.moe_model_cases import Shape
 from sglang.test.mxfp4_experts import random_mxfp4_experts, random_routing
 
 DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,512,2048,8192"

@@ -18,6 +18,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).parent))
+import sglang.kernels.ops.moe.align as moe_align
 import sglang.kernels.ops.moe.fused_moe as fm
 from bench_moe import SHAPES, make_batch, make_weights
 from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_one_token
@@ -45,10 +46,11 @@ def time_case(key: str, fp8: bool, dev: torch.device) -> dict[str, list[float]]:
     try:
         for _ in range(2):
             for name, aligner in ALIGNERS.items():
-                fm.moe_align_one_token = aligner  # what fused_experts calls at M=1
+                # what fused_experts' aligner (moe_align_any_order) calls at M=1
+                moe_align.moe_align_one_token = aligner
                 times[name].append(round(triton.testing.do_bench_cudagraph(run, rep=100) * 1e3, 1))
     finally:
-        fm.moe_align_one_token = moe_align_one_token
+        moe_align.moe_align_one_token = moe_align_one_token
     return times
 
 

@@ -1,36 +1,23 @@
-"""What the MoE benchmark and tuning scripts share: the expert shape they run and the tuned-table
-files they write (the format ``sglang.kernels.ops.moe.tuned_configs`` and ``mxfp4_config`` load).
+"""What the MoE benchmark and tuning scripts share: the tuned-table files they write (the format
+``sglang.kernels.ops.moe.tuned_configs`` and ``mxfp4_config`` load), for an expert shape of the
+MoE tests' kit (``sglang.test.moe_model_cases.Shape``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import triton
 
 from sglang.kernels.ops.moe.tuned_configs import table_name
+from sglang.test.moe_model_cases import Shape
 
 Bucket = dict[str, object]
 
 
-@dataclass(frozen=True)
-class MoeShape:
-    """One model's routed experts: ``experts`` of width ``inter`` on ``hidden``, ``top_k`` a
-    token; ``swiglu_limit`` clamps a "swiglu" activation (None: unclamped)."""
-
-    name: str
-    experts: int
-    top_k: int
-    hidden: int
-    inter: int
-    activation: str
-    swiglu_limit: float | None = None
-
-
-def table_path(out_dir: Path, shape: MoeShape, dtype: str, device: str) -> Path:
+def table_path(out_dir: Path, shape: Shape, dtype: str, device: str) -> Path:
     """Where the tuned table of ``shape`` with ``dtype`` weights on ``device`` lives."""
     name = table_name(shape.experts, shape.hidden, shape.inter, shape.top_k, dtype, device)
     return out_dir / name
@@ -50,7 +37,7 @@ def merged_buckets(tuned: dict[int, Bucket], kept: list[Bucket]) -> list[Bucket]
 
 
 def write_tuned_table(
-    path: Path, device: str, shape: MoeShape, dtype: str, buckets: list[Bucket], **extra: object
+    path: Path, device: str, shape: Shape, dtype: str, buckets: list[Bucket], **extra: object
 ) -> None:
     """Write a tuned table: the device, the shape, the weight dtype, ``extra`` keys (e.g. the
     script that chose it), the Triton and torch versions, and the buckets."""

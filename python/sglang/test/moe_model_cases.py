@@ -20,17 +20,22 @@ M_VALUES = (1, 7, 64, 512)
 
 @dataclass(frozen=True)
 class Shape:
+    """One model's routed experts (the MoE tests' and benchmarks' problem): ``experts`` of width
+    ``inter`` on ``hidden``, ``top_k`` a token, ``activation`` the model's own; ``swiglu_limit``
+    clamps a "swiglu" activation where a run clamps it (None: unclamped)."""
+
     name: str
     experts: int
     top_k: int
     hidden: int
     inter: int
-    swiglu_limit: float  # used when the activation is swiglu with a clamp
+    activation: str
+    swiglu_limit: float | None = None
 
 
 SHAPES = {
-    "dsv4": Shape("dsv4", 256, 6, 4096, 2048, 1.0),
-    "k3": Shape("k3", 384, 16, 3584, 3072, 1.0),
+    "dsv4": Shape("dsv4", 256, 6, 4096, 2048, "swiglu", 1.0),
+    "k3": Shape("k3", 384, 16, 3584, 3072, "situ", 1.0),
 }
 # (activation, clamp?) per shape: each model's own activation plus the other one.
 ACTIVATIONS = {

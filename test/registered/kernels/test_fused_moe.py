@@ -443,6 +443,23 @@ def test_align_one_token_torch(k: int, experts: int, block_m: int) -> None:
     _check_one_token_align(k, experts, block_m)
 
 
+def test_align_any_order_takes_the_one_token_blocks_at_one_token() -> None:
+    """One token gets a block a slot in slot order; more tokens the expert-sorted blocks."""
+    from sglang.kernels.ops.moe.align import (
+        moe_align_any_order,
+        moe_align_block_size,
+        moe_align_one_token,
+    )
+
+    one = torch.tensor([[7, 2, 5]], dtype=torch.int32)  # slot order is not expert order
+    got, want = moe_align_any_order(one, 16, 8), moe_align_one_token(one, 16, 8)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert not torch.equal(got[1], moe_align_block_size(one, 16, 8)[1][:3])
+    two = torch.tensor([[7, 2, 5], [1, 7, 0]], dtype=torch.int32)
+    got, want = moe_align_any_order(two, 16, 8), moe_align_block_size(two, 16, 8)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 @interp_only
 @pytest.mark.parametrize("k,experts,block_m", [(6, 256, 16), (16, 384, 16), (3, 5, 32)])
 def test_interp_align_one_token_kernel(k: int, experts: int, block_m: int) -> None:

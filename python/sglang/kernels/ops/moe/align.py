@@ -338,3 +338,14 @@ def moe_align_one_token(
         num_warps=1,
     )
     return sorted_ids, expert_ids, ntpp
+
+
+def moe_align_any_order(
+    topk_ids: torch.Tensor, block_m: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The row blocks for GEMMs that take blocks in any order (the two-launch fused MoE): one
+    token (batch-1 decode) gets a block a slot (:func:`moe_align_one_token`, one launch instead
+    of the sort's two), more tokens the expert-sorted blocks of :func:`moe_align_block_size`."""
+    if topk_ids.shape[0] == 1:
+        return moe_align_one_token(topk_ids, block_m, num_experts)
+    return moe_align_block_size(topk_ids, block_m, num_experts)

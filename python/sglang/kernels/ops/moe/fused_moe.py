@@ -2,8 +2,8 @@
 
 Pipeline for ``T`` tokens routed to ``k`` experts each (``S = T*k`` routed rows):
 
-1. ``moe_align_block_size`` groups the rows by expert in tiles of ``block_m`` (one token:
-   ``moe_align_one_token`` gives each slot a tile).
+1. ``moe_align_any_order`` groups the rows by expert in tiles of ``block_m`` (one token: each
+   slot gets a tile of its own).
 2. GEMM 1 (``_moe_gemm1_kernel``): for each tile of rows of one expert and a column block ``n``,
    accumulate gate (``w13[e, n]``) and up (``w13[e, I + n]``) side by side and apply the gated
    activation in the epilogue, so ``gate_up`` [S, 2I] never reaches memory. Writes ``inter`` [S, I].
@@ -29,7 +29,7 @@ import triton.language as tl
 from sglang.kernels.fit.decide import limits_for, note_fallback, unfit_reason
 from sglang.kernels.fit.footprint import element_bytes
 from sglang.kernels.ops.activation import act_and_mul_reference, activation_code, gated_act
-from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_one_token
+from sglang.kernels.ops.moe.align import moe_align_any_order
 from sglang.kernels.ops.moe.fused_moe_tma import run_tma_chunk
 from sglang.kernels.ops.moe.grouped_gemm_tma import TmaMoeConfig, tma_config_fits
 from sglang.kernels.ops.moe.tuned_configs import fit_two_launch, select_moe_config
@@ -693,9 +693,7 @@ def fused_experts(
             )
             _launch_sum(down, chunk_ids, result[start:end], p)
             continue
-        # One token (batch-1 decode): a block per slot, one launch instead of the sort's two.
-        aligner = moe_align_one_token if n_tok == 1 else moe_align_block_size
-        align = aligner(chunk_ids, cfg.block_m, p.num_experts)
+        align = moe_align_any_order(chunk_ids, cfg.block_m, p.num_experts)
         x = hidden[start:end]
         x_scale = None
         if p.fp8:

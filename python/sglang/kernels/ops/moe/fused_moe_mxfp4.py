@@ -9,8 +9,8 @@ a quarter of the bf16 bytes (plus one scale byte per 32 values).
 
 The pipeline is ``fused_moe.py``'s two-launch one, with the weights on the MMA's left:
 
-1. ``moe_align_block_size`` (or ``moe_align_one_token`` for one token) groups routed rows by expert
-   in tiles of ``block_m`` rows.
+1. ``moe_align_any_order`` groups routed rows by expert in tiles of ``block_m`` rows (one token:
+   each slot gets a tile of its own).
 2. GEMM 1 (``_mxfp4_gemm1_kernel``): ``gate^T`` and ``up^T`` tiles ``[block_n, block_m]`` of one
    expert side by side, the gated activation (``gated_act``: clamped SwiGLU, SiTU) in the epilogue;
    writes ``inter`` [S, I] in GEMM 2's K order (``dot_order_position``).
@@ -34,7 +34,7 @@ import triton.language as tl
 
 from sglang.kernels.ops.activation import activation_code, gated_act
 from sglang.kernels.ops.interp_dot import dot
-from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_one_token
+from sglang.kernels.ops.moe.align import moe_align_any_order
 from sglang.kernels.ops.moe.fused_moe import (
     CHUNK_TOKENS,
     MoEProblem,
@@ -433,8 +433,7 @@ def fused_experts_mxfp4_weights(
             n_tok, p.num_experts, p.hidden, p.inter, top_k=p.top_k, device=dev
         )
         chunk_ids = ids[start:end]
-        aligner = moe_align_one_token if n_tok == 1 else moe_align_block_size
-        align = aligner(chunk_ids, cfg.block_m, p.num_experts)
+        align = moe_align_any_order(chunk_ids, cfg.block_m, p.num_experts)
         x = hidden[start:end]
         if cfg.x_in_dot_order:
             if x_cache is None:

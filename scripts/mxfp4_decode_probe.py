@@ -64,6 +64,7 @@ from sglang.kernels.ops.moe.mxfp4_config import (
 )
 from sglang.kernels.ops.moe.mxfp4_weights import Mxfp4MoeWeights, prepare_mxfp4_moe_weights
 from sglang.test.mxfp4_experts import random_mxfp4_experts, random_routing
+from sglang.test.tolerance import rel_norm_err
 
 T = Mxfp4GemmTile
 
@@ -114,10 +115,6 @@ def kernels_compiled() -> int:
     return total
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.double() - want.double()).norm() / want.double().norm()).item()
-
-
 def one_line(err: BaseException) -> str:
     """The error's type, first and last line (a compile error's reason is often the last)."""
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()] or [""]
@@ -154,7 +151,7 @@ class Problem:
             torch.cuda.synchronize()
         except Exception as err:  # noqa: BLE001 -- a candidate that fails is reported, skipped
             return Result(why=f"failed: {one_line(err)}")
-        err = rel_err(outs[0], self.want)
+        err = rel_norm_err(outs[0], self.want)
         if not torch.isfinite(outs[0]).all() or not err < tol:
             return Result(err=err, why=f"WRONG: rel err {err:.2e}")
         eager = outs[0].clone()

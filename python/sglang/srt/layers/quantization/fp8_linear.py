@@ -96,11 +96,8 @@ def gemm_backend(
     backend: Fp8GemmBackend
     forced = envs.SGLANG_FP8_DENSE_GEMM.get()
     level = logging.INFO
-    off = unfit_reason("fp8_block_gemm")
     if device.type != "cuda":
         backend, why = "torch", "not on CUDA: the reference maths"
-    elif off is not None and (forced == "triton" or _deep_gemm_unfit(n, k, out_dtype)):
-        backend, why, level = "torch", off, logging.WARNING
     elif forced == "triton":
         backend, why = "triton", "SGLANG_FP8_DENSE_GEMM=triton"
     else:
@@ -111,6 +108,9 @@ def gemm_backend(
             backend, why = "triton", unfit
             if forced == "deep_gemm":
                 level = logging.WARNING
+    off = unfit_reason("fp8_block_gemm") if backend == "triton" else None
+    if off is not None:  # our kernel failed to build: the torch GEMM instead
+        backend, why, level = "torch", off, logging.WARNING
     log_once(logger, level, f"FP8 dense GEMM N={n} K={k}: {backend} ({why})")
     return backend, why
 

@@ -230,20 +230,18 @@ def _mhc_scalars(norm_w: torch.Tensor) -> dict[str, Any]:
 
 
 @contextmanager
-def _interpreter_dispatch() -> Iterator[None]:
-    """Launchers that take their torch path off CUDA take the Triton path inside the block (the
-    kernels stay compiled ``JITFunction``s: they were decorated before)."""
-    import os
-
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
+def _triton_path(*modules: Any) -> Iterator[None]:
+    """The launchers' Triton path on CPU tensors: the ``triton_can_run`` gate of ``modules`` says
+    yes (other modules keep their torch paths: the MoE's expert alignment and FP8 quantiser
+    compute the same sizes)."""
+    saved = [m.triton_can_run for m in modules]
+    for m in modules:
+        m.triton_can_run = lambda t: True
     try:
         yield
     finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+        for m, fn in zip(modules, saved, strict=True):
+            m.triton_can_run = fn
 
 
 def _fp8_gemm() -> None:
@@ -280,7 +278,7 @@ def _fused_quant() -> None:
     m, n = 4, 1536
     x = torch.randn(m, n, dtype=torch.bfloat16)
     w = torch.randn(n)
-    with _interpreter_dispatch():
+    with _triton_path(fq):
         fq.rms_norm_quant_fp8(x, w, 1e-6)
         fq.rms_norm_quant_fp8(x, w, 1e-6, normed_out=torch.empty_like(x))
         fq.rms_norm_quant_fp8(torch.randn(2, m, n), w, 1e-6)  # split-K partials summed first
@@ -299,20 +297,6 @@ def _mhc_sinkhorn_scalar() -> None:
 
 
 # --- the MoE launchers ---------------------------------------------------------------------------
-
-
-@contextmanager
-def _triton_path(*modules: Any) -> Iterator[None]:
-    """The launchers' Triton path on CPU tensors: their ``triton_can_run`` gate says yes (the
-    expert alignment and the FP8 quantiser keep their torch paths, which compute the same sizes)."""
-    saved = [m.triton_can_run for m in modules]
-    for m in modules:
-        m.triton_can_run = lambda t: True
-    try:
-        yield
-    finally:
-        for m, fn in zip(modules, saved, strict=True):
-            m.triton_can_run = fn
 
 
 def _moe_routing(tokens: int, experts: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -105,6 +105,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+def _run_mega(moe, x, ids, shared):  # type: ignore[no-untyped-def]
+    """``_run_mega_routed`` with the kernel the layer chooses for ``x``'s batch (as forward)."""
+    kernel = moe.experts.mega_kernel_for(x)
+    assert kernel is not None, "no MegaMoE kernel takes this batch"
+    return moe._run_mega_routed(x, ids, shared, kernel)
+
+
 @pytest.mark.parametrize("t", [1, 7, 64, 300])
 def test_run_mega_routed_equals_the_normal_path(dg, t: int) -> None:  # type: ignore[no-untyped-def]
     from sglang.kernels.ops.moe.fused_moe import fused_experts
@@ -124,7 +131,7 @@ def test_run_mega_routed_equals_the_normal_path(dg, t: int) -> None:  # type: ig
     assert choice.backend == "deep_gemm" and "fp8_mega_moe" in choice.why
     with torch.no_grad():
         shared = moe.shared_experts(x)
-        got = moe._run_mega_routed(x, ids, shared)
+        got = moe._run_mega_routed(x, ids, shared, choice)
         topk = moe.route(x, ids)
         w = moe.experts.weights
         routed = fused_experts(
@@ -149,11 +156,11 @@ def test_run_mega_routed_replays_in_a_cuda_graph(dg) -> None:  # type: ignore[no
     moe = _layer(dg, hidden=1024, inter=512, experts=16, top_k=4, seed=2)
     x, ids = _inputs(moe, 8, seed=3)
     with torch.no_grad():
-        moe._run_mega_routed(x, ids, None)  # buffer (a collective) and JIT outside the capture
+        _run_mega(moe, x, ids, None)  # buffer (a collective) and JIT outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = moe._run_mega_routed(x, ids, None)
+            out = _run_mega(moe, x, ids, None)
         for seed in (4, 5):
             x2, ids2 = _inputs(moe, 8, seed=seed)
             x.copy_(x2)
@@ -161,7 +168,7 @@ def test_run_mega_routed_replays_in_a_cuda_graph(dg) -> None:  # type: ignore[no
             out.fill_(float("nan"))
             graph.replay()
             torch.cuda.synchronize()
-            eager = moe._run_mega_routed(x2, ids2, None)
+            eager = _run_mega(moe, x2, ids2, None)
             assert torch.isfinite(out).all() and _rel(out, eager) < 1e-3
 
 
@@ -192,12 +199,14 @@ def _waited(moe, x, ids, held: int) -> list[float]:  # type: ignore[no-untyped-d
     from sglang.test.sm_holder import hold_sms
 
     side = torch.cuda.Stream()
+    kernel = moe.experts.mega_kernel_for(x)
+    assert kernel is not None
     times = []
     for _ in range(LAUNCHES):
         hold_sms(held, HOLD_MS, side, x.device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        moe._run_mega_routed(x, ids, None)
+        moe._run_mega_routed(x, ids, None, kernel)
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
@@ -218,7 +227,7 @@ def test_reserve_keeps_the_kernel_off_a_side_stream_holder(
     with torch.no_grad():
         for reserve in (2, 0):
             with envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_RESERVED_SMS.override(reserve):
-                moe._run_mega_routed(x, ids, None)  # JIT for this SM count, outside the timing
+                _run_mega(moe, x, ids, None)  # JIT for this SM count, outside the timing
                 torch.cuda.synchronize()
                 for held in (1, 2):
                     times = sorted(_waited(moe, x, ids, held))

@@ -152,8 +152,10 @@ def test_fp8_mega_moe_on_converted_experts_under_the_reserve(
     before = dg.get_num_sms()
     for t in (1, 64, 300):
         x, topk = _routing(cuda, t, seed=t)
+        kernel = layer.mega_kernel_for(x)
+        assert kernel is not None and kernel.backend == "deep_gemm", kernel
         with torch.no_grad():
-            got = layer.forward_mega(x, topk)
+            got = layer.forward_mega(x, topk, kernel)
         torch.cuda.synchronize()
         # the oracle fed the rows as the kernel stages them (FP8, a scale per 128 values)
         want = _oracle(_fp8_staged(x), topk, packed)

@@ -94,8 +94,10 @@ def test_mega_path_with_built_weights_matches_normal_path(
         assert l1.dtype == torch.int8 and l1_sf.dtype == torch.int32 and l1_sf.stride(1) == 1
         run = layer.ffn.experts.a2a.run_mega_moe  # what the MegaMoE call site runs
 
-        def record(x: torch.Tensor, topk: TopKOutput, weights: Any, run: Any = run) -> Any:
-            y = run(x, topk, weights)
+        def record(
+            x: torch.Tensor, topk: TopKOutput, weights: Any, kernel: Any, run: Any = run
+        ) -> Any:
+            y = run(x, topk, weights, kernel)
             seen.append((x.clone(), topk, y))
             return y
 

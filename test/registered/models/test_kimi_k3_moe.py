@@ -228,13 +228,15 @@ def test_model_wires_its_mega_call_site_and_it_runs_situ(rec: MegaMoERecorder) -
     moe = _mega_moe()
     z = _x(3, 512, seed=9)
     topk = moe.route(_x(3, 64, seed=9))
-    y = moe._forward_mega_experts(z, topk)
+    kernel = moe.experts.mega_kernel_for(z)
+    assert kernel is not None
+    y = moe._forward_mega_experts(z, topk, kernel)
     assert y.dtype == z.dtype and [n for n, _ in rec.dg.calls].count("fp8_fp4_mega_moe") == 1
     moe.experts = FusedMoE(
         FusedMoEConfig(4, 512, 128, 2, activation="swiglu", a2a_backend="megamoe")
     )
     with pytest.raises(ValueError, match="SiTU experts, not 'swiglu'"):
-        moe._forward_mega_experts(z, topk)
+        moe._forward_mega_experts(z, topk, kernel)
 
 
 def test_mega_rejects_unsupported_shapes() -> None:

@@ -23,6 +23,7 @@ from sglang.srt.environ import envs
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.linear import WeightShapeError, attach_loader, fp32_param
 from sglang.srt.layers.mlp import gated_mlp_forward, gated_mlp_projections
+from sglang.srt.layers.moe.expert_plan import MegaKernelChoice
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.router import LinearRouter
 from sglang.srt.layers.moe.topk import TopKConfig, TopKOutput, hash_select_experts, select_experts
@@ -150,19 +151,25 @@ class DeepseekV4MoE(nn.Module):
         added after it (expert-parallel backends)."""
         # Shared expert before the experts: an in-place expert runner may overwrite x.
         shared = self.shared_experts(x) if self.shared_experts is not None else None
-        if self.experts.mega_kernel_takes(x):
-            return self._run_mega_routed(x, input_ids, shared)
+        kernel = self.experts.mega_kernel_for(x)
+        if kernel is not None:
+            return self._run_mega_routed(x, input_ids, shared, kernel)
         return self.experts(x, self.route(x, input_ids), shared=shared)
 
     def _run_mega_routed(
-        self, x: torch.Tensor, input_ids: torch.Tensor, shared: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        input_ids: torch.Tensor,
+        shared: torch.Tensor | None,
+        kernel: MegaKernelChoice,
     ) -> torch.Tensor:
-        """DeepSeek V4's MegaMoE call site: route, then the MegaMoE kernel alone on the routed
-        experts (``FusedMoE.forward_mega``: DeepGEMM's ``fp8_mega_moe`` / ``fp8_fp4_mega_moe``
-        with the pre-dispatch into its symmetric buffer outside the reserved-SM context and only
-        the kernel inside it, or our Triton persistent kernel), plus the replicated ``shared``
-        expert; no further reduction. Raises, naming why, where no MegaMoE kernel takes the
-        batch (:meth:`forward` falls back to the runner there)."""
+        """DeepSeek V4's MegaMoE call site: route, then the MegaMoE ``kernel`` that
+        ``FusedMoE.mega_kernel_for`` chose for this batch alone on the routed experts
+        (``FusedMoE.forward_mega``: DeepGEMM's ``fp8_mega_moe`` / ``fp8_fp4_mega_moe`` with the
+        pre-dispatch into its symmetric buffer outside the reserved-SM context and only the
+        kernel inside it, or our Triton persistent kernel), plus the replicated ``shared``
+        expert; no further reduction. :meth:`forward` takes the runner where no MegaMoE kernel
+        takes the batch."""
         topk = self.route(x, input_ids)
-        out = self.experts.forward_mega(x, topk)
+        out = self.experts.forward_mega(x, topk, kernel)
         return out if shared is None else out + shared

@@ -28,6 +28,7 @@ from sglang.srt.layers.activation import SITU_BETA, SITU_LINEAR_BETA
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear, fp32_param
+from sglang.srt.layers.moe.expert_plan import MegaKernelChoice
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.router import LinearRouter
 from sglang.srt.layers.moe.topk import TopKConfig, TopKOutput, select_experts
@@ -134,24 +135,28 @@ class KimiK3MoE(nn.Module):
         # Before the experts: z is x itself without a latent, and an expert runner may write
         # its input in place.
         shared = self.shared_experts(x) if self.shared_experts is not None else None
-        if self.experts.mega_kernel_takes(z):
-            routed = self._forward_mega_experts(z, topk)
+        kernel = self.experts.mega_kernel_for(z)
+        if kernel is not None:
+            routed = self._forward_mega_experts(z, topk, kernel)
         else:
             routed = self.experts(z, topk)
         out = self._up(routed)
         return out if shared is None else out + shared
 
-    def _forward_mega_experts(self, z: Tensor, topk: TopKOutput) -> Tensor:
+    def _forward_mega_experts(
+        self, z: Tensor, topk: TopKOutput, kernel: MegaKernelChoice
+    ) -> Tensor:
         """Kimi K3's MegaMoE call site: the latent rows ``z [T, L]`` through the MegaMoE kernel
         alone with activation "situ" (``FusedMoE.forward_mega``: the symmetric buffer taken and
         the FP8 pre-dispatch run outside the reserved-SM context, only the kernel inside it),
         combined over the expert-parallel group, in ``z``'s dtype. DeepGEMM's SiTU kernel is
-        SM100-only; on Hopper our Triton MegaMoE runs it. Raises, naming why, where no MegaMoE
-        kernel takes the batch (:meth:`forward` falls back to the runner there)."""
+        SM100-only; on Hopper our Triton MegaMoE runs it. ``kernel`` is the choice
+        ``FusedMoE.mega_kernel_for`` made for this batch (:meth:`forward` takes the runner where
+        no MegaMoE kernel takes it)."""
         activation = self.experts.config.activation
         if activation != "situ":
             raise ValueError(f"Kimi K3's MegaMoE runs SiTU experts, not {activation!r}")
-        return self.experts.forward_mega(z, topk)
+        return self.experts.forward_mega(z, topk, kernel)
 
 
 def _check_mega_shapes(c: KimiK3Config) -> None:

@@ -183,10 +183,16 @@ def _align_triton(
     return sorted_ids, expert_ids, ntpp
 
 
+def _check_align_args(block_m: int, num_experts: int) -> None:
+    if block_m <= 0 or num_experts <= 0:
+        raise ValueError(f"block_m and num_experts must be positive, got {block_m}, {num_experts}")
+
+
 def moe_align_block_size_torch(
     topk_ids: torch.Tensor, block_m: int, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Torch version (any device, stable order inside a segment); same outputs."""
+    _check_align_args(block_m, num_experts)
     num_slots = topk_ids.numel()
     length = padded_size(num_slots, block_m, num_experts)
     dev = topk_ids.device
@@ -216,10 +222,17 @@ def moe_align_block_size(
     """``topk_ids`` [T, k] -> ``(sorted_token_ids int32 [P], expert_ids int32 [P/block_m],
     num_tokens_post_padded int32 [1])``; see the module docstring. Triton on CUDA (and under
     ``TRITON_INTERPRET=1``), torch elsewhere."""
-    if block_m <= 0 or num_experts <= 0:
-        raise ValueError(f"block_m and num_experts must be positive, got {block_m}, {num_experts}")
     if not triton_can_run(topk_ids):
         return moe_align_block_size_torch(topk_ids, block_m, num_experts)
+    return moe_align_block_size_triton(topk_ids, block_m, num_experts)
+
+
+def moe_align_block_size_triton(
+    topk_ids: torch.Tensor, block_m: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`moe_align_block_size` in Triton alone, for launchers that run only where Triton
+    runs (the Triton MegaMoE): CUDA tensors, or any under ``TRITON_INTERPRET=1``."""
+    _check_align_args(block_m, num_experts)
     ids = topk_ids.reshape(-1)
     if ids.dtype != torch.int32 or not ids.is_contiguous():
         ids = ids.to(torch.int32).contiguous()

@@ -42,7 +42,7 @@ from sglang.kernels.fit.footprint import Footprint, pipelined_dot_shared
 from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.activation import activation_code, gated_act
 from sglang.kernels.ops.gpu_clock import globaltimer_ns
-from sglang.kernels.ops.moe.align import moe_align_block_size
+from sglang.kernels.ops.moe.align import moe_align_block_size_triton
 from sglang.kernels.ops.moe.fused_moe import (
     _scaled_dot,
     check_moe_inputs,
@@ -678,7 +678,7 @@ def mega_fused_experts(
                 "Triton MegaMoE needs the last dimension of hidden, weights and scales contiguous"
             )
     ids, weights = routing_operands(topk_ids, topk_weights)
-    sorted_ids, expert_ids, ntpp = moe_align_block_size(ids, cfg.block_m, p.num_experts)
+    sorted_ids, expert_ids, ntpp = moe_align_block_size_triton(ids, cfg.block_m, p.num_experts)
     num_slots = p.tokens * p.top_k
     dev, dt = hidden.device, hidden.dtype
     x, x_scale = hidden, hidden

@@ -19,6 +19,7 @@ from sglang.srt.layers.moe.expert_plan import (
     DeviceFacts,
     ExpertPlan,
     ExpertShape,
+    MegaKernelChoice,
     plan_experts,
     resolve_runner,
 )
@@ -243,19 +244,21 @@ class FusedMoE(nn.Module):
             )
         return self.a2a.combine(routed, dispatched, shared=shared)
 
-    def mega_kernel_takes(self, hidden: torch.Tensor) -> bool:
-        """Whether this layer's a2a backend runs a MegaMoE kernel and one takes ``hidden``'s
-        batch: the models then call their MegaMoE call site (:meth:`forward_mega`), else
-        :meth:`forward`."""
-        return self.a2a.mega_kernel_takes(hidden, self._local_weights("mega_kernel_takes"))
+    def mega_kernel_for(self, hidden: torch.Tensor) -> MegaKernelChoice | None:
+        """The MegaMoE kernel that takes ``hidden``'s batch, asked once a batch: the models then
+        call their MegaMoE call site with it (:meth:`forward_mega`); None (this layer's a2a
+        backend runs no MegaMoE kernel, or none takes the batch): :meth:`forward`."""
+        return self.a2a.mega_kernel_for(hidden, self._local_weights("mega_kernel_for"))
 
-    def forward_mega(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
-        """The MegaMoE kernel alone on ``hidden`` routed by ``topk``: this rank's rows combined
-        over the expert-parallel group (the models' MegaMoE call sites, DeepSeek V4's
-        ``_run_mega_routed`` and Kimi K3's ``_forward_mega_experts``). Raises, naming why, on a
-        layer whose a2a backend runs no MegaMoE kernel or for a batch no kernel takes; the
-        forward falls back to the runner there instead."""
-        return self.a2a.run_mega_moe(hidden, topk, self._local_weights("forward_mega"))
+    def forward_mega(
+        self, hidden: torch.Tensor, topk: TopKOutput, kernel: MegaKernelChoice
+    ) -> torch.Tensor:
+        """The MegaMoE ``kernel`` (:meth:`mega_kernel_for`'s choice) alone on ``hidden`` routed
+        by ``topk``: this rank's rows combined over the expert-parallel group (the models'
+        MegaMoE call sites, DeepSeek V4's ``_run_mega_routed`` and Kimi K3's
+        ``_forward_mega_experts``). Raises, naming why, on a layer whose a2a backend runs no
+        MegaMoE kernel."""
+        return self.a2a.run_mega_moe(hidden, topk, self._local_weights("forward_mega"), kernel)
 
     def mega_backend_summary(self, dtype: torch.dtype) -> str | None:
         """Which fused kernel this layer's decode-sized batches take, and why (startup log)."""

@@ -15,6 +15,7 @@ from typing import ClassVar
 import torch
 
 from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
+from sglang.srt.layers.moe.expert_plan import MegaKernelChoice
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.fused_moe_config import FusedMoEConfig
 from sglang.srt.layers.moe.mega_moe_weights import MegaWeights
@@ -171,16 +172,22 @@ class MoEA2ABackend(ABC):
             f"--moe-a2a-backend {self.name} runs no MegaMoE kernel: it takes no MegaMoE weights"
         )
 
-    def mega_kernel_takes(self, hidden: torch.Tensor, weights: ExpertWeights) -> bool:
-        """Whether a MegaMoE kernel takes ``hidden``'s batch (the models then call their MegaMoE
-        call site; otherwise the experts' normal call)."""
-        return False
+    def mega_kernel_for(
+        self, hidden: torch.Tensor, weights: ExpertWeights
+    ) -> MegaKernelChoice | None:
+        """The MegaMoE kernel that takes ``hidden``'s batch (the models then call their MegaMoE
+        call site with it), or None: the experts' normal call takes the batch."""
+        return None
 
     def run_mega_moe(
-        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights
+        self,
+        hidden: torch.Tensor,
+        topk: TopKOutput,
+        weights: ExpertWeights,
+        kernel: MegaKernelChoice,
     ) -> torch.Tensor:
-        """The MegaMoE kernel alone on these rows, combined over the group; raises naming why
-        when this backend has none or none takes the batch."""
+        """The MegaMoE ``kernel`` (:meth:`mega_kernel_for`'s choice) alone on these rows,
+        combined over the group; raises naming why when this backend runs none."""
         raise RuntimeError(f"--moe-a2a-backend {self.name} runs no MegaMoE kernel")
 
     def kernel_summary(self, weights: ExpertWeights, dtype: torch.dtype) -> str | None:

@@ -213,23 +213,27 @@ class MegaMoEA2A(MoEA2ABackend):
             return DispatchOutput(hidden, topk, combined)
         return DispatchOutput(hidden, self._local_topk(topk))
 
-    def mega_kernel_takes(self, hidden: torch.Tensor, weights: ExpertWeights) -> bool:
+    def mega_kernel_for(
+        self, hidden: torch.Tensor, weights: ExpertWeights
+    ) -> MegaKernelChoice | None:
         choice = self.kernel(weights).plan.kernel_for(hidden.shape[0], hidden.dtype)
         if choice.backend == "none":
             log_once(
                 logger, logging.WARNING, f"MegaMoE falls back to the normal MoE path: {choice.why}"
             )
-            return False
-        return True
+            return None
+        return choice
 
     def run_mega_moe(
-        self, hidden: torch.Tensor, topk: TopKOutput, weights: ExpertWeights
+        self,
+        hidden: torch.Tensor,
+        topk: TopKOutput,
+        weights: ExpertWeights,
+        kernel: MegaKernelChoice,
     ) -> torch.Tensor:
-        kernel = self.kernel(weights)
-        choice = kernel.plan.kernel_for(hidden.shape[0], hidden.dtype)
-        if choice.backend == "none":
-            raise RuntimeError(f"no MegaMoE kernel takes this batch: {choice.why}")
-        return kernel.launch(choice, hidden, topk.topk_ids, topk.topk_weights)
+        if kernel.backend == "none":
+            raise RuntimeError(f"no MegaMoE kernel takes this batch: {kernel.why}")
+        return self.kernel(weights).launch(kernel, hidden, topk.topk_ids, topk.topk_weights)
 
     def _local_topk(self, topk: TopKOutput) -> TopKOutput:
         """Remap global expert ids to this rank's experts; the others become -1 (skipped)."""

@@ -25,7 +25,7 @@ from sglang.test.moe_model_cases import (
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import rel_norm_err
 
-register_cuda_ci(est_time=300, suite="h200-1gpu")
+register_cuda_ci(est_time=160, suite="h200-1gpu")
 
 M_VALUES = (1, 7, 64, 65, 512, 2048, 8192)
 OWN_ACTIVATION = {"dsv4": ("swiglu", 1.0), "k3": ("situ", None)}

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from bench_moe import random_bf16_experts
 from sglang.srt.layers.attention.kda import KDASegment
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
@@ -69,27 +70,13 @@ def main() -> None:
         moe = layer.mlp
         assert isinstance(moe, KimiK3MoE)
         c = moe.experts.config
-        w13 = (
-            torch.randn(
-                c.num_experts,
-                2 * c.intermediate_size,
-                c.hidden_size,
-                generator=gen,
-                device="cuda",
-                dtype=torch.bfloat16,
-            )
-            * c.hidden_size**-0.5
-        )
-        w2 = (
-            torch.randn(
-                c.num_experts,
-                c.hidden_size,
-                c.intermediate_size,
-                generator=gen,
-                device="cuda",
-                dtype=torch.bfloat16,
-            )
-            * c.intermediate_size**-0.5
+        w13, w2 = random_bf16_experts(
+            c.num_experts,
+            c.hidden_size,
+            c.intermediate_size,
+            gen=gen,
+            device="cuda",
+            scales=(c.hidden_size**-0.5, c.intermediate_size**-0.5),
         )
         moe.experts.load_weights(ExpertWeights(w13, w2))
         del w13, w2

@@ -44,6 +44,7 @@ from sglang.srt.layers.moe.moe_runner.deep_gemm import DeepGemmMoERunner
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.test.moe_model_cases import Shape
 
+BF16 = torch.bfloat16
 BW_BYTES_S = 4.3e12
 BF16_FLOPS = 790e12
 
@@ -76,29 +77,32 @@ SHAPES = {
 }
 
 
-def make_weights(shape: Shape, fp8: bool, device: torch.device) -> ExpertWeights:
-    gen = torch.Generator(device).manual_seed(0)
+def random_bf16_experts(
+    num_experts: int,
+    hidden: int,
+    inter: int,
+    *,
+    gen: torch.Generator,
+    device: torch.device | str,
+    scales: tuple[float, float],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random bf16 experts in the runners' layout, drawn in this order: ``w13 [E, 2*inter,
+    hidden]`` times ``scales[0]``, then ``w2 [E, hidden, inter]`` times ``scales[1]``."""
     w13 = (
-        torch.randn(
-            shape.experts,
-            2 * shape.inter,
-            shape.hidden,
-            device=device,
-            generator=gen,
-            dtype=torch.bfloat16,
-        )
-        * 0.02
+        torch.randn(num_experts, 2 * inter, hidden, device=device, generator=gen, dtype=BF16)
+        * scales[0]
     )
     w2 = (
-        torch.randn(
-            shape.experts,
-            shape.hidden,
-            shape.inter,
-            device=device,
-            generator=gen,
-            dtype=torch.bfloat16,
-        )
-        * 0.02
+        torch.randn(num_experts, hidden, inter, device=device, generator=gen, dtype=BF16)
+        * scales[1]
+    )
+    return w13, w2
+
+
+def make_weights(shape: Shape, fp8: bool, device: torch.device) -> ExpertWeights:
+    gen = torch.Generator(device).manual_seed(0)
+    w13, w2 = random_bf16_experts(
+        shape.experts, shape.hidden, shape.inter, gen=gen, device=device, scales=(0.02, 0.02)
     )
     if not fp8:
         return ExpertWeights(w13, w2)

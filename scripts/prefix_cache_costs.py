@@ -26,7 +26,8 @@ import torch
 
 from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4CacheShape
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
-from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3PoolShape, KimiK3SlotPool
+from sglang.srt.mem_cache.kimi_k3_cache import KimiK3CacheShape
+from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
 from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
 from sglang.srt.mem_cache.memory_models.memory_model import MemoryModel
@@ -177,7 +178,7 @@ def dsv4(device: torch.device, repeats: int) -> None:
 
 def k3(device: torch.device, repeats: int, tp: int) -> None:
     kinds = tuple("mla" if (i + 1) % 4 == 0 or i == 92 else "kda" for i in range(93))
-    shape = KimiK3PoolShape(
+    shape = KimiK3CacheShape(
         layer_kinds=kinds, kda_heads=96 // tp, kda_head_dim=128, conv_size=4, latent_dim=576
     )
     mm = KimiK3MemoryModel(

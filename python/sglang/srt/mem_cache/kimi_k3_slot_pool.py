@@ -28,9 +28,9 @@ import torch
 
 from sglang.srt.mem_cache.kimi_k3_cache import (
     KDAState,
+    KimiK3CacheShape,
     KimiK3RequestCache,
     LayerCache,
-    LayerKind,
     MLALatentCache,
 )
 from sglang.srt.mem_cache.paged_rows import PagedRows
@@ -49,21 +49,10 @@ class KDASlots:
         return sum(t.numel() * t.element_size() for t in (self.conv, self.recurrent))
 
 
-@dataclass(frozen=True)
-class KimiK3PoolShape:
-    """What one slot holds: the layer kinds and this rank's KDA and MLA widths."""
-
-    layer_kinds: tuple[LayerKind, ...]
-    kda_heads: int  # this rank's
-    kda_head_dim: int
-    conv_size: int
-    latent_dim: int  # kv_lora_rank + qk_rope_head_dim
-
-
 class KimiK3SlotPool(SlotBlocks):
     def __init__(
         self,
-        shape: KimiK3PoolShape,
+        shape: KimiK3CacheShape,
         *,
         max_slots: int,
         capacity: int,

@@ -31,7 +31,7 @@ from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
 from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
 from sglang.srt.mem_cache.memory_models.memory_model import MemoryModel
-from sglang.srt.mem_cache.slot_blocks import SlotBlocks
+from sglang.srt.mem_cache.slot_blocks import SlotBlocks, SlotPoolSize
 from sglang.srt.mem_cache.state_snapshots import StateSnapshots
 
 B = 256
@@ -89,12 +89,7 @@ class PoolCosts:
 
 
 # Both pools: two slots, and blocks of ``B`` tokens for two prefixes (the copy's source and target).
-POOL_SIZE: dict[str, int] = {
-    "max_slots": 2,
-    "capacity": 2 * PREFIX,
-    "num_blocks": 2 * PREFIX // B,
-    "block_tokens": B,
-}
+POOL_SIZE = SlotPoolSize(2, 2 * PREFIX, num_blocks=2 * PREFIX // B, block_tokens=B)
 
 
 def pool_costs(
@@ -149,8 +144,8 @@ def dsv4(device: torch.device, repeats: int) -> None:
             index_head_dim=INDEX,
             dtype=dtype,
         ),
+        POOL_SIZE,
         device=device,
-        **POOL_SIZE,
     )
     raw_block = len(DSV4_RATIOS) * B * HEAD * 2
     pending = sum(
@@ -185,12 +180,7 @@ def k3(device: torch.device, repeats: int, tp: int) -> None:
         pool=shape, hidden_size=7168, vocab_size=163840, bank_rows=8, dtype_bytes=2,
         state_dtype_bytes=4,
     )  # fmt: skip
-    pool = KimiK3SlotPool(
-        shape,
-        dtype=torch.bfloat16,
-        device=device,
-        **POOL_SIZE,
-    )
+    pool = KimiK3SlotPool(shape, POOL_SIZE, dtype=torch.bfloat16, device=device)
     stores = [s for s in pool.latents if s is not None]
     costs = pool_costs(pool, mm, stores, device, repeats)
     print(f"Kimi K3 ({kinds.count('kda')} KDA, {kinds.count('mla')} MLA layers), TP{tp} rank")

@@ -50,6 +50,7 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
 )
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
+from sglang.srt.mem_cache.slot_blocks import SlotPoolSize
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch
 from sglang.srt.models.kimi_k3_checkpoint import checkpoint_rules
 from sglang.srt.models.kimi_k3_config import KimiK3Config
@@ -57,7 +58,7 @@ from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.srt.models.kimi_k3_static_decode import static_attend, static_decode_gate_reason
 from sglang.srt.models.registry import ModelEntry, register_model
-from sglang.srt.models.static_step import SlotPoolDecode, SlotPoolSize
+from sglang.srt.models.static_step import SlotPoolDecode
 
 _STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -248,14 +249,10 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         """KDA states by slot; MLA latents in the shared blocks."""
         return KimiK3SlotPool(
             self.cache_shape,
-            max_slots=size.max_slots,
-            capacity=size.capacity,
+            size,
             dtype=self.dtype,
             state_dtype=self._state_dtype,
             device=self.device,
-            num_blocks=size.num_blocks,
-            block_tokens=size.block_tokens,
-            total_tokens=size.total_tokens,
             latent_encoding=self.kv_layout.latents,
         )
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from bench_moe import random_bf16_experts
 from sglang.srt.layers.attention.kda import KDASegment
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
@@ -25,54 +26,27 @@ from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
 from sglang.srt.utils.cuda_timing import median_cuda_ms
 from sglang.test.random_params import randomize_params_
+from sglang.test.release_checkpoint.kimi_k3 import k3_config as release_k3_config
 
 
 def k3_config(experts: int) -> dict[str, Any]:
+    """The release widths (:func:`sglang.test.release_checkpoint.kimi_k3.k3_config`) cut to two
+    KDA layers, with ``experts`` routed experts, one shared expert, no AttnRes and a smaller dense
+    layer 0 (which this bench never times)."""
     return {
-        "model_type": "kimi_linear",
-        "vocab_size": 1024,
-        "hidden_size": 7168,
-        "num_hidden_layers": 2,
+        **release_k3_config(2, num_experts=experts, vocab_size=1024),
         "intermediate_size": 18432,
-        "hidden_act": "situ",
-        "activation_situ_beta": 4.0,
-        "activation_situ_linear_beta": 25.0,
-        "rms_norm_eps": 1e-5,
         "num_attention_heads": 64,
         "num_key_value_heads": 64,
-        "q_lora_rank": 1536,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 128,
-        "mla_use_nope": True,
-        "mla_use_output_gate": True,
-        "num_experts": experts,
         "num_experts_per_token": 16,
         "num_shared_experts": 1,
-        "moe_intermediate_size": 3072,
-        "routed_expert_hidden_size": 3584,
-        "latent_moe_use_norm": True,
-        "moe_router_activation_func": "sigmoid",
-        "moe_renormalize": True,
         "routed_scaling_factor": 2.5,
-        "topk_method": "noaux_tc",
-        "use_grouped_topk": True,
-        "num_expert_group": 1,
-        "topk_group": 1,
-        "first_k_dense_replace": 1,
-        "moe_layer_freq": 1,
         "attn_res_block_size": None,
         "linear_attn_config": {
+            **release_k3_config(2)["linear_attn_config"],
             "kda_layers": [1, 2],
             "full_attn_layers": [],
-            "num_heads": 96,
-            "head_dim": 128,
-            "short_conv_kernel_size": 4,
-            "use_full_rank_gate": True,
-            "gate_lower_bound": -5.0,
         },
-        "tie_word_embeddings": False,
     }
 
 
@@ -96,27 +70,13 @@ def main() -> None:
         moe = layer.mlp
         assert isinstance(moe, KimiK3MoE)
         c = moe.experts.config
-        w13 = (
-            torch.randn(
-                c.num_experts,
-                2 * c.intermediate_size,
-                c.hidden_size,
-                generator=gen,
-                device="cuda",
-                dtype=torch.bfloat16,
-            )
-            * c.hidden_size**-0.5
-        )
-        w2 = (
-            torch.randn(
-                c.num_experts,
-                c.hidden_size,
-                c.intermediate_size,
-                generator=gen,
-                device="cuda",
-                dtype=torch.bfloat16,
-            )
-            * c.intermediate_size**-0.5
+        w13, w2 = random_bf16_experts(
+            c.num_experts,
+            c.hidden_size,
+            c.intermediate_size,
+            gen=gen,
+            device="cuda",
+            scales=(c.hidden_size**-0.5, c.intermediate_size**-0.5),
         )
         moe.experts.load_weights(ExpertWeights(w13, w2))
         del w13, w2

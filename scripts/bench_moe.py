@@ -37,6 +37,7 @@ import torch
 import triton
 from tqdm import tqdm
 
+from sglang.bench_table import markdown_table
 from sglang.kernels.ops.quant.fp8 import block_quant_weight_fp8
 from sglang.srt.layers.moe.expert_weights import ExpertWeights
 from sglang.srt.layers.moe.moe_runner import MoERunConfig, MoERunner, create_moe_runner
@@ -44,6 +45,9 @@ from sglang.srt.layers.moe.moe_runner.deep_gemm import DeepGemmMoERunner
 from sglang.srt.layers.moe.topk import TopKOutput
 from sglang.test.moe_model_cases import Shape
 
+BF16 = torch.bfloat16
+# shape, dtype, runner, mode, M, us, GB/s, TFLOP/s, share of the roofline, the reference's us
+ResultRow = tuple[str, str, str, str, int, float, float, float, float, int | None]
 BW_BYTES_S = 4.3e12
 BF16_FLOPS = 790e12
 
@@ -76,29 +80,32 @@ SHAPES = {
 }
 
 
-def make_weights(shape: Shape, fp8: bool, device: torch.device) -> ExpertWeights:
-    gen = torch.Generator(device).manual_seed(0)
+def random_bf16_experts(
+    num_experts: int,
+    hidden: int,
+    inter: int,
+    *,
+    gen: torch.Generator,
+    device: torch.device | str,
+    scales: tuple[float, float],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random bf16 experts in the runners' layout, drawn in this order: ``w13 [E, 2*inter,
+    hidden]`` times ``scales[0]``, then ``w2 [E, hidden, inter]`` times ``scales[1]``."""
     w13 = (
-        torch.randn(
-            shape.experts,
-            2 * shape.inter,
-            shape.hidden,
-            device=device,
-            generator=gen,
-            dtype=torch.bfloat16,
-        )
-        * 0.02
+        torch.randn(num_experts, 2 * inter, hidden, device=device, generator=gen, dtype=BF16)
+        * scales[0]
     )
     w2 = (
-        torch.randn(
-            shape.experts,
-            shape.hidden,
-            shape.inter,
-            device=device,
-            generator=gen,
-            dtype=torch.bfloat16,
-        )
-        * 0.02
+        torch.randn(num_experts, hidden, inter, device=device, generator=gen, dtype=BF16)
+        * scales[1]
+    )
+    return w13, w2
+
+
+def make_weights(shape: Shape, fp8: bool, device: torch.device) -> ExpertWeights:
+    gen = torch.Generator(device).manual_seed(0)
+    w13, w2 = random_bf16_experts(
+        shape.experts, shape.hidden, shape.inter, gen=gen, device=device, scales=(0.02, 0.02)
     )
     if not fp8:
         return ExpertWeights(w13, w2)
@@ -268,7 +275,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     batches = [int(b) for b in args.batches.split(",")]
-    rows = []
+    rows: list[ResultRow] = []
     cases = [(s, d) for s in args.shapes.split(",") for d in args.dtypes.split(",")]
     if args.auto:
         auto_rows = []
@@ -317,17 +324,32 @@ def main() -> None:
                 torch.cuda.empty_cache()
         del runner, weights  # free this shape's experts before the next
         torch.cuda.empty_cache()
-    print(
-        "\n| shape | dtype | runner | mode | M | time us | GB/s | TFLOP/s | of roofline | ref us | "
-        "ref/ours |"
-        "\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
-    )
-    for shape_key, dtype, runner_name, mode, m, us, gbs, tflops, frac, ref in rows:
-        ratio = f"{ref / us:.2f}" if ref else "-"
-        print(
-            f"| {shape_key} | {dtype} | {runner_name} | {mode} | {m} | {us:.1f} | {gbs:.0f} | "
-            f"{tflops:.1f} | {frac:.0%} | {ref or '-'} | {ratio} |"
+    print("\n" + results_table(rows))
+
+
+def results_table(rows: list[ResultRow]) -> str:
+    """The Markdown table of the timed cases, one line each."""
+    head = (
+        "shape", "dtype", "runner", "mode", "M", "time us", "GB/s", "TFLOP/s", "of roofline",
+        "ref us", "ref/ours",
+    )  # fmt: skip
+    cells = [
+        (
+            shape_key,
+            dtype,
+            runner_name,
+            mode,
+            m,
+            f"{us:.1f}",
+            f"{gbs:.0f}",
+            f"{tflops:.1f}",
+            f"{frac:.0%}",
+            ref or "-",
+            f"{ref / us:.2f}" if ref else "-",
         )
+        for shape_key, dtype, runner_name, mode, m, us, gbs, tflops, frac, ref in rows
+    ]
+    return markdown_table(head, cells, align="llllrrrrrrr")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import triton
@@ -28,6 +29,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_moe import REFERENCE_US, SHAPES, floor_terms, make_batch, make_weights
+from sglang.bench_table import markdown_table
 from sglang.kernels.ops.moe.fused_moe import (
     check_moe_inputs,
     fused_experts,
@@ -144,11 +146,18 @@ def main() -> None:
                 rows.append((shape_key, dtype, m, *case, rates[dtype]))
             del w
             torch.cuda.empty_cache()
-    print(
-        "\n| shape | dtype | M | reference us | two-launch us | ours us | path | ref/ours | target "
-        "| floor us | ours/floor | ref/floor | TFLOP/s | of bf16 matmul | of own-dtype matmul |"
-        "\n|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-    )
+    print("\n" + results_table(rows, rates["bf16"]))
+
+
+def results_table(rows: list[tuple[Any, ...]], bf16_rate: float) -> str:
+    """One line per case (shape, dtype, M, the reference's us or None, two-launch us, ours us,
+    path, TFLOP/s, floor us, the dtype's matmul TFLOP/s) against the targets and floors."""
+    head = (
+        "shape", "dtype", "M", "reference us", "two-launch us", "ours us", "path", "ref/ours",
+        "target", "floor us", "ours/floor", "ref/floor", "TFLOP/s", "of bf16 matmul",
+        "of own-dtype matmul",
+    )  # fmt: skip
+    cells = []
     for shape_key, dtype, m, ref, two, ours, path, tflops, floor_us, rate in rows:
         ratio = f"{ref / ours:.2f}" if ref else "-"
         met = ""
@@ -156,11 +165,26 @@ def main() -> None:
             met = " ok" if ref / ours >= target_of(m) else " **no**"
             met += " (past floor)" if ref / floor_us < target_of(m) else ""
         best = f"{ref / floor_us:.2f}" if ref else "-"
-        print(
-            f"| {shape_key} | {dtype} | {m} | {ref or '-'} | {two:.0f} | {ours:.0f} | {path} | "
-            f"{ratio} | {target_of(m)}x{met} | {floor_us:.0f} | {floor_us / ours:.0%} | {best} | "
-            f"{tflops:.0f} | {tflops / rates['bf16']:.0%} | {tflops / rate:.0%} |"
+        cells.append(
+            (
+                shape_key,
+                dtype,
+                m,
+                ref or "-",
+                f"{two:.0f}",
+                f"{ours:.0f}",
+                path,
+                ratio,
+                f"{target_of(m)}x{met}",
+                f"{floor_us:.0f}",
+                f"{floor_us / ours:.0%}",
+                best,
+                f"{tflops:.0f}",
+                f"{tflops / bf16_rate:.0%}",
+                f"{tflops / rate:.0%}",
+            )
         )
+    return markdown_table(head, cells, align="llrrrrlrrrrrrrr")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
 from sglang.srt.mem_cache.memory_models.memory_model import MemoryModel
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.kimi_k3_config import KimiK3Config
-from sglang.srt.models.kimi_k3_static_decode import slot_pool_shape
 
 MXFP4 = 0.5 + 1 / 32  # bytes a value: two E2M1 a byte, a UE8M0 byte per 32
 FP8_BLOCK = 1 + 4 / (128 * 128)  # e4m3 plus an fp32 scale per 128 x 128 block
@@ -206,7 +205,7 @@ def main() -> None:
             dtype=torch.bfloat16, kv_cache_dtype=kv,
         )  # fmt: skip
         mm = KimiK3MemoryModel(
-            pool=slot_pool_shape(k3_cfg, kda_heads=heads), hidden_size=k3_cfg.hidden_size,
+            pool=k3_cfg.cache_shape(kda_heads=heads), hidden_size=k3_cfg.hidden_size,
             vocab_size=k3_cfg.vocab_size, bank_rows=k3_cfg.num_bank_rows, dtype_bytes=2,
             state_dtype_bytes=4, latent_row_bytes=layout.latents.row_bytes, kv_cache=kv,
         )  # fmt: skip

@@ -20,15 +20,18 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from sglang.srt.mem_cache.deepseek_v4_cache import DeepseekV4CacheShape
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
-from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3PoolShape, KimiK3SlotPool
+from sglang.srt.mem_cache.kimi_k3_cache import KimiK3CacheShape
+from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
 from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
-from sglang.srt.mem_cache.slot_blocks import SlotBlocks
+from sglang.srt.mem_cache.memory_models.memory_model import MemoryModel
+from sglang.srt.mem_cache.slot_blocks import SlotBlocks, SlotPoolSize
 from sglang.srt.mem_cache.state_snapshots import StateSnapshots
 
 B = 256
@@ -63,6 +66,45 @@ def time_snapshot(pool: SlotBlocks, device: torch.device, repeats: int) -> tuple
         snaps.release(row)
 
     return snaps.row_bytes(), timed(save_load, device, repeats)
+
+
+@dataclass(frozen=True)
+class PoolCosts:
+    """What one pool's prefix caching costs: bytes of a block of the shared state and of one
+    state snapshot, the time of a snapshot save + load and of copying a ``PREFIX``-token prefix's
+    shared state."""
+
+    block: float
+    snapshot: int
+    t_snapshot: float
+    t_copy: float
+
+    def print_times(self, shared: str) -> None:
+        """The two time lines; ``shared``: what the pool shares by block."""
+        snap_ms, copy_ms = self.t_snapshot * 1e3, self.t_copy * 1e3
+        print(f"  snapshot save + load: {snap_ms:.3f} ms; copying a {PREFIX}-token prefix's")
+        print(
+            f"  {shared} instead of sharing them: {copy_ms:.3f} ms ({mib(self.block * PREFIX / B)})"
+        )
+
+
+# Both pools: two slots, and blocks of ``B`` tokens for two prefixes (the copy's source and target).
+POOL_SIZE = SlotPoolSize(2, 2 * PREFIX, num_blocks=2 * PREFIX // B, block_tokens=B)
+
+
+def pool_costs(
+    pool: SlotBlocks,
+    memory_model: MemoryModel,
+    stores: list[torch.Tensor],
+    device: torch.device,
+    repeats: int,
+) -> PoolCosts:
+    """``pool``'s costs, its bytes checked against the memory model the engine budgets with;
+    ``stores``: its paged tensors of shared state."""
+    row, t_snap = time_snapshot(pool, device, repeats)
+    assert row == memory_model.snapshot_bytes(), (row, memory_model.snapshot_bytes())
+    block = memory_model.bytes_per_cached_token() * B
+    return PoolCosts(block, row, t_snap, time_prefix_copy(stores, device, repeats))
 
 
 def time_prefix_copy(stores: list[torch.Tensor], device: torch.device, repeats: int) -> float:
@@ -102,15 +144,9 @@ def dsv4(device: torch.device, repeats: int) -> None:
             index_head_dim=INDEX,
             dtype=dtype,
         ),
-        max_slots=2,
-        capacity=2 * PREFIX,
+        POOL_SIZE,
         device=device,
-        num_blocks=2 * PREFIX // B,
-        block_tokens=B,
     )
-    block = shape.bytes_per_cached_token() * B
-    row, t_snap = time_snapshot(pool, device, repeats)
-    assert row == shape.snapshot_bytes(), (row, shape.snapshot_bytes())
     raw_block = len(DSV4_RATIOS) * B * HEAD * 2
     pending = sum(
         2 * r * (2 if kind == "csa" else 1) * HEAD * 4
@@ -124,46 +160,35 @@ def dsv4(device: torch.device, repeats: int) -> None:
         for c in (layer.compressor, layer.indexer)
         if c is not None
     ]
-    t_copy = time_prefix_copy(stores, device, repeats)
+    costs = pool_costs(pool, shape, stores, device, repeats)
     print(f"DeepSeek V4 ({len(DSV4_RATIOS)} layers: window {WINDOW}, ratios 4/128), bf16")
-    print(f"  shared, a block of {B} tokens (entries + indexer keys):  {mib(block)}")
+    print(f"  shared, a block of {B} tokens (entries + indexer keys):  {mib(costs.block)}")
     print(f"  alternative: the raw window KV paged by block:          {mib(raw_block)}")
-    print(f"  snapshot at a block edge (window rings + overlap rows): {mib(row)}")
-    print(f"  alternative: a snapshot off an edge (+ pending rows):   {mib(row + pending)}")
-    print(f"  snapshot save + load: {t_snap * 1e3:.3f} ms; copying a {PREFIX}-token prefix's")
-    print(f"  entries instead of sharing them: {t_copy * 1e3:.3f} ms ({mib(block * PREFIX / B)})")
+    print(f"  snapshot at a block edge (window rings + overlap rows): {mib(costs.snapshot)}")
+    print(
+        f"  alternative: a snapshot off an edge (+ pending rows):   {mib(costs.snapshot + pending)}"
+    )
+    costs.print_times("entries")
 
 
 def k3(device: torch.device, repeats: int, tp: int) -> None:
     kinds = tuple("mla" if (i + 1) % 4 == 0 or i == 92 else "kda" for i in range(93))
-    shape = KimiK3PoolShape(
+    shape = KimiK3CacheShape(
         layer_kinds=kinds, kda_heads=96 // tp, kda_head_dim=128, conv_size=4, latent_dim=576
     )
     mm = KimiK3MemoryModel(
         pool=shape, hidden_size=7168, vocab_size=163840, bank_rows=8, dtype_bytes=2,
         state_dtype_bytes=4,
     )  # fmt: skip
-    pool = KimiK3SlotPool(
-        shape,
-        max_slots=2,
-        capacity=2 * PREFIX,
-        dtype=torch.bfloat16,
-        device=device,
-        num_blocks=2 * PREFIX // B,
-        block_tokens=B,
-    )
-    block = mm.bytes_per_cached_token() * B
-    row, t_snap = time_snapshot(pool, device, repeats)
-    assert row == mm.snapshot_bytes(), (row, mm.snapshot_bytes())
+    pool = KimiK3SlotPool(shape, POOL_SIZE, dtype=torch.bfloat16, device=device)
     stores = [s for s in pool.latents if s is not None]
-    t_copy = time_prefix_copy(stores, device, repeats)
+    costs = pool_costs(pool, mm, stores, device, repeats)
     print(f"Kimi K3 ({kinds.count('kda')} KDA, {kinds.count('mla')} MLA layers), TP{tp} rank")
-    print(f"  shared, a block of {B} tokens (MLA latents):             {mib(block)}")
-    print(f"  snapshot at a block edge (KDA conv + recurrent states):  {mib(row)}")
-    print(f"  alternative: a snapshot at every block (per block):      {mib(row)}")
-    print(f"    = {row / block:.0f}x the block's latents")
-    print(f"  snapshot save + load: {t_snap * 1e3:.3f} ms; copying a {PREFIX}-token prefix's")
-    print(f"  latents instead of sharing them: {t_copy * 1e3:.3f} ms ({mib(block * PREFIX / B)})")
+    print(f"  shared, a block of {B} tokens (MLA latents):             {mib(costs.block)}")
+    print(f"  snapshot at a block edge (KDA conv + recurrent states):  {mib(costs.snapshot)}")
+    print(f"  alternative: a snapshot at every block (per block):      {mib(costs.snapshot)}")
+    print(f"    = {costs.snapshot / costs.block:.0f}x the block's latents")
+    costs.print_times("latents")
 
 
 def main() -> None:

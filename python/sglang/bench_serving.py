@@ -36,7 +36,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -346,7 +346,6 @@ def _run_chats(
             "--dataset-name multi-turn resends the server's answers: use --backend sglang (token "
             "ids) or sglang-oai-chat (messages); /v1/completions returns text, not ids"
         )
-    rng = random.Random(args.seed + 1)
     results: list[list[RequestResult]] = [[] for _ in chats]
 
     def chat(i: int) -> None:
@@ -359,16 +358,24 @@ def _run_chats(
                 return
             answers.append((r.output_ids, r.text))
 
-    workers = args.max_concurrency or len(chats) or 1
+    _send_all(args, len(chats), chat)
+    return [r for rs in results for r in rs]
+
+
+def _send_all(args: argparse.Namespace, count: int, send: Callable[[int], None]) -> None:
+    """``send(i)`` for each of ``count`` items on ``--max-concurrency`` threads (default: all at
+    once), their starts Poisson at ``--request-rate`` (inf: no gaps); returns when all are done and
+    re-raises the first failure."""
+    rng = random.Random(args.seed + 1)
+    workers = args.max_concurrency or count or 1
+    futures: list[Future[None]] = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = []
-        for i in range(len(chats)):
-            futures.append(pool.submit(chat, i))
-            if args.request_rate != float("inf") and i + 1 < len(chats):
+        for i in range(count):
+            futures.append(pool.submit(send, i))
+            if args.request_rate != float("inf") and i + 1 < count:
                 time.sleep(rng.expovariate(args.request_rate))
         for f in futures:
             f.result()
-    return [r for rs in results for r in rs]
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
@@ -389,8 +396,6 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             max_workers=min(len(warm), args.max_concurrency or len(warm))
         ) as pool:
             list(pool.map(lambda r: run_one(base, args.backend, r, model, args.timeout), warm))
-    rng = random.Random(args.seed + 1)
-    workers = args.max_concurrency or len(reqs) or 1
     results: list[RequestResult] = [RequestResult() for _ in reqs]
     lock = threading.Lock()
 
@@ -400,14 +405,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             results[i] = r
 
     start = time.perf_counter()
-    futures: list[Future[None]] = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for i in range(len(reqs)):
-            futures.append(pool.submit(task, i))
-            if args.request_rate != float("inf") and i + 1 < len(reqs):
-                time.sleep(rng.expovariate(args.request_rate))
-        for f in futures:
-            f.result()
+    _send_all(args, len(reqs), task)
     return _finish(args, results, time.perf_counter() - start)
 
 

@@ -31,7 +31,7 @@ import torch
 
 from sglang.srt.layers.attention.dsv4_kv_layout import DeepseekV4KVLayout
 from sglang.srt.layers.attention.mla_kv_layout import KimiK3KVLayout
-from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3PoolShape
+from sglang.srt.mem_cache.kimi_k3_cache import KimiK3CacheShape
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
 from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
 from sglang.srt.model_executor.memory_budget import max_total_tokens_for_memory
@@ -128,7 +128,7 @@ def test_memory_models_count_the_stored_bytes() -> None:
     assert ratio > 1.7 and abs(t8 / t16 - ratio) < 1e-3
 
     kinds = ("kda",) * 3 + ("mla",)
-    pool = KimiK3PoolShape(kinds, kda_heads=12, kda_head_dim=128, conv_size=4, latent_dim=576)
+    pool = KimiK3CacheShape(kinds, kda_heads=12, kda_head_dim=128, conv_size=4, latent_dim=576)
     common: dict[str, Any] = {"pool": pool, "hidden_size": 7168, "vocab_size": 163840,
                               "bank_rows": 8, "dtype_bytes": 2, "state_dtype_bytes": 4}  # fmt: skip
     k16 = KimiK3MemoryModel(**common)

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +21,9 @@ from sglang.srt.chat.encoding import ChatEncodingError, ChatOptions, ToolChoice
 from sglang.srt.chat.messages import check_tools, normalize_messages, parse_tool_choice
 from sglang.srt.constrained.grammar_spec import GrammarError, GrammarSpec, check_spec
 from sglang.srt.entrypoints.openai_common import (
+    ResponseHeader,
     check_top,
-    error_event,
+    event_stream,
     finish_reason,
     merge_streams,
     prepare_all,
@@ -40,9 +39,6 @@ from sglang.srt.managers.prompts import build_requests
 from sglang.srt.managers.tokenizer_manager import PreparedRequest, RequestError, TokenizerManager
 from sglang.srt.parsers.chat_output import ChatDelta, ChatOutputParser
 from sglang.srt.sampling.thinking_budget import ReasoningControl
-from sglang.srt.utils.log import get_logger
-
-logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -260,20 +256,14 @@ class ChatServing:
                     **stop_fields(r, g.request.sampling_params),
                 }
             )
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": choices,
-            "usage": usage(list(results), list(results)[:1]),
-        }
+        head = ResponseHeader.new("chatcmpl", "chat.completion", self.model_name)
+        return head.body(choices, usage=usage(list(results), list(results)[:1]))
 
     # --- streams -------------------------------------------------------------------------------
 
     async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str]:
         plan = await self._plan(req)  # raises before the response starts
-        return self._events(req, plan)
+        return event_stream(self._events(req, plan), "chat")
 
     @staticmethod
     def _delta(d: ChatDelta, separate: bool) -> dict[str, Any]:
@@ -289,8 +279,10 @@ class ChatServing:
             out["tool_calls"] = d.tool_calls
         return out
 
-    async def _events(self, req: ChatCompletionRequest, plan: ChatPlan) -> AsyncIterator[str]:
-        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    async def _events(
+        self, req: ChatCompletionRequest, plan: ChatPlan
+    ) -> AsyncGenerator[str, None]:
+        head = ResponseHeader.new("chatcmpl", "chat.completion.chunk", self.model_name)
         gens = plan.gens
 
         def chunk(
@@ -301,15 +293,7 @@ class ChatServing:
             extra: dict[str, Any] | None = None,
         ) -> str:
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
-            return sse(
-                {
-                    "id": cid,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": self.model_name,
-                    "choices": [{**choice, **(extra or {})}],
-                }
-            )
+            return sse(head.body([{**choice, **(extra or {})}]))
 
         for i in range(len(gens)):
             yield chunk(i, {"role": "assistant", "content": ""}, None)
@@ -317,42 +301,27 @@ class ChatServing:
         sent_text = [0] * len(gens)
         sent_tokens = [0] * len(gens)
         last: dict[int, dict[str, Any]] = {}
-        try:
-            async for i, r in merge_streams([self.tm.generate(g) for g in gens]):
-                last[i] = r
-                text = r["text"][sent_text[i] :]
-                reason = finish_reason(r)
-                n_tokens = len(r["output_ids"])
-                if not text and reason is None and n_tokens == sent_tokens[i]:
-                    continue
-                parser = parsers[i]
-                d = parser.feed(text) if reason is None else parser.finish(text)
-                delta = self._delta(d, plan.separate_reasoning)
-                g = gens[i]
-                lp = self._chat_logprobs(r, sent_tokens[i]) if g.request.return_logprob else None
-                extra = None
-                if reason is not None:
-                    extra = stop_fields(r, g.request.sampling_params)
-                    if parser.invalid_tool_calls:
-                        delta["invalid_tool_calls"] = parser.invalid_tool_calls
-                sent_text[i], sent_tokens[i] = len(r["text"]), n_tokens
-                if not delta and reason is None and lp is None:
-                    continue  # everything new is held back for now
-                yield chunk(i, delta, self._finish(reason, parser), lp, extra)
-            if last and req.stream_options is not None and req.stream_options.include_usage:
-                results = [last[i] for i in sorted(last)]
-                yield sse(
-                    {
-                        "id": cid,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": self.model_name,
-                        "choices": [],
-                        "usage": usage(results, results[:1]),
-                    }
-                )
-        except Exception as exc:
-            if not isinstance(exc, RequestError):
-                logger.exception("a chat stream failed")
-            yield error_event(exc)
-        yield sse("[DONE]")
+        async for i, r in merge_streams([self.tm.generate(g) for g in gens]):
+            last[i] = r
+            text = r["text"][sent_text[i] :]
+            reason = finish_reason(r)
+            n_tokens = len(r["output_ids"])
+            if not text and reason is None and n_tokens == sent_tokens[i]:
+                continue
+            parser = parsers[i]
+            d = parser.feed(text) if reason is None else parser.finish(text)
+            delta = self._delta(d, plan.separate_reasoning)
+            g = gens[i]
+            lp = self._chat_logprobs(r, sent_tokens[i]) if g.request.return_logprob else None
+            extra = None
+            if reason is not None:
+                extra = stop_fields(r, g.request.sampling_params)
+                if parser.invalid_tool_calls:
+                    delta["invalid_tool_calls"] = parser.invalid_tool_calls
+            sent_text[i], sent_tokens[i] = len(r["text"]), n_tokens
+            if not delta and reason is None and lp is None:
+                continue  # everything new is held back for now
+            yield chunk(i, delta, self._finish(reason, parser), lp, extra)
+        if last and req.stream_options is not None and req.stream_options.include_usage:
+            results = [last[i] for i in sorted(last)]
+            yield sse(head.body([], usage=usage(results, results[:1])))

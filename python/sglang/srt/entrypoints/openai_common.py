@@ -1,12 +1,17 @@
-"""What the OpenAI-compatible endpoints share: server-sent events, sampling parameters from a
-request body, finish and stop fields, usage, and merging the streams of several choices."""
+"""What the OpenAI-compatible endpoints share: the response objects' common fields, server-sent
+events and the stream's ending, sampling parameters from a request body, finish and stop fields,
+usage, and merging the streams of several choices."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from sglang.srt.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
@@ -18,6 +23,9 @@ from sglang.srt.managers.tokenizer_manager import (
     TokenizerManager,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
+from sglang.srt.utils.log import get_logger
+
+logger = get_logger(__name__)
 
 _OPTIONAL_SAMPLING = (
     "temperature",
@@ -32,9 +40,49 @@ _OPTIONAL_SAMPLING = (
 )
 
 
+@dataclass(frozen=True)
+class ResponseHeader:
+    """The fields every response object of one call starts with: a whole answer, and each chunk
+    of a stream (which all carry the same id and creation time)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, id_prefix: str, obj: str, model: str) -> ResponseHeader:
+        return cls(f"{id_prefix}-{uuid.uuid4().hex}", obj, int(time.time()), model)
+
+    def body(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        """The response object with these ``choices`` (and ``extra`` fields after them)."""
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+
+
 def sse(payload: dict[str, Any] | str) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n"
+
+
+async def event_stream(events: AsyncGenerator[str, None], what: str) -> AsyncIterator[str]:
+    """``events`` as they come, then ``data: [DONE]``; a failure ends them early with an error
+    event (logged unless it is the client's error). ``what`` names the stream in that log."""
+    try:
+        async with aclosing(events):  # a client that goes away closes the choices at once
+            async for event in events:
+                yield event
+    except Exception as exc:
+        if not isinstance(exc, RequestError):
+            logger.exception("a %s stream failed", what)
+        yield error_event(exc)
+    yield sse("[DONE]")
 
 
 def error_event(exc: BaseException) -> str:

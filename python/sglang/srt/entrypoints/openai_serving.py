@@ -11,15 +11,14 @@ stop string or stop token id that ended a choice; ``null`` for EOS or length) ne
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from sglang.srt.entrypoints.openai_chat import ChatServing
 from sglang.srt.entrypoints.openai_common import (
+    ResponseHeader,
     check_top,
-    error_event,
+    event_stream,
     finish_reason,
     merge_streams,
     prepare_all,
@@ -33,9 +32,6 @@ from sglang.srt.managers.detokenizer import TokenOffsets
 from sglang.srt.managers.generate_request import GenerateRequest
 from sglang.srt.managers.prompts import build_requests
 from sglang.srt.managers.tokenizer_manager import PreparedRequest, RequestError, TokenizerManager
-from sglang.srt.utils.log import get_logger
-
-logger = get_logger(__name__)
 
 
 class OpenAIServing:
@@ -156,82 +152,48 @@ class OpenAIServing:
                     **stop_fields(r, g.request.sampling_params),
                 }
             )
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": choices,
-            "usage": usage(list(results), list(results)[:: max(1, req.n)]),
-        }
+        head = ResponseHeader.new("cmpl", "text_completion", self.model_name)
+        return head.body(choices, usage=usage(list(results), list(results)[:: max(1, req.n)]))
 
     async def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str]:
         gens = await self._completion_prompts(req)  # raises before the response starts
-        return self._completions_events(req, gens)
+        return event_stream(self._completions_events(req, gens), "completions")
 
     async def _completions_events(
         self, req: CompletionRequest, gens: list[PreparedRequest]
-    ) -> AsyncIterator[str]:
-        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    ) -> AsyncGenerator[str, None]:
+        head = ResponseHeader.new("cmpl", "text_completion", self.model_name)
         sent_text = [0] * len(gens)
         sent_tokens = [0] * len(gens)
         started = [False] * len(gens)
         offsets: list[TokenOffsets | None] = [None] * len(gens)
         last: dict[int, dict[str, Any]] = {}
-        try:
-            async for i, r in merge_streams([self.tm.generate(g) for g in gens]):
-                last[i] = r
-                text = r["text"]
-                delta = text[sent_text[i] :]
-                reason = finish_reason(r)
-                n_tokens = len(r["output_ids"])
-                echo_now = req.echo and not started[i]
-                if not delta and reason is None and n_tokens == sent_tokens[i] and not echo_now:
-                    continue
-                echo = self._prompt_text(gens[i]) if echo_now else None
-                prefix = "" if echo is None else echo[0]
-                lp = None
-                if gens[i].request.return_logprob:
-                    if offsets[i] is None:  # output offsets follow the echoed prompt
-                        skip = gens[i].request.sampling_params.skip_special_tokens
-                        offsets[i] = self._offsets(skip, len(prefix))
-                    lp = self._completion_logprobs(r, sent_tokens[i], offsets[i], echo)
-                chunk = self._completion_chunk(cid, created, i, prefix + delta, lp, reason)
-                if reason is not None:
-                    chunk["choices"][0].update(stop_fields(r, gens[i].request.sampling_params))
-                yield sse(chunk)
-                started[i] = True
-                sent_text[i], sent_tokens[i] = len(text), n_tokens
-            if req.stream_options is not None and req.stream_options.include_usage:
-                results = [last[i] for i in sorted(last)]
-                yield sse(
-                    {
-                        "id": cid,
-                        "object": "text_completion",
-                        "created": created,
-                        "model": self.model_name,
-                        "choices": [],
-                        "usage": usage(results, results[:: max(1, req.n)]),
-                    }
-                )
-        except Exception as exc:
-            if not isinstance(exc, RequestError):
-                logger.exception("a completions stream failed")
-            yield error_event(exc)
-        yield sse("[DONE]")
-
-    def _completion_chunk(
-        self, cid: str, created: int, index: int, text: str, logprobs: Any, reason: str | None
-    ) -> dict[str, Any]:
-        return {
-            "id": cid,
-            "object": "text_completion",
-            "created": created,
-            "model": self.model_name,
-            "choices": [
-                {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
-            ],
-        }
+        async for i, r in merge_streams([self.tm.generate(g) for g in gens]):
+            last[i] = r
+            text = r["text"]
+            delta = text[sent_text[i] :]
+            reason = finish_reason(r)
+            n_tokens = len(r["output_ids"])
+            echo_now = req.echo and not started[i]
+            if not delta and reason is None and n_tokens == sent_tokens[i] and not echo_now:
+                continue
+            echo = self._prompt_text(gens[i]) if echo_now else None
+            prefix = "" if echo is None else echo[0]
+            lp = None
+            if gens[i].request.return_logprob:
+                if offsets[i] is None:  # output offsets follow the echoed prompt
+                    skip = gens[i].request.sampling_params.skip_special_tokens
+                    offsets[i] = self._offsets(skip, len(prefix))
+                lp = self._completion_logprobs(r, sent_tokens[i], offsets[i], echo)
+            choice = {"index": i, "text": prefix + delta, "logprobs": lp, "finish_reason": reason}
+            if reason is not None:
+                choice.update(stop_fields(r, gens[i].request.sampling_params))
+            yield sse(head.body([choice]))
+            started[i] = True
+            sent_text[i], sent_tokens[i] = len(text), n_tokens
+        if req.stream_options is not None and req.stream_options.include_usage:
+            results = [last[i] for i in sorted(last)]
+            yield sse(head.body([], usage=usage(results, results[:: max(1, req.n)])))
 
     # --- chat ----------------------------------------------------------------------------------
 

@@ -135,9 +135,9 @@ class TokenizerManager:
         self.tokenizer = load_server_tokenizer(args) if tokenizer == "load" else tokenizer
         self.metrics = ServerMetrics(self.served_model_name) if args.enable_metrics else None
         self.states: dict[str, _ReqState] = {}
-        self._stats_waiters: dict[int, asyncio.Future[SchedulerStats]] = {}
-        self._flush_waiters: dict[int, asyncio.Future[FlushCacheResult]] = {}
-        self._stats_ids = itertools.count()
+        # Replies rank 0 owes (stats, cache flushes), by the id their request carried.
+        self._reply_waiters: dict[int, asyncio.Future[Any]] = {}
+        self._reply_ids = itertools.count()
         self._outbox: queue.Queue[Any] = queue.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scheduler_alive = True
@@ -199,7 +199,7 @@ class TokenizerManager:
                 state.error = RequestError(message, status_code)
                 state.event.set()
                 n += 1
-        for waiter in (*self._stats_waiters.values(), *self._flush_waiters.values()):
+        for waiter in self._reply_waiters.values():
             if not waiter.done():
                 waiter.set_exception(RequestError(message, status_code))
         return n
@@ -312,14 +312,10 @@ class TokenizerManager:
                 state.event.set()
         elif isinstance(msg, SchedulerFailed):  # rank 0 lost a (maybe remote) rank; it exits
             self.peer_failure = msg.message  # next, with the exit codes, in the reason
-        elif isinstance(msg, SchedulerStats):
-            fut = self._stats_waiters.pop(msg.req_id, None)
+        elif isinstance(msg, SchedulerStats | FlushCacheResult):
+            fut = self._reply_waiters.pop(msg.req_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
-        elif isinstance(msg, FlushCacheResult):
-            flushed = self._flush_waiters.pop(msg.req_id, None)
-            if flushed is not None and not flushed.done():
-                flushed.set_result(msg)
 
     def _on_output(self, out: ReqOutput) -> None:
         state = self.states.get(out.rid)
@@ -630,33 +626,30 @@ class TokenizerManager:
         state.event.set()
         return True
 
-    async def get_stats(self, timeout_s: float = 10.0) -> SchedulerStats:
+    async def _ask_scheduler(self, request: Callable[[int], object], timeout_s: float) -> Any:
+        """Send rank 0 ``request(req_id)`` and wait for its reply, the message that carries the
+        same ``req_id`` (a scheduler that dies meanwhile fails the wait)."""
         if not self.scheduler_alive:
             raise RequestError("the scheduler process exited", 503)
-        req_id = next(self._stats_ids)
-        fut: asyncio.Future[SchedulerStats] = asyncio.get_running_loop().create_future()
-        self._stats_waiters[req_id] = fut
-        self._send(StatsReq(req_id))
+        req_id = next(self._reply_ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._reply_waiters[req_id] = fut
+        self._send(request(req_id))
         try:
-            stats = await asyncio.wait_for(fut, timeout_s)
+            return await asyncio.wait_for(fut, timeout_s)
         finally:
-            self._stats_waiters.pop(req_id, None)
+            self._reply_waiters.pop(req_id, None)
+
+    async def get_stats(self, timeout_s: float = 10.0) -> SchedulerStats:
+        stats: SchedulerStats = await self._ask_scheduler(StatsReq, timeout_s)
         if self.metrics is not None:
             self.metrics.scheduler(stats)
         return stats
 
     async def flush_cache(self, timeout_s: float = 30.0) -> FlushCacheResult:
         """Drop every cached prefix (the scheduler refuses while requests run or wait)."""
-        if not self.scheduler_alive:
-            raise RequestError("the scheduler process exited", 503)
-        req_id = next(self._stats_ids)
-        fut: asyncio.Future[FlushCacheResult] = asyncio.get_running_loop().create_future()
-        self._flush_waiters[req_id] = fut
-        self._send(FlushCacheReq(req_id))
-        try:
-            return await asyncio.wait_for(fut, timeout_s)
-        finally:
-            self._flush_waiters.pop(req_id, None)
+        result: FlushCacheResult = await self._ask_scheduler(FlushCacheReq, timeout_s)
+        return result
 
     # --- results -------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ caller gives a request its blocks before a forward writes them (:meth:`reserve`)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,7 +44,7 @@ from sglang.srt.mem_cache.deepseek_v4_cache import (
 from sglang.srt.mem_cache.paged_block_table import PagedBlockTable
 from sglang.srt.mem_cache.paged_rows import PagedRows
 from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
-from sglang.srt.mem_cache.slot_blocks import DEFAULT_BLOCK_TOKENS, SlotBlocks
+from sglang.srt.mem_cache.slot_blocks import DEFAULT_BLOCK_TOKENS, SlotBlocks, SlotPoolSize
 from sglang.srt.mem_cache.window_ring import WindowRing
 
 
@@ -145,37 +145,21 @@ def default_block_tokens(compress_ratios: tuple[int, ...]) -> int:
 
 class DeepseekV4SlotPool(SlotBlocks):
     def __init__(
-        self,
-        shape: DeepseekV4CacheShape,
-        *,
-        max_slots: int,
-        capacity: int,
-        device: torch.device | str = "cpu",
-        num_blocks: int | None = None,
-        block_tokens: int | None = None,
-        total_tokens: int | None = None,
+        self, shape: DeepseekV4CacheShape, size: SlotPoolSize, *, device: torch.device | str = "cpu"
     ) -> None:
-        """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
-        request's) size the block pool; neither: every slot can hold a whole-capacity request.
+        """A pool of ``size`` (blocks of :func:`default_block_tokens` unless it says otherwise).
         The window rings are the model dtype; the compressed entries and indexer keys are stored
         as the shape's codecs say."""
         dev = torch.device(device)
         self.shape = shape
         self.window = shape.sliding_window
-        block_tokens = block_tokens or default_block_tokens(shape.compress_ratios)
+        block_tokens = size.block_tokens or default_block_tokens(shape.compress_ratios)
         bad = [r for r in shape.compress_ratios if r > 0 and block_tokens % r]
         if bad:
             raise ValueError(
                 f"block_tokens {block_tokens} is not a multiple of the compress ratios {bad}"
             )
-        super().__init__(
-            max_slots=max_slots,
-            capacity=capacity,
-            block_tokens=block_tokens,
-            device=dev,
-            num_blocks=num_blocks,
-            total_tokens=total_tokens,
-        )
+        super().__init__(replace(size, block_tokens=block_tokens), device=dev)
         rows = self.rows
         nb, bt = self.block_pool.num_blocks, self.block_tokens
 

@@ -16,7 +16,6 @@ of its pooled tensors, the MLA latents rows paged in the blocks the slots share.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -68,6 +67,18 @@ class MLALatentCache:
 LayerCache = KDAState | MLALatentCache
 
 
+@dataclass(frozen=True)
+class KimiK3CacheShape:
+    """What one request's cache holds (a cache of its own, or a slot of the pool): the layer kinds
+    and this rank's KDA and MLA widths."""
+
+    layer_kinds: tuple[LayerKind, ...]
+    kda_heads: int  # this rank's
+    kda_head_dim: int
+    conv_size: int
+    latent_dim: int  # kv_lora_rank + qk_rope_head_dim
+
+
 class KimiK3RequestCache(RequestCache[LayerCache]):
     """One request's layer states and token count; ``slot`` is its slot of a
     :class:`~sglang.srt.mem_cache.kimi_k3_slot_pool.KimiK3SlotPool` (``None`` when the cache owns
@@ -95,32 +106,25 @@ class KimiK3RequestCache(RequestCache[LayerCache]):
 
 
 def new_request_cache(
+    shape: KimiK3CacheShape,
     *,
-    layer_kinds: Sequence[LayerKind],
-    kda_heads: int,
-    kda_head_dim: int,
-    conv_size: int,
-    mla_latent_dim: int,
     dtype: torch.dtype,
     state_dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     latent_encoding: RowCodec | None = None,
 ) -> KimiK3RequestCache:
-    """An empty cache; ``kda_heads`` is this rank's head count. Zero states are the correct start
-    of a sequence (no prefix). ``latent_encoding``: how the MLA latents are stored (None: the
-    model dtype)."""
+    """An empty cache of this shape that owns its tensors. Zero states are the correct start of a
+    sequence (no prefix). ``latent_encoding``: how the MLA latents are stored (None: the model
+    dtype)."""
+    heads, d = shape.kda_heads, shape.kda_head_dim
     layers: list[LayerCache] = []
-    for kind in layer_kinds:
+    for kind in shape.layer_kinds:
         if kind == "kda":
-            conv = torch.zeros(
-                conv_size - 1, 3 * kda_heads * kda_head_dim, dtype=dtype, device=device
-            )
-            rec = torch.zeros(
-                kda_heads, kda_head_dim, kda_head_dim, dtype=state_dtype, device=device
-            )
+            conv = torch.zeros(shape.conv_size - 1, 3 * heads * d, dtype=dtype, device=device)
+            rec = torch.zeros(heads, d, d, dtype=state_dtype, device=device)
             layers.append(KDAState(conv, rec))
         elif kind == "mla":
-            enc = latent_encoding or PlainRows(mla_latent_dim, dtype)
+            enc = latent_encoding or PlainRows(shape.latent_dim, dtype)
             rows = GrowableRows(enc.width, dtype=enc.store_dtype, device=device)
             layers.append(MLALatentCache(rows, latent_encoding))
         else:

@@ -28,14 +28,14 @@ import torch
 
 from sglang.srt.mem_cache.kimi_k3_cache import (
     KDAState,
+    KimiK3CacheShape,
     KimiK3RequestCache,
     LayerCache,
-    LayerKind,
     MLALatentCache,
 )
 from sglang.srt.mem_cache.paged_rows import PagedRows
 from sglang.srt.mem_cache.row_codec import PlainRows, RowCodec
-from sglang.srt.mem_cache.slot_blocks import DEFAULT_BLOCK_TOKENS, SlotBlocks
+from sglang.srt.mem_cache.slot_blocks import SlotBlocks, SlotPoolSize
 
 
 @dataclass(frozen=True)
@@ -49,35 +49,19 @@ class KDASlots:
         return sum(t.numel() * t.element_size() for t in (self.conv, self.recurrent))
 
 
-@dataclass(frozen=True)
-class KimiK3PoolShape:
-    """What one slot holds: the layer kinds and this rank's KDA and MLA widths."""
-
-    layer_kinds: tuple[LayerKind, ...]
-    kda_heads: int  # this rank's
-    kda_head_dim: int
-    conv_size: int
-    latent_dim: int  # kv_lora_rank + qk_rope_head_dim
-
-
 class KimiK3SlotPool(SlotBlocks):
     def __init__(
         self,
-        shape: KimiK3PoolShape,
+        shape: KimiK3CacheShape,
+        size: SlotPoolSize,
         *,
-        max_slots: int,
-        capacity: int,
         dtype: torch.dtype,
         state_dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
-        num_blocks: int | None = None,
-        block_tokens: int | None = None,
-        total_tokens: int | None = None,
         latent_encoding: RowCodec | None = None,
     ) -> None:
-        """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
-        request's) size the latent blocks; neither: every slot can hold a whole-capacity
-        request. ``latent_encoding``: how the latents are stored (None: the model dtype)."""
+        """A pool of ``size`` (its blocks hold the MLA latents). ``latent_encoding``: how the
+        latents are stored (None: the model dtype)."""
         bad = [k for k in shape.layer_kinds if k not in ("kda", "mla")]
         if bad:
             raise ValueError(f"unknown layer kinds {bad}; expected 'kda' or 'mla'")
@@ -88,14 +72,7 @@ class KimiK3SlotPool(SlotBlocks):
             raise ValueError(
                 f"latent rows of {self.latent_encoding.dim} values in a pool of {shape.latent_dim}"
             )
-        super().__init__(
-            max_slots=max_slots,
-            capacity=capacity,
-            block_tokens=block_tokens or DEFAULT_BLOCK_TOKENS,
-            device=dev,
-            num_blocks=num_blocks,
-            total_tokens=total_tokens,
-        )
+        super().__init__(size, device=dev)
         rows, num_blocks = self.rows, self.block_pool.num_blocks
         width = 3 * shape.kda_heads * shape.kda_head_dim
         d = shape.kda_head_dim

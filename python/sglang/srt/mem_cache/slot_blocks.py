@@ -8,6 +8,8 @@ prefix cache snapshots; ``state_snapshots.py``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sglang.srt.mem_cache.block_pool import BlockPool
@@ -23,30 +25,36 @@ class SlotPoolFullError(RuntimeError):
     """Every slot is taken; the scheduler admits at most ``max_slots`` running requests."""
 
 
+@dataclass(frozen=True)
+class SlotPoolSize:
+    """How large a slot pool is: ``max_slots`` requests of up to ``capacity`` tokens each, their
+    growing state in blocks of ``block_tokens`` tokens shared by all (default: the pool's own):
+    ``num_blocks`` of them, or ``total_tokens`` worth rounded down to blocks (at least one whole
+    request's); neither: every slot can hold a whole-capacity request."""
+
+    max_slots: int
+    capacity: int
+    num_blocks: int | None = None
+    block_tokens: int | None = None
+    total_tokens: int | None = None
+
+
 class SlotBlocks:
-    def __init__(
-        self,
-        *,
-        max_slots: int,
-        capacity: int,
-        block_tokens: int,
-        device: torch.device,
-        num_blocks: int | None = None,
-        total_tokens: int | None = None,
-    ) -> None:
-        """``num_blocks`` or ``total_tokens`` (rounded down to blocks, at least one whole
-        request's) size the block pool; neither: every slot can hold a whole-capacity request."""
+    def __init__(self, size: SlotPoolSize, *, device: torch.device) -> None:
+        """A pool of ``size`` (``DEFAULT_BLOCK_TOKENS`` a block unless it says otherwise)."""
+        max_slots, capacity = size.max_slots, size.capacity
         if max_slots < 1 or capacity < 1:
             raise ValueError(f"slot pool needs >= 1 slot and token, got {max_slots}, {capacity}")
         self.max_slots, self.capacity = max_slots, capacity
         self.scratch_slot = max_slots
         self.rows = max_slots + 1
-        self.block_tokens = block_tokens
+        self.block_tokens = block_tokens = size.block_tokens or DEFAULT_BLOCK_TOKENS
         blocks_per_slot = -(-capacity // block_tokens)
+        num_blocks = size.num_blocks
         if num_blocks is None:
             num_blocks = max_slots * blocks_per_slot  # the unpaged memory
-            if total_tokens is not None:
-                num_blocks = max(blocks_per_slot, total_tokens // block_tokens)
+            if size.total_tokens is not None:
+                num_blocks = max(blocks_per_slot, size.total_tokens // block_tokens)
         self.block_pool = BlockPool(num_blocks, block_tokens)
         self.blocks = PagedBlockTable(
             self.block_pool, rows=self.rows, max_tokens=capacity, device=device

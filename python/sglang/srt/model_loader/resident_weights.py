@@ -25,20 +25,18 @@ from sglang.srt.mem_cache.memory_models.weight_bytes import (
     human_bytes,
     resident_vs_checkpoint,
 )
+from sglang.srt.model_loader.name_rules import first_match, name_rules
 from sglang.srt.utils.log import get_logger
 
 logger = get_logger(__name__)
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # (pattern on the dotted name, group), first match wins; both models' spellings.
-_GROUP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p), g)
-    for p, g in (
-        (r"(^|\.)shared_experts(\.|$)", "shared_experts"),
-        (r"(^|\.)experts(\.|$)", "routed_experts"),
-        (r"(^|\.)(attn|self_attn)(\.|$)", "attention"),
-        (r"(^|\.)(embed|embed_tokens|head|lm_head)(\.|$)", "embeddings_head"),
-    )
+_GROUP_RULES = name_rules(
+    (r"(^|\.)shared_experts(\.|$)", "shared_experts"),
+    (r"(^|\.)experts(\.|$)", "routed_experts"),
+    (r"(^|\.)(attn|self_attn)(\.|$)", "attention"),
+    (r"(^|\.)(embed|embed_tokens|head|lm_head)(\.|$)", "embeddings_head"),
 )
 _FORMAT_OF_DTYPE = {
     torch.bfloat16: "bf16",
@@ -61,10 +59,7 @@ def layer_of(name: str) -> int | None:
 
 def weight_group(name: str) -> str:
     """The group of a parameter, buffer or module path (module docstring of ``weight_bytes``)."""
-    for pattern, group in _GROUP_RULES:
-        if pattern.search(name):
-            return group
-    return "other"
+    return first_match(name, _GROUP_RULES, "other")
 
 
 def dtype_format(dtype: torch.dtype) -> str:

@@ -55,12 +55,13 @@ from sglang.srt.mem_cache.deepseek_v4_cache import (
 )
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import DeepseekV4SlotPool
 from sglang.srt.mem_cache.memory_models.deepseek_v4 import CacheShape
+from sglang.srt.mem_cache.slot_blocks import SlotPoolSize
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch
 from sglang.srt.models.deepseek_v4_checkpoint import checkpoint_rules
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.deepseek_v4_moe import DeepseekV4MoE
 from sglang.srt.models.registry import ModelEntry, register_model
-from sglang.srt.models.static_step import SlotPoolDecode, SlotPoolSize
+from sglang.srt.models.static_step import SlotPoolDecode
 
 
 class DeepseekV4Batch(RequestBatch[DeepseekV4RequestCache]):
@@ -216,15 +217,7 @@ class DeepseekV4ForCausalLM(CachedCausalLM[DeepseekV4RequestCache], SlotPoolDeco
 
     def new_slot_pool(self, size: SlotPoolSize) -> DeepseekV4SlotPool:
         """Window rings by slot; compressed entries and indexer keys in the shared blocks."""
-        return DeepseekV4SlotPool(
-            self.cache_shape,
-            max_slots=size.max_slots,
-            capacity=size.capacity,
-            device=self.device,
-            num_blocks=size.num_blocks,
-            block_tokens=size.block_tokens,
-            total_tokens=size.total_tokens,
-        )
+        return DeepseekV4SlotPool(self.cache_shape, size, device=self.device)
 
     # --- forward -------------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from sglang.srt.layers.quantization.block_fp8 import BlockFp8Weight, WeightForma
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
 from sglang.srt.model_loader.checkpoint_loop import CheckpointRules
 from sglang.srt.model_loader.expert_loading import FP8_DTYPES
+from sglang.srt.model_loader.name_rules import name_rules, rename
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 
 __all__ = ["WeightLoadError", "canonical_name", "checkpoint_rules"]
@@ -59,35 +60,32 @@ _TOP_LEVEL = {
 }
 
 # Applied in order to the part after ``layers.L.``; each maps one spelling onto the release one.
-_LAYER_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p), r)
-    for p, r in (
-        (r"^self_attn\.", "attn."),
-        (r"^mlp\.", "ffn."),
-        (r"^input_layernorm\.", "attn_norm."),
-        (r"^post_attention_layernorm\.", "ffn_norm."),
-        (r"^(attn|ffn)_hc\.(fn|base|scale)$", r"hc_\1_\2"),
-        (r"^attn\.sinks$", "attn.attn_sink"),
-        (r"^attn\.compressor\.indexer\.scorer\.weights_proj\.", "attn.indexer.weights_proj."),
-        (r"^attn\.compressor\.indexer\.q_b_proj\.", "attn.indexer.wq_b."),
-        (r"^attn\.compressor\.indexer\.", "attn.indexer.compressor."),
-        (r"compressor\.kv_proj\.", "compressor.wkv."),
-        (r"compressor\.gate_proj\.", "compressor.wgate."),
-        (r"compressor\.position_bias$", "compressor.ape"),
-        (r"compressor\.kv_norm\.", "compressor.norm."),
-        (r"^attn\.q_a_proj\.", "attn.wq_a."),
-        (r"^attn\.q_b_proj\.", "attn.wq_b."),
-        (r"^attn\.kv_proj\.", "attn.wkv."),
-        (r"^attn\.o_a_proj\.", "attn.wo_a."),
-        (r"^attn\.o_b_proj\.", "attn.wo_b."),
-        (r"^attn\.q_a_norm\.", "attn.q_norm."),
-        (r"^attn\.norm\.", "attn.kv_norm."),
-        (r"^ffn\.gate\.e_score_correction_bias$", "ffn.gate.bias"),
-        (r"^ffn\.(shared_experts|experts\.\d+)\.gate_proj\.", r"ffn.\1.w1."),
-        (r"^ffn\.(shared_experts|experts\.\d+)\.up_proj\.", r"ffn.\1.w3."),
-        (r"^ffn\.(shared_experts|experts\.\d+)\.down_proj\.", r"ffn.\1.w2."),
-        (r"\.weight_scale_inv$", ".scale"),
-    )
+_LAYER_RULES = name_rules(
+    (r"^self_attn\.", "attn."),
+    (r"^mlp\.", "ffn."),
+    (r"^input_layernorm\.", "attn_norm."),
+    (r"^post_attention_layernorm\.", "ffn_norm."),
+    (r"^(attn|ffn)_hc\.(fn|base|scale)$", r"hc_\1_\2"),
+    (r"^attn\.sinks$", "attn.attn_sink"),
+    (r"^attn\.compressor\.indexer\.scorer\.weights_proj\.", "attn.indexer.weights_proj."),
+    (r"^attn\.compressor\.indexer\.q_b_proj\.", "attn.indexer.wq_b."),
+    (r"^attn\.compressor\.indexer\.", "attn.indexer.compressor."),
+    (r"compressor\.kv_proj\.", "compressor.wkv."),
+    (r"compressor\.gate_proj\.", "compressor.wgate."),
+    (r"compressor\.position_bias$", "compressor.ape"),
+    (r"compressor\.kv_norm\.", "compressor.norm."),
+    (r"^attn\.q_a_proj\.", "attn.wq_a."),
+    (r"^attn\.q_b_proj\.", "attn.wq_b."),
+    (r"^attn\.kv_proj\.", "attn.wkv."),
+    (r"^attn\.o_a_proj\.", "attn.wo_a."),
+    (r"^attn\.o_b_proj\.", "attn.wo_b."),
+    (r"^attn\.q_a_norm\.", "attn.q_norm."),
+    (r"^attn\.norm\.", "attn.kv_norm."),
+    (r"^ffn\.gate\.e_score_correction_bias$", "ffn.gate.bias"),
+    (r"^ffn\.(shared_experts|experts\.\d+)\.gate_proj\.", r"ffn.\1.w1."),
+    (r"^ffn\.(shared_experts|experts\.\d+)\.up_proj\.", r"ffn.\1.w3."),
+    (r"^ffn\.(shared_experts|experts\.\d+)\.down_proj\.", r"ffn.\1.w2."),
+    (r"\.weight_scale_inv$", ".scale"),
 )
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
@@ -102,10 +100,7 @@ def canonical_name(name: str) -> str | None:
     m = _LAYER.match(name)
     if m is None:
         return re.sub(r"\.weight_scale_inv$", ".scale", name)
-    rest = m.group(2)
-    for pattern, repl in _LAYER_RULES:
-        rest = pattern.sub(repl, rest)
-    return f"layers.{m.group(1)}.{rest}"
+    return f"layers.{m.group(1)}.{rename(m.group(2), _LAYER_RULES)}"
 
 
 # --- tensors ------------------------------------------------------------------------------

@@ -50,19 +50,15 @@ from sglang.srt.mem_cache.kimi_k3_cache import (
 )
 from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 from sglang.srt.mem_cache.memory_models.kimi_k3 import KimiK3MemoryModel
+from sglang.srt.mem_cache.slot_blocks import SlotPoolSize
 from sglang.srt.models.cached_lm import CachedCausalLM, RequestBatch
 from sglang.srt.models.kimi_k3_checkpoint import checkpoint_rules
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 from sglang.srt.models.kimi_k3_mlp import KimiK3MLP
 from sglang.srt.models.kimi_k3_moe import KimiK3MoE
-from sglang.srt.models.kimi_k3_static_decode import (
-    new_slot_pool,
-    slot_pool_shape,
-    static_attend,
-    static_decode_gate_reason,
-)
+from sglang.srt.models.kimi_k3_static_decode import static_attend, static_decode_gate_reason
 from sglang.srt.models.registry import ModelEntry, register_model
-from sglang.srt.models.static_step import SlotPoolDecode, SlotPoolSize
+from sglang.srt.models.static_step import SlotPoolDecode
 
 _STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -178,6 +174,7 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         self.model = KimiK3Model(c, spec)
         # The ranks attention (and so each request's KDA state) is split over.
         self.attn_tp_size = attention_spec(spec).tp_size
+        self.cache_shape = c.cache_shape(kda_heads=c.kda_num_heads // self.attn_tp_size)
         # Replicated (the vocab-parallel split is a memory optimisation).
         self.lm_head = ReplicatedLinear(c.hidden_size, c.vocab_size, spec)
         self.slot_pool: KimiK3SlotPool | None = None  # see enable_slot_pool
@@ -196,15 +193,10 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
     # --- caches --------------------------------------------------------------------------------
 
     def new_request_cache(self) -> KimiK3RequestCache:
-        c = self.config
         return new_request_cache(
-            layer_kinds=c.layer_kinds,
-            kda_heads=self._kda_heads,
-            kda_head_dim=c.kda_head_dim,
-            conv_size=c.kda_conv_size,
-            mla_latent_dim=c.mla_latent_dim,
+            self.cache_shape,
             dtype=self.dtype,
-            state_dtype=_STATE_DTYPES[c.kda_state_dtype],
+            state_dtype=self._state_dtype,
             device=self.device,
             latent_encoding=self.kv_layout.latents,
         )
@@ -215,20 +207,20 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
         allocates (the default ``--max-total-tokens``)."""
         c = self.config
         return KimiK3MemoryModel(
-            pool=slot_pool_shape(c, kda_heads=self._kda_heads),
+            pool=self.cache_shape,
             hidden_size=c.hidden_size,
             vocab_size=c.vocab_size,
             bank_rows=c.num_bank_rows,
             dtype_bytes=self.dtype.itemsize,
-            state_dtype_bytes=_STATE_DTYPES[c.kda_state_dtype].itemsize,
+            state_dtype_bytes=self._state_dtype.itemsize,
             latent_row_bytes=self.kv_layout.latents.row_bytes,
             kv_cache=self.kv_layout.choice.name,
         )
 
     @property
-    def _kda_heads(self) -> int:
-        """This rank's KDA heads (split over the attention-TP ranks)."""
-        return self.config.kda_num_heads // self.attn_tp_size
+    def _state_dtype(self) -> torch.dtype:
+        """The KDA recurrent states' dtype."""
+        return _STATE_DTYPES[self.config.kda_state_dtype]
 
     # --- forward -------------------------------------------------------------------------------
 
@@ -255,17 +247,12 @@ class KimiK3ForCausalLM(CachedCausalLM[KimiK3RequestCache], SlotPoolDecode):
 
     def new_slot_pool(self, size: SlotPoolSize) -> KimiK3SlotPool:
         """KDA states by slot; MLA latents in the shared blocks."""
-        return new_slot_pool(
-            self.config,
-            kda_heads=self._kda_heads,
-            max_slots=size.max_slots,
-            capacity=size.capacity,
+        return KimiK3SlotPool(
+            self.cache_shape,
+            size,
             dtype=self.dtype,
-            state_dtype=_STATE_DTYPES[self.config.kda_state_dtype],
+            state_dtype=self._state_dtype,
             device=self.device,
-            num_blocks=size.num_blocks,
-            block_tokens=size.block_tokens,
-            total_tokens=size.total_tokens,
             latent_encoding=self.kv_layout.latents,
         )
 

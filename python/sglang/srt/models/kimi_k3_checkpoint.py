@@ -39,6 +39,7 @@ from sglang.srt.layers.moe.expert_weights import WeightFormat
 from sglang.srt.model_loader.checkpoint_index import CheckpointIndex, WeightLoadError
 from sglang.srt.model_loader.checkpoint_loop import CheckpointRules
 from sglang.srt.model_loader.expert_loading import FP8_DTYPES
+from sglang.srt.model_loader.name_rules import name_rules, rename
 from sglang.srt.models.kimi_k3_config import KimiK3Config
 
 __all__ = ["WeightLoadError", "canonical_name", "checkpoint_rules"]
@@ -53,13 +54,10 @@ _VISION_PREFIXES = (
     "multi_modal_projector.",
     "mm_proj.",
 )
-_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p), r)
-    for p, r in (
-        (r"\.block_sparse_moe\.", ".mlp."),
-        (r"\.weight_packed$", ".weight"),
-        (r"\.self_attn\.forget_gate\.", ".self_attn."),
-    )
+_RULES = name_rules(
+    (r"\.block_sparse_moe\.", ".mlp."),
+    (r"\.weight_packed$", ".weight"),
+    (r"\.self_attn\.forget_gate\.", ".self_attn."),
 )
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -73,9 +71,7 @@ def canonical_name(name: str) -> str | None:
         return None
     if not name.startswith(("model.", "lm_head.")):
         name = "model." + name
-    for pattern, repl in _RULES:
-        name = pattern.sub(repl, name)
-    return name
+    return rename(name, _RULES)
 
 
 def layer_of(canon: str) -> int | None:

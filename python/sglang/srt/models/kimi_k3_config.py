@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang.srt.layers.activation import SITU_BETA, SITU_LINEAR_BETA, Activation
-from sglang.srt.mem_cache.kimi_k3_cache import LayerKind
+from sglang.srt.mem_cache.kimi_k3_cache import KimiK3CacheShape, LayerKind
 from sglang.srt.models.config_common import ConfigError, JsonModelConfig, required
 
 _TEXT_MODEL_TYPES = ("kimi_linear", "kimi_k3")
@@ -125,6 +125,17 @@ class KimiK3Config(JsonModelConfig):
         """How many block snapshots the AttnRes bank can hold (one per write layer)."""
         b = self.attn_res_block_size
         return 0 if b is None else -(-self.num_hidden_layers // b)
+
+    def cache_shape(self, kda_heads: int) -> KimiK3CacheShape:
+        """What one request's cache holds (also a slot of the pool, and the memory model's
+        shape); ``kda_heads`` is this rank's head count."""
+        return KimiK3CacheShape(
+            layer_kinds=tuple(self.layer_kinds),
+            kda_heads=kda_heads,
+            kda_head_dim=self.kda_head_dim,
+            conv_size=self.kda_conv_size,
+            latent_dim=self.mla_latent_dim,
+        )
 
     # --- parsing -------------------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-import torch
 from torch import Tensor
 
 from sglang.srt.environ import envs
@@ -24,9 +23,7 @@ from sglang.srt.layers.attention.kda import KimiDeltaAttention
 from sglang.srt.layers.attention.kda_static_decode import kda_static_decode
 from sglang.srt.layers.attention.mla_nope import MLANoPEAttention
 from sglang.srt.layers.attention.mla_static_decode import mla_static_decode
-from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3PoolShape, KimiK3SlotPool
-from sglang.srt.mem_cache.row_codec import RowCodec
-from sglang.srt.models.kimi_k3_config import KimiK3Config
+from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3SlotPool
 
 
 class StaticLayer(Protocol):
@@ -48,49 +45,6 @@ def static_decode_gate_reason() -> str | None:
     return (
         "SGLANG_K3_STATIC_DECODE is off: Kimi K3 decodes eagerly on per-request caches, "
         "without its slot pool and CUDA graphs"
-    )
-
-
-def slot_pool_shape(config: KimiK3Config, *, kda_heads: int) -> KimiK3PoolShape:
-    """What one slot of this config's pool holds (also its memory model's shape);
-    ``kda_heads`` is this rank's head count."""
-    c = config
-    return KimiK3PoolShape(
-        layer_kinds=tuple(c.layer_kinds),
-        kda_heads=kda_heads,
-        kda_head_dim=c.kda_head_dim,
-        conv_size=c.kda_conv_size,
-        latent_dim=c.mla_latent_dim,
-    )
-
-
-def new_slot_pool(
-    config: KimiK3Config,
-    *,
-    kda_heads: int,
-    max_slots: int,
-    capacity: int,
-    dtype: torch.dtype,
-    state_dtype: torch.dtype,
-    device: torch.device,
-    num_blocks: int | None = None,
-    block_tokens: int | None = None,
-    total_tokens: int | None = None,
-    latent_encoding: RowCodec | None = None,
-) -> KimiK3SlotPool:
-    """The slot pool of a model with this config; ``kda_heads`` is this rank's head count,
-    ``latent_encoding`` how its MLA latents are stored (None: the model dtype)."""
-    return KimiK3SlotPool(
-        slot_pool_shape(config, kda_heads=kda_heads),
-        max_slots=max_slots,
-        capacity=capacity,
-        dtype=dtype,
-        state_dtype=state_dtype,
-        device=device,
-        num_blocks=num_blocks,
-        block_tokens=block_tokens,
-        total_tokens=total_tokens,
-        latent_encoding=latent_encoding,
     )
 
 

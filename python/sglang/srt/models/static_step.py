@@ -10,10 +10,11 @@ Kimi K3's static decode shares these (its caches and pool have the same ``slot``
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+from sglang.srt.mem_cache.slot_blocks import SlotPoolSize
 
 # (input_ids, positions, slots) of B real rows -> logits [B, V]: the static decode padded to some
 # size, or a CUDA-graph replay.
@@ -105,19 +106,6 @@ def run_pooled_step(
     for cache in caches:
         cache.count_static_token()
     return logits
-
-
-@dataclass(frozen=True)
-class SlotPoolSize:
-    """How large a slot pool is: ``max_slots`` requests of up to ``capacity`` tokens each, their
-    growing state in blocks of ``block_tokens`` tokens shared by all: ``num_blocks`` of them, or
-    ``total_tokens`` worth (default: every slot at full capacity)."""
-
-    max_slots: int
-    capacity: int
-    num_blocks: int | None = None
-    block_tokens: int | None = None
-    total_tokens: int | None = None
 
 
 class SlotPoolDecode:

@@ -27,7 +27,7 @@ from sglang.srt.mem_cache.radix_ops import (
     SaveSnapshot,
     SplitNode,
 )
-from sglang.srt.mem_cache.slot_blocks import SlotBlocks
+from sglang.srt.mem_cache.slot_blocks import SlotBlocks, SlotPoolSize
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
 
@@ -142,7 +142,7 @@ class _Pool(SlotBlocks):
     """Two per-slot state tensors (one bf16, one fp32) and the block bookkeeping."""
 
     def __init__(self) -> None:
-        super().__init__(max_slots=3, capacity=64, block_tokens=B, device=torch.device("cpu"))
+        super().__init__(SlotPoolSize(3, 64, block_tokens=B), device=torch.device("cpu"))
         self.window = torch.zeros(self.rows, 3, 5, dtype=torch.bfloat16)
         self.state = torch.zeros(self.rows, 2, 2)
 

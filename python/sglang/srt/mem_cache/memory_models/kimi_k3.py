@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang.srt.mem_cache.kimi_k3_slot_pool import KimiK3PoolShape
+from sglang.srt.mem_cache.kimi_k3_cache import KimiK3CacheShape
 from sglang.srt.mem_cache.memory_models.workspace import StepWorkspace, activation_bytes, mib
 from sglang.srt.mem_cache.slot_blocks import DEFAULT_BLOCK_TOKENS
 
@@ -27,7 +27,7 @@ _TABLE_ENTRY_BYTES = 8  # the block tables are int64
 
 @dataclass(frozen=True)
 class KimiK3MemoryModel(StepWorkspace):
-    pool: KimiK3PoolShape  # this rank's: KDA heads split over the attention-TP ranks
+    pool: KimiK3CacheShape  # this rank's: KDA heads split over the attention-TP ranks
     hidden_size: int
     vocab_size: int
     bank_rows: int  # AttnRes bank snapshots (0: plain residuals)

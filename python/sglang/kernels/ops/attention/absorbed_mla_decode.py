@@ -42,6 +42,7 @@ from sglang.kernels.ops.attention.online_softmax import (
     slice_weight,
 )
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs, load_rows
+from sglang.kernels.ops.split_plan import split_blocks
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 
@@ -433,13 +434,9 @@ def split_plan(
 ) -> tuple[int, int]:
     """(slices a request's keys are cut into, keys per slice): about ``target_programs``
     programs, no slice shorter than ``min_split_keys`` (or one key tile)."""
-    tile = config.block_n
-    tiles = triton.cdiv(max(max_keys, 1), tile)
     want = triton.cdiv(config.target_programs, max(bs * head_groups, 1))
-    cap = max(1, triton.cdiv(max_keys, max(config.min_split_keys, tile)))
-    splits = max(1, min(want, tiles, cap, 64))
-    per_split = triton.cdiv(tiles, splits) * tile
-    return triton.cdiv(max(max_keys, 1), per_split), per_split
+    cap = triton.cdiv(max_keys, max(config.min_split_keys, config.block_n))
+    return split_blocks(max(max_keys, 1), config.block_n, min(want, cap, 64))
 
 
 def _parts_for(t: torch.Tensor, store_dtype: torch.dtype, parts: int) -> int:

@@ -48,6 +48,7 @@ from sglang.kernels.ops.quant.fp8 import (
     per_token_group_quant_fp8,
     quant_rows_fp8,
 )
+from sglang.kernels.ops.split_plan import split_blocks
 
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 # Epilogue modes (constexpr): the output dtype, fp32 split-K partials, FP8 + scales.
@@ -372,9 +373,8 @@ def _launch(
             return torch.zeros((1, m, n_total), dtype=torch.float32, device=dev), None
         return out, scale_out
 
-    k_blocks = triton.cdiv(k, config.block_k)
-    per_split = triton.cdiv(k_blocks, config.split_k)
-    splits = triton.cdiv(k_blocks, per_split)
+    splits, k_per_split = split_blocks(k, config.block_k, config.split_k)
+    per_split = k_per_split // config.block_k
     partial = None
     if splits > 1 or keep_partials:
         partial = torch.empty((splits, m, n_total), dtype=torch.float32, device=dev)

@@ -26,15 +26,13 @@ multiply, round once. Nothing here synchronises with the host, so every entry is
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.limits import H200, device_limits
 from sglang.kernels.ops.gemm.fp8_gemm_config import (
     FP8_SCALE_BLOCK,
-    SM90_SHARED_LIMIT,
     Fp8GemmConfig,
     choose_config,
     fit_to_shared,
@@ -277,20 +275,11 @@ def fp8_grouped_gemm_torch(
 # --- launches --------------------------------------------------------------------------------
 
 
-@functools.cache
-def _device_facts(index: int) -> tuple[int, int]:
-    """(SMs, shared memory a block may opt into) of CUDA device ``index``."""
-    props = torch.cuda.get_device_properties(index)
-    limit = int(getattr(props, "shared_memory_per_block_optin", 0) or SM90_SHARED_LIMIT)
-    return int(props.multi_processor_count), limit
-
-
 def device_facts(device: torch.device) -> tuple[int, int]:
-    """(SMs, shared-memory limit) the tiles are chosen for: the GPU's, or an H200's for the
-    interpreter on the CPU."""
-    if device.type == "cuda":
-        return _device_facts(device.index if device.index is not None else 0)
-    return 132, SM90_SHARED_LIMIT
+    """(SMs, shared memory a block may opt into) the tiles are chosen for: the GPU's
+    (``fit.limits``), or an H200's for the interpreter on the CPU."""
+    limits = device_limits(device) or H200
+    return limits.sm_count, limits.shared_optin_bytes
 
 
 def _check_operands(

@@ -324,6 +324,28 @@ class MoEProblem:
     block: tuple[int, int]
 
 
+def check_routing_and_out(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: torch.Tensor | None,
+) -> None:
+    """What every MoE entry point checks of its routing and output, a ``ValueError`` naming what
+    does not fit: ``topk_ids`` / ``topk_weights`` [T, k] for ``hidden`` [T, H], ``out`` (when
+    given) of ``hidden``'s shape and dtype."""
+    tokens = hidden.shape[0]
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens or topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"topk_ids/topk_weights must be [T, k] with T={tokens}, got "
+            f"{tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}"
+        )
+    if out is not None and (out.shape != hidden.shape or out.dtype != hidden.dtype):
+        raise ValueError(
+            f"out must match hidden: {tuple(out.shape)} {out.dtype} vs "
+            f"{tuple(hidden.shape)} {hidden.dtype}"
+        )
+
+
 def check_moe_inputs(
     hidden: torch.Tensor,
     w13: torch.Tensor,
@@ -349,16 +371,7 @@ def check_moe_inputs(
             f"shape mismatch: hidden {tuple(hidden.shape)}, w13 {tuple(w13.shape)}, "
             f"w2 {tuple(w2.shape)}"
         )
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens or topk_weights.shape != topk_ids.shape:
-        raise ValueError(
-            f"topk_ids/topk_weights must be [T, k] with T={tokens}, got "
-            f"{tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}"
-        )
-    if out is not None and (out.shape != hidden.shape or out.dtype != hidden.dtype):
-        raise ValueError(
-            f"out must match hidden: {tuple(out.shape)} {out.dtype} vs "
-            f"{tuple(hidden.shape)} {hidden.dtype}"
-        )
+    check_routing_and_out(hidden, topk_weights, topk_ids, out)
     fp8 = w13.dtype == FP8_DTYPE
     if (w2.dtype == FP8_DTYPE) != fp8:
         raise ValueError(f"w13 and w2 must both be FP8 or neither: {w13.dtype}, {w2.dtype}")

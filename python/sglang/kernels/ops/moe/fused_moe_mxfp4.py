@@ -41,6 +41,7 @@ from sglang.kernels.ops.moe.fused_moe import (
     _launch_sum,
     _tile_coords,
     _tile_rows,
+    check_routing_and_out,
     experts_reference,
     resolve_moe_output,
     routing_operands,
@@ -277,16 +278,7 @@ def check_mxfp4_moe_inputs(
     tokens, h = hidden.shape
     if h != weights.hidden:
         raise ValueError(f"hidden has {h} columns, the experts take H={weights.hidden}")
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens or topk_weights.shape != topk_ids.shape:
-        raise ValueError(
-            f"topk_ids/topk_weights must be [T, k] with T={tokens}, got "
-            f"{tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}"
-        )
-    if out is not None and (out.shape != hidden.shape or out.dtype != hidden.dtype):
-        raise ValueError(
-            f"out must match hidden: {tuple(out.shape)} {out.dtype} vs "
-            f"{tuple(hidden.shape)} {hidden.dtype}"
-        )
+    check_routing_and_out(hidden, topk_weights, topk_ids, out)
     if hidden.device != weights.w13.device:
         raise ValueError(f"hidden is on {hidden.device}, the experts on {weights.w13.device}")
     return MoEProblem(

@@ -286,6 +286,13 @@ def check_mxfp4_moe_inputs(
     )
 
 
+def asm_dequant(dtype: torch.dtype) -> bool:
+    """Whether the weight tiles take the fast dequantisation (the inline PTX of
+    ``mxfp4_operand.weight_tile``, weights scaled by 2**-62): bf16 activations on the GPU; fp16
+    ones and the interpreter take the portable one."""
+    return dtype == torch.bfloat16 and not interpreter_enabled()
+
+
 def _launch_gemm1(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -302,7 +309,7 @@ def _launch_gemm1(
     sorted_ids, expert_ids, ntpp = align
     tile = cfg.gemm1
     num_m_blocks = expert_ids.shape[0]
-    asm = x.dtype == torch.bfloat16 and not interpreter_enabled()
+    asm = asm_dequant(x.dtype)
     _mxfp4_gemm1_kernel[(num_m_blocks * triton.cdiv(p.inter, tile.block_n),)](
         x, w13, s13, inter, sorted_ids, expert_ids, ntpp,
         num_slots, num_m_blocks, p.inter, p.hidden, p.top_k,
@@ -330,7 +337,7 @@ def _launch_gemm2(
     sorted_ids, expert_ids, ntpp = align
     tile = cfg.gemm2
     num_m_blocks = expert_ids.shape[0]
-    asm = inter.dtype == torch.bfloat16 and not interpreter_enabled()
+    asm = asm_dequant(inter.dtype)
     _mxfp4_gemm2_kernel[(num_m_blocks * triton.cdiv(p.hidden, tile.block_n),)](
         inter, w2, s2, down, topk_weights, sorted_ids, expert_ids, ntpp,
         num_slots, num_m_blocks, p.hidden, p.inter,
@@ -358,7 +365,7 @@ def _launch_split(
     """Both GEMMs on the split kernel (``mxfp4_split_gemm.py``)."""
     w13, w2, _, _ = weights.kernel_operands
     s13, s2 = weights.scale_word_operands
-    asm = x.dtype == torch.bfloat16 and not interpreter_enabled()
+    asm = asm_dequant(x.dtype)
     common = {
         "num_slots": num_slots, "top_k": p.top_k, "block_m": cfg.block_m,
         "scale_utccp": weights.layout.scale_utccp, "asm": asm, "dot_f32": interpreter_enabled(),

@@ -34,12 +34,13 @@ from sglang.kernels.ops.attention.compressor_entry import (
     TILE_ELEMS,
     EntryMaths,
     entry_input_reason,
+    entry_launch_options,
     entry_warps,
     norm_rope_entry,
+    pooling_width_factor,
     store_entry,
 )
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs, fp8_rows_reason
-from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 
 @triton.jit
@@ -351,17 +352,10 @@ def compress_decode(
     the whole block alone) as programs per row and channel block, then one a row for the norm,
     RoPE and entry write."""
     bs, width = kv.shape
-    slots_total, ratio, pend_width = pending_kv.shape
+    slots_total, ratio, _ = pending_kv.shape
     d = entries.shape[-1] if fp8 is None else fp8.dim
     overlap = prev_kv is not None
-    if (prev_score is None) != (prev_kv is None):
-        raise ValueError("prev_kv and prev_score come together (overlap) or not at all")
-    coff = 2 if overlap else 1
-    if width != coff * d or pend_width != width or score.shape != kv.shape:
-        raise ValueError(
-            f"kv/score {tuple(kv.shape)}/{tuple(score.shape)} and pending rows "
-            f"{tuple(pending_kv.shape)} do not match {coff} x entry width {d}"
-        )
+    coff = pooling_width_factor(kv, score, pending_kv, prev_kv, prev_score, d)
     if pending_score.shape != pending_kv.shape or maths.ape.shape != (ratio, width):
         raise ValueError(
             f"pending scores {tuple(pending_score.shape)} / ape {tuple(maths.ape.shape)} do not "
@@ -385,8 +379,7 @@ def compress_decode(
     if bs == 0:
         return
     nc, nc_p2 = coff * ratio, triton.next_power_of_2(coff * ratio)
-    # fp-contraction off: the torch path rounds every product (a fused e*c - o*s would not).
-    opts = {} if interpreter_enabled() else {"enable_fp_fusion": False}
+    opts = entry_launch_options()
     ape, norm_weight, inv_freq = maths.fp32_tensors()
     state = (
         pending_kv,

@@ -1,7 +1,8 @@
 """What turns a DeepSeek V4 compressor's pooled block into its entry, shared by the decode and
 prefill kernels: the parameters (``EntryMaths``), the RMSNorm + RoPE (``norm_rope_entry``), the
-entry's store in the cache's form (``store_entry``: a cast, or an FP8 row quantised in place) and
-the checks on the inputs both kernels read the same way (``entry_input_reason``)."""
+entry's store in the cache's form (``store_entry``: a cast, or an FP8 row quantised in place),
+the checks on the inputs both kernels read the same way (``entry_input_reason``,
+``pooling_width_factor``) and their compile options (``entry_launch_options``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from sglang.kernels.ops.quant.fp8_rows import (
     store_row,
     store_scales,
 )
+from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 TILE_ELEMS = 4096  # candidates x D/2 in one register tile
 ENTRY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -76,6 +78,36 @@ def entry_input_reason(
     if kv.dim() != 2 or kv.stride(-1) != 1 or score.dim() != 2 or score.stride(-1) != 1:
         return "the kernel takes 2-D projections with unit channel stride"
     return compressor_unfit_reason()
+
+
+def pooling_width_factor(
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    pending_kv: torch.Tensor,
+    prev_kv: torch.Tensor | None,
+    prev_score: torch.Tensor | None,
+    dim: int,
+) -> int:
+    """``coff``, the projections' width over the entry width ``dim``: 2 with overlap (``prev_kv``
+    and ``prev_score`` given), else 1; a ``ValueError`` when the previous block comes half given
+    or ``kv`` / ``score`` and the pending rows are not all ``coff * dim`` wide."""
+    if (prev_score is None) != (prev_kv is None):
+        raise ValueError("prev_kv and prev_score come together (overlap) or not at all")
+    coff = 2 if prev_kv is not None else 1
+    width = kv.shape[-1]
+    if kv.shape != score.shape or pending_kv.shape[-1] != width or width != coff * dim:
+        raise ValueError(
+            f"kv/score {tuple(kv.shape)}/{tuple(score.shape)} and pending rows "
+            f"{tuple(pending_kv.shape)} do not match {coff} x entry width {dim}"
+        )
+    return coff
+
+
+def entry_launch_options() -> dict[str, bool]:
+    """The compile options of the compressor kernels: fp-contraction off on the GPU, since the
+    torch path rounds every product (a fused ``e*c - o*s`` would not); none in the
+    interpreter."""
+    return {} if interpreter_enabled() else {"enable_fp_fusion": False}
 
 
 def compressor_unfit_reason() -> str | None:

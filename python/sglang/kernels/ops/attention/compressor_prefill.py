@@ -29,12 +29,13 @@ from sglang.kernels.ops.attention.compressor_entry import (
     TILE_ELEMS,
     EntryMaths,
     entry_input_reason,
+    entry_launch_options,
     entry_warps,
     norm_rope_entry,
+    pooling_width_factor,
     store_entry,
 )
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs
-from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 
 @triton.jit
@@ -173,14 +174,7 @@ def compress_prefill(
     ratio, width = pending_kv.shape
     d = maths.dim
     overlap = prev_kv is not None
-    if (prev_score is not None) != overlap:
-        raise ValueError("prev_kv and prev_score come together (overlap) or not at all")
-    coff = 2 if overlap else 1
-    if kv.shape != score.shape or kv.shape[-1] != width or width != coff * d:
-        raise ValueError(
-            f"kv/score {tuple(kv.shape)}/{tuple(score.shape)} and pending rows "
-            f"{tuple(pending_kv.shape)} do not match {coff} x entry width {d}"
-        )
+    coff = pooling_width_factor(kv, score, pending_kv, prev_kv, prev_score, d)
     if maths.ape.shape != (ratio, width):
         raise ValueError(
             f"ape {tuple(maths.ape.shape)} does not match the pending rows {(ratio, width)}"
@@ -202,8 +196,7 @@ def compress_prefill(
     if nb == 0:
         return out
     nc = coff * ratio
-    # fp-contraction off: the torch path rounds every product (a fused e*c - o*s would not).
-    opts = {} if interpreter_enabled() else {"enable_fp_fusion": False}
+    opts = entry_launch_options()
     _prefill_kernel[(nb,)](
         kv, kv.stride(0), score, score.stride(0), pending_kv, pending_score,
         prev_kv if overlap else pending_kv, prev_score if overlap else pending_score,

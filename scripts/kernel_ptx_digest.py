@@ -46,12 +46,14 @@ _TRITON_DTYPES = {
 
 @dataclass(frozen=True)
 class Launch:
-    """One recorded launch: the kernel and its arguments by name."""
+    """One recorded launch: the kernel and its arguments by name (``fp_fusion``: the launch's
+    ``enable_fp_fusion``, None when it passes none)."""
 
     fn: JITFunction
     args: dict[str, Any]
     num_warps: int
     num_stages: int
+    fp_fusion: bool | None = None
 
 
 @contextmanager
@@ -63,9 +65,10 @@ def recorded_launches() -> Iterator[list[Launch]]:
     def record(self: JITFunction, *args: Any, grid: Any = None, warmup: bool = False, **kw: Any):  # type: ignore[no-untyped-def]
         warps = int(kw.pop("num_warps", 4))
         stages = int(kw.pop("num_stages", 3))
+        fp_fusion = kw.pop("enable_fp_fusion", None)
         named = dict(zip(self.arg_names, args, strict=False))
         named.update({k: v for k, v in kw.items() if k in self.arg_names})
-        launches.append(Launch(self, named, warps, stages))
+        launches.append(Launch(self, named, warps, stages, fp_fusion))
 
     JITFunction.run = record  # type: ignore[method-assign]
     try:
@@ -98,9 +101,12 @@ def compile_launch(launch: Launch) -> Any:
             constexprs[name] = None
         else:
             raise TypeError(f"{launch.fn.__name__}: argument {name} of type {type(value)}")
-    return compile_sm90(
-        launch.fn, signature, constexprs, launch.num_warps, launch.num_stages, tuple(aligned)
-    )
+    with triton.knobs.language.scope():
+        if launch.fp_fusion is False:  # e.g. the compressors: every product rounded
+            triton.knobs.language.force_disable_fp_fusion = True
+        return compile_sm90(
+            launch.fn, signature, constexprs, launch.num_warps, launch.num_stages, tuple(aligned)
+        )
 
 
 def stripped_ptx(ptx: str) -> str:
@@ -296,6 +302,63 @@ def _mhc_sinkhorn_scalar() -> None:
     sk.sinkhorn_tile(c, 1e-6, 20)
 
 
+def _compressor_maths(ratio: int, width: int, d: int) -> Any:
+    from sglang.kernels.ops.attention.compressor_entry import EntryMaths
+
+    return EntryMaths(torch.randn(ratio, width), torch.rand(d) + 0.5, 1e-6, torch.rand(32), 1.0)
+
+
+def _compressor_decode() -> None:
+    from sglang.kernels.ops.attention.compressor_decode import compress_decode
+    from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
+
+    bs, slots, blocks, rows = 3, 4, 6, 8
+    fp8 = Fp8RowFormat(512, 64)
+    # DeepSeek V4's compressors: ratio 4 with overlap (one program a row: the fused kernel) at
+    # the indexer's 128 and the attention's 512 (also as FP8 rows); ratio 128 without (the pool
+    # split over channel blocks, then the entry's norm, RoPE and store)
+    cases = (
+        (4, True, 128, None),
+        (4, True, 512, fp8),
+        (128, False, 512, None),
+        (128, False, 512, fp8),
+    )
+    for ratio, overlap, d, fmt in cases:
+        width = (2 if overlap else 1) * d
+        prev = [torch.randn(slots, ratio, d) if overlap else None for _ in range(2)]
+        if fmt is None:
+            entries = torch.zeros(blocks, rows, d, dtype=torch.bfloat16)
+        else:
+            entries = torch.zeros(blocks, rows, fmt.row_bytes, dtype=torch.uint8)
+        compress_decode(
+            torch.randn(bs, width), torch.randn(bs, width), torch.tensor([3, 7, 130]),
+            torch.tensor([0, 2, 1]), torch.arange(slots * 2).view(slots, 2) % blocks,
+            pending_kv=torch.randn(slots, ratio, width),
+            pending_score=torch.randn(slots, ratio, width), prev_kv=prev[0], prev_score=prev[1],
+            entries=entries, maths=_compressor_maths(ratio, width, d), fp8=fmt,
+        )  # fmt: skip
+
+
+def _compressor_prefill() -> None:
+    from sglang.kernels.ops.attention.compressor_prefill import compress_prefill
+    from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
+
+    ratio, tokens = 4, 10
+    for overlap, d, fmt in (
+        (True, 128, None),
+        (True, 512, Fp8RowFormat(512, 64)),
+        (False, 128, None),
+    ):
+        width = (2 if overlap else 1) * d
+        prev = [torch.randn(ratio, d) if overlap else None for _ in range(2)]
+        compress_prefill(
+            torch.randn(tokens, width), torch.randn(tokens, width),
+            pending_kv=torch.randn(ratio, width), pending_score=torch.randn(ratio, width),
+            num_pending=2, prev_kv=prev[0], prev_score=prev[1], first_block=5,
+            maths=_compressor_maths(ratio, width, d), entry_dtype=torch.bfloat16, fp8=fmt,
+        )  # fmt: skip
+
+
 # --- the MoE launchers ---------------------------------------------------------------------------
 
 
@@ -373,6 +436,8 @@ LAUNCHERS: dict[str, Callable[[], None]] = {
     "fp8_block_gemm": _fp8_gemm,
     "fused_quant": _fused_quant,
     "mhc_sinkhorn_scalar": _mhc_sinkhorn_scalar,
+    "compressor_decode": _compressor_decode,
+    "compressor_prefill": _compressor_prefill,
     "fused_moe": _fused_moe,
     "fused_moe_mxfp4": _fused_moe_mxfp4,
     "mega_moe_triton": _mega_moe,

@@ -33,11 +33,14 @@ import triton.language as tl
 from sglang.kernels.ops.attention.compressor_entry import (
     TILE_ELEMS,
     EntryMaths,
+    candidate_rows,
     entry_input_reason,
     entry_launch_options,
     entry_warps,
+    load_candidates,
     norm_rope_entry,
     pooling_width_factor,
+    softmax_pool,
     store_entry,
 )
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs, fp8_rows_reason
@@ -52,16 +55,7 @@ def _candidates(
 ):  # fmt: skip
     """Candidates ``c0 .. c0 + CHUNK`` on channels ``ch`` -> ``(kv, score + ape)``, each
     ``[CHUNK, len(ch)]``; past ``NC``: kv 0, score -inf (softmax weight 0)."""
-    cand = c0 + tl.arange(0, CHUNK)
-    valid = cand < NC
-    if OVERLAP:  # candidates < RATIO: the previous block; then this block's second halves
-        own = valid & (cand >= RATIO)
-        j = tl.where(own, cand - RATIO, cand)
-        col = tl.where(own, D, 0)[:, None] + ch[None, :]
-    else:
-        own = valid
-        j = cand
-        col = tl.zeros([CHUNK], tl.int64)[:, None] + ch[None, :]
+    valid, own, j, col = candidate_rows(c0 + tl.arange(0, CHUNK), ch, NC, RATIO, D, CHUNK, OVERLAP)
     new = (own & (j == r))[:, None]  # this row's own token: from the inputs
     pend = (slot * RATIO + j)[:, None] * W + col
     kv_p = tl.where(new, kv_ptr + b * kv_stride + col, pend_kv_ptr + pend)
@@ -70,12 +64,7 @@ def _candidates(
         prev = (slot * RATIO + j)[:, None] * D + ch[None, :]
         kv_p = tl.where(own[:, None], kv_p, prev_kv_ptr + prev)
         sc_p = tl.where(own[:, None], sc_p, prev_score_ptr + prev)
-    m = valid[:, None] & (ch[None, :] < D)
-    kv = tl.load(kv_p, mask=m, other=0.0)
-    sc = tl.load(sc_p, mask=m, other=float("-inf"))
-    # The kept previous rows already carry their ape (added when they were this block's).
-    ape = tl.load(ape_ptr + j[:, None] * W + col, mask=m & own[:, None], other=0.0)
-    return kv, sc + ape
+    return load_candidates(kv_p, sc_p, ape_ptr, j, col, valid, ch, own, D, W)
 
 
 @triton.jit
@@ -91,9 +80,7 @@ def _pool(
             0, b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
             pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr, RATIO, D, W, NC, CHUNK, OVERLAP,
         )  # fmt: skip
-        e = tl.exp(sc - tl.max(sc, axis=0)[None, :])
-        prob = e / tl.sum(e, axis=0)[None, :]
-        pooled = tl.sum(prob * kv, axis=0)
+        pooled = softmax_pool(kv, sc)
     else:  # max, then the sum of exp, then the weighted sum: three passes over the chunks
         top = tl.full([CH], float("-inf"), tl.float32)
         for c0 in range(0, NC, CHUNK):

@@ -28,11 +28,14 @@ import triton.language as tl
 from sglang.kernels.ops.attention.compressor_entry import (
     TILE_ELEMS,
     EntryMaths,
+    candidate_rows,
     entry_input_reason,
     entry_launch_options,
     entry_warps,
+    load_candidates,
     norm_rope_entry,
     pooling_width_factor,
+    softmax_pool,
     store_entry,
 )
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs
@@ -48,17 +51,12 @@ def _block_candidates(
     """Block ``b``'s candidates on channels ``ch`` -> ``(kv, score + ape)``, each
     ``[CHUNK, len(ch)]``; past ``NC``: kv 0, score -inf (softmax weight 0)."""
     cand = tl.arange(0, CHUNK).to(tl.int64)
-    valid = cand < NC
-    if OVERLAP:  # candidates < RATIO: the previous block's first halves; then this block's second
-        own = valid & (cand >= RATIO)
-        j = tl.where(own, cand - RATIO, cand)
+    valid, own, j, col = candidate_rows(cand, ch, NC, RATIO, D, CHUNK, OVERLAP)
+    if OVERLAP:  # the first RATIO candidates are the previous block's rows
         blk = tl.where(own, b, b - 1)
-        col = tl.where(own, D, 0)[:, None] + ch[None, :]
         kept = valid & (blk < 0)  # block 0's previous block: the state's kept rows
     else:
-        j = cand
         blk = b + cand * 0
-        col = tl.zeros([CHUNK], tl.int64)[:, None] + ch[None, :]
         kept = cand < 0
     row = (blk * RATIO + j)[:, None]  # in the pending rows, then the chunk's
     pend = row < num_pending
@@ -69,12 +67,7 @@ def _block_candidates(
         prev = j[:, None] * D + ch[None, :]
         kv_p = tl.where(kept[:, None], prev_kv_ptr + prev, kv_p)
         sc_p = tl.where(kept[:, None], prev_score_ptr + prev, sc_p)
-    m = valid[:, None] & (ch[None, :] < D)
-    kv = tl.load(kv_p, mask=m, other=0.0)
-    sc = tl.load(sc_p, mask=m, other=float("-inf"))
-    # The kept previous rows already carry their ape (added when they were a block's own).
-    ape = tl.load(ape_ptr + j[:, None] * W + col, mask=m & ~kept[:, None], other=0.0)
-    return kv, sc + ape
+    return load_candidates(kv_p, sc_p, ape_ptr, j, col, valid, ch, ~kept, D, W)
 
 
 @triton.jit
@@ -89,9 +82,7 @@ def _pooled(
         b, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
         prev_kv_ptr, prev_score_ptr, ape_ptr, num_pending, RATIO, D, W, NC, CHUNK, OVERLAP,
     )  # fmt: skip
-    e = tl.exp(sc - tl.max(sc, axis=0)[None, :])
-    prob = e / tl.sum(e, axis=0)[None, :]
-    return tl.sum(prob * kv, axis=0)
+    return softmax_pool(kv, sc)
 
 
 @triton.jit

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import triton
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sglang.test.sm90_compile import compile_sm90
 
@@ -89,6 +90,9 @@ def compile_launch(launch: Launch) -> Any:
         elif isinstance(value, torch.Tensor):
             signature[name] = "*" + _TRITON_DTYPES[value.dtype]
             aligned.append(name)
+        elif isinstance(value, TensorDescriptor):  # a TMA operand: element type and block
+            block = ", ".join(str(b) for b in value.block_shape)
+            signature[name] = f"tensordesc<{_TRITON_DTYPES[value.base.dtype]}[{block}]>"
         elif isinstance(value, bool):
             signature[name] = "i1"
         elif isinstance(value, int):
@@ -410,6 +414,44 @@ def _fused_moe_mxfp4() -> None:
             fx.fused_experts_mxfp4_weights(x, prepared, tw, ids, activation="situ", config=cfg)
 
 
+def _fused_moe_tma() -> None:
+    from sglang.kernels.ops.moe import fused_moe as fm
+    from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig
+
+    e, h, i, k, tokens = 8, 256, 256, 2, 200
+    x = torch.randn(tokens, h, dtype=torch.bfloat16)
+    w13 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16)
+    w2 = torch.randn(e, h, i, dtype=torch.bfloat16)
+    tw, ids = _moe_routing(tokens, e, k)
+    fp8 = fm.FP8_DTYPE
+    s13, s2 = torch.rand(e, 2 * i // 128, h // 128), torch.rand(e, h // 128, i // 128)
+    # the tuned tables' prefill tiles: bf16 paired gate-up (also warp-specialised), FP8 rescaled
+    # on sorted rows; then split gate-up tiles on half-height row tiles
+    paired = TmaGemmTile(128, 64, 16, 8, 4, paired=True)
+    down = TmaGemmTile(256, 64, 16, 8, 3)
+    bf16_cfgs = (
+        TmaMoeConfig(128, paired, down),
+        TmaMoeConfig(
+            128, replace(paired, warp_specialize=True), replace(down, warp_specialize=True)
+        ),
+        TmaMoeConfig(128, TmaGemmTile(128, 64, 16, 8, 3), down, sorted_a=True, half_tiles=True),
+    )
+    rescaled = TmaGemmTile(128, 128, 16, 8, 3, rescale=True)
+    fp8_cfgs = (
+        TmaMoeConfig(128, rescaled, replace(rescaled, num_stages=4), sorted_a=True),
+        TmaMoeConfig(128, TmaGemmTile(128, 128, 16, 8, 3), TmaGemmTile(128, 128, 16, 8, 4),
+                     half_tiles=True),
+    )  # fmt: skip
+    with _triton_path(fm):
+        for cfg in bf16_cfgs:
+            fm.fused_experts(x, w13, w2, tw, ids, swiglu_limit=7.0, config=cfg)
+        for cfg in fp8_cfgs:
+            fm.fused_experts(
+                x, w13.to(fp8), w2.to(fp8), tw, ids, activation="situ", w13_scale=s13,
+                w2_scale=s2, config=cfg,
+            )  # fmt: skip
+
+
 def _mega_moe() -> None:
     from sglang.kernels.ops.moe.mega_moe_triton import mega_fused_experts
 
@@ -440,6 +482,7 @@ LAUNCHERS: dict[str, Callable[[], None]] = {
     "compressor_prefill": _compressor_prefill,
     "fused_moe": _fused_moe,
     "fused_moe_mxfp4": _fused_moe_mxfp4,
+    "fused_moe_tma": _fused_moe_tma,
     "mega_moe_triton": _mega_moe,
 }
 

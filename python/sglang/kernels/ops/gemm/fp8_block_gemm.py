@@ -47,6 +47,7 @@ from sglang.kernels.ops.quant.fp8 import (
     quant_rows_fp8,
 )
 from sglang.kernels.ops.split_plan import split_blocks
+from sglang.kernels.ops.tile_order import grouped_tile
 
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 # Epilogue modes (constexpr): the output dtype, fp32 split-K partials, FP8 + scales.
@@ -117,15 +118,7 @@ def _fp8_gemm_kernel(
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     g = tl.program_id(2).to(tl.int64)
-    # Grouped ordering of the output tiles: GROUP_M row tiles walk the column tiles together,
-    # so a wave reads each weight tile once from HBM and the rest from L2.
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * num_pid_n
-    first_m = (pid // in_group) * GROUP_M
-    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_size
-    pid_n = (pid % in_group) // group_size
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

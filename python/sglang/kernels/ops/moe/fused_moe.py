@@ -35,6 +35,7 @@ from sglang.kernels.ops.moe.grouped_gemm_tma import TmaMoeConfig, tma_config_fit
 from sglang.kernels.ops.moe.tuned_configs import fit_two_launch, select_moe_config
 from sglang.kernels.ops.moe.two_launch_config import FusedMoeConfig, GemmTile, get_config
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE, block_dequant_fp8, per_token_group_quant_fp8
+from sglang.kernels.ops.tile_order import grouped_tile
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 
 if TYPE_CHECKING:
@@ -52,16 +53,8 @@ DEFAULT_FP8_BLOCK = (128, 128)
 
 @triton.jit
 def _tile_coords(num_m_blocks, n_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    # Visit GROUP_M row tiles for each column tile before moving on, so neighbouring programs
-    # share the same weight columns (and often the same expert) in L2.
-    pid = tl.program_id(0)
-    num_n_blocks = tl.cdiv(n_cols, BLOCK_N)
-    per_group = GROUP_M * num_n_blocks
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(num_m_blocks - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
-    return pid_m, pid_n
+    # This program's (row tile, column tile), one program a tile, in the grouped order.
+    return grouped_tile(tl.program_id(0), num_m_blocks, tl.cdiv(n_cols, BLOCK_N), GROUP_M)
 
 
 # What both GEMMs do alike. @triton.jit helpers are inlined, so the kernels do exactly the work

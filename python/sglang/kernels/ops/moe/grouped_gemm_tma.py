@@ -42,6 +42,7 @@ from sglang.kernels.fit.footprint import Footprint, tma_pipeline_shared
 from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.activation import gated_act
 from sglang.kernels.ops.quant.fp8 import DEFAULT_EPS, FP8_DTYPE, quant_rows_fp8
+from sglang.kernels.ops.tile_order import grouped_tile
 
 
 @dataclass(frozen=True)
@@ -82,16 +83,6 @@ class TmaMoeConfig:
     gemm2: TmaGemmTile
     sorted_a: bool = False
     half_tiles: bool = False
-
-
-@triton.jit
-def _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
-    per_group = GROUP_M * num_n_blocks
-    first_m = (tile // per_group) * GROUP_M
-    group_rows = tl.minimum(num_m_blocks - first_m, GROUP_M)
-    pid_m = first_m + (tile % per_group) % group_rows
-    pid_n = (tile % per_group) // group_rows
-    return pid_m, pid_n
 
 
 # Scales below this are raised to it before dividing by them (a checkpoint's all-zero weight block
@@ -361,7 +352,7 @@ def _gate_up_tma_kernel(
     for tile in tl.range(
         tl.program_id(0), num_tiles, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE
     ):
-        pid_m, pid_n = _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
         row0, expert = _tile_at(pid_m, expert_ids_ptr, BLOCK_M, HALF_TILES)
         args = (
             a_scale_ptr, w_desc, w_scale_ptr, out_ptr, out_scale_ptr, sorted_ids_ptr, row0, expert,
@@ -477,7 +468,7 @@ def _down_tma_kernel(
     for tile in tl.range(
         tl.program_id(0), num_tiles, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE
     ):
-        pid_m, pid_n = _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
         row0, expert = _tile_at(pid_m, expert_ids_ptr, BLOCK_M, HALF_TILES)
         args = (
             a_scale_ptr, w_desc, w_scale_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, row0,

@@ -213,17 +213,38 @@ def _gate_up_paired(
 
 
 @triton.jit
-def _tile_at(pid_m, expert_ids_ptr, BLOCK_M: tl.constexpr, HALF_TILES: tl.constexpr):
-    """Row tile ``pid_m``'s first row and expert: from the tile table of
-    ``moe_align_half_tiles`` (rows ``(first row, expert, half)``) with HALF_TILES, else the
-    ``BLOCK_M``-row blocks of ``moe_align_block_size`` (``expert_ids`` per block)."""
+def _tile_space(
+    ntpp_ptr, n_cols, k_dim, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, HALF_TILES: tl.constexpr,
+):  # fmt: skip
+    """``(row tiles, column tiles, tiles, K steps)`` a kernel walks: with HALF_TILES the tile
+    table's length (``ntpp_ptr`` holds it), else the used part of the sorted rows in ``BLOCK_M``
+    blocks; ``n_cols`` in ``BLOCK_N`` columns."""
+    if HALF_TILES:
+        num_m_blocks = tl.load(ntpp_ptr)
+    else:
+        num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M  # only the used part of the sorted rows
+    num_n_blocks = n_cols // BLOCK_N
+    return num_m_blocks, num_n_blocks, num_m_blocks * num_n_blocks, k_dim // BLOCK_K
+
+
+@triton.jit
+def _tile_at(
+    tile, num_m_blocks, num_n_blocks, expert_ids_ptr, BLOCK_M: tl.constexpr,
+    GROUP_M: tl.constexpr, HALF_TILES: tl.constexpr,
+):  # fmt: skip
+    """Tile ``tile`` in the grouped order -> ``(row tile, column tile, first row, expert)``: the
+    row tile's first row and expert from the tile table of ``moe_align_half_tiles`` (rows
+    ``(first row, expert, half)``) with HALF_TILES, else the ``BLOCK_M``-row blocks of
+    ``moe_align_block_size`` (``expert_ids`` per block)."""
+    pid_m, pid_n = grouped_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
     if HALF_TILES:
         row0 = tl.load(expert_ids_ptr + 3 * pid_m)
         expert = tl.load(expert_ids_ptr + 3 * pid_m + 1)
     else:
         row0 = pid_m * BLOCK_M
         expert = tl.load(expert_ids_ptr + pid_m)
-    return row0, expert
+    return pid_m, pid_n, row0, expert
 
 
 @triton.jit
@@ -342,18 +363,15 @@ def _gate_up_tma_kernel(
 ):
     # HALF_TILES: ``expert_ids_ptr`` is the tile table and ``ntpp_ptr`` its length (align.py);
     # ``a_half_ptr`` is the half-height descriptor of the sorted rows (A_SORTED).
-    if HALF_TILES:
-        num_m_blocks = tl.load(ntpp_ptr)
-    else:
-        num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M  # only the used part of the sorted rows
-    num_n_blocks = inter // BLOCK_N
-    num_tiles = num_m_blocks * num_n_blocks
-    k_steps = k_dim // BLOCK_K
+    num_m_blocks, num_n_blocks, num_tiles, k_steps = _tile_space(
+        ntpp_ptr, inter, k_dim, BLOCK_M, BLOCK_N, BLOCK_K, HALF_TILES
+    )
     for tile in tl.range(
         tl.program_id(0), num_tiles, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE
     ):
-        pid_m, pid_n = grouped_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
-        row0, expert = _tile_at(pid_m, expert_ids_ptr, BLOCK_M, HALF_TILES)
+        pid_m, pid_n, row0, expert = _tile_at(
+            tile, num_m_blocks, num_n_blocks, expert_ids_ptr, BLOCK_M, GROUP_M, HALF_TILES
+        )
         args = (
             a_scale_ptr, w_desc, w_scale_ptr, out_ptr, out_scale_ptr, sorted_ids_ptr, row0, expert,
             pid_n, num_slots, inter, top_k, k_steps, stride_am, stride_asm, stride_wse,
@@ -458,18 +476,15 @@ def _down_tma_kernel(
     HALF_TILES: tl.constexpr,
 ):
     # HALF_TILES as in the gate-up kernel; ``a_half_desc`` reads half-height row tiles.
-    if HALF_TILES:
-        num_m_blocks = tl.load(ntpp_ptr)
-    else:
-        num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M
-    num_n_blocks = n_cols // BLOCK_N
-    num_tiles = num_m_blocks * num_n_blocks
-    k_steps = k_dim // BLOCK_K
+    num_m_blocks, num_n_blocks, num_tiles, k_steps = _tile_space(
+        ntpp_ptr, n_cols, k_dim, BLOCK_M, BLOCK_N, BLOCK_K, HALF_TILES
+    )
     for tile in tl.range(
         tl.program_id(0), num_tiles, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE
     ):
-        pid_m, pid_n = grouped_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
-        row0, expert = _tile_at(pid_m, expert_ids_ptr, BLOCK_M, HALF_TILES)
+        pid_m, pid_n, row0, expert = _tile_at(
+            tile, num_m_blocks, num_n_blocks, expert_ids_ptr, BLOCK_M, GROUP_M, HALF_TILES
+        )
         args = (
             a_scale_ptr, w_desc, w_scale_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, row0,
             expert, pid_n, num_slots, n_cols, k_steps, stride_asm, stride_wse, stride_wsn,

@@ -565,8 +565,32 @@ def tma_unfit_reason(
     )
 
 
-def _num_programs(tile: TmaGemmTile, max_tiles: int, num_sms: int) -> int:
-    return max(1, min(max_tiles, num_sms) if tile.persistent else max_tiles)
+def _tile_walk(
+    align: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    tiles: tuple[torch.Tensor, torch.Tensor] | None,
+    tile: TmaGemmTile,
+    n_cols: int,
+    num_sms: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """What a kernel walks: ``(sorted_ids, row tiles, their count, programs)``, the row tiles
+    ``align``'s ``block_m``-row blocks or the half-tile table ``tiles``; programs one a tile, or
+    with ``tile.persistent`` at most one an SM (looping over the tiles)."""
+    sorted_ids, expert_ids, ntpp = align
+    if tiles is not None:
+        expert_ids, ntpp = tiles
+    max_tiles = expert_ids.shape[0] * (n_cols // tile.block_n)
+    programs = max(1, min(max_tiles, num_sms) if tile.persistent else max_tiles)
+    return sorted_ids, expert_ids, ntpp, programs
+
+
+def _sorted_row_descs(
+    a: torch.Tensor, block_m: int, block_k: int, half_tiles: bool
+) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """Tensor descriptors over rows ``a`` [P, K] in sorted order: ``block_m``-row tiles and the
+    half-height ones (with ``half_tiles``; else the same descriptor)."""
+    desc = TensorDescriptor.from_tensor(a, [block_m, block_k])
+    half = TensorDescriptor.from_tensor(a, [block_m // 2, block_k]) if half_tiles else desc
+    return desc, half
 
 
 def launch_gate_up_tma(
@@ -593,9 +617,6 @@ def launch_gate_up_tma(
     ``a`` is [T, H] by token, or with ``a_sorted`` [P, H] in sorted order (``sorted_rows``).
     ``tiles``: the half-tile table and its length (``moe_align_half_tiles``, ``align`` then to
     ``block_m / 2``); without it, ``align``'s ``block_m``-row blocks."""
-    sorted_ids, expert_ids, ntpp = align
-    if tiles is not None:
-        expert_ids, ntpp = tiles
     e, two_i, h = w13.shape
     inter = two_i // 2
     fp8 = w13.dtype == FP8_DTYPE
@@ -605,15 +626,13 @@ def launch_gate_up_tma(
         )
     else:
         w_desc = TensorDescriptor.from_tensor(w13.view(e * two_i, h), [tile.block_n, tile.block_k])
-    max_tiles = expert_ids.shape[0] * (inter // tile.block_n)
-    programs = _num_programs(tile, max_tiles, num_sms)
+    sorted_ids, expert_ids, ntpp, programs = _tile_walk(align, tiles, tile, inter, num_sms)
     scale_a = a_scale if a_scale is not None else a
     scale_w = w13_scale if w13_scale is not None else a
     scale_o = out_scale if out_scale is not None else out
-    a_arg = TensorDescriptor.from_tensor(a, [block_m, tile.block_k]) if a_sorted else a
-    a_half = a_arg
-    if a_sorted and tiles is not None:
-        a_half = TensorDescriptor.from_tensor(a, [block_m // 2, tile.block_k])
+    a_arg, a_half = a, a
+    if a_sorted:
+        a_arg, a_half = _sorted_row_descs(a, block_m, tile.block_k, tiles is not None)
     _gate_up_tma_kernel[(programs,)](
         a_arg,
         a_half,
@@ -675,18 +694,11 @@ def launch_down_tma(
     """``a`` [P, I] sorted (from :func:`launch_gate_up_tma`) -> ``out`` [S, H] by (token, slot)
     row, each row times its top-k weight (fp32 ``topk_weights`` flattened [S]); ``tiles`` as
     for the gate-up."""
-    sorted_ids, expert_ids, ntpp = align
-    if tiles is not None:
-        expert_ids, ntpp = tiles
     e, h, inter = w2.shape
     fp8 = w2.dtype == FP8_DTYPE
-    a_desc = TensorDescriptor.from_tensor(a, [block_m, tile.block_k])
-    a_half = a_desc
-    if tiles is not None:
-        a_half = TensorDescriptor.from_tensor(a, [block_m // 2, tile.block_k])
+    a_desc, a_half = _sorted_row_descs(a, block_m, tile.block_k, tiles is not None)
     w_desc = TensorDescriptor.from_tensor(w2.view(e * h, inter), [tile.block_n, tile.block_k])
-    max_tiles = expert_ids.shape[0] * (h // tile.block_n)
-    programs = _num_programs(tile, max_tiles, num_sms)
+    sorted_ids, expert_ids, ntpp, programs = _tile_walk(align, tiles, tile, h, num_sms)
     scale_a = a_scale if a_scale is not None else a
     scale_w = w2_scale if w2_scale is not None else a
     _down_tma_kernel[(programs,)](

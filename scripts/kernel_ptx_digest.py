@@ -426,7 +426,7 @@ def _fused_moe_tma() -> None:
     fp8 = fm.FP8_DTYPE
     s13, s2 = torch.rand(e, 2 * i // 128, h // 128), torch.rand(e, h // 128, i // 128)
     # the tuned tables' prefill tiles: bf16 paired gate-up (also warp-specialised), FP8 rescaled
-    # on sorted rows; then split gate-up tiles on half-height row tiles
+    # on sorted rows; then split gate-up tiles on half-height row tiles, paired on sorted rows
     paired = TmaGemmTile(128, 64, 16, 8, 4, paired=True)
     down = TmaGemmTile(256, 64, 16, 8, 3)
     bf16_cfgs = (
@@ -435,6 +435,7 @@ def _fused_moe_tma() -> None:
             128, replace(paired, warp_specialize=True), replace(down, warp_specialize=True)
         ),
         TmaMoeConfig(128, TmaGemmTile(128, 64, 16, 8, 3), down, sorted_a=True, half_tiles=True),
+        TmaMoeConfig(128, paired, down, sorted_a=True),
     )
     rescaled = TmaGemmTile(128, 128, 16, 8, 3, rescale=True)
     fp8_cfgs = (

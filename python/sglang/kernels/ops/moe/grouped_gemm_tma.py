@@ -119,6 +119,17 @@ def _fp8_unscaled(acc, prev_a, prev_w, RESCALE: tl.constexpr):
 
 
 @triton.jit
+def _a_tile(a_src, row0, k0, row_ok, A_SORTED: tl.constexpr):
+    # The gate-up's activation tile at K offset k0: a plain descriptor tile of rows gathered in
+    # sorted order beforehand (A_SORTED), else the rows gathered by token (padding rows 0).
+    if A_SORTED:
+        a = a_src.load([row0, k0])
+    else:
+        a = tl.load(a_src + k0, mask=row_ok[:, None], other=0.0)
+    return a
+
+
+@triton.jit
 def _gate_up_split(
     operands,
     SCALE_BLOCK: tl.constexpr,
@@ -149,10 +160,7 @@ def _gate_up_split(
     su = tl.full((), 1.0, tl.float32)
     for kb in range(k_steps):
         k0 = kb * BLOCK_K
-        if A_SORTED:  # rows gathered in sorted order beforehand: a plain tile
-            a = a_src.load([row0, k0])
-        else:
-            a = tl.load(a_src + k0, mask=row_ok[:, None], other=0.0)
+        a = _a_tile(a_src, row0, k0, row_ok, A_SORTED)
         wg = w_desc.load([gate_row, k0])
         wu = w_desc.load([up_row, k0])
         if FP8:
@@ -195,10 +203,7 @@ def _gate_up_paired(
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     for kb in range(k_steps):
         k0 = kb * BLOCK_K
-        if A_SORTED:  # rows gathered in sorted order beforehand: a plain tile
-            a = a_src.load([row0, k0])
-        else:
-            a = tl.load(a_src + k0, mask=row_ok[:, None], other=0.0)
+        a = _a_tile(a_src, row0, k0, row_ok, A_SORTED)
         w = tl.reshape(w_desc.load([2 * expert, n0, k0]), (2 * BLOCK_N, BLOCK_K))
         if FP8:
             ks = k0 // SCALE_BLOCK

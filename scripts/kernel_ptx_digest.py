@@ -372,6 +372,16 @@ def _moe_routing(tokens: int, experts: int, top_k: int) -> tuple[torch.Tensor, t
     return torch.rand(tokens, top_k, generator=gen), ids.to(torch.int32)
 
 
+def _moe_operands(e: int, h: int, i: int, k: int, tokens: int) -> tuple[torch.Tensor, ...]:
+    """Random bf16 experts, their 128x128 block scales (for an FP8 cast) and a routing:
+    ``(x, w13, w2, s13, s2, topk_weights, topk_ids)``."""
+    x = torch.randn(tokens, h, dtype=torch.bfloat16)
+    w13 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16)
+    w2 = torch.randn(e, h, i, dtype=torch.bfloat16)
+    s13, s2 = torch.rand(e, 2 * i // 128, h // 128), torch.rand(e, h // 128, i // 128)
+    return x, w13, w2, s13, s2, *_moe_routing(tokens, e, k)
+
+
 def _fused_moe() -> None:
     from sglang.kernels.ops.moe import fused_moe as fm
     from sglang.kernels.ops.moe.two_launch_config import get_config
@@ -418,13 +428,8 @@ def _fused_moe_tma() -> None:
     from sglang.kernels.ops.moe import fused_moe as fm
     from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig
 
-    e, h, i, k, tokens = 8, 256, 256, 2, 200
-    x = torch.randn(tokens, h, dtype=torch.bfloat16)
-    w13 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16)
-    w2 = torch.randn(e, h, i, dtype=torch.bfloat16)
-    tw, ids = _moe_routing(tokens, e, k)
+    x, w13, w2, s13, s2, tw, ids = _moe_operands(8, 256, 256, 2, 200)
     fp8 = fm.FP8_DTYPE
-    s13, s2 = torch.rand(e, 2 * i // 128, h // 128), torch.rand(e, h // 128, i // 128)
     # the tuned tables' prefill tiles: bf16 paired gate-up (also warp-specialised), FP8 rescaled
     # on sorted rows; then split gate-up tiles on half-height row tiles, paired on sorted rows
     paired = TmaGemmTile(128, 64, 16, 8, 4, paired=True)
@@ -456,14 +461,9 @@ def _fused_moe_tma() -> None:
 def _mega_moe() -> None:
     from sglang.kernels.ops.moe.mega_moe_triton import mega_fused_experts
 
-    e, h, i, k, tokens = 8, 256, 128, 2, 6
-    x = torch.randn(tokens, h, dtype=torch.bfloat16)
-    w13 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16)
-    w2 = torch.randn(e, h, i, dtype=torch.bfloat16)
-    tw, ids = _moe_routing(tokens, e, k)
+    x, w13, w2, s13, s2, tw, ids = _moe_operands(8, 256, 128, 2, 6)
     mega_fused_experts(x, w13, w2, tw, ids, num_sms=4, swiglu_limit=7.0)
     fp8 = torch.float8_e4m3fn
-    s13, s2 = torch.rand(e, 2 * i // 128, h // 128), torch.rand(e, h // 128, i // 128)
     mega_fused_experts(
         x, w13.to(fp8), w2.to(fp8), tw, ids, num_sms=4, activation="situ", w13_scale=s13,
         w2_scale=s2,

@@ -38,6 +38,7 @@ from sglang.kernels.fit.footprint import Footprint
 from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.attention.online_softmax import (
     EMPTY,
+    kernel_head_dim_ok,
     online_softmax_step,
     slice_weight,
 )
@@ -374,10 +375,6 @@ def _combine_kernel(
     )
 
 
-def _pow2(d: int) -> bool:
-    return d >= 16 and d & (d - 1) == 0
-
-
 def absorbed_decode_unsupported(
     latent: int, rope: int, store_dtype: torch.dtype, fp8: Fp8RowFormat | None = None
 ) -> str | None:
@@ -388,7 +385,7 @@ def absorbed_decode_unsupported(
             return f"FP8 latents need uint8 rows of {latent} e4m3 + {rope} bf16 values"
     elif store_dtype not in (torch.bfloat16, torch.float16):
         return f"the latent store is {store_dtype}, the kernel reads bf16 or fp16"
-    if not (_pow2(latent) and _pow2(rope)):
+    if not (kernel_head_dim_ok(latent) and kernel_head_dim_ok(rope)):
         return f"latent {latent} and rope {rope} widths must be powers of two >= 16"
     return None
 

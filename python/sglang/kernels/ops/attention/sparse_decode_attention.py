@@ -34,6 +34,7 @@ from sglang.kernels.fit.footprint import Footprint
 from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.attention.online_softmax import (
     EMPTY,
+    kernel_head_dim_ok,
     online_softmax_step,
     slice_weight,
 )
@@ -203,11 +204,6 @@ def sparse_decode_unfit_reason(head_dim: int, limits: DeviceLimits | None) -> st
     if not kernel_head_dim_ok(head_dim):
         return f"head dim {head_dim} is not a power of two >= 16"
     return unfit_reason("sparse_decode_attention", decode_footprint(head_dim), limits)
-
-
-def kernel_head_dim_ok(d: int) -> bool:
-    """Row widths the kernels take: powers of two from 16 (the dot's smallest K)."""
-    return d >= 16 and d & (d - 1) == 0
 
 
 def _split_plan(bs: int, head_groups: int, max_keys: int, block_n: int) -> tuple[int, int]:

@@ -408,7 +408,11 @@ def _fused_moe_mxfp4() -> None:
     from sglang.kernels.ops.moe import fused_moe as fm
     from sglang.kernels.ops.moe import fused_moe_mxfp4 as fx
     from sglang.kernels.ops.moe.mxfp4_config import default_mxfp4_config
-    from sglang.kernels.ops.moe.mxfp4_weights import prepare_mxfp4_moe_weights
+    from sglang.kernels.ops.moe.mxfp4_weights import (
+        Mxfp4MoeWeights,
+        mega_moe_layout_of,
+        prepare_mxfp4_moe_weights,
+    )
     from sglang.test.mxfp4_experts import random_mxfp4_experts
 
     e, h, i, k = 8, 256, 128, 2
@@ -422,6 +426,13 @@ def _fused_moe_mxfp4() -> None:
             cfg = replace(default_mxfp4_config(m, 64, k), x_in_dot_order=reorder)
             fx.fused_experts_mxfp4(x, w13, w2, s13, s2, tw, ids, swiglu_limit=7.0, config=cfg)
             fx.fused_experts_mxfp4_weights(x, prepared, tw, ids, activation="situ", config=cfg)
+        # DeepGEMM's MegaMoE layout (gate/up rows interleaved by 8, UTCCP scale rows)
+        mega = mega_moe_layout_of(Mxfp4MoeWeights(w13, w2, s13, s2))
+        for tokens, m in ((1, 1), (200, 2000)):
+            x = torch.randn(tokens, h, dtype=torch.bfloat16)
+            tw, ids = _moe_routing(tokens, e, k)
+            cfg = default_mxfp4_config(m, 64, k)
+            fx.fused_experts_mxfp4_weights(x, mega, tw, ids, swiglu_limit=7.0, config=cfg)
 
 
 def _fused_moe_tma() -> None:

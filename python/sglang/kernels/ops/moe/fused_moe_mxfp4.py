@@ -59,6 +59,7 @@ from sglang.kernels.ops.moe.mxfp4_operand import (
     hidden_row_tile,
     reorder_hidden_columns,
     store_transposed,
+    stored_gate_up_rows,
     stored_scale_rows,
     to_dot_order,
     weight_tile,
@@ -134,12 +135,8 @@ def _mxfp4_gemm1_kernel(
     slot, row_ok = _tile_rows(pid_m, sorted_ids_ptr, num_slots, BLOCK_M)
     x_row = (slot // top_k).to(tl.int64)  # every slot of a token reads the token's row
     cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % n_cols
-    if GATE_UP_GRANULE > 0:
-        gate = (cols // GATE_UP_GRANULE) * (2 * GATE_UP_GRANULE) + cols % GATE_UP_GRANULE
-        up = gate + GATE_UP_GRANULE
-    else:
-        gate = cols
-        up = cols + n_cols
+    gate = stored_gate_up_rows(cols, 0, n_cols, GATE_UP_GRANULE)
+    up = stored_gate_up_rows(cols, 1, n_cols, GATE_UP_GRANULE)
     w_base = w_ptr + expert * stride_we
     offs_b = tl.arange(0, _BYTES)
     g_ptrs = w_base + gate.to(tl.int64)[:, None] * stride_wn + offs_b[None, :]

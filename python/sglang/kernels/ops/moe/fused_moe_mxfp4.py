@@ -94,6 +94,14 @@ def _act_operand(a_ptrs, row_ok, IN_DOT_ORDER: tl.constexpr, BLOCK_M: tl.constex
 
 
 @triton.jit
+def _next_scales(s_ptrs, kb, k_dim, BLOCK_N: tl.constexpr):
+    # The scale bytes [BLOCK_N, 4] of the K tile after kb (0 past K): scale bytes are too small
+    # for the asynchronous copies, so each tile's are loaded one tile ahead by hand.
+    more = (kb + _BK + tl.zeros((BLOCK_N, 4), dtype=tl.int32)) < k_dim
+    return tl.load(s_ptrs, mask=more, other=0)
+
+
+@triton.jit
 def _mxfp4_gemm1_kernel(
     x_ptr,
     w_ptr,
@@ -153,16 +161,14 @@ def _mxfp4_gemm1_kernel(
 
     acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    # Scale bytes are too small for the asynchronous copies: each tile's are loaded one tile
-    # ahead by hand.
+    # scale bytes one tile ahead (_next_scales)
     gs = tl.load(gs_ptrs)
     us = tl.load(us_ptrs)
     for kb in range(0, k_dim, _BK):
         gs_ptrs += stride_wsk
         us_ptrs += stride_wsk
-        more = (kb + _BK + tl.zeros((BLOCK_N, 4), dtype=tl.int32)) < k_dim
-        gs_next = tl.load(gs_ptrs, mask=more, other=0)
-        us_next = tl.load(us_ptrs, mask=more, other=0)
+        gs_next = _next_scales(gs_ptrs, kb, k_dim, BLOCK_N)
+        us_next = _next_scales(us_ptrs, kb, k_dim, BLOCK_N)
         xt = _act_operand(x_ptrs, row_ok, X_IN_DOT_ORDER, BLOCK_M)
         wg = weight_tile(tl.load(g_ptrs), gs, BLOCK_N, x_ptr.dtype.element_ty, ASM)
         acc_g = dot(wg, xt, acc_g, DOT_F32)
@@ -235,8 +241,7 @@ def _mxfp4_gemm2_kernel(
     ws = tl.load(s_ptrs)  # scale bytes one tile ahead, as in GEMM 1
     for kb in range(0, k_dim, _BK):
         s_ptrs += stride_wsk
-        more = (kb + _BK + tl.zeros((BLOCK_N, 4), dtype=tl.int32)) < k_dim
-        ws_next = tl.load(s_ptrs, mask=more, other=0)
+        ws_next = _next_scales(s_ptrs, kb, k_dim, BLOCK_N)
         at = _act_operand(a_ptrs, row_ok, True, BLOCK_M)  # GEMM 1 wrote it in dot order
         w = weight_tile(tl.load(w_ptrs), ws, BLOCK_N, a_ptr.dtype.element_ty, ASM)
         acc = dot(w, at, acc, DOT_F32)

@@ -103,6 +103,13 @@ def _scaled_dot(acc, a, w, a_s, w_s):
 
 
 @triton.jit
+def _times_topk_weight(acc, topk_weights_ptr, rows, row_ok):
+    # GEMM 2's [routed rows, columns] tile times each routed row's top-k weight.
+    weight = tl.load(topk_weights_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    return acc * weight[:, None]
+
+
+@triton.jit
 def _store_tile(out_ptr, rows, offs_n, n_cols, row_ok, stride_om, stride_on, val):
     # The tile in out's dtype; padding rows and the wrapped columns past n_cols are not written.
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
@@ -268,8 +275,7 @@ def _moe_gemm2_kernel(
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
 
-    weight = tl.load(topk_weights_ptr + a_row, mask=row_ok, other=0.0).to(tl.float32)
-    acc = acc * weight[:, None]
+    acc = _times_topk_weight(acc, topk_weights_ptr, a_row, row_ok)
     _store_tile(out_ptr, a_row, offs_n, n_cols, row_ok, stride_om, stride_on, acc)
 
 

@@ -45,6 +45,7 @@ from sglang.kernels.ops.gpu_clock import globaltimer_ns
 from sglang.kernels.ops.moe.align import moe_align_block_size
 from sglang.kernels.ops.moe.fused_moe import (
     _scaled_dot,
+    _times_topk_weight,
     check_moe_inputs,
     resolve_moe_output,
     routing_operands,
@@ -348,8 +349,7 @@ def _phase2_tile(
                 acc = tl.dot(a, w, acc)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
-        weight = tl.load(topk_w_ptr + row, mask=row_ok, other=0.0).to(tl.float32)
-        val = (acc * weight[:, None]).to(down_ptr.dtype.element_ty)
+        val = _times_topk_weight(acc, topk_w_ptr, row, row_ok).to(down_ptr.dtype.element_ty)
         tl.store(down_ptr + row[:, None] * stride_dm + offs_n[None, :], val, mask=row_ok[:, None])
         tl.debug_barrier()
 

@@ -46,6 +46,7 @@ from sglang.kernels.ops.moe.align import moe_align_block_size
 from sglang.kernels.ops.moe.fused_moe import (
     _scaled_dot,
     _times_topk_weight,
+    _w_scale_ptrs,
     check_moe_inputs,
     resolve_moe_output,
     routing_operands,
@@ -220,7 +221,7 @@ def _phase1_tile(
     a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
     g_ptrs = w13_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
     u_ptrs = g_ptrs + inter_dim * stride_wn
-    gs_ptrs = w13s_ptr + expert * stride_wse + (offs_n // SCALE_BLOCK) * stride_wsn
+    gs_ptrs = _w_scale_ptrs(w13s_ptr, expert, offs_n, stride_wse, stride_wsn, SCALE_BLOCK)
     us_ptrs = gs_ptrs + (inter_dim // SCALE_BLOCK) * stride_wsn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N1), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N1), dtype=tl.float32)
@@ -336,7 +337,7 @@ def _phase2_tile(
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = inter_ptr + row[:, None] * stride_im + offs_k[None, :]
         w_ptrs = w2_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
-        ws_ptrs = w2s_ptr + expert * stride_wse + (offs_n // SCALE_BLOCK) * stride_wsn
+        ws_ptrs = _w_scale_ptrs(w2s_ptr, expert, offs_n, stride_wse, stride_wsn, SCALE_BLOCK)
         acc = tl.zeros((BLOCK_M, BLOCK_N2), dtype=tl.float32)
         for kb in range(k_dim // BLOCK_K):
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)

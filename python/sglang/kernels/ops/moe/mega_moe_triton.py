@@ -174,6 +174,15 @@ def _wait_at_least(
 
 
 @triton.jit
+def _row_block(mb, expert_ids_ptr, sorted_ptr, num_slots, BLOCK_M: tl.constexpr):
+    # Row block mb's expert, its routed-row slots and which of them are real (padding >= slots).
+    # (fused_moe._tile_rows offsets the rows before the pointer: other code for the same rows.)
+    expert = tl.load(expert_ids_ptr + mb).to(tl.int64)
+    slot = tl.load(sorted_ptr + mb * BLOCK_M + tl.arange(0, BLOCK_M))
+    return expert, slot, slot < num_slots
+
+
+@triton.jit
 def _phase1_tile(
     mb,
     n1,
@@ -212,9 +221,7 @@ def _phase1_tile(
     BLOCK_N1: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    expert = tl.load(expert_ids_ptr + mb).to(tl.int64)
-    slot = tl.load(sorted_ptr + mb * BLOCK_M + tl.arange(0, BLOCK_M))
-    row_ok = slot < num_slots
+    expert, slot, row_ok = _row_block(mb, expert_ids_ptr, sorted_ptr, num_slots, BLOCK_M)
     tok = (slot // TOP_K).to(tl.int64)
     offs_n = n1 * BLOCK_N1 + tl.arange(0, BLOCK_N1)
     offs_k = tl.arange(0, BLOCK_K)
@@ -329,9 +336,7 @@ def _phase2_tile(
     )
     tl.debug_barrier()
     if ready:
-        expert = tl.load(expert_ids_ptr + mb).to(tl.int64)
-        slot = tl.load(sorted_ptr + mb * BLOCK_M + tl.arange(0, BLOCK_M))
-        row_ok = slot < num_slots
+        expert, slot, row_ok = _row_block(mb, expert_ids_ptr, sorted_ptr, num_slots, BLOCK_M)
         row = slot.to(tl.int64)
         offs_n = n2 * BLOCK_N2 + tl.arange(0, BLOCK_N2)
         offs_k = tl.arange(0, BLOCK_K)

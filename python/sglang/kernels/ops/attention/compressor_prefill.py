@@ -43,13 +43,15 @@ from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs
 
 @triton.jit
 def _block_candidates(
-    b, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
-    prev_score_ptr, ape_ptr, num_pending,
+    b, ch, src,
     RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
     CHUNK: tl.constexpr, OVERLAP: tl.constexpr,
 ):  # fmt: skip
     """Block ``b``'s candidates on channels ``ch`` -> ``(kv, score + ape)``, each
-    ``[CHUNK, len(ch)]``; past ``NC``: kv 0, score -inf (softmax weight 0)."""
+    ``[CHUNK, len(ch)]``; past ``NC``: kv 0, score -inf (softmax weight 0). ``src``: the chunk's
+    inputs and the state's rows (the kernel's tuple)."""
+    (kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
+     prev_score_ptr, ape_ptr, num_pending) = src  # fmt: skip
     cand = tl.arange(0, CHUNK).to(tl.int64)
     valid, own, j, col = candidate_rows(cand, ch, NC, RATIO, D, CHUNK, OVERLAP)
     if OVERLAP:  # the first RATIO candidates are the previous block's rows
@@ -72,16 +74,12 @@ def _block_candidates(
 
 @triton.jit
 def _pooled(
-    b, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
-    prev_score_ptr, ape_ptr, num_pending,
+    b, ch, src,
     RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
     CHUNK: tl.constexpr, OVERLAP: tl.constexpr,
 ):  # fmt: skip
     """``sum_c softmax_c(score)[c] * kv[c]`` of block ``b`` on channels ``ch`` (fp32)."""
-    kv, sc = _block_candidates(
-        b, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-        prev_kv_ptr, prev_score_ptr, ape_ptr, num_pending, RATIO, D, W, NC, CHUNK, OVERLAP,
-    )  # fmt: skip
+    kv, sc = _block_candidates(b, ch, src, RATIO, D, W, NC, CHUNK, OVERLAP)
     return softmax_pool(kv, sc)
 
 
@@ -98,15 +96,11 @@ def _prefill_kernel(
 ):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, D // 2).to(tl.int64)
+    src = (kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
+           prev_score_ptr, ape_ptr, num_pending)  # fmt: skip
     # Even and odd channels pooled as separate tiles: each RoPE pair meets in one thread.
-    even = _pooled(
-        b, 2 * i, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-        prev_kv_ptr, prev_score_ptr, ape_ptr, num_pending, RATIO, D, W, NC, CHUNK, OVERLAP,
-    )  # fmt: skip
-    odd = _pooled(
-        b, 2 * i + 1, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-        prev_kv_ptr, prev_score_ptr, ape_ptr, num_pending, RATIO, D, W, NC, CHUNK, OVERLAP,
-    )  # fmt: skip
+    even = _pooled(b, 2 * i, src, RATIO, D, W, NC, CHUNK, OVERLAP)
+    odd = _pooled(b, 2 * i + 1, src, RATIO, D, W, NC, CHUNK, OVERLAP)
     block = first_block + b
     out_even, out_odd = norm_rope_entry(
         even, odd, i, block, norm_w_ptr, inv_freq_ptr, eps, rope_factor,

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import triton
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sglang.test.sm90_compile import compile_sm90
 
@@ -46,12 +47,14 @@ _TRITON_DTYPES = {
 
 @dataclass(frozen=True)
 class Launch:
-    """One recorded launch: the kernel and its arguments by name."""
+    """One recorded launch: the kernel and its arguments by name (``fp_fusion``: the launch's
+    ``enable_fp_fusion``, None when it passes none)."""
 
     fn: JITFunction
     args: dict[str, Any]
     num_warps: int
     num_stages: int
+    fp_fusion: bool | None = None
 
 
 @contextmanager
@@ -63,9 +66,10 @@ def recorded_launches() -> Iterator[list[Launch]]:
     def record(self: JITFunction, *args: Any, grid: Any = None, warmup: bool = False, **kw: Any):  # type: ignore[no-untyped-def]
         warps = int(kw.pop("num_warps", 4))
         stages = int(kw.pop("num_stages", 3))
+        fp_fusion = kw.pop("enable_fp_fusion", None)
         named = dict(zip(self.arg_names, args, strict=False))
         named.update({k: v for k, v in kw.items() if k in self.arg_names})
-        launches.append(Launch(self, named, warps, stages))
+        launches.append(Launch(self, named, warps, stages, fp_fusion))
 
     JITFunction.run = record  # type: ignore[method-assign]
     try:
@@ -86,6 +90,9 @@ def compile_launch(launch: Launch) -> Any:
         elif isinstance(value, torch.Tensor):
             signature[name] = "*" + _TRITON_DTYPES[value.dtype]
             aligned.append(name)
+        elif isinstance(value, TensorDescriptor):  # a TMA operand: element type and block
+            block = ", ".join(str(b) for b in value.block_shape)
+            signature[name] = f"tensordesc<{_TRITON_DTYPES[value.base.dtype]}[{block}]>"
         elif isinstance(value, bool):
             signature[name] = "i1"
         elif isinstance(value, int):
@@ -98,9 +105,12 @@ def compile_launch(launch: Launch) -> Any:
             constexprs[name] = None
         else:
             raise TypeError(f"{launch.fn.__name__}: argument {name} of type {type(value)}")
-    return compile_sm90(
-        launch.fn, signature, constexprs, launch.num_warps, launch.num_stages, tuple(aligned)
-    )
+    with triton.knobs.language.scope():
+        if launch.fp_fusion is False:  # e.g. the compressors: every product rounded
+            triton.knobs.language.force_disable_fp_fusion = True
+        return compile_sm90(
+            launch.fn, signature, constexprs, launch.num_warps, launch.num_stages, tuple(aligned)
+        )
 
 
 def stripped_ptx(ptx: str) -> str:
@@ -296,6 +306,63 @@ def _mhc_sinkhorn_scalar() -> None:
     sk.sinkhorn_tile(c, 1e-6, 20)
 
 
+def _compressor_maths(ratio: int, width: int, d: int) -> Any:
+    from sglang.kernels.ops.attention.compressor_entry import EntryMaths
+
+    return EntryMaths(torch.randn(ratio, width), torch.rand(d) + 0.5, 1e-6, torch.rand(32), 1.0)
+
+
+def _compressor_decode() -> None:
+    from sglang.kernels.ops.attention.compressor_decode import compress_decode
+    from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
+
+    bs, slots, blocks, rows = 3, 4, 6, 8
+    fp8 = Fp8RowFormat(512, 64)
+    # DeepSeek V4's compressors: ratio 4 with overlap (one program a row: the fused kernel) at
+    # the indexer's 128 and the attention's 512 (also as FP8 rows); ratio 128 without (the pool
+    # split over channel blocks, then the entry's norm, RoPE and store)
+    cases = (
+        (4, True, 128, None),
+        (4, True, 512, fp8),
+        (128, False, 512, None),
+        (128, False, 512, fp8),
+    )
+    for ratio, overlap, d, fmt in cases:
+        width = (2 if overlap else 1) * d
+        prev = [torch.randn(slots, ratio, d) if overlap else None for _ in range(2)]
+        if fmt is None:
+            entries = torch.zeros(blocks, rows, d, dtype=torch.bfloat16)
+        else:
+            entries = torch.zeros(blocks, rows, fmt.row_bytes, dtype=torch.uint8)
+        compress_decode(
+            torch.randn(bs, width), torch.randn(bs, width), torch.tensor([3, 7, 130]),
+            torch.tensor([0, 2, 1]), torch.arange(slots * 2).view(slots, 2) % blocks,
+            pending_kv=torch.randn(slots, ratio, width),
+            pending_score=torch.randn(slots, ratio, width), prev_kv=prev[0], prev_score=prev[1],
+            entries=entries, maths=_compressor_maths(ratio, width, d), fp8=fmt,
+        )  # fmt: skip
+
+
+def _compressor_prefill() -> None:
+    from sglang.kernels.ops.attention.compressor_prefill import compress_prefill
+    from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat
+
+    ratio, tokens = 4, 10
+    for overlap, d, fmt in (
+        (True, 128, None),
+        (True, 512, Fp8RowFormat(512, 64)),
+        (False, 128, None),
+    ):
+        width = (2 if overlap else 1) * d
+        prev = [torch.randn(ratio, d) if overlap else None for _ in range(2)]
+        compress_prefill(
+            torch.randn(tokens, width), torch.randn(tokens, width),
+            pending_kv=torch.randn(ratio, width), pending_score=torch.randn(ratio, width),
+            num_pending=2, prev_kv=prev[0], prev_score=prev[1], first_block=5,
+            maths=_compressor_maths(ratio, width, d), entry_dtype=torch.bfloat16, fp8=fmt,
+        )  # fmt: skip
+
+
 # --- the MoE launchers ---------------------------------------------------------------------------
 
 
@@ -303,6 +370,16 @@ def _moe_routing(tokens: int, experts: int, top_k: int) -> tuple[torch.Tensor, t
     gen = torch.Generator().manual_seed(0)
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
     return torch.rand(tokens, top_k, generator=gen), ids.to(torch.int32)
+
+
+def _moe_operands(e: int, h: int, i: int, k: int, tokens: int) -> tuple[torch.Tensor, ...]:
+    """Random bf16 experts, their 128x128 block scales (for an FP8 cast) and a routing:
+    ``(x, w13, w2, s13, s2, topk_weights, topk_ids)``."""
+    x = torch.randn(tokens, h, dtype=torch.bfloat16)
+    w13 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16)
+    w2 = torch.randn(e, h, i, dtype=torch.bfloat16)
+    s13, s2 = torch.rand(e, 2 * i // 128, h // 128), torch.rand(e, h // 128, i // 128)
+    return x, w13, w2, s13, s2, *_moe_routing(tokens, e, k)
 
 
 def _fused_moe() -> None:
@@ -331,7 +408,11 @@ def _fused_moe_mxfp4() -> None:
     from sglang.kernels.ops.moe import fused_moe as fm
     from sglang.kernels.ops.moe import fused_moe_mxfp4 as fx
     from sglang.kernels.ops.moe.mxfp4_config import default_mxfp4_config
-    from sglang.kernels.ops.moe.mxfp4_weights import prepare_mxfp4_moe_weights
+    from sglang.kernels.ops.moe.mxfp4_weights import (
+        Mxfp4MoeWeights,
+        mega_moe_layout_of,
+        prepare_mxfp4_moe_weights,
+    )
     from sglang.test.mxfp4_experts import random_mxfp4_experts
 
     e, h, i, k = 8, 256, 128, 2
@@ -345,19 +426,55 @@ def _fused_moe_mxfp4() -> None:
             cfg = replace(default_mxfp4_config(m, 64, k), x_in_dot_order=reorder)
             fx.fused_experts_mxfp4(x, w13, w2, s13, s2, tw, ids, swiglu_limit=7.0, config=cfg)
             fx.fused_experts_mxfp4_weights(x, prepared, tw, ids, activation="situ", config=cfg)
+        # DeepGEMM's MegaMoE layout (gate/up rows interleaved by 8, UTCCP scale rows)
+        mega = mega_moe_layout_of(Mxfp4MoeWeights(w13, w2, s13, s2))
+        for tokens, m in ((1, 1), (200, 2000)):
+            x = torch.randn(tokens, h, dtype=torch.bfloat16)
+            tw, ids = _moe_routing(tokens, e, k)
+            cfg = default_mxfp4_config(m, 64, k)
+            fx.fused_experts_mxfp4_weights(x, mega, tw, ids, swiglu_limit=7.0, config=cfg)
+
+
+def _fused_moe_tma() -> None:
+    from sglang.kernels.ops.moe import fused_moe as fm
+    from sglang.kernels.ops.moe.grouped_gemm_tma import TmaGemmTile, TmaMoeConfig
+
+    x, w13, w2, s13, s2, tw, ids = _moe_operands(8, 256, 256, 2, 200)
+    fp8 = fm.FP8_DTYPE
+    # the tuned tables' prefill tiles: bf16 paired gate-up (also warp-specialised), FP8 rescaled
+    # on sorted rows; then split gate-up tiles on half-height row tiles, paired on sorted rows
+    paired = TmaGemmTile(128, 64, 16, 8, 4, paired=True)
+    down = TmaGemmTile(256, 64, 16, 8, 3)
+    bf16_cfgs = (
+        TmaMoeConfig(128, paired, down),
+        TmaMoeConfig(
+            128, replace(paired, warp_specialize=True), replace(down, warp_specialize=True)
+        ),
+        TmaMoeConfig(128, TmaGemmTile(128, 64, 16, 8, 3), down, sorted_a=True, half_tiles=True),
+        TmaMoeConfig(128, paired, down, sorted_a=True),
+    )
+    rescaled = TmaGemmTile(128, 128, 16, 8, 3, rescale=True)
+    fp8_cfgs = (
+        TmaMoeConfig(128, rescaled, replace(rescaled, num_stages=4), sorted_a=True),
+        TmaMoeConfig(128, TmaGemmTile(128, 128, 16, 8, 3), TmaGemmTile(128, 128, 16, 8, 4),
+                     half_tiles=True),
+    )  # fmt: skip
+    with _triton_path(fm):
+        for cfg in bf16_cfgs:
+            fm.fused_experts(x, w13, w2, tw, ids, swiglu_limit=7.0, config=cfg)
+        for cfg in fp8_cfgs:
+            fm.fused_experts(
+                x, w13.to(fp8), w2.to(fp8), tw, ids, activation="situ", w13_scale=s13,
+                w2_scale=s2, config=cfg,
+            )  # fmt: skip
 
 
 def _mega_moe() -> None:
     from sglang.kernels.ops.moe.mega_moe_triton import mega_fused_experts
 
-    e, h, i, k, tokens = 8, 256, 128, 2, 6
-    x = torch.randn(tokens, h, dtype=torch.bfloat16)
-    w13 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16)
-    w2 = torch.randn(e, h, i, dtype=torch.bfloat16)
-    tw, ids = _moe_routing(tokens, e, k)
+    x, w13, w2, s13, s2, tw, ids = _moe_operands(8, 256, 128, 2, 6)
     mega_fused_experts(x, w13, w2, tw, ids, num_sms=4, swiglu_limit=7.0)
     fp8 = torch.float8_e4m3fn
-    s13, s2 = torch.rand(e, 2 * i // 128, h // 128), torch.rand(e, h // 128, i // 128)
     mega_fused_experts(
         x, w13.to(fp8), w2.to(fp8), tw, ids, num_sms=4, activation="situ", w13_scale=s13,
         w2_scale=s2,
@@ -373,8 +490,11 @@ LAUNCHERS: dict[str, Callable[[], None]] = {
     "fp8_block_gemm": _fp8_gemm,
     "fused_quant": _fused_quant,
     "mhc_sinkhorn_scalar": _mhc_sinkhorn_scalar,
+    "compressor_decode": _compressor_decode,
+    "compressor_prefill": _compressor_prefill,
     "fused_moe": _fused_moe,
     "fused_moe_mxfp4": _fused_moe_mxfp4,
+    "fused_moe_tma": _fused_moe_tma,
     "mega_moe_triton": _mega_moe,
 }
 

@@ -215,4 +215,5 @@ def family(name: str) -> KernelFamily:
 INLINED_HELPERS: tuple[str, ...] = (
     f"{_OPS}.attention.online_softmax",
     f"{_OPS}.quant.dtype_round",
+    f"{_OPS}.tile_order",
 )

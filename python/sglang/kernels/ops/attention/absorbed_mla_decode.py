@@ -38,10 +38,12 @@ from sglang.kernels.fit.footprint import Footprint
 from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.attention.online_softmax import (
     EMPTY,
+    kernel_head_dim_ok,
     online_softmax_step,
     slice_weight,
 )
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs, load_rows
+from sglang.kernels.ops.split_plan import split_blocks
 from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 
@@ -373,10 +375,6 @@ def _combine_kernel(
     )
 
 
-def _pow2(d: int) -> bool:
-    return d >= 16 and d & (d - 1) == 0
-
-
 def absorbed_decode_unsupported(
     latent: int, rope: int, store_dtype: torch.dtype, fp8: Fp8RowFormat | None = None
 ) -> str | None:
@@ -387,7 +385,7 @@ def absorbed_decode_unsupported(
             return f"FP8 latents need uint8 rows of {latent} e4m3 + {rope} bf16 values"
     elif store_dtype not in (torch.bfloat16, torch.float16):
         return f"the latent store is {store_dtype}, the kernel reads bf16 or fp16"
-    if not (_pow2(latent) and _pow2(rope)):
+    if not (kernel_head_dim_ok(latent) and kernel_head_dim_ok(rope)):
         return f"latent {latent} and rope {rope} widths must be powers of two >= 16"
     return None
 
@@ -433,13 +431,9 @@ def split_plan(
 ) -> tuple[int, int]:
     """(slices a request's keys are cut into, keys per slice): about ``target_programs``
     programs, no slice shorter than ``min_split_keys`` (or one key tile)."""
-    tile = config.block_n
-    tiles = triton.cdiv(max(max_keys, 1), tile)
     want = triton.cdiv(config.target_programs, max(bs * head_groups, 1))
-    cap = max(1, triton.cdiv(max_keys, max(config.min_split_keys, tile)))
-    splits = max(1, min(want, tiles, cap, 64))
-    per_split = triton.cdiv(tiles, splits) * tile
-    return triton.cdiv(max(max_keys, 1), per_split), per_split
+    cap = triton.cdiv(max_keys, max(config.min_split_keys, config.block_n))
+    return split_blocks(max(max_keys, 1), config.block_n, min(want, cap, 64))
 
 
 def _parts_for(t: torch.Tensor, store_dtype: torch.dtype, parts: int) -> int:

@@ -33,34 +33,31 @@ import triton.language as tl
 from sglang.kernels.ops.attention.compressor_entry import (
     TILE_ELEMS,
     EntryMaths,
+    candidate_rows,
     entry_input_reason,
+    entry_launch_options,
     entry_warps,
+    load_candidates,
     norm_rope_entry,
+    pooling_width_factor,
+    softmax_pool,
     store_entry,
 )
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs, fp8_rows_reason
-from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 
 @triton.jit
 def _candidates(
-    c0, b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-    prev_kv_ptr, prev_score_ptr, ape_ptr,
+    c0, b, slot, r, ch, src,
     RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
     CHUNK: tl.constexpr, OVERLAP: tl.constexpr,
 ):  # fmt: skip
     """Candidates ``c0 .. c0 + CHUNK`` on channels ``ch`` -> ``(kv, score + ape)``, each
-    ``[CHUNK, len(ch)]``; past ``NC``: kv 0, score -inf (softmax weight 0)."""
-    cand = c0 + tl.arange(0, CHUNK)
-    valid = cand < NC
-    if OVERLAP:  # candidates < RATIO: the previous block; then this block's second halves
-        own = valid & (cand >= RATIO)
-        j = tl.where(own, cand - RATIO, cand)
-        col = tl.where(own, D, 0)[:, None] + ch[None, :]
-    else:
-        own = valid
-        j = cand
-        col = tl.zeros([CHUNK], tl.int64)[:, None] + ch[None, :]
+    ``[CHUNK, len(ch)]``; past ``NC``: kv 0, score -inf (softmax weight 0). ``src``: the row's
+    inputs and its slot's state (the kernels' tuple)."""
+    (kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
+     prev_score_ptr, ape_ptr) = src  # fmt: skip
+    valid, own, j, col = candidate_rows(c0 + tl.arange(0, CHUNK), ch, NC, RATIO, D, CHUNK, OVERLAP)
     new = (own & (j == r))[:, None]  # this row's own token: from the inputs
     pend = (slot * RATIO + j)[:, None] * W + col
     kv_p = tl.where(new, kv_ptr + b * kv_stride + col, pend_kv_ptr + pend)
@@ -69,65 +66,40 @@ def _candidates(
         prev = (slot * RATIO + j)[:, None] * D + ch[None, :]
         kv_p = tl.where(own[:, None], kv_p, prev_kv_ptr + prev)
         sc_p = tl.where(own[:, None], sc_p, prev_score_ptr + prev)
-    m = valid[:, None] & (ch[None, :] < D)
-    kv = tl.load(kv_p, mask=m, other=0.0)
-    sc = tl.load(sc_p, mask=m, other=float("-inf"))
-    # The kept previous rows already carry their ape (added when they were this block's).
-    ape = tl.load(ape_ptr + j[:, None] * W + col, mask=m & own[:, None], other=0.0)
-    return kv, sc + ape
+    return load_candidates(kv_p, sc_p, ape_ptr, j, col, valid, ch, own, D, W)
 
 
 @triton.jit
 def _pool(
-    b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-    prev_kv_ptr, prev_score_ptr, ape_ptr,
+    b, slot, r, ch, src,
     RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
     CHUNK: tl.constexpr, CH: tl.constexpr, OVERLAP: tl.constexpr,
 ):  # fmt: skip
     """``sum_c softmax_c(score)[c] * kv[c]`` on the ``CH`` channels ``ch`` (fp32)."""
     if NC <= CHUNK:
-        kv, sc = _candidates(
-            0, b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
-            pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr, RATIO, D, W, NC, CHUNK, OVERLAP,
-        )  # fmt: skip
-        e = tl.exp(sc - tl.max(sc, axis=0)[None, :])
-        prob = e / tl.sum(e, axis=0)[None, :]
-        pooled = tl.sum(prob * kv, axis=0)
+        kv, sc = _candidates(0, b, slot, r, ch, src, RATIO, D, W, NC, CHUNK, OVERLAP)
+        pooled = softmax_pool(kv, sc)
     else:  # max, then the sum of exp, then the weighted sum: three passes over the chunks
         top = tl.full([CH], float("-inf"), tl.float32)
         for c0 in range(0, NC, CHUNK):
-            _, sc = _candidates(
-                c0, b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
-                pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
-                RATIO, D, W, NC, CHUNK, OVERLAP,
-            )  # fmt: skip
+            _, sc = _candidates(c0, b, slot, r, ch, src, RATIO, D, W, NC, CHUNK, OVERLAP)
             top = tl.maximum(top, tl.max(sc, axis=0))
         total = tl.zeros([CH], tl.float32)
         for c0 in range(0, NC, CHUNK):
-            _, sc = _candidates(
-                c0, b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
-                pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
-                RATIO, D, W, NC, CHUNK, OVERLAP,
-            )  # fmt: skip
+            _, sc = _candidates(c0, b, slot, r, ch, src, RATIO, D, W, NC, CHUNK, OVERLAP)
             total += tl.sum(tl.exp(sc - top[None, :]), axis=0)
         pooled = tl.zeros([CH], tl.float32)
         for c0 in range(0, NC, CHUNK):
-            kv, sc = _candidates(
-                c0, b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
-                pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
-                RATIO, D, W, NC, CHUNK, OVERLAP,
-            )  # fmt: skip
+            kv, sc = _candidates(c0, b, slot, r, ch, src, RATIO, D, W, NC, CHUNK, OVERLAP)
             prob = tl.exp(sc - top[None, :]) / total[None, :]
             pooled += tl.sum(prob * kv, axis=0)
     return pooled
 
 
 @triton.jit
-def _write_pending(
-    b, slot, r, w, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-    RATIO: tl.constexpr, W: tl.constexpr,
-):  # fmt: skip
+def _write_pending(b, slot, r, w, src, RATIO: tl.constexpr, W: tl.constexpr):
     """The row's new ``kv`` / ``score`` on channels ``w`` into pending row ``r`` of its slot."""
+    kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, _, _, _ = src
     row = (slot * RATIO + r) * W + w
     tl.store(pend_kv_ptr + row, tl.load(kv_ptr + b * kv_stride + w))
     tl.store(pend_score_ptr + row, tl.load(score_ptr + b * score_stride + w))
@@ -135,12 +107,13 @@ def _write_pending(
 
 @triton.jit
 def _keep_previous(
-    b, slot, r, d, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-    prev_kv_ptr, prev_score_ptr, ape_ptr,
+    b, slot, r, d, src,
     RATIO: tl.constexpr, RATIO_P2: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
 ):  # fmt: skip
     """Overlap: the completed block's first halves (channels ``d`` of ``[:D]``; scores plus
     ``ape``) become the slot's previous block. Call after this program read the old one."""
+    (kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
+     prev_score_ptr, ape_ptr) = src  # fmt: skip
     j = tl.arange(0, RATIO_P2).to(tl.int64)
     live = (j < RATIO)[:, None] & (d < D)[None, :]
     new = (j == r)[:, None]
@@ -199,34 +172,20 @@ def _fused_kernel(
     pos = tl.load(pos_ptr + b).to(tl.int64)
     slot = tl.load(slot_ptr + b).to(tl.int64)
     r = pos % RATIO
-    w = tl.arange(0, W)
-    _write_pending(
-        b, slot, r, w, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-        RATIO, W,
-    )  # fmt: skip
+    src = (kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
+           prev_score_ptr, ape_ptr)  # fmt: skip
+    _write_pending(b, slot, r, tl.arange(0, W), src, RATIO, W)
     if (pos + 1) % RATIO == 0:
         i = tl.arange(0, D // 2).to(tl.int64)
-        even = _pool(
-            b, slot, r, 2 * i, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
-            pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
-            RATIO, D, W, NC, CHUNK, D // 2, OVERLAP,
-        )  # fmt: skip
-        odd = _pool(
-            b, slot, r, 2 * i + 1, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
-            pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
-            RATIO, D, W, NC, CHUNK, D // 2, OVERLAP,
-        )  # fmt: skip
+        even = _pool(b, slot, r, 2 * i, src, RATIO, D, W, NC, CHUNK, D // 2, OVERLAP)
+        odd = _pool(b, slot, r, 2 * i + 1, src, RATIO, D, W, NC, CHUNK, D // 2, OVERLAP)
         _emit(
             even, odd, i, pos, slot, table_ptr, table_stride, norm_w_ptr, inv_freq_ptr,
             entries_ptr, rows_per_block, eps, rope_factor, RATIO, D, ROPE_HALF,
         FP8, FP8_F, FP8_ROPE, FP8_ROPE_OFF, FP8_SCALE_OFF, FP8_G, FP8_NG, FP8_SCALES, FP8_ROW,
         )  # fmt: skip
         if OVERLAP:
-            _keep_previous(
-                b, slot, r, tl.arange(0, D).to(tl.int64), kv_ptr, kv_stride, score_ptr,
-                score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
-                RATIO, RATIO_P2, D, W,
-            )  # fmt: skip
+            _keep_previous(b, slot, r, tl.arange(0, D).to(tl.int64), src, RATIO, RATIO_P2, D, W)
 
 
 @triton.jit
@@ -245,24 +204,16 @@ def _pool_split_kernel(
     pos = tl.load(pos_ptr + b).to(tl.int64)
     slot = tl.load(slot_ptr + b).to(tl.int64)
     r = pos % RATIO
+    src = (kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
+           prev_score_ptr, ape_ptr)  # fmt: skip
     w = cb * SHARE + tl.arange(0, SHARE).to(tl.int64)  # SHARE = W / (D / BLOCK_C)
-    _write_pending(
-        b, slot, r, w, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-        RATIO, W,
-    )  # fmt: skip
+    _write_pending(b, slot, r, w, src, RATIO, W)
     if (pos + 1) % RATIO == 0:
         ch = cb * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
-        pooled = _pool(
-            b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
-            pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr,
-            RATIO, D, W, NC, CHUNK, BLOCK_C, OVERLAP,
-        )  # fmt: skip
+        pooled = _pool(b, slot, r, ch, src, RATIO, D, W, NC, CHUNK, BLOCK_C, OVERLAP)
         tl.store(pooled_ptr + b * D + ch, pooled)
         if OVERLAP:
-            _keep_previous(
-                b, slot, r, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr,
-                pend_score_ptr, prev_kv_ptr, prev_score_ptr, ape_ptr, RATIO, RATIO_P2, D, W,
-            )  # fmt: skip
+            _keep_previous(b, slot, r, ch, src, RATIO, RATIO_P2, D, W)
 
 
 @triton.jit
@@ -351,17 +302,10 @@ def compress_decode(
     the whole block alone) as programs per row and channel block, then one a row for the norm,
     RoPE and entry write."""
     bs, width = kv.shape
-    slots_total, ratio, pend_width = pending_kv.shape
+    slots_total, ratio, _ = pending_kv.shape
     d = entries.shape[-1] if fp8 is None else fp8.dim
     overlap = prev_kv is not None
-    if (prev_score is None) != (prev_kv is None):
-        raise ValueError("prev_kv and prev_score come together (overlap) or not at all")
-    coff = 2 if overlap else 1
-    if width != coff * d or pend_width != width or score.shape != kv.shape:
-        raise ValueError(
-            f"kv/score {tuple(kv.shape)}/{tuple(score.shape)} and pending rows "
-            f"{tuple(pending_kv.shape)} do not match {coff} x entry width {d}"
-        )
+    coff = pooling_width_factor(kv, score, pending_kv, prev_kv, prev_score, d)
     if pending_score.shape != pending_kv.shape or maths.ape.shape != (ratio, width):
         raise ValueError(
             f"pending scores {tuple(pending_score.shape)} / ape {tuple(maths.ape.shape)} do not "
@@ -385,8 +329,7 @@ def compress_decode(
     if bs == 0:
         return
     nc, nc_p2 = coff * ratio, triton.next_power_of_2(coff * ratio)
-    # fp-contraction off: the torch path rounds every product (a fused e*c - o*s would not).
-    opts = {} if interpreter_enabled() else {"enable_fp_fusion": False}
+    opts = entry_launch_options()
     ape, norm_weight, inv_freq = maths.fp32_tensors()
     state = (
         pending_kv,

@@ -1,7 +1,10 @@
-"""What turns a DeepSeek V4 compressor's pooled block into its entry, shared by the decode and
-prefill kernels: the parameters (``EntryMaths``), the RMSNorm + RoPE (``norm_rope_entry``), the
-entry's store in the cache's form (``store_entry``: a cast, or an FP8 row quantised in place) and
-the checks on the inputs both kernels read the same way (``entry_input_reason``)."""
+"""What turns a DeepSeek V4 compressor's block into its entry, shared by the decode and prefill
+kernels: where a block's pooling candidates lie and their load (``candidate_rows``,
+``load_candidates``), the pooling softmax of one tile (``softmax_pool``), the parameters
+(``EntryMaths``), the RMSNorm + RoPE (``norm_rope_entry``), the
+entry's store in the cache's form (``store_entry``: a cast, or an FP8 row quantised in place),
+the checks on the inputs both kernels read the same way (``entry_input_reason``,
+``pooling_width_factor``) and their compile options (``entry_launch_options``)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from sglang.kernels.ops.quant.fp8_rows import (
     store_row,
     store_scales,
 )
+from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 TILE_ELEMS = 4096  # candidates x D/2 in one register tile
 ENTRY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -78,6 +82,36 @@ def entry_input_reason(
     return compressor_unfit_reason()
 
 
+def pooling_width_factor(
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    pending_kv: torch.Tensor,
+    prev_kv: torch.Tensor | None,
+    prev_score: torch.Tensor | None,
+    dim: int,
+) -> int:
+    """``coff``, the projections' width over the entry width ``dim``: 2 with overlap (``prev_kv``
+    and ``prev_score`` given), else 1; a ``ValueError`` when the previous block comes half given
+    or ``kv`` / ``score`` and the pending rows are not all ``coff * dim`` wide."""
+    if (prev_score is None) != (prev_kv is None):
+        raise ValueError("prev_kv and prev_score come together (overlap) or not at all")
+    coff = 2 if prev_kv is not None else 1
+    width = kv.shape[-1]
+    if kv.shape != score.shape or pending_kv.shape[-1] != width or width != coff * dim:
+        raise ValueError(
+            f"kv/score {tuple(kv.shape)}/{tuple(score.shape)} and pending rows "
+            f"{tuple(pending_kv.shape)} do not match {coff} x entry width {dim}"
+        )
+    return coff
+
+
+def entry_launch_options() -> dict[str, bool]:
+    """The compile options of the compressor kernels: fp-contraction off on the GPU, since the
+    torch path rounds every product (a fused ``e*c - o*s`` would not); none in the
+    interpreter."""
+    return {} if interpreter_enabled() else {"enable_fp_fusion": False}
+
+
 def compressor_unfit_reason() -> str | None:
     """The compressor kernels hold one entry row a program (at most a few KiB of shared memory
     at every width the entry check admits: 2 KiB at 512 on sm_90), so only the family switch
@@ -87,6 +121,51 @@ def compressor_unfit_reason() -> str | None:
 
 def entry_warps(dim: int) -> int:
     return 4 if dim <= 128 else 8
+
+
+@triton.jit
+def candidate_rows(
+    cand, ch, NC: tl.constexpr, RATIO: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
+    OVERLAP: tl.constexpr,
+):  # fmt: skip
+    """Where the pooling candidates ``cand`` of a block lie -> ``(valid, own, j, col)``:
+    ``valid`` below ``NC``; with ``OVERLAP`` the first ``RATIO`` are the previous block's rows
+    read through channels ``[:D]``, the rest (``own``) this block's rows through ``[D:]``; ``j``
+    the row in its block, ``col`` the columns ``[CHUNK, len(ch)]`` of channels ``ch``."""
+    valid = cand < NC
+    if OVERLAP:
+        own = valid & (cand >= RATIO)
+        j = tl.where(own, cand - RATIO, cand)
+        col = tl.where(own, D, 0)[:, None] + ch[None, :]
+    else:
+        own = valid
+        j = cand
+        col = tl.zeros([CHUNK], tl.int64)[:, None] + ch[None, :]
+    return valid, own, j, col
+
+
+@triton.jit
+def load_candidates(
+    kv_p, sc_p, ape_ptr, j, col, valid, ch, with_ape, D: tl.constexpr, W: tl.constexpr
+):
+    """The pooling candidates at ``kv_p`` / ``sc_p`` (``[CHUNK, len(ch)]`` pointers; candidate
+    ``c`` is row ``j[c]`` of the block, columns ``col[c]``) -> ``(kv, score + ape)``; rows not
+    ``valid`` (and channels past ``D``): kv 0, score -inf (softmax weight 0). ``ape`` is added
+    only where ``with_ape``: rows of a kept previous block already carry theirs (added when they
+    were a block's own)."""
+    m = valid[:, None] & (ch[None, :] < D)
+    kv = tl.load(kv_p, mask=m, other=0.0)
+    sc = tl.load(sc_p, mask=m, other=float("-inf"))
+    ape = tl.load(ape_ptr + j[:, None] * W + col, mask=m & with_ape[:, None], other=0.0)
+    return kv, sc + ape
+
+
+@triton.jit
+def softmax_pool(kv, sc):
+    """``sum_c softmax_c(sc)[c] * kv[c]`` over the candidates (axis 0) of one tile, fp32."""
+    e = tl.exp(sc - tl.max(sc, axis=0)[None, :])
+    prob = e / tl.sum(e, axis=0)[None, :]
+    return tl.sum(prob * kv, axis=0)
 
 
 @triton.jit

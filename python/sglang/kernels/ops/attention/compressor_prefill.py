@@ -28,36 +28,37 @@ import triton.language as tl
 from sglang.kernels.ops.attention.compressor_entry import (
     TILE_ELEMS,
     EntryMaths,
+    candidate_rows,
     entry_input_reason,
+    entry_launch_options,
     entry_warps,
+    load_candidates,
     norm_rope_entry,
+    pooling_width_factor,
+    softmax_pool,
     store_entry,
 )
 from sglang.kernels.ops.quant.fp8_rows import Fp8RowFormat, fp8_constexprs
-from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
 
 @triton.jit
 def _block_candidates(
-    b, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
-    prev_score_ptr, ape_ptr, num_pending,
+    b, ch, src,
     RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
     CHUNK: tl.constexpr, OVERLAP: tl.constexpr,
 ):  # fmt: skip
     """Block ``b``'s candidates on channels ``ch`` -> ``(kv, score + ape)``, each
-    ``[CHUNK, len(ch)]``; past ``NC``: kv 0, score -inf (softmax weight 0)."""
+    ``[CHUNK, len(ch)]``; past ``NC``: kv 0, score -inf (softmax weight 0). ``src``: the chunk's
+    inputs and the state's rows (the kernel's tuple)."""
+    (kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
+     prev_score_ptr, ape_ptr, num_pending) = src  # fmt: skip
     cand = tl.arange(0, CHUNK).to(tl.int64)
-    valid = cand < NC
-    if OVERLAP:  # candidates < RATIO: the previous block's first halves; then this block's second
-        own = valid & (cand >= RATIO)
-        j = tl.where(own, cand - RATIO, cand)
+    valid, own, j, col = candidate_rows(cand, ch, NC, RATIO, D, CHUNK, OVERLAP)
+    if OVERLAP:  # the first RATIO candidates are the previous block's rows
         blk = tl.where(own, b, b - 1)
-        col = tl.where(own, D, 0)[:, None] + ch[None, :]
         kept = valid & (blk < 0)  # block 0's previous block: the state's kept rows
     else:
-        j = cand
         blk = b + cand * 0
-        col = tl.zeros([CHUNK], tl.int64)[:, None] + ch[None, :]
         kept = cand < 0
     row = (blk * RATIO + j)[:, None]  # in the pending rows, then the chunk's
     pend = row < num_pending
@@ -68,29 +69,18 @@ def _block_candidates(
         prev = j[:, None] * D + ch[None, :]
         kv_p = tl.where(kept[:, None], prev_kv_ptr + prev, kv_p)
         sc_p = tl.where(kept[:, None], prev_score_ptr + prev, sc_p)
-    m = valid[:, None] & (ch[None, :] < D)
-    kv = tl.load(kv_p, mask=m, other=0.0)
-    sc = tl.load(sc_p, mask=m, other=float("-inf"))
-    # The kept previous rows already carry their ape (added when they were a block's own).
-    ape = tl.load(ape_ptr + j[:, None] * W + col, mask=m & ~kept[:, None], other=0.0)
-    return kv, sc + ape
+    return load_candidates(kv_p, sc_p, ape_ptr, j, col, valid, ch, ~kept, D, W)
 
 
 @triton.jit
 def _pooled(
-    b, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
-    prev_score_ptr, ape_ptr, num_pending,
+    b, ch, src,
     RATIO: tl.constexpr, D: tl.constexpr, W: tl.constexpr, NC: tl.constexpr,
     CHUNK: tl.constexpr, OVERLAP: tl.constexpr,
 ):  # fmt: skip
     """``sum_c softmax_c(score)[c] * kv[c]`` of block ``b`` on channels ``ch`` (fp32)."""
-    kv, sc = _block_candidates(
-        b, ch, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-        prev_kv_ptr, prev_score_ptr, ape_ptr, num_pending, RATIO, D, W, NC, CHUNK, OVERLAP,
-    )  # fmt: skip
-    e = tl.exp(sc - tl.max(sc, axis=0)[None, :])
-    prob = e / tl.sum(e, axis=0)[None, :]
-    return tl.sum(prob * kv, axis=0)
+    kv, sc = _block_candidates(b, ch, src, RATIO, D, W, NC, CHUNK, OVERLAP)
+    return softmax_pool(kv, sc)
 
 
 @triton.jit
@@ -106,15 +96,11 @@ def _prefill_kernel(
 ):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, D // 2).to(tl.int64)
+    src = (kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr, prev_kv_ptr,
+           prev_score_ptr, ape_ptr, num_pending)  # fmt: skip
     # Even and odd channels pooled as separate tiles: each RoPE pair meets in one thread.
-    even = _pooled(
-        b, 2 * i, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-        prev_kv_ptr, prev_score_ptr, ape_ptr, num_pending, RATIO, D, W, NC, CHUNK, OVERLAP,
-    )  # fmt: skip
-    odd = _pooled(
-        b, 2 * i + 1, kv_ptr, kv_stride, score_ptr, score_stride, pend_kv_ptr, pend_score_ptr,
-        prev_kv_ptr, prev_score_ptr, ape_ptr, num_pending, RATIO, D, W, NC, CHUNK, OVERLAP,
-    )  # fmt: skip
+    even = _pooled(b, 2 * i, src, RATIO, D, W, NC, CHUNK, OVERLAP)
+    odd = _pooled(b, 2 * i + 1, src, RATIO, D, W, NC, CHUNK, OVERLAP)
     block = first_block + b
     out_even, out_odd = norm_rope_entry(
         even, odd, i, block, norm_w_ptr, inv_freq_ptr, eps, rope_factor,
@@ -173,14 +159,7 @@ def compress_prefill(
     ratio, width = pending_kv.shape
     d = maths.dim
     overlap = prev_kv is not None
-    if (prev_score is not None) != overlap:
-        raise ValueError("prev_kv and prev_score come together (overlap) or not at all")
-    coff = 2 if overlap else 1
-    if kv.shape != score.shape or kv.shape[-1] != width or width != coff * d:
-        raise ValueError(
-            f"kv/score {tuple(kv.shape)}/{tuple(score.shape)} and pending rows "
-            f"{tuple(pending_kv.shape)} do not match {coff} x entry width {d}"
-        )
+    coff = pooling_width_factor(kv, score, pending_kv, prev_kv, prev_score, d)
     if maths.ape.shape != (ratio, width):
         raise ValueError(
             f"ape {tuple(maths.ape.shape)} does not match the pending rows {(ratio, width)}"
@@ -202,8 +181,7 @@ def compress_prefill(
     if nb == 0:
         return out
     nc = coff * ratio
-    # fp-contraction off: the torch path rounds every product (a fused e*c - o*s would not).
-    opts = {} if interpreter_enabled() else {"enable_fp_fusion": False}
+    opts = entry_launch_options()
     _prefill_kernel[(nb,)](
         kv, kv.stride(0), score, score.stride(0), pending_kv, pending_score,
         prev_kv if overlap else pending_kv, prev_score if overlap else pending_score,

@@ -1,6 +1,7 @@
 """The online-softmax steps the flash-style attention kernels share (DeepSeek V4's sparse decode
 and sparse prefill, Kimi K3's absorbed MLA decode): one key tile into the running max, sum and
-probabilities, and, for the split-K kernels, each key slice's weight in the combine.
+probabilities, and, for the split-K kernels, each key slice's weight in the combine; and the row
+widths their dots take (``kernel_head_dim_ok``).
 
 A slice that saw no live key keeps the running max :data:`EMPTY` (finite, so ``EMPTY - EMPTY``
 is no ``inf - inf``); the combine gives it weight 0."""
@@ -11,6 +12,12 @@ import triton
 import triton.language as tl
 
 EMPTY = tl.constexpr(-1.0e30)
+
+
+def kernel_head_dim_ok(d: int) -> bool:
+    """Row widths the kernels take (a head's, a latent's): powers of two from 16 (the dot's
+    smallest K)."""
+    return d >= 16 and d & (d - 1) == 0
 
 
 @triton.jit

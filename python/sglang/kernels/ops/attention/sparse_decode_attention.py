@@ -34,6 +34,7 @@ from sglang.kernels.fit.footprint import Footprint
 from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.attention.online_softmax import (
     EMPTY,
+    kernel_head_dim_ok,
     online_softmax_step,
     slice_weight,
 )
@@ -43,6 +44,7 @@ from sglang.kernels.ops.quant.fp8_rows import (
     fp8_rows_reason,
     load_rows,
 )
+from sglang.kernels.ops.split_plan import split_blocks
 
 _TARGET_PROGRAMS = 264  # two waves of the H200's 132 SMs
 
@@ -204,19 +206,11 @@ def sparse_decode_unfit_reason(head_dim: int, limits: DeviceLimits | None) -> st
     return unfit_reason("sparse_decode_attention", decode_footprint(head_dim), limits)
 
 
-def kernel_head_dim_ok(d: int) -> bool:
-    """Row widths the kernels take: powers of two from 16 (the dot's smallest K)."""
-    return d >= 16 and d & (d - 1) == 0
-
-
 def _split_plan(bs: int, head_groups: int, max_keys: int, block_n: int) -> tuple[int, int]:
     """(splits a request's key list is cut into, keys per split): enough programs for two waves,
     no split shorter than one key block."""
-    blocks = triton.cdiv(max_keys, block_n)
     want = triton.cdiv(_TARGET_PROGRAMS, max(bs * head_groups, 1))
-    splits = max(1, min(want, blocks, 64))
-    per_split = triton.cdiv(blocks, splits) * block_n
-    return triton.cdiv(max_keys, per_split), per_split
+    return split_blocks(max_keys, block_n, min(want, 64))
 
 
 def sparse_decode_attention(

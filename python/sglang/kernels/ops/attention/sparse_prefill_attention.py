@@ -32,7 +32,7 @@ import triton.language as tl
 from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.fit.footprint import Footprint
 from sglang.kernels.fit.limits import DeviceLimits
-from sglang.kernels.ops.attention.online_softmax import online_softmax_step
+from sglang.kernels.ops.attention.online_softmax import kernel_head_dim_ok, online_softmax_step
 from sglang.kernels.ops.interp_dot import dot
 from sglang.kernels.ops.quant.fp8_rows import (
     Fp8RowFormat,
@@ -192,7 +192,7 @@ def prefill_unfit_reason(
 
 def prefill_shape_reason(head_dim: int, key_dtype: torch.dtype) -> str | None:
     """None when the kernel takes rows of ``head_dim`` ``key_dtype`` values, else why not."""
-    if head_dim < 16 or head_dim & (head_dim - 1):
+    if not kernel_head_dim_ok(head_dim):
         return f"head dim {head_dim} is not a power of two >= 16"
     if key_dtype != torch.bfloat16:
         return f"keys are {key_dtype}, the kernel reads bf16"

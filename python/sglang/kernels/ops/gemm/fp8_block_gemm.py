@@ -26,15 +26,13 @@ multiply, round once. Nothing here synchronises with the host, so every entry is
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from sglang.kernels.fit.limits import H200, device_limits
 from sglang.kernels.ops.gemm.fp8_gemm_config import (
     FP8_SCALE_BLOCK,
-    SM90_SHARED_LIMIT,
     Fp8GemmConfig,
     choose_config,
     fit_to_shared,
@@ -48,6 +46,8 @@ from sglang.kernels.ops.quant.fp8 import (
     per_token_group_quant_fp8,
     quant_rows_fp8,
 )
+from sglang.kernels.ops.split_plan import split_blocks
+from sglang.kernels.ops.tile_order import grouped_tile
 
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 # Epilogue modes (constexpr): the output dtype, fp32 split-K partials, FP8 + scales.
@@ -118,15 +118,7 @@ def _fp8_gemm_kernel(
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     g = tl.program_id(2).to(tl.int64)
-    # Grouped ordering of the output tiles: GROUP_M row tiles walk the column tiles together,
-    # so a wave reads each weight tile once from HBM and the rest from L2.
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * num_pid_n
-    first_m = (pid // in_group) * GROUP_M
-    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_size
-    pid_n = (pid % in_group) // group_size
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -276,20 +268,11 @@ def fp8_grouped_gemm_torch(
 # --- launches --------------------------------------------------------------------------------
 
 
-@functools.cache
-def _device_facts(index: int) -> tuple[int, int]:
-    """(SMs, shared memory a block may opt into) of CUDA device ``index``."""
-    props = torch.cuda.get_device_properties(index)
-    limit = int(getattr(props, "shared_memory_per_block_optin", 0) or SM90_SHARED_LIMIT)
-    return int(props.multi_processor_count), limit
-
-
 def device_facts(device: torch.device) -> tuple[int, int]:
-    """(SMs, shared-memory limit) the tiles are chosen for: the GPU's, or an H200's for the
-    interpreter on the CPU."""
-    if device.type == "cuda":
-        return _device_facts(device.index if device.index is not None else 0)
-    return 132, SM90_SHARED_LIMIT
+    """(SMs, shared memory a block may opt into) the tiles are chosen for: the GPU's
+    (``fit.limits``), or an H200's for the interpreter on the CPU."""
+    limits = device_limits(device) or H200
+    return limits.sm_count, limits.shared_optin_bytes
 
 
 def _check_operands(
@@ -372,9 +355,8 @@ def _launch(
             return torch.zeros((1, m, n_total), dtype=torch.float32, device=dev), None
         return out, scale_out
 
-    k_blocks = triton.cdiv(k, config.block_k)
-    per_split = triton.cdiv(k_blocks, config.split_k)
-    splits = triton.cdiv(k_blocks, per_split)
+    splits, k_per_split = split_blocks(k, config.block_k, config.split_k)
+    per_split = k_per_split // config.block_k
     partial = None
     if splits > 1 or keep_partials:
         partial = torch.empty((splits, m, n_total), dtype=torch.float32, device=dev)

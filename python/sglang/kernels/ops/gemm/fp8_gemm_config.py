@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from sglang.kernels.fit.limits import H200
+
 FP8_SCALE_BLOCK = 128  # weight scales cover 128 x 128, activation scales 128 values of a row
 # Hopper's shared memory a block may opt into (227 KB); Triton needs it for the stages.
-SM90_SHARED_LIMIT = 232448
+SM90_SHARED_LIMIT = H200.shared_optin_bytes
 # Split-K never cuts a split below this many 128-wide K blocks (a split must amortise its tile).
 MIN_K_BLOCKS_PER_SPLIT = 2
 MAX_SPLIT_K = 16

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from sglang.kernels.fit.decide import unfit_reason
 from sglang.kernels.fit.footprint import Footprint
-from sglang.kernels.fit.limits import DeviceLimits
+from sglang.kernels.fit.limits import H200, DeviceLimits, device_limits
 
 CHUNK = 64
 SUB = 16
@@ -327,9 +327,8 @@ def default_block_v(value_dim: int, heads: int, sms: int = 132) -> int:
 
 
 def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # the interpreter: the H200's count keeps its choice
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    # the interpreter (no limits): the H200's count keeps its choice
+    return (device_limits(device) or H200).sm_count
 
 
 def _check(t: torch.Tensor, name: str, shape: tuple[int, ...]) -> None:

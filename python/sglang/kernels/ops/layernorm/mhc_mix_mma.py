@@ -32,6 +32,7 @@ try:  # Triton is optional: without it only mhc.py's torch backend runs
 
     from sglang.kernels.ops.interp_dot import dot
     from sglang.kernels.ops.layernorm.mhc_post_stream import post_stream
+    from sglang.kernels.ops.split_plan import split_blocks
     from sglang.kernels.ops.triton_dispatch import interpreter_enabled
 
     HAS_TRITON = True
@@ -203,11 +204,8 @@ def mix_partials_mma(
     fused = x is not None
     cfg = config or (FUSED_CONFIG if fused else PRE_CONFIG)
     w = split_fn_pieces(fn)
-    steps = h // cfg.block_d
     n_tb = triton.cdiv(t, cfg.block_t)
-    want = max(1, min(steps, triton.cdiv(_TARGET_PROGRAMS, n_tb)))
-    chunk = triton.cdiv(steps, want) * cfg.block_d
-    n_splits = triton.cdiv(h, chunk)
+    n_splits, chunk = split_blocks(h, cfg.block_d, triton.cdiv(_TARGET_PROGRAMS, n_tb))
     part = torch.empty(n_splits, t, NMIX_PAD, dtype=torch.float32, device=residual.device)
     sq = torch.empty(n_splits, t, dtype=torch.float32, device=residual.device)
     block = [cfg.block_t, cfg.block_d]

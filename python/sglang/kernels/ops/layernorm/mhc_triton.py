@@ -35,6 +35,7 @@ try:  # Triton is optional: without it only mhc.py's torch backend runs
     import triton.language as tl
 
     from sglang.kernels.ops.layernorm.mhc_post_stream import post_stream
+    from sglang.kernels.ops.split_plan import split_blocks
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - Triton missing
@@ -327,10 +328,9 @@ def _partial_config(t: int, h: int) -> tuple[int, int, int, int, int]:
         block_t, block_d, warps = _PARTIAL_BLOCKS[1]
     else:
         block_t, block_d, warps = _PARTIAL_BLOCKS[2]
-    n_tb = triton.cdiv(t, block_t)
-    want = triton.cdiv(_TARGET_PROGRAMS, n_tb)
-    chunk = max(block_d, triton.cdiv(triton.cdiv(h, want), block_d) * block_d)
-    return block_t, block_d, warps, chunk, triton.cdiv(h, chunk)
+    want = triton.cdiv(_TARGET_PROGRAMS, triton.cdiv(t, block_t))
+    n_splits, chunk = split_blocks(h, block_d, want)
+    return block_t, block_d, warps, chunk, n_splits
 
 
 _PARTIAL_BLOCKS = ((16, 64, 4), (32, 64, 4), (64, 64, 8))  # _partial_config's tiles, by T

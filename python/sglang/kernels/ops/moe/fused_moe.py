@@ -35,6 +35,7 @@ from sglang.kernels.ops.moe.grouped_gemm_tma import TmaMoeConfig, tma_config_fit
 from sglang.kernels.ops.moe.tuned_configs import fit_two_launch, select_moe_config
 from sglang.kernels.ops.moe.two_launch_config import FusedMoeConfig, GemmTile, get_config
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE, block_dequant_fp8, per_token_group_quant_fp8
+from sglang.kernels.ops.tile_order import grouped_tile
 from sglang.kernels.ops.triton_dispatch import triton_can_run
 
 if TYPE_CHECKING:
@@ -52,16 +53,8 @@ DEFAULT_FP8_BLOCK = (128, 128)
 
 @triton.jit
 def _tile_coords(num_m_blocks, n_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    # Visit GROUP_M row tiles for each column tile before moving on, so neighbouring programs
-    # share the same weight columns (and often the same expert) in L2.
-    pid = tl.program_id(0)
-    num_n_blocks = tl.cdiv(n_cols, BLOCK_N)
-    per_group = GROUP_M * num_n_blocks
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(num_m_blocks - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
-    return pid_m, pid_n
+    # This program's (row tile, column tile), one program a tile, in the grouped order.
+    return grouped_tile(tl.program_id(0), num_m_blocks, tl.cdiv(n_cols, BLOCK_N), GROUP_M)
 
 
 # What both GEMMs do alike. @triton.jit helpers are inlined, so the kernels do exactly the work
@@ -107,6 +100,13 @@ def _scaled_dot(acc, a, w, a_s, w_s):
     # FP8: each K block's product is scaled by its activation-group and weight-block scales
     # before it is added (the scales change from one K block to the next).
     return acc + tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+
+
+@triton.jit
+def _times_topk_weight(acc, topk_weights_ptr, rows, row_ok):
+    # GEMM 2's [routed rows, columns] tile times each routed row's top-k weight.
+    weight = tl.load(topk_weights_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    return acc * weight[:, None]
 
 
 @triton.jit
@@ -275,8 +275,7 @@ def _moe_gemm2_kernel(
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
 
-    weight = tl.load(topk_weights_ptr + a_row, mask=row_ok, other=0.0).to(tl.float32)
-    acc = acc * weight[:, None]
+    acc = _times_topk_weight(acc, topk_weights_ptr, a_row, row_ok)
     _store_tile(out_ptr, a_row, offs_n, n_cols, row_ok, stride_om, stride_on, acc)
 
 
@@ -324,6 +323,28 @@ class MoEProblem:
     block: tuple[int, int]
 
 
+def check_routing_and_out(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: torch.Tensor | None,
+) -> None:
+    """What every MoE entry point checks of its routing and output, a ``ValueError`` naming what
+    does not fit: ``topk_ids`` / ``topk_weights`` [T, k] for ``hidden`` [T, H], ``out`` (when
+    given) of ``hidden``'s shape and dtype."""
+    tokens = hidden.shape[0]
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens or topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"topk_ids/topk_weights must be [T, k] with T={tokens}, got "
+            f"{tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}"
+        )
+    if out is not None and (out.shape != hidden.shape or out.dtype != hidden.dtype):
+        raise ValueError(
+            f"out must match hidden: {tuple(out.shape)} {out.dtype} vs "
+            f"{tuple(hidden.shape)} {hidden.dtype}"
+        )
+
+
 def check_moe_inputs(
     hidden: torch.Tensor,
     w13: torch.Tensor,
@@ -349,16 +370,7 @@ def check_moe_inputs(
             f"shape mismatch: hidden {tuple(hidden.shape)}, w13 {tuple(w13.shape)}, "
             f"w2 {tuple(w2.shape)}"
         )
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens or topk_weights.shape != topk_ids.shape:
-        raise ValueError(
-            f"topk_ids/topk_weights must be [T, k] with T={tokens}, got "
-            f"{tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}"
-        )
-    if out is not None and (out.shape != hidden.shape or out.dtype != hidden.dtype):
-        raise ValueError(
-            f"out must match hidden: {tuple(out.shape)} {out.dtype} vs "
-            f"{tuple(hidden.shape)} {hidden.dtype}"
-        )
+    check_routing_and_out(hidden, topk_weights, topk_ids, out)
     fp8 = w13.dtype == FP8_DTYPE
     if (w2.dtype == FP8_DTYPE) != fp8:
         raise ValueError(f"w13 and w2 must both be FP8 or neither: {w13.dtype}, {w2.dtype}")

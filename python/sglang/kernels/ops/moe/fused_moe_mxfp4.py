@@ -41,6 +41,7 @@ from sglang.kernels.ops.moe.fused_moe import (
     _launch_sum,
     _tile_coords,
     _tile_rows,
+    check_routing_and_out,
     experts_reference,
     resolve_moe_output,
     routing_operands,
@@ -58,6 +59,7 @@ from sglang.kernels.ops.moe.mxfp4_operand import (
     hidden_row_tile,
     reorder_hidden_columns,
     store_transposed,
+    stored_gate_up_rows,
     stored_scale_rows,
     to_dot_order,
     weight_tile,
@@ -89,6 +91,14 @@ def _act_operand(a_ptrs, row_ok, IN_DOT_ORDER: tl.constexpr, BLOCK_M: tl.constex
     if not IN_DOT_ORDER:
         a = to_dot_order(a, BLOCK_M, _BK)
     return tl.trans(a)
+
+
+@triton.jit
+def _next_scales(s_ptrs, kb, k_dim, BLOCK_N: tl.constexpr):
+    # The scale bytes [BLOCK_N, 4] of the K tile after kb (0 past K): scale bytes are too small
+    # for the asynchronous copies, so each tile's are loaded one tile ahead by hand.
+    more = (kb + _BK + tl.zeros((BLOCK_N, 4), dtype=tl.int32)) < k_dim
+    return tl.load(s_ptrs, mask=more, other=0)
 
 
 @triton.jit
@@ -133,12 +143,8 @@ def _mxfp4_gemm1_kernel(
     slot, row_ok = _tile_rows(pid_m, sorted_ids_ptr, num_slots, BLOCK_M)
     x_row = (slot // top_k).to(tl.int64)  # every slot of a token reads the token's row
     cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % n_cols
-    if GATE_UP_GRANULE > 0:
-        gate = (cols // GATE_UP_GRANULE) * (2 * GATE_UP_GRANULE) + cols % GATE_UP_GRANULE
-        up = gate + GATE_UP_GRANULE
-    else:
-        gate = cols
-        up = cols + n_cols
+    gate = stored_gate_up_rows(cols, 0, n_cols, GATE_UP_GRANULE)
+    up = stored_gate_up_rows(cols, 1, n_cols, GATE_UP_GRANULE)
     w_base = w_ptr + expert * stride_we
     offs_b = tl.arange(0, _BYTES)
     g_ptrs = w_base + gate.to(tl.int64)[:, None] * stride_wn + offs_b[None, :]
@@ -155,16 +161,14 @@ def _mxfp4_gemm1_kernel(
 
     acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    # Scale bytes are too small for the asynchronous copies: each tile's are loaded one tile
-    # ahead by hand.
+    # scale bytes one tile ahead (_next_scales)
     gs = tl.load(gs_ptrs)
     us = tl.load(us_ptrs)
     for kb in range(0, k_dim, _BK):
         gs_ptrs += stride_wsk
         us_ptrs += stride_wsk
-        more = (kb + _BK + tl.zeros((BLOCK_N, 4), dtype=tl.int32)) < k_dim
-        gs_next = tl.load(gs_ptrs, mask=more, other=0)
-        us_next = tl.load(us_ptrs, mask=more, other=0)
+        gs_next = _next_scales(gs_ptrs, kb, k_dim, BLOCK_N)
+        us_next = _next_scales(us_ptrs, kb, k_dim, BLOCK_N)
         xt = _act_operand(x_ptrs, row_ok, X_IN_DOT_ORDER, BLOCK_M)
         wg = weight_tile(tl.load(g_ptrs), gs, BLOCK_N, x_ptr.dtype.element_ty, ASM)
         acc_g = dot(wg, xt, acc_g, DOT_F32)
@@ -237,8 +241,7 @@ def _mxfp4_gemm2_kernel(
     ws = tl.load(s_ptrs)  # scale bytes one tile ahead, as in GEMM 1
     for kb in range(0, k_dim, _BK):
         s_ptrs += stride_wsk
-        more = (kb + _BK + tl.zeros((BLOCK_N, 4), dtype=tl.int32)) < k_dim
-        ws_next = tl.load(s_ptrs, mask=more, other=0)
+        ws_next = _next_scales(s_ptrs, kb, k_dim, BLOCK_N)
         at = _act_operand(a_ptrs, row_ok, True, BLOCK_M)  # GEMM 1 wrote it in dot order
         w = weight_tile(tl.load(w_ptrs), ws, BLOCK_N, a_ptr.dtype.element_ty, ASM)
         acc = dot(w, at, acc, DOT_F32)
@@ -277,21 +280,19 @@ def check_mxfp4_moe_inputs(
     tokens, h = hidden.shape
     if h != weights.hidden:
         raise ValueError(f"hidden has {h} columns, the experts take H={weights.hidden}")
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens or topk_weights.shape != topk_ids.shape:
-        raise ValueError(
-            f"topk_ids/topk_weights must be [T, k] with T={tokens}, got "
-            f"{tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}"
-        )
-    if out is not None and (out.shape != hidden.shape or out.dtype != hidden.dtype):
-        raise ValueError(
-            f"out must match hidden: {tuple(out.shape)} {out.dtype} vs "
-            f"{tuple(hidden.shape)} {hidden.dtype}"
-        )
+    check_routing_and_out(hidden, topk_weights, topk_ids, out)
     if hidden.device != weights.w13.device:
         raise ValueError(f"hidden is on {hidden.device}, the experts on {weights.w13.device}")
     return MoEProblem(
         tokens, h, weights.inter, weights.num_experts, topk_ids.shape[1], False, (0, 0)
     )
+
+
+def asm_dequant(dtype: torch.dtype) -> bool:
+    """Whether the weight tiles take the fast dequantisation (the inline PTX of
+    ``mxfp4_operand.weight_tile``, weights scaled by 2**-62): bf16 activations on the GPU; fp16
+    ones and the interpreter take the portable one."""
+    return dtype == torch.bfloat16 and not interpreter_enabled()
 
 
 def _launch_gemm1(
@@ -310,7 +311,7 @@ def _launch_gemm1(
     sorted_ids, expert_ids, ntpp = align
     tile = cfg.gemm1
     num_m_blocks = expert_ids.shape[0]
-    asm = x.dtype == torch.bfloat16 and not interpreter_enabled()
+    asm = asm_dequant(x.dtype)
     _mxfp4_gemm1_kernel[(num_m_blocks * triton.cdiv(p.inter, tile.block_n),)](
         x, w13, s13, inter, sorted_ids, expert_ids, ntpp,
         num_slots, num_m_blocks, p.inter, p.hidden, p.top_k,
@@ -338,7 +339,7 @@ def _launch_gemm2(
     sorted_ids, expert_ids, ntpp = align
     tile = cfg.gemm2
     num_m_blocks = expert_ids.shape[0]
-    asm = inter.dtype == torch.bfloat16 and not interpreter_enabled()
+    asm = asm_dequant(inter.dtype)
     _mxfp4_gemm2_kernel[(num_m_blocks * triton.cdiv(p.hidden, tile.block_n),)](
         inter, w2, s2, down, topk_weights, sorted_ids, expert_ids, ntpp,
         num_slots, num_m_blocks, p.hidden, p.inter,
@@ -366,7 +367,7 @@ def _launch_split(
     """Both GEMMs on the split kernel (``mxfp4_split_gemm.py``)."""
     w13, w2, _, _ = weights.kernel_operands
     s13, s2 = weights.scale_word_operands
-    asm = x.dtype == torch.bfloat16 and not interpreter_enabled()
+    asm = asm_dequant(x.dtype)
     common = {
         "num_slots": num_slots, "top_k": p.top_k, "block_m": cfg.block_m,
         "scale_utccp": weights.layout.scale_utccp, "asm": asm, "dot_f32": interpreter_enabled(),

@@ -8,10 +8,9 @@ the down GEMM loads its activations through a tensor descriptor.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from sglang.kernels.fit.limits import device_limits
 from sglang.kernels.ops.moe.align import moe_align_block_size, moe_align_half_tiles
 from sglang.kernels.ops.moe.grouped_gemm_tma import (
     TmaMoeConfig,
@@ -22,16 +21,10 @@ from sglang.kernels.ops.moe.sorted_rows import gather_sorted_rows
 from sglang.kernels.ops.quant.fp8 import FP8_DTYPE, per_token_group_quant_fp8
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
-
-
 def num_sms_of(device: torch.device) -> int:
     """SMs of ``device``; the interpreter (CPU tensors) gets a small grid that still loops."""
-    if device.type != "cuda":
-        return 4
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    limits = device_limits(device)
+    return limits.sm_count if limits is not None else 4
 
 
 def run_tma_chunk(

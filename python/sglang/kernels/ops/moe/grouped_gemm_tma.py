@@ -42,6 +42,7 @@ from sglang.kernels.fit.footprint import Footprint, tma_pipeline_shared
 from sglang.kernels.fit.limits import DeviceLimits
 from sglang.kernels.ops.activation import gated_act
 from sglang.kernels.ops.quant.fp8 import DEFAULT_EPS, FP8_DTYPE, quant_rows_fp8
+from sglang.kernels.ops.tile_order import grouped_tile
 
 
 @dataclass(frozen=True)
@@ -84,16 +85,6 @@ class TmaMoeConfig:
     half_tiles: bool = False
 
 
-@triton.jit
-def _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
-    per_group = GROUP_M * num_n_blocks
-    first_m = (tile // per_group) * GROUP_M
-    group_rows = tl.minimum(num_m_blocks - first_m, GROUP_M)
-    pid_m = first_m + (tile % per_group) % group_rows
-    pid_n = (tile % per_group) // group_rows
-    return pid_m, pid_n
-
-
 # Scales below this are raised to it before dividing by them (a checkpoint's all-zero weight block
 # may store scale 0): the block's product is ~0 either way, and the running accumulator, held in
 # units of the current scales, stays far inside fp32's range.
@@ -128,6 +119,17 @@ def _fp8_unscaled(acc, prev_a, prev_w, RESCALE: tl.constexpr):
 
 
 @triton.jit
+def _a_tile(a_src, row0, k0, row_ok, A_SORTED: tl.constexpr):
+    # The gate-up's activation tile at K offset k0: a plain descriptor tile of rows gathered in
+    # sorted order beforehand (A_SORTED), else the rows gathered by token (padding rows 0).
+    if A_SORTED:
+        a = a_src.load([row0, k0])
+    else:
+        a = tl.load(a_src + k0, mask=row_ok[:, None], other=0.0)
+    return a
+
+
+@triton.jit
 def _gate_up_split(
     operands,
     SCALE_BLOCK: tl.constexpr,
@@ -158,10 +160,7 @@ def _gate_up_split(
     su = tl.full((), 1.0, tl.float32)
     for kb in range(k_steps):
         k0 = kb * BLOCK_K
-        if A_SORTED:  # rows gathered in sorted order beforehand: a plain tile
-            a = a_src.load([row0, k0])
-        else:
-            a = tl.load(a_src + k0, mask=row_ok[:, None], other=0.0)
+        a = _a_tile(a_src, row0, k0, row_ok, A_SORTED)
         wg = w_desc.load([gate_row, k0])
         wu = w_desc.load([up_row, k0])
         if FP8:
@@ -204,10 +203,7 @@ def _gate_up_paired(
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     for kb in range(k_steps):
         k0 = kb * BLOCK_K
-        if A_SORTED:  # rows gathered in sorted order beforehand: a plain tile
-            a = a_src.load([row0, k0])
-        else:
-            a = tl.load(a_src + k0, mask=row_ok[:, None], other=0.0)
+        a = _a_tile(a_src, row0, k0, row_ok, A_SORTED)
         w = tl.reshape(w_desc.load([2 * expert, n0, k0]), (2 * BLOCK_N, BLOCK_K))
         if FP8:
             ks = k0 // SCALE_BLOCK
@@ -222,17 +218,38 @@ def _gate_up_paired(
 
 
 @triton.jit
-def _tile_at(pid_m, expert_ids_ptr, BLOCK_M: tl.constexpr, HALF_TILES: tl.constexpr):
-    """Row tile ``pid_m``'s first row and expert: from the tile table of
-    ``moe_align_half_tiles`` (rows ``(first row, expert, half)``) with HALF_TILES, else the
-    ``BLOCK_M``-row blocks of ``moe_align_block_size`` (``expert_ids`` per block)."""
+def _tile_space(
+    ntpp_ptr, n_cols, k_dim, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, HALF_TILES: tl.constexpr,
+):  # fmt: skip
+    """``(row tiles, column tiles, tiles, K steps)`` a kernel walks: with HALF_TILES the tile
+    table's length (``ntpp_ptr`` holds it), else the used part of the sorted rows in ``BLOCK_M``
+    blocks; ``n_cols`` in ``BLOCK_N`` columns."""
+    if HALF_TILES:
+        num_m_blocks = tl.load(ntpp_ptr)
+    else:
+        num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M  # only the used part of the sorted rows
+    num_n_blocks = n_cols // BLOCK_N
+    return num_m_blocks, num_n_blocks, num_m_blocks * num_n_blocks, k_dim // BLOCK_K
+
+
+@triton.jit
+def _tile_at(
+    tile, num_m_blocks, num_n_blocks, expert_ids_ptr, BLOCK_M: tl.constexpr,
+    GROUP_M: tl.constexpr, HALF_TILES: tl.constexpr,
+):  # fmt: skip
+    """Tile ``tile`` in the grouped order -> ``(row tile, column tile, first row, expert)``: the
+    row tile's first row and expert from the tile table of ``moe_align_half_tiles`` (rows
+    ``(first row, expert, half)``) with HALF_TILES, else the ``BLOCK_M``-row blocks of
+    ``moe_align_block_size`` (``expert_ids`` per block)."""
+    pid_m, pid_n = grouped_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
     if HALF_TILES:
         row0 = tl.load(expert_ids_ptr + 3 * pid_m)
         expert = tl.load(expert_ids_ptr + 3 * pid_m + 1)
     else:
         row0 = pid_m * BLOCK_M
         expert = tl.load(expert_ids_ptr + pid_m)
-    return row0, expert
+    return pid_m, pid_n, row0, expert
 
 
 @triton.jit
@@ -351,18 +368,15 @@ def _gate_up_tma_kernel(
 ):
     # HALF_TILES: ``expert_ids_ptr`` is the tile table and ``ntpp_ptr`` its length (align.py);
     # ``a_half_ptr`` is the half-height descriptor of the sorted rows (A_SORTED).
-    if HALF_TILES:
-        num_m_blocks = tl.load(ntpp_ptr)
-    else:
-        num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M  # only the used part of the sorted rows
-    num_n_blocks = inter // BLOCK_N
-    num_tiles = num_m_blocks * num_n_blocks
-    k_steps = k_dim // BLOCK_K
+    num_m_blocks, num_n_blocks, num_tiles, k_steps = _tile_space(
+        ntpp_ptr, inter, k_dim, BLOCK_M, BLOCK_N, BLOCK_K, HALF_TILES
+    )
     for tile in tl.range(
         tl.program_id(0), num_tiles, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE
     ):
-        pid_m, pid_n = _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
-        row0, expert = _tile_at(pid_m, expert_ids_ptr, BLOCK_M, HALF_TILES)
+        pid_m, pid_n, row0, expert = _tile_at(
+            tile, num_m_blocks, num_n_blocks, expert_ids_ptr, BLOCK_M, GROUP_M, HALF_TILES
+        )
         args = (
             a_scale_ptr, w_desc, w_scale_ptr, out_ptr, out_scale_ptr, sorted_ids_ptr, row0, expert,
             pid_n, num_slots, inter, top_k, k_steps, stride_am, stride_asm, stride_wse,
@@ -467,18 +481,15 @@ def _down_tma_kernel(
     HALF_TILES: tl.constexpr,
 ):
     # HALF_TILES as in the gate-up kernel; ``a_half_desc`` reads half-height row tiles.
-    if HALF_TILES:
-        num_m_blocks = tl.load(ntpp_ptr)
-    else:
-        num_m_blocks = tl.load(ntpp_ptr) // BLOCK_M
-    num_n_blocks = n_cols // BLOCK_N
-    num_tiles = num_m_blocks * num_n_blocks
-    k_steps = k_dim // BLOCK_K
+    num_m_blocks, num_n_blocks, num_tiles, k_steps = _tile_space(
+        ntpp_ptr, n_cols, k_dim, BLOCK_M, BLOCK_N, BLOCK_K, HALF_TILES
+    )
     for tile in tl.range(
         tl.program_id(0), num_tiles, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE
     ):
-        pid_m, pid_n = _swizzled_tile(tile, num_m_blocks, num_n_blocks, GROUP_M)
-        row0, expert = _tile_at(pid_m, expert_ids_ptr, BLOCK_M, HALF_TILES)
+        pid_m, pid_n, row0, expert = _tile_at(
+            tile, num_m_blocks, num_n_blocks, expert_ids_ptr, BLOCK_M, GROUP_M, HALF_TILES
+        )
         args = (
             a_scale_ptr, w_desc, w_scale_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, row0,
             expert, pid_n, num_slots, n_cols, k_steps, stride_asm, stride_wse, stride_wsn,
@@ -559,8 +570,32 @@ def tma_unfit_reason(
     )
 
 
-def _num_programs(tile: TmaGemmTile, max_tiles: int, num_sms: int) -> int:
-    return max(1, min(max_tiles, num_sms) if tile.persistent else max_tiles)
+def _tile_walk(
+    align: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    tiles: tuple[torch.Tensor, torch.Tensor] | None,
+    tile: TmaGemmTile,
+    n_cols: int,
+    num_sms: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """What a kernel walks: ``(sorted_ids, row tiles, their count, programs)``, the row tiles
+    ``align``'s ``block_m``-row blocks or the half-tile table ``tiles``; programs one a tile, or
+    with ``tile.persistent`` at most one an SM (looping over the tiles)."""
+    sorted_ids, expert_ids, ntpp = align
+    if tiles is not None:
+        expert_ids, ntpp = tiles
+    max_tiles = expert_ids.shape[0] * (n_cols // tile.block_n)
+    programs = max(1, min(max_tiles, num_sms) if tile.persistent else max_tiles)
+    return sorted_ids, expert_ids, ntpp, programs
+
+
+def _sorted_row_descs(
+    a: torch.Tensor, block_m: int, block_k: int, half_tiles: bool
+) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """Tensor descriptors over rows ``a`` [P, K] in sorted order: ``block_m``-row tiles and the
+    half-height ones (with ``half_tiles``; else the same descriptor)."""
+    desc = TensorDescriptor.from_tensor(a, [block_m, block_k])
+    half = TensorDescriptor.from_tensor(a, [block_m // 2, block_k]) if half_tiles else desc
+    return desc, half
 
 
 def launch_gate_up_tma(
@@ -587,9 +622,6 @@ def launch_gate_up_tma(
     ``a`` is [T, H] by token, or with ``a_sorted`` [P, H] in sorted order (``sorted_rows``).
     ``tiles``: the half-tile table and its length (``moe_align_half_tiles``, ``align`` then to
     ``block_m / 2``); without it, ``align``'s ``block_m``-row blocks."""
-    sorted_ids, expert_ids, ntpp = align
-    if tiles is not None:
-        expert_ids, ntpp = tiles
     e, two_i, h = w13.shape
     inter = two_i // 2
     fp8 = w13.dtype == FP8_DTYPE
@@ -599,15 +631,13 @@ def launch_gate_up_tma(
         )
     else:
         w_desc = TensorDescriptor.from_tensor(w13.view(e * two_i, h), [tile.block_n, tile.block_k])
-    max_tiles = expert_ids.shape[0] * (inter // tile.block_n)
-    programs = _num_programs(tile, max_tiles, num_sms)
+    sorted_ids, expert_ids, ntpp, programs = _tile_walk(align, tiles, tile, inter, num_sms)
     scale_a = a_scale if a_scale is not None else a
     scale_w = w13_scale if w13_scale is not None else a
     scale_o = out_scale if out_scale is not None else out
-    a_arg = TensorDescriptor.from_tensor(a, [block_m, tile.block_k]) if a_sorted else a
-    a_half = a_arg
-    if a_sorted and tiles is not None:
-        a_half = TensorDescriptor.from_tensor(a, [block_m // 2, tile.block_k])
+    a_arg, a_half = a, a
+    if a_sorted:
+        a_arg, a_half = _sorted_row_descs(a, block_m, tile.block_k, tiles is not None)
     _gate_up_tma_kernel[(programs,)](
         a_arg,
         a_half,
@@ -669,18 +699,11 @@ def launch_down_tma(
     """``a`` [P, I] sorted (from :func:`launch_gate_up_tma`) -> ``out`` [S, H] by (token, slot)
     row, each row times its top-k weight (fp32 ``topk_weights`` flattened [S]); ``tiles`` as
     for the gate-up."""
-    sorted_ids, expert_ids, ntpp = align
-    if tiles is not None:
-        expert_ids, ntpp = tiles
     e, h, inter = w2.shape
     fp8 = w2.dtype == FP8_DTYPE
-    a_desc = TensorDescriptor.from_tensor(a, [block_m, tile.block_k])
-    a_half = a_desc
-    if tiles is not None:
-        a_half = TensorDescriptor.from_tensor(a, [block_m // 2, tile.block_k])
+    a_desc, a_half = _sorted_row_descs(a, block_m, tile.block_k, tiles is not None)
     w_desc = TensorDescriptor.from_tensor(w2.view(e * h, inter), [tile.block_n, tile.block_k])
-    max_tiles = expert_ids.shape[0] * (h // tile.block_n)
-    programs = _num_programs(tile, max_tiles, num_sms)
+    sorted_ids, expert_ids, ntpp, programs = _tile_walk(align, tiles, tile, h, num_sms)
     scale_a = a_scale if a_scale is not None else a
     scale_w = w2_scale if w2_scale is not None else a
     _down_tma_kernel[(programs,)](

@@ -45,6 +45,8 @@ from sglang.kernels.ops.gpu_clock import globaltimer_ns
 from sglang.kernels.ops.moe.align import moe_align_block_size_triton
 from sglang.kernels.ops.moe.fused_moe import (
     _scaled_dot,
+    _times_topk_weight,
+    _w_scale_ptrs,
     check_moe_inputs,
     resolve_moe_output,
     routing_operands,
@@ -172,6 +174,15 @@ def _wait_at_least(
 
 
 @triton.jit
+def _row_block(mb, expert_ids_ptr, sorted_ptr, num_slots, BLOCK_M: tl.constexpr):
+    # Row block mb's expert, its routed-row slots and which of them are real (padding >= slots).
+    # (fused_moe._tile_rows offsets the rows before the pointer: other code for the same rows.)
+    expert = tl.load(expert_ids_ptr + mb).to(tl.int64)
+    slot = tl.load(sorted_ptr + mb * BLOCK_M + tl.arange(0, BLOCK_M))
+    return expert, slot, slot < num_slots
+
+
+@triton.jit
 def _phase1_tile(
     mb,
     n1,
@@ -210,16 +221,14 @@ def _phase1_tile(
     BLOCK_N1: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    expert = tl.load(expert_ids_ptr + mb).to(tl.int64)
-    slot = tl.load(sorted_ptr + mb * BLOCK_M + tl.arange(0, BLOCK_M))
-    row_ok = slot < num_slots
+    expert, slot, row_ok = _row_block(mb, expert_ids_ptr, sorted_ptr, num_slots, BLOCK_M)
     tok = (slot // TOP_K).to(tl.int64)
     offs_n = n1 * BLOCK_N1 + tl.arange(0, BLOCK_N1)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
     g_ptrs = w13_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
     u_ptrs = g_ptrs + inter_dim * stride_wn
-    gs_ptrs = w13s_ptr + expert * stride_wse + (offs_n // SCALE_BLOCK) * stride_wsn
+    gs_ptrs = _w_scale_ptrs(w13s_ptr, expert, offs_n, stride_wse, stride_wsn, SCALE_BLOCK)
     us_ptrs = gs_ptrs + (inter_dim // SCALE_BLOCK) * stride_wsn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N1), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N1), dtype=tl.float32)
@@ -327,15 +336,13 @@ def _phase2_tile(
     )
     tl.debug_barrier()
     if ready:
-        expert = tl.load(expert_ids_ptr + mb).to(tl.int64)
-        slot = tl.load(sorted_ptr + mb * BLOCK_M + tl.arange(0, BLOCK_M))
-        row_ok = slot < num_slots
+        expert, slot, row_ok = _row_block(mb, expert_ids_ptr, sorted_ptr, num_slots, BLOCK_M)
         row = slot.to(tl.int64)
         offs_n = n2 * BLOCK_N2 + tl.arange(0, BLOCK_N2)
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = inter_ptr + row[:, None] * stride_im + offs_k[None, :]
         w_ptrs = w2_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
-        ws_ptrs = w2s_ptr + expert * stride_wse + (offs_n // SCALE_BLOCK) * stride_wsn
+        ws_ptrs = _w_scale_ptrs(w2s_ptr, expert, offs_n, stride_wse, stride_wsn, SCALE_BLOCK)
         acc = tl.zeros((BLOCK_M, BLOCK_N2), dtype=tl.float32)
         for kb in range(k_dim // BLOCK_K):
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
@@ -348,8 +355,7 @@ def _phase2_tile(
                 acc = tl.dot(a, w, acc)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
-        weight = tl.load(topk_w_ptr + row, mask=row_ok, other=0.0).to(tl.float32)
-        val = (acc * weight[:, None]).to(down_ptr.dtype.element_ty)
+        val = _times_topk_weight(acc, topk_w_ptr, row, row_ok).to(down_ptr.dtype.element_ty)
         tl.store(down_ptr + row[:, None] * stride_dm + offs_n[None, :], val, mask=row_ok[:, None])
         tl.debug_barrier()
 

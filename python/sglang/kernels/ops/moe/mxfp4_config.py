@@ -11,7 +11,6 @@ skipped with one log line, and the default rule decides.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -19,7 +18,13 @@ from typing import Any
 import torch
 
 from sglang.kernels.ops.moe.mxfp4_operand import MXFP4_BLOCK_K
-from sglang.kernels.ops.moe.tuned_configs import CONFIG_DIR, table_name
+from sglang.kernels.ops.moe.tuned_configs import (
+    CONFIG_DIR,
+    _device_name,
+    pick_bucket,
+    table_buckets,
+    table_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -163,12 +168,10 @@ def config_from_dict(d: dict[str, Any]) -> Mxfp4MoeConfig:
 @functools.cache
 def load_mxfp4_table(name: str) -> tuple[tuple[int, Mxfp4MoeConfig], ...] | None:
     """``(m, config)`` buckets of table ``name`` sorted by m, or None when there is no such file."""
-    path = CONFIG_DIR / name
-    if not path.is_file():
+    raw = table_buckets(CONFIG_DIR / name)
+    if raw is None:
         return None
-    data = json.loads(path.read_text())
-    buckets = [(int(b["m"]), config_from_dict(b["config"])) for b in data["buckets"]]
-    return tuple(sorted(buckets, key=lambda b: b[0]))
+    return tuple((int(b["m"]), config_from_dict(b["config"])) for b in raw)
 
 
 @functools.cache
@@ -180,12 +183,12 @@ def select_mxfp4_config(
     m: int, e: int, h: int, i: int, *, top_k: int, device: torch.device
 ) -> Mxfp4MoeConfig:
     """The table's bucket for ``m`` tokens on this device, else the default rule."""
-    if device.type == "cuda":
-        name = table_name(e, h, i, top_k, DTYPE_KEY, torch.cuda.get_device_name(device))
+    dev_name = _device_name(device)
+    if dev_name is not None:
+        name = table_name(e, h, i, top_k, DTYPE_KEY, dev_name)
         buckets = load_mxfp4_table(name)
         if buckets:
-            below = [b for b in buckets if b[0] <= m]
-            m_bucket, cfg = below[-1] if below else buckets[0]
+            m_bucket, cfg = pick_bucket(buckets, m)
             why = mxfp4_config_fits(cfg, h, i)
             if why is None:
                 _log_choice(f"{name}, M bucket {m_bucket}: {cfg}")

@@ -243,6 +243,18 @@ _UTCCP_ROWS = tl.constexpr(UTCCP_ROWS)
 
 
 @triton.jit
+def stored_gate_up_rows(cols, up, n_cols, GRANULE: tl.constexpr):
+    # The stored w13 row of gate (up = 0) or up (up = 1) column ``cols`` of I = n_cols:
+    # ``[gate; up]`` halves (GRANULE 0), else runs of GRANULE gate rows, then the GRANULE up rows
+    # of the same columns (``mxfp4_weights.gate_up_rows``).
+    if GRANULE > 0:
+        rows = (cols // GRANULE) * (2 * GRANULE) + cols % GRANULE + up * GRANULE
+    else:
+        rows = cols + up * n_cols
+    return rows
+
+
+@triton.jit
 def stored_scale_rows(rows, UTCCP: tl.constexpr):
     # The stored row of each scale row (a 128-row block's row i*32 + j sits at j*4 + i).
     if UTCCP:

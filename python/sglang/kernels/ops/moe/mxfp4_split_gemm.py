@@ -35,6 +35,7 @@ from sglang.kernels.ops.moe.mxfp4_operand import (
     hidden_row_tile,
     reorder_hidden_columns,
     store_transposed,
+    stored_gate_up_rows,
     stored_scale_rows,
     weighted_by_topk,
 )
@@ -62,11 +63,7 @@ def _weight_rows(pid_n, n_cols, GATE_UP: tl.constexpr, GRANULE: tl.constexpr,
     if GATE_UP:
         r = tl.arange(0, 2 * BLOCK_N)
         col = pid_n * BLOCK_N + (r // (2 * _RUN)) * _RUN + r % _RUN
-        up = (r // _RUN) % 2
-        if GRANULE > 0:
-            rows = (col // GRANULE) * (2 * GRANULE) + col % GRANULE + up * GRANULE
-        else:
-            rows = col + up * n_cols
+        rows = stored_gate_up_rows(col, (r // _RUN) % 2, n_cols, GRANULE)
     else:
         rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     return rows

@@ -16,9 +16,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -83,25 +84,37 @@ def two_launch_config_from_dict(d: dict[str, Any]) -> FusedMoeConfig:
 Bucket = tuple[int, str, MoeKernelConfig | None]
 
 
+def table_buckets(path: Path) -> list[dict[str, Any]] | None:
+    """The buckets a table file lists (this module's and ``mxfp4_config.py``'s), in order of M;
+    None when there is no such file."""
+    if not path.is_file():
+        return None
+    return sorted(json.loads(path.read_text())["buckets"], key=lambda b: int(b["m"]))
+
+
 @functools.cache
 def load_table(name: str) -> tuple[Bucket, ...] | None:
     """The buckets of table ``name`` sorted by M, or None when there is no such file."""
-    path = CONFIG_DIR / name
-    if not path.is_file():
+    raw = table_buckets(CONFIG_DIR / name)
+    if raw is None:
         return None
-    data = json.loads(path.read_text())
     buckets: list[Bucket] = []
-    for b in data["buckets"]:
+    for b in raw:
         cfg: MoeKernelConfig | None = None
         if b["kernel"] == "tma":
             cfg = tma_config_from_dict(b["config"])
         elif b.get("config"):
             cfg = two_launch_config_from_dict(b["config"])
         buckets.append((int(b["m"]), str(b["kernel"]), cfg))
-    return tuple(sorted(buckets, key=lambda b: b[0]))
+    return tuple(buckets)
 
 
-def pick_bucket(buckets: tuple[Bucket, ...], m: int) -> Bucket:
+BucketT = TypeVar("BucketT", bound=tuple[Any, ...])
+
+
+def pick_bucket(buckets: Sequence[BucketT], m: int) -> BucketT:
+    """The bucket a call of ``m`` tokens takes from ``buckets`` (sorted by their first item, the
+    bucket's M): the largest M ``<= m``, else the smallest."""
     below = [b for b in buckets if b[0] <= m]
     return below[-1] if below else buckets[0]
 

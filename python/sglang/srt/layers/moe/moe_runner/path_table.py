@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sglang.kernels.ops.moe import tuned_configs
 from sglang.srt.utils.log import get_logger, log_once
 
 if TYPE_CHECKING:
@@ -68,9 +69,9 @@ Buckets = dict[int, dict[str, float]]  # M -> {path: us}
 
 
 def table_name(shape: MoeShape, dtype: str, device: str) -> str:
-    return (
-        f"E{shape.experts}_H{shape.hidden}_I{shape.inter}_top{shape.top_k}_{dtype}_"
-        f"{device.replace(' ', '_')}.json"
+    """The file name of a shape's table: the tuned kernel tables' naming."""
+    return tuned_configs.table_name(
+        shape.experts, shape.hidden, shape.inter, shape.top_k, dtype, device
     )
 
 
@@ -129,9 +130,7 @@ def _device_tables(dtype: str, device: str | None) -> dict[MoeShape, Buckets]:
 
 
 def _pick(buckets: Buckets, m: int) -> tuple[int, dict[str, float]]:
-    below = [b for b in buckets if b <= m]
-    bucket = max(below) if below else min(buckets)
-    return bucket, buckets[bucket]
+    return tuned_configs.pick_bucket(sorted(buckets.items()), m)
 
 
 def bucket_times(

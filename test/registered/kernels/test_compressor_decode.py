@@ -23,7 +23,6 @@ captured in a CUDA graph and replayed, and ``KVCompressor.project``'s one GEMM o
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -40,16 +39,13 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
 from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.compressor_decode_cases import HIDDEN, Case, make_case
-from sglang.test.interpreter import run_interp_tests
+from sglang.test.interpreter import IN_INTERPRETER, interp_only, run_interp_tests
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import assert_bf16_close
 
 register_cpu_ci(est_time=25)
 register_cuda_ci(est_time=30, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
-_FLAG = "SGLANG_TEST_IN_TRITON_INTERPRETER"
-IN_INTERPRETER = os.environ.get(_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
 FP32_TOL = 1e-6
 
 
@@ -187,7 +183,7 @@ def test_interp_bad_shapes_take_the_torch_path() -> None:
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_kernel_under_interpreter() -> None:
-    run_interp_tests(str(Path(__file__).resolve()), _FLAG)
+    run_interp_tests(str(Path(__file__).resolve()))
 
 
 def test_cpu_tensors_take_the_torch_path() -> None:

@@ -19,7 +19,6 @@ width with an 8192-token chunk.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -31,16 +30,13 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
 from sglang.srt.mem_cache.compressor_state import CompressorState
 from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
-from sglang.test.interpreter import run_interp_tests
+from sglang.test.interpreter import IN_INTERPRETER, interp_only, run_interp_tests
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import assert_bf16_close, bf16_mismatches
 
 register_cpu_ci(est_time=20)
 register_cuda_ci(est_time=15, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
-_FLAG = "SGLANG_TEST_IN_TRITON_INTERPRETER"
-IN_INTERPRETER = os.environ.get(_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
 FP32_TOL = 1e-6
 CHUNKS = (3, 0, 1, 4, 2, 9, 1, 17, 6)
 
@@ -154,7 +150,7 @@ def test_interp_kernel_matches_torch(
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_kernel_under_interpreter() -> None:
-    run_interp_tests(str(Path(__file__).resolve()), _FLAG)
+    run_interp_tests(str(Path(__file__).resolve()))
 
 
 def test_unfit_cases_are_refused_with_the_reason() -> None:

@@ -18,6 +18,7 @@ import torch
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.real_deep_gemm import deep_gemm_or_skip
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=80, suite="h200-1gpu")
@@ -28,14 +29,10 @@ LAUNCHES = 100
 
 @pytest.fixture(scope="module")
 def dg():  # type: ignore[no-untyped-def]
-    from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
-
-    status = deep_gemm_status()
-    if not status.usable:
-        pytest.skip(f"DeepGEMM unusable here: {status.reason}")
+    dg = deep_gemm_or_skip()
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the SM90 MegaMoE needs a Hopper GPU")
-    return status.module
+    return dg
 
 
 def _layer(dg, *, hidden: int, inter: int, experts: int, top_k: int, seed: int):  # type: ignore[no-untyped-def]

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.real_deep_gemm import deep_gemm_or_skip
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=120, suite="b200-1gpu")
@@ -34,7 +35,6 @@ E, TOP_K, H, I = 16, 4, 1024, 512
 
 @pytest.fixture(scope="module")
 def dg() -> Any:
-    from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
     from sglang.srt.layers.moe.mega_moe import mega_moe_layer_reason
 
     major, minor = torch.cuda.get_device_capability()
@@ -42,13 +42,11 @@ def dg() -> Any:
         pytest.skip(
             f"the SM100 MegaMoE needs a Blackwell GPU (sm_100/103), this is sm_{major}{minor}"
         )
-    status = deep_gemm_status()
-    if not status.usable:
-        pytest.skip(f"DeepGEMM unusable here: {status.reason}")
-    why = mega_moe_layer_reason(status.module, major * 10 + minor)
+    dg = deep_gemm_or_skip()
+    why = mega_moe_layer_reason(dg, major * 10 + minor)
     if why is not None:
         pytest.skip(f"DeepGEMM's SM100 MegaMoE cannot run: {why}")
-    return status.module
+    return dg
 
 
 def _experts(dg: Any, seed: int) -> tuple[Any, torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.real_deep_gemm import deep_gemm_or_skip
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=90, suite="h200-1gpu")
@@ -35,12 +36,7 @@ def cuda() -> torch.device:
 
 @pytest.fixture(scope="module")
 def dg(cuda: torch.device) -> Any:
-    from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
-
-    status = deep_gemm_status()
-    if not status.usable:
-        pytest.skip(f"DeepGEMM unusable here: {status.reason}")
-    return status.module
+    return deep_gemm_or_skip()
 
 
 def _mxfp4(cuda: torch.device, seed: int, e: int = E) -> Any:

@@ -18,8 +18,6 @@ Tolerances, and why:
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -43,6 +41,7 @@ from sglang.srt.layers.kv_cache_rows import Fp8Rows
 from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
 from sglang.srt.mem_cache.compressor_state import CompressorState
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
+from sglang.test.compressor_slot_state import clone_slots
 
 READ_TOL = 1e-5  # kernel vs torch on the same FP8 bits: summation order
 PREFILL_READ_TOL = 2e-5  # the prefill's default two-part probabilities (16 bits each)
@@ -267,14 +266,7 @@ def check_compress_decode(
             t.copy_(torch.randn(t.shape, generator=g, device=device))
     for slot in range(real + 1):
         got.reset(slot)
-    want = dataclasses.replace(
-        got,
-        entries=got.entries.clone(),
-        pending_kv=got.pending_kv.clone(),
-        pending_score=got.pending_score.clone(),
-        prev_kv=None if got.prev_kv is None else got.prev_kv.clone(),
-        prev_score=None if got.prev_score is None else got.prev_score.clone(),
-    )
+    want = clone_slots(got)
     for name in ("pending_kv", "pending_score", "prev_kv", "prev_score"):
         t = getattr(plain, name)
         if t is not None:

@@ -36,11 +36,11 @@ from sglang.srt.layers.attention.dsv4_static_compressor import (
     use_decode_kernel,
 )
 from sglang.srt.layers.attention.dsv4_static_decode import sink_attention
-from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.kv_cache_rows import Fp8Rows
-from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
+from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.compressor_state import CompressorState
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
+from sglang.test.compressor_decode_cases import random_compressor
 from sglang.test.compressor_slot_state import clone_slots
 
 READ_TOL = 1e-5  # kernel vs torch on the same FP8 bits: summation order
@@ -170,16 +170,7 @@ def _compressor(
     ratio: int, dim: int, rope: int, device: str, seed: int
 ) -> tuple[KVCompressor, InterleavedRotaryEmbedding]:
     g = torch.Generator(device).manual_seed(seed)
-    comp = KVCompressor(
-        32, dim, ratio, LayerBuildSpec(dtype=torch.float32, device=device),
-        overlap=ratio == 4, rms_eps=1e-6,
-    )  # fmt: skip
-    with torch.no_grad():
-        comp.ape.copy_(torch.randn(comp.ape.shape, generator=g, device=device))
-        comp.norm.weight.copy_(torch.rand(dim, generator=g, device=device) + 0.5)
-    yarn = YarnScaling(factor=4.0, original_max_position_embeddings=64, attention_factor=1.25)
-    rotary = InterleavedRotaryEmbedding(RopeSpec(rope, 10000.0, yarn), device=device)
-    return comp, rotary
+    return random_compressor(32, dim, ratio, overlap=ratio == 4, device=device, g=g, rope_dim=rope)
 
 
 def assert_same_fp8_rows(got: torch.Tensor, want: torch.Tensor, fmt: Fp8RowFormat) -> None:

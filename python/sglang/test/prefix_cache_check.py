@@ -32,7 +32,7 @@ from sglang.srt.managers.schedule_policy import SchedulePolicy
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
+from sglang.test.cpu_model_runner import cpu_model_runner
 
 # A prompt from the records of the waves before (multi-turn), or fixed ids.
 PromptFn = Callable[[dict[str, "Record"]], list[int]]
@@ -112,20 +112,15 @@ def make_server(
     """A CPU runner on the slot pool, with the prefix cache or without; decode eagerly, or with
     ``static_decode`` through the static decode padded to the graph sizes (and mixed steps split
     into it and an eager forward), as graphs would run it."""
-    args = ServerArgs(
-        model_path=model_path,
-        device="cpu",
-        random_seed=0,
+    runner, setup = cpu_model_runner(
+        model_path,
+        context_length=context_length,
+        budget=max_total_tokens,
+        max_running_requests=max_running,
         max_total_tokens=max_total_tokens,
+        static_without_graphs=static_decode,
         page_size=page_size,
         chunked_prefill_size=chunked_prefill_size,
-    ).resolved()
-    runner = ModelRunner(args, 0, 1)
-    setup = runner.init_decode(
-        context_length=context_length,
-        max_total_tokens=max_total_tokens,
-        max_running_requests=max_running,
-        static_without_graphs=static_decode,
     )
     assert (runner.static_model is not None) == static_decode, setup.cuda_graph
     tree = None

@@ -37,6 +37,7 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.cpu_model_runner import cpu_model_runner
 from sglang.test.kimi_k3_tiny import CONFIG_A, CONFIG_B, CONFIG_C, make_model, tokens
 from sglang.test.pooled_decode_checks import check_decode_pooled_refusals
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
@@ -175,13 +176,10 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _runner(path: Path, total: int | None) -> tuple[ModelRunner, str]:
-    args = ServerArgs(
-        model_path=str(path), device="cpu", random_seed=0, max_total_tokens=total
-    ).resolved()
-    runner = ModelRunner(args, 0, 1)
-    setup = runner.init_decode(
-        context_length=256, max_total_tokens=total or 1024, max_running_requests=3
-    )
+    runner, setup = cpu_model_runner(
+        str(path), context_length=256, budget=total or 1024, max_running_requests=3,
+        max_total_tokens=total,
+    )  # fmt: skip
     return runner, setup.cuda_graph
 
 

@@ -277,6 +277,19 @@ def worst_difference(got: dict[str, Record], want: dict[str, Record]) -> tuple[f
     return lp, logits
 
 
+def check_cache_on_vs_off(
+    got: dict[str, Record], want: dict[str, Record], tol: float
+) -> dict[str, int]:
+    """A cache-on run's records ``got`` against a cache-off run's ``want`` of the same prompts:
+    the same greedy tokens, log-probs and logits within ``tol`` (:func:`worst_difference`).
+    -> the prompt tokens each request resumed from the cache (printed with the errors)."""
+    lp, logits = worst_difference(got, want)
+    cached = {rid: r.cached_tokens for rid, r in got.items()}
+    print(f"cache on vs off: max |d logprob| {lp:.2e}, logits rel {logits:.2e}; cached {cached}")
+    assert lp < tol and logits < tol
+    return cached
+
+
 def run_conversation_and_branches(
     server: Server,
     waves: Sequence[Sequence[Turn]],
@@ -316,9 +329,7 @@ def check_against_cache_off(
     same prompts, and bit for bit equal logits where the cache-off run replays the cache-on
     run's forwards (``replay_cuts``; the conversation, one request a step)."""
     fixed = fixed_prompts(waves, got) + fixed_prompts(branches, got)
-    lp, logits = worst_difference(got, run_waves(cache_off(), fixed))
-    print(f"cache on vs off: max |d logprob| {lp:.2e}, logits rel {logits:.2e}")
-    assert lp < tol and logits < tol
+    check_cache_on_vs_off(got, run_waves(cache_off(), fixed), tol)
     order = [t.rid for w in waves for t in w]
     replay = run_waves(cache_off(), fixed_prompts(waves, got), cuts=replay_cuts(got, order))
     for rid in order:

@@ -117,10 +117,7 @@ def test_runner_pages_latents_and_admits_by_blocks(
 ) -> None:
     monkeypatch.setenv("SGLANG_K3_STATIC_DECODE", "0")  # the eager decode on paged latents
     src = make_model(CONFIG_B, seed=73)
-    # the release layout with unquantised experts, every tensor in the model's dtype (fp32)
-    k3_release.write_from_tensors(
-        tmp_path, CONFIG_B, k3_release.from_model(src), experts="bf16", dense_dtype=None
-    )
+    k3_release.write_unquantised(tmp_path, CONFIG_B, src)
     paged, setup = _runner(tmp_path, 512)
     eager, plain = _runner(tmp_path, None)
     assert plain.block_tokens == 1 and not eager.pooled

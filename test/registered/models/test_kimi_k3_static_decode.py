@@ -168,10 +168,7 @@ def test_static_decode_rejects_unpooled_and_full_caches(model_a: KimiK3ForCausal
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("k3")
     src = make_model(CONFIG_B, seed=44)
-    # the release layout with unquantised experts, every tensor in the model's dtype (fp32)
-    k3_release.write_from_tensors(
-        path, CONFIG_B, k3_release.from_model(src), experts="bf16", dense_dtype=None
-    )
+    k3_release.write_unquantised(path, CONFIG_B, src)
     return path
 
 

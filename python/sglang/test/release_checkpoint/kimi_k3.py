@@ -555,6 +555,14 @@ def write_from_tensors(
     )
 
 
+def write_unquantised(
+    path: str | os.PathLike[str], config: Mapping[str, Any], model: KimiK3ForCausalLM
+) -> ReleaseCheckpoint:
+    """``model``'s weights (:func:`from_model`) in the release layout with unquantised experts
+    and every tensor in the model's own dtype, so loading it back is exact."""
+    return write_from_tensors(path, config, from_model(model), experts="bf16", dense_dtype=None)
+
+
 def _is_vision(name: str) -> bool:
     return not name.startswith(PREFIX)
 

@@ -19,9 +19,9 @@ import torch
 
 from sglang import Engine
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_parity import TIE_CASE_CONFIG, TIE_CASE_LENGTHS, TIE_CASE_SEED
 from sglang.test.dsv4_parity import reference_model as tied_reference_model
 from sglang.test.dsv4_tiny import CONFIG_A, reference_model, token_ids, write_release
-from sglang.test.release_checkpoint.deepseek_v4 import TINY_BASE as _BASE
 from sglang.test.release_checkpoint.deepseek_v4 import to_transformers
 from sglang.test.run import run_this_file
 
@@ -59,26 +59,16 @@ def test_served_greedy_equals_transformers(tmp_path: Path) -> None:
     assert got == want
 
 
-ISSUE_CONFIG = dict(
-    _BASE,
-    num_hidden_layers=4,
-    compress_ratios=[128, 4, 0, 4],
-    num_hash_layers=2,
-    sliding_window=16,
-    index_topk=5,
-    index_n_heads=2,
-)
-ISSUE_LENGTHS = [*range(30, 48), 128, 129, 140, 150]
-
-
 @torch.no_grad()
 def test_served_greedy_at_the_reported_lengths(tmp_path: Path) -> None:
-    hf, ties = tied_reference_model(ISSUE_CONFIG, seed=14)
-    ckpt = write_release(tmp_path, ISSUE_CONFIG, hf, quantised=True)
+    hf, ties = tied_reference_model(TIE_CASE_CONFIG, seed=TIE_CASE_SEED)
+    ckpt = write_release(tmp_path, TIE_CASE_CONFIG, hf, quantised=True)
     assert ckpt.values is not None
     hf.load_state_dict(to_transformers(ckpt.values))
-    seq = token_ids(max(ISSUE_LENGTHS), ISSUE_CONFIG["vocab_size"], seed=14).tolist()
-    prompts = [seq[:n] for n in ISSUE_LENGTHS]
+    seq = token_ids(
+        max(TIE_CASE_LENGTHS), TIE_CASE_CONFIG["vocab_size"], seed=TIE_CASE_SEED
+    ).tolist()
+    prompts = [seq[:n] for n in TIE_CASE_LENGTHS]
     params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
     with Engine(
         device="cpu",

@@ -14,6 +14,7 @@ forward over ``prompt + served tokens`` per prompt, every served token the refer
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,6 +40,21 @@ def _hf_greedy(hf: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt) :]
 
 
+def _served(
+    path: Path, prompts: list[list[int]], params: dict[str, Any], **engine_args: Any
+) -> list[list[int]]:
+    """The output ids of ``prompts`` served on CPU from the checkpoint at ``path``."""
+    with Engine(
+        device="cpu",
+        model_path=str(path),
+        skip_tokenizer_init=True,
+        moe_runner_backend="torch",
+        log_level="warning",
+        **engine_args,
+    ) as engine:
+        return [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=params)]
+
+
 def test_served_greedy_equals_transformers(tmp_path: Path) -> None:
     hf = reference_model(CONFIG_A, seed=5)
     ckpt = write_release(tmp_path, CONFIG_A, hf, quantised=True)
@@ -47,16 +63,7 @@ def test_served_greedy_equals_transformers(tmp_path: Path) -> None:
     prompts = [token_ids(150, CONFIG_A["vocab_size"], seed=s).tolist() for s in (1, 2)]
     want = [_hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-    with Engine(
-        device="cpu",
-        model_path=str(tmp_path),
-        skip_tokenizer_init=True,
-        chunked_prefill_size=64,
-        moe_runner_backend="torch",
-        log_level="warning",
-    ) as engine:
-        got = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=params)]
-    assert got == want
+    assert _served(tmp_path, prompts, params, chunked_prefill_size=64) == want
 
 
 @torch.no_grad()
@@ -70,16 +77,7 @@ def test_served_greedy_at_the_reported_lengths(tmp_path: Path) -> None:
     ).tolist()
     prompts = [seq[:n] for n in TIE_CASE_LENGTHS]
     params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
-    with Engine(
-        device="cpu",
-        dtype="float32",
-        model_path=str(tmp_path),
-        skip_tokenizer_init=True,
-        chunked_prefill_size=16,
-        moe_runner_backend="torch",
-        log_level="warning",
-    ) as engine:
-        got = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=params)]
+    got = _served(tmp_path, prompts, params, dtype="float32", chunked_prefill_size=16)
     wrong = []
     for prompt, out in zip(prompts, got):
         logits = hf(torch.tensor([prompt + out[:-1]])).logits[0, len(prompt) - 1 :]

@@ -97,6 +97,18 @@ def _bias(e: int, seed: int, scale: float = 0.3) -> torch.Tensor:
     return torch.randn(e, generator=g) * scale
 
 
+def _route_and_check(
+    cfg: TopKConfig, tokens: int, seed: int, with_bias: bool
+) -> tuple[TopKOutput, torch.Tensor, torch.Tensor | None]:
+    """``select_experts`` on fresh random logits over 32 experts (and a random correction bias),
+    checked against the reference. -> (its output, the logits, the bias)."""
+    logits = _logits(tokens, 32, seed=seed)
+    bias = _bias(32, seed=seed) if with_bias else None
+    out = select_experts(logits, cfg, bias)
+    _check(out, _ref_route(logits, cfg, bias))
+    return out, logits, bias
+
+
 # --- select_experts ------------------------------------------------------------------------------
 
 
@@ -114,10 +126,7 @@ def test_matches_reference(
         routed_scaling_factor=2.5,
         apply_routed_scaling=apply_scaling,
     )
-    logits = _logits(41, 32, seed=7)
-    bias = _bias(32, seed=7) if with_bias else None
-    out = select_experts(logits, cfg, bias)
-    _check(out, _ref_route(logits, cfg, bias))
+    out, _, _ = _route_and_check(cfg, 41, seed=7, with_bias=with_bias)
     assert out.topk_weights.shape == (41, 6) and out.topk_ids.shape == (41, 6)
 
 
@@ -134,10 +143,7 @@ def test_group_limited_matches_reference_and_changes_selection(
         routed_scaling_factor=1.5,
         apply_routed_scaling=True,
     )
-    logits = _logits(64, 32, seed=11)
-    bias = _bias(32, seed=11) if with_bias else None
-    out = select_experts(logits, grouped, bias)
-    _check(out, _ref_route(logits, grouped, bias))
+    out, logits, bias = _route_and_check(grouped, 64, seed=11, with_bias=with_bias)
     groups_used = (out.topk_ids.long() // 4).tolist()
     assert all(len(set(row)) <= 2 for row in groups_used)
     flat = TopKConfig(top_k=4, scoring_func=scoring)  # type: ignore[arg-type]

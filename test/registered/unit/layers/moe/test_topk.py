@@ -49,6 +49,16 @@ def _ref_finish(weights: list[float], cfg: TopKConfig) -> list[float]:
     return weights
 
 
+def _ref_arrays(
+    ids: list[list[int]], weights: list[list[float]], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's per-token choices as ``[T, k]`` arrays: int64 ids, float64 weights."""
+    return (
+        np.array(ids, dtype=np.int64).reshape(-1, k),
+        np.array(weights, dtype=np.float64).reshape(-1, k),
+    )
+
+
 def _ref_route(
     logits: torch.Tensor, cfg: TopKConfig, bias: torch.Tensor | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -72,11 +82,7 @@ def _ref_route(
         ids = sorted(allowed, key=lambda e: -choice[e])[: cfg.top_k]
         all_ids.append(ids)
         all_w.append(_ref_finish([s[e] for e in ids], cfg))
-    k = cfg.top_k
-    return (
-        np.array(all_ids, dtype=np.int64).reshape(-1, k),
-        np.array(all_w, dtype=np.float64).reshape(-1, k),
-    )
+    return _ref_arrays(all_ids, all_w, cfg.top_k)
 
 
 def _check(out: TopKOutput, ref: tuple[np.ndarray, np.ndarray]) -> None:
@@ -304,11 +310,7 @@ def _ref_hash(
         ids = table[token].tolist()
         ids_out.append(ids)
         w_out.append(_ref_finish([s[e] for e in ids], cfg))
-    k = cfg.top_k
-    return (
-        np.array(ids_out, dtype=np.int64).reshape(-1, k),
-        np.array(w_out, dtype=np.float64).reshape(-1, k),
-    )
+    return _ref_arrays(ids_out, w_out, cfg.top_k)
 
 
 @pytest.mark.parametrize("scoring", SCORING)

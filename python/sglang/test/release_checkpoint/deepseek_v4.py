@@ -36,10 +36,10 @@ import torch
 from sglang.test.release_checkpoint.emit import (
     ReleaseCheckpoint,
     ReleaseTensors,
+    given_else_random,
     given_source,
     in_memory,
     random_source,
-    with_fallback,
     write_checkpoint,
 )
 from sglang.test.release_checkpoint.layout import (
@@ -590,14 +590,11 @@ def write_from_tensors(
     def drawn_at_random(name: str) -> bool:
         return _is_mtp(name) and name not in tensors
 
-    given = given_source(tensors, [s for s in specs if not drawn_at_random(s.name)])
-    device = next(iter(tensors.values())).device
-    draw = with_fallback(given, random_source(seed, device), drawn_at_random)
     return write_checkpoint(
         path,
         release_config(config, dense=dense, mtp=mtp),
         specs,
-        draw,
+        given_else_random(tensors, specs, drawn_at_random, seed),
         num_experts=_num_experts(config),
         keep_values=True,
         max_shard_bytes=max_shard_bytes,

@@ -29,10 +29,9 @@ import torch
 from sglang.test.release_checkpoint.emit import (
     ReleaseCheckpoint,
     ReleaseTensors,
-    given_source,
+    given_else_random,
     in_memory,
     random_source,
-    with_fallback,
     write_checkpoint,
 )
 from sglang.test.release_checkpoint.layout import (
@@ -532,13 +531,11 @@ def write_from_tensors(
     (so ``load_weights(fresh_model, result.values)`` builds the reference). With ``vision``, a
     few vision-tower tensors are drawn at random from ``seed`` too."""
     specs = list(tensor_specs(config, experts=experts, dense_dtype=dense_dtype, vision=vision))
-    given = given_source(tensors, [s for s in specs if not _is_vision(s.name)])
-    device = next(iter(tensors.values())).device
     return write_checkpoint(
         path,
         release_config(config, experts=experts),
         specs,
-        with_fallback(given, random_source(seed, device), _is_vision),
+        given_else_random(tensors, specs, _is_vision, seed),
         num_experts=_num_experts(config),
         keep_values=True,
         max_shard_bytes=max_shard_bytes,
@@ -594,9 +591,7 @@ def release_tensors(
     """The release tensors of ``tensors`` in memory (dense tensors in their own dtype by
     default, so a reload is exact), for tests that load a name -> tensor mapping."""
     specs = list(tensor_specs(config, experts=experts, dense_dtype=dense_dtype, vision=vision))
-    given = given_source(tensors, [s for s in specs if not _is_vision(s.name)])
-    device = next(iter(tensors.values())).device
-    draw = with_fallback(given, random_source(seed, device), _is_vision)
+    draw = given_else_random(tensors, specs, _is_vision, seed)
     return in_memory(specs, draw, num_experts=_num_experts(config))
 
 

@@ -20,6 +20,7 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.real_deep_gemm import deep_gemm_or_skip
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_norm_err
 
 register_cuda_ci(est_time=80, suite="h200-1gpu")
 
@@ -98,10 +99,6 @@ def _inputs(moe, t: int, seed: int):  # type: ignore[no-untyped-def]
     return x, torch.randint(0, 64, (t,), device="cuda", generator=gen)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
-
-
 @pytest.mark.parametrize("t", [1, 7, 64, 300])
 def test_run_mega_routed_equals_the_normal_path(dg, t: int) -> None:  # type: ignore[no-untyped-def]
     from sglang.kernels.ops.moe.fused_moe import fused_experts
@@ -138,7 +135,7 @@ def test_run_mega_routed_equals_the_normal_path(dg, t: int) -> None:  # type: ig
         )
     torch.cuda.synchronize()
     assert torch.isfinite(got).all()
-    err = _rel(got, routed + shared)
+    err = rel_norm_err(got, routed + shared)
     assert err < 3e-2, err  # FP8 intermediate in the kernel vs per-128 FP8 groups in Triton
 
 
@@ -159,7 +156,7 @@ def test_run_mega_routed_replays_in_a_cuda_graph(dg) -> None:  # type: ignore[no
             graph.replay()
             torch.cuda.synchronize()
             eager = moe._run_mega_routed(x2, ids2, None)
-            assert torch.isfinite(out).all() and _rel(out, eager) < 1e-3
+            assert torch.isfinite(out).all() and rel_norm_err(out, eager) < 1e-3
 
 
 def test_situ_and_wide_intermediate_go_to_our_triton_kernel(dg) -> None:  # type: ignore[no-untyped-def]

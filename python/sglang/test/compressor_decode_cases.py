@@ -1,7 +1,8 @@
 """Random DeepSeek V4 compressor decode problems for the compressor kernel's tests and its
-benchmark: a compressor with random position biases and norm, the YaRN rotary it applies, a slot
-store full of random pending and previous-block rows and entries, and a shuffled block table
-whose last slot is scratch (padding rows write there)."""
+benchmark: a compressor with random position biases and norm and the YaRN rotary it applies
+(:func:`random_compressor`, also the prefill and FP8 KV checks' compressor), a slot store full of
+random pending and previous-block rows and entries, and a shuffled block table whose last slot is
+scratch (padding rows write there)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,28 @@ class Case:
     null_block: int
 
 
+def random_compressor(
+    hidden: int,
+    dim: int,
+    ratio: int,
+    *,
+    overlap: bool,
+    device: str,
+    g: torch.Generator,
+    rope_dim: int = 16,
+) -> tuple[KVCompressor, InterleavedRotaryEmbedding]:
+    """A float32 compressor whose position biases and norm weights are drawn from ``g``, and the
+    YaRN rotary (``rope_dim`` wide) it applies."""
+    spec = LayerBuildSpec(dtype=torch.float32, device=device)
+    comp = KVCompressor(hidden, dim, ratio, spec, overlap=overlap, rms_eps=1e-6)
+    with torch.no_grad():
+        comp.ape.copy_(torch.randn(comp.ape.shape, generator=g, device=device))
+        comp.norm.weight.copy_(torch.rand(dim, generator=g, device=device) + 0.5)
+    yarn = YarnScaling(factor=4.0, original_max_position_embeddings=64, attention_factor=1.25)
+    rotary = InterleavedRotaryEmbedding(RopeSpec(rope_dim, 10000.0, yarn), device=device)
+    return comp, rotary
+
+
 def make_case(
     ratio: int,
     overlap: bool,
@@ -37,14 +60,7 @@ def make_case(
     real_slots: int = 6,
 ) -> Case:
     g = torch.Generator(device).manual_seed(seed)
-    spec = LayerBuildSpec(dtype=torch.float32, device=device)
-    comp = KVCompressor(HIDDEN, dim, ratio, spec, overlap=overlap, rms_eps=1e-6)
-    width = comp.ape.shape[1]
-    with torch.no_grad():
-        comp.ape.copy_(torch.randn(ratio, width, generator=g, device=device))
-        comp.norm.weight.copy_(torch.rand(dim, generator=g, device=device) + 0.5)
-    yarn = YarnScaling(factor=4.0, original_max_position_embeddings=64, attention_factor=1.25)
-    rotary = InterleavedRotaryEmbedding(RopeSpec(16, 10000.0, yarn), device=device)
+    comp, rotary = random_compressor(HIDDEN, dim, ratio, overlap=overlap, device=device, g=g)
     block_tokens, max_blocks = 4 * ratio, 3  # 4 entries a block, 12 a request
     num_blocks = real_slots * max_blocks
     store = CompressorSlots.allocate(

@@ -39,6 +39,7 @@ from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.loading import load_weights
 from sglang.test.chunked_prefill import chunked_prefill
+from sglang.test.release_checkpoint.deepseek_v4 import TINY_BASE
 
 # transformers warns that tiny YaRN factors disagree with max_position_embeddings; irrelevant.
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -48,6 +49,21 @@ DecodePath = Literal["eager", "pooled", "graph"]
 _TIE_STEP = 1e-30
 # Largest context the sweep's configs cover (positions of YaRN and the slot pool).
 MAX_POSITIONS = 512
+
+# The tie case of docs/parity.md (finding 1), run by the sweep test and served by the engine test:
+# window 16, indexer top-k 5 of two heads (exact index-score ties are common), mixed layer types,
+# hash-routed first layers; prompts at 30..47 and around the ratio-128 block; model seed 14.
+TIE_CASE_CONFIG: dict[str, Any] = dict(
+    TINY_BASE,
+    num_hidden_layers=4,
+    compress_ratios=[128, 4, 0, 4],
+    num_hash_layers=2,
+    sliding_window=16,
+    index_topk=5,
+    index_n_heads=2,
+)
+TIE_CASE_LENGTHS: tuple[int, ...] = (*range(30, 48), 128, 129, 140, 150)
+TIE_CASE_SEED = 14
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ real module on the H200, so the fake cannot drift from it.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,10 +54,15 @@ class FakeDeepGemm:
         use_fp8_dispatch: bool | None = None,
         mma_type: str = "fp8xfp4",
         activation: str = "swiglu",
-    ) -> FakeSymmBuffer:
+    ) -> Any:
         self._record("get_symm_buffer_for_mega_moe", self.num_sms)
         args = (group, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden)
-        return FakeSymmBuffer(args, {"mma_type": mma_type, "activation": activation}, self.num_sms)
+        return self._symm_buffer(args, {"mma_type": mma_type, "activation": activation})
+
+    def _symm_buffer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The buffer for ``get_symm_buffer_for_mega_moe``'s positional ``args`` and keyword
+        ``kwargs``: here what it was asked for and the SM count then."""
+        return FakeSymmBuffer(args, kwargs, self.num_sms)
 
 
 def _dequant_act(a: Any) -> Any:
@@ -74,6 +80,32 @@ def _dequant_weight(w: Any) -> Any:
         full = s.float().repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)
         return q.float() * full[:, : q.shape[1], : q.shape[2]]
     return w.float()
+
+
+def _mega_moe_entry(name: str, default_recipe: tuple[int, int, int]) -> Callable[..., None]:
+    """A MegaMoE entry point as DeepGEMM has it: Blackwell's ``fp8_fp4_mega_moe`` and Hopper's
+    ``fp8_mega_moe`` take the same arguments, each with its own default recipe."""
+
+    def entry(
+        self: FakeDeepGemmGemms,
+        y: Any,
+        l1_weights: Any,
+        l2_weights: Any,
+        sym_buffer: Any,
+        cumulative_local_expert_recv_stats: Any = None,
+        recipe: Any = default_recipe,
+        activation: str = "swiglu",
+        activation_clamp: float | None = None,
+        fast_math: bool = True,
+    ) -> None:
+        self._mega_call(
+            name, y, l1_weights, l2_weights, sym_buffer, recipe, activation, activation_clamp,
+            fast_math,
+        )  # fmt: skip
+
+    entry.__name__ = name
+    entry.__qualname__ = f"FakeDeepGemmGemms.{name}"
+    return entry
 
 
 class FakeDeepGemmGemms(FakeDeepGemm):
@@ -206,47 +238,40 @@ class FakeDeepGemmGemms(FakeDeepGemm):
         name: str,
         y: Any,
         l1_weights: Any,
+        l2_weights: Any,
+        sym_buffer: Any,
         recipe: Any,
         activation: str,
         activation_clamp: float | None,
         fast_math: bool,
-    ) -> bool:
-        """Record a MegaMoE call; False (``y`` filled) when its weights are placeholders."""
+    ) -> None:
         kwargs = {"recipe": recipe, "activation": activation, "fast_math": fast_math}
         if activation_clamp is not None:
             kwargs["activation_clamp"] = activation_clamp
         self._record(name, (self.num_sms, kwargs))
+        blackwell = name == "fp8_fp4_mega_moe"
         if l1_weights[0].numel() == 0:
-            y.fill_(1.0 if name == "fp8_fp4_mega_moe" else 2.0)
-            return False
-        return True
+            y.fill_(1.0 if blackwell else 2.0)
+        elif blackwell:
+            from sglang.test.fake_mega_moe_kernel import reference_mega_moe
 
-    def fp8_fp4_mega_moe(
-        self,
-        y: Any,
-        l1_weights: Any,
-        l2_weights: Any,
-        sym_buffer: Any,
-        cumulative_local_expert_recv_stats: Any = None,
-        recipe: Any = (1, 1, 32),
-        activation: str = "swiglu",
-        activation_clamp: float | None = None,
-        fast_math: bool = True,
-    ) -> None:
-        if not self._mega_call(
-            "fp8_fp4_mega_moe", y, l1_weights, recipe, activation, activation_clamp, fast_math
-        ):
-            return
-        from sglang.test.fake_mega_moe_kernel import reference_mega_moe
+            reference_mega_moe(
+                y,
+                l1_weights,
+                l2_weights,
+                sym_buffer,
+                activation=activation,
+                activation_clamp=activation_clamp,
+            )
+        else:
+            from sglang.test.fake_mega_moe_kernel import reference_sm90_mega_moe
 
-        reference_mega_moe(
-            y,
-            l1_weights,
-            l2_weights,
-            sym_buffer,
-            activation=activation,
-            activation_clamp=activation_clamp,
-        )
+            reference_sm90_mega_moe(
+                y, l1_weights, l2_weights, sym_buffer, activation_clamp=activation_clamp
+            )
+
+    fp8_fp4_mega_moe = _mega_moe_entry("fp8_fp4_mega_moe", (1, 1, 32))
+    fp8_mega_moe = _mega_moe_entry("fp8_mega_moe", (128, 128, 128))
 
     def transform_sf_into_required_layout(
         self,
@@ -270,28 +295,6 @@ class FakeDeepGemmGemms(FakeDeepGemm):
 
         self._record("transform_weights_for_mega_moe_sm90", None)
         return (interleave_gate_up(l1_weights[0]), l1_weights[1]), l2_weights
-
-    def fp8_mega_moe(
-        self,
-        y: Any,
-        l1_weights: Any,
-        l2_weights: Any,
-        sym_buffer: Any,
-        cumulative_local_expert_recv_stats: Any = None,
-        recipe: Any = (128, 128, 128),
-        activation: str = "swiglu",
-        activation_clamp: float | None = None,
-        fast_math: bool = True,
-    ) -> None:
-        if not self._mega_call(
-            "fp8_mega_moe", y, l1_weights, recipe, activation, activation_clamp, fast_math
-        ):
-            return
-        from sglang.test.fake_mega_moe_kernel import reference_sm90_mega_moe
-
-        reference_sm90_mega_moe(
-            y, l1_weights, l2_weights, sym_buffer, activation_clamp=activation_clamp
-        )
 
     def mega_moe_pre_dispatch_sm90(
         self,
@@ -322,22 +325,11 @@ class FakeDeepGemmGemms(FakeDeepGemm):
         buf_topk_idx[num_tokens:] = -1
         buf_topk_weights[num_tokens:] = 0.0
 
-    def get_symm_buffer_for_mega_moe(  # type: ignore[override]
-        self,
-        group: Any,
-        num_experts: int,
-        num_max_tokens_per_rank: int,
-        num_topk: int,
-        hidden: int,
-        intermediate_hidden: int,
-        use_fp8_dispatch: bool | None = None,
-        mma_type: str = "fp8xfp4",
-        activation: str = "swiglu",
-    ) -> Any:
+    def _symm_buffer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Staging tensors the pre-dispatch kernel fills, poisoned (NaN rows, id 99, weight 5)."""
         import torch
 
-        self._record("get_symm_buffer_for_mega_moe", self.num_sms)
-        cap = num_max_tokens_per_rank
+        _, num_experts, cap, num_topk, hidden, _ = args
         # Hopper stages fp32 scales per 128 values; Blackwell packs four UE8M0 bytes an int32.
         x_sf = (
             torch.full((cap, hidden // 128), -7.0)

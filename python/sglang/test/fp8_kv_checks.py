@@ -18,8 +18,6 @@ Tolerances, and why:
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -38,11 +36,12 @@ from sglang.srt.layers.attention.dsv4_static_compressor import (
     use_decode_kernel,
 )
 from sglang.srt.layers.attention.dsv4_static_decode import sink_attention
-from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.layers.kv_cache_rows import Fp8Rows
-from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
+from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.compressor_state import CompressorState
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
+from sglang.test.compressor_decode_cases import random_compressor
+from sglang.test.compressor_slot_state import clone_slots
 
 READ_TOL = 1e-5  # kernel vs torch on the same FP8 bits: summation order
 PREFILL_READ_TOL = 2e-5  # the prefill's default two-part probabilities (16 bits each)
@@ -171,16 +170,7 @@ def _compressor(
     ratio: int, dim: int, rope: int, device: str, seed: int
 ) -> tuple[KVCompressor, InterleavedRotaryEmbedding]:
     g = torch.Generator(device).manual_seed(seed)
-    comp = KVCompressor(
-        32, dim, ratio, LayerBuildSpec(dtype=torch.float32, device=device),
-        overlap=ratio == 4, rms_eps=1e-6,
-    )  # fmt: skip
-    with torch.no_grad():
-        comp.ape.copy_(torch.randn(comp.ape.shape, generator=g, device=device))
-        comp.norm.weight.copy_(torch.rand(dim, generator=g, device=device) + 0.5)
-    yarn = YarnScaling(factor=4.0, original_max_position_embeddings=64, attention_factor=1.25)
-    rotary = InterleavedRotaryEmbedding(RopeSpec(rope, 10000.0, yarn), device=device)
-    return comp, rotary
+    return random_compressor(32, dim, ratio, overlap=ratio == 4, device=device, g=g, rope_dim=rope)
 
 
 def assert_same_fp8_rows(got: torch.Tensor, want: torch.Tensor, fmt: Fp8RowFormat) -> None:
@@ -267,14 +257,7 @@ def check_compress_decode(
             t.copy_(torch.randn(t.shape, generator=g, device=device))
     for slot in range(real + 1):
         got.reset(slot)
-    want = dataclasses.replace(
-        got,
-        entries=got.entries.clone(),
-        pending_kv=got.pending_kv.clone(),
-        pending_score=got.pending_score.clone(),
-        prev_kv=None if got.prev_kv is None else got.prev_kv.clone(),
-        prev_score=None if got.prev_score is None else got.prev_score.clone(),
-    )
+    want = clone_slots(got)
     for name in ("pending_kv", "pending_score", "prev_kv", "prev_score"):
         t = getattr(plain, name)
         if t is not None:

@@ -9,6 +9,14 @@ import sys
 
 import pytest
 
+# Set to 1 in the subprocess :func:`run_interp_tests` starts, so a test file knows it is there.
+INTERP_TESTS_FLAG = "SGLANG_TEST_IN_TRITON_INTERPRETER"
+IN_INTERPRETER = (
+    os.environ.get(INTERP_TESTS_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
+)
+# The ``interp_`` tests: they run only in that subprocess (the driver test starts it).
+interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
+
 
 def run_under_interpreter(
     *,
@@ -51,10 +59,11 @@ def call_in_interpreter(file: str, function: str, *args: object, timeout: float 
     run_under_interpreter(marker="INTERPRETED_OK", code=code, timeout=timeout)
 
 
-def run_interp_tests(file: str, flag: str, timeout: float = 300) -> None:
-    """Rerun the ``interp_`` tests of the test file ``file`` under the interpreter, with the
-    environment variable ``flag`` set to 1 so they know they are there (they skip elsewhere);
-    fails unless they all ran and passed."""
+def run_interp_tests(file: str, timeout: float = 300) -> None:
+    """Rerun the ``interp_`` tests of the test file ``file`` under the interpreter, with
+    :data:`INTERP_TESTS_FLAG` set so they know they are there (:data:`interp_only` skips them
+    elsewhere); fails unless they all ran and passed."""
     argv = ["-m", "pytest", file, "-q", "-k", "interp_", "-p", "no:cacheprovider"]
-    out = run_under_interpreter(marker="passed", argv=argv, env={flag: "1"}, timeout=timeout)
+    env = {INTERP_TESTS_FLAG: "1"}
+    out = run_under_interpreter(marker="passed", argv=argv, env=env, timeout=timeout)
     assert "skipped" not in out.splitlines()[-1], out[-4000:]

@@ -43,6 +43,11 @@ ACTIVATIONS = {
     "k3": [("situ", False), ("swiglu", False)],
 }
 
+# Every (shape name, fp8, M) of the MoE kernels' reference checks (:func:`reference_cases`), and
+# readable test ids for them ("dsv4-fp8-64").
+REFERENCE_GRID = [(name, fp8, m) for name in SHAPES for fp8 in (False, True) for m in M_VALUES]
+REFERENCE_IDS = [f"{name}-{'fp8' if fp8 else 'bf16'}-{m}" for name, fp8, m in REFERENCE_GRID]
+
 
 def poison_allocator(nbytes: int, device: torch.device | str) -> None:
     """Fill memory the caching allocator will hand out next with NaN bytes."""

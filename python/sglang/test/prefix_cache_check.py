@@ -32,7 +32,7 @@ from sglang.srt.managers.schedule_policy import SchedulePolicy
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
+from sglang.test.cpu_model_runner import cpu_model_runner
 
 # A prompt from the records of the waves before (multi-turn), or fixed ids.
 PromptFn = Callable[[dict[str, "Record"]], list[int]]
@@ -112,20 +112,15 @@ def make_server(
     """A CPU runner on the slot pool, with the prefix cache or without; decode eagerly, or with
     ``static_decode`` through the static decode padded to the graph sizes (and mixed steps split
     into it and an eager forward), as graphs would run it."""
-    args = ServerArgs(
-        model_path=model_path,
-        device="cpu",
-        random_seed=0,
+    runner, setup = cpu_model_runner(
+        model_path,
+        context_length=context_length,
+        budget=max_total_tokens,
+        max_running_requests=max_running,
         max_total_tokens=max_total_tokens,
+        static_without_graphs=static_decode,
         page_size=page_size,
         chunked_prefill_size=chunked_prefill_size,
-    ).resolved()
-    runner = ModelRunner(args, 0, 1)
-    setup = runner.init_decode(
-        context_length=context_length,
-        max_total_tokens=max_total_tokens,
-        max_running_requests=max_running,
-        static_without_graphs=static_decode,
     )
     assert (runner.static_model is not None) == static_decode, setup.cuda_graph
     tree = None
@@ -282,6 +277,19 @@ def worst_difference(got: dict[str, Record], want: dict[str, Record]) -> tuple[f
     return lp, logits
 
 
+def check_cache_on_vs_off(
+    got: dict[str, Record], want: dict[str, Record], tol: float
+) -> dict[str, int]:
+    """A cache-on run's records ``got`` against a cache-off run's ``want`` of the same prompts:
+    the same greedy tokens, log-probs and logits within ``tol`` (:func:`worst_difference`).
+    -> the prompt tokens each request resumed from the cache (printed with the errors)."""
+    lp, logits = worst_difference(got, want)
+    cached = {rid: r.cached_tokens for rid, r in got.items()}
+    print(f"cache on vs off: max |d logprob| {lp:.2e}, logits rel {logits:.2e}; cached {cached}")
+    assert lp < tol and logits < tol
+    return cached
+
+
 def run_conversation_and_branches(
     server: Server,
     waves: Sequence[Sequence[Turn]],
@@ -321,9 +329,7 @@ def check_against_cache_off(
     same prompts, and bit for bit equal logits where the cache-off run replays the cache-on
     run's forwards (``replay_cuts``; the conversation, one request a step)."""
     fixed = fixed_prompts(waves, got) + fixed_prompts(branches, got)
-    lp, logits = worst_difference(got, run_waves(cache_off(), fixed))
-    print(f"cache on vs off: max |d logprob| {lp:.2e}, logits rel {logits:.2e}")
-    assert lp < tol and logits < tol
+    check_cache_on_vs_off(got, run_waves(cache_off(), fixed), tol)
     order = [t.rid for w in waves for t in w]
     replay = run_waves(cache_off(), fixed_prompts(waves, got), cuts=replay_cuts(got, order))
     for rid in order:

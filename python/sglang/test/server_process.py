@@ -54,6 +54,14 @@ class ServerProcess:
         with open(self.log.name, encoding="utf-8", errors="replace") as f:
             return f.read()[-5000:]
 
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """The server's exit status once it exits on its own within ``timeout_s``; None while it
+        still runs (the caller's ``stop`` ends it)."""
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)

@@ -22,8 +22,6 @@ captured in a CUDA graph and replayed, and ``KVCompressor.project``'s one GEMM o
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -40,28 +38,15 @@ from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import CompressorSlots
 from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.compressor_decode_cases import HIDDEN, Case, make_case
-from sglang.test.interpreter import run_interp_tests
+from sglang.test.compressor_slot_state import clone_slots
+from sglang.test.interpreter import IN_INTERPRETER, interp_only, run_interp_tests
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import assert_bf16_close
 
 register_cpu_ci(est_time=25)
 register_cuda_ci(est_time=30, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
-_FLAG = "SGLANG_TEST_IN_TRITON_INTERPRETER"
-IN_INTERPRETER = os.environ.get(_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
 FP32_TOL = 1e-6
-
-
-def clone_store(store: CompressorSlots) -> CompressorSlots:
-    return dataclasses.replace(
-        store,
-        entries=store.entries.clone(),
-        pending_kv=store.pending_kv.clone(),
-        pending_score=store.pending_score.clone(),
-        prev_kv=None if store.prev_kv is None else store.prev_kv.clone(),
-        prev_score=None if store.prev_score is None else store.prev_score.clone(),
-    )
 
 
 def start_positions(case: Case, steps: int, g: torch.Generator, device: str) -> torch.Tensor:
@@ -121,7 +106,7 @@ def _run_case(
     # Block-0 rows have "no previous block" (their slots were reset when taken); the scratch too.
     for slot in (0, 2, case.real_slots):
         case.store.reset(slot)
-    got, want = case.store, clone_store(case.store)
+    got, want = case.store, clone_slots(case.store)
     probe = torch.empty(1, 1, device=device)
     assert use_decode_kernel(got, probe, probe, case.table, case.rotary)
     # Slots shuffled, then two padding rows on the scratch slot.
@@ -187,7 +172,7 @@ def test_interp_bad_shapes_take_the_torch_path() -> None:
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_kernel_under_interpreter() -> None:
-    run_interp_tests(str(Path(__file__).resolve()), _FLAG)
+    run_interp_tests(str(Path(__file__).resolve()))
 
 
 def test_cpu_tensors_take_the_torch_path() -> None:
@@ -272,14 +257,14 @@ def test_gpu_graph_replay_equals_eager() -> None:
     kv = torch.randn(bs, width, generator=g, device="cuda")
     score = torch.randn(bs, width, generator=g, device="cuda")
     positions = torch.zeros(bs, dtype=torch.long, device="cuda")
-    eager = clone_store(case.store)
+    eager = clone_slots(case.store)
 
     def step(store: CompressorSlots) -> None:
         compress_decode_step(case.compressor, store, kv, score, positions, slots, case.table,
                              case.rotary)  # fmt: skip
 
     with torch.no_grad():
-        step(clone_store(case.store))  # compile outside the capture
+        step(clone_slots(case.store))  # compile outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step(case.store)

@@ -19,7 +19,6 @@ width with an 8192-token chunk.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -27,20 +26,17 @@ import torch
 
 from sglang.kernels.ops.attention.compressor_prefill import compress_prefill_reason
 from sglang.srt.layers.attention.dsv4_compressor import KVCompressor
-from sglang.srt.layers.build_spec import LayerBuildSpec
-from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding, RopeSpec, YarnScaling
+from sglang.srt.layers.rotary_embedding import InterleavedRotaryEmbedding
 from sglang.srt.mem_cache.compressor_state import CompressorState
 from sglang.test.ci_register import register_cpu_ci, register_cuda_ci
-from sglang.test.interpreter import run_interp_tests
+from sglang.test.compressor_decode_cases import random_compressor
+from sglang.test.interpreter import IN_INTERPRETER, interp_only, run_interp_tests
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import assert_bf16_close, bf16_mismatches
 
 register_cpu_ci(est_time=20)
 register_cuda_ci(est_time=15, suite="h200-1gpu")  # its @pytest.mark.gpu tests
 
-_FLAG = "SGLANG_TEST_IN_TRITON_INTERPRETER"
-IN_INTERPRETER = os.environ.get(_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
 FP32_TOL = 1e-6
 CHUNKS = (3, 0, 1, 4, 2, 9, 1, 17, 6)
 
@@ -49,16 +45,7 @@ def make_compressor(
     ratio: int, overlap: bool, dim: int, device: str, seed: int
 ) -> tuple[KVCompressor, InterleavedRotaryEmbedding]:
     g = torch.Generator(device).manual_seed(seed)
-    comp = KVCompressor(
-        16, dim, ratio, LayerBuildSpec(dtype=torch.float32, device=device),
-        overlap=overlap, rms_eps=1e-6,
-    )  # fmt: skip
-    with torch.no_grad():
-        comp.ape.copy_(torch.randn(comp.ape.shape, generator=g, device=device))
-        comp.norm.weight.copy_(torch.rand(dim, generator=g, device=device) + 0.5)
-    yarn = YarnScaling(factor=4.0, original_max_position_embeddings=64, attention_factor=1.25)
-    rotary = InterleavedRotaryEmbedding(RopeSpec(16, 10000.0, yarn), device=device)
-    return comp, rotary
+    return random_compressor(16, dim, ratio, overlap=overlap, device=device, g=g)
 
 
 def make_states(
@@ -154,7 +141,7 @@ def test_interp_kernel_matches_torch(
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_kernel_under_interpreter() -> None:
-    run_interp_tests(str(Path(__file__).resolve()), _FLAG)
+    run_interp_tests(str(Path(__file__).resolve()))
 
 
 def test_unfit_cases_are_refused_with_the_reason() -> None:

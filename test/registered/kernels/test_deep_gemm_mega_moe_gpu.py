@@ -18,7 +18,9 @@ import torch
 
 from sglang.srt.layers.build_spec import LayerBuildSpec
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.real_deep_gemm import deep_gemm_or_skip
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_norm_err
 
 register_cuda_ci(est_time=80, suite="h200-1gpu")
 
@@ -28,14 +30,10 @@ LAUNCHES = 100
 
 @pytest.fixture(scope="module")
 def dg():  # type: ignore[no-untyped-def]
-    from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
-
-    status = deep_gemm_status()
-    if not status.usable:
-        pytest.skip(f"DeepGEMM unusable here: {status.reason}")
+    dg = deep_gemm_or_skip()
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the SM90 MegaMoE needs a Hopper GPU")
-    return status.module
+    return dg
 
 
 def _layer(dg, *, hidden: int, inter: int, experts: int, top_k: int, seed: int):  # type: ignore[no-untyped-def]
@@ -101,10 +99,6 @@ def _inputs(moe, t: int, seed: int):  # type: ignore[no-untyped-def]
     return x, torch.randint(0, 64, (t,), device="cuda", generator=gen)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
-
-
 def _run_mega(moe, x, ids, shared):  # type: ignore[no-untyped-def]
     """``_run_mega_routed`` with the kernel the layer chooses for ``x``'s batch (as forward)."""
     kernel = moe.experts.mega_kernel_for(x)
@@ -148,7 +142,7 @@ def test_run_mega_routed_equals_the_normal_path(dg, t: int) -> None:  # type: ig
         )
     torch.cuda.synchronize()
     assert torch.isfinite(got).all()
-    err = _rel(got, routed + shared)
+    err = rel_norm_err(got, routed + shared)
     assert err < 3e-2, err  # FP8 intermediate in the kernel vs per-128 FP8 groups in Triton
 
 
@@ -169,7 +163,7 @@ def test_run_mega_routed_replays_in_a_cuda_graph(dg) -> None:  # type: ignore[no
             graph.replay()
             torch.cuda.synchronize()
             eager = _run_mega(moe, x2, ids2, None)
-            assert torch.isfinite(out).all() and _rel(out, eager) < 1e-3
+            assert torch.isfinite(out).all() and rel_norm_err(out, eager) < 1e-3
 
 
 def test_situ_and_wide_intermediate_go_to_our_triton_kernel(dg) -> None:  # type: ignore[no-untyped-def]

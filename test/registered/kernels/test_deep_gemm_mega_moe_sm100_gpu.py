@@ -21,7 +21,9 @@ import pytest
 import torch
 
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.real_deep_gemm import deep_gemm_or_skip
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_norm_err
 
 register_cuda_ci(est_time=120, suite="b200-1gpu")
 
@@ -34,7 +36,6 @@ E, TOP_K, H, I = 16, 4, 1024, 512
 
 @pytest.fixture(scope="module")
 def dg() -> Any:
-    from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
     from sglang.srt.layers.moe.mega_moe import mega_moe_layer_reason
 
     major, minor = torch.cuda.get_device_capability()
@@ -42,13 +43,11 @@ def dg() -> Any:
         pytest.skip(
             f"the SM100 MegaMoE needs a Blackwell GPU (sm_100/103), this is sm_{major}{minor}"
         )
-    status = deep_gemm_status()
-    if not status.usable:
-        pytest.skip(f"DeepGEMM unusable here: {status.reason}")
-    why = mega_moe_layer_reason(status.module, major * 10 + minor)
+    dg = deep_gemm_or_skip()
+    why = mega_moe_layer_reason(dg, major * 10 + minor)
     if why is not None:
         pytest.skip(f"DeepGEMM's SM100 MegaMoE cannot run: {why}")
-    return status.module
+    return dg
 
 
 def _experts(dg: Any, seed: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
@@ -81,10 +80,6 @@ def _run(
     return run_mega_routed_experts(dg, None, x, ids, w, mega[0], mega[1], params, device=x.device)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
-
-
 @pytest.mark.parametrize("activation,clamp", [("swiglu", 7.0), ("situ", None)])
 @pytest.mark.parametrize("t", [1, 7, 64, 300])
 def test_sm100_kernel_equals_the_torch_experts(
@@ -103,7 +98,7 @@ def test_sm100_kernel_equals_the_torch_experts(
         )
     torch.cuda.synchronize()
     assert torch.isfinite(got).all()
-    err = _rel(got, want)
+    err = rel_norm_err(got, want)
     assert err < 5e-2, err  # FP8 activations in groups of 32 against bf16 ones
 
 
@@ -128,7 +123,7 @@ def test_sm100_kernel_replays_in_a_cuda_graph(dg: Any) -> None:
             graph.replay()
             torch.cuda.synchronize()
             eager = _run(dg, mega, x2, ids2, w2, params)
-            assert torch.isfinite(out).all() and _rel(out, eager) < 1e-3
+            assert torch.isfinite(out).all() and rel_norm_err(out, eager) < 1e-3
 
 
 def test_reserve_keeps_the_sm100_kernel_off_a_side_stream_holder(

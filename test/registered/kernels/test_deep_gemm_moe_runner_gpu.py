@@ -22,6 +22,7 @@ from sglang.test.moe_model_cases import (
     routing,
     tolerance,
 )
+from sglang.test.real_deep_gemm import deep_gemm_or_skip
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import rel_norm_err
 
@@ -33,12 +34,7 @@ OWN_ACTIVATION = {"dsv4": ("swiglu", 1.0), "k3": ("situ", None)}
 
 @pytest.fixture(scope="module")
 def dg():  # type: ignore[no-untyped-def]
-    from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
-
-    status = deep_gemm_status()
-    if not status.usable:
-        pytest.skip(f"DeepGEMM unusable here: {status.reason}")
-    return status.module
+    return deep_gemm_or_skip()
 
 
 def _reference(m: int, hidden, topk_w, topk_ids, weights, activation, limit):  # type: ignore[no-untyped-def]

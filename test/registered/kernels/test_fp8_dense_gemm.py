@@ -18,21 +18,16 @@ and an fp32 -> fp8 cast that rounds up into the next binade lands on half of it 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from sglang.test.ci_register import register_cpu_ci
-from sglang.test.interpreter import run_interp_tests
+from sglang.test.interpreter import IN_INTERPRETER, interp_only, run_interp_tests
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import ulp
 
 register_cpu_ci(est_time=55)
 
-_FLAG = "SGLANG_TEST_FP8_GEMM_INTERP"
-IN_INTERPRETER = os.environ.get(_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
 SM90_SHARED_LIMIT = 232448
 
 
@@ -93,7 +88,7 @@ def _assert_fp8_close(
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_kernels_under_interpreter() -> None:
-    run_interp_tests(__file__, _FLAG, timeout=600)
+    run_interp_tests(__file__, timeout=600)
 
 
 def _cfg(spec: str):  # type: ignore[no-untyped-def]

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.real_deep_gemm import deep_gemm_or_skip
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import bf16_mismatches
 
@@ -83,12 +84,7 @@ def test_triton_grouped_wo_a_matches_torch(m: int) -> None:
 
 @pytest.fixture(scope="module")
 def deep_gemm():  # type: ignore[no-untyped-def]
-    from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
-
-    status = deep_gemm_status()
-    if not status.usable:
-        pytest.skip(f"DeepGEMM unusable here: {status.reason}")
-    return status.module
+    return deep_gemm_or_skip()
 
 
 @pytest.mark.parametrize("m", ROWS)

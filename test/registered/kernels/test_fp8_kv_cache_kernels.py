@@ -18,7 +18,6 @@ interpreter is chosen when Triton loads), small widths. The checks and their tol
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -26,14 +25,11 @@ import torch
 
 from sglang.kernels.ops.quant.fp8_rows import K_MIN, Fp8RowFormat, group_exponent_torch
 from sglang.test.ci_register import register_cpu_ci
-from sglang.test.interpreter import run_interp_tests
+from sglang.test.interpreter import IN_INTERPRETER, interp_only, run_interp_tests
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=40)
 
-_FLAG = "SGLANG_TEST_IN_TRITON_INTERPRETER"
-IN_INTERPRETER = os.environ.get(_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
 
 # DeepSeek V4's entry and indexer key, Kimi K3's latent, and tiny widths (groups < 64).
 REAL_FORMATS = [Fp8RowFormat(512, 64), Fp8RowFormat(128), Fp8RowFormat(576, 64)]
@@ -107,7 +103,7 @@ def test_interp_readers_dequantise_exactly() -> None:
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_kernels_under_interpreter() -> None:
-    run_interp_tests(str(Path(__file__).resolve()), _FLAG, timeout=600)
+    run_interp_tests(str(Path(__file__).resolve()), timeout=600)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,16 +22,12 @@ import torch
 
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.hang_guard import hang_guard
-from sglang.test.interpreter import run_interp_tests
+from sglang.test.interpreter import IN_INTERPRETER, interp_only, run_interp_tests
 from sglang.test.moe_cases import ACTS, make_moe
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import rel_norm_err
 
 register_cpu_ci(est_time=60)
-
-_INTERP_FLAG = "SGLANG_TEST_IN_TRITON_INTERPRETER"
-IN_INTERPRETER = os.environ.get(_INTERP_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,7 +367,7 @@ def test_get_config_tiles() -> None:
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_triton_kernels_under_interpreter() -> None:
     # 99 s alone on a 2-core machine (every interp_ test of this file under the interpreter)
-    run_interp_tests(str(Path(__file__).resolve()), _INTERP_FLAG, timeout=hang_guard(100))
+    run_interp_tests(str(Path(__file__).resolve()), timeout=hang_guard(100))
 
 
 @interp_only

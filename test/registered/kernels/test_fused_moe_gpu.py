@@ -17,7 +17,8 @@ from sglang.test.ci_register import register_cuda_ci
 from sglang.test.moe_model_cases import (
     ACTIVATIONS,
     FP8_TOL,
-    M_VALUES,
+    REFERENCE_GRID,
+    REFERENCE_IDS,
     SHAPES,
     expert_weights,
     poison_moe_workspace,
@@ -31,9 +32,7 @@ from sglang.test.tolerance import rel_norm_err
 register_cuda_ci(est_time=30, suite="h200-1gpu")
 
 
-@pytest.mark.parametrize("m", M_VALUES)
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("shape_name", list(SHAPES))
+@pytest.mark.parametrize(("shape_name", "fp8", "m"), REFERENCE_GRID, ids=REFERENCE_IDS)
 def test_fused_experts_matches_reference(shape_name: str, fp8: bool, m: int) -> None:
     from sglang.kernels.ops.moe.fused_moe import fused_experts
 

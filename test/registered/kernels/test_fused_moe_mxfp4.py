@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -30,14 +29,12 @@ import triton.language as tl
 
 from sglang.kernels.ops.moe import mxfp4_operand as mxop
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.interpreter import IN_INTERPRETER, interp_only, run_interp_tests
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import rel_norm_err
 
 register_cpu_ci(est_time=110)
 
-_INTERP_FLAG = "SGLANG_TEST_MXFP4_IN_TRITON_INTERPRETER"
-IN_INTERPRETER = os.environ.get(_INTERP_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
 not_in_interp = pytest.mark.skipif(IN_INTERPRETER, reason="runs in the parent process")
 
 
@@ -336,9 +333,7 @@ def test_oracle_matches_a_float64_loop(activation: str, limit: float | None) -> 
 
 @not_in_interp
 def test_triton_kernels_under_interpreter() -> None:
-    from sglang.test.interpreter import run_interp_tests
-
-    run_interp_tests(__file__, _INTERP_FLAG, timeout=900)
+    run_interp_tests(__file__, timeout=900)
 
 
 @triton.jit

@@ -19,6 +19,7 @@ from sglang.kernels.fit.limits import H200, device_limits
 from sglang.kernels.fit.switch import family_off_reason, reset_families
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_max_err
 
 register_cuda_ci(est_time=150, suite="h200-1gpu")
 
@@ -58,10 +59,6 @@ def _moe_case(t: int) -> tuple[torch.Tensor, ...]:
     return x, w13, w2, (w / w.sum(-1, keepdim=True)).float(), ids.int()
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
 def test_fp32_fused_moe_at_prefill_size_runs_fitted_tiles() -> None:
     from sglang.kernels.ops.moe.fused_moe import fused_experts, fused_experts_torch
 
@@ -70,7 +67,7 @@ def test_fp32_fused_moe_at_prefill_size_runs_fitted_tiles() -> None:
     want = fused_experts_torch(x, w13, w2, w, ids, activation="swiglu", swiglu_limit=10.0)
     torch.cuda.synchronize()
     assert torch.isfinite(got).all()
-    assert _rel(got, want) < 1e-2  # fp32 dots run on TF32 tensor cores
+    assert rel_max_err(got, want) < 1e-2  # fp32 dots run on TF32 tensor cores
 
 
 def test_a_real_launch_failure_turns_the_family_off_and_falls_back() -> None:
@@ -89,7 +86,7 @@ def test_a_real_launch_failure_turns_the_family_off_and_falls_back() -> None:
     )
     assert "shared memory" in str(family_off_reason("fused_moe"))
     want = fused_experts_torch(x, w13, w2, w, ids)
-    assert _rel(got, want) < 1e-6  # the torch experts ran
+    assert rel_max_err(got, want) < 1e-6  # the torch experts ran
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -11,7 +11,6 @@ checked loosely here and exactly on the GPU.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 from sglang.test.ci_register import register_cpu_ci
-from sglang.test.interpreter import run_interp_tests
+from sglang.test.interpreter import IN_INTERPRETER, interp_only, run_interp_tests
 from sglang.test.moe_cases import ACTS, make_moe
 from sglang.test.run import run_this_file
 from sglang.test.tolerance import rel_norm_err
@@ -29,14 +28,10 @@ if TYPE_CHECKING:
 
 register_cpu_ci(est_time=90)
 
-_FLAG = "SGLANG_TEST_MEGA_IN_INTERPRETER"
-IN_INTERPRETER = os.environ.get(_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter subprocess")
-
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the driver")
 def test_mega_kernel_under_interpreter() -> None:
-    run_interp_tests(str(Path(__file__).resolve()), _FLAG, timeout=600)
+    run_interp_tests(str(Path(__file__).resolve()), timeout=600)
 
 
 def _tiny_config() -> MegaMoEConfig:

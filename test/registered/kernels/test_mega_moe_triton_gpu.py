@@ -14,7 +14,8 @@ import torch
 
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.moe_model_cases import (
-    M_VALUES,
+    REFERENCE_GRID,
+    REFERENCE_IDS,
     SHAPES,
     expert_weights,
     poison_moe_workspace,
@@ -54,9 +55,7 @@ def run_mega(hidden, topk_w, topk_ids, kw, *, num_sms=None, out=None, **extra):
     return got, info[-1]
 
 
-@pytest.mark.parametrize("m", M_VALUES)
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("shape_name", list(SHAPES))
+@pytest.mark.parametrize(("shape_name", "fp8", "m"), REFERENCE_GRID, ids=REFERENCE_IDS)
 def test_mega_matches_reference(shape_name: str, fp8: bool, m: int) -> None:
     from sglang.kernels.ops.moe.fused_moe import fused_experts
 

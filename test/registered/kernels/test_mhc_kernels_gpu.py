@@ -68,6 +68,16 @@ _PRE_INTO: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
 }
 
 
+# Both DeepSeek V4 widths, from one decode token to a long prefill chunk, with and without the
+# fused RMSNorm: the grid of the pre and fused post+pre checks.
+NORM_TOKENS_HIDDEN = [
+    (with_norm, t, h)
+    for with_norm in (False, True)
+    for t in (1, 7, 128, 1000, 2500)
+    for h in (4096, 7168)
+]
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> Iterator[str]:
     with envs.SGLANG_MHC_BACKEND.override(request.param):
@@ -131,9 +141,7 @@ def _assert_mix_close(
     torch.testing.assert_close(comb, rcomb, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("h", [4096, 7168])
-@pytest.mark.parametrize("t", [1, 7, 128, 1000, 2500])
-@pytest.mark.parametrize("with_norm", [False, True])
+@pytest.mark.parametrize(("with_norm", "t", "h"), NORM_TOKENS_HIDDEN)
 def test_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> None:
     r, _, p, w = _inputs(t, h, seed=t * 31 + h + with_norm)
     _assert_backend(r, backend)
@@ -150,9 +158,7 @@ def test_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> Non
     assert torch.equal(buf[:t], y) and bool(torch.isnan(buf[t]).all())
 
 
-@pytest.mark.parametrize("h", [4096, 7168])
-@pytest.mark.parametrize("t", [1, 7, 128, 1000, 2500])
-@pytest.mark.parametrize("with_norm", [False, True])
+@pytest.mark.parametrize(("with_norm", "t", "h"), NORM_TOKENS_HIDDEN)
 def test_fused_post_pre_matches_torch(t: int, h: int, with_norm: bool, backend: str) -> None:
     r, x, p, w = _inputs(t, h, seed=t * 17 + h + with_norm)
     _assert_backend(r, backend)

@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.real_deep_gemm import deep_gemm_or_skip
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_norm_err
 
 register_cuda_ci(est_time=90, suite="h200-1gpu")
 
@@ -35,12 +37,7 @@ def cuda() -> torch.device:
 
 @pytest.fixture(scope="module")
 def dg(cuda: torch.device) -> Any:
-    from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
-
-    status = deep_gemm_status()
-    if not status.usable:
-        pytest.skip(f"DeepGEMM unusable here: {status.reason}")
-    return status.module
+    return deep_gemm_or_skip()
 
 
 def _mxfp4(cuda: torch.device, seed: int, e: int = E) -> Any:
@@ -87,10 +84,6 @@ def _fp8_staged(x: torch.Tensor) -> torch.Tensor:
     q, scale = per_token_group_quant_fp8(x, 128)
     t = x.shape[0]
     return (q.float().view(t, -1, 128) * scale.unsqueeze(-1)).view(t, -1).bfloat16()
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
 
 
 def _converted(w: Any) -> Any:
@@ -159,7 +152,7 @@ def test_fp8_mega_moe_on_converted_experts_under_the_reserve(
         torch.cuda.synchronize()
         # the oracle fed the rows as the kernel stages them (FP8, a scale per 128 values)
         want = _oracle(_fp8_staged(x), topk, packed)
-        err = _rel(got, want)
+        err = rel_norm_err(got, want)
         # the kernel's FP8 intermediate against the oracle's bf16 one; a wrong layout is O(1)
         assert torch.isfinite(got).all() and err < 5e-2, (t, err)
     assert narrowed and all(n is not None and n < physical for n in narrowed), narrowed
@@ -186,9 +179,9 @@ def test_deep_gemm_runner_on_converted_experts(cuda: torch.device, dg: Any, layo
         block_shape=(128, 128),
     )  # fmt: skip
     # the same W8A8 maths up to how DeepGEMM rounds its FP8 intermediate (a wrong layout is O(1))
-    assert _rel(got, w8a8) < 3e-2
+    assert rel_norm_err(got, w8a8) < 3e-2
     # against the MXFP4 weights themselves: W8A8 activations against bf16 ones
-    assert _rel(got, _oracle(x, topk, packed)) < 6e-2
+    assert rel_norm_err(got, _oracle(x, topk, packed)) < 6e-2
 
 
 def test_triton_runner_on_packed_mxfp4_experts(cuda: torch.device) -> None:
@@ -204,7 +197,7 @@ def test_triton_runner_on_packed_mxfp4_experts(cuda: torch.device) -> None:
         with torch.no_grad():
             got = layer(x, topk)
         torch.cuda.synchronize()
-        err = _rel(got, _oracle(x, topk, packed))
+        err = rel_norm_err(got, _oracle(x, topk, packed))
         assert torch.isfinite(got).all() and err < 2e-2, (t, err)  # bf16 activations both sides
 
 

@@ -34,6 +34,7 @@ from sglang.srt.layers.attention.dsv4_attention import DeepseekV4Attention, Proj
 from sglang.srt.layers.attention.dsv4_static_decode import sink_attention
 from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.compressor_slot_state import run_from_same_state, slot_tensors
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=60, suite="h200-1gpu")
@@ -202,15 +203,6 @@ def test_kernels_in_a_cuda_graph_read_the_live_lengths() -> None:
             assert torch.equal(got, ref), pos
 
 
-def _indexer_state(store: LayerSlots) -> list[torch.Tensor]:
-    """The tensors the attention call itself writes: the indexer compressor's slot state."""
-    idx = store.indexer
-    if idx is None:
-        return []
-    parts = (idx.entries, idx.pending_kv, idx.pending_score, idx.prev_kv, idx.prev_score)
-    return [t for t in parts if t is not None]
-
-
 def test_model_static_decode_kernels_match_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang.srt.default_model.config import default_model_config
     from sglang.srt.default_model.generate import random_weights
@@ -251,14 +243,12 @@ def test_model_static_decode_kernels_match_torch_path(monkeypatch: pytest.Monkey
         table: torch.Tensor,
     ) -> torch.Tensor:
         assert dsv4_static_decode.use_sparse_kernels(attn, store.window), "kernels must run"
-        state = _indexer_state(store)
-        before = [t.clone() for t in state]
-        got = kernel(attn, x, p, positions, slots, store, table)
-        after = [t.clone() for t in state]
-        for t, b in zip(state, before):
-            t.copy_(b)
-        want = torch_path(attn, x, p, positions, slots, store, table)
-        assert all(torch.equal(t, a) for t, a in zip(state, after)), "same indexer update"
+        # The tensors the attention call itself writes: the indexer compressor's slot state.
+        got, want = run_from_same_state(
+            slot_tensors(store.indexer),
+            lambda: kernel(attn, x, p, positions, slots, store, table),
+            lambda: torch_path(attn, x, p, positions, slots, store, table),
+        )
         assert torch.isfinite(got).all()
         per_row = (got - want).norm(dim=(1, 2)) / want.norm(dim=(1, 2))
         errors[attn.layer_id] = float(per_row.max())

@@ -51,6 +51,7 @@ def _expected(n: int, device: torch.device) -> torch.Tensor:
 def _two_rank_flow(rank: int, world_size: int) -> dict[str, Any]:
     from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.distributed.symm_mem import allocator as pa
+    from sglang.test.symm_graph_capture import capture_in_graph_pool
 
     tp = ps.initialize_model_parallel(2)
     assert tp.pynccl_comm is not None, "symm-mem turns pynccl on for the TP group"
@@ -109,17 +110,12 @@ def _two_rank_flow(rank: int, world_size: int) -> dict[str, Any]:
             del w
     torch.cuda.synchronize()
     windows_before = pa.registered_windows(tp)
-    graph_pool = torch.cuda.graph_pool_handle()
-    pa.set_graph_pool_id(graph_pool)
     graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph, pool=graph_pool, stream=stream):
-            with pa.use_symmetric_memory(tp):
-                z = torch.empty(n, dtype=torch.bfloat16, device=device)
-            z.copy_(src)
-            tp.all_reduce(z)
-    finally:
-        pa.set_graph_pool_id(None)
+    with capture_in_graph_pool(graph, stream):
+        with pa.use_symmetric_memory(tp):
+            z = torch.empty(n, dtype=torch.bfloat16, device=device)
+        z.copy_(src)
+        tp.all_reduce(z)
     assert pa.is_tensor_in_symmetric_pool(z, tp)
     assert pa.registered_windows(tp) == windows_before, "no registration during capture"
     graph.replay()

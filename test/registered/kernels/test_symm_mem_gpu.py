@@ -26,6 +26,7 @@ from sglang.srt.distributed.symm_mem import allocator as pa
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.multiprocess import run_distributed
 from sglang.test.run import run_this_file
+from sglang.test.symm_graph_capture import capture_in_graph_pool
 
 register_cuda_ci(est_time=15, suite="h200-1gpu")
 
@@ -163,18 +164,13 @@ def _one_rank_flow(rank: int, world_size: int) -> dict[str, Any]:
             del w
     torch.cuda.synchronize()
     before = pa.registered_windows(group)
-    graph_pool = torch.cuda.graph_pool_handle()
-    pa.set_graph_pool_id(graph_pool)
     graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph, pool=graph_pool, stream=stream):
-            with pa.use_symmetric_memory(group):
-                z = torch.empty(4096, dtype=torch.bfloat16, device=device)
-            z_in_pool = pa.is_tensor_in_symmetric_pool(z, group)
-            z.fill_(2.0)
-            tp.pynccl_comm.all_reduce(z)
-    finally:
-        pa.set_graph_pool_id(None)
+    with capture_in_graph_pool(graph, stream):
+        with pa.use_symmetric_memory(group):
+            z = torch.empty(4096, dtype=torch.bfloat16, device=device)
+        z_in_pool = pa.is_tensor_in_symmetric_pool(z, group)
+        z.fill_(2.0)
+        tp.pynccl_comm.all_reduce(z)
     assert z_in_pool, "the captured allocation did not land in a registered window"
     assert pa.registered_windows(group) == before
     graph.replay()
@@ -184,17 +180,13 @@ def _one_rank_flow(rank: int, world_size: int) -> dict[str, Any]:
 
     # A capture that needs a new segment is refused with the warm-up advice.
     refused = ""
-    graph_pool2 = torch.cuda.graph_pool_handle()
-    pa.set_graph_pool_id(graph_pool2)
     graph2 = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph2, pool=graph_pool2, stream=stream):  # noqa: SIM117
+        with capture_in_graph_pool(graph2, stream):  # noqa: SIM117
             with pa.use_symmetric_memory(group):
                 torch.empty(48 * MiB, dtype=torch.uint8, device=device)
     except pa.SymmetricMemoryError as exc:
         refused = str(exc)
-    finally:
-        pa.set_graph_pool_id(None)
     assert "capturing" in refused and "Warm up" in refused, refused
     torch.cuda.synchronize()
     with pa.use_symmetric_memory(group):

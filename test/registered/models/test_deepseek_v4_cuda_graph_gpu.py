@@ -33,8 +33,12 @@ from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_config import DeepseekV4ModelConfig
 from sglang.srt.models.loading import load_weights
 from sglang.test.ci_register import register_cuda_ci
-from sglang.test.decode_drift import RouteFollower, check_drift, mean_rel
-from sglang.test.graph_replay_check import check_replay_against_static_and_reference
+from sglang.test.decode_drift import RouteFollower
+from sglang.test.graph_replay_check import (
+    check_replay_against_static_and_reference,
+    check_reused_slot,
+    fill_and_free_slot,
+)
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=90, suite="h200-1gpu")
@@ -100,23 +104,14 @@ def test_replay_after_slot_reuse_and_padding_rows() -> None:
     pool = model.slot_pool
     assert pool is not None
     # A long request fills a slot, is freed; its successor must see none of its rows.
-    first = model.new_pooled_cache()
-    seq = _ids(300, 1)
-    model.prefill(seq[:260], first)
-    for t in range(260, 300):
-        model.decode_pooled(seq[t : t + 1], [first], step=graphs.replay)
-    model.free_pooled_cache(first)
+    fill_and_free_slot(model, graphs, _ids(300, 1), 260)
     reused, fresh = model.new_pooled_cache(), model.new_request_cache()
     short = _ids(30, 2)
     model.prefill(short[:3], reused)
     model.prefill(short[:3], fresh)
     others = [s for s in range(pool.max_slots) if s != reused.slot]
     snapshot = [layer.window[others].clone() for layer in pool.layers]
-    errs = []
-    for t in range(3, 30):
-        got = model.decode_pooled(short[t : t + 1], [reused], step=graphs.replay)
-        errs.append(mean_rel(got, model.decode(short[t : t + 1], [fresh])))
-    check_drift(errs, "reused slot")
+    check_reused_slot(model, graphs, reused, fresh, short, 3)
     for layer, snap in zip(pool.layers, snapshot):
         assert torch.equal(layer.window[others], snap)
     model.free_pooled_cache(reused)

@@ -72,6 +72,7 @@ def _scenario() -> None:
     from sglang.srt.environ import envs
     from sglang.srt.layers.attention import dsv4_static_decode as sd
     from sglang.srt.mem_cache.deepseek_v4_slot_pool import LayerSlots
+    from sglang.test.compressor_slot_state import run_from_same_state, slot_tensors
     from sglang.test.dsv4_tiny import CONFIG_A, our_model, reference_model, rel_err, token_ids
 
     vocab = CONFIG_A["vocab_size"]
@@ -104,24 +105,15 @@ def _scenario() -> None:
     kernel, torch_path = sd._kernel_attention, sd._torch_attention
     worst_layer: list[float] = []
 
-    def indexer_state(store: LayerSlots) -> list[torch.Tensor]:
-        idx = store.indexer
-        if idx is None:
-            return []
-        parts = (idx.entries, idx.pending_kv, idx.pending_score, idx.prev_kv, idx.prev_score)
-        return [t for t in parts if t is not None]
-
     def both(*args: object) -> torch.Tensor:
         # Both paths feed the indexer's compressor (a completed block moves its "previous" rows):
         # each starts from the same state and must leave the same.
-        state = indexer_state(args[5])  # type: ignore[arg-type]
-        before = [t.clone() for t in state]
-        got = kernel(*args)  # type: ignore[arg-type]
-        after = [t.clone() for t in state]
-        for t, b in zip(state, before):
-            t.copy_(b)
-        want = torch_path(*args)  # type: ignore[arg-type]
-        assert all(torch.equal(t, a) for t, a in zip(state, after))
+        store: LayerSlots = args[5]  # type: ignore[assignment]
+        got, want = run_from_same_state(
+            slot_tensors(store.indexer),
+            lambda: kernel(*args),  # type: ignore[arg-type]
+            lambda: torch_path(*args),  # type: ignore[arg-type]
+        )
         real = len(batch)  # padding rows' outputs are discarded
         err = (got[:real] - want[:real]).abs().max() / want[:real].abs().max()
         worst_layer.append(float(err))

@@ -19,6 +19,7 @@ from sglang.srt.mem_cache.block_pool import BlockPoolExhausted
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_tiny import CONFIG_A, our_model, reference_model, rel_err, token_ids
+from sglang.test.pooled_decode_checks import prefill_eager_and_pooled, worst_pooled_vs_eager
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=25)
@@ -47,18 +48,10 @@ def test_paged_static_decode_equals_unpaged_then_reuse(model: DeepseekV4ForCausa
     assert pool is not None
     blocks = pool.block_pool
     seqs = [token_ids(n + STEPS, VOCAB, seed=40 + i) for i, n in enumerate(LENGTHS)]
-    eager = [model.new_request_cache() for _ in LENGTHS]
-    paged = [model.new_pooled_cache() for _ in LENGTHS]
-    for seq, n, e, p in zip(seqs, LENGTHS, eager, paged):
-        model.prefill(seq[:n], e)
-        model.prefill(seq[:n], p)
+    eager, paged = prefill_eager_and_pooled(model, seqs, LENGTHS)
     assert blocks.num_free == blocks.num_blocks - sum(_blocks(n) for n in LENGTHS)
-    worst = 0.0
-    for t in range(STEPS):
-        ids = torch.stack([seq[n + t] for seq, n in zip(seqs, LENGTHS)])
-        want = model.decode(ids, eager)
-        got = model.decode_pooled(ids, paged, pad_to=len(LENGTHS) + 2)
-        worst = max(worst, rel_err(got, want))
+    pad_to = len(LENGTHS) + 2
+    worst = worst_pooled_vs_eager(model, seqs, LENGTHS, STEPS, eager, paged, pad_to=pad_to)
     print(f"paged static vs unpaged eager decode, {STEPS} steps: rel max err {worst:.2e}")
     assert worst < TOL
     assert blocks.num_free == 0  # blocks were taken as decode crossed the edges, no more

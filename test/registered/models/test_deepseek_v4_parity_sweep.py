@@ -21,7 +21,16 @@ import pytest
 
 from sglang.srt.layers.attention import dsv4_compressor
 from sglang.test.ci_register import register_cpu_ci
-from sglang.test.dsv4_parity import ALL_MIXES, SweepCase, random_case, run_case
+from sglang.test.dsv4_parity import (
+    ALL_MIXES,
+    TIE_CASE_CONFIG,
+    TIE_CASE_LENGTHS,
+    TIE_CASE_SEED,
+    DecodePath,
+    SweepCase,
+    random_case,
+    run_case,
+)
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=30)
@@ -29,28 +38,6 @@ register_cpu_ci(est_time=30)
 REL_TOL = 1e-4
 # Every 1-3 layer mix (and one random mix) on each path, with other random structures per path.
 SEEDS = range(len(ALL_MIXES) + 1)
-ISSUE_CONFIG = {
-    "vocab_size": 96,
-    "hidden_size": 64,
-    "moe_intermediate_size": 32,
-    "num_attention_heads": 4,
-    "head_dim": 32,
-    "qk_rope_head_dim": 8,
-    "q_lora_rank": 16,
-    "o_groups": 2,
-    "o_lora_rank": 8,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "index_n_heads": 2,
-    "index_head_dim": 16,
-    "index_topk": 5,
-    "sliding_window": 16,
-    "compress_ratios": [128, 4, 0, 4],
-    "num_hidden_layers": 4,
-    "num_hash_layers": 2,
-    "max_position_embeddings": 4096,
-}
-ISSUE_LENGTHS = (*range(30, 48), 128, 129, 140, 150)
 
 
 def _check(case: SweepCase) -> None:
@@ -78,13 +65,17 @@ def test_slot_pool_static_decode_matches_transformers(seed: int) -> None:
     )
 
 
+def _tie_case(chunk: int | None, path: DecodePath) -> SweepCase:
+    return SweepCase(TIE_CASE_SEED, TIE_CASE_CONFIG, TIE_CASE_LENGTHS, 3, chunk, path)
+
+
 def test_reported_lengths_and_config() -> None:
     for chunk, path in ((None, "eager"), (16, "pooled")):
-        _check(SweepCase(14, ISSUE_CONFIG, ISSUE_LENGTHS, 3, chunk, path))  # type: ignore[arg-type]
+        _check(_tie_case(chunk, path))  # type: ignore[arg-type]
 
 
 def test_transformers_tie_order_is_what_diverged() -> None:
-    r = run_case(SweepCase(14, ISSUE_CONFIG, ISSUE_LENGTHS, 3, None, "eager"), tie_rule=False)
+    r = run_case(_tie_case(None, "eager"), tie_rule=False)
     print(
         f"torch.topk tie order: first divergence (prompt length, row) {r.first_divergence}, "
         f"tied rows {r.tie_breaks}, max err {r.max_err:.2f}"
@@ -99,7 +90,7 @@ def test_harness_catches_a_planted_bug(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(self, cand_kv, cand_score, blocks + 1, rotary)  # RoPE one block late
 
     monkeypatch.setattr(dsv4_compressor.KVCompressor, "emit", shifted)
-    r = run_case(SweepCase(3, ISSUE_CONFIG, (40, 130), 3, None, "eager"))
+    r = run_case(SweepCase(3, TIE_CASE_CONFIG, (40, 130), 3, None, "eager"))
     assert r.max_err > 1e-2 and not r.ok
 
 

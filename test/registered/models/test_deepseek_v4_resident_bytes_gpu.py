@@ -21,6 +21,7 @@ import torch
 
 from sglang.srt.mem_cache.memory_models.weight_bytes import resident_vs_checkpoint
 from sglang.test.ci_register import register_cuda_ci
+from sglang.test.real_deep_gemm import deep_gemm_or_skip
 from sglang.test.run import run_this_file
 
 register_cuda_ci(est_time=150, suite="h200-1gpu")
@@ -132,11 +133,9 @@ def test_release_fp8_dense_mxfp4_experts_stay_within_1_05x(release_dirs: dict[st
 def test_hopper_megamoe_keeps_one_fp8_copy(
     release_dirs: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from sglang.srt.layers.deep_gemm_adapter import deep_gemm_status
-
-    status = deep_gemm_status()
-    if not status.usable or torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip(f"needs DeepGEMM on Hopper: {status.reason}")
+    deep_gemm_or_skip()
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the SM90 MegaMoE needs a Hopper GPU")
     logging.getLogger("sglang").propagate = True
     with caplog.at_level(logging.INFO, logger="sglang"):
         model, report, allocated = _load(release_dirs["bf16"], "megamoe")

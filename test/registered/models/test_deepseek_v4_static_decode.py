@@ -17,7 +17,11 @@ from sglang.srt.mem_cache.slot_blocks import SlotPoolFullError
 from sglang.srt.models.deepseek_v4 import DeepseekV4Batch, DeepseekV4ForCausalLM
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.dsv4_tiny import CONFIG_A, CONFIG_B, our_model, reference_model, rel_err, token_ids
-from sglang.test.pooled_decode_checks import check_decode_pooled_refusals
+from sglang.test.pooled_decode_checks import (
+    check_decode_pooled_refusals,
+    prefill_eager_and_pooled,
+    worst_pooled_vs_eager,
+)
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=40)
@@ -46,17 +50,9 @@ def test_padded_batch_static_equals_eager(model_b: DeepseekV4ForCausalLM) -> Non
     lengths, steps = (3, 14, 124, 252), 10
     vocab = CONFIG_B["vocab_size"]
     seqs = [token_ids(n + steps + 1, vocab, seed=20 + i) for i, n in enumerate(lengths)]
-    eager = [model_b.new_request_cache() for _ in lengths]
-    pooled = [model_b.new_pooled_cache() for _ in lengths]
-    for seq, n, e, p in zip(seqs, lengths, eager, pooled):
-        model_b.prefill(seq[:n], e)
-        model_b.prefill(seq[:n], p)
-    worst = 0.0
-    for t in range(steps):
-        ids = torch.stack([seq[n + t] for seq, n in zip(seqs, lengths)])
-        want = model_b.decode(ids, eager)
-        got = model_b.decode_pooled(ids, pooled, pad_to=len(lengths) + 3)
-        worst = max(worst, rel_err(got, want))
+    eager, pooled = prefill_eager_and_pooled(model_b, seqs, lengths)
+    pad_to = len(lengths) + 3
+    worst = worst_pooled_vs_eager(model_b, seqs, lengths, steps, eager, pooled, pad_to=pad_to)
     print(f"static vs eager decode, {steps} steps: rel max err {worst:.2e}")
     assert worst < TOL
     # An eager step after static ones continues the same storage (host counts in sync).

@@ -233,9 +233,7 @@ def test_engine_serves_deepseek_v4_with_fp8_caches(tmp_path: Path) -> None:
 
 def test_engine_serves_kimi_k3_with_paged_fp8_latents(tmp_path: Path) -> None:
     src = make_model(K3, seed=11)
-    k3_release.write_from_tensors(
-        tmp_path, K3, k3_release.from_model(src), experts="bf16", dense_dtype=None
-    )
+    k3_release.write_unquantised(tmp_path, K3, src)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, K3_VOCAB, (n,), generator=g).tolist() for n in (70, 9)]
     args = {"device": "cpu", "model_path": str(tmp_path), "skip_tokenizer_init": True,

@@ -199,9 +199,7 @@ def test_errors_name_the_tensor(checkpoint: ReleaseTensors) -> None:
 def test_directory_round_trip_with_bf16_experts(tmp_path: Path) -> None:
     src = make_model(CONFIG_B, seed=5)
     # unquantised experts, every tensor in the model's own dtype (fp32): the reload is exact
-    release.write_from_tensors(
-        tmp_path, CONFIG_B, release.from_model(src), experts="bf16", dense_dtype=None
-    )
+    release.write_unquantised(tmp_path, CONFIG_B, src)
     model = load_model(
         tmp_path,
         LayerBuildSpec(dtype=torch.float32, moe_runner="torch"),

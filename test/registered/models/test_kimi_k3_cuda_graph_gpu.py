@@ -26,8 +26,12 @@ from sglang.srt.models import kimi_k3_moe
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.test import k3_static_kernel_checks
 from sglang.test.ci_register import register_cuda_ci
-from sglang.test.decode_drift import RouteFollower, check_drift, mean_rel
-from sglang.test.graph_replay_check import check_replay_against_static_and_reference
+from sglang.test.decode_drift import RouteFollower
+from sglang.test.graph_replay_check import (
+    check_replay_against_static_and_reference,
+    check_reused_slot,
+    fill_and_free_slot,
+)
 from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, make_model
 from sglang.test.run import run_this_file
 
@@ -71,12 +75,7 @@ def test_k3_replay_after_slot_reuse_and_padding_rows() -> None:
     graphs.capture()
     pool = model.slot_pool
     assert pool is not None
-    first = model.new_pooled_cache()
-    seq = _ids(120, 1)
-    model.prefill(seq[:80], first)
-    for t in range(80, 120):
-        model.decode_pooled(seq[t : t + 1], [first], step=graphs.replay)
-    model.free_pooled_cache(first)
+    fill_and_free_slot(model, graphs, _ids(120, 1), 80)
     reused, fresh = model.new_pooled_cache(), model.new_request_cache()
     assert reused.slot == 0
     bystander = model.new_pooled_cache()  # a running request outside the replayed batch
@@ -87,11 +86,7 @@ def test_k3_replay_after_slot_reuse_and_padding_rows() -> None:
     snapshot = [
         t[bystander.slot].clone() for k in pool.kda if k is not None for t in (k.conv, k.recurrent)
     ]
-    errs = []
-    for t in range(3, 30):
-        got = model.decode_pooled(short[t : t + 1], [reused], step=graphs.replay)
-        errs.append(mean_rel(got, model.decode(short[t : t + 1], [fresh])))
-    check_drift(errs, "reused slot")
+    check_reused_slot(model, graphs, reused, fresh, short, 3)
     now = [t[bystander.slot] for k in pool.kda if k is not None for t in (k.conv, k.recurrent)]
     assert all(torch.equal(a, b) for a, b in zip(snapshot, now))
     for cache in (reused, bystander):

@@ -31,6 +31,7 @@ from sglang.test.kimi_k3_tiny import (
 )
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_norm_err
 
 register_cpu_ci(est_time=10)
 
@@ -52,10 +53,6 @@ def _kernel_numerics(experts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         "forward",
         lambda z, topk, **kw: run(fp8_staged(z), topk, **kw).bfloat16().to(z.dtype),
     )
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
 
 
 def test_latent_moe_block_mega_path_equals_normal_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,7 +77,7 @@ def test_latent_moe_block_mega_path_equals_normal_path(monkeypatch: pytest.Monke
     kernel = [v for n, v in rec.dg.calls if n == "fp8_fp4_mega_moe"]
     assert len(kernel) == 1 and kernel[0][1]["activation"] == "situ"
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-3)
-    assert 1e-3 < _rel(got, plain) < 5e-2
+    assert 1e-3 < rel_norm_err(got, plain) < 5e-2
 
 
 def test_loader_builds_mega_weights_and_logits_match(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,7 +109,7 @@ def test_loader_builds_mega_weights_and_logits_match(monkeypatch: pytest.MonkeyP
         want = normal(ids, torch.arange(10))
     # FP8 e4m3 keeps 3 mantissa bits, so one staged value on the other side of a rounding step
     # (an fp32 sum-order difference) moves the logits by ~1%; the plain path is ~20% away.
-    tight, loose = _rel(got, want), _rel(got, plain)
+    tight, loose = rel_norm_err(got, want), rel_norm_err(got, plain)
     assert tight < 3e-2 and tight < 0.15 * loose, (tight, loose)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 

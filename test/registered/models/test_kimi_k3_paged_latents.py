@@ -30,21 +30,18 @@ from sglang.srt.mem_cache.kimi_k3_cache import MLALatentCache
 from sglang.srt.mem_cache.paged_rows import PagedRows
 from sglang.srt.model_executor.model_runner import DecodeSetup, ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.cpu_model_runner import cpu_model_runner, serve_on_both
 from sglang.test.kimi_k3_tiny import CONFIG_A, CONFIG_B, make_model, tokens
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_max_err
 
 register_cpu_ci(est_time=20)
 
 TOL = 1e-4
 BLOCK = 8
 LENGTHS, STEPS = (3, 7, 15, 22), 5  # decoding crosses the 8, 16 and 24 edges
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
 
 
 def test_paged_latents_equal_unpaged_with_reuse_and_no_leak() -> None:
@@ -64,7 +61,7 @@ def test_paged_latents_equal_unpaged_with_reuse_and_no_leak() -> None:
     worst = 0.0
     for t in range(STEPS):
         ids = torch.stack([seq[n + t] for seq, n in zip(seqs, LENGTHS)])
-        worst = max(worst, _rel(model.decode(ids, paged), model.decode(ids, plain)))
+        worst = max(worst, rel_max_err(model.decode(ids, paged), model.decode(ids, plain)))
     print(f"paged vs unpaged latents, {STEPS} decode steps: rel max err {worst:.2e}")
     assert worst < TOL and pool.block_pool.num_free == 0
     for a, b in zip(plain, paged):
@@ -72,7 +69,7 @@ def test_paged_latents_equal_unpaged_with_reuse_and_no_leak() -> None:
             if isinstance(la, MLALatentCache) and isinstance(lb, MLALatentCache):
                 # chunked vs whole prefill: the later layers' inputs differ in summation order
                 assert lb.rows.rows().shape == la.rows.rows().shape
-                assert _rel(lb.rows.rows(), la.rows.rows()) < TOL
+                assert rel_max_err(lb.rows.rows(), la.rows.rows()) < TOL
     # The longest finishes (4 blocks back); a request that needs 5 fails whole and holds none.
     model.free_pooled_cache(paged[3])
     assert pool.block_pool.num_free == 4
@@ -100,20 +97,19 @@ def test_reused_row_and_blocks_hide_the_former_owner() -> None:
     out = [model.prefill(ids[:5], cache)]
     out += [model.decode(ids[t : t + 1], [cache]) for t in range(5, 20)]
     assert cache.slot == 0 and sorted(pool.blocks.blocks(0).table) == sorted(held)
-    assert _rel(torch.cat(out), full) < TOL
+    assert rel_max_err(torch.cat(out), full) < TOL
     model.free_pooled_cache(cache)
     assert pool.block_pool.num_free == 3 and pool.num_free == 1
 
 
 def _runner(path: Path, total: int | None) -> tuple[ModelRunner, DecodeSetup]:
-    args = ServerArgs(
-        model_path=str(path), device="cpu", random_seed=0, max_total_tokens=total
-    ).resolved()
-    runner = ModelRunner(args, 0, 1)
-    setup = runner.init_decode(
-        context_length=512, max_total_tokens=total or 512 * 4, max_running_requests=4
+    return cpu_model_runner(
+        str(path),
+        context_length=512,
+        budget=total or 512 * 4,
+        max_running_requests=4,
+        max_total_tokens=total,
     )
-    return runner, setup
 
 
 def test_runner_pages_latents_and_admits_by_blocks(
@@ -121,10 +117,7 @@ def test_runner_pages_latents_and_admits_by_blocks(
 ) -> None:
     monkeypatch.setenv("SGLANG_K3_STATIC_DECODE", "0")  # the eager decode on paged latents
     src = make_model(CONFIG_B, seed=73)
-    # the release layout with unquantised experts, every tensor in the model's dtype (fp32)
-    k3_release.write_from_tensors(
-        tmp_path, CONFIG_B, k3_release.from_model(src), experts="bf16", dense_dtype=None
-    )
+    k3_release.write_unquantised(tmp_path, CONFIG_B, src)
     paged, setup = _runner(tmp_path, 512)
     eager, plain = _runner(tmp_path, None)
     assert plain.block_tokens == 1 and not eager.pooled
@@ -141,23 +134,9 @@ def test_runner_pages_latents_and_admits_by_blocks(
     )
     for i in range(4):
         policy.add(Req(f"r{i}", tokens(9 + i, seed=100 + i).tolist(), SamplingParams(), 6))
-    most, worst = 0, 0.0
-    while policy.has_work():
-        step = policy.next_step()
-        got, want = paged.execute(step.plan), eager.execute(step.plan)
-        most = max(most, len(policy.running))
-        if got is None or want is None:
-            assert got is None and want is None
-            continue
-        worst = max(worst, _rel(got, want))
-        # The runner returns the plan's output_rows only (here: the sampled rows).
-        out = step.plan.output_rows
-        picks = got[[out.index(r) for r in step.plan.sample_rows]].argmax(dim=-1).tolist()
-        for row, token in zip([r for r in step.rows if r.sample], picks):
-            row.req.output_ids.append(int(token))
-            if len(row.req.output_ids) == row.req.max_new_tokens:
-                policy.release(row.req)
-    assert slot_concurrency(512, 512, 4) == 1 and most == 2 and worst < TOL
+    run = serve_on_both(policy, paged, eager)
+    assert slot_concurrency(512, 512, 4) == 1 and run.most_running == 2
+    assert run.worst_rel_err < TOL
     pool = paged.model.slot_pool
     assert pool is not None and pool.block_pool.num_free == pool.block_pool.num_blocks
     assert pool.num_free == pool.max_slots

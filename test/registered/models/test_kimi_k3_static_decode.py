@@ -37,10 +37,12 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.kimi_k3 import KimiK3ForCausalLM
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.cpu_model_runner import cpu_model_runner
 from sglang.test.kimi_k3_tiny import CONFIG_A, CONFIG_B, CONFIG_C, make_model, tokens
-from sglang.test.pooled_decode_checks import check_decode_pooled_refusals
+from sglang.test.pooled_decode_checks import check_decode_pooled_refusals, worst_pooled_vs_eager
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
+from sglang.test.tolerance import rel_max_err
 
 register_cpu_ci(est_time=15)
 
@@ -48,10 +50,6 @@ TOL = 2e-5
 REF_TOL = 1e-4
 BLOCK = 8
 CAPACITY = 48
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
 
 
 def _pool(model: KimiK3ForCausalLM) -> KimiK3SlotPool:
@@ -93,13 +91,8 @@ def test_padded_static_decode_equals_eager(model_a: KimiK3ForCausalLM, which: st
         model.prefill(seq[:n], p)
     others = [s for s in range(pool.max_slots) if s not in {p.slot for p in pooled}]
     before = _slot_state(pool, others)
-    worst = 0.0
-    for t in range(steps):
-        ids = torch.stack([seq[n + t] for seq, n in zip(seqs, lengths)])
-        want = model.decode(ids, eager)
-        got = model.decode_pooled(ids, pooled, pad_to=len(lengths) + 2)
-        assert got.shape == want.shape
-        worst = max(worst, _rel(got, want))
+    pad_to = len(lengths) + 2
+    worst = worst_pooled_vs_eager(model, seqs, lengths, steps, eager, pooled, pad_to=pad_to)
     print(f"config {which}: static vs eager decode, {steps} steps: rel max err {worst:.2e}")
     assert worst < TOL
     # The idle request and the free slots: not a value changed by the padding rows.
@@ -107,7 +100,7 @@ def test_padded_static_decode_equals_eager(model_a: KimiK3ForCausalLM, which: st
         assert torch.equal(snap, now)
     # An eager step after static ones continues the same storage (host counts in sync).
     ids = torch.stack([seq[n + steps] for seq, n in zip(seqs, lengths)])
-    assert _rel(model.decode(ids, pooled), model.decode(ids, eager)) < TOL
+    assert rel_max_err(model.decode(ids, pooled), model.decode(ids, eager)) < TOL
     for e, p in zip(eager, pooled):
         assert len(e) == len(p)
         for le, lp in zip(e.layers, p.layers):
@@ -148,7 +141,7 @@ def test_reused_slot_sees_none_of_the_former_owner() -> None:
         ids = tokens(14, seed=61 + prompt)
         got = _decode_all(model, reused, ids, prompt)
         assert sorted(pool.blocks.blocks(0).table) == held[:2]  # the former owner's blocks
-        err = _rel(got, model(ids, torch.arange(ids.shape[0])))
+        err = rel_max_err(got, model(ids, torch.arange(ids.shape[0])))
         print(f"reused slot, prompt {prompt}: rel max err vs full forward {err:.2e}")
         assert err < REF_TOL
         model.free_pooled_cache(reused)
@@ -167,21 +160,15 @@ def test_static_decode_rejects_unpooled_and_full_caches(model_a: KimiK3ForCausal
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("k3")
     src = make_model(CONFIG_B, seed=44)
-    # the release layout with unquantised experts, every tensor in the model's dtype (fp32)
-    k3_release.write_from_tensors(
-        path, CONFIG_B, k3_release.from_model(src), experts="bf16", dense_dtype=None
-    )
+    k3_release.write_unquantised(path, CONFIG_B, src)
     return path
 
 
 def _runner(path: Path, total: int | None) -> tuple[ModelRunner, str]:
-    args = ServerArgs(
-        model_path=str(path), device="cpu", random_seed=0, max_total_tokens=total
-    ).resolved()
-    runner = ModelRunner(args, 0, 1)
-    setup = runner.init_decode(
-        context_length=256, max_total_tokens=total or 1024, max_running_requests=3
-    )
+    runner, setup = cpu_model_runner(
+        str(path), context_length=256, budget=total or 1024, max_running_requests=3,
+        max_total_tokens=total,
+    )  # fmt: skip
     return runner, setup.cuda_graph
 
 
@@ -235,7 +222,7 @@ def test_the_runner_decodes_k3_eagerly_when_the_gate_is_off(
         want, got = eager.execute(plan), static.execute(plan)
         assert (want is None) == (got is None)
         if want is not None and got is not None:
-            worst = max(worst, _rel(got, want))
+            worst = max(worst, rel_max_err(got, want))
     print(f"static vs eager runner (K3): rel max err {worst:.2e}")
     # every plan with decode rows went static: 9 decode-only, 1 mixed
     assert worst < TOL and len(static_steps) == 10

@@ -28,6 +28,7 @@ from sglang.test.ci_register import register_cpu_ci
 from sglang.test.prefix_cache_check import (
     Turn,
     check_against_cache_off,
+    check_cache_on_vs_off,
     conversation_waves,
     make_server,
     random_ids,
@@ -35,7 +36,6 @@ from sglang.test.prefix_cache_check import (
     run_waves,
     shared_prefix_waves,
     tiny_dsv4_checkpoint,
-    worst_difference,
 )
 from sglang.test.run import run_this_file
 
@@ -64,10 +64,7 @@ def test_shared_prefix_sweep_around_every_boundary(ratio_128: str) -> None:
     on = make_server(ratio_128, radix=True, snapshots=4, **kw)
     got = run_waves(on, waves)
     want = run_waves(make_server(ratio_128, radix=False, **kw), waves)
-    lp, logits = worst_difference(got, want)
-    cached = {rid: r.cached_tokens for rid, r in got.items()}
-    print(f"cache on vs off: max |d logprob| {lp:.2e}, logits rel {logits:.2e}; cached {cached}")
-    assert lp < TOL and logits < TOL
+    cached = check_cache_on_vs_off(got, want, TOL)
     # Nothing resumable before the first branch point; then the branch point (128) and the
     # prompt edge (256) where a snapshot was kept.
     assert cached["base"] == cached["s127"] == cached["s128"] == 0
@@ -114,8 +111,7 @@ def test_an_evicted_prefix_misses_once_then_hits_again(ratio_4: str) -> None:
     assert got["x1"].cached_tokens == 0  # pushed out by the others
     assert got["x2"].cached_tokens == 64  # x1 cached it again
     want = run_waves(make_server(ratio_4, radix=False, **kw), waves)
-    lp, logits = worst_difference(got, want)
-    assert lp < TOL and logits < TOL
+    check_cache_on_vs_off(got, want, TOL)
 
 
 def test_static_decode_and_mixed_steps_serve_cache_hits(
@@ -142,9 +138,7 @@ def test_static_decode_and_mixed_steps_serve_cache_hits(
     got = run_waves(on, waves)
     assert got["a"].cached_tokens == got["b"].cached_tokens == 64 and mixed
     want = run_waves(make_server(ratio_4, radix=False, static_decode=True, **kw), waves)
-    lp, logits = worst_difference(got, want)
-    print(f"static decode, cache on vs off: max |d logprob| {lp:.2e}, logits rel {logits:.2e}")
-    assert lp < TOL and logits < TOL
+    check_cache_on_vs_off(got, want, TOL)  # on the static decode
 
 
 def test_a_page_size_off_the_compress_ratios_is_refused_by_name(ratio_4: str) -> None:

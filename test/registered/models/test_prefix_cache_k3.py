@@ -27,6 +27,7 @@ from sglang.test.kimi_k3_tiny import CONFIG_A, VOCAB, make_model
 from sglang.test.prefix_cache_check import (
     Turn,
     check_against_cache_off,
+    check_cache_on_vs_off,
     conversation_waves,
     fixed_prompts,
     make_server,
@@ -34,7 +35,6 @@ from sglang.test.prefix_cache_check import (
     run_conversation_and_branches,
     run_waves,
     shared_prefix_waves,
-    worst_difference,
 )
 from sglang.test.release_checkpoint import kimi_k3 as k3_release
 from sglang.test.run import run_this_file
@@ -52,9 +52,7 @@ KW = {"page_size": 32, "max_total_tokens": 2048}
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("k3")
     src = make_model(CONFIG_A, seed=31)
-    k3_release.write_from_tensors(
-        path, CONFIG_A, k3_release.from_model(src), experts="bf16", dense_dtype=None
-    )
+    k3_release.write_unquantised(path, CONFIG_A, src)
     return str(path)
 
 
@@ -67,10 +65,7 @@ def test_shared_prefix_sweep_around_every_boundary(checkpoint: str) -> None:
     got = run_waves(on, waves)
     off = make_server(checkpoint, radix=False, chunked_prefill_size=48, **KW)
     want = run_waves(off, fixed_prompts(waves, got))
-    lp, logits = worst_difference(got, want)
-    cached = {rid: r.cached_tokens for rid, r in got.items()}
-    print(f"cache on vs off: max |d logprob| {lp:.2e}, logits rel {logits:.2e}; cached {cached}")
-    assert lp < TOL and logits < TOL
+    cached = check_cache_on_vs_off(got, want, TOL)
     assert cached["base"] == cached["s31"] == cached["s32"] == 0
     assert all(cached[f"s{s}"] >= 32 for s in shared if s > 32)
     assert cached["s65"] >= 64 and cached["s100"] >= 64
@@ -115,8 +110,7 @@ def test_an_evicted_prefix_misses_once_then_hits_again(checkpoint: str) -> None:
     assert tree is not None and tree.evicted_blocks > 0
     assert got["x1"].cached_tokens == 0 and got["x2"].cached_tokens == 64
     want = run_waves(make_server(checkpoint, radix=False, **kw), waves)
-    lp, logits = worst_difference(got, want)
-    assert lp < TOL and logits < TOL
+    check_cache_on_vs_off(got, want, TOL)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,15 @@ forward over ``prompt + served tokens`` per prompt, every served token the refer
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from sglang import Engine
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.dsv4_parity import TIE_CASE_CONFIG, TIE_CASE_LENGTHS, TIE_CASE_SEED
 from sglang.test.dsv4_parity import reference_model as tied_reference_model
 from sglang.test.dsv4_tiny import CONFIG_A, reference_model, token_ids, write_release
-from sglang.test.release_checkpoint.deepseek_v4 import TINY_BASE as _BASE
 from sglang.test.release_checkpoint.deepseek_v4 import to_transformers
 from sglang.test.run import run_this_file
 
@@ -39,6 +40,21 @@ def _hf_greedy(hf: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt) :]
 
 
+def _served(
+    path: Path, prompts: list[list[int]], params: dict[str, Any], **engine_args: Any
+) -> list[list[int]]:
+    """The output ids of ``prompts`` served on CPU from the checkpoint at ``path``."""
+    with Engine(
+        device="cpu",
+        model_path=str(path),
+        skip_tokenizer_init=True,
+        moe_runner_backend="torch",
+        log_level="warning",
+        **engine_args,
+    ) as engine:
+        return [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=params)]
+
+
 def test_served_greedy_equals_transformers(tmp_path: Path) -> None:
     hf = reference_model(CONFIG_A, seed=5)
     ckpt = write_release(tmp_path, CONFIG_A, hf, quantised=True)
@@ -47,49 +63,21 @@ def test_served_greedy_equals_transformers(tmp_path: Path) -> None:
     prompts = [token_ids(150, CONFIG_A["vocab_size"], seed=s).tolist() for s in (1, 2)]
     want = [_hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-    with Engine(
-        device="cpu",
-        model_path=str(tmp_path),
-        skip_tokenizer_init=True,
-        chunked_prefill_size=64,
-        moe_runner_backend="torch",
-        log_level="warning",
-    ) as engine:
-        got = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=params)]
-    assert got == want
-
-
-ISSUE_CONFIG = dict(
-    _BASE,
-    num_hidden_layers=4,
-    compress_ratios=[128, 4, 0, 4],
-    num_hash_layers=2,
-    sliding_window=16,
-    index_topk=5,
-    index_n_heads=2,
-)
-ISSUE_LENGTHS = [*range(30, 48), 128, 129, 140, 150]
+    assert _served(tmp_path, prompts, params, chunked_prefill_size=64) == want
 
 
 @torch.no_grad()
 def test_served_greedy_at_the_reported_lengths(tmp_path: Path) -> None:
-    hf, ties = tied_reference_model(ISSUE_CONFIG, seed=14)
-    ckpt = write_release(tmp_path, ISSUE_CONFIG, hf, quantised=True)
+    hf, ties = tied_reference_model(TIE_CASE_CONFIG, seed=TIE_CASE_SEED)
+    ckpt = write_release(tmp_path, TIE_CASE_CONFIG, hf, quantised=True)
     assert ckpt.values is not None
     hf.load_state_dict(to_transformers(ckpt.values))
-    seq = token_ids(max(ISSUE_LENGTHS), ISSUE_CONFIG["vocab_size"], seed=14).tolist()
-    prompts = [seq[:n] for n in ISSUE_LENGTHS]
+    seq = token_ids(
+        max(TIE_CASE_LENGTHS), TIE_CASE_CONFIG["vocab_size"], seed=TIE_CASE_SEED
+    ).tolist()
+    prompts = [seq[:n] for n in TIE_CASE_LENGTHS]
     params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
-    with Engine(
-        device="cpu",
-        dtype="float32",
-        model_path=str(tmp_path),
-        skip_tokenizer_init=True,
-        chunked_prefill_size=16,
-        moe_runner_backend="torch",
-        log_level="warning",
-    ) as engine:
-        got = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=params)]
+    got = _served(tmp_path, prompts, params, dtype="float32", chunked_prefill_size=16)
     wrong = []
     for prompt, out in zip(prompts, got):
         logits = hf(torch.tensor([prompt + out[:-1]])).logits[0, len(prompt) - 1 :]

@@ -35,10 +35,8 @@ GREEDY = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
 
 def _checkpoint(root: Path) -> str:
     src = make_model(CONFIG_GPU, seed=11)
-    # the release layout (shards, wrapper config), experts and dense tensors unquantised in fp32
-    k3_release.write_from_tensors(
-        root, CONFIG_GPU, k3_release.from_model(src), experts="bf16", dense_dtype=None
-    )
+    # the release layout (shards, wrapper config), experts and dense tensors in fp32
+    k3_release.write_unquantised(root, CONFIG_GPU, src)
     return str(root)
 
 

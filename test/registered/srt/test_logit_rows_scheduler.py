@@ -25,7 +25,7 @@ from sglang.srt.model_executor.forward_plan import ForwardPlan
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.test.ci_register import register_cpu_ci
-from sglang.test.default_model_runner import default_model_runner
+from sglang.test.cpu_model_runner import default_model_runner
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=30)

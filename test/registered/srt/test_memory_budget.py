@@ -35,18 +35,20 @@ register_cpu_ci(est_time=3)
 
 GIB = 1 << 30
 
-SHAPE = CacheShape(
-    num_layers=3,
+# A tiny DeepSeek V4 config (the keys the memory model reads) and its cache shape in bf16, as
+# DeepseekV4ForCausalLM's memory_model() gives it (test_deepseek_v4_offers_its_cache_shape).
+CONFIG = SimpleNamespace(
+    num_hidden_layers=3,
     hidden_size=64,
     hc_mult=2,
     vocab_size=100,
     head_dim=32,
     index_head_dim=16,
     sliding_window=8,
-    compress_ratios=(0, 4, 128),
-    attn_types=("sliding", "csa", "hca"),
-    dtype_bytes=2,
+    compress_ratios=[0, 4, 128],
+    attn_types=["sliding", "csa", "hca"],
 )
+SHAPE = CacheShape.from_model_config(CONFIG, 2)
 
 
 def test_costs() -> None:
@@ -122,20 +124,8 @@ def test_startup_budget_reserves_the_caps_rows_and_logs_it(
 
     gib = 1 << 30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (60 * gib, 80 * gib))
-    cfg = SimpleNamespace(
-        num_hidden_layers=3,
-        hidden_size=64,
-        hc_mult=2,
-        vocab_size=100,
-        head_dim=32,
-        index_head_dim=16,
-        sliding_window=8,
-        compress_ratios=[0, 4, 128],
-        attn_types=["sliding", "csa", "hca"],
-    )
-    # A model offering the DeepSeek V4 cache shape of this config (what DeepseekV4ForCausalLM's
-    # memory_model() returns; test_deepseek_v4_offers_its_cache_shape).
-    model = SimpleNamespace(config=cfg, memory_model=lambda: CacheShape.from_model_config(cfg, 2))
+    # A model offering the DeepSeek V4 cache shape of CONFIG.
+    model = SimpleNamespace(config=CONFIG, memory_model=lambda: SHAPE)
     runner = SimpleNamespace(device=torch.device("cuda"), model=model, dtype=torch.bfloat16)
     args = ServerArgs(
         device="cpu",

@@ -64,13 +64,6 @@ def _start_node1(addr: str) -> subprocess.Popen[str]:
     )
 
 
-def _wait_exit(proc: subprocess.Popen[str], timeout_s: float) -> int | None:
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return None
-
-
 def test_two_nodes_serve_tp1_tokens_and_report_a_lost_node() -> None:
     with Engine(device="cpu", random_seed=0, log_level="warning") as one:
         want = [r["output_ids"] for r in one.generate(PROMPTS, GREEDY)]
@@ -107,7 +100,7 @@ def test_two_nodes_serve_tp1_tokens_and_report_a_lost_node() -> None:
         resp = result["r"]
         assert resp.status_code == 500, resp.text
         assert "lost contact" in resp.json()["error"]["message"], resp.text
-        rc = _wait_exit(node0.proc, 20)
+        rc = node0.wait_exit(20)
         elapsed = time.monotonic() - t0
         logs = node0.logs()
         assert rc not in (None, 0), logs

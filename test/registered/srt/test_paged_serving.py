@@ -19,8 +19,8 @@ from sglang.srt.managers.schedule_policy import SchedulePolicy
 from sglang.srt.mem_cache.block_admission import slot_concurrency
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
 from sglang.test.ci_register import register_cpu_ci
+from sglang.test.cpu_model_runner import cpu_model_runner, serve_on_both
 from sglang.test.run import run_this_file
 
 register_cpu_ci(est_time=20)
@@ -30,15 +30,12 @@ CONTEXT, BUDGET, RUNNING = 1024, 1024, 8
 
 def _runner(static: bool) -> tuple[ModelRunner, int, int]:
     # The static decode preallocates the budget: only where it is a bound (the flag on CPU).
-    total = BUDGET if static else None
-    args = ServerArgs(
-        model_path=ensure_default_model(), device="cpu", random_seed=0, max_total_tokens=total
-    ).resolved()
-    runner = ModelRunner(args, 0, 1)
-    setup = runner.init_decode(
+    runner, setup = cpu_model_runner(
+        ensure_default_model(),
         context_length=CONTEXT,
-        max_total_tokens=BUDGET,
+        budget=BUDGET,
         max_running_requests=RUNNING,
+        max_total_tokens=BUDGET if static else None,
         static_without_graphs=static,
     )
     return runner, setup.block_tokens, setup.max_total_tokens or BUDGET
@@ -59,27 +56,14 @@ def test_admission_by_blocks_through_the_runner() -> None:
     for i in range(7):
         prompt = torch.randint(0, vocab, (40 + i,), generator=g).tolist()
         policy.add(Req(f"r{i}", prompt, SamplingParams(max_new_tokens=30), 30))
-    most, worst, steps = 0, 0.0, 0
-    while policy.has_work():
-        step = policy.next_step()
-        got, want = paged.execute(step.plan), eager.execute(step.plan)
-        steps += 1
-        most = max(most, len(policy.running))
-        if got is None or want is None:
-            assert got is None and want is None
-            continue
-        worst = max(worst, float((got - want).abs().max() / want.abs().max()))
-        # The runner returns the plan's output_rows only (here: the sampled rows).
-        out = step.plan.output_rows
-        picks = got[[out.index(r) for r in step.plan.sample_rows]].argmax(dim=-1).tolist()
-        for row, token in zip([r for r in step.rows if r.sample], picks):
-            row.req.output_ids.append(int(token))
-            if len(row.req.output_ids) == row.req.max_new_tokens:
-                policy.release(row.req)
-    print(f"{steps} steps, at most {most} running, paged vs eager rel max err {worst:.2e}")
+    run = serve_on_both(policy, paged, eager)
+    print(
+        f"{run.steps} steps, at most {run.most_running} running, "
+        f"paged vs eager rel max err {run.worst_rel_err:.2e}"
+    )
     assert slot_concurrency(BUDGET, CONTEXT, 8) == 1
-    assert most == 4  # one block each: the pool's 4 blocks, not 1 whole-context slot
-    assert worst < 1e-4
+    assert run.most_running == 4  # one block each: the pool's 4 blocks, not 1 whole-context slot
+    assert run.worst_rel_err < 1e-4
     pool = paged.model.slot_pool
     assert pool is not None and not paged.caches and pool.num_free == pool.max_slots
     assert pool.block_pool.num_free == pool.block_pool.num_blocks  # no block leaked

@@ -146,9 +146,7 @@ def test_dsv4_conversation_and_branches_with_graphs(dsv4: Engine) -> None:
 def test_k3_shared_prompts_resume_exactly_with_graphs(tmp_path: Path) -> None:
     config = {**CONFIG_A, "qk_rope_head_dim": 16}  # the absorbed MLA kernel's widths
     src = make_model(config, seed=11)
-    k3_release.write_from_tensors(
-        tmp_path, config, k3_release.from_model(src), experts="bf16", dense_dtype=None
-    )
+    k3_release.write_unquantised(tmp_path, config, src)
     with Engine(
         **GRAPH_CHECK_ENGINE_ARGS,
         model_path=str(tmp_path),

@@ -62,13 +62,6 @@ class _Stream(threading.Thread):
         return [json.loads(x) for x in self.lines if x != "[DONE]"]
 
 
-def _wait_exit(proc: subprocess.Popen[Any], timeout_s: float) -> int | None:
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return None
-
-
 def test_api_key_then_graceful_sigterm() -> None:
     key = "s3cret-key"
     s = ServerProcess(
@@ -126,7 +119,7 @@ def test_api_key_then_graceful_sigterm() -> None:
         assert long.lines[-1] == "[DONE]", long.lines[-3:]
         err = long.events()[-1]["error"]
         assert "--shutdown-timeout" in err["message"] and err["code"] == 503
-        rc = _wait_exit(s.proc, 30)
+        rc = s.wait_exit(30)
         elapsed = time.monotonic() - t0
         logs = s.logs()
         assert rc == 0, logs
@@ -149,7 +142,7 @@ def test_killed_rank_stops_the_server(tp: int, victim: int) -> None:
         assert stream.first.wait(30) and stream.error is None
         t0 = time.monotonic()
         os.kill(pids[victim], signal.SIGKILL)
-        rc = _wait_exit(s.proc, 20)
+        rc = s.wait_exit(20)
         elapsed = time.monotonic() - t0
         logs = s.logs()
         assert rc not in (None, 0), logs

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import types
 import warnings
 from pathlib import Path
@@ -39,6 +37,7 @@ from sglang.test.ci_suites import (
     summary_table,
 )
 from sglang.test.run import run_this_file
+from sglang.test.script_module import load_script
 
 register_cpu_ci(est_time=8)
 
@@ -185,12 +184,7 @@ def test_every_gpu_suite_has_a_workflow_job_on_its_runner() -> None:
 
 
 def _run_suite_module() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("run_suite", ROOT / "scripts" / "run_suite.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_suite"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "scripts" / "run_suite.py")
 
 
 def test_one_file_runs_and_is_counted(tmp_path: Path) -> None:

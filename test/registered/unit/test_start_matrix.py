@@ -4,8 +4,6 @@ verdict between twins."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -13,6 +11,7 @@ import pytest
 
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
+from sglang.test.script_module import load_script
 
 register_cpu_ci(est_time=3)
 
@@ -21,14 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def sm() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "start_matrix", ROOT / "scripts" / "start_matrix.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["start_matrix"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "scripts" / "start_matrix.py")
 
 
 def test_combinations_and_parts(sm: ModuleType) -> None:

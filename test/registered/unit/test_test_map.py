@@ -3,8 +3,6 @@ test files that import it; on a tree made up here and on the repository itself."
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import types
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 
 from sglang.test.ci_register import register_cpu_ci
 from sglang.test.run import run_this_file
+from sglang.test.script_module import load_script
 
 register_cpu_ci(est_time=2)
 
@@ -20,12 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def test_map() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("test_map", ROOT / "scripts" / "test_map.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["test_map"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "scripts" / "test_map.py")
 
 
 def _tree(root: Path) -> None:

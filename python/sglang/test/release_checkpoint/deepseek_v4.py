@@ -36,10 +36,10 @@ import torch
 from sglang.test.release_checkpoint.emit import (
     ReleaseCheckpoint,
     ReleaseTensors,
+    given_else_random,
     given_source,
     in_memory,
     random_source,
-    with_fallback,
     write_checkpoint,
 )
 from sglang.test.release_checkpoint.layout import (
@@ -125,16 +125,13 @@ def flash_config(
     """DeepSeek V4-Flash's widths with one layer per entry of ``ratios`` (0, 4 or 128): hidden
     4096, ``n_routed_experts`` (256) routed experts top-6 of intermediate 2048 plus one shared,
     64 heads of 512 (rope 64, q rank 1024, 8 output groups of rank 1024), window 128, indexer
-    64 heads of 128 top-512."""
+    64 heads of 128 top-512; the rest as the release has it (:data:`RELEASE_DEFAULTS`)."""
     return {
-        "architectures": ["DeepseekV4ForCausalLM"],
-        "model_type": "deepseek_v4",
-        "torch_dtype": "bfloat16",
+        **RELEASE_DEFAULTS,
         "vocab_size": vocab_size,
         "hidden_size": 4096,
         "num_hidden_layers": len(ratios),
         "num_attention_heads": 64,
-        "num_key_value_heads": 1,
         "head_dim": 512,
         "qk_rope_head_dim": 64,
         "q_lora_rank": 1024,
@@ -142,26 +139,13 @@ def flash_config(
         "o_lora_rank": 1024,
         "n_routed_experts": n_routed_experts,
         "num_experts_per_tok": min(6, n_routed_experts),
-        "n_shared_experts": 1,
         "moe_intermediate_size": 2048,
-        "routed_scaling_factor": 1.5,
-        "scoring_func": "sqrtsoftplus",
-        "norm_topk_prob": True,
-        "swiglu_limit": 10.0,
         "index_n_heads": 64,
         "index_head_dim": 128,
         "index_topk": 512,
-        "sliding_window": 128,
         "compress_ratios": list(ratios),
         "num_hash_layers": num_hash_layers,
-        "hc_mult": 4,
-        "hc_sinkhorn_iters": 20,
-        "hc_eps": 1e-6,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "compress_rope_theta": 160000.0,
         "max_position_embeddings": max_position_embeddings,
-        "tie_word_embeddings": False,
         "bos_token_id": 0,
         "eos_token_id": 1,
     }
@@ -606,14 +590,11 @@ def write_from_tensors(
     def drawn_at_random(name: str) -> bool:
         return _is_mtp(name) and name not in tensors
 
-    given = given_source(tensors, [s for s in specs if not drawn_at_random(s.name)])
-    device = next(iter(tensors.values())).device
-    draw = with_fallback(given, random_source(seed, device), drawn_at_random)
     return write_checkpoint(
         path,
         release_config(config, dense=dense, mtp=mtp),
         specs,
-        draw,
+        given_else_random(tensors, specs, drawn_at_random, seed),
         num_experts=_num_experts(config),
         keep_values=True,
         max_shard_bytes=max_shard_bytes,

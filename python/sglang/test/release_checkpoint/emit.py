@@ -148,6 +148,19 @@ def with_fallback(primary: Draw, fallback: Draw, use_fallback: Callable[[str], b
     return draw
 
 
+def given_else_random(
+    tensors: Mapping[str, torch.Tensor],
+    specs: Sequence[TensorSpec],
+    drawn_at_random: Callable[[str], bool],
+    seed: int,
+) -> Draw:
+    """The specs ``drawn_at_random`` picks by name drawn from ``seed`` on the device of
+    ``tensors``, every other one taken from ``tensors`` (which must hold exactly those)."""
+    given = given_source(tensors, [s for s in specs if not drawn_at_random(s.name)])
+    device = next(iter(tensors.values())).device
+    return with_fallback(given, random_source(seed, device), drawn_at_random)
+
+
 # --- quantise and write --------------------------------------------------------------------------
 
 

@@ -29,10 +29,9 @@ import torch
 from sglang.test.release_checkpoint.emit import (
     ReleaseCheckpoint,
     ReleaseTensors,
-    given_source,
+    given_else_random,
     in_memory,
     random_source,
-    with_fallback,
     write_checkpoint,
 )
 from sglang.test.release_checkpoint.layout import (
@@ -55,33 +54,18 @@ BF16, FP32 = torch.bfloat16, torch.float32
 
 # --- presets -------------------------------------------------------------------------------------
 
-# The CPU tests' tiny model: K3's shape in miniature. 8 layers, AttnRes blocks of 3 (bank writes
-# at layers 0, 3, 6), MLA at 1-based 4 and 8, dense layer 0, latent MoE with norm, safe gate,
-# full-rank gates. Widths divisible by 32 (MXFP4 groups).
-TINY_CONFIG: dict[str, Any] = {
+# What every preset keeps from the release: the SiTU and router settings, the latent MoE with its
+# norm, NoPE MLA with the output gate, a dense first layer, KDA's conv and gates. The presets
+# differ in widths and layer counts only.
+RELEASE_SETTINGS: dict[str, Any] = {
     "model_type": "kimi_linear",
-    "vocab_size": 97,
-    "hidden_size": 64,
-    "num_hidden_layers": 8,
-    "intermediate_size": 96,
     "hidden_act": "situ",
     "activation_situ_beta": 4.0,
     "activation_situ_linear_beta": 25.0,
     "rms_norm_eps": 1e-5,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "q_lora_rank": 24,
-    "kv_lora_rank": 32,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 16,
     "mla_use_nope": True,
     "mla_use_output_gate": True,
-    "num_experts": 8,
-    "num_experts_per_token": 3,
     "num_shared_experts": 2,
-    "moe_intermediate_size": 32,
-    "routed_expert_hidden_size": 32,
     "latent_moe_use_norm": True,
     "moe_router_activation_func": "sigmoid",
     "moe_renormalize": True,
@@ -92,17 +76,42 @@ TINY_CONFIG: dict[str, Any] = {
     "topk_group": 1,
     "first_k_dense_replace": 1,
     "moe_layer_freq": 1,
+    "tie_word_embeddings": False,
+}
+KDA_RELEASE_SETTINGS: dict[str, Any] = {
+    "short_conv_kernel_size": 4,
+    "use_full_rank_gate": True,
+    "gate_lower_bound": -5.0,
+}
+
+# The CPU tests' tiny model: K3's shape in miniature. 8 layers, AttnRes blocks of 3 (bank writes
+# at layers 0, 3, 6), MLA at 1-based 4 and 8, dense layer 0, latent MoE with norm, safe gate,
+# full-rank gates. Widths divisible by 32 (MXFP4 groups).
+TINY_CONFIG: dict[str, Any] = {
+    **RELEASE_SETTINGS,
+    "vocab_size": 97,
+    "hidden_size": 64,
+    "num_hidden_layers": 8,
+    "intermediate_size": 96,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "q_lora_rank": 24,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "num_experts": 8,
+    "num_experts_per_token": 3,
+    "moe_intermediate_size": 32,
+    "routed_expert_hidden_size": 32,
     "attn_res_block_size": 3,
     "linear_attn_config": {
         "kda_layers": [1, 2, 3, 5, 6, 7],
         "full_attn_layers": [4, 8],
         "num_heads": 2,
         "head_dim": 16,
-        "short_conv_kernel_size": 4,
-        "use_full_rank_gate": True,
-        "gate_lower_bound": -5.0,
+        **KDA_RELEASE_SETTINGS,
     },
-    "tie_word_embeddings": False,
 }
 
 
@@ -138,16 +147,12 @@ def k3_config(
     layer (1-based) and the last, AttnRes blocks of 12."""
     mla = _mla_layers(layers)
     return {
-        "model_type": "kimi_linear",
+        **RELEASE_SETTINGS,
         "architectures": ["KimiK3LinearForCausalLM"],
         "vocab_size": vocab_size,
         "hidden_size": 7168,
         "num_hidden_layers": layers,
         "intermediate_size": 33792,
-        "hidden_act": "situ",
-        "activation_situ_beta": 4.0,
-        "activation_situ_linear_beta": 25.0,
-        "rms_norm_eps": 1e-5,
         "num_attention_heads": 96,
         "num_key_value_heads": 96,
         "q_lora_rank": 1536,
@@ -155,35 +160,19 @@ def k3_config(
         "qk_nope_head_dim": 128,
         "qk_rope_head_dim": 64,
         "v_head_dim": 128,
-        "mla_use_nope": True,
-        "mla_use_output_gate": True,
         "num_experts": num_experts,
         "num_experts_per_token": min(16, num_experts),
-        "num_shared_experts": 2,
         "moe_intermediate_size": 3072,
         "routed_expert_hidden_size": 3584,
-        "latent_moe_use_norm": True,
-        "moe_router_activation_func": "sigmoid",
-        "moe_renormalize": True,
-        "routed_scaling_factor": 1.0,
-        "topk_method": "noaux_tc",
-        "use_grouped_topk": True,
-        "num_expert_group": 1,
-        "topk_group": 1,
-        "first_k_dense_replace": 1,
-        "moe_layer_freq": 1,
         "attn_res_block_size": 12,
         "linear_attn_config": {
             "kda_layers": [i for i in range(1, layers + 1) if i not in mla],
             "full_attn_layers": mla,
             "num_heads": 96,
             "head_dim": 128,
-            "short_conv_kernel_size": 4,
-            "use_full_rank_gate": True,
-            "gate_lower_bound": -5.0,
+            **KDA_RELEASE_SETTINGS,
         },
         "max_position_embeddings": 1048576,
-        "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     }
 
@@ -542,17 +531,23 @@ def write_from_tensors(
     (so ``load_weights(fresh_model, result.values)`` builds the reference). With ``vision``, a
     few vision-tower tensors are drawn at random from ``seed`` too."""
     specs = list(tensor_specs(config, experts=experts, dense_dtype=dense_dtype, vision=vision))
-    given = given_source(tensors, [s for s in specs if not _is_vision(s.name)])
-    device = next(iter(tensors.values())).device
     return write_checkpoint(
         path,
         release_config(config, experts=experts),
         specs,
-        with_fallback(given, random_source(seed, device), _is_vision),
+        given_else_random(tensors, specs, _is_vision, seed),
         num_experts=_num_experts(config),
         keep_values=True,
         max_shard_bytes=max_shard_bytes,
     )
+
+
+def write_unquantised(
+    path: str | os.PathLike[str], config: Mapping[str, Any], model: KimiK3ForCausalLM
+) -> ReleaseCheckpoint:
+    """``model``'s weights (:func:`from_model`) in the release layout with unquantised experts
+    and every tensor in the model's own dtype, so loading it back is exact."""
+    return write_from_tensors(path, config, from_model(model), experts="bf16", dense_dtype=None)
 
 
 def _is_vision(name: str) -> bool:
@@ -596,9 +591,7 @@ def release_tensors(
     """The release tensors of ``tensors`` in memory (dense tensors in their own dtype by
     default, so a reload is exact), for tests that load a name -> tensor mapping."""
     specs = list(tensor_specs(config, experts=experts, dense_dtype=dense_dtype, vision=vision))
-    given = given_source(tensors, [s for s in specs if not _is_vision(s.name)])
-    device = next(iter(tensors.values())).device
-    draw = with_fallback(given, random_source(seed, device), _is_vision)
+    draw = given_else_random(tensors, specs, _is_vision, seed)
     return in_memory(specs, draw, num_experts=_num_experts(config))
 
 

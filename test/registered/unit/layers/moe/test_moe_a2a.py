@@ -57,6 +57,14 @@ class _Reduces:
         return 2 * x  # "the other rank" holds the same partial sum
 
 
+@pytest.fixture
+def reduce(monkeypatch: pytest.MonkeyPatch) -> _Reduces:
+    """The tensor-parallel all-reduce the a2a backends call, recorded (a fake second rank)."""
+    fake = _Reduces()
+    monkeypatch.setattr(a2a_base, "tensor_model_parallel_all_reduce", fake)
+    return fake
+
+
 def test_registry_names_the_backends_and_refuses_others() -> None:
     assert {"none", "ep", "megamoe"} <= set(MOE_A2A_BACKENDS.names())
     with pytest.raises(ValueError, match="unknown MoE a2a backend 'deepep'.*megamoe"):
@@ -69,10 +77,8 @@ def test_registry_names_the_backends_and_refuses_others() -> None:
 
 
 def test_tensor_parallel_combine_adds_shared_in_place_then_reduces_once(
-    monkeypatch: pytest.MonkeyPatch,
+    reduce: _Reduces,
 ) -> None:
-    reduce = _Reduces()
-    monkeypatch.setattr(a2a_base, "tensor_model_parallel_all_reduce", reduce)
     x, topk, shared = _inputs()
     layer = _layer("none", tp_rank=0, tp_size=2)
     assert layer.a2a.shared_expert_tp == (0, 2) and len(layer.local_intermediate) == I // 2
@@ -85,10 +91,8 @@ def test_tensor_parallel_combine_adds_shared_in_place_then_reduces_once(
 
 
 def test_megamoe_fallback_reduces_local_experts_and_adds_shared_after(
-    monkeypatch: pytest.MonkeyPatch,
+    reduce: _Reduces, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reduce = _Reduces()
-    monkeypatch.setattr(a2a_base, "tensor_model_parallel_all_reduce", reduce)
     monkeypatch.setattr(mega_moe_a2a, "get_deep_gemm", lambda: None)  # no kernel: the runner
     x, topk, shared = _inputs()
     layer = _layer("megamoe", tp_rank=1, tp_size=2)
@@ -106,10 +110,8 @@ def test_megamoe_fallback_reduces_local_experts_and_adds_shared_after(
 
 
 def test_megamoe_kernel_rows_skip_the_runner_and_the_reduce(
-    monkeypatch: pytest.MonkeyPatch,
+    reduce: _Reduces, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reduce = _Reduces()
-    monkeypatch.setattr(a2a_base, "tensor_model_parallel_all_reduce", reduce)
     x, topk, shared = _inputs()
     kernel_rows = torch.randn(T, H)
     layer = _layer("megamoe", tp_rank=0, tp_size=2)

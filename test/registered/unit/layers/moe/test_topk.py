@@ -49,6 +49,16 @@ def _ref_finish(weights: list[float], cfg: TopKConfig) -> list[float]:
     return weights
 
 
+def _ref_arrays(
+    ids: list[list[int]], weights: list[list[float]], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's per-token choices as ``[T, k]`` arrays: int64 ids, float64 weights."""
+    return (
+        np.array(ids, dtype=np.int64).reshape(-1, k),
+        np.array(weights, dtype=np.float64).reshape(-1, k),
+    )
+
+
 def _ref_route(
     logits: torch.Tensor, cfg: TopKConfig, bias: torch.Tensor | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -72,11 +82,7 @@ def _ref_route(
         ids = sorted(allowed, key=lambda e: -choice[e])[: cfg.top_k]
         all_ids.append(ids)
         all_w.append(_ref_finish([s[e] for e in ids], cfg))
-    k = cfg.top_k
-    return (
-        np.array(all_ids, dtype=np.int64).reshape(-1, k),
-        np.array(all_w, dtype=np.float64).reshape(-1, k),
-    )
+    return _ref_arrays(all_ids, all_w, cfg.top_k)
 
 
 def _check(out: TopKOutput, ref: tuple[np.ndarray, np.ndarray]) -> None:
@@ -97,6 +103,18 @@ def _bias(e: int, seed: int, scale: float = 0.3) -> torch.Tensor:
     return torch.randn(e, generator=g) * scale
 
 
+def _route_and_check(
+    cfg: TopKConfig, tokens: int, seed: int, with_bias: bool
+) -> tuple[TopKOutput, torch.Tensor, torch.Tensor | None]:
+    """``select_experts`` on fresh random logits over 32 experts (and a random correction bias),
+    checked against the reference. -> (its output, the logits, the bias)."""
+    logits = _logits(tokens, 32, seed=seed)
+    bias = _bias(32, seed=seed) if with_bias else None
+    out = select_experts(logits, cfg, bias)
+    _check(out, _ref_route(logits, cfg, bias))
+    return out, logits, bias
+
+
 # --- select_experts ------------------------------------------------------------------------------
 
 
@@ -114,10 +132,7 @@ def test_matches_reference(
         routed_scaling_factor=2.5,
         apply_routed_scaling=apply_scaling,
     )
-    logits = _logits(41, 32, seed=7)
-    bias = _bias(32, seed=7) if with_bias else None
-    out = select_experts(logits, cfg, bias)
-    _check(out, _ref_route(logits, cfg, bias))
+    out, _, _ = _route_and_check(cfg, 41, seed=7, with_bias=with_bias)
     assert out.topk_weights.shape == (41, 6) and out.topk_ids.shape == (41, 6)
 
 
@@ -134,10 +149,7 @@ def test_group_limited_matches_reference_and_changes_selection(
         routed_scaling_factor=1.5,
         apply_routed_scaling=True,
     )
-    logits = _logits(64, 32, seed=11)
-    bias = _bias(32, seed=11) if with_bias else None
-    out = select_experts(logits, grouped, bias)
-    _check(out, _ref_route(logits, grouped, bias))
+    out, logits, bias = _route_and_check(grouped, 64, seed=11, with_bias=with_bias)
     groups_used = (out.topk_ids.long() // 4).tolist()
     assert all(len(set(row)) <= 2 for row in groups_used)
     flat = TopKConfig(top_k=4, scoring_func=scoring)  # type: ignore[arg-type]
@@ -298,11 +310,7 @@ def _ref_hash(
         ids = table[token].tolist()
         ids_out.append(ids)
         w_out.append(_ref_finish([s[e] for e in ids], cfg))
-    k = cfg.top_k
-    return (
-        np.array(ids_out, dtype=np.int64).reshape(-1, k),
-        np.array(w_out, dtype=np.float64).reshape(-1, k),
-    )
+    return _ref_arrays(ids_out, w_out, cfg.top_k)
 
 
 @pytest.mark.parametrize("scoring", SCORING)

@@ -35,7 +35,7 @@ from sglang.test.alloc_recorder import SymmetricScopeRecorder
 from sglang.test.ci_register import register_cuda_ci
 from sglang.test.run import run_this_file
 
-register_cuda_ci(est_time=60, suite="h200-1gpu")
+register_cuda_ci(est_time=40, suite="h200-1gpu")
 
 HC = 4
 E = MhcParams(rms_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)

@@ -174,17 +174,28 @@ def launch_schedulers(args: ServerArgs) -> SchedulerHandle:
     return handle
 
 
+# How long the other ranks' reports are awaited once one rank failed: ranks that fail alike report
+# within seconds even on a loaded host; a rank still alive and silent after this is not waited for.
+OTHER_RANK_REPORTS_S = 15.0
+
+
 def _startup_error(
-    first: tuple[int, str, str], status: StartupStatus, procs: list[Any]
+    first: tuple[int, str, str], status: StartupStatus, procs: list[Any], heard: int
 ) -> EngineStartupError:
-    """One message for every rank that failed (they usually fail alike); tracebacks at debug."""
+    """One message for every rank that failed (they usually fail alike); tracebacks at debug.
+    ``heard``: the ranks that had reported before ``first``. The others' reports are awaited
+    until each has reported or exited (bounded by :data:`OTHER_RANK_REPORTS_S`)."""
     errors = [first]
-    deadline = time.monotonic() + 1.0  # the other ranks' reports, if they fail too
-    while len(errors) < len(procs) and time.monotonic() < deadline:
+    heard += 1
+    deadline = time.monotonic() + OTHER_RANK_REPORTS_S
+    while heard < len(procs) and time.monotonic() < deadline:
         try:
             kind, rank, *payload = status.get(timeout=0.1)
         except queue.Empty:
+            if not any(p.is_alive() for p in procs):
+                break  # nobody is left to report
             continue
+        heard += 1
         if kind == "error":
             errors.append((rank, payload[0], payload[1]))
     by_message: dict[str, list[int]] = {}
@@ -227,6 +238,6 @@ def wait_ready(
             else:
                 continue
         if kind == "error":
-            raise _startup_error((rank, payload[0], payload[1]), status, procs)
+            raise _startup_error((rank, payload[0], payload[1]), status, procs, len(ready))
         ready[rank] = payload[0]
     return ready
